@@ -1,0 +1,93 @@
+// Byte-level delta codecs of the disk-delta format (shared FORMAT.md §3).
+//
+// Codecs see only memory: encoders read two views and push a zstd frame into a
+// sink; decoders read an untrusted frame and hand the patch to a callback in
+// bounded chunks. They never touch files, and never allocate from a size read
+// out of the frame.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+namespace hfdelta {
+
+enum class Encoding {
+  xor_bytes,  // "xor": frame decodes to new XOR old, the tensor's full length
+  overwrite,  // "overwrite": u32 K, K ascending u32 byte positions, K new bytes
+};
+
+std::string_view encoding_name(Encoding e);
+std::optional<Encoding> parse_encoding(std::string_view name);
+
+// Bytes handed out by encoders, in order.
+using ByteSink = std::function<void(std::span<const std::uint8_t>)>;
+
+// Changed elements and bytes between two equally long views. An element is
+// `elem_size` bytes (1 for dtypes this tool does not know).
+struct ChangeCount {
+  std::uint64_t elements = 0;
+  std::uint64_t bytes = 0;
+};
+ChangeCount count_changes(std::span<const std::uint8_t> old_bytes,
+                          std::span<const std::uint8_t> new_bytes, std::size_t elem_size);
+
+// A zstd compression context reused across frames (one per thread).
+class Compressor {
+ public:
+  explicit Compressor(int level);
+  ~Compressor();
+  Compressor(const Compressor&) = delete;
+  Compressor& operator=(const Compressor&) = delete;
+
+  void begin(std::uint64_t pledged_size);
+  void put(std::span<const std::uint8_t> in, const ByteSink& sink);
+  void end(const ByteSink& sink);
+
+ private:
+  void* cctx_;
+  int level_;
+  std::vector<std::uint8_t> out_;
+};
+
+// Encode one tensor into one zstd frame. Return the frame's size in bytes.
+std::uint64_t encode_xor(Compressor& c, std::span<const std::uint8_t> old_bytes,
+                         std::span<const std::uint8_t> new_bytes, const ByteSink& sink);
+// `changed_bytes` is count_changes(...).bytes. Tensors of 4 GiB or more cannot
+// be expressed (32-bit positions): throws Error(unsupported).
+std::uint64_t encode_overwrite(Compressor& c, std::span<const std::uint8_t> old_bytes,
+                               std::span<const std::uint8_t> new_bytes,
+                               std::uint64_t changed_bytes, const ByteSink& sink);
+
+// A zstd decompression context reused across frames.
+class Decompressor {
+ public:
+  Decompressor();
+  ~Decompressor();
+  Decompressor(const Decompressor&) = delete;
+  Decompressor& operator=(const Decompressor&) = delete;
+  void* ctx() const { return dctx_; }
+
+ private:
+  void* dctx_;
+};
+
+// Receives consecutive pieces of the decoded XOR stream: (offset, bytes).
+using XorPatch = std::function<void(std::uint64_t, std::span<const std::uint8_t>)>;
+// Receives batches of (ascending positions, their new byte values).
+using OverwritePatch =
+    std::function<void(std::span<const std::uint64_t>, std::span<const std::uint8_t>)>;
+
+// Decoders throw Error(bad_input) naming `what` when the frame is corrupt or
+// decodes to more or fewer bytes than `nbytes` implies.
+void decode_xor(Decompressor& d, std::span<const std::uint8_t> frame, std::uint64_t nbytes,
+                const std::string& what, const XorPatch& patch);
+void decode_overwrite(Decompressor& positions, Decompressor& values,
+                      std::span<const std::uint8_t> frame, std::uint64_t nbytes,
+                      const std::string& what, const OverwritePatch& patch);
+
+}  // namespace hfdelta

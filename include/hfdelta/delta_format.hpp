@@ -1,0 +1,72 @@
+// The delta version directory: a canonical HF checkpoint directory whose index
+// metadata says which version it turns which base into (shared FORMAT.md §3),
+// plus hfdelta's own documented extensions, which readers of the plain format
+// ignore safely.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <boost/filesystem/path.hpp>
+
+#include "hfdelta/codec.hpp"
+#include "hfdelta/hash.hpp"
+
+namespace hfdelta {
+
+inline constexpr const char* kIndexFile = "model.safetensors.index.json";
+// Files other than weights travel under this subdirectory of a delta, so they
+// can never collide with the delta's own index and shards.
+inline constexpr const char* kFilesDir = "files";
+// Format revision of hfdelta's extensions; readers refuse a newer one.
+inline constexpr int kFormatRevision = 1;
+
+// A non-weight file of the target that differs from the base.
+struct FileChange {
+  enum class Op { put, remove };
+  std::string path;  // relative to the checkpoint directory
+  Op op = Op::put;
+  std::uint64_t size = 0;  // put only
+  Hash128 hash;            // put only: XXH3-128 of the whole file
+};
+
+struct DeltaIndex {
+  std::uint64_t version = 0;
+  std::uint64_t base_version = 0;
+  Encoding encoding = Encoding::xor_bytes;
+  std::map<std::string, std::string> weight_map;     // tensor -> delta file
+  std::map<std::string, Hash128> base_checksums;     // tensor -> hash of its base bytes (hfdelta only)
+  std::vector<FileChange> files;                     // hfdelta only
+};
+
+// Metadata keys (index "metadata" object).
+namespace key {
+inline constexpr const char* version = "version";
+inline constexpr const char* base_version = "base_version";
+inline constexpr const char* delta_encoding = "delta_encoding";
+inline constexpr const char* compression_format = "compression_format";
+inline constexpr const char* checksum_format = "checksum_format";
+inline constexpr const char* total_size = "total_size";
+inline constexpr const char* format = "hfdelta_format";
+inline constexpr const char* base_checksums = "hfdelta_base_checksums";
+inline constexpr const char* files = "hfdelta_files";
+}  // namespace key
+
+// True if DIR is a delta version (its index has metadata.delta_encoding).
+bool is_delta_dir(const boost::filesystem::path& dir);
+
+// Reads and validates DIR/model.safetensors.index.json of a delta.
+// Throws Error(bad_input) naming the file, Error(unsupported) for an encoding,
+// compression, checksum format or hfdelta revision this build cannot apply.
+DeltaIndex read_delta_index(const boost::filesystem::path& dir);
+
+// Serialises an index (weight_map, total_size of the delta files, metadata).
+std::string write_delta_index_json(const DeltaIndex& idx, std::uint64_t total_size);
+
+// Parses a 32-hex-digit checksum; throws Error(bad_input) naming `what`.
+Hash128 parse_hash_hex(const std::string& s, const std::string& what);
+
+}  // namespace hfdelta

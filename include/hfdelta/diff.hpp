@@ -1,0 +1,37 @@
+// delta-diff: compare two checkpoint directories and publish a delta version.
+#pragma once
+
+#include <cstdint>
+
+#include <boost/filesystem/path.hpp>
+
+#include "hfdelta/codec.hpp"
+
+namespace hfdelta {
+
+struct DiffOptions {
+  Encoding encoding = Encoding::xor_bytes;
+  int level = 3;             // zstd level
+  std::uint64_t version = 0;
+  std::uint64_t base_version = 0;
+  int threads = 0;           // 0: all cores
+  bool sync = true;          // flush the delta before publishing it
+};
+
+struct DiffSummary {
+  std::uint64_t version = 0, base_version = 0;
+  std::uint64_t tensors = 0, tensors_changed = 0;
+  std::uint64_t elements = 0, elements_changed = 0;
+  std::uint64_t tensor_bytes = 0;   // bytes of all tensors of NEW
+  std::uint64_t bytes_changed = 0;  // bytes that differ
+  std::uint64_t full_bytes = 0;     // size of every file of NEW
+  std::uint64_t delta_bytes = 0;    // size of every file of the delta
+  std::uint64_t files_changed = 0, files_removed = 0;
+  double seconds = 0;
+};
+
+// Writes OUT (which must not exist) atomically. Throws Error.
+DiffSummary diff_checkpoints(const boost::filesystem::path& base, const boost::filesystem::path& target,
+                             const boost::filesystem::path& out, const DiffOptions& opts);
+
+}  // namespace hfdelta

@@ -1,0 +1,36 @@
+// Errors and the exit codes the commands map them to.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace hfdelta {
+
+// Exit codes are part of the CLI contract (documented in the man pages):
+// scripts and cron jobs branch on them, so values never change meaning.
+enum class Exit : int {
+  ok = 0,
+  failure = 1,        // I/O error or anything unexpected
+  usage = 2,          // bad command line
+  bad_input = 3,      // malformed safetensors, index, delta or checkpoint
+  out_of_order = 4,   // delta's base is not the local version / missing version
+  verify_failed = 5,  // checksum mismatch after patching, or base mismatch
+  unsupported = 6,    // change the delta format cannot express (yet)
+  exists = 7,         // output directory already exists
+  lock_timeout = 8,   // could not take the local lock in time
+};
+
+// Every error carries the exit code it maps to and a message that names the
+// file and the broken rule, so a failing cron job explains itself.
+class Error : public std::runtime_error {
+ public:
+  Error(Exit code, const std::string& message) : std::runtime_error(message), code_(code) {}
+  Exit code() const noexcept { return code_; }
+
+ private:
+  Exit code_;
+};
+
+[[noreturn]] inline void fail(Exit code, const std::string& message) { throw Error(code, message); }
+
+}  // namespace hfdelta

@@ -1,0 +1,37 @@
+// XXH3-128 checksums in the canonical text form of the delta format:
+// 32 lowercase hex digits, high 64 bits first.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+namespace hfdelta {
+
+struct Hash128 {
+  std::uint64_t high = 0;
+  std::uint64_t low = 0;
+  std::string hex() const;
+  bool operator==(const Hash128&) const = default;
+};
+
+Hash128 xxh3_128(std::span<const std::uint8_t> bytes);
+
+// Streaming form, for data read in chunks.
+class Hasher {
+ public:
+  Hasher();
+  ~Hasher();
+  Hasher(Hasher&&) noexcept;
+  Hasher& operator=(Hasher&&) noexcept;
+  void reset();
+  void update(std::span<const std::uint8_t> bytes);
+  Hash128 digest() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace hfdelta

@@ -1,0 +1,87 @@
+// File I/O kept apart from the codecs: read-only mappings for views, plain
+// descriptors with pread/pwrite for in-place patching, and atomic publication.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <boost/filesystem/path.hpp>
+
+namespace hfdelta {
+
+namespace fs = boost::filesystem;
+
+// Read-only, private mapping of a whole file. An empty file maps to an empty span.
+class MappedFile {
+ public:
+  MappedFile() = default;
+  explicit MappedFile(const fs::path& path);
+  MappedFile(MappedFile&& o) noexcept;
+  MappedFile& operator=(MappedFile&& o) noexcept;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  ~MappedFile();
+
+  std::span<const std::uint8_t> bytes() const { return {data_, size_}; }
+  std::span<const std::uint8_t> bytes(std::uint64_t offset, std::uint64_t n) const;
+  std::uint64_t size() const { return size_; }
+  const fs::path& path() const { return path_; }
+  // Tells the kernel the range will be read sequentially soon.
+  void advise_sequential(std::uint64_t offset, std::uint64_t n) const;
+
+ private:
+  fs::path path_;
+  const std::uint8_t* data_ = nullptr;
+  std::uint64_t size_ = 0;
+};
+
+// An owned file descriptor. Errors name the path.
+class File {
+ public:
+  enum class Mode { read, read_write, create_exclusive };
+  File() = default;
+  File(const fs::path& path, Mode mode);
+  File(File&& o) noexcept;
+  File& operator=(File&& o) noexcept;
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+  ~File();
+
+  int fd() const { return fd_; }
+  const fs::path& path() const { return path_; }
+  std::uint64_t size() const;
+  void pread_exact(void* buf, std::size_t n, std::uint64_t offset) const;
+  void pwrite_all(const void* buf, std::size_t n, std::uint64_t offset);
+  void write_all(const void* buf, std::size_t n);  // at the current position
+  void sync();   // fdatasync
+  void close();  // reports close errors instead of swallowing them
+
+ private:
+  fs::path path_;
+  int fd_ = -1;
+};
+
+// fsync on a directory, so that a rename or create inside it is durable.
+void sync_dir(const fs::path& dir);
+
+// Writes `content` to `path` atomically: temp file beside it, flush (if sync),
+// rename over, flush the directory (if sync).
+void write_file_atomic(const fs::path& path, std::string_view content, bool sync);
+
+// Reads a whole small file (configs, indexes, state); refuses files over max_bytes.
+std::string read_small_file(const fs::path& path, std::uint64_t max_bytes = 256u << 20);
+
+// Copies a file to `dst` atomically (temp + rename), optionally flushed.
+void copy_file_atomic(const fs::path& src, const fs::path& dst, bool sync);
+
+// True if both files have the same size and bytes.
+bool same_contents(const fs::path& a, const fs::path& b);
+
+// Relative path `rel` is a plain path inside a directory: not absolute, no
+// "..", no empty or "." components. Throws Error(bad_input) naming `what`.
+void check_relative_path(const std::string& rel, const std::string& what);
+
+}  // namespace hfdelta

@@ -1,0 +1,88 @@
+// Strict safetensors header reader and writer (format: shared FORMAT.md §1).
+//
+// Validation follows the reference reader rule for rule; a parsed header is a
+// plain description of where each tensor's bytes are, and callers take views of
+// the data through MappedFile or pread, never copies.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <boost/filesystem/path.hpp>
+
+namespace hfdelta {
+
+// Largest header the reference reader accepts.
+inline constexpr std::uint64_t kMaxHeaderSize = 100'000'000;
+
+// Element size in bytes of a safetensors dtype, or 0 for a dtype this tool
+// does not know (such tensors are carried as opaque bytes).
+std::size_t dtype_size(std::string_view dtype);
+
+struct TensorInfo {
+  std::string name;
+  std::string dtype;
+  std::vector<std::uint64_t> shape;
+  std::uint64_t begin = 0;  // offsets into the data buffer (after the header)
+  std::uint64_t end = 0;
+  std::uint64_t nbytes() const { return end - begin; }
+  std::uint64_t elements() const;  // product(shape); 1 for a scalar
+};
+
+struct SafetensorsHeader {
+  std::uint64_t header_len = 0;  // N: JSON bytes after the 8-byte length
+  std::uint64_t file_size = 0;
+  std::string header;            // the N raw bytes, for byte-exact comparison
+  bool has_metadata = false;
+  std::map<std::string, std::string> metadata;
+  std::vector<TensorInfo> tensors;  // sorted by data offset
+
+  std::uint64_t data_start() const { return 8 + header_len; }
+  // Absolute file offset of a tensor's first byte.
+  std::uint64_t file_offset(const TensorInfo& t) const { return data_start() + t.begin; }
+  const TensorInfo* find(std::string_view name) const;  // linear; callers index if hot
+};
+
+// Parses and validates a header. `bytes` holds at least the file's first
+// 8 + N bytes (the whole file is fine); `file_size` is the file's real size;
+// `what` names the file in error messages. Throws Error(Exit::bad_input).
+SafetensorsHeader parse_safetensors(std::string_view bytes, std::uint64_t file_size,
+                                    const std::string& what);
+
+// Reads just the header of a file (two preads) and validates it.
+SafetensorsHeader read_safetensors(const boost::filesystem::path& path);
+
+// ---- writing --------------------------------------------------------------
+
+struct TensorSpec {
+  std::string name;
+  std::string dtype;
+  std::vector<std::uint64_t> shape;
+  std::uint64_t nbytes = 0;  // must equal product(shape) * dtype_size for known dtypes
+};
+
+struct SafetensorsLayout {
+  std::string prefix;               // 8-byte length + JSON header, padded with spaces
+  std::vector<TensorInfo> tensors;  // in data order
+  std::uint64_t file_size = 0;
+};
+
+// Lays out a file the way the reference writer does: data ordered by descending
+// dtype alignment then name, header padded with spaces to a multiple of 8.
+// `min_header_len` reserves header room (padding with spaces), which lets a
+// streaming writer put the data first and the header last.
+SafetensorsLayout layout_safetensors(std::vector<TensorSpec> specs,
+                                     const std::map<std::string, std::string>* metadata,
+                                     std::uint64_t min_header_len = 0);
+
+// Builds the 8-byte-length-prefixed header for tensors whose offsets are
+// already decided, padded with spaces to exactly `header_len` bytes when given
+// (0: the smallest multiple of 8). Throws if it does not fit.
+std::string encode_safetensors_header(const std::vector<TensorInfo>& tensors,
+                                      const std::map<std::string, std::string>* metadata,
+                                      std::uint64_t header_len = 0);
+
+}  // namespace hfdelta

@@ -1,0 +1,165 @@
+#include "hfdelta/delta_format.hpp"
+
+#include <boost/filesystem/operations.hpp>
+#include <nlohmann/json.hpp>
+
+#include "hfdelta/error.hpp"
+#include "hfdelta/io.hpp"
+#include "hfdelta/version.hpp"
+
+namespace hfdelta {
+
+namespace fs = boost::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr std::uint64_t kMaxIndexBytes = 256u << 20;
+
+json load_index(const fs::path& p) {
+  const std::string text = read_small_file(p, kMaxIndexBytes);
+  try {
+    json j = json::parse(text);
+    if (!j.is_object()) fail(Exit::bad_input, p.string() + ": not a JSON object");
+    return j;
+  } catch (const json::exception& e) {
+    fail(Exit::bad_input, p.string() + ": not valid JSON: " + e.what());
+  }
+}
+
+std::uint64_t version_of(const json& v, const std::string& what) {
+  if (v.is_string()) return parse_version(v.get<std::string>(), what);
+  if (v.is_number_unsigned()) return v.get<std::uint64_t>();
+  fail(Exit::bad_input, what + ": must be a version string");
+}
+
+}  // namespace
+
+Hash128 parse_hash_hex(const std::string& s, const std::string& what) {
+  if (s.size() != 32) fail(Exit::bad_input, what + ": checksum \"" + s + "\" is not 32 hex digits");
+  Hash128 h;
+  for (std::size_t i = 0; i < 32; ++i) {
+    const char c = s[i];
+    unsigned d;
+    if (c >= '0' && c <= '9') d = static_cast<unsigned>(c - '0');
+    else if (c >= 'a' && c <= 'f') d = static_cast<unsigned>(c - 'a' + 10);
+    else if (c >= 'A' && c <= 'F') d = static_cast<unsigned>(c - 'A' + 10);
+    else fail(Exit::bad_input, what + ": checksum \"" + s + "\" is not 32 hex digits");
+    std::uint64_t& word = i < 16 ? h.high : h.low;
+    word = (word << 4) | d;
+  }
+  return h;
+}
+
+bool is_delta_dir(const fs::path& dir) {
+  const fs::path p = dir / kIndexFile;
+  boost::system::error_code ec;
+  if (!fs::exists(p, ec)) return false;
+  const json j = load_index(p);
+  return j.contains("metadata") && j["metadata"].is_object() && j["metadata"].contains(key::delta_encoding);
+}
+
+DeltaIndex read_delta_index(const fs::path& dir) {
+  const fs::path p = dir / kIndexFile;
+  const std::string w = p.string();
+  const json j = load_index(p);
+  if (!j.contains("metadata") || !j["metadata"].is_object()) fail(Exit::bad_input, w + ": no \"metadata\" object");
+  const json& m = j["metadata"];
+  if (!m.contains(key::delta_encoding)) fail(Exit::bad_input, w + ": not a delta (no metadata.delta_encoding)");
+
+  DeltaIndex d;
+  if (m.contains(key::format)) {
+    const json& f = m[key::format];
+    if (!f.is_number_unsigned()) fail(Exit::bad_input, w + ": metadata.hfdelta_format must be an integer");
+    if (f.get<std::uint64_t>() > static_cast<std::uint64_t>(kFormatRevision))
+      fail(Exit::unsupported, w + ": written by a newer hfdelta (format revision " + f.dump() +
+                                  "; this build reads up to " + std::to_string(kFormatRevision) + ")");
+  }
+  if (!m[key::delta_encoding].is_string()) fail(Exit::bad_input, w + ": metadata.delta_encoding must be a string");
+  const auto enc = parse_encoding(m[key::delta_encoding].get<std::string>());
+  if (!enc) fail(Exit::unsupported, w + ": unknown delta_encoding \"" + m[key::delta_encoding].get<std::string>() + "\"");
+  d.encoding = *enc;
+  auto expect_text = [&](const char* k, const char* want) {
+    if (!m.contains(k)) return;  // the format names these; absent means the only value there is
+    if (!m[k].is_string() || m[k].get<std::string>() != want)
+      fail(Exit::unsupported, w + ": metadata." + k + " is " + m[k].dump() + ", this build supports only \"" + want + "\"");
+  };
+  expect_text(key::compression_format, "zstd");
+  expect_text(key::checksum_format, "xxh3-128");
+  if (!m.contains(key::version) || !m.contains(key::base_version))
+    fail(Exit::bad_input, w + ": metadata needs \"version\" and \"base_version\"");
+  d.version = version_of(m[key::version], w + ": metadata.version");
+  d.base_version = version_of(m[key::base_version], w + ": metadata.base_version");
+
+  if (!j.contains("weight_map") || !j["weight_map"].is_object()) fail(Exit::bad_input, w + ": no \"weight_map\" object");
+  for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+    if (!it->is_string()) fail(Exit::bad_input, w + ": weight_map[\"" + it.key() + "\"] is not a file name");
+    const std::string file = it->get<std::string>();
+    check_relative_path(file, w + ": weight_map[\"" + it.key() + "\"]");
+    if (file.find('/') != std::string::npos)
+      fail(Exit::bad_input, w + ": weight_map[\"" + it.key() + "\"] names a file outside the delta directory's top level");
+    d.weight_map.emplace(it.key(), file);
+  }
+  if (m.contains(key::base_checksums)) {
+    const json& b = m[key::base_checksums];
+    if (!b.is_object()) fail(Exit::bad_input, w + ": metadata.hfdelta_base_checksums must be an object");
+    for (auto it = b.begin(); it != b.end(); ++it) {
+      if (!it->is_string()) fail(Exit::bad_input, w + ": hfdelta_base_checksums[\"" + it.key() + "\"] is not a string");
+      d.base_checksums.emplace(it.key(), parse_hash_hex(it->get<std::string>(), w + ": hfdelta_base_checksums[\"" + it.key() + "\"]"));
+    }
+  }
+  if (m.contains(key::files)) {
+    const json& fl = m[key::files];
+    if (!fl.is_array()) fail(Exit::bad_input, w + ": metadata.hfdelta_files must be a list");
+    for (const json& e : fl) {
+      if (!e.is_object() || !e.contains("path") || !e["path"].is_string() || !e.contains("op") || !e["op"].is_string())
+        fail(Exit::bad_input, w + ": hfdelta_files entry " + e.dump() + " needs \"path\" and \"op\"");
+      FileChange fc;
+      fc.path = e["path"].get<std::string>();
+      check_relative_path(fc.path, w + ": hfdelta_files");
+      const std::string op = e["op"].get<std::string>();
+      if (op == "remove") {
+        fc.op = FileChange::Op::remove;
+      } else if (op == "put") {
+        fc.op = FileChange::Op::put;
+        if (!e.contains("size") || !e["size"].is_number_unsigned() || !e.contains("xxh3-128") || !e["xxh3-128"].is_string())
+          fail(Exit::bad_input, w + ": hfdelta_files entry for \"" + fc.path + "\" needs \"size\" and \"xxh3-128\"");
+        fc.size = e["size"].get<std::uint64_t>();
+        fc.hash = parse_hash_hex(e["xxh3-128"].get<std::string>(), w + ": hfdelta_files \"" + fc.path + "\"");
+      } else {
+        fail(Exit::unsupported, w + ": hfdelta_files entry for \"" + fc.path + "\" has unknown op \"" + op + "\"");
+      }
+      for (const auto& other : d.files)
+        if (other.path == fc.path) fail(Exit::bad_input, w + ": hfdelta_files lists \"" + fc.path + "\" twice");
+      d.files.push_back(std::move(fc));
+    }
+  }
+  return d;
+}
+
+std::string write_delta_index_json(const DeltaIndex& d, std::uint64_t total_size) {
+  json m = json::object();
+  m[key::total_size] = total_size;
+  m[key::version] = format_version(d.version);
+  m[key::base_version] = format_version(d.base_version);
+  m[key::delta_encoding] = std::string(encoding_name(d.encoding));
+  m[key::compression_format] = "zstd";
+  m[key::checksum_format] = "xxh3-128";
+  m[key::format] = kFormatRevision;
+  json b = json::object();
+  for (const auto& [name, h] : d.base_checksums) b[name] = h.hex();
+  m[key::base_checksums] = std::move(b);
+  json files = json::array();
+  for (const auto& f : d.files) {
+    if (f.op == FileChange::Op::remove) {
+      files.push_back({{"path", f.path}, {"op", "remove"}});
+    } else {
+      files.push_back({{"path", f.path}, {"op", "put"}, {"size", f.size}, {"xxh3-128", f.hash.hex()}});
+    }
+  }
+  m[key::files] = std::move(files);
+  json j = {{"metadata", std::move(m)}, {"weight_map", d.weight_map}};
+  return j.dump(2) + "\n";
+}
+
+}  // namespace hfdelta

@@ -1,0 +1,39 @@
+#include "hfdelta/hash.hpp"
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+namespace hfdelta {
+
+std::string Hash128::hex() const {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string s(32, '0');
+  for (int i = 0; i < 16; ++i) {
+    s[15 - i] = digits[(high >> (4 * i)) & 0xf];
+    s[31 - i] = digits[(low >> (4 * i)) & 0xf];
+  }
+  return s;
+}
+
+Hash128 xxh3_128(std::span<const std::uint8_t> bytes) {
+  const XXH128_hash_t h = XXH3_128bits(bytes.data(), bytes.size());
+  return {h.high64, h.low64};
+}
+
+struct Hasher::State {
+  XXH3_state_t st;
+};
+
+Hasher::Hasher() : s_(std::make_unique<State>()) { reset(); }
+Hasher::~Hasher() = default;
+Hasher::Hasher(Hasher&&) noexcept = default;
+Hasher& Hasher::operator=(Hasher&&) noexcept = default;
+
+void Hasher::reset() { XXH3_128bits_reset(&s_->st); }
+void Hasher::update(std::span<const std::uint8_t> bytes) { XXH3_128bits_update(&s_->st, bytes.data(), bytes.size()); }
+Hash128 Hasher::digest() const {
+  const XXH128_hash_t h = XXH3_128bits_digest(&s_->st);
+  return {h.high64, h.low64};
+}
+
+}  // namespace hfdelta

@@ -1,0 +1,99 @@
+#include "hfdelta/local_store.hpp"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include <boost/filesystem/operations.hpp>
+#include <nlohmann/json.hpp>
+
+#include "hfdelta/checkpoint.hpp"
+#include "hfdelta/error.hpp"
+#include "hfdelta/io.hpp"
+#include "hfdelta/version.hpp"
+
+namespace hfdelta {
+
+namespace fs = boost::filesystem;
+using nlohmann::json;
+
+namespace {
+fs::path state_dir(const fs::path& local) { return local / kStateDir; }
+fs::path state_file(const fs::path& local) { return state_dir(local) / "state.json"; }
+}  // namespace
+
+LocalLock::LocalLock(const fs::path& local, double timeout_s) {
+  boost::system::error_code ec;
+  fs::create_directories(state_dir(local), ec);
+  if (ec) fail(Exit::failure, state_dir(local).string() + ": cannot create: " + ec.message());
+  const fs::path lock = state_dir(local) / "lock";
+  fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail(Exit::failure, lock.string() + ": open: " + std::strerror(errno));
+  if (timeout_s < 0) {
+    while (::flock(fd_, LOCK_EX) != 0) {
+      if (errno != EINTR) {
+        const int e = errno;
+        ::close(fd_);
+        fail(Exit::failure, lock.string() + ": flock: " + std::strerror(e));
+      }
+    }
+    return;
+  }
+  // flock has no timeout of its own: poll with a short back-off.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  for (;;) {
+    if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return;
+    if (errno != EWOULDBLOCK && errno != EINTR) {
+      const int e = errno;
+      ::close(fd_);
+      fail(Exit::failure, lock.string() + ": flock: " + std::strerror(e));
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      ::close(fd_);
+      fail(Exit::lock_timeout, lock.string() + ": still locked by another process after " + std::to_string(timeout_s) + " s");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+LocalLock::~LocalLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing releases the flock
+}
+
+LocalState read_state(const fs::path& local) {
+  const fs::path p = state_file(local);
+  boost::system::error_code ec;
+  if (!fs::exists(p, ec)) return {};
+  const std::string text = read_small_file(p, 1 << 20);
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    fail(Exit::bad_input, p.string() + ": not valid JSON: " + e.what());
+  }
+  if (!j.is_object()) fail(Exit::bad_input, p.string() + ": not a JSON object");
+  LocalState s;
+  auto version_field = [&](const char* k) -> std::optional<std::uint64_t> {
+    if (!j.contains(k) || j[k].is_null()) return std::nullopt;
+    if (j[k].is_string()) return parse_version(j[k].get<std::string>(), p.string() + ": \"" + k + "\"");
+    if (j[k].is_number_unsigned()) return j[k].get<std::uint64_t>();
+    fail(Exit::bad_input, p.string() + ": \"" + k + "\" must be a version string");
+  };
+  s.version = version_field("version");
+  s.pending = version_field("pending");
+  return s;
+}
+
+void write_state(const fs::path& local, const LocalState& s, bool sync) {
+  json j = json::object();
+  if (s.version) j["version"] = format_version(*s.version);
+  if (s.pending) j["pending"] = format_version(*s.pending);
+  write_file_atomic(state_file(local), j.dump() + "\n", sync);
+}
+
+}  // namespace hfdelta

@@ -1,0 +1,63 @@
+#include "hfdelta/version.hpp"
+
+#include <algorithm>
+#include <cstdio>
+
+#include <boost/filesystem/operations.hpp>
+
+#include "hfdelta/delta_format.hpp"
+#include "hfdelta/error.hpp"
+
+namespace hfdelta {
+
+namespace fs = boost::filesystem;
+
+namespace {
+constexpr std::string_view kPrefix = "weight_v";
+}
+
+std::string format_version(std::uint64_t v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%06llu", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::uint64_t parse_version(std::string_view s, const std::string& what) {
+  if (s.empty() || s.size() > 18 || !std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    fail(Exit::bad_input, what + ": version \"" + std::string(s) + "\" is not a decimal number");
+  std::uint64_t v = 0;
+  for (char c : s) v = v * 10 + static_cast<std::uint64_t>(c - '0');
+  return v;
+}
+
+std::optional<std::uint64_t> version_from_dirname(std::string_view name) {
+  if (name.size() < kPrefix.size() + 6 || name.substr(0, kPrefix.size()) != kPrefix) return std::nullopt;
+  const std::string_view digits = name.substr(kPrefix.size());
+  if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return std::nullopt;
+  std::uint64_t v = 0;
+  for (char c : digits) v = v * 10 + static_cast<std::uint64_t>(c - '0');
+  return v;
+}
+
+std::string version_dirname(std::uint64_t v) { return std::string(kPrefix) + format_version(v); }
+
+std::vector<VersionDir> scan_root(const fs::path& root) {
+  boost::system::error_code ec;
+  if (!fs::is_directory(root, ec)) fail(Exit::bad_input, root.string() + ": not a directory");
+  std::vector<VersionDir> out;
+  for (fs::directory_iterator it(root, ec), end; it != end && !ec; it.increment(ec)) {
+    const auto v = version_from_dirname(it->path().filename().string());
+    if (!v || !fs::is_directory(it->path())) continue;
+    for (const auto& o : out)
+      if (o.version == *v)
+        fail(Exit::bad_input, root.string() + ": version " + format_version(*v) + " is published twice (" +
+                                  o.path.filename().string() + ", " + it->path().filename().string() + ")");
+    out.push_back({*v, it->path(), !is_delta_dir(it->path())});
+  }
+  if (ec) fail(Exit::failure, root.string() + ": cannot list directory: " + ec.message());
+  std::sort(out.begin(), out.end(), [](const VersionDir& a, const VersionDir& b) { return a.version < b.version; });
+  return out;
+}
+
+}  // namespace hfdelta
