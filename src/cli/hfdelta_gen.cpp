@@ -1,0 +1,771 @@
+// hfdelta-gen: writes a series of HF checkpoint directories that look like
+// successive saves of a bf16 training run (test data for diff/apply, demos and
+// benchmarks).
+//
+// Every element's trajectory is a pure function of (seed, tensor name, element
+// index, step): an fp32 master weight trained by Adam on pseudo-random
+// gradients and rounded to the output dtype at each save. Tensors are cut into
+// chunks; a chunk runs all steps and writes its bytes into every save's file at
+// once, so memory stays flat whatever the model size, and the output does not
+// depend on the thread count or the chunk size.
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <omp.h>
+
+#include <CLI/CLI.hpp>
+#include <boost/filesystem.hpp>
+#include <nlohmann/json.hpp>
+
+#include "hfdelta/error.hpp"
+#include "hfdelta/io.hpp"
+#include "hfdelta/safetensors.hpp"
+
+namespace fs = boost::filesystem;
+using hfdelta::Error;
+using hfdelta::Exit;
+using hfdelta::fail;
+using nlohmann::json;
+
+static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian");
+
+namespace {
+
+// ---- model description ------------------------------------------------------
+
+struct ModelShape {
+  std::uint64_t hidden = 0, layers = 0, intermediate = 0, vocab = 0;
+  std::uint64_t heads = 0, kv_heads = 0, head_dim = 0;
+  bool tie_embeddings = false;
+};
+
+struct Preset {
+  const char* name;
+  ModelShape shape;
+};
+
+// tiny ≈ 1.8 MB, small ≈ 116 MB, qwen3-0.6b ≈ 1.2 GB per bf16 save. tiny and
+// small keep a separate lm_head (Llama-like) so that tensor exists in tests.
+const Preset kPresets[] = {
+    {"tiny", {128, 2, 384, 2048, 4, 2, 32, false}},
+    {"small", {512, 8, 1536, 32000, 8, 4, 64, false}},
+    {"qwen3-0.6b", {1024, 28, 3072, 151936, 16, 8, 128, true}},
+};
+
+enum class Dtype { bf16, f16, f32 };
+
+struct DtypeInfo {
+  const char* cli;
+  const char* safetensors;
+  const char* torch;
+  std::size_t size;
+};
+
+DtypeInfo dtype_info(Dtype d) {
+  switch (d) {
+    case Dtype::bf16: return {"bf16", "BF16", "bfloat16", 2};
+    case Dtype::f16: return {"f16", "F16", "float16", 2};
+    case Dtype::f32: return {"f32", "F32", "float32", 4};
+  }
+  return {"?", "?", "?", 0};
+}
+
+// One tensor of the model, with its training character and where it lives.
+struct Tensor {
+  std::string name;
+  std::vector<std::uint64_t> shape;
+  bool is_norm = false;      // RMSNorm weight: starts at 1.0
+  bool sparse_rows = false;  // embedding: rows of tokens absent from a batch get no gradient
+  std::uint64_t elements = 0;
+  std::uint64_t cols = 0;    // last dimension; gradient scale varies per row
+  std::uint64_t key = 0;     // mix of seed and name: the root of all its random streams
+  float grad_scale = 0;      // typical gradient magnitude, near Adam's eps
+  float bias = 0;            // strength of a persistent gradient direction
+  float row_sigma = 0;       // log-normal spread of per-row, per-step gradient scale
+  std::size_t shard = 0;
+  std::uint64_t offset = 0;  // absolute file offset of its first byte in its shard
+};
+
+struct Shard {
+  std::string file;
+  std::vector<std::size_t> tensors;  // indices into the tensor list, in model order
+  hfdelta::SafetensorsLayout layout;
+};
+
+// ---- counter-based random numbers -----------------------------------------
+// No generator state: each value is a hash of what names it, which is what makes
+// the output independent of chunking and thread scheduling.
+
+constexpr std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+constexpr std::uint64_t mix(std::uint64_t a, std::uint64_t b) { return splitmix64(a ^ splitmix64(b)); }
+
+// Distinct streams per tensor.
+enum Stream : std::uint64_t {
+  kInitA = 1, kInitB, kDirection, kNoise, kRowScale, kRowFreq, kRowActive, kTensorParams,
+};
+
+// Key of a per-element stream: element indices are hashed as 32-bit words, so
+// the high half of the index goes into the key (chunks never straddle 2^32).
+std::uint32_t element_key(std::uint64_t tensor_key, Stream s, std::uint64_t step, std::uint64_t hi) {
+  return static_cast<std::uint32_t>(mix(mix(mix(tensor_key, s), step), hi));
+}
+
+// 32-bit hash of (key, index); cheap enough to vectorise in the hot loops.
+inline std::uint32_t hash32(std::uint32_t key, std::uint32_t i) {
+  std::uint32_t x = i * 0x9E3779B9u + key;
+  x ^= x >> 16;
+  x *= 0x7FEB352Du;
+  x ^= x >> 15;
+  x *= 0x846CA68Bu;
+  x ^= x >> 16;
+  return x;
+}
+
+// Approximately standard normal: sum of four uniform bytes (Irwin-Hall). Coarse,
+// but only used for gradient noise, which Adam normalises anyway.
+inline float gauss8(std::uint32_t h) {
+  const std::uint32_t s = (h & 0xFF) + ((h >> 8) & 0xFF) + ((h >> 16) & 0xFF) + (h >> 24);
+  return (static_cast<float>(s) - 510.0f) * (1.0f / 147.80f);
+}
+
+// Approximately standard normal from four 16-bit uniforms: fine enough that the
+// initial weights are not visibly gridded at bf16 resolution.
+inline float gauss16(std::uint32_t a, std::uint32_t b) {
+  const std::uint32_t s = (a & 0xFFFF) + (a >> 16) + (b & 0xFFFF) + (b >> 16);
+  return (static_cast<float>(s) - 131070.0f) * (1.0f / 37837.2f);
+}
+
+inline double unit(std::uint64_t h) { return static_cast<double>(h >> 11) * 0x1.0p-53; }
+
+std::uint64_t fnv1a(const std::string& s) {
+  std::uint64_t h = 0xCBF29CE484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001B3ull;
+  return h;
+}
+
+// ---- dtype conversion -------------------------------------------------------
+
+inline std::uint16_t to_bf16(float f) {
+  const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40);  // quiet NaN
+  return static_cast<std::uint16_t>((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);  // round to nearest even
+}
+
+// IEEE binary16, round to nearest even, with subnormals and overflow to inf.
+inline std::uint16_t to_f16(float f) {
+  const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+  const auto sign = static_cast<std::uint16_t>((x >> 16) & 0x8000u);
+  const std::uint32_t ax = x & 0x7FFFFFFFu;
+  if (ax > 0x7F800000u) return sign | 0x7E00u;   // NaN
+  if (ax >= 0x477FF000u) return sign | 0x7C00u;  // rounds to 65536 or more: inf
+  if (ax >= 0x38800000u) {                       // normal in f16: rebias, round the 13 dropped bits
+    const std::uint32_t r = ax - 0x38000000u;
+    return sign | static_cast<std::uint16_t>((r + 0xFFFu + ((r >> 13) & 1u)) >> 13);
+  }
+  // Subnormal (units of 2^-24): scaling by 2^24 is exact, nearbyint rounds to
+  // even, and 1024 is exactly the encoding of the smallest normal.
+  const float scaled = std::bit_cast<float>(ax) * 16777216.0f;
+  return sign | static_cast<std::uint16_t>(std::nearbyint(scaled));
+}
+
+void encode(const float* w, std::size_t n, Dtype dt, std::uint8_t* out) {
+  switch (dt) {
+    case Dtype::bf16:
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::uint16_t v = to_bf16(w[i]);
+        std::memcpy(out + 2 * i, &v, 2);
+      }
+      break;
+    case Dtype::f16:
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::uint16_t v = to_f16(w[i]);
+        std::memcpy(out + 2 * i, &v, 2);
+      }
+      break;
+    case Dtype::f32: std::memcpy(out, w, 4 * n); break;
+  }
+}
+
+// Number of elements whose bytes differ between two encoded chunks.
+std::uint64_t count_changed(const std::uint8_t* a, const std::uint8_t* b, std::size_t n, std::size_t esize) {
+  std::uint64_t c = 0;
+  if (esize == 2) {
+    for (std::size_t i = 0; i < n; ++i) {
+      std::uint16_t x, y;
+      std::memcpy(&x, a + 2 * i, 2);
+      std::memcpy(&y, b + 2 * i, 2);
+      c += x != y;
+    }
+  } else {
+    for (std::size_t i = 0; i < n; ++i) {
+      std::uint32_t x, y;
+      std::memcpy(&x, a + 4 * i, 4);
+      std::memcpy(&y, b + 4 * i, 4);
+      c += x != y;
+    }
+  }
+  return c;
+}
+
+// ---- options ----------------------------------------------------------------
+
+struct Options {
+  std::string outdir;
+  std::string preset = "tiny";
+  ModelShape shape;
+  std::uint64_t saves = 3;
+  std::uint64_t steps_per_save = 1;
+  double lr = 1e-6;
+  std::uint64_t seed = 0;
+  std::uint64_t max_shard_size = 256ull << 20;
+  bool single_file = false;
+  Dtype dtype = Dtype::bf16;
+  int threads = 0;  // 0: OpenMP's default
+  std::uint64_t chunk = 1ull << 20;
+  bool force = false;
+  bool json = false;
+};
+
+bool checked_mul(std::uint64_t a, std::uint64_t b, std::uint64_t& out) { return !__builtin_mul_overflow(a, b, &out); }
+
+// ---- the model's tensors ----------------------------------------------------
+
+std::vector<Tensor> model_tensors(const ModelShape& m, std::uint64_t seed) {
+  std::vector<Tensor> ts;
+  auto add = [&](std::string name, std::vector<std::uint64_t> shape, bool norm, bool sparse = false) {
+    Tensor t;
+    t.name = std::move(name);
+    t.shape = std::move(shape);
+    t.is_norm = norm;
+    t.sparse_rows = sparse;
+    t.elements = 1;
+    for (auto d : t.shape)
+      if (!checked_mul(t.elements, d, t.elements) || t.elements > (1ull << 40))
+        fail(Exit::usage, "tensor " + t.name + " is too large");
+    t.cols = t.shape.back();
+    // Keyed by name, not position: a tensor keeps its values if layers are added.
+    t.key = mix(seed, fnv1a(t.name));
+    const std::uint64_t p = mix(t.key, kTensorParams);
+    // Per-element gradients of a large-batch LLM run are tiny, around Adam's
+    // eps, so eps damps the update and the gradient scale (spread over a
+    // decade) sets how often a tensor's bf16 values change. The persistent
+    // direction and row spread add variation on top.
+    t.grad_scale = static_cast<float>(2e-9 * std::pow(10.0, unit(p)));
+    t.bias = static_cast<float>(0.6 * unit(splitmix64(p)));
+    t.row_sigma = static_cast<float>(0.2 + 0.6 * unit(splitmix64(p + 1)));
+    ts.push_back(std::move(t));
+  };
+  const std::uint64_t q = m.heads * m.head_dim, kv = m.kv_heads * m.head_dim;
+  add("model.embed_tokens.weight", {m.vocab, m.hidden}, false, true);
+  for (std::uint64_t i = 0; i < m.layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    add(p + "self_attn.q_proj.weight", {q, m.hidden}, false);
+    add(p + "self_attn.k_proj.weight", {kv, m.hidden}, false);
+    add(p + "self_attn.v_proj.weight", {kv, m.hidden}, false);
+    add(p + "self_attn.o_proj.weight", {m.hidden, q}, false);
+    add(p + "self_attn.q_norm.weight", {m.head_dim}, true);
+    add(p + "self_attn.k_norm.weight", {m.head_dim}, true);
+    add(p + "mlp.gate_proj.weight", {m.intermediate, m.hidden}, false);
+    add(p + "mlp.up_proj.weight", {m.intermediate, m.hidden}, false);
+    add(p + "mlp.down_proj.weight", {m.hidden, m.intermediate}, false);
+    add(p + "input_layernorm.weight", {m.hidden}, true);
+    add(p + "post_attention_layernorm.weight", {m.hidden}, true);
+  }
+  add("model.norm.weight", {m.hidden}, true);
+  if (!m.tie_embeddings) add("lm_head.weight", {m.vocab, m.hidden}, false);
+  return ts;
+}
+
+// Greedy packing in model order, as HF's save_pretrained does: a new shard
+// starts when the next tensor would push the current one past the limit.
+std::vector<Shard> plan_shards(std::vector<Tensor>& ts, const Options& o) {
+  const std::size_t es = dtype_info(o.dtype).size;
+  std::vector<std::vector<std::size_t>> groups(1);
+  std::uint64_t cur = 0;
+  for (std::size_t i = 0; i < ts.size(); ++i) {
+    const std::uint64_t nb = ts[i].elements * es;
+    if (!o.single_file && !groups.back().empty() && cur + nb > o.max_shard_size) {
+      groups.emplace_back();
+      cur = 0;
+    }
+    groups.back().push_back(i);
+    cur += nb;
+  }
+  std::vector<Shard> shards(groups.size());
+  const std::map<std::string, std::string> meta{{"format", "pt"}};
+  for (std::size_t k = 0; k < groups.size(); ++k) {
+    Shard& s = shards[k];
+    s.tensors = groups[k];
+    if (o.single_file) {
+      s.file = "model.safetensors";
+    } else {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", k + 1, groups.size());
+      s.file = buf;
+    }
+    std::vector<hfdelta::TensorSpec> specs;
+    std::map<std::string, std::size_t> by_name;
+    for (std::size_t i : s.tensors) {
+      specs.push_back({ts[i].name, dtype_info(o.dtype).safetensors, ts[i].shape, ts[i].elements * es});
+      by_name[ts[i].name] = i;
+    }
+    s.layout = hfdelta::layout_safetensors(std::move(specs), &meta);
+    for (const auto& info : s.layout.tensors) {
+      Tensor& t = ts.at(by_name.at(info.name));
+      t.shard = k;
+      t.offset = s.layout.prefix.size() + info.begin;
+    }
+  }
+  return shards;
+}
+
+// ---- training simulation ----------------------------------------------------
+
+constexpr float kBeta1 = 0.9f, kBeta2 = 0.999f, kEps = 1e-8f, kInitStd = 0.02f;
+
+// Gradient scale of one row at one step; 0 for an embedding row whose token is
+// not in the batch. Token frequencies are skewed: many rows are rarely hit.
+float row_scale(const Tensor& t, std::uint64_t row, std::uint64_t step) {
+  if (t.sparse_rows) {
+    const double u = unit(mix(mix(t.key, kRowFreq), row));
+    const double p = 0.02 + 0.98 * u * u;
+    if (unit(mix(mix(mix(t.key, kRowActive), row), step)) >= p) return 0.0f;
+  }
+  const std::uint64_t h = mix(mix(mix(t.key, kRowScale), row), step);
+  const float z = gauss16(static_cast<std::uint32_t>(h), static_cast<std::uint32_t>(h >> 32));
+  return t.grad_scale * std::exp(t.row_sigma * z);
+}
+
+struct Buffers {
+  std::vector<float> w, m, v, dir;
+  std::vector<std::uint8_t> out, prev;
+  Buffers(std::size_t n, std::size_t es) : w(n), m(n), v(n), dir(n), out(n * es), prev(n * es) {}
+};
+
+struct Run {
+  const Options& o;
+  std::vector<std::vector<hfdelta::File>>& files;  // [save][shard]; pwrite is safe across threads
+};
+
+// One chunk [a, b) of one tensor through every step, writing each save's bytes.
+void run_chunk(const Run& r, const Tensor& t, std::uint64_t a, std::uint64_t b, Buffers& buf,
+               std::vector<std::uint64_t>& changed) {
+  const std::size_t n = b - a;
+  const std::uint64_t hi = a >> 32;
+  const std::size_t es = dtype_info(r.o.dtype).size;
+  float* w = buf.w.data();
+  float* m = buf.m.data();
+  float* v = buf.v.data();
+  float* dir = buf.dir.data();
+  const auto lo0 = static_cast<std::uint32_t>(a);
+
+  if (t.is_norm) {
+    std::fill_n(w, n, 1.0f);
+  } else {
+    const std::uint32_t ka = element_key(t.key, kInitA, 0, hi), kb = element_key(t.key, kInitB, 0, hi);
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint32_t lo = lo0 + static_cast<std::uint32_t>(i);
+      w[i] = kInitStd * gauss16(hash32(ka, lo), hash32(kb, lo));
+    }
+  }
+  const std::uint32_t kd = element_key(t.key, kDirection, 0, hi);
+  for (std::size_t i = 0; i < n; ++i) {
+    dir[i] = t.bias * gauss8(hash32(kd, lo0 + static_cast<std::uint32_t>(i)));
+    m[i] = 0.0f;
+    v[i] = 0.0f;
+  }
+
+  auto write = [&](std::uint64_t save, const std::vector<std::uint8_t>& bytes) {
+    r.files[save][t.shard].pwrite_all(bytes.data(), n * es, t.offset + a * es);
+  };
+  encode(w, n, r.o.dtype, buf.prev.data());
+  write(0, buf.prev);
+
+  const std::uint64_t K = r.o.steps_per_save;
+  for (std::uint64_t s = 1; s <= r.o.saves; ++s) {
+    for (std::uint64_t k = 1; k <= K; ++k) {
+      const std::uint64_t step = (s - 1) * K + k;
+      const std::uint32_t kn = element_key(t.key, kNoise, step, hi);
+      // Bias-corrected Adam folded into two constants.
+      const auto st = static_cast<double>(step);
+      const auto c1 = static_cast<float>(r.o.lr / (1.0 - std::pow(double(kBeta1), st)));
+      const auto c2 = static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(double(kBeta2), st)));
+      for (std::uint64_t row = a / t.cols; row * t.cols < b; ++row) {
+        const float rs = row_scale(t, row, step);
+        const std::size_t i0 = std::max(a, row * t.cols) - a;
+        const std::size_t i1 = std::min(b, (row + 1) * t.cols) - a;
+        for (std::size_t i = i0; i < i1; ++i) {
+          const float g = rs * (dir[i] + gauss8(hash32(kn, lo0 + static_cast<std::uint32_t>(i))));
+          m[i] = kBeta1 * m[i] + (1.0f - kBeta1) * g;
+          v[i] = kBeta2 * v[i] + (1.0f - kBeta2) * (g * g);
+          w[i] -= c1 * m[i] / (std::sqrt(v[i]) * c2 + kEps);
+        }
+      }
+    }
+    encode(w, n, r.o.dtype, buf.out.data());
+    changed[s] += count_changed(buf.out.data(), buf.prev.data(), n, es);
+    write(s, buf.out);
+    std::swap(buf.out, buf.prev);
+  }
+}
+
+// ---- small files --------------------------------------------------------------
+
+// Qwen's special token ids where the vocabulary has them, else its last ids.
+std::uint64_t bos_id(const ModelShape& m) { return m.vocab > 151645 ? 151643 : m.vocab - std::min<std::uint64_t>(m.vocab, 3); }
+std::uint64_t eos_id(const ModelShape& m) { return m.vocab > 151645 ? 151645 : m.vocab - 1; }
+
+json config_json(const ModelShape& m, Dtype dt) {
+  const std::uint64_t bos = bos_id(m), eos = eos_id(m);
+  return {
+      {"architectures", {"Qwen3ForCausalLM"}},
+      {"attention_bias", false},
+      {"attention_dropout", 0.0},
+      {"bos_token_id", bos},
+      {"eos_token_id", eos},
+      {"head_dim", m.head_dim},
+      {"hidden_act", "silu"},
+      {"hidden_size", m.hidden},
+      {"initializer_range", 0.02},
+      {"intermediate_size", m.intermediate},
+      {"max_position_embeddings", 40960},
+      {"max_window_layers", m.layers},
+      {"model_type", "qwen3"},
+      {"num_attention_heads", m.heads},
+      {"num_hidden_layers", m.layers},
+      {"num_key_value_heads", m.kv_heads},
+      {"rms_norm_eps", 1e-6},
+      {"rope_scaling", nullptr},
+      {"rope_theta", 1000000},
+      {"sliding_window", nullptr},
+      {"tie_word_embeddings", m.tie_embeddings},
+      {"torch_dtype", dtype_info(dt).torch},
+      {"transformers_version", "4.51.0"},
+      {"use_cache", true},
+      {"use_sliding_window", false},
+      {"vocab_size", m.vocab},
+  };
+}
+
+json generation_config_json(const ModelShape& m) {
+  const std::uint64_t bos = bos_id(m), eos = eos_id(m);
+  return {{"bos_token_id", bos}, {"do_sample", true}, {"eos_token_id", {eos, bos}},
+          {"pad_token_id", bos}, {"temperature", 0.6},  {"top_k", 20},
+          {"top_p", 0.95},       {"transformers_version", "4.51.0"}};
+}
+
+json tokenizer_config_json() {
+  return {{"add_bos_token", false},
+          {"add_prefix_space", false},
+          {"bos_token", nullptr},
+          {"clean_up_tokenization_spaces", false},
+          {"eos_token", "<|im_end|>"},
+          {"errors", "replace"},
+          {"model_max_length", 131072},
+          {"pad_token", "<|endoftext|>"},
+          {"split_special_tokens", false},
+          {"tokenizer_class", "Qwen2Tokenizer"},
+          {"unk_token", nullptr}};
+}
+
+void write_small_file(const fs::path& path, const std::string& content) {
+  hfdelta::File f(path, hfdelta::File::Mode::create_exclusive);
+  f.write_all(content.data(), content.size());
+  f.sync();
+  f.close();
+}
+
+std::string save_name(std::uint64_t s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "save_%03llu", static_cast<unsigned long long>(s));
+  return buf;
+}
+
+// Raises the soft limit on open files when many saves x shards need it.
+void ensure_open_files(std::uint64_t needed) {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= needed) return;
+  if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < needed)
+    fail(Exit::usage, std::to_string(needed) + " open files needed (saves x shards) but the limit is " +
+                          std::to_string(rl.rlim_max) + ": use fewer saves or a larger --max-shard-size");
+  rl.rlim_cur = needed;
+  if (::setrlimit(RLIMIT_NOFILE, &rl) != 0)
+    fail(Exit::failure, std::string("cannot raise the open file limit: ") + std::strerror(errno));
+}
+
+bool path_exists(const fs::path& p) { return fs::symlink_status(p).type() != fs::file_not_found; }
+
+// ---- the run ----------------------------------------------------------------
+
+void validate(const Options& o) {
+  const ModelShape& m = o.shape;
+  const std::pair<const char*, std::uint64_t> dims[] = {
+      {"--hidden", m.hidden}, {"--layers", m.layers},     {"--intermediate", m.intermediate},
+      {"--vocab", m.vocab},   {"--heads", m.heads},       {"--kv-heads", m.kv_heads},
+      {"--head-dim", m.head_dim}};
+  for (const auto& [flag, value] : dims)
+    if (value == 0 || value >= (1ull << 32)) fail(Exit::usage, std::string(flag) + " must be between 1 and 2^32-1");
+  if (m.heads % m.kv_heads != 0) fail(Exit::usage, "--heads must be a multiple of --kv-heads");
+  if (o.steps_per_save == 0) fail(Exit::usage, "--steps-per-save must be at least 1");
+  if (o.saves > 100000) fail(Exit::usage, "--saves is limited to 100000");
+  if (!(o.lr >= 0.0) || !std::isfinite(o.lr)) fail(Exit::usage, "--lr must be a finite number >= 0");
+  if (o.max_shard_size == 0) fail(Exit::usage, "--max-shard-size must be positive");
+  if (o.chunk == 0 || !std::has_single_bit(o.chunk) || o.chunk > (1ull << 30))
+    fail(Exit::usage, "--chunk-elements must be a power of two up to 2^30");
+}
+
+int run(Options& o) {
+  validate(o);
+  if (o.threads > 0) omp_set_num_threads(o.threads);
+  const auto t0 = std::chrono::steady_clock::now();
+  const DtypeInfo di = dtype_info(o.dtype);
+
+  std::vector<Tensor> tensors = model_tensors(o.shape, o.seed);
+  std::vector<Shard> shards = plan_shards(tensors, o);
+  std::uint64_t elements = 0, tensor_bytes = 0;
+  for (const auto& t : tensors) {
+    elements += t.elements;
+    tensor_bytes += t.elements * di.size;
+  }
+
+  // Small files, identical in every save.
+  std::vector<std::pair<std::string, std::string>> small;
+  small.emplace_back("config.json", config_json(o.shape, o.dtype).dump(2) + "\n");
+  small.emplace_back("generation_config.json", generation_config_json(o.shape).dump(2) + "\n");
+  small.emplace_back("tokenizer_config.json", tokenizer_config_json().dump(2) + "\n");
+  if (!o.single_file) {
+    json wm = json::object();
+    for (const auto& t : tensors) wm[t.name] = shards[t.shard].file;
+    json index = {{"metadata", {{"total_size", tensor_bytes}}}, {"weight_map", wm}};
+    small.emplace_back("model.safetensors.index.json", index.dump(2) + "\n");
+  }
+  std::uint64_t bytes_per_save = 0;
+  for (const auto& s : shards) bytes_per_save += s.layout.file_size;
+  for (const auto& [name, content] : small) bytes_per_save += content.size();
+
+  // Each save is built under a hidden temporary name and renamed when complete,
+  // so an interrupted run never leaves a save that looks finished.
+  const fs::path outdir = fs::absolute(fs::path(o.outdir)).lexically_normal();
+  const std::uint64_t nsaves = o.saves + 1;
+  ensure_open_files(nsaves * shards.size() + 64);
+  fs::create_directories(outdir);
+  std::vector<fs::path> finals, temps;
+  for (std::uint64_t s = 0; s < nsaves; ++s) {
+    finals.push_back(outdir / save_name(s));
+    temps.push_back(outdir / ("." + save_name(s) + ".partial"));
+    if (path_exists(finals.back()) && !o.force)
+      fail(Exit::exists, finals.back().string() + ": already exists (use --force to replace it)");
+  }
+  for (std::uint64_t s = 0; s < nsaves; ++s) {
+    if (o.force) fs::remove_all(finals[s]);
+    fs::remove_all(temps[s]);  // left by an interrupted run
+    fs::create_directory(temps[s]);
+    for (const auto& [name, content] : small) write_small_file(temps[s] / name, content);
+  }
+
+  // Every save's shard files stay open: each chunk writes into all of them.
+  std::vector<std::vector<hfdelta::File>> files(nsaves);
+  for (std::uint64_t s = 0; s < nsaves; ++s) {
+    for (const auto& sh : shards) {
+      hfdelta::File f(temps[s] / sh.file, hfdelta::File::Mode::create_exclusive);
+      if (::ftruncate(f.fd(), static_cast<off_t>(sh.layout.file_size)) != 0)
+        fail(Exit::failure, f.path().string() + ": cannot set size: " + std::strerror(errno));
+      f.pwrite_all(sh.layout.prefix.data(), sh.layout.prefix.size(), 0);
+      files[s].push_back(std::move(f));
+    }
+  }
+
+  struct Work {
+    std::size_t tensor;
+    std::uint64_t begin, end;
+  };
+  std::vector<Work> work;
+  for (std::size_t i = 0; i < tensors.size(); ++i)
+    for (std::uint64_t a = 0; a < tensors[i].elements; a += o.chunk)
+      work.push_back({i, a, std::min(tensors[i].elements, a + o.chunk)});
+
+  const Run r{o, files};
+  std::vector<std::uint64_t> changed(nsaves, 0);
+  std::exception_ptr error;
+  std::atomic<bool> failed{false};
+  std::uint64_t largest = 0;
+  for (const auto& t : tensors) largest = std::max(largest, t.elements);
+  const auto chunk_cap = static_cast<std::size_t>(std::min(o.chunk, largest));
+  const auto nwork = static_cast<std::int64_t>(work.size());
+#pragma omp parallel
+  {
+    std::vector<std::uint64_t> local(nsaves, 0);
+    std::unique_ptr<Buffers> buf;
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t wi = 0; wi < nwork; ++wi) {
+      if (failed.load(std::memory_order_relaxed)) continue;
+      try {
+        if (!buf) buf = std::make_unique<Buffers>(chunk_cap, di.size);
+        const Work& wk = work[static_cast<std::size_t>(wi)];
+        run_chunk(r, tensors[wk.tensor], wk.begin, wk.end, *buf, local);
+      } catch (...) {
+#pragma omp critical(hfdelta_gen_error)
+        if (!error) error = std::current_exception();
+        failed = true;
+      }
+    }
+#pragma omp critical(hfdelta_gen_sum)
+    for (std::uint64_t s = 0; s < nsaves; ++s) changed[s] += local[s];
+  }
+  if (error) std::rethrow_exception(error);
+
+  for (auto& per_save : files)
+    for (auto& f : per_save) {
+      f.sync();
+      f.close();
+    }
+  files.clear();
+  for (std::uint64_t s = 0; s < nsaves; ++s) {
+    hfdelta::sync_dir(temps[s]);
+    fs::rename(temps[s], finals[s]);
+  }
+  hfdelta::sync_dir(outdir);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  json series = json::array();
+  json paths = json::array();
+  for (std::uint64_t s = 0; s < nsaves; ++s) {
+    const double frac = elements ? double(changed[s]) / double(elements) : 0.0;
+    std::fprintf(stderr, "hfdelta-gen: %s step=%llu files=%zu bytes=%llu changed=%llu/%llu (%.3f%%)\n",
+                 save_name(s).c_str(), static_cast<unsigned long long>(s * o.steps_per_save),
+                 shards.size() + small.size(), static_cast<unsigned long long>(bytes_per_save),
+                 static_cast<unsigned long long>(changed[s]), static_cast<unsigned long long>(elements),
+                 100.0 * frac);
+    paths.push_back(finals[s].string());
+    series.push_back({{"name", save_name(s)},
+                      {"path", finals[s].string()},
+                      {"step", s * o.steps_per_save},
+                      {"changed_elements", changed[s]},
+                      {"changed_fraction", frac}});
+  }
+  if (o.json) {
+    json shard_files = json::array();
+    for (const auto& s : shards) shard_files.push_back(s.file);
+    const ModelShape& m = o.shape;
+    json out = {
+        {"outdir", outdir.string()},
+        {"paths", paths},
+        {"saves", series},
+        {"tensors", tensors.size()},
+        {"elements", elements},
+        {"tensor_bytes", tensor_bytes},
+        {"bytes_per_save", bytes_per_save},
+        {"shard_files", shard_files},
+        {"threads", omp_get_max_threads()},
+        {"seconds", secs},
+        {"params",
+         {{"preset", o.preset},
+          {"hidden_size", m.hidden},
+          {"num_hidden_layers", m.layers},
+          {"intermediate_size", m.intermediate},
+          {"vocab_size", m.vocab},
+          {"num_attention_heads", m.heads},
+          {"num_key_value_heads", m.kv_heads},
+          {"head_dim", m.head_dim},
+          {"tie_word_embeddings", m.tie_embeddings},
+          {"dtype", di.cli},
+          {"saves", o.saves},
+          {"steps_per_save", o.steps_per_save},
+          {"lr", o.lr},
+          {"seed", o.seed},
+          {"max_shard_size", o.max_shard_size},
+          {"single_file", o.single_file},
+          {"chunk_elements", o.chunk}}},
+    };
+    std::printf("%s\n", out.dump().c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{"Writes OUTDIR/save_000 .. save_NNN: HF checkpoints resembling successive saves of a "
+               "training run (test data for hfdelta)",
+               "hfdelta-gen"};
+  app.add_option("OUTDIR", o.outdir, "Directory to write the saves into")->required();
+
+  std::vector<std::string> presets;
+  for (const auto& p : kPresets) presets.emplace_back(p.name);
+  app.add_option("--preset", o.preset, "Model size to start from")->check(CLI::IsMember(presets))->capture_default_str();
+
+  // Shape overrides, applied on top of the preset.
+  std::uint64_t dims[7] = {};
+  std::uint64_t ModelShape::*const fields[7] = {&ModelShape::hidden,   &ModelShape::layers,
+                                                &ModelShape::intermediate, &ModelShape::vocab,
+                                                &ModelShape::heads,    &ModelShape::kv_heads,
+                                                &ModelShape::head_dim};
+  const char* flags[7] = {"--hidden", "--layers", "--intermediate", "--vocab", "--heads", "--kv-heads", "--head-dim"};
+  CLI::Option* dim_opts[7];
+  for (int i = 0; i < 7; ++i) dim_opts[i] = app.add_option(flags[i], dims[i], "Override the preset's value");
+  bool tie = false;
+  CLI::Option* tie_opt =
+      app.add_flag("--tie-embeddings,!--no-tie-embeddings", tie, "Share embed_tokens with lm_head (override)");
+
+  app.add_option("--saves", o.saves, "Saves after the initial one")->capture_default_str();
+  app.add_option("--steps-per-save", o.steps_per_save, "Optimizer steps between saves")->capture_default_str();
+  app.add_option("--lr", o.lr, "Adam learning rate")->capture_default_str();
+  app.add_option("--seed", o.seed, "Random seed")->capture_default_str();
+  app.add_option("--max-shard-size", o.max_shard_size, "Largest shard (e.g. 200MB, 1GiB)")
+      ->transform(CLI::AsSizeValue(true))
+      ->capture_default_str();
+  app.add_flag("--single-file", o.single_file, "Write one model.safetensors, no index");
+  std::string dtype = "bf16";
+  app.add_option("--dtype", dtype, "Output dtype")->check(CLI::IsMember({"bf16", "f16", "f32"}))->capture_default_str();
+  app.add_option("--threads", o.threads, "Worker threads (default: all cores)")->check(CLI::Range(1, 4096));
+  app.add_option("--chunk-elements", o.chunk, "Elements per work item (power of two; output does not depend on it)")
+      ->capture_default_str();
+  app.add_flag("--force", o.force, "Replace existing save directories");
+  app.add_flag("--json", o.json, "Print a JSON description of the series on stdout");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : static_cast<int>(Exit::usage);
+  }
+
+  try {
+    for (const auto& p : kPresets)
+      if (o.preset == p.name) o.shape = p.shape;
+    for (int i = 0; i < 7; ++i)
+      if (dim_opts[i]->count() > 0) o.shape.*fields[i] = dims[i];
+    if (tie_opt->count() > 0) o.shape.tie_embeddings = tie;
+    o.dtype = dtype == "f16" ? Dtype::f16 : dtype == "f32" ? Dtype::f32 : Dtype::bf16;
+    return run(o);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "hfdelta-gen: error: %s\n", e.what());
+    return static_cast<int>(e.code());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hfdelta-gen: error: %s\n", e.what());
+    return static_cast<int>(Exit::failure);
+  }
+}
