@@ -1,7 +1,5 @@
 #include "hfdelta/apply.hpp"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -22,6 +20,7 @@
 #include "hfdelta/local_store.hpp"
 #include "hfdelta/safetensors.hpp"
 #include "hfdelta/version.hpp"
+#include "parallel.hpp"
 
 namespace hfdelta {
 
@@ -33,28 +32,7 @@ constexpr std::size_t kWindow = 1 << 20;  // bytes of LOCAL read/written at a ti
 
 using Clock = std::chrono::steady_clock;
 
-int thread_count(const ApplyOptions& o) { return o.threads > 0 ? o.threads : omp_get_max_threads(); }
-
-// Runs body(i) for i in [0, n) on the OpenMP team and rethrows the first error.
-template <class F>
-void parallel_for(std::size_t n, int threads, F&& body) {
-  std::exception_ptr error;
-  std::mutex mu;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-  for (std::size_t i = 0; i < n; ++i) {
-    {
-      std::lock_guard<std::mutex> g(mu);
-      if (error) continue;
-    }
-    try {
-      body(i);
-    } catch (...) {
-      std::lock_guard<std::mutex> g(mu);
-      if (!error) error = std::current_exception();
-    }
-  }
-  if (error) std::rethrow_exception(error);
-}
+int thread_count(const ApplyOptions& o) { return default_threads(o.threads); }
 
 Hash128 hash_range(const File& f, std::uint64_t off, std::uint64_t n, std::vector<std::uint8_t>& buf) {
   Hasher h;
@@ -99,7 +77,7 @@ ApplyResult init_locked(const fs::path& src, const fs::path& local, std::uint64_
   // Which files differ (compared in parallel: this is the bulk of the work of
   // an idempotent re-run).
   std::vector<char> differs(want.size(), 0);
-  parallel_for(want.size(), thread_count(opts), [&](std::size_t i) {
+  parallel_for(want.size(), thread_count(opts), [&](std::size_t i, std::size_t) {
     check_no_symlink(local, want[i], local.string());
     const fs::path dst = local / want[i];
     boost::system::error_code ec;
@@ -129,7 +107,7 @@ ApplyResult init_locked(const fs::path& src, const fs::path& local, std::uint64_
   write_state(local, {st.version, version}, opts.sync);
   std::set<fs::path> dirs{local};
   std::mutex mu;
-  parallel_for(want.size(), thread_count(opts), [&](std::size_t i) {
+  parallel_for(want.size(), thread_count(opts), [&](std::size_t i, std::size_t) {
     if (!differs[i]) return;
     const fs::path dst = local / want[i];
     boost::system::error_code ec;
@@ -264,7 +242,7 @@ ApplyResult apply_locked(const fs::path& delta, const fs::path& local, const App
 
   // Every frame must decode cleanly to the right size, and LOCAL must hold the
   // base bytes, before anything is written.
-  parallel_for(patches.size(), threads, [&](std::size_t i) {
+  parallel_for(patches.size(), threads, [&](std::size_t i, std::size_t) {
     Patch& p = patches[i];
     Decompressor d1, d2;
     if (idx.encoding == Encoding::xor_bytes)
@@ -288,7 +266,7 @@ ApplyResult apply_locked(const fs::path& delta, const fs::path& local, const App
 
   std::mutex mu;
   std::vector<std::string> mismatches;
-  parallel_for(patches.size(), threads, [&](std::size_t i) {
+  parallel_for(patches.size(), threads, [&](std::size_t i, std::size_t) {
     Patch& p = patches[i];
     if (p.done) return;
     File& f = files[p.local_shard];

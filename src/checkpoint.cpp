@@ -115,6 +115,12 @@ Checkpoint open_checkpoint(const fs::path& dir) {
                                   c.shards[at->second.shard].file);
     }
   }
+  if (!c.index_files.empty())
+    for (const auto& s : c.shards)
+      for (const auto& t : s.header.tensors)
+        if (!mapped.count(t.name))
+          fail(Exit::bad_input, (dir / s.file).string() + ": tensor '" + t.name +
+                                    "' is not in the index's weight_map, so loaders would not see it");
   for (const auto& [t, shard] : mapped) {
     auto it = c.tensors.find(t);
     if (it == c.tensors.end() || c.shards[it->second.shard].file != shard)

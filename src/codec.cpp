@@ -131,6 +131,7 @@ ChangeCount count_changes(std::span<const std::uint8_t> a, std::span<const std::
   // inside blocks that differ. 64 is a multiple of every element size.
   constexpr std::size_t kBlock = 64;
   std::size_t i = 0;
+  if (kBlock % es != 0) es = 1;  // dtypes have 1, 2, 4 or 8 bytes; anything else is counted bytewise
   for (; i + kBlock <= n; i += kBlock) {
     if (std::memcmp(a.data() + i, b.data() + i, kBlock) == 0) continue;
     for (std::size_t e = i; e < i + kBlock; e += es) {

@@ -1,7 +1,6 @@
 #include "hfdelta/diff.hpp"
 
 #include <fcntl.h>
-#include <omp.h>
 #include <stdio.h>
 
 #include <algorithm>
@@ -10,7 +9,6 @@
 #include <exception>
 #include <memory>
 #include <mutex>
-#include <random>
 #include <set>
 
 #include <boost/filesystem/operations.hpp>
@@ -22,18 +20,13 @@
 #include "hfdelta/io.hpp"
 #include "hfdelta/safetensors.hpp"
 #include "hfdelta/version.hpp"
+#include "parallel.hpp"
 
 namespace hfdelta {
 
 namespace fs = boost::filesystem;
 
 namespace {
-
-std::string shape_text(const std::vector<std::uint64_t>& s) {
-  std::string t = "[";
-  for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
-  return t + "]";
-}
 
 // Stops with Error(unsupported) at the first structural difference, named
 // precisely, so the user knows which save changed shape.
@@ -50,8 +43,8 @@ void require_same_layout(const Checkpoint& a, const Checkpoint& b) {
     const TensorInfo& ta = a.info(it->second);
     const TensorInfo& tb = b.info(ref);
     if (ta.dtype != tb.dtype || ta.shape != tb.shape)
-      fail(Exit::unsupported, "tensor '" + name + "' changed from " + ta.dtype + " " + shape_text(ta.shape) + " to " +
-                                  tb.dtype + " " + shape_text(tb.shape) + " (not supported yet)");
+      fail(Exit::unsupported, "tensor '" + name + "' changed from " + ta.dtype + " " + shape_string(ta.shape) + " to " +
+                                  tb.dtype + " " + shape_string(tb.shape) + " (not supported yet)");
     if (a.shards[it->second.shard].file != b.shards[ref.shard].file)
       fail(Exit::unsupported, "tensor '" + name + "' moved from " + a.shards[it->second.shard].file + " to " +
                                   b.shards[ref.shard].file + " (shard layout changes are not supported yet)");
@@ -88,23 +81,6 @@ struct Spool {
   File file;
   std::uint64_t size = 0;
 };
-
-fs::path temp_dir_beside(const fs::path& out) {
-  std::mt19937_64 rng{std::random_device{}()};
-  char suffix[24];
-  std::snprintf(suffix, sizeof suffix, ".tmp-%08llx", static_cast<unsigned long long>(rng() & 0xffffffffu));
-  return out.parent_path() / ("." + out.filename().string() + suffix);
-}
-
-void copy_range(const File& in, std::uint64_t off, std::uint64_t n, File& out, std::uint64_t out_off) {
-  std::vector<char> buf(std::min<std::uint64_t>(n, 1u << 20));
-  while (n > 0) {
-    const std::size_t k = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), n));
-    in.pread_exact(buf.data(), k, off);
-    out.pwrite_all(buf.data(), k, out_off);
-    off += k, out_off += k, n -= k;
-  }
-}
 
 std::uint64_t size_of(const fs::path& p) {
   boost::system::error_code ec;
@@ -158,59 +134,45 @@ DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, 
   // Largest first, so one big tensor does not finish alone at the end.
   std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.tensor->nbytes() > b.tensor->nbytes(); });
 
-  const fs::path tmp = temp_dir_beside(out);
+  const fs::path tmp = temp_path_beside(out);
   if (!fs::create_directory(tmp, ec) || ec) fail(Exit::failure, tmp.string() + ": cannot create: " + ec.message());
   try {
-    const int threads = opts.threads > 0 ? opts.threads : omp_get_max_threads();
+    const int threads = default_threads(opts.threads);
     std::vector<Spool> spools(static_cast<std::size_t>(threads));
     std::vector<std::unique_ptr<Compressor>> comps(static_cast<std::size_t>(threads));
     std::vector<Entry> entries;
     std::mutex mu;
-    std::exception_ptr error;
-
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-    for (std::size_t j = 0; j < jobs.size(); ++j) {
-      try {
-        {
-          std::lock_guard<std::mutex> g(mu);
-          if (error) continue;
-        }
-        const Job& job = jobs[j];
-        const TensorInfo& t = *job.tensor;
-        const auto& hdr = target.shards[job.shard].header;
-        const auto a = base_maps[job.shard].bytes(hdr.file_offset(t), t.nbytes());
-        const auto b = new_maps[job.shard].bytes(hdr.file_offset(t), t.nbytes());
-        const std::size_t es = dtype_size(t.dtype) ? dtype_size(t.dtype) : 1;
-        const std::uint64_t elems = dtype_size(t.dtype) ? t.elements() : t.nbytes();
-        if (std::memcmp(a.data(), b.data(), a.size()) == 0) {
-          std::lock_guard<std::mutex> g(mu);
-          sum.tensors += 1, sum.elements += elems, sum.tensor_bytes += t.nbytes();
-          continue;
-        }
-        const ChangeCount cc = count_changes(a, b, es);
-        const auto tid = static_cast<std::size_t>(omp_get_thread_num());
-        if (!comps[tid]) {
-          comps[tid] = std::make_unique<Compressor>(opts.level);
-          spools[tid].file = File(tmp / (".spool-" + std::to_string(tid)), File::Mode::create_exclusive);
-        }
-        Spool& sp = spools[tid];
-        Entry e{t.name, job.shard, static_cast<int>(tid), sp.size, 0, xxh3_128(b), xxh3_128(a)};
-        const ByteSink sink = [&](std::span<const std::uint8_t> s) {
-          sp.file.write_all(s.data(), s.size());
-          sp.size += s.size();
-        };
-        e.size = opts.encoding == Encoding::xor_bytes ? encode_xor(*comps[tid], a, b, sink)
-                                                      : encode_overwrite(*comps[tid], a, b, cc.bytes, sink);
+    parallel_for(jobs.size(), threads, [&](std::size_t j, std::size_t tid) {
+      const Job& job = jobs[j];
+      const TensorInfo& t = *job.tensor;
+      const auto& hdr = target.shards[job.shard].header;
+      const auto a = base_maps[job.shard].bytes(hdr.file_offset(t), t.nbytes());
+      const auto b = new_maps[job.shard].bytes(hdr.file_offset(t), t.nbytes());
+      const std::size_t es = dtype_size(t.dtype) ? dtype_size(t.dtype) : 1;
+      const std::uint64_t elems = dtype_size(t.dtype) ? t.elements() : t.nbytes();
+      if (std::memcmp(a.data(), b.data(), a.size()) == 0) {
         std::lock_guard<std::mutex> g(mu);
         sum.tensors += 1, sum.elements += elems, sum.tensor_bytes += t.nbytes();
-        sum.tensors_changed += 1, sum.elements_changed += cc.elements, sum.bytes_changed += cc.bytes;
-        entries.push_back(std::move(e));
-      } catch (...) {
-        std::lock_guard<std::mutex> g(mu);
-        if (!error) error = std::current_exception();
+        return;
       }
-    }
-    if (error) std::rethrow_exception(error);
+      const ChangeCount cc = count_changes(a, b, es);
+      if (!comps[tid]) {
+        comps[tid] = std::make_unique<Compressor>(opts.level);
+        spools[tid].file = File(tmp / (".spool-" + std::to_string(tid)), File::Mode::create_exclusive);
+      }
+      Spool& sp = spools[tid];
+      Entry e{t.name, job.shard, static_cast<int>(tid), sp.size, 0, xxh3_128(b), xxh3_128(a)};
+      const ByteSink sink = [&](std::span<const std::uint8_t> s) {
+        sp.file.write_all(s.data(), s.size());
+        sp.size += s.size();
+      };
+      e.size = opts.encoding == Encoding::xor_bytes ? encode_xor(*comps[tid], a, b, sink)
+                                                    : encode_overwrite(*comps[tid], a, b, cc.bytes, sink);
+      std::lock_guard<std::mutex> g(mu);
+      sum.tensors += 1, sum.elements += elems, sum.tensor_bytes += t.nbytes();
+      sum.tensors_changed += 1, sum.elements_changed += cc.elements, sum.bytes_changed += cc.bytes;
+      entries.push_back(std::move(e));
+    });
 
     // Gather the frames into one delta file per changed weight file, entries
     // by name, so the output does not depend on thread scheduling.

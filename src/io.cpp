@@ -23,16 +23,14 @@ namespace {
   fail(Exit::failure, p.string() + ": " + op + ": " + std::strerror(e));
 }
 
-// Unique hidden name beside `target`, so a crash leaves an obvious leftover,
-// never a file that looks complete.
-fs::path temp_beside(const fs::path& target) {
+}  // namespace
+
+fs::path temp_path_beside(const fs::path& target) {
   static thread_local std::mt19937_64 rng{std::random_device{}()};
   char suffix[24];
   std::snprintf(suffix, sizeof suffix, ".tmp-%08llx", static_cast<unsigned long long>(rng() & 0xffffffffu));
   return target.parent_path() / ("." + target.filename().string() + suffix);
 }
-
-}  // namespace
 
 // ---- MappedFile -------------------------------------------------------------
 
@@ -185,7 +183,7 @@ void sync_dir(const fs::path& dir) {
 }
 
 void write_file_atomic(const fs::path& path, std::string_view content, bool sync) {
-  const fs::path tmp = temp_beside(path);
+  const fs::path tmp = temp_path_beside(path);
   try {
     File f(tmp, File::Mode::create_exclusive);
     f.write_all(content.data(), content.size());
@@ -213,32 +211,10 @@ std::string read_small_file(const fs::path& path, std::uint64_t max_bytes) {
 void copy_file_atomic(const fs::path& src, const fs::path& dst, bool sync) {
   File in(src, File::Mode::read);
   const std::uint64_t n = in.size();
-  const fs::path tmp = temp_beside(dst);
+  const fs::path tmp = temp_path_beside(dst);
   try {
     File out(tmp, File::Mode::create_exclusive);
-    std::uint64_t done = 0;
-    // copy_file_range lets the kernel (or a reflink-capable filesystem) move
-    // the bytes without a round trip through user memory.
-    while (done < n) {
-      loff_t off_in = static_cast<loff_t>(done), off_out = static_cast<loff_t>(done);
-      const ssize_t r = ::copy_file_range(in.fd(), &off_in, out.fd(), &off_out, n - done, 0);
-      if (r < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EXDEV || errno == ENOSYS || errno == EINVAL || errno == EOPNOTSUPP) break;
-        sys_fail(dst, "copy from " + src.string());
-      }
-      if (r == 0) break;
-      done += static_cast<std::uint64_t>(r);
-    }
-    if (done < n) {  // fallback: plain read/write in bounded chunks
-      std::vector<char> buf(1 << 20);
-      while (done < n) {
-        const std::size_t k = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), n - done));
-        in.pread_exact(buf.data(), k, done);
-        out.pwrite_all(buf.data(), k, done);
-        done += k;
-      }
-    }
+    copy_range(in, 0, n, out, 0);
     if (out.size() != n) fail(Exit::failure, src.string() + ": changed size while being copied");
     ::fchmod(out.fd(), 0644);
     if (sync) out.sync();
@@ -247,6 +223,29 @@ void copy_file_atomic(const fs::path& src, const fs::path& dst, bool sync) {
   } catch (...) {
     ::unlink(tmp.c_str());
     throw;
+  }
+}
+
+void copy_range(const File& in, std::uint64_t in_off, std::uint64_t n, File& out, std::uint64_t out_off) {
+  // copy_file_range lets the kernel (or a reflink-capable filesystem) move
+  // the bytes without a round trip through user memory.
+  while (n > 0) {
+    loff_t i = static_cast<loff_t>(in_off), o = static_cast<loff_t>(out_off);
+    const ssize_t r = ::copy_file_range(in.fd(), &i, out.fd(), &o, n, 0);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EXDEV || errno == ENOSYS || errno == EINVAL || errno == EOPNOTSUPP) break;
+      sys_fail(out.path(), "copy from " + in.path().string());
+    }
+    if (r == 0) fail(Exit::bad_input, in.path().string() + ": unexpected end of file at offset " + std::to_string(in_off));
+    in_off += static_cast<std::uint64_t>(r), out_off += static_cast<std::uint64_t>(r), n -= static_cast<std::uint64_t>(r);
+  }
+  std::vector<char> buf(static_cast<std::size_t>(std::min<std::uint64_t>(n, 1u << 20)));
+  while (n > 0) {  // fallback where the kernel cannot copy between these files
+    const std::size_t k = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), n));
+    in.pread_exact(buf.data(), k, in_off);
+    out.pwrite_all(buf.data(), k, out_off);
+    in_off += k, out_off += k, n -= k;
   }
 }
 

@@ -93,6 +93,9 @@ void write_state(const fs::path& local, const LocalState& s, bool sync) {
   json j = json::object();
   if (s.version) j["version"] = format_version(*s.version);
   if (s.pending) j["pending"] = format_version(*s.pending);
+  boost::system::error_code ec;
+  fs::create_directories(state_dir(local), ec);
+  if (ec) fail(Exit::failure, state_dir(local).string() + ": cannot create: " + ec.message());
   write_file_atomic(state_file(local), j.dump() + "\n", sync);
 }
 

@@ -42,12 +42,6 @@ bool mul_overflows(std::uint64_t a, std::uint64_t b, std::uint64_t* out) {
   return __builtin_mul_overflow(a, b, out);
 }
 
-std::string shape_text(const std::vector<std::uint64_t>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 // Parses the header JSON, refusing duplicate keys at any level: a JSON library
 // would silently keep one of them, so two readers could see different tensors.
 json parse_json_strict(std::string_view text, const std::string& what) {
@@ -79,6 +73,12 @@ std::uint64_t as_u64(const json& v, const std::string& what, const std::string& 
 }
 
 }  // namespace
+
+std::string shape_string(const std::vector<std::uint64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
 
 std::size_t dtype_size(std::string_view dtype) {
   for (const auto& d : kDtypes)
@@ -147,14 +147,14 @@ SafetensorsHeader parse_safetensors(std::string_view bytes, std::uint64_t file_s
       bad(what, tw + ": data_offsets [" + std::to_string(ti.begin) + ", " + std::to_string(ti.end) + "] has begin after end");
     std::uint64_t n = 1;
     for (auto d : ti.shape)
-      if (mul_overflows(n, d, &n)) bad(what, tw + ": shape " + shape_text(ti.shape) + " overflows 64 bits");
+      if (mul_overflows(n, d, &n)) bad(what, tw + ": shape " + shape_string(ti.shape) + " overflows 64 bits");
     if (const std::size_t es = dtype_size(ti.dtype); es != 0) {
       std::uint64_t need = 0;
       if (mul_overflows(n, es, &need))
-        bad(what, tw + ": shape " + shape_text(ti.shape) + " times " + ti.dtype + " size overflows 64 bits");
+        bad(what, tw + ": shape " + shape_string(ti.shape) + " times " + ti.dtype + " size overflows 64 bits");
       if (ti.nbytes() != need)
         bad(what, tw + ": data_offsets span " + std::to_string(ti.nbytes()) + " bytes but shape " +
-                      shape_text(ti.shape) + " of " + ti.dtype + " needs " + std::to_string(need));
+                      shape_string(ti.shape) + " of " + ti.dtype + " needs " + std::to_string(need));
     }
     h.tensors.push_back(std::move(ti));
   }
@@ -222,10 +222,12 @@ SafetensorsLayout layout_safetensors(std::vector<TensorSpec> specs,
   for (auto& s : specs) {
     if (const auto es = dtype_size(s.dtype)) {
       std::uint64_t n = es;
-      for (auto d : s.shape) n *= d;
+      for (auto d : s.shape)
+        if (mul_overflows(n, d, &n))
+          fail(Exit::failure, "tensor '" + s.name + "': shape " + shape_string(s.shape) + " overflows 64 bits");
       if (n != s.nbytes)
         fail(Exit::failure, "tensor '" + s.name + "': " + std::to_string(s.nbytes) + " bytes given but shape " +
-                                shape_text(s.shape) + " of " + s.dtype + " needs " + std::to_string(n));
+                                shape_string(s.shape) + " of " + s.dtype + " needs " + std::to_string(n));
     }
     L.tensors.push_back({s.name, s.dtype, s.shape, pos, pos + s.nbytes});
     pos += s.nbytes;

@@ -22,22 +22,28 @@ std::string format_version(std::uint64_t v) {
   return buf;
 }
 
-std::uint64_t parse_version(std::string_view s, const std::string& what) {
-  if (s.empty() || s.size() > 18 || !std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }))
-    fail(Exit::bad_input, what + ": version \"" + std::string(s) + "\" is not a decimal number");
+namespace {
+// Decimal digits to a number; nullopt for anything else or on overflow.
+std::optional<std::uint64_t> parse_digits(std::string_view s) {
+  if (s.empty()) return std::nullopt;
   std::uint64_t v = 0;
-  for (char c : s) v = v * 10 + static_cast<std::uint64_t>(c - '0');
+  for (char c : s) {
+    if (c < '0' || c > '9') return std::nullopt;
+    if (__builtin_mul_overflow(v, 10u, &v) || __builtin_add_overflow(v, static_cast<unsigned>(c - '0'), &v))
+      return std::nullopt;
+  }
   return v;
+}
+}  // namespace
+
+std::uint64_t parse_version(std::string_view s, const std::string& what) {
+  if (auto v = parse_digits(s)) return *v;
+  fail(Exit::bad_input, what + ": version \"" + std::string(s) + "\" is not a decimal number");
 }
 
 std::optional<std::uint64_t> version_from_dirname(std::string_view name) {
   if (name.size() < kPrefix.size() + 6 || name.substr(0, kPrefix.size()) != kPrefix) return std::nullopt;
-  const std::string_view digits = name.substr(kPrefix.size());
-  if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
-    return std::nullopt;
-  std::uint64_t v = 0;
-  for (char c : digits) v = v * 10 + static_cast<std::uint64_t>(c - '0');
-  return v;
+  return parse_digits(name.substr(kPrefix.size()));
 }
 
 std::string version_dirname(std::uint64_t v) { return std::string(kPrefix) + format_version(v); }

@@ -64,6 +64,13 @@ class File {
   int fd_ = -1;
 };
 
+// Unique hidden name beside `target` (".NAME.tmp-XXXXXXXX"): a crash leaves
+// an obvious leftover, never a file or directory that looks complete.
+fs::path temp_path_beside(const fs::path& target);
+
+// Copies n bytes between two files, in the kernel where it can.
+void copy_range(const File& in, std::uint64_t in_off, std::uint64_t n, File& out, std::uint64_t out_off);
+
 // fsync on a directory, so that a rename or create inside it is durable.
 void sync_dir(const fs::path& dir);
 

@@ -22,6 +22,9 @@ inline constexpr std::uint64_t kMaxHeaderSize = 100'000'000;
 // does not know (such tensors are carried as opaque bytes).
 std::size_t dtype_size(std::string_view dtype);
 
+// "[4096, 1024]", for messages.
+std::string shape_string(const std::vector<std::uint64_t>& shape);
+
 struct TensorInfo {
   std::string name;
   std::string dtype;
