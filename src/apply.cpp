@@ -228,6 +228,9 @@ ApplyResult apply_locked(const fs::path& delta, const fs::path& local, const App
     if (fc.op != FileChange::Op::put) continue;
     check_no_symlink(delta / kFilesDir, fc.path, delta.string());
     const fs::path p = delta / kFilesDir / fc.path;
+    boost::system::error_code ec;
+    if (!fs::is_regular_file(fs::symlink_status(p, ec)))
+      fail(Exit::bad_input, p.string() + ": listed in the delta index's hfdelta_files but missing or not a regular file");
     const MappedFile m(p);
     if (m.size() != fc.size || xxh3_128(m.bytes()) != fc.hash)
       fail(Exit::bad_input, p.string() + ": does not match the size and checksum the delta index records");
@@ -308,20 +311,28 @@ ApplyResult apply_locked(const fs::path& delta, const fs::path& local, const App
     fail(Exit::verify_failed, msg);
   }
 
+  // Removals first, then the directories they leave empty, then new
+  // contents: a file may have become a directory of the same name or back.
   std::set<fs::path> dirs{local};
   for (const auto& fc : idx.files) {
+    if (fc.op != FileChange::Op::remove) continue;
     const fs::path dst = local / fc.path;
-    if (fc.op == FileChange::Op::put) {
-      boost::system::error_code ec;
-      fs::create_directories(dst.parent_path(), ec);
-      if (ec) fail(Exit::failure, dst.parent_path().string() + ": cannot create: " + ec.message());
-      copy_file_atomic(delta / kFilesDir / fc.path, dst, opts.sync);
-      r.files_written += 1;
-    } else if (fs::remove(dst)) {
-      r.files_removed += 1;
-    }
+    if (fs::remove(dst)) r.files_removed += 1;
+    for (fs::path d = dst.parent_path(); d != local && fs::is_empty(d); d = d.parent_path()) fs::remove(d);
     dirs.insert(dst.parent_path());
   }
+  for (const auto& fc : idx.files) {
+    if (fc.op != FileChange::Op::put) continue;
+    const fs::path dst = local / fc.path;
+    boost::system::error_code ec;
+    if (fs::is_directory(fs::symlink_status(dst, ec)) && fs::is_empty(dst)) fs::remove(dst);
+    fs::create_directories(dst.parent_path(), ec);
+    if (ec) fail(Exit::failure, dst.parent_path().string() + ": cannot create: " + ec.message());
+    copy_file_atomic(delta / kFilesDir / fc.path, dst, opts.sync);
+    r.files_written += 1;
+    for (fs::path d = dst.parent_path(); d != local; d = d.parent_path()) dirs.insert(d);
+  }
+  for (auto it = dirs.begin(); it != dirs.end();) it = fs::is_directory(*it) ? std::next(it) : dirs.erase(it);
   if (opts.sync) {
     for (auto& f : files) f.sync();
     for (const auto& d : dirs) sync_dir(d);
@@ -385,7 +396,6 @@ ApplyResult pull(const fs::path& root, const fs::path& local, std::optional<std:
     if (d.full && d.version <= want && (!st.version || d.version > *st.version)) full = &d;
   std::uint64_t cur;
   if (full) {
-    merge(r, init_locked(full->path, local, full->version, opts));
     cur = full->version;
   } else if (st.version) {
     cur = *st.version;
@@ -396,11 +406,22 @@ ApplyResult pull(const fs::path& root, const fs::path& local, std::optional<std:
     fail(Exit::out_of_order, local.string() + ": has no version, and " + root.string() + " has no full version at or below " +
                                  format_version(want) + "; initialise it with --init");
   }
+  // The whole chain must be there and link up before LOCAL is touched.
+  std::vector<const VersionDir*> chain;
   for (std::uint64_t v = cur + 1; v <= want; ++v) {
     const VersionDir* d = find(v);
     if (!d) fail(Exit::out_of_order, root.string() + ": version " + format_version(v) + " is missing; cannot reach " + format_version(want));
-    merge(r, apply_locked(d->path, local, opts));
+    const DeltaIndex idx = read_delta_index(d->path);
+    if (idx.version != v || idx.base_version != v - 1)
+      fail(Exit::out_of_order, (d->path / kIndexFile).string() + ": records version " + format_version(idx.version) +
+                                   " on base " + format_version(idx.base_version) + ", expected " + format_version(v) +
+                                   " on base " + format_version(v - 1));
+    chain.push_back(d);
   }
+  if (full) {
+    merge(r, init_locked(full->path, local, full->version, opts));
+  }
+  for (const VersionDir* d : chain) merge(r, apply_locked(d->path, local, opts));
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return r;
 }
