@@ -1,0 +1,643 @@
+// End-to-end: delta-diff and delta-apply on real directories, success paths.
+#include <doctest/doctest.h>
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <set>
+
+#include "e2e_util.hpp"
+
+using namespace e2e;
+
+namespace {
+
+std::string v6(int v) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%06d", v);
+  return buf;
+}
+
+// Tensor names of a checkpoint, from its index or its single file.
+std::vector<std::string> checkpoint_tensors(const fs::path& dir) {
+  std::vector<std::string> v;
+  if (fs::exists(dir / "model.safetensors.index.json")) {
+    const json idx = read_json(dir / "model.safetensors.index.json");
+    for (auto it = idx["weight_map"].begin(); it != idx["weight_map"].end(); ++it) v.push_back(it.key());
+  } else {
+    v = read_st(dir / "model.safetensors").tensor_names();
+  }
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+// Tensors whose bytes differ between two checkpoints of the same layout.
+std::set<std::string> changed_tensors(const fs::path& a, const fs::path& b) {
+  std::set<std::string> s;
+  for (const auto& t : checkpoint_tensors(b))
+    if (checkpoint_tensor(a, t) != checkpoint_tensor(b, t)) s.insert(t);
+  return s;
+}
+
+std::set<std::string> keys_of(const json& obj) {
+  std::set<std::string> s;
+  for (auto it = obj.begin(); it != obj.end(); ++it) s.insert(it.key());
+  return s;
+}
+
+std::vector<std::string> shard_files(const fs::path& dir) {
+  std::vector<std::string> v;
+  for (const auto& f : list_names(dir))
+    if (f.size() > 12 && f.substr(f.size() - 12) == ".safetensors") v.push_back(f);
+  return v;
+}
+
+// Diffs save_{v-1} -> save_v into ROOT/weight_v for v = 1..n, then initialises
+// LOCAL from save_000 and applies every delta in order, checking LOCAL against
+// the matching save after each step.
+void chain_round_trip(const fs::path& series, const fs::path& root, const fs::path& local, int n,
+                      const std::string& encoding) {
+  fs::create_directories(root);
+  for (int v = 1; v <= n; ++v) {
+    const RunResult r = diff({"-q", "--encoding", encoding, save_dir(series, v - 1).string(), save_dir(series, v).string(),
+                              version_dir(root, v).string()});
+    E2E_REQUIRE_CODE(r, 0);
+    REQUIRE(fs::is_directory(version_dir(root, v)));
+    CHECK(delta_index(version_dir(root, v))["metadata"]["delta_encoding"] == encoding);
+    // A delta of a training step is much smaller than the save itself.
+    CHECK(tree_size(version_dir(root, v)) < tree_size(save_dir(series, v)) / 2);
+  }
+  E2E_REQUIRE_CODE(apply({"-q", "--init", save_dir(series, 0).string(), local.string()}), 0);
+  CHECK(state_version(local) == "000000");
+  E2E_CHECK_TREE_EQUAL(local, save_dir(series, 0));
+  for (int v = 1; v <= n; ++v) {
+    INFO("applying version " << v);
+    E2E_REQUIRE_CODE(apply({"-q", version_dir(root, v).string(), local.string()}), 0);
+    CHECK(state_version(local) == v6(v));
+    E2E_CHECK_TREE_EQUAL(local, save_dir(series, v));
+  }
+  // The final state is exactly {"version": "00000n"}: no pending apply left.
+  CHECK(state_json(local) == json{{"version", v6(n)}});
+  // Reader-visible leftovers: no temporary files beside the patched ones.
+  for (const auto& f : list_files(local)) CHECK_MESSAGE(f.find(".tmp-") == std::string::npos, f);
+}
+
+// Deterministic filler bytes.
+Bytes filler(std::size_t n, std::uint32_t seed) {
+  Bytes b(n);
+  std::uint32_t x = seed * 2654435761u + 12345u;
+  for (auto& c : b) {
+    x = x * 1664525u + 1013904223u;
+    c = static_cast<std::uint8_t>(x >> 24);
+  }
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("sharded series: xor deltas applied in order reproduce every save byte for byte") {
+  TempDir t;
+  const fs::path series = gen_series(t / "series", 3, {"--max-shard-size", "600KB"});
+  REQUIRE(fs::exists(save_dir(series, 0) / "model.safetensors.index.json"));
+  REQUIRE(shard_files(save_dir(series, 0)).size() >= 2);
+  chain_round_trip(series, t / "root", t / "local", 3, "xor");
+}
+
+TEST_CASE("sharded series: overwrite deltas applied in order reproduce every save byte for byte") {
+  TempDir t;
+  const fs::path series = gen_series(t / "series", 3, {"--max-shard-size", "600KB"});
+  REQUIRE(shard_files(save_dir(series, 0)).size() >= 2);
+  chain_round_trip(series, t / "root", t / "local", 3, "overwrite");
+}
+
+TEST_CASE("single-file checkpoints round-trip (bf16, f16, f32; both encodings)") {
+  std::string dtype, encoding;
+  SUBCASE("bf16 xor") { dtype = "bf16", encoding = "xor"; }
+  SUBCASE("f16 overwrite") { dtype = "f16", encoding = "overwrite"; }
+  SUBCASE("f32 xor") { dtype = "f32", encoding = "xor"; }
+  CAPTURE(dtype);
+  CAPTURE(encoding);
+  TempDir t;
+  const fs::path series = gen_series(t / "series", 2, {"--single-file", "--dtype", dtype});
+  REQUIRE(fs::exists(save_dir(series, 0) / "model.safetensors"));
+  REQUIRE_FALSE(fs::exists(save_dir(series, 0) / "model.safetensors.index.json"));
+  chain_round_trip(series, t / "root", t / "local", 2, encoding);
+  // One delta file, numbered from 0.
+  CHECK(shard_files(version_dir(t / "root", 1)) == std::vector<std::string>{"model-00000-of-00001.safetensors"});
+}
+
+TEST_CASE("mixed dtypes built by hand: only changed tensors travel, as U8 [L] with checksums, and apply exactly") {
+  std::string encoding;
+  SUBCASE("xor") { encoding = "xor"; }
+  SUBCASE("overwrite") { encoding = "overwrite"; }
+  CAPTURE(encoding);
+  TempDir t;
+
+  std::vector<TensorData> base = {
+      {"bf16.w", "BF16", {4, 8}, filler(64, 1)},
+      {"bf16.frozen", "BF16", {8}, filler(16, 2)},
+      {"f16.w", "F16", {16}, filler(32, 3)},
+      {"f32.w", "F32", {3, 5}, filler(60, 4)},
+      {"f8.w", "F8_E4M3", {32}, filler(32, 5)},
+      {"i64.idx", "I64", {6}, filler(48, 6)},
+      {"bool.mask", "BOOL", {10}, Bytes{0, 1, 1, 0, 0, 1, 0, 1, 1, 0}},
+      {"scalar.step", "F32", {}, Bytes{0x00, 0x00, 0x80, 0x3f}},  // 1.0f
+      {"empty.t", "F16", {0, 4}, Bytes{}},
+      {"f4.packed", "F4", {16}, filler(8, 7)},  // unknown dtype: opaque bytes
+  };
+  std::vector<TensorData> target = base;
+  auto find = [&](std::vector<TensorData>& v, const std::string& n) -> Bytes& {
+    for (auto& x : v)
+      if (x.name == n) return x.bytes;
+    throw std::runtime_error("no tensor " + n);
+  };
+  find(target, "bf16.w")[13] ^= 0x01;                      // one byte only
+  for (auto& c : find(target, "f32.w")) c ^= 0xff;          // every byte
+  find(target, "f8.w")[3] ^= 0x40, find(target, "f8.w")[17] ^= 0x02;
+  find(target, "i64.idx")[16] ^= 0x01, find(target, "i64.idx")[17] ^= 0x80;  // one element, two bytes
+  find(target, "bool.mask")[9] = 1;
+  find(target, "scalar.step") = Bytes{0x00, 0x00, 0x00, 0x40};  // 2.0f: two bytes differ
+  find(target, "f4.packed")[0] ^= 0x0f, find(target, "f4.packed")[5] ^= 0xf0;
+  const std::set<std::string> changed = {"bf16.w", "f32.w", "f8.w", "i64.idx", "bool.mask", "scalar.step", "f4.packed"};
+
+  const std::map<std::string, std::string> meta = {{"format", "pt"}};
+  write_safetensors(t / "base" / "model.safetensors", base, &meta);
+  write_safetensors(t / "new" / "model.safetensors", target, &meta);
+  write_file(t / "base" / "config.json", "{\"model_type\": \"toy\"}\n");
+  write_file(t / "new" / "config.json", "{\"model_type\": \"toy\"}\n");
+  fs::create_directories(t / "root");
+  const fs::path out = version_dir(t / "root", 1);
+
+  const RunResult d = diff({"--json", "--encoding", encoding, (t / "base").string(), (t / "new").string(), out.string()});
+  E2E_REQUIRE_CODE(d, 0);
+  const json s = parse_json(d.out);
+  CHECK(s["tensors"] == 10);
+  CHECK(s["tensors_changed"] == 7);
+  // Elements: one byte per element for the unknown dtype (8 bytes of F4).
+  CHECK(s["elements"] == 32 + 8 + 16 + 15 + 32 + 6 + 10 + 1 + 0 + 8);
+  CHECK(s["elements_changed"] == 1 + 15 + 2 + 1 + 1 + 1 + 2);
+  CHECK(s["tensor_bytes"] == 64 + 16 + 32 + 60 + 32 + 48 + 10 + 4 + 0 + 8);
+  CHECK(s["bytes_changed"] == 1 + 60 + 2 + 2 + 1 + 2 + 2);
+  CHECK(s["files_changed"] == 0);
+  CHECK(s["files_removed"] == 0);
+
+  // The delta: one file, only the changed tensors, U8 [L], checksum per tensor.
+  CHECK(list_files(out) == std::vector<std::string>{"model-00000-of-00001.safetensors", "model.safetensors.index.json"});
+  const StFile df = read_st(out / "model-00000-of-00001.safetensors");
+  const auto names = df.tensor_names();
+  CHECK(std::set<std::string>(names.begin(), names.end()) == changed);
+  const json md = df.metadata();
+  REQUIRE(md.is_object());
+  CHECK(keys_of(md) == changed);
+  const json idx = delta_index(out);
+  CHECK(keys_of(idx["weight_map"]) == changed);
+  CHECK(keys_of(idx["metadata"]["hfdelta_base_checksums"]) == changed);
+  std::uint64_t entry_bytes = 0;
+  for (const auto& name : changed) {
+    CAPTURE(name);
+    const json& e = df.header[name];
+    CHECK(e["dtype"] == "U8");
+    REQUIRE(e["shape"].size() == 1);
+    const auto [b, en] = df.file_range(name);
+    CHECK(e["shape"][0].get<std::uint64_t>() == en - b);
+    CHECK(en > b);
+    entry_bytes += en - b;
+    const Bytes oldb = find(base, name), newb = find(target, name);
+    CHECK(md[name] == xxh3_hex(newb));
+    CHECK(idx["metadata"]["hfdelta_base_checksums"][name] == xxh3_hex(oldb));
+    CHECK(idx["weight_map"][name] == "model-00000-of-00001.safetensors");
+    const Bytes dec = zstd_decompress(df.tensor(name));
+    if (encoding == "xor") {
+      Bytes x(oldb.size());
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] = oldb[i] ^ newb[i];
+      CHECK(dec == x);
+    } else {
+      std::vector<std::uint32_t> pos;
+      Bytes val;
+      for (std::size_t i = 0; i < oldb.size(); ++i)
+        if (oldb[i] != newb[i]) pos.push_back(static_cast<std::uint32_t>(i)), val.push_back(newb[i]);
+      Bytes want(4 + 5 * pos.size());
+      auto le32 = [&](std::size_t at, std::uint32_t v) {
+        for (int k = 0; k < 4; ++k) want[at + static_cast<std::size_t>(k)] = static_cast<std::uint8_t>(v >> (8 * k));
+      };
+      le32(0, static_cast<std::uint32_t>(pos.size()));
+      for (std::size_t i = 0; i < pos.size(); ++i) le32(4 + 4 * i, pos[i]);
+      std::copy(val.begin(), val.end(), want.begin() + static_cast<std::ptrdiff_t>(4 + 4 * pos.size()));
+      CHECK(dec == want);
+    }
+  }
+  CHECK(idx["metadata"]["total_size"] == entry_bytes);
+
+  // Applied on top of a copy of BASE, it gives NEW.
+  const fs::path local = t / "local";
+  E2E_REQUIRE_CODE(apply({"-q", "--init", (t / "base").string(), local.string()}), 0);
+  const RunResult a = apply({"--json", out.string(), local.string()});
+  E2E_REQUIRE_CODE(a, 0);
+  const json aj = parse_json(a.out);
+  CHECK(aj["tensors_patched"] == 7);
+  CHECK(aj["delta_bytes"] == entry_bytes);
+  E2E_CHECK_TREE_EQUAL(local, t / "new");
+  CHECK(state_version(local) == "000001");
+}
+
+TEST_CASE("no change at all: a delta with an empty weight_map that applies as a version bump") {
+  TempDir t;
+  const fs::path series = gen_series(t / "series", 1);
+  copy_tree(save_dir(series, 0), t / "same");  // identical content, another directory
+  fs::create_directories(t / "root");
+  const fs::path out = version_dir(t / "root", 1);
+  const RunResult d = diff({"--json", save_dir(series, 0).string(), (t / "same").string(), out.string()});
+  E2E_REQUIRE_CODE(d, 0);
+  const json s = parse_json(d.out);
+  CHECK(s["tensors_changed"] == 0);
+  CHECK(s["elements_changed"] == 0);
+  CHECK(s["bytes_changed"] == 0);
+  CHECK(s["density"] == 0.0);
+  CHECK(s["files_changed"] == 0);
+  CHECK(s["files_removed"] == 0);
+  CHECK(s["tensors"].get<std::uint64_t>() > 0);
+
+  CHECK(list_files(out) == std::vector<std::string>{"model.safetensors.index.json"});
+  const json idx = delta_index(out);
+  CHECK(idx["weight_map"].is_object());
+  CHECK(idx["weight_map"].empty());
+  CHECK(idx["metadata"]["version"] == "000001");
+  CHECK(idx["metadata"]["base_version"] == "000000");
+  CHECK(idx["metadata"].contains("delta_encoding"));
+  CHECK(idx["metadata"]["total_size"] == 0);
+
+  const fs::path local = t / "local";
+  E2E_REQUIRE_CODE(apply({"-q", "--init", save_dir(series, 0).string(), local.string()}), 0);
+  const RunResult a = apply({"--json", out.string(), local.string()});
+  E2E_REQUIRE_CODE(a, 0);
+  const json aj = parse_json(a.out);
+  CHECK(aj["noop"] == false);
+  CHECK(aj["from_version"] == "000000");
+  CHECK(aj["to_version"] == "000001");
+  CHECK(aj["applied"] == json::array({"000001"}));
+  CHECK(aj["tensors_patched"] == 0);
+  CHECK(state_json(local) == json{{"version", "000001"}});
+  E2E_CHECK_TREE_EQUAL(local, save_dir(series, 0));
+}
+
+TEST_CASE("non-weight files: changed, new in a subdirectory, and removed travel under OUT/files and apply exactly") {
+  TempDir t;
+  const fs::path series = gen_series(t / "series", 1, {"--max-shard-size", "600KB"});
+  const fs::path base = t / "base", target = t / "new";
+  copy_tree(save_dir(series, 0), base);
+  copy_tree(save_dir(series, 1), target);
+  write_file(base / "old" / "notes.txt", "only in the base\n");
+  std::string cfg = read_file(target / "config.json");
+  cfg.insert(cfg.rfind('}'), ",\n  \"hfdelta_test\": 42\n");
+  write_file(target / "config.json", cfg);
+  const std::string chat = "{% for m in messages %}{{ m.content }}{% endfor %}\n";
+  write_file(target / "templates" / "chat" / "template.jinja", chat);
+  fs::remove(target / "tokenizer_config.json");
+  REQUIRE(read_file(base / "config.json") != cfg);
+
+  fs::create_directories(t / "root");
+  const fs::path out = version_dir(t / "root", 1);
+  const RunResult d = diff({"--json", base.string(), target.string(), out.string()});
+  E2E_REQUIRE_CODE(d, 0);
+  const json s = parse_json(d.out);
+  CHECK(s["files_changed"] == 2);
+  CHECK(s["files_removed"] == 2);
+  CHECK(s["tensors_changed"].get<std::uint64_t>() > 0);
+
+  CHECK(read_file(out / "files" / "config.json") == cfg);
+  CHECK(read_file(out / "files" / "templates" / "chat" / "template.jinja") == chat);
+  CHECK_FALSE(fs::exists(out / "files" / "tokenizer_config.json"));
+  CHECK_FALSE(fs::exists(out / "files" / "old"));
+  // Files that did not change do not travel.
+  CHECK_FALSE(fs::exists(out / "files" / "generation_config.json"));
+  CHECK_FALSE(fs::exists(out / "files" / "model.safetensors.index.json"));
+
+  const json files = delta_index(out)["metadata"]["hfdelta_files"];
+  REQUIRE(files.is_array());
+  std::map<std::string, json> by_path;
+  for (const auto& e : files) by_path[e["path"].get<std::string>()] = e;
+  CHECK(files.size() == 4);
+  REQUIRE(by_path.count("config.json"));
+  CHECK(by_path["config.json"] ==
+        json{{"path", "config.json"}, {"op", "put"}, {"size", cfg.size()}, {"xxh3-128", xxh3_hex(cfg)}});
+  REQUIRE(by_path.count("templates/chat/template.jinja"));
+  CHECK(by_path["templates/chat/template.jinja"] == json{{"path", "templates/chat/template.jinja"},
+                                                         {"op", "put"},
+                                                         {"size", chat.size()},
+                                                         {"xxh3-128", xxh3_hex(chat)}});
+  CHECK(by_path["tokenizer_config.json"] == json{{"path", "tokenizer_config.json"}, {"op", "remove"}});
+  CHECK(by_path["old/notes.txt"] == json{{"path", "old/notes.txt"}, {"op", "remove"}});
+
+  const fs::path local = t / "local";
+  E2E_REQUIRE_CODE(apply({"-q", "--init", base.string(), local.string()}), 0);
+  const RunResult a = apply({"--json", out.string(), local.string()});
+  E2E_REQUIRE_CODE(a, 0);
+  const json aj = parse_json(a.out);
+  CHECK(aj["files_written"] == 2);
+  CHECK(aj["files_removed"] == 2);
+  E2E_CHECK_TREE_EQUAL(local, target);
+}
+
+TEST_CASE("--json output of delta-diff and delta-apply: documented keys with plausible values") {
+  TempDir t;
+  const fs::path series = gen_series(t / "series", 1, {"--max-shard-size", "600KB"});
+  fs::create_directories(t / "root");
+  const fs::path out = version_dir(t / "root", 1);
+  const RunResult d = diff({"--json", save_dir(series, 0).string(), save_dir(series, 1).string(), out.string()});
+  E2E_REQUIRE_CODE(d, 0);
+  const json s = parse_json(d.out);  // stdout is exactly one JSON object
+  REQUIRE(s.is_object());
+  for (const char* k : {"out", "version", "base_version", "encoding", "tensors", "tensors_changed", "elements",
+                        "elements_changed", "density", "tensor_bytes", "bytes_changed", "full_bytes", "delta_bytes",
+                        "files_changed", "files_removed", "seconds"})
+    CHECK_MESSAGE(s.contains(k), "delta-diff --json lacks \"" << k << "\": " << d.out);
+  CHECK(s["out"] == out.string());
+  CHECK(s["version"] == "000001");
+  CHECK(s["base_version"] == "000000");
+  CHECK(s["encoding"] == "xor");
+  const auto tensors = s["tensors"].get<std::uint64_t>();
+  const auto changed = s["tensors_changed"].get<std::uint64_t>();
+  CHECK(tensors == checkpoint_tensors(save_dir(series, 1)).size());
+  CHECK(changed > 0);
+  CHECK(changed <= tensors);
+  CHECK(changed == changed_tensors(save_dir(series, 0), save_dir(series, 1)).size());
+  const double density = s["density"].get<double>();
+  CHECK(density > 0.0);
+  CHECK(density <= 1.0);
+  CHECK(s["elements_changed"].get<std::uint64_t>() <= s["elements"].get<std::uint64_t>());
+  CHECK(density == doctest::Approx(double(s["elements_changed"].get<std::uint64_t>()) /
+                                   double(s["elements"].get<std::uint64_t>())));
+  CHECK(s["bytes_changed"].get<std::uint64_t>() <= s["tensor_bytes"].get<std::uint64_t>());
+  CHECK(s["bytes_changed"].get<std::uint64_t>() >= s["elements_changed"].get<std::uint64_t>());
+  CHECK(s["full_bytes"] == tree_size(save_dir(series, 1)));
+  CHECK(s["delta_bytes"] == tree_size(out));
+  CHECK(s["delta_bytes"].get<std::uint64_t>() < s["full_bytes"].get<std::uint64_t>());
+  CHECK(s["files_changed"] == 0);
+  CHECK(s["files_removed"] == 0);
+  CHECK(s["seconds"].get<double>() >= 0.0);
+
+  const fs::path local = t / "local";
+  const RunResult i = apply({"--json", "--init", save_dir(series, 0).string(), local.string()});
+  E2E_REQUIRE_CODE(i, 0);
+  const json ij = parse_json(i.out);
+  CHECK(ij["from_version"].is_null());
+  CHECK(ij["to_version"] == "000000");
+  CHECK(ij["noop"] == false);
+  CHECK(ij["files_written"] == list_files(save_dir(series, 0)).size());
+
+  const RunResult a = apply({"--json", out.string(), local.string()});
+  E2E_REQUIRE_CODE(a, 0);
+  const json aj = parse_json(a.out);
+  REQUIRE(aj.is_object());
+  for (const char* k : {"local", "from_version", "to_version", "applied", "noop", "tensors_patched", "delta_bytes",
+                        "files_written", "files_removed", "seconds"})
+    CHECK_MESSAGE(aj.contains(k), "delta-apply --json lacks \"" << k << "\": " << a.out);
+  CHECK(aj["local"] == local.string());
+  CHECK(aj["from_version"] == "000000");
+  CHECK(aj["to_version"] == "000001");
+  CHECK(aj["applied"] == json::array({"000001"}));
+  CHECK(aj["noop"] == false);
+  CHECK(aj["tensors_patched"] == changed);
+  CHECK(aj["delta_bytes"] == delta_index(out)["metadata"]["total_size"]);
+  CHECK(aj["delta_bytes"].get<std::uint64_t>() > 0);
+  CHECK(aj["delta_bytes"].get<std::uint64_t>() < s["delta_bytes"].get<std::uint64_t>());
+  CHECK(aj["files_written"] == 0);
+  CHECK(aj["files_removed"] == 0);
+  CHECK(aj["seconds"].get<double>() >= 0.0);
+  E2E_CHECK_TREE_EQUAL(local, save_dir(series, 1));
+
+  // -q prints nothing on success.
+  const RunResult q = diff({"-q", save_dir(series, 0).string(), save_dir(series, 1).string(),
+                            version_dir(t / "root", 9).string(), "--base-version", "8"});
+  E2E_CHECK_CODE(q, 0);
+  CHECK(q.out.empty());
+}
+
+TEST_CASE("re-applying the same delta is a no-op that leaves LOCAL unchanged (both encodings)") {
+  std::string encoding;
+  SUBCASE("xor") { encoding = "xor"; }
+  SUBCASE("overwrite") { encoding = "overwrite"; }
+  CAPTURE(encoding);
+  TempDir t;
+  const fs::path series = gen_series(t / "series", 1, {"--max-shard-size", "600KB"});
+  fs::create_directories(t / "root");
+  const fs::path out = version_dir(t / "root", 1);
+  E2E_REQUIRE_CODE(diff({"-q", "--encoding", encoding, save_dir(series, 0).string(), save_dir(series, 1).string(),
+                         out.string()}),
+                   0);
+  const fs::path local = t / "local";
+  E2E_REQUIRE_CODE(apply({"-q", "--init", save_dir(series, 0).string(), local.string()}), 0);
+  E2E_REQUIRE_CODE(apply({"-q", out.string(), local.string()}), 0);
+  E2E_CHECK_TREE_EQUAL(local, save_dir(series, 1));
+
+  const LocalSnapshot snap(local);
+  const RunResult again = apply({"--json", out.string(), local.string()});
+  E2E_REQUIRE_CODE(again, 0);
+  const json j = parse_json(again.out);
+  CHECK(j["noop"] == true);
+  CHECK(j["from_version"] == "000001");
+  CHECK(j["to_version"] == "000001");
+  CHECK(j["applied"] == json::array());
+  CHECK(j["tensors_patched"] == 0);
+  E2E_CHECK_UNCHANGED(snap);
+  E2E_CHECK_TREE_EQUAL(local, save_dir(series, 1));
+}
+
+TEST_CASE("--init run twice: the second run is a no-op that rewrites nothing") {
+  TempDir t;
+  const fs::path series = gen_series(t / "series", 0, {"--max-shard-size", "600KB"});
+  const fs::path local = t / "local";
+  const RunResult first = apply({"--json", "--init", save_dir(series, 0).string(), local.string()});
+  E2E_REQUIRE_CODE(first, 0);
+  CHECK(parse_json(first.out)["noop"] == false);
+  E2E_CHECK_TREE_EQUAL(local, save_dir(series, 0));
+
+  std::map<std::string, ino_t> inodes;
+  for (const auto& f : list_files(local)) {
+    struct stat st{};
+    REQUIRE(::stat((local / f).c_str(), &st) == 0);
+    inodes[f] = st.st_ino;
+  }
+  const LocalSnapshot snap(local);
+  const RunResult second = apply({"--json", "--init", save_dir(series, 0).string(), local.string()});
+  E2E_REQUIRE_CODE(second, 0);
+  const json j = parse_json(second.out);
+  CHECK(j["noop"] == true);
+  CHECK(j["from_version"] == "000000");
+  CHECK(j["to_version"] == "000000");
+  CHECK(j["files_written"] == 0);
+  CHECK(j["files_removed"] == 0);
+  E2E_CHECK_UNCHANGED(snap);
+  for (const auto& f : list_files(local)) {
+    struct stat st{};
+    REQUIRE(::stat((local / f).c_str(), &st) == 0);
+    CHECK_MESSAGE(inodes[f] == st.st_ino, f << " was rewritten by a no-op --init");
+  }
+}
+
+TEST_CASE("--init removes the files LOCAL has and SRC lacks, and keeps .weight_sync") {
+  TempDir t;
+  // LOCAL starts as a sharded checkpoint with extras; SRC is a single-file one.
+  const fs::path sharded = gen_series(t / "sharded", 0, {"--max-shard-size", "600KB", "--seed", "3"});
+  const fs::path single = gen_series(t / "single", 0, {"--single-file"});
+  const fs::path local = t / "local";
+  copy_tree(save_dir(sharded, 0), local);
+  write_file(local / "extra.bin", "stale");
+  write_file(local / "sub" / "deep" / "x.txt", "stale too");
+  write_file(local / ".weight_sync" / "keep.txt", "hfdelta's own directory");
+  write_file(local / ".weight_sync" / "state.json", "{\"version\": \"000005\"}\n");
+  REQUIRE(fs::exists(local / "model.safetensors.index.json"));
+
+  const RunResult r = apply({"--json", "--init", save_dir(single, 0).string(), local.string()});
+  E2E_REQUIRE_CODE(r, 0);
+  const json j = parse_json(r.out);
+  CHECK(j["from_version"] == "000005");
+  CHECK(j["to_version"] == "000000");
+  // 4 shards + index + 2 extras removed.
+  CHECK(j["files_removed"] == shard_files(save_dir(sharded, 0)).size() + 3);
+  E2E_CHECK_TREE_EQUAL(local, save_dir(single, 0));
+  CHECK_FALSE(fs::exists(local / "extra.bin"));
+  CHECK_FALSE(fs::exists(local / "sub" / "deep" / "x.txt"));
+  CHECK_FALSE(fs::exists(local / "model.safetensors.index.json"));
+  REQUIRE(fs::exists(local / ".weight_sync" / "keep.txt"));
+  CHECK(read_file(local / ".weight_sync" / "keep.txt") == "hfdelta's own directory");
+  CHECK(state_json(local) == json{{"version", "000000"}});
+
+  // --version records another version.
+  E2E_REQUIRE_CODE(apply({"-q", "--init", "--version", "7", save_dir(single, 0).string(), local.string()}), 0);
+  CHECK(state_json(local) == json{{"version", "000007"}});
+}
+
+TEST_CASE("xor delta frames decode with plain ZSTD_decompress to old XOR new, checksums are XXH3-128 of the bytes") {
+  TempDir t;
+  const fs::path series = gen_series(t / "series", 1, {"--max-shard-size", "600KB"});
+  const fs::path base = save_dir(series, 0), target = save_dir(series, 1);
+  fs::create_directories(t / "root");
+  const fs::path out = version_dir(t / "root", 1);
+  E2E_REQUIRE_CODE(diff({"-q", base.string(), target.string(), out.string()}), 0);
+
+  const json idx = delta_index(out);
+  const std::set<std::string> changed = changed_tensors(base, target);
+  REQUIRE(!changed.empty());
+  CHECK(keys_of(idx["weight_map"]) == changed);
+
+  // Delta files are numbered from 0, contiguously, and each holds only its entries.
+  std::set<std::string> delta_files;
+  for (auto it = idx["weight_map"].begin(); it != idx["weight_map"].end(); ++it) delta_files.insert(it->get<std::string>());
+  const auto on_disk = shard_files(out);
+  CHECK(std::set<std::string>(on_disk.begin(), on_disk.end()) == delta_files);
+  for (std::size_t i = 0; i < on_disk.size(); ++i) {
+    char want[64];
+    std::snprintf(want, sizeof want, "model-%05zu-of-%05zu.safetensors", i, on_disk.size());
+    CHECK(on_disk[i] == want);
+  }
+
+  std::uint64_t entries = 0;
+  std::size_t checked = 0;
+  for (const auto& file : on_disk) {
+    const StFile df = read_st(out / file);
+    const json md = df.metadata();
+    for (const auto& name : df.tensor_names()) {
+      CAPTURE(name);
+      CHECK(idx["weight_map"][name] == file);
+      const Bytes oldb = checkpoint_tensor(base, name), newb = checkpoint_tensor(target, name);
+      const Bytes frame = df.tensor(name);
+      entries += frame.size();
+      CHECK(df.header[name]["dtype"] == "U8");
+      CHECK(df.header[name]["shape"] == json::array({frame.size()}));
+      const Bytes dec = zstd_decompress(frame);
+      REQUIRE(dec.size() == oldb.size());
+      Bytes x(oldb.size());
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] = oldb[i] ^ newb[i];
+      CHECK(dec == x);
+      CHECK(md[name] == xxh3_hex(newb));
+      CHECK(idx["metadata"]["hfdelta_base_checksums"][name] == xxh3_hex(oldb));
+      ++checked;
+    }
+  }
+  CHECK(checked == changed.size());
+  CHECK(idx["metadata"]["total_size"] == entries);
+}
+
+TEST_CASE("delta index metadata: version, base_version, delta_encoding, compression and checksum formats") {
+  std::string encoding;
+  SUBCASE("xor") { encoding = "xor"; }
+  SUBCASE("overwrite") { encoding = "overwrite"; }
+  CAPTURE(encoding);
+  TempDir t;
+  const fs::path series = gen_series(t / "series", 2);
+  fs::create_directories(t / "root");
+  E2E_REQUIRE_CODE(diff({"-q", "--encoding", encoding, save_dir(series, 1).string(), save_dir(series, 2).string(),
+                         version_dir(t / "root", 2).string()}),
+                   0);
+  const json m = delta_index(version_dir(t / "root", 2))["metadata"];
+  CHECK(m["version"] == "000002");
+  CHECK(m["base_version"] == "000001");
+  CHECK(m["delta_encoding"] == encoding);
+  CHECK(m["compression_format"] == "zstd");
+  CHECK(m["checksum_format"] == "xxh3-128");
+  CHECK(m["hfdelta_format"] == 1);
+  CHECK(m["hfdelta_base_checksums"].is_object());
+  CHECK(m["hfdelta_files"] == json::array());
+
+  // --version / --base-version for an OUT not named weight_vNNNNNN.
+  const fs::path custom = t / "root" / "custom-name";
+  E2E_REQUIRE_CODE(diff({"-q", "--encoding", encoding, "--version", "7", "--base-version", "5",
+                         save_dir(series, 0).string(), save_dir(series, 1).string(), custom.string()}),
+                   0);
+  const json c = delta_index(custom)["metadata"];
+  CHECK(c["version"] == "000007");
+  CHECK(c["base_version"] == "000005");
+}
+
+TEST_CASE("a non-weight file replaced by a directory of the same name (and the reverse) applies exactly") {
+  // delta-diff publishes such a change (a put under the new directory and a
+  // remove of the old file, or the reverse); applied on top of BASE it must give NEW.
+  TempDir t;
+  const fs::path series = gen_series(t / "series", 1);
+  const fs::path base = t / "base", target = t / "new";
+  copy_tree(save_dir(series, 0), base);
+  copy_tree(save_dir(series, 1), target);
+  SUBCASE("file -> directory") {
+    write_file(base / "extra", "a file\n");
+    write_file(target / "extra" / "inner.txt", "now a directory\n");
+  }
+  SUBCASE("directory -> file") {
+    write_file(base / "extra" / "inner.txt", "a directory\n");
+    write_file(target / "extra", "now a file\n");
+  }
+  fs::create_directories(t / "root");
+  const fs::path out = version_dir(t / "root", 1);
+  E2E_REQUIRE_CODE(diff({"-q", base.string(), target.string(), out.string()}), 0);
+  const fs::path local = t / "local";
+  E2E_REQUIRE_CODE(apply({"-q", "--init", base.string(), local.string()}), 0);
+  const RunResult r = apply({out.string(), local.string()});
+  E2E_CHECK_CODE(r, 0);
+  E2E_CHECK_TREE_EQUAL(local, target);
+  CHECK(state_json(local) == json{{"version", "000001"}});
+}
+
+TEST_CASE("delta-diff output does not depend on --threads, --no-sync or the run") {
+  TempDir t;
+  const fs::path series = gen_series(t / "series", 1, {"--max-shard-size", "600KB"});
+  for (const char* r : {"r1", "r2", "r3"}) fs::create_directories(t / r);
+  E2E_REQUIRE_CODE(diff({"-q", "--threads", "1", save_dir(series, 0).string(), save_dir(series, 1).string(),
+                         version_dir(t / "r1", 1).string()}),
+                   0);
+  E2E_REQUIRE_CODE(diff({"-q", "--threads", "3", "--no-sync", save_dir(series, 0).string(), save_dir(series, 1).string(),
+                         version_dir(t / "r2", 1).string()}),
+                   0);
+  E2E_REQUIRE_CODE(diff({"-q", save_dir(series, 0).string(), save_dir(series, 1).string(), version_dir(t / "r3", 1).string()}),
+                   0);
+  E2E_CHECK_TREE_EQUAL(version_dir(t / "r1", 1), version_dir(t / "r2", 1));
+  E2E_CHECK_TREE_EQUAL(version_dir(t / "r1", 1), version_dir(t / "r3", 1));
+  // A higher level gives other frames that apply to the same result.
+  E2E_REQUIRE_CODE(diff({"-q", "--level", "19", save_dir(series, 0).string(), save_dir(series, 1).string(),
+                         version_dir(t / "r1", 2).string(), "--base-version", "0"}),
+                   0);
+  const fs::path local = t / "local";
+  E2E_REQUIRE_CODE(apply({"-q", "--init", save_dir(series, 0).string(), local.string()}), 0);
+  E2E_REQUIRE_CODE(apply({"-q", "--no-sync", "--threads", "1", version_dir(t / "r1", 2).string(), local.string()}), 0);
+  E2E_CHECK_TREE_EQUAL(local, save_dir(series, 1));
+}

@@ -1,0 +1,415 @@
+#include "e2e_util.hpp"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include <xxhash.h>
+#include <zstd.h>
+
+#include "hfdelta/safetensors.hpp"
+
+extern char** environ;
+
+namespace e2e {
+
+namespace {
+
+[[noreturn]] void sys_error(const std::string& what) {
+  throw std::runtime_error(what + ": " + std::strerror(errno));
+}
+
+// A file descriptor on an unlinked temporary file, closed on destruction.
+struct CaptureFile {
+  int fd = -1;
+  CaptureFile() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/hfdelta-e2e-out-XXXXXX";
+    fd = ::mkostemp(tmpl.data(), O_CLOEXEC);
+    if (fd < 0) sys_error("mkostemp " + tmpl);
+    ::unlink(tmpl.c_str());
+  }
+  ~CaptureFile() {
+    if (fd >= 0) ::close(fd);
+  }
+  std::string read_all() const {
+    std::string s;
+    char buf[65536];
+    off_t off = 0;
+    for (;;) {
+      const ssize_t n = ::pread(fd, buf, sizeof buf, off);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        sys_error("pread of captured output");
+      }
+      if (n == 0) break;
+      s.append(buf, static_cast<std::size_t>(n));
+      off += n;
+    }
+    return s;
+  }
+};
+
+std::string env_or_throw(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) throw std::runtime_error(std::string(name) + " is not set (run the e2e tests through meson test)");
+  return v;
+}
+
+std::string quote(const std::string& s) {
+  if (!s.empty() && s.find_first_of(" \t\n'\"\\$") == std::string::npos) return s;
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+}  // namespace
+
+// ---- running commands -------------------------------------------------------
+
+std::string RunResult::describe() const {
+  std::ostringstream o;
+  o << "$ " << cmdline << "\nexit code: " << code << "\n--- stdout ---\n" << out << "--- stderr ---\n" << err;
+  return o.str();
+}
+
+RunResult run(const std::vector<std::string>& argv) {
+  if (argv.empty()) throw std::runtime_error("run: empty argv");
+  RunResult r;
+  for (const auto& a : argv) {
+    if (!r.cmdline.empty()) r.cmdline += ' ';
+    r.cmdline += quote(a);
+  }
+
+  CaptureFile out, err;
+  posix_spawn_file_actions_t fa;
+  if (posix_spawn_file_actions_init(&fa) != 0) throw std::runtime_error("posix_spawn_file_actions_init failed");
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&fa, out.fd, 1);
+  posix_spawn_file_actions_adddup2(&fa, err.fd, 2);
+
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, argv[0].c_str(), &fa, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) throw std::runtime_error("cannot start " + argv[0] + ": " + std::strerror(rc));
+
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) sys_error("waitpid " + argv[0]);
+  }
+  if (WIFEXITED(status)) r.code = WEXITSTATUS(status);
+  else if (WIFSIGNALED(status)) r.code = 128 + WTERMSIG(status);
+  r.out = out.read_all();
+  r.err = err.read_all();
+  return r;
+}
+
+std::string diff_bin() { return env_or_throw("HFDELTA_DIFF"); }
+std::string apply_bin() { return env_or_throw("HFDELTA_APPLY"); }
+std::string gen_bin() { return env_or_throw("HFDELTA_GEN"); }
+
+RunResult diff(const std::vector<std::string>& args) {
+  std::vector<std::string> v{diff_bin()};
+  v.insert(v.end(), args.begin(), args.end());
+  return run(v);
+}
+
+RunResult apply(const std::vector<std::string>& args) {
+  std::vector<std::string> v{apply_bin()};
+  v.insert(v.end(), args.begin(), args.end());
+  return run(v);
+}
+
+// ---- temporary directories --------------------------------------------------
+
+TempDir::TempDir() {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/hfdelta-e2e-XXXXXX";
+  if (!::mkdtemp(tmpl.data())) sys_error("mkdtemp " + tmpl);
+  path_ = tmpl;
+}
+
+TempDir::~TempDir() {
+  boost::system::error_code ec;
+  // Make everything writable again first, in case a test removed permissions.
+  for (fs::recursive_directory_iterator it(path_, fs::directory_options::skip_permission_denied, ec), end;
+       !ec && it != end; it.increment(ec)) {
+    if (fs::is_directory(it->symlink_status(ec)))
+      fs::permissions(it->path(), fs::perms::owner_all | fs::perms::add_perms, ec);
+  }
+  fs::remove_all(path_, ec);
+}
+
+// ---- files and directories --------------------------------------------------
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + p.string());
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+Bytes read_bytes(const fs::path& p) {
+  const std::string s = read_file(p);
+  return Bytes(s.begin(), s.end());
+}
+
+void write_file(const fs::path& p, const std::string& content) {
+  if (p.has_parent_path()) fs::create_directories(p.parent_path());
+  std::ofstream o(p, std::ios::binary | std::ios::trunc);
+  if (!o) throw std::runtime_error("cannot write " + p.string());
+  o.write(content.data(), static_cast<std::streamsize>(content.size()));
+  o.close();
+  if (!o) throw std::runtime_error("cannot write " + p.string());
+}
+
+void write_bytes(const fs::path& p, const Bytes& content) {
+  write_file(p, std::string(content.begin(), content.end()));
+}
+
+void copy_tree(const fs::path& from, const fs::path& to) {
+  fs::create_directories(to);
+  fs::copy(from, to, fs::copy_options::recursive);
+}
+
+std::uint64_t tree_size(const fs::path& dir) {
+  std::uint64_t n = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (fs::is_regular_file(e.status())) n += fs::file_size(e.path());
+  return n;
+}
+
+std::vector<std::string> list_files(const fs::path& dir) {
+  std::vector<std::string> v;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (fs::is_regular_file(e.status())) v.push_back(fs::relative(e.path(), dir).generic_string());
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+std::vector<std::string> list_names(const fs::path& dir) {
+  std::vector<std::string> v;
+  for (const auto& e : fs::directory_iterator(dir)) v.push_back(e.path().filename().string());
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+Snapshot snapshot(const fs::path& dir, bool with_state) {
+  Snapshot s;
+  if (!fs::exists(dir)) return s;
+  for (auto it = fs::recursive_directory_iterator(dir); it != fs::recursive_directory_iterator(); ++it) {
+    const std::string rel = fs::relative(it->path(), dir).generic_string();
+    if (it.depth() == 0 && it->path().filename() == ".weight_sync" && !with_state) {
+      it.disable_recursion_pending();
+      continue;
+    }
+    if (rel == ".weight_sync/lock") continue;
+    if (fs::is_symlink(it->symlink_status())) {
+      s[rel] = "<symlink to " + fs::read_symlink(it->path()).string() + ">";
+      continue;
+    }
+    if (fs::is_regular_file(it->status())) s[rel] = read_file(it->path());
+  }
+  return s;
+}
+
+std::vector<std::string> snapshot_diff(const Snapshot& a, const Snapshot& b, const std::string& na,
+                                       const std::string& nb) {
+  std::vector<std::string> d;
+  for (const auto& [k, v] : a) {
+    auto it = b.find(k);
+    if (it == b.end()) {
+      d.push_back(k + ": only in " + na);
+      continue;
+    }
+    if (it->second == v) continue;
+    if (it->second.size() != v.size()) {
+      d.push_back(k + ": size " + std::to_string(v.size()) + " in " + na + ", " + std::to_string(it->second.size()) +
+                  " in " + nb);
+      continue;
+    }
+    std::size_t first = 0, count = 0;
+    for (std::size_t i = v.size(); i-- > 0;)
+      if (v[i] != it->second[i]) first = i, ++count;
+    d.push_back(k + ": " + std::to_string(count) + " bytes differ, first at offset " + std::to_string(first));
+  }
+  for (const auto& [k, v] : b)
+    if (!a.count(k)) d.push_back(k + ": only in " + nb);
+  return d;
+}
+
+std::string TreeDiff::report() const {
+  std::string s;
+  for (const auto& l : differences) s += l + "\n";
+  return s;
+}
+
+TreeDiff tree_equal(const fs::path& a, const fs::path& b) {
+  TreeDiff t;
+  if (!fs::is_directory(a)) t.differences.push_back(a.string() + " is not a directory");
+  if (!fs::is_directory(b)) t.differences.push_back(b.string() + " is not a directory");
+  if (t.differences.empty())
+    t.differences = snapshot_diff(snapshot(a, false), snapshot(b, false), a.string(), b.string());
+  t.equal = t.differences.empty();
+  return t;
+}
+
+TreeDiff LocalSnapshot::compare() const {
+  TreeDiff t;
+  t.differences = snapshot_diff(before, snapshot(dir, true), "the snapshot before", dir.string() + " now");
+  t.equal = t.differences.empty();
+  return t;
+}
+
+// ---- safetensors -------------------------------------------------------------
+
+void write_safetensors(const fs::path& p, const std::vector<TensorData>& tensors,
+                       const std::map<std::string, std::string>* metadata) {
+  std::vector<hfdelta::TensorSpec> specs;
+  std::map<std::string, const TensorData*> by_name;
+  for (const auto& t : tensors) {
+    specs.push_back({t.name, t.dtype, t.shape, t.bytes.size()});
+    by_name[t.name] = &t;
+  }
+  const hfdelta::SafetensorsLayout L = hfdelta::layout_safetensors(specs, metadata);
+  std::string out = L.prefix;
+  out.resize(L.file_size, '\0');
+  for (const auto& ti : L.tensors) {
+    const TensorData& t = *by_name.at(ti.name);
+    std::copy(t.bytes.begin(), t.bytes.end(), out.begin() + static_cast<std::ptrdiff_t>(L.prefix.size() + ti.begin));
+  }
+  write_file(p, out);
+}
+
+StFile read_st(const fs::path& p) {
+  StFile f;
+  f.raw = read_bytes(p);
+  if (f.raw.size() < 8) throw std::runtime_error(p.string() + ": shorter than 8 bytes");
+  for (int i = 7; i >= 0; --i) f.header_len = (f.header_len << 8) | f.raw[static_cast<std::size_t>(i)];
+  if (8 + f.header_len > f.raw.size()) throw std::runtime_error(p.string() + ": header runs past the end");
+  f.header = json::parse(f.raw.begin() + 8, f.raw.begin() + static_cast<std::ptrdiff_t>(8 + f.header_len));
+  return f;
+}
+
+std::vector<std::string> StFile::tensor_names() const {
+  std::vector<std::string> v;
+  for (auto it = header.begin(); it != header.end(); ++it)
+    if (it.key() != "__metadata__") v.push_back(it.key());
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+json StFile::metadata() const { return header.contains("__metadata__") ? header["__metadata__"] : json(); }
+
+std::pair<std::uint64_t, std::uint64_t> StFile::file_range(const std::string& name) const {
+  if (!header.contains(name)) throw std::runtime_error("no tensor '" + name + "' in safetensors header");
+  const auto& o = header[name]["data_offsets"];
+  return {data_start() + o[0].get<std::uint64_t>(), data_start() + o[1].get<std::uint64_t>()};
+}
+
+Bytes StFile::tensor(const std::string& name) const {
+  const auto [b, e] = file_range(name);
+  if (e > raw.size() || b > e) throw std::runtime_error("tensor '" + name + "' lies outside the file");
+  return Bytes(raw.begin() + static_cast<std::ptrdiff_t>(b), raw.begin() + static_cast<std::ptrdiff_t>(e));
+}
+
+Bytes checkpoint_tensor(const fs::path& dir, const std::string& tensor) {
+  std::string shard = "model.safetensors";
+  if (fs::exists(dir / "model.safetensors.index.json")) {
+    const json idx = read_json(dir / "model.safetensors.index.json");
+    shard = idx.at("weight_map").at(tensor).get<std::string>();
+  }
+  return read_st(dir / shard).tensor(tensor);
+}
+
+std::string xxh3_hex(const Bytes& b) {
+  const XXH128_hash_t h = XXH3_128bits(b.data(), b.size());
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(h.high64),
+                static_cast<unsigned long long>(h.low64));
+  return buf;
+}
+
+std::string xxh3_hex(const std::string& s) { return xxh3_hex(Bytes(s.begin(), s.end())); }
+
+Bytes zstd_decompress(const Bytes& frame) {
+  const unsigned long long n = ZSTD_getFrameContentSize(frame.data(), frame.size());
+  if (n == ZSTD_CONTENTSIZE_ERROR || n == ZSTD_CONTENTSIZE_UNKNOWN)
+    throw std::runtime_error("not a zstd frame with a known content size");
+  if (ZSTD_findFrameCompressedSize(frame.data(), frame.size()) != frame.size())
+    throw std::runtime_error("the entry is not exactly one zstd frame");
+  Bytes out(static_cast<std::size_t>(n));
+  const std::size_t r = ZSTD_decompress(out.data(), out.size(), frame.data(), frame.size());
+  if (ZSTD_isError(r)) throw std::runtime_error(std::string("ZSTD_decompress: ") + ZSTD_getErrorName(r));
+  if (r != out.size()) throw std::runtime_error("zstd frame decoded to fewer bytes than it declares");
+  return out;
+}
+
+// ---- JSON -------------------------------------------------------------------
+
+json parse_json(const std::string& text) {
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {
+    throw std::runtime_error(std::string("not valid JSON (") + e.what() + "): " + text);
+  }
+}
+
+json read_json(const fs::path& p) { return parse_json(read_file(p)); }
+
+void write_json(const fs::path& p, const json& j) { write_file(p, j.dump(2) + "\n"); }
+
+// ---- series -----------------------------------------------------------------
+
+fs::path gen_series(const fs::path& outdir, int saves, const std::vector<std::string>& extra) {
+  std::vector<std::string> argv{gen_bin(), "--preset", "tiny", "--saves", std::to_string(saves), "--threads", "2"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  argv.push_back(outdir.string());
+  const RunResult r = run(argv);
+  if (r.code != 0) throw std::runtime_error("hfdelta-gen failed:\n" + r.describe());
+  return outdir;
+}
+
+fs::path save_dir(const fs::path& series, int i) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "save_%03d", i);
+  return series / buf;
+}
+
+fs::path version_dir(const fs::path& root, int v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "weight_v%06d", v);
+  return root / buf;
+}
+
+json state_json(const fs::path& local) {
+  const fs::path p = local / ".weight_sync" / "state.json";
+  if (!fs::exists(p)) return json();
+  return read_json(p);
+}
+
+std::string state_version(const fs::path& local) {
+  const json j = state_json(local);
+  if (!j.is_object() || !j.contains("version") || !j["version"].is_string()) return "";
+  return j["version"].get<std::string>();
+}
+
+json delta_index(const fs::path& delta) { return read_json(delta / "model.safetensors.index.json"); }
+
+}  // namespace e2e

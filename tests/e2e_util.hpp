@@ -1,0 +1,192 @@
+// Helpers for the end-to-end tests: run the real binaries, make and compare
+// directories, write safetensors files by hand, read the published layout.
+#pragma once
+
+#include <cstdint>
+#include <boost/filesystem.hpp>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+namespace e2e {
+
+namespace fs = boost::filesystem;
+using nlohmann::json;
+using Bytes = std::vector<std::uint8_t>;
+
+// ---- running commands -------------------------------------------------------
+
+struct RunResult {
+  int code = -1;        // exit status; 128 + signal when killed by a signal
+  std::string out;      // stdout
+  std::string err;      // stderr
+  std::string cmdline;  // for messages
+  // One text with everything, for CHECK_MESSAGE / INFO.
+  std::string describe() const;
+};
+
+// Runs argv[0] (a path, no shell, no PATH search) with stdin from /dev/null,
+// capturing stdout and stderr. Throws std::runtime_error if it cannot start.
+RunResult run(const std::vector<std::string>& argv);
+
+// Paths of the binaries, from HFDELTA_DIFF / HFDELTA_APPLY / HFDELTA_GEN.
+// Throws std::runtime_error naming the variable when unset.
+std::string diff_bin();
+std::string apply_bin();
+std::string gen_bin();
+
+// delta-diff ARGS..., delta-apply ARGS... (argv[0] added).
+RunResult diff(const std::vector<std::string>& args);
+RunResult apply(const std::vector<std::string>& args);
+
+// ---- temporary directories --------------------------------------------------
+
+// A fresh directory made with mkdtemp, removed with everything in it on
+// destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const fs::path& path() const { return path_; }
+  fs::path operator/(const std::string& rel) const { return path_ / rel; }
+
+ private:
+  fs::path path_;
+};
+
+// ---- files and directories --------------------------------------------------
+
+std::string read_file(const fs::path& p);  // throws when it cannot be read
+Bytes read_bytes(const fs::path& p);
+void write_file(const fs::path& p, const std::string& content);  // creates parent dirs
+void write_bytes(const fs::path& p, const Bytes& content);
+// Recursive copy of a directory (files and subdirectories).
+void copy_tree(const fs::path& from, const fs::path& to);
+// Sum of the sizes of every regular file below dir.
+std::uint64_t tree_size(const fs::path& dir);
+// Every regular file below dir, relative with '/', sorted.
+std::vector<std::string> list_files(const fs::path& dir);
+// Every entry (file or directory) directly inside dir, names only, sorted.
+std::vector<std::string> list_names(const fs::path& dir);
+
+// Contents of every regular file below a directory, keyed by relative path.
+// `with_state`: include .weight_sync/ (its lock file is always left out: it is
+// created by any run and carries no data).
+using Snapshot = std::map<std::string, std::string>;
+Snapshot snapshot(const fs::path& dir, bool with_state = true);
+
+// Differences between two snapshots as readable lines (empty: identical).
+std::vector<std::string> snapshot_diff(const Snapshot& a, const Snapshot& b, const std::string& name_a = "a",
+                                       const std::string& name_b = "b");
+
+struct TreeDiff {
+  bool equal = true;
+  std::vector<std::string> differences;
+  std::string report() const;  // one difference a line
+};
+// Compares every file of two directories byte for byte, ignoring .weight_sync/.
+TreeDiff tree_equal(const fs::path& a, const fs::path& b);
+
+// A snapshot of LOCAL compared later with the directory as it is then.
+struct LocalSnapshot {
+  fs::path dir;
+  Snapshot before;
+  explicit LocalSnapshot(const fs::path& d) : dir(d), before(snapshot(d, true)) {}
+  TreeDiff compare() const;  // differences between before and now, .weight_sync/state.json included
+};
+
+// ---- safetensors by hand ------------------------------------------------------
+
+struct TensorData {
+  std::string name;
+  std::string dtype;
+  std::vector<std::uint64_t> shape;
+  Bytes bytes;
+};
+
+// Writes a safetensors file laid out by hfdelta::layout_safetensors.
+void write_safetensors(const fs::path& p, const std::vector<TensorData>& tensors,
+                       const std::map<std::string, std::string>* metadata = nullptr);
+
+// An independent reader of a safetensors file (header JSON and raw data), so
+// the tests check the published layout without the library's parser.
+struct StFile {
+  std::uint64_t header_len = 0;
+  json header;  // the parsed header object
+  Bytes raw;    // the whole file
+  std::uint64_t data_start() const { return 8 + header_len; }
+  std::vector<std::string> tensor_names() const;  // sorted, without __metadata__
+  json metadata() const;                          // __metadata__ or null
+  Bytes tensor(const std::string& name) const;    // the tensor's bytes
+  std::pair<std::uint64_t, std::uint64_t> file_range(const std::string& name) const;  // [begin, end) in the file
+};
+StFile read_st(const fs::path& p);
+
+// Finds the shard of an HF checkpoint holding `tensor` (via its index, or the
+// single model.safetensors) and returns its bytes.
+Bytes checkpoint_tensor(const fs::path& dir, const std::string& tensor);
+
+// XXH3-128 of bytes as 32 lowercase hex digits, high 64 bits first (computed
+// with libxxhash directly, not through the library).
+std::string xxh3_hex(const Bytes& b);
+std::string xxh3_hex(const std::string& s);
+
+// Decompresses one whole zstd frame with ZSTD_decompress; throws if it is not
+// a valid frame with a known content size.
+Bytes zstd_decompress(const Bytes& frame);
+
+// ---- JSON -------------------------------------------------------------------
+
+json parse_json(const std::string& text);  // throws with the text in the message
+json read_json(const fs::path& p);
+void write_json(const fs::path& p, const json& j);
+
+// ---- series -----------------------------------------------------------------
+
+// hfdelta-gen --preset tiny --saves N [extra...] OUTDIR; throws if it fails.
+// Returns OUTDIR.
+fs::path gen_series(const fs::path& outdir, int saves, const std::vector<std::string>& extra = {});
+// OUTDIR/save_NNN
+fs::path save_dir(const fs::path& series, int i);
+// ROOT/weight_vNNNNNN
+fs::path version_dir(const fs::path& root, int v);
+
+// The version recorded in LOCAL/.weight_sync/state.json ("" when there is no
+// state file), and the whole state object.
+std::string state_version(const fs::path& local);
+json state_json(const fs::path& local);
+
+// The index of a delta directory.
+json delta_index(const fs::path& delta);
+
+}  // namespace e2e
+
+// ---- assertions ---------------------------------------------------------------
+// doctest checks whose failure message carries the command's whole output, or
+// the list of differing files.
+
+#define E2E_CHECK_CODE(res, want)                                          \
+  do {                                                                     \
+    const ::e2e::RunResult& e2e_r_ = (res);                                \
+    CHECK_MESSAGE(e2e_r_.code == (want), e2e_r_.describe());               \
+  } while (0)
+#define E2E_REQUIRE_CODE(res, want)                                        \
+  do {                                                                     \
+    const ::e2e::RunResult& e2e_r_ = (res);                                \
+    REQUIRE_MESSAGE(e2e_r_.code == (want), e2e_r_.describe());             \
+  } while (0)
+#define E2E_CHECK_TREE_EQUAL(a, b)                                         \
+  do {                                                                     \
+    const ::e2e::TreeDiff e2e_t_ = ::e2e::tree_equal((a), (b));            \
+    CHECK_MESSAGE(e2e_t_.equal, e2e_t_.report());                          \
+  } while (0)
+#define E2E_CHECK_UNCHANGED(snap)                                          \
+  do {                                                                     \
+    const ::e2e::TreeDiff e2e_t_ = (snap).compare();                       \
+    CHECK_MESSAGE(e2e_t_.equal, e2e_t_.report());                          \
+  } while (0)
