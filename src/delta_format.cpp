@@ -61,8 +61,17 @@ bool is_delta_dir(const fs::path& dir) {
 
 DeltaIndex read_delta_index(const fs::path& dir) {
   const fs::path p = dir / kIndexFile;
-  const std::string w = p.string();
-  const json j = load_index(p);
+  return parse_delta_index(read_small_file(p, kMaxIndexBytes), p.string());
+}
+
+DeltaIndex parse_delta_index(std::string_view text, const std::string& w) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    fail(Exit::bad_input, w + ": not valid JSON: " + e.what());
+  }
+  if (!j.is_object()) fail(Exit::bad_input, w + ": not a JSON object");
   if (!j.contains("metadata") || !j["metadata"].is_object()) fail(Exit::bad_input, w + ": no \"metadata\" object");
   const json& m = j["metadata"];
   if (!m.contains(key::delta_encoding)) fail(Exit::bad_input, w + ": not a delta (no metadata.delta_encoding)");

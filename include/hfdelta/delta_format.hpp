@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <boost/filesystem/path.hpp>
@@ -62,6 +63,9 @@ bool is_delta_dir(const boost::filesystem::path& dir);
 // Throws Error(bad_input) naming the file, Error(unsupported) for an encoding,
 // compression, checksum format or hfdelta revision this build cannot apply.
 DeltaIndex read_delta_index(const boost::filesystem::path& dir);
+
+// Same, from the index text; `what` names it in errors.
+DeltaIndex parse_delta_index(std::string_view text, const std::string& what);
 
 // Serialises an index (weight_map, total_size of the delta files, metadata).
 std::string write_delta_index_json(const DeltaIndex& idx, std::uint64_t total_size);
