@@ -17,6 +17,7 @@
 #include "hfdelta/error.hpp"
 #include "hfdelta/hash.hpp"
 #include "hfdelta/io.hpp"
+#include "hfdelta/journal.hpp"
 #include "hfdelta/local_store.hpp"
 #include "hfdelta/safetensors.hpp"
 #include "hfdelta/version.hpp"
@@ -59,12 +60,63 @@ void check_no_symlink(const fs::path& local, const std::string& rel, const std::
 
 // ---- making LOCAL an exact copy of a full checkpoint ------------------------------
 
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Moves the staged new contents in and the old ones aside, then commits; on
+// any error LOCAL is rolled back to the manifest's base and the error rethrown.
+template <class Body>
+void run_transaction(const fs::path& local, const Manifest& m, const ApplyOptions& opts, Body&& body) {
+  try {
+    write_manifest(local, m, opts.sync);
+    write_state(local, {m.base, m.version}, opts.sync);
+    body();
+    write_state(local, {m.version, std::nullopt}, opts.sync);
+  } catch (...) {
+    try {
+      rollback(local, m, opts.sync);
+    } catch (const std::exception& e) {
+      fail(Exit::failure, std::string("apply failed and rolling it back failed too (") + e.what() +
+                              "); the next run of delta-apply on " + local.string() + " retries the rollback");
+    }
+    throw;
+  }
+  // Committed: failing to clean up now changes nothing about LOCAL, and the
+  // next run finishes the cleanup (the manifest's version is the recorded one).
+  try {
+    discard_txn(local, opts.sync);
+  } catch (const std::exception&) {
+  }
+}
+
+void start_txn(const fs::path& local) {
+  boost::system::error_code ec;
+  fs::remove_all(txn_dir(local), ec);  // leftovers without a manifest never touched LOCAL
+  fs::create_directories(txn_dir(local), ec);
+  if (ec) fail(Exit::failure, txn_dir(local).string() + ": cannot create: " + ec.message());
+}
+
+// Drops a transaction whose journal was never completed: LOCAL itself was
+// not touched yet, and a leftover without a manifest would be ignored anyway.
+void abandon_txn(const fs::path& local) {
+  boost::system::error_code ec;
+  fs::remove_all(txn_dir(local), ec);
+}
+
+void sync_dirs_of(const fs::path& local, const std::vector<TxnFile>& files) {
+  std::set<fs::path> dirs{local};
+  for (const auto& f : files)
+    for (fs::path d = (local / f.path).parent_path(); d.string().size() > local.string().size(); d = d.parent_path())
+      dirs.insert(d);
+  for (const auto& d : dirs)
+    if (fs::is_directory(d)) sync_dir(d);
+}
+
 ApplyResult init_locked(const fs::path& src, const fs::path& local, std::uint64_t version, const ApplyOptions& opts) {
   const auto t0 = Clock::now();
   if (is_delta_dir(src))
     fail(Exit::bad_input, src.string() + ": is a delta version, not a full checkpoint");
   const Checkpoint c = open_checkpoint(src);  // validates every weight file before LOCAL is touched
-  LocalState st = read_state(local);
+  const LocalState st = read_state(local);
   ApplyResult r;
   r.from_version = st.version;
   r.to_version = version;
@@ -83,7 +135,9 @@ ApplyResult init_locked(const fs::path& src, const fs::path& local, std::uint64_
     boost::system::error_code ec;
     differs[i] = !fs::is_regular_file(fs::symlink_status(dst, ec)) || !same_contents(src / want[i], dst);
   });
-  std::vector<fs::path> extra;
+  Manifest m;
+  m.base = st.version;
+  m.version = version;
   {
     boost::system::error_code ec;
     for (fs::recursive_directory_iterator it(local, ec), end; it != end; it.increment(ec)) {
@@ -94,40 +148,46 @@ ApplyResult init_locked(const fs::path& src, const fs::path& local, std::uint64_
       }
       if (fs::is_directory(it->symlink_status())) continue;
       const std::string rel = fs::relative(it->path(), local).generic_string();
-      if (!std::binary_search(want.begin(), want.end(), rel)) extra.push_back(it->path());
+      if (!std::binary_search(want.begin(), want.end(), rel)) m.files.push_back({rel, TxnFile::Op::remove, true});
     }
   }
-  const bool changes = std::count(differs.begin(), differs.end(), 1) > 0 || !extra.empty();
-  if (!changes && st.version == version && !st.pending) {
+  for (std::size_t i = 0; i < want.size(); ++i)
+    if (differs[i]) {
+      boost::system::error_code ec;
+      m.files.push_back({want[i], TxnFile::Op::put, fs::is_regular_file(fs::symlink_status(local / want[i], ec))});
+    }
+  if (m.files.empty() && st.version == version) {
     r.noop = true;
-    r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    r.seconds = since(t0);
     return r;
   }
 
-  write_state(local, {st.version, version}, opts.sync);
-  std::set<fs::path> dirs{local};
-  std::mutex mu;
-  parallel_for(want.size(), thread_count(opts), [&](std::size_t i, std::size_t) {
-    if (!differs[i]) return;
-    const fs::path dst = local / want[i];
-    boost::system::error_code ec;
-    fs::create_directories(dst.parent_path(), ec);
-    if (ec) fail(Exit::failure, dst.parent_path().string() + ": cannot create: " + ec.message());
-    copy_file_atomic(src / want[i], dst, opts.sync);
-    std::lock_guard<std::mutex> g(mu);
-    dirs.insert(dst.parent_path());
-    r.files_written += 1;
-  });
-  for (const auto& p : extra) {
-    fs::remove(p);
-    dirs.insert(p.parent_path());
-    r.files_removed += 1;
+  // Stage every new file inside LOCAL's own filesystem first, so that
+  // switching to it is a rename, and switching back one too.
+  start_txn(local);
+  std::vector<std::size_t> puts;
+  for (std::size_t i = 0; i < m.files.size(); ++i)
+    if (m.files[i].op == TxnFile::Op::put) puts.push_back(i);
+  try {
+    parallel_for(puts.size(), thread_count(opts), [&](std::size_t k, std::size_t) {
+      const std::string& rel = m.files[puts[k]].path;
+      const fs::path staged = txn_stage(local, rel);
+      boost::system::error_code ec;
+      fs::create_directories(staged.parent_path(), ec);
+      if (ec) fail(Exit::failure, staged.parent_path().string() + ": cannot create: " + ec.message());
+      copy_file_atomic(src / rel, staged, opts.sync);
+    });
+  } catch (...) {
+    abandon_txn(local);
+    throw;
   }
-  if (opts.sync)
-    for (const auto& d : dirs) sync_dir(d);
-  write_state(local, {version, std::nullopt}, opts.sync);
+  run_transaction(local, m, opts, [&] {
+    run_file_ops(local, m);
+    if (opts.sync) sync_dirs_of(local, m.files);
+  });
+  for (const auto& f : m.files) (f.op == TxnFile::Op::put ? r.files_written : r.files_removed) += 1;
   r.applied.push_back(version);
-  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  r.seconds = since(t0);
   return r;
 }
 
@@ -144,10 +204,114 @@ struct Patch {
   std::string delta_file;
   Hash128 new_hash;
   std::optional<Hash128> base_hash;
-  std::size_t local_shard = 0;
+  std::uint32_t local_shard = 0;
   std::uint64_t offset = 0, nbytes = 0;  // absolute in the LOCAL shard
-  bool done = false;                     // already at the new bytes (resumed apply)
 };
+
+// Walks a tensor of LOCAL front to back in windows while sparse changes are
+// laid over it: hashes the old and the new bytes and journals each change.
+class Walker {
+ public:
+  Walker(const File& f, const Patch& p, JournalWriter& jw, std::vector<std::uint8_t>& buf)
+      : f_(f), p_(p), jw_(jw), buf_(buf) {}
+  void set(std::uint64_t pos, std::uint8_t v) {
+    if (pos >= we_) load(pos);
+    std::uint8_t& b = buf_[pos - ws_];
+    if (b == v) return;
+    jw_.change(pos, b, v);
+    b = v;
+  }
+  void finish() {
+    close();
+    while (done_ < p_.nbytes) read_both(std::min<std::uint64_t>(kWindow, p_.nbytes - done_));
+  }
+  Hash128 old_hash() const { return hb_.digest(); }
+  Hash128 new_hash() const { return hn_.digest(); }
+
+ private:
+  void close() {
+    if (we_ > ws_) hn_.update({buf_.data(), static_cast<std::size_t>(we_ - ws_)});
+    done_ = ws_ = we_;
+  }
+  void read_both(std::uint64_t n) {
+    buf_.resize(static_cast<std::size_t>(n));
+    f_.pread_exact(buf_.data(), buf_.size(), p_.offset + done_);
+    hb_.update(buf_);
+    hn_.update(buf_);
+    done_ += n;
+    ws_ = we_ = done_;
+  }
+  void load(std::uint64_t pos) {
+    close();
+    while (done_ + kWindow <= pos) read_both(kWindow);
+    ws_ = done_;
+    we_ = std::min<std::uint64_t>(ws_ + kWindow, p_.nbytes);
+    buf_.resize(static_cast<std::size_t>(we_ - ws_));
+    f_.pread_exact(buf_.data(), buf_.size(), p_.offset + ws_);
+    hb_.update(buf_);
+  }
+
+  const File& f_;
+  const Patch& p_;
+  JournalWriter& jw_;
+  std::vector<std::uint8_t>& buf_;
+  Hasher hb_, hn_;
+  std::uint64_t ws_ = 0, we_ = 0, done_ = 0;
+};
+
+// Decodes one entry against LOCAL's current bytes without writing LOCAL:
+// journals every change and checks both checksums, so a wrong base, a damaged
+// frame or a wrong checksum is refused before anything is changed.
+void journal_patch(const Patch& p, const File& f, Encoding enc, JournalWriter& jw, std::vector<std::uint8_t>& buf,
+                   const std::string& local_file, std::uint64_t version) {
+  Decompressor d1, d2;
+  const std::string what = p.delta_file + ": entry '" + p.tensor + "'";
+  jw.begin_tensor(p.local_shard, p.offset);
+  Hash128 old_h, new_h;
+  if (enc == Encoding::xor_bytes) {
+    Hasher hb, hn;
+    decode_xor(d1, p.frame, p.nbytes, what, [&](std::uint64_t off, std::span<const std::uint8_t> x) {
+      buf.resize(x.size());
+      f.pread_exact(buf.data(), x.size(), p.offset + off);
+      hb.update(buf);
+      for (std::size_t k = 0; k < x.size(); ++k) {
+        if (k + 8 <= x.size()) {  // mostly zero: skip eight at a time
+          std::uint64_t w;
+          std::memcpy(&w, x.data() + k, 8);
+          if (w == 0) {
+            k += 7;
+            continue;
+          }
+        }
+        if (!x[k]) continue;
+        const std::uint8_t nb = buf[k] ^ x[k];
+        jw.change(off + k, buf[k], nb);
+        buf[k] = nb;
+      }
+      hn.update(buf);
+    });
+    old_h = hb.digest();
+    new_h = hn.digest();
+  } else {
+    Walker w(f, p, jw, buf);
+    decode_overwrite(d1, d2, p.frame, p.nbytes, what,
+                     [&](std::span<const std::uint64_t> pos, std::span<const std::uint8_t> val) {
+                       for (std::size_t k = 0; k < pos.size(); ++k) w.set(pos[k], val[k]);
+                     });
+    w.finish();
+    old_h = w.old_hash();
+    new_h = w.new_hash();
+  }
+  jw.end_tensor();
+  if (p.base_hash && old_h != *p.base_hash)
+    fail(Exit::verify_failed, local_file + ": tensor '" + p.tensor + "' is not the base of delta " + format_version(version) +
+                                  " (checksum " + old_h.hex() + ", the delta expects " + p.base_hash->hex() +
+                                  "); nothing was changed");
+  if (new_h != p.new_hash)
+    fail(Exit::verify_failed, local_file + ": tensor '" + p.tensor + "' patched by " + what + " would have checksum " +
+                                  new_h.hex() + ", the delta records " + p.new_hash.hex() +
+                                  " (LOCAL is not this delta's base, or the delta is damaged); nothing was changed");
+}
 
 ApplyResult apply_locked(const fs::path& delta, const fs::path& local, const ApplyOptions& opts) {
   const auto t0 = Clock::now();
@@ -160,22 +324,14 @@ ApplyResult apply_locked(const fs::path& delta, const fs::path& local, const App
   r.to_version = idx.version;
   if (!st.version)
     fail(Exit::out_of_order, local.string() + ": has no recorded version; initialise it with --init or a full version first");
-  if (st.version == idx.version && !st.pending) {
+  if (st.version == idx.version) {
     r.noop = true;
-    r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    r.seconds = since(t0);
     return r;
   }
-  if (st.pending && *st.pending != idx.version)
-    fail(Exit::verify_failed, local.string() + ": an apply of version " + format_version(*st.pending) +
-                                  " was interrupted; LOCAL may be partly patched. Re-run that version or re-initialise LOCAL");
   if (idx.base_version != *st.version)
     fail(Exit::out_of_order, delta.string() + ": delta " + format_version(idx.version) + " applies on top of version " +
                                  format_version(idx.base_version) + ", but LOCAL is at version " + format_version(*st.version));
-  const bool resuming = st.pending.has_value();
-  if (resuming && idx.encoding == Encoding::xor_bytes && idx.base_checksums.size() < idx.weight_map.size())
-    fail(Exit::verify_failed, local.string() + ": an xor apply of version " + format_version(idx.version) +
-                                  " was interrupted and the delta has no base checksums to tell patched tensors apart; "
-                                  "re-initialise LOCAL");
 
   // ---- validate everything before the first write ----
   const Checkpoint lc = open_checkpoint(local);
@@ -210,7 +366,7 @@ ApplyResult apply_locked(const fs::path& delta, const fs::path& local, const App
       p.frame = maps.at(file).bytes(hdr.file_offset(t), t.nbytes());
       p.new_hash = parse_hash_hex(mh->second, w + ": __metadata__[\"" + t.name + "\"]");
       if (auto b = idx.base_checksums.find(t.name); b != idx.base_checksums.end()) p.base_hash = b->second;
-      p.local_shard = lt->second.shard;
+      p.local_shard = static_cast<std::uint32_t>(lt->second.shard);
       const auto& lh = lc.shards[p.local_shard].header;
       p.offset = lh.file_offset(lc.info(lt->second));
       p.nbytes = lc.info(lt->second).nbytes();
@@ -221,18 +377,28 @@ ApplyResult apply_locked(const fs::path& delta, const fs::path& local, const App
     const auto& h = headers.at(file);
     if (!h.find(tensor)) fail(Exit::bad_input, (delta / file).string() + ": has no entry '" + tensor + "' named by the delta index");
   }
+  Manifest m;
+  m.base = st.version;
+  m.version = idx.version;
+  for (const auto& s : lc.shards) m.shards.push_back(s.file);
+  std::set<std::string> shard_names(m.shards.begin(), m.shards.end());
   for (const auto& fc : idx.files) {
+    const std::string w = (delta / kIndexFile).string();
     if (fc.path == kStateDir || fc.path.rfind(std::string(kStateDir) + "/", 0) == 0)
-      fail(Exit::bad_input, (delta / kIndexFile).string() + ": hfdelta_files may not touch " + fc.path);
-    check_no_symlink(local, fc.path, (delta / kIndexFile).string());
+      fail(Exit::bad_input, w + ": hfdelta_files may not touch " + fc.path);
+    if (shard_names.count(fc.path)) fail(Exit::bad_input, w + ": hfdelta_files may not replace weight file " + fc.path);
+    check_no_symlink(local, fc.path, w);
+    boost::system::error_code ec;
+    m.files.push_back({fc.path, fc.op == FileChange::Op::put ? TxnFile::Op::put : TxnFile::Op::remove,
+                       fc.op == FileChange::Op::put ? fs::is_regular_file(fs::symlink_status(local / fc.path, ec))
+                                                    : exists_nofollow(local / fc.path)});
     if (fc.op != FileChange::Op::put) continue;
     check_no_symlink(delta / kFilesDir, fc.path, delta.string());
     const fs::path p = delta / kFilesDir / fc.path;
-    boost::system::error_code ec;
     if (!fs::is_regular_file(fs::symlink_status(p, ec)))
       fail(Exit::bad_input, p.string() + ": listed in the delta index's hfdelta_files but missing or not a regular file");
-    const MappedFile m(p);
-    if (m.size() != fc.size || xxh3_128(m.bytes()) != fc.hash)
+    const MappedFile mf(p);
+    if (mf.size() != fc.size || xxh3_128(mf.bytes()) != fc.hash)
       fail(Exit::bad_input, p.string() + ": does not match the size and checksum the delta index records");
   }
   for (const auto& s : lc.shards)
@@ -243,104 +409,80 @@ ApplyResult apply_locked(const fs::path& delta, const fs::path& local, const App
   std::vector<File> files;
   for (const auto& s : lc.shards) files.emplace_back(local / s.file, File::Mode::read_write);
 
-  // Every frame must decode cleanly to the right size, and LOCAL must hold the
-  // base bytes, before anything is written.
-  parallel_for(patches.size(), threads, [&](std::size_t i, std::size_t) {
-    Patch& p = patches[i];
-    Decompressor d1, d2;
-    if (idx.encoding == Encoding::xor_bytes)
-      decode_xor(d1, p.frame, p.nbytes, p.delta_file + ": entry '" + p.tensor + "'", [](std::uint64_t, auto) {});
-    else
-      decode_overwrite(d1, d2, p.frame, p.nbytes, p.delta_file + ": entry '" + p.tensor + "'", [](auto, auto) {});
-    if (!p.base_hash && !resuming) return;
-    std::vector<std::uint8_t> buf;
-    const Hash128 h = hash_range(files[p.local_shard], p.offset, p.nbytes, buf);
-    if (resuming && h == p.new_hash) {
-      p.done = true;
-      return;
+  // ---- journal: every change with its old and new byte, checked, durable ----
+  start_txn(local);
+  std::vector<std::unique_ptr<JournalWriter>> writers(static_cast<std::size_t>(threads));
+  std::vector<std::uint64_t> sizes(patches.size());
+  try {
+    std::vector<std::vector<std::uint8_t>> bufs(static_cast<std::size_t>(threads));
+    std::vector<std::size_t> order(patches.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return patches[a].nbytes > patches[b].nbytes; });
+    parallel_for(patches.size(), threads, [&](std::size_t k, std::size_t tid) {
+      const Patch& p = patches[order[k]];
+      if (!writers[tid]) writers[tid] = std::make_unique<JournalWriter>(txn_part(local, tid), 1);
+      journal_patch(p, files[p.local_shard], idx.encoding, *writers[tid], bufs[tid],
+                    (local / lc.shards[p.local_shard].file).string(), idx.version);
+    });
+    // Parts are numbered densely in the manifest.
+    for (std::size_t t = 0; t < writers.size(); ++t) {
+      if (!writers[t]) continue;
+      writers[t]->finish(opts.sync);
+      if (t != m.parts) rename_path(txn_part(local, t), txn_part(local, m.parts));
+      ++m.parts;
     }
-    if (p.base_hash && h != *p.base_hash)
-      fail(Exit::verify_failed, (local / lc.shards[p.local_shard].file).string() + ": tensor '" + p.tensor +
-                                    "' is not the base of delta " + format_version(idx.version) + " (checksum " + h.hex() +
-                                    ", the delta expects " + p.base_hash->hex() + "); nothing was changed");
-  });
-
-  write_state(local, {st.version, idx.version}, opts.sync);
-
-  std::mutex mu;
-  std::vector<std::string> mismatches;
-  parallel_for(patches.size(), threads, [&](std::size_t i, std::size_t) {
-    Patch& p = patches[i];
-    if (p.done) return;
-    File& f = files[p.local_shard];
-    std::vector<std::uint8_t> buf(kWindow);
-    Decompressor d1, d2;
-    const std::string what = p.delta_file + ": entry '" + p.tensor + "'";
-    if (idx.encoding == Encoding::xor_bytes) {
-      decode_xor(d1, p.frame, p.nbytes, what, [&](std::uint64_t off, std::span<const std::uint8_t> x) {
-        buf.resize(x.size());
-        f.pread_exact(buf.data(), x.size(), p.offset + off);
-        for (std::size_t k = 0; k < x.size(); ++k) buf[k] ^= x[k];
-        f.pwrite_all(buf.data(), x.size(), p.offset + off);
-      });
-    } else {
-      decode_overwrite(d1, d2, p.frame, p.nbytes, what,
-                       [&](std::span<const std::uint64_t> pos, std::span<const std::uint8_t> val) {
-                         // Read-modify-write one window of LOCAL per run of nearby positions.
-                         for (std::size_t k = 0; k < pos.size();) {
-                           const std::uint64_t start = pos[k];
-                           const std::uint64_t len = std::min<std::uint64_t>(kWindow, p.nbytes - start);
-                           buf.resize(len);
-                           f.pread_exact(buf.data(), len, p.offset + start);
-                           for (; k < pos.size() && pos[k] < start + len; ++k) buf[pos[k] - start] = val[k];
-                           f.pwrite_all(buf.data(), len, p.offset + start);
-                         }
-                       });
+    for (const auto& fc : idx.files) {
+      if (fc.op != FileChange::Op::put) continue;
+      const fs::path staged = txn_stage(local, fc.path);
+      boost::system::error_code ec;
+      fs::create_directories(staged.parent_path(), ec);
+      if (ec) fail(Exit::failure, staged.parent_path().string() + ": cannot create: " + ec.message());
+      copy_file_atomic(delta / kFilesDir / fc.path, staged, opts.sync);
     }
-    const Hash128 h = hash_range(f, p.offset, p.nbytes, buf);
-    std::lock_guard<std::mutex> g(mu);
-    r.tensors_patched += 1;
-    r.delta_bytes += p.frame.size();
-    if (h != p.new_hash)
-      mismatches.push_back("tensor '" + p.tensor + "' in " + (local / lc.shards[p.local_shard].file).string() +
-                           " has checksum " + h.hex() + " after patching, the delta records " + p.new_hash.hex());
-  });
-  if (!mismatches.empty()) {
-    std::string msg = "verification failed after applying " + delta.string() + " (LOCAL stays marked as interrupted):";
-    for (const auto& m : mismatches) msg += "\n  " + m;
-    fail(Exit::verify_failed, msg);
+    if (opts.sync) sync_dir(txn_dir(local));
+  } catch (...) {
+    writers.clear();
+    abandon_txn(local);
+    throw;
   }
 
-  // Removals first, then the directories they leave empty, then new
-  // contents: a file may have become a directory of the same name or back.
-  std::set<fs::path> dirs{local};
-  for (const auto& fc : idx.files) {
-    if (fc.op != FileChange::Op::remove) continue;
-    const fs::path dst = local / fc.path;
-    if (fs::remove(dst)) r.files_removed += 1;
-    for (fs::path d = dst.parent_path(); d != local && fs::is_empty(d); d = d.parent_path()) fs::remove(d);
-    dirs.insert(dst.parent_path());
-  }
-  for (const auto& fc : idx.files) {
-    if (fc.op != FileChange::Op::put) continue;
-    const fs::path dst = local / fc.path;
-    boost::system::error_code ec;
-    if (fs::is_directory(fs::symlink_status(dst, ec)) && fs::is_empty(dst)) fs::remove(dst);
-    fs::create_directories(dst.parent_path(), ec);
-    if (ec) fail(Exit::failure, dst.parent_path().string() + ": cannot create: " + ec.message());
-    copy_file_atomic(delta / kFilesDir / fc.path, dst, opts.sync);
-    r.files_written += 1;
-    for (fs::path d = dst.parent_path(); d != local; d = d.parent_path()) dirs.insert(d);
-  }
-  for (auto it = dirs.begin(); it != dirs.end();) it = fs::is_directory(*it) ? std::next(it) : dirs.erase(it);
-  if (opts.sync) {
-    for (auto& f : files) f.sync();
-    for (const auto& d : dirs) sync_dir(d);
-  }
+  run_transaction(local, m, opts, [&] {
+    parallel_for(m.parts, threads, [&](std::size_t i, std::size_t) {
+      std::vector<std::uint8_t> window;
+      replay_journal(txn_part(local, i), true,
+                     [&](std::uint32_t shard, std::span<const std::uint64_t> o, std::span<const std::uint8_t> b) {
+                       write_scattered(files[shard], o, b, window);
+                     });
+    });
+    // Read back what is now in LOCAL: the checksum covers the real file.
+    std::mutex mu;
+    std::vector<std::string> mismatches;
+    parallel_for(patches.size(), threads, [&](std::size_t i, std::size_t) {
+      const Patch& p = patches[i];
+      std::vector<std::uint8_t> buf;
+      const Hash128 h = hash_range(files[p.local_shard], p.offset, p.nbytes, buf);
+      std::lock_guard<std::mutex> g(mu);
+      r.tensors_patched += 1;
+      r.delta_bytes += p.frame.size();
+      if (h != p.new_hash)
+        mismatches.push_back("tensor '" + p.tensor + "' in " + (local / lc.shards[p.local_shard].file).string() +
+                             " reads back with checksum " + h.hex() + ", the delta records " + p.new_hash.hex());
+    });
+    if (!mismatches.empty()) {
+      std::string msg = "verification failed after applying " + delta.string() + "; LOCAL was rolled back:";
+      for (const auto& s : mismatches) msg += "\n  " + s;
+      fail(Exit::verify_failed, msg);
+    }
+    run_file_ops(local, m);
+    if (opts.sync) {
+      for (auto& f : files) f.sync();
+      sync_dirs_of(local, m.files);
+    }
+  });
   for (auto& f : files) f.close();
-  write_state(local, {idx.version, std::nullopt}, opts.sync);
+  for (const auto& f : m.files) (f.op == TxnFile::Op::put ? r.files_written : r.files_removed) += f.op == TxnFile::Op::put || f.existed;
   r.applied.push_back(idx.version);
-  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  r.seconds = since(t0);
   return r;
 }
 
@@ -355,19 +497,59 @@ void merge(ApplyResult& into, const ApplyResult& step) {
 
 }  // namespace
 
-ApplyResult init_local(const fs::path& src, const fs::path& local, std::uint64_t version, const ApplyOptions& opts) {
+// Takes the lock, undoes an interrupted earlier run, runs `op`, then the
+// caller's `then` hook while the lock is still held.
+template <class Op>
+ApplyResult locked(const fs::path& local, const ApplyOptions& opts, Op&& op) {
   LocalLock lock(local, opts.lock_timeout);
-  return init_locked(src, local, version, opts);
+  const auto undone = recover(local, opts.sync);
+  ApplyResult r = op();
+  r.rolled_back = undone;
+  if (opts.then) opts.then(r.to_version);
+  return r;
+}
+
+ApplyResult init_local(const fs::path& src, const fs::path& local, std::uint64_t version, const ApplyOptions& opts) {
+  return locked(local, opts, [&] { return init_locked(src, local, version, opts); });
 }
 
 ApplyResult apply_delta(const fs::path& delta, const fs::path& local, const ApplyOptions& opts) {
-  LocalLock lock(local, opts.lock_timeout);
-  return apply_locked(delta, local, opts);
+  return locked(local, opts, [&] { return apply_locked(delta, local, opts); });
 }
 
-ApplyResult pull(const fs::path& root, const fs::path& local, std::optional<std::uint64_t> target, const ApplyOptions& opts) {
-  const auto t0 = Clock::now();
+ApplyResult recover_local(const fs::path& local, const ApplyOptions& opts) {
+  ApplyOptions o = opts;
+  o.then = nullptr;
+  return locked(local, o, [&] {
+    ApplyResult r;
+    const LocalState st = read_state(local);
+    r.from_version = st.version;
+    r.to_version = st.version.value_or(0);
+    r.noop = true;
+    return r;
+  });
+}
+
+LocalStatus local_status(const fs::path& local, const ApplyOptions& opts) {
+  boost::system::error_code ec;
+  if (!fs::is_directory(local, ec)) fail(Exit::bad_input, local.string() + ": not a directory");
   LocalLock lock(local, opts.lock_timeout);
+  const LocalState st = read_state(local);
+  LocalStatus s{st.version, st.pending};
+  if (const auto m = read_manifest(local); m && !(st.version == m->version && !st.pending)) s.pending = m->version;
+  return s;
+}
+
+static ApplyResult pull_locked(const fs::path& root, const fs::path& local, std::optional<std::uint64_t> target,
+                               const ApplyOptions& opts);
+
+ApplyResult pull(const fs::path& root, const fs::path& local, std::optional<std::uint64_t> target, const ApplyOptions& opts) {
+  return locked(local, opts, [&] { return pull_locked(root, local, target, opts); });
+}
+
+static ApplyResult pull_locked(const fs::path& root, const fs::path& local, std::optional<std::uint64_t> target,
+                               const ApplyOptions& opts) {
+  const auto t0 = Clock::now();
   const std::vector<VersionDir> versions = scan_root(root);
   if (versions.empty()) fail(Exit::out_of_order, root.string() + ": no published versions (weight_vNNNNNN)");
   const std::uint64_t want = target ? *target : versions.back().version;
@@ -385,7 +567,7 @@ ApplyResult pull(const fs::path& root, const fs::path& local, std::optional<std:
   if (st.version && *st.version > want)
     fail(Exit::out_of_order, local.string() + ": is at version " + format_version(*st.version) + ", newer than the target " +
                                  format_version(want));
-  if (st.version == want && !st.pending) {
+  if (st.version == want) {
     r.noop = true;
     r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     return r;
@@ -399,9 +581,6 @@ ApplyResult pull(const fs::path& root, const fs::path& local, std::optional<std:
     cur = full->version;
   } else if (st.version) {
     cur = *st.version;
-    // An interrupted apply is resumed by re-running the version it was applying.
-    if (st.pending && *st.pending == cur + 1 && find(cur + 1) == nullptr)
-      fail(Exit::out_of_order, root.string() + ": version " + format_version(cur + 1) + " is not published");
   } else {
     fail(Exit::out_of_order, local.string() + ": has no version, and " + root.string() + " has no full version at or below " +
                                  format_version(want) + "; initialise it with --init");

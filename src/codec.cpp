@@ -27,79 +27,6 @@ std::uint32_t get_le32(const std::uint8_t* p) {
   return std::uint32_t(p[0]) | std::uint32_t(p[1]) << 8 | std::uint32_t(p[2]) << 16 | std::uint32_t(p[3]) << 24;
 }
 
-// Pulls decoded bytes out of one untrusted zstd frame, a bounded buffer at a
-// time, and insists that the input is exactly one complete frame.
-class FrameReader {
- public:
-  FrameReader(Decompressor& d, std::span<const std::uint8_t> frame, const std::string& what)
-      : dctx_(static_cast<ZSTD_DCtx*>(d.ctx())), what_(what), buf_(kChunk) {
-    in_ = {frame.data(), frame.size(), 0};
-    ZSTD_DCtx_reset(dctx_, ZSTD_reset_session_only);
-  }
-
-  // Reads exactly n bytes or throws.
-  void read(void* dst, std::size_t n) {
-    auto* out = static_cast<std::uint8_t*>(dst);
-    while (n > 0) {
-      if (avail() == 0 && !refill()) bad("ends early");
-      const std::size_t k = std::min(n, avail());
-      if (out) {
-        std::memcpy(out, buf_.data() + pos_, k);
-        out += k;
-      }
-      pos_ += k;
-      n -= k;
-    }
-  }
-  void skip(std::uint64_t n) {
-    while (n > 0) {
-      if (avail() == 0 && !refill()) bad("ends early");
-      const std::size_t k = static_cast<std::size_t>(std::min<std::uint64_t>(n, avail()));
-      pos_ += k;
-      n -= k;
-    }
-  }
-  // Next decoded piece (empty at the end of the frame).
-  std::span<const std::uint8_t> next() {
-    if (avail() == 0 && !refill()) return {};
-    std::span<const std::uint8_t> s(buf_.data() + pos_, avail());
-    pos_ = len_;
-    return s;
-  }
-  // Throws unless every decoded byte was consumed and the frame is complete.
-  void expect_end() {
-    if (avail() != 0 || refill()) bad("decodes to more bytes than declared");
-  }
-  [[noreturn]] void bad(const std::string& msg) { fail(Exit::bad_input, what_ + ": zstd frame " + msg); }
-
- private:
-  std::size_t avail() const { return len_ - pos_; }
-  bool refill() {
-    pos_ = len_ = 0;
-    while (!ended_) {
-      ZSTD_outBuffer out{buf_.data(), buf_.size(), 0};
-      const std::size_t before = in_.pos;
-      const std::size_t r = ZSTD_decompressStream(dctx_, &out, &in_);
-      if (ZSTD_isError(r)) bad(std::string("is corrupt: ") + ZSTD_getErrorName(r));
-      if (r == 0) {
-        ended_ = true;
-        if (in_.pos != in_.size) bad("is followed by " + std::to_string(in_.size - in_.pos) + " extra bytes");
-      }
-      len_ = out.pos;
-      if (len_ > 0) return true;
-      if (!ended_ && in_.pos == in_.size && before == in_.pos) bad("is truncated");
-    }
-    return false;
-  }
-
-  ZSTD_DCtx* dctx_;
-  const std::string& what_;
-  ZSTD_inBuffer in_{};
-  std::vector<std::uint8_t> buf_;
-  std::size_t pos_ = 0, len_ = 0;
-  bool ended_ = false;
-};
-
 void check_declared_size(std::span<const std::uint8_t> frame, std::uint64_t expect, const std::string& what) {
   const unsigned long long cs = ZSTD_getFrameContentSize(frame.data(), frame.size());
   if (cs == ZSTD_CONTENTSIZE_ERROR) fail(Exit::bad_input, what + ": not a zstd frame");
@@ -235,6 +162,70 @@ std::uint64_t encode_overwrite(Compressor& c, std::span<const std::uint8_t> a, s
   if (seen != changed) fail(Exit::failure, "overwrite encoder: changed byte count does not match its input");
   c.end(counted);
   return frame;
+}
+
+// ---- FrameReader ---------------------------------------------------------------
+
+FrameReader::FrameReader(Decompressor& d, std::span<const std::uint8_t> frame, const std::string& what)
+    : dctx_(d.ctx()), what_(what), buf_(kChunk) {
+  in_data_ = frame.data();
+  in_size_ = frame.size();
+  ZSTD_DCtx_reset(static_cast<ZSTD_DCtx*>(dctx_), ZSTD_reset_session_only);
+}
+
+void FrameReader::read(void* dst, std::size_t n) {
+  auto* out = static_cast<std::uint8_t*>(dst);
+  while (n > 0) {
+    if (avail() == 0 && !refill()) bad("ends early");
+    const std::size_t k = std::min(n, avail());
+    std::memcpy(out, buf_.data() + pos_, k);
+    out += k;
+    pos_ += k;
+    n -= k;
+  }
+}
+
+void FrameReader::skip(std::uint64_t n) {
+  while (n > 0) {
+    if (avail() == 0 && !refill()) bad("ends early");
+    const std::size_t k = static_cast<std::size_t>(std::min<std::uint64_t>(n, avail()));
+    pos_ += k;
+    n -= k;
+  }
+}
+
+std::span<const std::uint8_t> FrameReader::next() {
+  if (avail() == 0 && !refill()) return {};
+  std::span<const std::uint8_t> s(buf_.data() + pos_, avail());
+  pos_ = len_;
+  return s;
+}
+
+void FrameReader::expect_end() {
+  if (avail() != 0 || refill()) bad("decodes to more bytes than declared");
+}
+
+void FrameReader::bad(const std::string& msg) const { fail(Exit::bad_input, what_ + ": zstd frame " + msg); }
+
+bool FrameReader::refill() {
+  pos_ = len_ = 0;
+  auto* d = static_cast<ZSTD_DCtx*>(dctx_);
+  while (!ended_) {
+    ZSTD_inBuffer in{in_data_, in_size_, in_pos_};
+    ZSTD_outBuffer out{buf_.data(), buf_.size(), 0};
+    const std::size_t r = ZSTD_decompressStream(d, &out, &in);
+    const bool progressed = in.pos != in_pos_;
+    in_pos_ = in.pos;
+    if (ZSTD_isError(r)) bad(std::string("is corrupt: ") + ZSTD_getErrorName(r));
+    if (r == 0) {
+      ended_ = true;
+      if (in_pos_ != in_size_) bad("is followed by " + std::to_string(in_size_ - in_pos_) + " extra bytes");
+    }
+    len_ = out.pos;
+    if (len_ > 0) return true;
+    if (!ended_ && in_pos_ == in_size_ && !progressed) bad("is truncated");
+  }
+  return false;
 }
 
 // ---- Decompressor -------------------------------------------------------------

@@ -5,7 +5,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -23,7 +26,42 @@ namespace {
   fail(Exit::failure, p.string() + ": " + op + ": " + std::strerror(e));
 }
 
+struct FaultPlan {
+  long long at = 0;  // 0: off
+  bool kill = true;
+  FaultPlan() {
+    if (const char* v = std::getenv("HFDELTA_FAULT_AT")) at = std::atoll(v);
+    if (const char* m = std::getenv("HFDELTA_FAULT_MODE")) kill = std::strcmp(m, "error") != 0;
+  }
+};
+
 }  // namespace
+
+void fault_point(const char* what) {
+  static const FaultPlan plan;
+  static std::atomic<long long> steps{0};
+  const long long n = steps.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (plan.at == 0 || n != plan.at) return;
+  if (plan.kill) ::raise(SIGKILL);
+  fail(Exit::failure, std::string("injected fault at write step ") + std::to_string(n) + " (" + what + ")");
+}
+
+void rename_path(const fs::path& from, const fs::path& to) {
+  fault_point("rename");
+  if (::rename(from.c_str(), to.c_str()) != 0) sys_fail(to, "rename from " + from.string());
+}
+
+bool remove_path(const fs::path& p) {
+  fault_point("remove");
+  if (::remove(p.c_str()) == 0) return true;
+  if (errno == ENOENT) return false;
+  sys_fail(p, "remove");
+}
+
+bool exists_nofollow(const fs::path& p) {
+  boost::system::error_code ec;
+  return fs::exists(fs::symlink_status(p, ec));
+}
 
 fs::path temp_path_beside(const fs::path& target) {
   static thread_local std::mt19937_64 rng{std::random_device{}()};
@@ -131,6 +169,7 @@ void File::pread_exact(void* buf, std::size_t n, std::uint64_t offset) const {
 }
 
 void File::pwrite_all(const void* buf, std::size_t n, std::uint64_t offset) {
+  fault_point("write");
   const auto* p = static_cast<const char*>(buf);
   while (n > 0) {
     const ssize_t r = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
@@ -145,6 +184,7 @@ void File::pwrite_all(const void* buf, std::size_t n, std::uint64_t offset) {
 }
 
 void File::write_all(const void* buf, std::size_t n) {
+  fault_point("write");
   const auto* p = static_cast<const char*>(buf);
   while (n > 0) {
     const ssize_t r = ::write(fd_, p, n);
@@ -158,6 +198,7 @@ void File::write_all(const void* buf, std::size_t n) {
 }
 
 void File::sync() {
+  fault_point("fdatasync");
   if (::fdatasync(fd_) != 0) sys_fail(path_, "fdatasync");
 }
 
@@ -171,6 +212,7 @@ void File::close() {
 // ---- helpers ------------------------------------------------------------------
 
 void sync_dir(const fs::path& dir) {
+  fault_point("fsync directory");
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) sys_fail(dir, "open directory");
   const int r = ::fsync(fd);
@@ -189,7 +231,7 @@ void write_file_atomic(const fs::path& path, std::string_view content, bool sync
     f.write_all(content.data(), content.size());
     if (sync) f.sync();
     f.close();
-    if (::rename(tmp.c_str(), path.c_str()) != 0) sys_fail(path, "rename from " + tmp.filename().string());
+    rename_path(tmp, path);
   } catch (...) {
     ::unlink(tmp.c_str());
     throw;
@@ -219,7 +261,7 @@ void copy_file_atomic(const fs::path& src, const fs::path& dst, bool sync) {
     ::fchmod(out.fd(), 0644);
     if (sync) out.sync();
     out.close();
-    if (::rename(tmp.c_str(), dst.c_str()) != 0) sys_fail(dst, "rename from " + tmp.filename().string());
+    rename_path(tmp, dst);
   } catch (...) {
     ::unlink(tmp.c_str());
     throw;
@@ -227,6 +269,7 @@ void copy_file_atomic(const fs::path& src, const fs::path& dst, bool sync) {
 }
 
 void copy_range(const File& in, std::uint64_t in_off, std::uint64_t n, File& out, std::uint64_t out_off) {
+  fault_point("copy");
   // copy_file_range lets the kernel (or a reflink-capable filesystem) move
   // the bytes without a round trip through user memory.
   while (n > 0) {

@@ -11,6 +11,7 @@
 #include <functional>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -44,6 +45,7 @@ class Compressor {
   Compressor(const Compressor&) = delete;
   Compressor& operator=(const Compressor&) = delete;
 
+  static constexpr std::uint64_t kUnknownSize = ~0ull;  // zstd's "content size unknown"
   void begin(std::uint64_t pledged_size);
   void put(std::span<const std::uint8_t> in, const ByteSink& sink);
   void end(const ByteSink& sink);
@@ -74,6 +76,31 @@ class Decompressor {
 
  private:
   void* dctx_;
+};
+
+// Pulls decoded bytes out of one untrusted zstd frame, a bounded buffer at a
+// time, and insists that the input is exactly one complete frame. Errors are
+// Error(bad_input) naming `what`.
+class FrameReader {
+ public:
+  FrameReader(Decompressor& d, std::span<const std::uint8_t> frame, const std::string& what);
+  void read(void* dst, std::size_t n);  // exactly n bytes, or throws
+  void skip(std::uint64_t n);
+  std::span<const std::uint8_t> next();  // next decoded piece; empty at the end of the frame
+  void expect_end();                     // throws unless the frame ends exactly here
+  [[noreturn]] void bad(const std::string& msg) const;
+
+ private:
+  std::size_t avail() const { return len_ - pos_; }
+  bool refill();
+
+  void* dctx_;
+  std::string what_;
+  const void* in_data_ = nullptr;
+  std::size_t in_size_ = 0, in_pos_ = 0;
+  std::vector<std::uint8_t> buf_;
+  std::size_t pos_ = 0, len_ = 0;
+  bool ended_ = false;
 };
 
 // Receives consecutive pieces of the decoded XOR stream: (offset, bytes).

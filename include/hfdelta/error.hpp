@@ -18,6 +18,9 @@ enum class Exit : int {
   unsupported = 6,    // change the delta format cannot express (yet)
   exists = 7,         // output directory already exists
   lock_timeout = 8,   // could not take the local lock in time
+  then_failed = 9,    // the --then command failed (the apply itself succeeded)
+  interrupted = 10,   // --status: an apply was interrupted; the next run rolls it back
+  uninitialised = 11, // --status: LOCAL has no recorded version
 };
 
 // Every error carries the exit code it maps to and a message that names the

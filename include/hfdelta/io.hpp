@@ -64,6 +64,19 @@ class File {
   int fd_ = -1;
 };
 
+// A write step: every call that changes a file or directory passes here
+// first. For tests of crash safety, HFDELTA_FAULT_AT=N makes the N-th step
+// fail: HFDELTA_FAULT_MODE=kill (default) kills the process with SIGKILL,
+// =error throws an I/O error instead. Unset, it costs one atomic increment.
+void fault_point(const char* what);
+
+// rename(2) and unlink/rmdir of one path, as write steps; errors name the paths.
+void rename_path(const fs::path& from, const fs::path& to);
+bool remove_path(const fs::path& p);  // false if it did not exist
+
+// True if anything (a dangling symlink too) is at `p`.
+bool exists_nofollow(const fs::path& p);
+
 // Unique hidden name beside `target` (".NAME.tmp-XXXXXXXX"): a crash leaves
 // an obvious leftover, never a file or directory that looks complete.
 fs::path temp_path_beside(const fs::path& target);

@@ -1,6 +1,12 @@
 #include "cli_common.hpp"
 
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 
 #include "hfdelta/error.hpp"
@@ -23,7 +29,7 @@ int run(CLI::App& app, int argc, char** argv, const std::function<void()>& body)
     body();
     return 0;
   } catch (const Error& e) {
-    std::cerr << app.get_name() << ": error: " << e.what() << "\n";
+    if (*e.what()) std::cerr << app.get_name() << ": error: " << e.what() << "\n";
     return static_cast<int>(e.code());
   } catch (const CLI::ParseError& e) {  // semantic usage errors raised after parsing
     std::cerr << app.get_name() << ": error: " << e.what() << "\n";
@@ -32,6 +38,29 @@ int run(CLI::App& app, int argc, char** argv, const std::function<void()>& body)
     std::cerr << app.get_name() << ": error: " << e.what() << "\n";
     return static_cast<int>(Exit::failure);
   }
+}
+
+void run_shell(const std::string& command, const std::vector<std::pair<std::string, std::string>>& env) {
+  std::vector<std::string> vars;
+  for (char** e = environ; *e; ++e) vars.emplace_back(*e);
+  for (const auto& [k, v] : env) vars.push_back(k + "=" + v);
+  std::vector<char*> envp;
+  for (auto& v : vars) envp.push_back(v.data());
+  envp.push_back(nullptr);
+  std::string sh = "/bin/sh", dash_c = "-c", cmd = command;
+  char* argv[] = {sh.data(), dash_c.data(), cmd.data(), nullptr};
+  std::fflush(stdout);
+  pid_t pid;
+  if (const int e = posix_spawn(&pid, "/bin/sh", nullptr, nullptr, argv, envp.data()); e != 0)
+    fail(Exit::then_failed, "--then: cannot start /bin/sh: " + std::string(std::strerror(e)));
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) fail(Exit::then_failed, "--then: waitpid: " + std::string(std::strerror(errno)));
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
+  fail(Exit::then_failed, "--then command failed (" +
+                              (WIFEXITED(status) ? "exit status " + std::to_string(WEXITSTATUS(status))
+                                                 : "signal " + std::to_string(WTERMSIG(status))) +
+                              "): " + command);
 }
 
 std::string human_bytes(double n) {

@@ -3,6 +3,8 @@
 
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -11,6 +13,10 @@ namespace hfdelta::cli {
 // Parses argv with `app`, runs `body`, and turns every failure into a one-line
 // message on stderr ("PROG: error: ...") and the documented exit code.
 int run(CLI::App& app, int argc, char** argv, const std::function<void()>& body);
+
+// Runs `command` with /bin/sh -c, extra environment variables added; throws
+// Error(then_failed) unless it exits 0.
+void run_shell(const std::string& command, const std::vector<std::pair<std::string, std::string>>& env);
 
 // Human-readable byte count ("1.23 GiB").
 std::string human_bytes(double n);

@@ -1,4 +1,4 @@
-// delta-apply: thin command over hfdelta::init_local / apply_delta / pull.
+// delta-apply: thin command over hfdelta's apply functions.
 #include <cstdio>
 #include <iostream>
 
@@ -6,27 +6,45 @@
 
 #include "cli_common.hpp"
 #include "hfdelta/apply.hpp"
+#include "hfdelta/error.hpp"
 #include "hfdelta/version.hpp"
 
 using namespace hfdelta;
+
+namespace {
+
+nlohmann::json version_json(const std::optional<std::uint64_t>& v) {
+  return v ? nlohmann::json(format_version(*v)) : nlohmann::json();
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Bring a host-local checkpoint to a new version, in place.\n"
                "  delta-apply [OPTIONS] DELTA LOCAL\n"
                "  delta-apply --init [--version N] SRC LOCAL\n"
-               "  delta-apply --root ROOT [--target N] LOCAL",
+               "  delta-apply --root ROOT [--target N] LOCAL\n"
+               "  delta-apply --status LOCAL | --recover LOCAL",
                "delta-apply"};
   std::vector<std::string> paths;
-  std::string root;
-  bool init = false, no_sync = false, json_out = false, quiet = false;
+  std::string root, then;
+  bool init = false, status = false, recover = false, no_sync = false, json_out = false, quiet = false;
   std::optional<std::uint64_t> target, version;
   ApplyOptions o;
-  app.add_option("PATHS", paths, "DELTA LOCAL, SRC LOCAL (--init), or LOCAL (--root)")->expected(1, 2);
+  app.add_option("PATHS", paths, "DELTA LOCAL, SRC LOCAL (--init), or LOCAL (--root, --status, --recover)")->expected(1, 2);
   auto* init_opt = app.add_flag("--init", init, "Make LOCAL an exact copy of the full checkpoint SRC");
   auto* root_opt = app.add_option("--root", root, "Publication root holding weight_vNNNNNN version directories");
+  auto* status_opt = app.add_flag("--status", status, "Report LOCAL's version: exit 0 clean, 10 interrupted, 11 uninitialised");
+  auto* recover_opt = app.add_flag("--recover", recover, "Only roll back an interrupted apply, if any");
   app.add_option("--target", target, "Version to bring LOCAL to with --root (default: newest)")->needs(root_opt);
   app.add_option("--version", version, "Version recorded by --init (default 0)")->needs(init_opt);
-  root_opt->excludes(init_opt);
+  root_opt->excludes(init_opt, status_opt, recover_opt);
+  init_opt->excludes(status_opt, recover_opt);
+  status_opt->excludes(recover_opt);
+  auto* then_opt = app.add_option("--then", then,
+                                  "Shell command to run after success while LOCAL is still locked "
+                                  "(HFDELTA_LOCAL and HFDELTA_VERSION are set)");
+  then_opt->excludes(status_opt, recover_opt);
   app.add_option("--lock-timeout", o.lock_timeout, "Give up after SECONDS waiting for the lock (default: wait)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--threads", o.threads, "Worker threads (default: all cores)")->check(CLI::NonNegativeNumber);
@@ -36,28 +54,53 @@ int main(int argc, char** argv) {
 
   return cli::run(app, argc, argv, [&] {
     o.sync = !no_sync;
-    const std::size_t want = root.empty() ? 2 : 1;
+    const std::size_t want = (root.empty() && !status && !recover) ? 2 : 1;
     if (paths.size() != want)
-      throw CLI::ValidationError("PATHS", root.empty() ? (init ? "expected SRC LOCAL" : "expected DELTA LOCAL")
-                                                       : "expected LOCAL only with --root");
+      throw CLI::ValidationError("PATHS", want == 1 ? "expected LOCAL only" : (init ? "expected SRC LOCAL" : "expected DELTA LOCAL"));
     const std::string local = paths.back();
+
+    if (status) {
+      const LocalStatus s = local_status(local, o);
+      const char* state = s.pending ? "interrupted" : s.version ? "clean" : "uninitialised";
+      if (json_out) {
+        std::cout << nlohmann::json{{"local", local}, {"state", state}, {"version", version_json(s.version)},
+                                    {"pending", version_json(s.pending)}}
+                         .dump()
+                  << std::endl;
+      } else if (!quiet) {
+        std::printf("%s: %s, version %s", local.c_str(), state, s.version ? format_version(*s.version).c_str() : "none");
+        if (s.pending) std::printf(", apply of %s interrupted (the next delta-apply rolls it back)", format_version(*s.pending).c_str());
+        std::printf("\n");
+      }
+      if (s.pending) throw Error(Exit::interrupted, "");
+      if (!s.version) throw Error(Exit::uninitialised, "");
+      return;
+    }
+
+    if (!then.empty())
+      o.then = [&](std::uint64_t v) { cli::run_shell(then, {{"HFDELTA_LOCAL", local}, {"HFDELTA_VERSION", format_version(v)}}); };
     ApplyResult r;
-    if (init) r = init_local(paths[0], local, version.value_or(0), o);
+    if (recover) r = recover_local(local, o);
+    else if (init) r = init_local(paths[0], local, version.value_or(0), o);
     else if (!root.empty()) r = pull(root, local, target, o);
     else r = apply_delta(paths[0], local, o);
 
-    auto v = [](const std::optional<std::uint64_t>& x) { return x ? nlohmann::json(format_version(*x)) : nlohmann::json(); };
     if (json_out) {
       nlohmann::json applied = nlohmann::json::array();
       for (auto a : r.applied) applied.push_back(format_version(a));
-      nlohmann::json j = {{"local", local}, {"from_version", v(r.from_version)}, {"to_version", format_version(r.to_version)},
-                          {"applied", applied}, {"noop", r.noop}, {"tensors_patched", r.tensors_patched},
+      nlohmann::json j = {{"local", local}, {"from_version", version_json(r.from_version)},
+                          {"to_version", format_version(r.to_version)}, {"applied", applied}, {"noop", r.noop},
+                          {"rolled_back", version_json(r.rolled_back)}, {"tensors_patched", r.tensors_patched},
                           {"delta_bytes", r.delta_bytes}, {"files_written", r.files_written},
                           {"files_removed", r.files_removed}, {"seconds", r.seconds}};
       std::cout << j.dump() << std::endl;
     } else if (!quiet) {
+      if (r.rolled_back)
+        std::printf("%s: rolled back an interrupted apply of version %s\n", local.c_str(), format_version(*r.rolled_back).c_str());
       const std::string from = r.from_version ? format_version(*r.from_version) : "none";
-      if (r.noop) {
+      if (recover) {
+        if (!r.rolled_back) std::printf("%s: nothing to recover, version %s\n", local.c_str(), from.c_str());
+      } else if (r.noop) {
         std::printf("%s: already at version %s\n", local.c_str(), format_version(r.to_version).c_str());
       } else {
         std::printf("%s: version %s -> %s (%zu step%s), %llu tensors patched from %s of deltas, %llu files written, "

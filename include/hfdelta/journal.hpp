@@ -1,0 +1,96 @@
+// Transactions on a host-local checkpoint.
+//
+// Before LOCAL is changed, everything needed to undo the change is made
+// durable in LOCAL/.weight_sync/txn/: for tensors patched in place, the old
+// and new value of every changed byte (so its size follows the delta, not the
+// model); for whole files, the new contents staged beside LOCAL and the old
+// ones moved aside rather than deleted. A manifest written last marks the
+// journal complete. Whatever interrupts an apply (a kill, a power cut, an I/O
+// error), the next run finds the manifest and rolls LOCAL back to the recorded
+// version before doing anything else.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <boost/filesystem/path.hpp>
+
+#include "hfdelta/codec.hpp"
+#include "hfdelta/io.hpp"
+
+namespace hfdelta {
+
+struct TxnFile {
+  enum class Op { put, remove };
+  std::string path;  // relative to LOCAL
+  Op op = Op::put;
+  bool existed = false;  // a file was at `path` before the transaction
+};
+
+struct Manifest {
+  std::optional<std::uint64_t> base;  // LOCAL's version before (none: LOCAL was new)
+  std::uint64_t version = 0;          // the version being applied
+  std::vector<std::string> shards;    // weight files the journal parts refer to, by index
+  std::size_t parts = 0;              // journal part files part-0 .. part-(N-1)
+  std::vector<TxnFile> files;         // whole-file operations, in execution order
+};
+
+fs::path txn_dir(const fs::path& local);
+fs::path txn_part(const fs::path& local, std::size_t i);
+fs::path txn_stage(const fs::path& local, const std::string& rel);  // new contents
+fs::path txn_undo(const fs::path& local, const std::string& rel);   // old contents
+
+// Writes one journal part: a zstd stream of per-tensor records of
+// (position, old byte, new byte), positions ascending within a tensor.
+class JournalWriter {
+ public:
+  JournalWriter(const fs::path& path, int level);
+  void begin_tensor(std::uint32_t shard, std::uint64_t offset);
+  void change(std::uint64_t pos, std::uint8_t old_byte, std::uint8_t new_byte);
+  void end_tensor();
+  void finish(bool sync);  // ends the stream; flushed if sync
+
+ private:
+  void put(const std::uint8_t* p, std::size_t n);
+  void flush_buf();
+  File file_;
+  Compressor comp_;
+  std::vector<std::uint8_t> buf_;
+  std::uint64_t next_ = 0;
+};
+
+// Replays a journal part, handing out batches of (absolute offset in the
+// shard, byte) with either the new or the old values.
+using JournalSink = std::function<void(std::uint32_t shard, std::span<const std::uint64_t> offsets,
+                                       std::span<const std::uint8_t> bytes)>;
+void replay_journal(const fs::path& part, bool new_values, const JournalSink& sink);
+
+// Writes `bytes` at `offsets` (ascending) of `f`, one read-modify-write of a
+// bounded window per run of nearby offsets.
+void write_scattered(File& f, std::span<const std::uint64_t> offsets, std::span<const std::uint8_t> bytes,
+                     std::vector<std::uint8_t>& window);
+
+void write_manifest(const fs::path& local, const Manifest& m, bool sync);
+std::optional<Manifest> read_manifest(const fs::path& local);
+
+// Runs the whole-file operations: removals (old files moved aside), then puts
+// (old moved aside, staged contents renamed in).
+void run_file_ops(const fs::path& local, const Manifest& m);
+
+// Undoes a transaction: old bytes back, old files back, state back to
+// m.base, txn directory removed.
+void rollback(const fs::path& local, const Manifest& m, bool sync);
+
+// Removes the transaction directory after a commit.
+void discard_txn(const fs::path& local, bool sync);
+
+// Called under the lock before any operation: finishes whatever an earlier,
+// interrupted run left. Returns the version whose apply was rolled back.
+std::optional<std::uint64_t> recover(const fs::path& local, bool sync);
+
+}  // namespace hfdelta

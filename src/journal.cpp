@@ -1,0 +1,322 @@
+#include "hfdelta/journal.hpp"
+
+#include <algorithm>
+#include <set>
+
+#include <boost/filesystem/operations.hpp>
+#include <nlohmann/json.hpp>
+
+#include "hfdelta/checkpoint.hpp"
+#include "hfdelta/error.hpp"
+#include "hfdelta/local_store.hpp"
+#include "hfdelta/version.hpp"
+
+namespace hfdelta {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr std::uint8_t kTensor = 'T';
+constexpr std::uint8_t kEnd = 'E';
+constexpr std::size_t kWindow = 1 << 20;
+constexpr std::size_t kBatch = 64 * 1024;
+
+// Bytes of a decoded journal part, one at a time, over bounded pieces.
+class ByteReader {
+ public:
+  ByteReader(FrameReader& r) : r_(r) {}
+  std::uint8_t get() {
+    if (pos_ == piece_.size()) {
+      piece_ = r_.next();
+      pos_ = 0;
+      if (piece_.empty()) r_.bad("journal ends early");
+    }
+    return piece_[pos_++];
+  }
+  std::uint64_t get_le(int n) {
+    std::uint64_t v = 0;
+    for (int i = 0; i < n; ++i) v |= std::uint64_t(get()) << (8 * i);
+    return v;
+  }
+  std::uint64_t varint() {
+    std::uint64_t v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      const std::uint8_t b = get();
+      v |= std::uint64_t(b & 0x7f) << shift;
+      if (!(b & 0x80)) return v;
+    }
+    r_.bad("journal has an overlong number");
+  }
+
+ private:
+  FrameReader& r_;
+  std::span<const std::uint8_t> piece_;
+  std::size_t pos_ = 0;
+};
+
+void remove_empty_parents(const fs::path& local, fs::path d) {
+  boost::system::error_code ec;
+  for (; d != local && d.string().size() > local.string().size(); d = d.parent_path()) {
+    if (!fs::is_directory(fs::symlink_status(d, ec)) || !fs::is_empty(d, ec)) break;
+    remove_path(d);
+  }
+}
+
+void make_parents(const fs::path& p) {
+  boost::system::error_code ec;
+  fs::create_directories(p.parent_path(), ec);
+  if (ec) fail(Exit::failure, p.parent_path().string() + ": cannot create: " + ec.message());
+}
+
+}  // namespace
+
+fs::path txn_dir(const fs::path& local) { return local / kStateDir / "txn"; }
+fs::path txn_part(const fs::path& local, std::size_t i) { return txn_dir(local) / ("part-" + std::to_string(i)); }
+fs::path txn_stage(const fs::path& local, const std::string& rel) { return txn_dir(local) / "stage" / rel; }
+fs::path txn_undo(const fs::path& local, const std::string& rel) { return txn_dir(local) / "undo" / rel; }
+
+// ---- journal parts --------------------------------------------------------------
+
+JournalWriter::JournalWriter(const fs::path& path, int level)
+    : file_(path, File::Mode::create_exclusive), comp_(level) {
+  comp_.begin(Compressor::kUnknownSize);
+  buf_.reserve(kBatch + 32);
+}
+
+void JournalWriter::put(const std::uint8_t* p, std::size_t n) {
+  buf_.insert(buf_.end(), p, p + n);
+  if (buf_.size() >= kBatch) flush_buf();
+}
+
+void JournalWriter::flush_buf() {
+  comp_.put(buf_, [&](std::span<const std::uint8_t> s) { file_.write_all(s.data(), s.size()); });
+  buf_.clear();
+}
+
+void JournalWriter::begin_tensor(std::uint32_t shard, std::uint64_t offset) {
+  std::uint8_t h[13];
+  h[0] = kTensor;
+  for (int i = 0; i < 4; ++i) h[1 + i] = static_cast<std::uint8_t>(shard >> (8 * i));
+  for (int i = 0; i < 8; ++i) h[5 + i] = static_cast<std::uint8_t>(offset >> (8 * i));
+  put(h, sizeof h);
+  next_ = 0;
+}
+
+void JournalWriter::change(std::uint64_t pos, std::uint8_t old_byte, std::uint8_t new_byte) {
+  // Gap to the previous change plus one, so 0 can end the tensor's list.
+  std::uint64_t v = pos - next_ + 1;
+  std::uint8_t b[12];
+  std::size_t n = 0;
+  while (v >= 0x80) b[n++] = static_cast<std::uint8_t>(v | 0x80), v >>= 7;
+  b[n++] = static_cast<std::uint8_t>(v);
+  b[n++] = old_byte;
+  b[n++] = new_byte;
+  put(b, n);
+  next_ = pos + 1;
+}
+
+void JournalWriter::end_tensor() {
+  const std::uint8_t z = 0;
+  put(&z, 1);
+}
+
+void JournalWriter::finish(bool sync) {
+  const std::uint8_t e = kEnd;
+  put(&e, 1);
+  flush_buf();
+  comp_.end([&](std::span<const std::uint8_t> s) { file_.write_all(s.data(), s.size()); });
+  if (sync) file_.sync();
+  file_.close();
+}
+
+void replay_journal(const fs::path& part, bool new_values, const JournalSink& sink) {
+  const MappedFile m(part);
+  Decompressor d;
+  FrameReader fr(d, m.bytes(), part.string());
+  ByteReader r(fr);
+  std::vector<std::uint64_t> offs;
+  std::vector<std::uint8_t> vals;
+  offs.reserve(kBatch);
+  vals.reserve(kBatch);
+  for (;;) {
+    const std::uint8_t tag = r.get();
+    if (tag == kEnd) break;
+    if (tag != kTensor) fr.bad("journal has an unknown record");
+    const auto shard = static_cast<std::uint32_t>(r.get_le(4));
+    const std::uint64_t base = r.get_le(8);
+    std::uint64_t next = 0;
+    for (;;) {
+      const std::uint64_t v = r.varint();
+      if (v == 0) break;
+      const std::uint64_t pos = next + v - 1;
+      const std::uint8_t o = r.get(), n = r.get();
+      offs.push_back(base + pos);
+      vals.push_back(new_values ? n : o);
+      next = pos + 1;
+      if (offs.size() == kBatch) {
+        sink(shard, offs, vals);
+        offs.clear(), vals.clear();
+      }
+    }
+    if (!offs.empty()) sink(shard, offs, vals);
+    offs.clear(), vals.clear();
+  }
+  fr.expect_end();
+}
+
+void write_scattered(File& f, std::span<const std::uint64_t> offs, std::span<const std::uint8_t> bytes,
+                     std::vector<std::uint8_t>& window) {
+  for (std::size_t k = 0; k < offs.size();) {
+    const std::uint64_t start = offs[k];
+    std::size_t last = k;
+    while (last + 1 < offs.size() && offs[last + 1] < start + kWindow) ++last;
+    const std::size_t len = static_cast<std::size_t>(offs[last] - start + 1);
+    window.resize(len);
+    f.pread_exact(window.data(), len, start);
+    for (; k <= last; ++k) window[offs[k] - start] = bytes[k];
+    f.pwrite_all(window.data(), len, start);
+  }
+}
+
+// ---- manifest ---------------------------------------------------------------------
+
+void write_manifest(const fs::path& local, const Manifest& m, bool sync) {
+  json files = json::array();
+  for (const auto& f : m.files)
+    files.push_back({{"path", f.path}, {"op", f.op == TxnFile::Op::put ? "put" : "remove"}, {"existed", f.existed}});
+  json j = {{"version", format_version(m.version)},
+            {"base_version", m.base ? json(format_version(*m.base)) : json()},
+            {"shards", m.shards},
+            {"parts", m.parts},
+            {"files", files}};
+  write_file_atomic(txn_dir(local) / "manifest.json", j.dump(1) + "\n", sync);
+}
+
+std::optional<Manifest> read_manifest(const fs::path& local) {
+  const fs::path p = txn_dir(local) / "manifest.json";
+  if (!exists_nofollow(p)) return std::nullopt;
+  const std::string w = p.string();
+  try {
+    const json j = json::parse(read_small_file(p));
+    Manifest m;
+    m.version = parse_version(j.at("version").get<std::string>(), w);
+    if (!j.at("base_version").is_null()) m.base = parse_version(j.at("base_version").get<std::string>(), w);
+    m.shards = j.at("shards").get<std::vector<std::string>>();
+    m.parts = j.at("parts").get<std::size_t>();
+    for (const auto& f : j.at("files")) {
+      TxnFile t;
+      t.path = f.at("path").get<std::string>();
+      check_relative_path(t.path, w);
+      t.op = f.at("op").get<std::string>() == "put" ? TxnFile::Op::put : TxnFile::Op::remove;
+      t.existed = f.at("existed").get<bool>();
+      m.files.push_back(std::move(t));
+    }
+    for (const auto& s : m.shards) check_relative_path(s, w);
+    return m;
+  } catch (const json::exception& e) {
+    fail(Exit::bad_input, w + ": damaged transaction manifest: " + e.what());
+  }
+}
+
+// ---- file operations ------------------------------------------------------------
+
+void run_file_ops(const fs::path& local, const Manifest& m) {
+  for (const auto& f : m.files) {
+    if (f.op != TxnFile::Op::remove || !f.existed) continue;
+    const fs::path dst = local / f.path;
+    if (!exists_nofollow(dst)) continue;
+    make_parents(txn_undo(local, f.path));
+    rename_path(dst, txn_undo(local, f.path));
+    remove_empty_parents(local, dst.parent_path());
+  }
+  for (const auto& f : m.files) {
+    if (f.op != TxnFile::Op::put) continue;
+    const fs::path dst = local / f.path;
+    if (f.existed) {
+      make_parents(txn_undo(local, f.path));
+      rename_path(dst, txn_undo(local, f.path));
+    } else if (exists_nofollow(dst)) {  // an empty directory left where a file now goes
+      remove_path(dst);
+    }
+    make_parents(dst);
+    rename_path(txn_stage(local, f.path), dst);
+  }
+}
+
+void rollback(const fs::path& local, const Manifest& m, bool sync) {
+  std::vector<File> shards;
+  for (const auto& s : m.shards) shards.emplace_back(local / s, File::Mode::read_write);
+  std::vector<std::uint8_t> window;
+  for (std::size_t i = 0; i < m.parts; ++i) {
+    const fs::path part = txn_part(local, i);
+    if (!exists_nofollow(part)) fail(Exit::failure, part.string() + ": journal part missing; cannot roll back");
+    replay_journal(part, false, [&](std::uint32_t shard, std::span<const std::uint64_t> o, std::span<const std::uint8_t> b) {
+      if (shard >= shards.size()) fail(Exit::failure, part.string() + ": journal names an unknown weight file");
+      write_scattered(shards[shard], o, b, window);
+    });
+  }
+  // Puts were done after removals, so they are undone first.
+  std::set<fs::path> dirs{local};
+  for (auto it = m.files.rbegin(); it != m.files.rend(); ++it) {
+    if (it->op != TxnFile::Op::put) continue;
+    const fs::path dst = local / it->path;
+    if (exists_nofollow(txn_undo(local, it->path))) {
+      rename_path(txn_undo(local, it->path), dst);
+    } else if (!it->existed && !exists_nofollow(txn_stage(local, it->path)) && exists_nofollow(dst)) {
+      remove_path(dst);
+      remove_empty_parents(local, dst.parent_path());
+    }
+    dirs.insert(dst.parent_path());
+  }
+  for (auto it = m.files.rbegin(); it != m.files.rend(); ++it) {
+    if (it->op != TxnFile::Op::remove || !exists_nofollow(txn_undo(local, it->path))) continue;
+    const fs::path dst = local / it->path;
+    make_parents(dst);
+    rename_path(txn_undo(local, it->path), dst);
+    dirs.insert(dst.parent_path());
+  }
+  if (sync) {
+    for (auto& f : shards) f.sync();
+    for (const auto& d : dirs)
+      if (fs::is_directory(d)) sync_dir(d);
+  }
+  for (auto& f : shards) f.close();
+  write_state(local, {m.base, std::nullopt}, sync);
+  discard_txn(local, sync);
+}
+
+void discard_txn(const fs::path& local, bool sync) {
+  const fs::path d = txn_dir(local);
+  if (!exists_nofollow(d)) return;
+  // The manifest goes first: without it, leftovers are just garbage.
+  remove_path(d / "manifest.json");
+  boost::system::error_code ec;
+  fs::remove_all(d, ec);
+  if (ec) fail(Exit::failure, d.string() + ": cannot remove: " + ec.message());
+  if (sync) sync_dir(d.parent_path());
+}
+
+std::optional<std::uint64_t> recover(const fs::path& local, bool sync) {
+  const LocalState st = read_state(local);
+  if (const auto m = read_manifest(local)) {
+    if (st.version == m->version && !st.pending) {  // committed; only the cleanup was cut short
+      discard_txn(local, sync);
+      return std::nullopt;
+    }
+    rollback(local, *m, sync);
+    return m->version;
+  }
+  boost::system::error_code ec;
+  if (fs::exists(txn_dir(local), ec)) {  // interrupted before the journal was complete: LOCAL untouched
+    fs::remove_all(txn_dir(local), ec);
+    if (ec) fail(Exit::failure, txn_dir(local).string() + ": cannot remove: " + ec.message());
+  }
+  if (st.pending) {
+    write_state(local, {st.version, std::nullopt}, sync);
+    return st.pending;
+  }
+  return std::nullopt;
+}
+
+}  // namespace hfdelta
