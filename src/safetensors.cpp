@@ -80,6 +80,20 @@ std::string shape_string(const std::vector<std::uint64_t>& shape) {
   return s + "]";
 }
 
+namespace {
+// The reference writer orders data by its dtype enumeration, last first; this
+// is that enumeration's order (which also puts larger alignments first).
+constexpr std::array<std::string_view, 20> kDtypeOrder{
+    "BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "I16",
+    "U16", "F16", "BF16", "I32", "U32", "F32", "C64", "F64", "I64", "U64"};
+
+int dtype_rank(std::string_view dtype) {
+  for (std::size_t i = 0; i < kDtypeOrder.size(); ++i)
+    if (kDtypeOrder[i] == dtype) return static_cast<int>(i);
+  return -1;
+}
+}  // namespace
+
 std::size_t dtype_size(std::string_view dtype) {
   for (const auto& d : kDtypes)
     if (d.name == dtype) return d.size;
@@ -214,8 +228,8 @@ SafetensorsLayout layout_safetensors(std::vector<TensorSpec> specs,
                                      const std::map<std::string, std::string>* metadata,
                                      std::uint64_t min_header_len) {
   std::sort(specs.begin(), specs.end(), [](const TensorSpec& a, const TensorSpec& b) {
-    const auto sa = dtype_size(a.dtype), sb = dtype_size(b.dtype);
-    return sa != sb ? sa > sb : a.name < b.name;
+    const int ra = dtype_rank(a.dtype), rb = dtype_rank(b.dtype);
+    return ra != rb ? ra > rb : a.name < b.name;
   });
   SafetensorsLayout L;
   std::uint64_t pos = 0;

@@ -73,8 +73,8 @@ struct SafetensorsLayout {
   std::uint64_t file_size = 0;
 };
 
-// Lays out a file the way the reference writer does: data ordered by descending
-// dtype alignment then name, header padded with spaces to a multiple of 8.
+// Lays out a file the way the reference writer does: data ordered by dtype
+// (the reference's enumeration, last first: U64, I64, F64, ..., BOOL) then name, header padded with spaces to a multiple of 8.
 // `min_header_len` reserves header room (padding with spaces), which lets a
 // streaming writer put the data first and the header last.
 SafetensorsLayout layout_safetensors(std::vector<TensorSpec> specs,
