@@ -146,6 +146,8 @@ def writer_metadata_orders(metadata, tries=20):
 MANY_KEYS = {f"key{i}": f"value{i}" for i in range(8)}
 
 
+@pytest.mark.xfail(strict=True, reason="header byte changes are structural changes, which delta-diff "
+                   "refuses with exit 6 until structural deltas land")
 @pytest.mark.parametrize("encoding", ENCODINGS)
 def test_metadata_with_several_keys(hf, tmp_path, encoding):
     """Two saves with the same tensors, shapes, dtypes and the same
