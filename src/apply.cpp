@@ -221,6 +221,13 @@ class Walker {
     jw_.change(pos, b, v);
     b = v;
   }
+  void flip(std::uint64_t pos, std::uint8_t x) {
+    if (x == 0) return;
+    if (pos >= we_) load(pos);
+    std::uint8_t& b = buf_[pos - ws_];
+    jw_.change(pos, b, b ^ x);
+    b ^= x;
+  }
   void finish() {
     close();
     while (done_ < p_.nbytes) read_both(std::min<std::uint64_t>(kWindow, p_.nbytes - done_));
@@ -292,6 +299,16 @@ void journal_patch(const Patch& p, const File& f, Encoding enc, JournalWriter& j
     });
     old_h = hb.digest();
     new_h = hn.digest();
+  } else if (enc == Encoding::sparse) {
+    Walker w(f, p, jw, buf);
+    decode_sparse(p.frame, p.nbytes, what,
+                  [&](std::span<const std::uint64_t> offs, std::span<const std::uint8_t> x, std::size_t es) {
+                    for (std::size_t i = 0; i < offs.size(); ++i)
+                      for (std::size_t k = 0; k < es; ++k) w.flip(offs[i] + k, x[i * es + k]);
+                  });
+    w.finish();
+    old_h = w.old_hash();
+    new_h = w.new_hash();
   } else {
     Walker w(f, p, jw, buf);
     decode_overwrite(d1, d2, p.frame, p.nbytes, what,
@@ -421,7 +438,7 @@ ApplyResult apply_locked(const fs::path& delta, const fs::path& local, const App
     parallel_for(patches.size(), threads, [&](std::size_t k, std::size_t tid) {
       const Patch& p = patches[order[k]];
       if (!writers[tid]) writers[tid] = std::make_unique<JournalWriter>(txn_part(local, tid), 1);
-      journal_patch(p, files[p.local_shard], idx.encoding, *writers[tid], bufs[tid],
+      journal_patch(p, files[p.local_shard], encoding_of(idx, p.tensor), *writers[tid], bufs[tid],
                     (local / lc.shards[p.local_shard].file).string(), idx.version);
     });
     // Parts are numbered densely in the manifest.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 
 #include <zstd.h>
 
@@ -40,11 +41,13 @@ std::string_view encoding_name(Encoding e) {
   switch (e) {
     case Encoding::xor_bytes: return "xor";
     case Encoding::overwrite: return "overwrite";
+    case Encoding::sparse: return "sparse";
   }
   return "?";
 }
 
 std::optional<Encoding> parse_encoding(std::string_view name) {
+  if (name == "sparse") return Encoding::sparse;
   if (name == "xor") return Encoding::xor_bytes;
   if (name == "overwrite") return Encoding::overwrite;
   return std::nullopt;
@@ -115,6 +118,16 @@ void Compressor::end(const ByteSink& sink) {
     if (ZSTD_isError(r)) zstd_fail("compress", r);
     if (ob.pos) sink({out_.data(), ob.pos});
   } while (r != 0);
+}
+
+void Compressor::compress_frame(std::span<const std::uint8_t> in, std::vector<std::uint8_t>& out) {
+  auto* c = static_cast<ZSTD_CCtx*>(cctx_);
+  begin(in.size());
+  const std::size_t at = out.size();
+  out.resize(at + ZSTD_compressBound(in.size()));
+  const std::size_t r = ZSTD_compress2(c, out.data() + at, out.size() - at, in.data(), in.size());
+  if (ZSTD_isError(r)) zstd_fail("compress", r);
+  out.resize(at + r);
 }
 
 std::uint64_t encode_xor(Compressor& c, std::span<const std::uint8_t> a, std::span<const std::uint8_t> b,
@@ -226,6 +239,170 @@ bool FrameReader::refill() {
     if (!ended_ && in_pos_ == in_size_ && !progressed) bad("is truncated");
   }
   return false;
+}
+
+// ---- sparse ------------------------------------------------------------------------
+//
+// Entry layout (little-endian):
+//   "HFS1" | u32 elem_size | u64 nbytes | u64 chunk_elements | u64 chunks
+//   then per chunk: u64 K | u64 gaps_len | elem_size x u64 plane_len
+//                   | gaps frame | plane frames
+// The gaps frame holds K varints: the first changed element's index within the
+// chunk, then for each next one the distance minus one. Plane b holds byte b
+// of each changed element's XOR value. Chunks decode independently.
+
+namespace {
+
+constexpr char kSparseMagic[4] = {'H', 'F', 'S', '1'};
+
+void put_le64(std::vector<std::uint8_t>& out, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<std::uint8_t>(v >> (8 * i)));
+}
+
+std::uint64_t get_le64(const std::uint8_t* p) {
+  std::uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+void put_varint(std::vector<std::uint8_t>& out, std::uint64_t v) {
+  while (v >= 0x80) out.push_back(static_cast<std::uint8_t>(v | 0x80)), v >>= 7;
+  out.push_back(static_cast<std::uint8_t>(v));
+}
+
+std::size_t sparse_elem_size(std::size_t es, std::uint64_t nbytes) {
+  return (es == 1 || es == 2 || es == 4 || es == 8) && nbytes % es == 0 ? es : 1;
+}
+
+}  // namespace
+
+std::uint64_t encode_sparse(Compressor& c, std::span<const std::uint8_t> a, std::span<const std::uint8_t> b,
+                            std::size_t es, const ByteSink& sink) {
+  es = sparse_elem_size(es, b.size());
+  const std::uint64_t n = b.size() / es;
+  const std::uint64_t chunks = (n + kSparseChunkElements - 1) / kSparseChunkElements;
+  std::vector<std::uint8_t> head(kSparseMagic, kSparseMagic + 4);
+  for (int i = 0; i < 4; ++i) head.push_back(static_cast<std::uint8_t>(es >> (8 * i)));
+  put_le64(head, b.size());
+  put_le64(head, kSparseChunkElements);
+  put_le64(head, chunks);
+  sink(head);
+  std::uint64_t total = head.size();
+
+  std::vector<std::uint8_t> gaps, planes[8], frames, chunk_head;
+  for (std::uint64_t ch = 0; ch < chunks; ++ch) {
+    const std::uint64_t e0 = ch * kSparseChunkElements, e1 = std::min(n, e0 + kSparseChunkElements);
+    gaps.clear();
+    for (std::size_t k = 0; k < es; ++k) planes[k].clear();
+    std::uint64_t next = e0, count = 0;
+    for (std::uint64_t e = e0; e < e1; ++e) {
+      const std::uint8_t* pa = a.data() + e * es;
+      const std::uint8_t* pb = b.data() + e * es;
+      if (std::memcmp(pa, pb, es) == 0) continue;
+      put_varint(gaps, e - next);
+      next = e + 1;
+      ++count;
+      for (std::size_t k = 0; k < es; ++k) planes[k].push_back(pa[k] ^ pb[k]);
+    }
+    frames.clear();
+    chunk_head.clear();
+    put_le64(chunk_head, count);
+    c.compress_frame(gaps, frames);
+    put_le64(chunk_head, frames.size());
+    for (std::size_t k = 0; k < es; ++k) {
+      const std::size_t before = frames.size();
+      c.compress_frame(planes[k], frames);
+      put_le64(chunk_head, frames.size() - before);
+    }
+    sink(chunk_head);
+    sink(frames);
+    total += chunk_head.size() + frames.size();
+  }
+  return total;
+}
+
+void decode_sparse(std::span<const std::uint8_t> entry, std::uint64_t nbytes, const std::string& what,
+                   const SparsePatch& patch) {
+  auto bad = [&](const std::string& msg) -> void { fail(Exit::bad_input, what + ": sparse entry " + msg); };
+  std::uint64_t at = 0;
+  auto take = [&](std::uint64_t k) {
+    if (k > entry.size() - at) bad("is truncated");
+    const std::uint8_t* p = entry.data() + at;
+    at += k;
+    return p;
+  };
+  const std::uint8_t* h = take(32);
+  if (std::memcmp(h, kSparseMagic, 4) != 0) bad("does not start with HFS1");
+  const std::uint32_t es = get_le32(h + 4);
+  if (es != sparse_elem_size(es, nbytes) || (es != 1 && es != 2 && es != 4 && es != 8))
+    bad("has element size " + std::to_string(es) + ", which does not fit a " + std::to_string(nbytes) + "-byte tensor");
+  if (get_le64(h + 8) != nbytes)
+    bad("is for a " + std::to_string(get_le64(h + 8)) + "-byte tensor, the target has " + std::to_string(nbytes));
+  const std::uint64_t chunk_elems = get_le64(h + 16), chunks = get_le64(h + 24);
+  const std::uint64_t n = nbytes / es;
+  if (chunk_elems == 0 || chunks != (n + chunk_elems - 1) / chunk_elems)
+    bad("has an inconsistent chunk table");
+
+  constexpr std::size_t kBatch = 16 * 1024;
+  std::vector<std::uint64_t> offs(kBatch);
+  std::vector<std::uint8_t> xors(kBatch * es), plane(kBatch);
+  Decompressor dg;
+  std::vector<std::unique_ptr<Decompressor>> dp;
+  for (std::uint32_t k = 0; k < es; ++k) dp.push_back(std::make_unique<Decompressor>());
+  for (std::uint64_t ch = 0; ch < chunks; ++ch) {
+    const std::uint64_t e0 = ch * chunk_elems, e1 = std::min(n, e0 + chunk_elems);
+    const std::uint8_t* ch_head = take(16 + 8 * es);
+    const std::uint64_t count = get_le64(ch_head);
+    if (count > e1 - e0) bad("chunk " + std::to_string(ch) + " declares more changes than it has elements");
+    const std::uint64_t gaps_len = get_le64(ch_head + 8);
+    const std::span<const std::uint8_t> gaps_frame(take(gaps_len), gaps_len);
+    std::vector<std::unique_ptr<FrameReader>> pr;
+    for (std::uint32_t k = 0; k < es; ++k) {
+      const std::uint64_t len = get_le64(ch_head + 16 + 8 * k);
+      const std::span<const std::uint8_t> f(take(len), len);
+      check_declared_size(f, count, what);
+      pr.push_back(std::make_unique<FrameReader>(*dp[k], f, what));
+    }
+    FrameReader gr(dg, gaps_frame, what);
+    std::span<const std::uint8_t> piece;
+    std::size_t pp = 0;
+    auto gap_byte = [&]() -> std::uint8_t {
+      if (pp == piece.size()) {
+        piece = gr.next();
+        pp = 0;
+        if (piece.empty()) gr.bad("ends before its " + std::to_string(count) + " positions");
+      }
+      return piece[pp++];
+    };
+    std::uint64_t next = e0;
+    for (std::uint64_t done = 0; done < count;) {
+      const std::size_t m = static_cast<std::size_t>(std::min<std::uint64_t>(kBatch, count - done));
+      for (std::size_t i = 0; i < m; ++i) {
+        std::uint64_t v = 0;
+        int shift = 0;
+        for (;; shift += 7) {
+          if (shift > 63) gr.bad("has an overlong position");
+          const std::uint8_t byte = gap_byte();
+          v |= std::uint64_t(byte & 0x7f) << shift;
+          if (!(byte & 0x80)) break;
+        }
+        if (v >= e1 - next) gr.bad("has a position outside chunk " + std::to_string(ch));
+        const std::uint64_t e = next + v;
+        offs[i] = e * es;
+        next = e + 1;
+      }
+      for (std::uint32_t k = 0; k < es; ++k) {
+        pr[k]->read(plane.data(), m);
+        for (std::size_t i = 0; i < m; ++i) xors[i * es + k] = plane[i];
+      }
+      patch({offs.data(), m}, {xors.data(), m * es}, es);
+      done += m;
+    }
+    if (pp != piece.size()) gr.bad("has bytes after its positions");
+    gr.expect_end();
+    for (auto& r : pr) r->expect_end();
+  }
+  if (at != entry.size()) bad("is followed by " + std::to_string(entry.size() - at) + " extra bytes");
 }
 
 // ---- Decompressor -------------------------------------------------------------

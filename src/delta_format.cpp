@@ -85,9 +85,21 @@ DeltaIndex parse_delta_index(std::string_view text, const std::string& w) {
                                   "; this build reads up to " + std::to_string(kFormatRevision) + ")");
   }
   if (!m[key::delta_encoding].is_string()) fail(Exit::bad_input, w + ": metadata.delta_encoding must be a string");
-  const auto enc = parse_encoding(m[key::delta_encoding].get<std::string>());
-  if (!enc) fail(Exit::unsupported, w + ": unknown delta_encoding \"" + m[key::delta_encoding].get<std::string>() + "\"");
-  d.encoding = *enc;
+  const std::string enc_name = m[key::delta_encoding].get<std::string>();
+  if (enc_name == "auto") {
+    d.per_tensor = true;
+    if (!m.contains(key::encodings) || !m[key::encodings].is_object())
+      fail(Exit::bad_input, w + ": delta_encoding \"auto\" needs metadata.hfdelta_encodings");
+    for (auto it = m[key::encodings].begin(); it != m[key::encodings].end(); ++it) {
+      const auto e = it->is_string() ? parse_encoding(it->get<std::string>()) : std::nullopt;
+      if (!e) fail(Exit::unsupported, w + ": hfdelta_encodings[\"" + it.key() + "\"] is " + it->dump() + ", not an encoding this build knows");
+      d.encodings.emplace(it.key(), *e);
+    }
+  } else {
+    const auto enc = parse_encoding(enc_name);
+    if (!enc) fail(Exit::unsupported, w + ": unknown delta_encoding \"" + enc_name + "\"");
+    d.encoding = *enc;
+  }
   auto expect_text = [&](const char* k, const char* want) {
     if (!m.contains(k)) return;  // the format names these; absent means the only value there is
     if (!m[k].is_string() || m[k].get<std::string>() != want)
@@ -143,7 +155,15 @@ DeltaIndex parse_delta_index(std::string_view text, const std::string& w) {
       d.files.push_back(std::move(fc));
     }
   }
+  if (d.per_tensor)
+    for (const auto& [tensor, file] : d.weight_map)
+      if (!d.encodings.count(tensor)) fail(Exit::bad_input, w + ": hfdelta_encodings has no entry for '" + tensor + "'");
   return d;
+}
+
+Encoding encoding_of(const DeltaIndex& idx, const std::string& tensor) {
+  if (!idx.per_tensor) return idx.encoding;
+  return idx.encodings.at(tensor);
 }
 
 std::string write_delta_index_json(const DeltaIndex& d, std::uint64_t total_size) {
@@ -151,10 +171,16 @@ std::string write_delta_index_json(const DeltaIndex& d, std::uint64_t total_size
   m[key::total_size] = total_size;
   m[key::version] = format_version(d.version);
   m[key::base_version] = format_version(d.base_version);
-  m[key::delta_encoding] = std::string(encoding_name(d.encoding));
+  m[key::delta_encoding] = d.per_tensor ? std::string("auto") : std::string(encoding_name(d.encoding));
   m[key::compression_format] = "zstd";
   m[key::checksum_format] = "xxh3-128";
-  m[key::format] = kFormatRevision;
+  const bool plain = !d.per_tensor && d.encoding != Encoding::sparse;
+  m[key::format] = plain ? 1 : 2;  // the lowest revision that can apply it
+  if (d.per_tensor) {
+    json e = json::object();
+    for (const auto& [name, enc] : d.encodings) e[name] = std::string(encoding_name(enc));
+    m[key::encodings] = std::move(e);
+  }
   json b = json::object();
   for (const auto& [name, h] : d.base_checksums) b[name] = h.hex();
   m[key::base_checksums] = std::move(b);

@@ -73,6 +73,7 @@ struct Entry {
   int spool = 0;           // thread spool file holding the frame
   std::uint64_t offset = 0, size = 0;
   Hash128 new_hash, base_hash;
+  Encoding encoding;
 };
 
 // One append-only scratch file per thread: frames are streamed there while
@@ -161,14 +162,35 @@ DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, 
         spools[tid].file = File(tmp / (".spool-" + std::to_string(tid)), File::Mode::create_exclusive);
       }
       Spool& sp = spools[tid];
-      Entry e{t.name, job.shard, static_cast<int>(tid), sp.size, 0, xxh3_128(b), xxh3_128(a)};
+      Entry e{t.name, job.shard, static_cast<int>(tid), sp.size, 0, xxh3_128(b), xxh3_128(a), Encoding::xor_bytes};
       const ByteSink sink = [&](std::span<const std::uint8_t> s) {
         sp.file.write_all(s.data(), s.size());
         sp.size += s.size();
       };
-      e.size = opts.encoding == Encoding::xor_bytes ? encode_xor(*comps[tid], a, b, sink)
-                                                    : encode_overwrite(*comps[tid], a, b, cc.bytes, sink);
+      auto encode = [&](Encoding enc) {
+        switch (enc) {
+          case Encoding::xor_bytes: return encode_xor(*comps[tid], a, b, sink);
+          case Encoding::overwrite: return encode_overwrite(*comps[tid], a, b, cc.bytes, sink);
+          case Encoding::sparse: return encode_sparse(*comps[tid], a, b, es, sink);
+        }
+        return std::uint64_t{0};
+      };
+      if (opts.encoding) {
+        e.encoding = *opts.encoding;
+        e.size = encode(e.encoding);
+      } else {
+        // Both candidates go to the spool; the index points at the smaller one,
+        // so "auto" is never larger than xor for any tensor.
+        const std::uint64_t sparse_at = sp.size, sparse_len = encode(Encoding::sparse);
+        const std::uint64_t xor_at = sp.size, xor_len = encode(Encoding::xor_bytes);
+        const bool sparse_wins = sparse_len <= xor_len;
+        e.encoding = sparse_wins ? Encoding::sparse : Encoding::xor_bytes;
+        e.offset = sparse_wins ? sparse_at : xor_at;
+        e.size = sparse_wins ? sparse_len : xor_len;
+      }
       std::lock_guard<std::mutex> g(mu);
+      (e.encoding == Encoding::sparse ? sum.tensors_sparse : e.encoding == Encoding::xor_bytes ? sum.tensors_xor
+                                                                                               : sum.tensors_overwrite) += 1;
       sum.tensors += 1, sum.elements += elems, sum.tensor_bytes += t.nbytes();
       sum.tensors_changed += 1, sum.elements_changed += cc.elements, sum.bytes_changed += cc.bytes;
       entries.push_back(std::move(e));
@@ -189,7 +211,8 @@ DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, 
     DeltaIndex idx;
     idx.version = opts.version;
     idx.base_version = opts.base_version;
-    idx.encoding = opts.encoding;
+    idx.per_tensor = !opts.encoding;
+    idx.encoding = opts.encoding.value_or(Encoding::xor_bytes);
     idx.files = files;
     std::uint64_t total = 0;
     char name[64];
@@ -205,6 +228,7 @@ DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, 
         meta[e.name] = e.new_hash.hex();
         idx.weight_map[e.name] = name;
         idx.base_checksums[e.name] = e.base_hash;
+        if (idx.per_tensor) idx.encodings[e.name] = e.encoding;
         total += e.size;
       }
       const std::string prefix = encode_safetensors_header(infos, &meta);

@@ -229,7 +229,9 @@ TEST_CASE("codec: encoding names") {
   CHECK(encoding_name(Encoding::overwrite) == "overwrite");
   CHECK(parse_encoding("xor") == Encoding::xor_bytes);
   CHECK(parse_encoding("overwrite") == Encoding::overwrite);
-  for (const char* s : {"", "XOR", "xor ", "Overwrite", "sparse", "dense", "bitmask"}) {
+  CHECK(encoding_name(Encoding::sparse) == "sparse");
+  CHECK(parse_encoding("sparse") == Encoding::sparse);
+  for (const char* s : {"", "XOR", "xor ", "Overwrite", "Sparse", "auto", "dense", "bitmask"}) {
     CAPTURE(s);
     CHECK_FALSE(parse_encoding(s).has_value());
   }

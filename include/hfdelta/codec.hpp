@@ -20,6 +20,9 @@ namespace hfdelta {
 enum class Encoding {
   xor_bytes,  // "xor": frame decodes to new XOR old, the tensor's full length
   overwrite,  // "overwrite": u32 K, K ascending u32 byte positions, K new bytes
+  sparse,     // "sparse" (hfdelta's own): per chunk of elements, changed element
+              // indices as varint gaps and the changed elements' XOR values as
+              // byte planes, each stream its own zstd frame; 64-bit positions
 };
 
 std::string_view encoding_name(Encoding e);
@@ -47,6 +50,8 @@ class Compressor {
 
   static constexpr std::uint64_t kUnknownSize = ~0ull;  // zstd's "content size unknown"
   void begin(std::uint64_t pledged_size);
+  // One whole frame of `in` appended to `out` (the streaming state is reset).
+  void compress_frame(std::span<const std::uint8_t> in, std::vector<std::uint8_t>& out);
   void put(std::span<const std::uint8_t> in, const ByteSink& sink);
   void end(const ByteSink& sink);
 
@@ -64,6 +69,16 @@ std::uint64_t encode_xor(Compressor& c, std::span<const std::uint8_t> old_bytes,
 std::uint64_t encode_overwrite(Compressor& c, std::span<const std::uint8_t> old_bytes,
                                std::span<const std::uint8_t> new_bytes,
                                std::uint64_t changed_bytes, const ByteSink& sink);
+
+// Elements per independently coded chunk of the sparse encoding.
+inline constexpr std::uint64_t kSparseChunkElements = 1u << 20;
+
+// Encodes one tensor in the sparse encoding. `elem_size` is the dtype's size
+// (1 for dtypes this tool does not know; sizes not dividing the tensor fall
+// back to 1). Returns the entry's size in bytes.
+std::uint64_t encode_sparse(Compressor& c, std::span<const std::uint8_t> old_bytes,
+                            std::span<const std::uint8_t> new_bytes, std::size_t elem_size,
+                            const ByteSink& sink);
 
 // A zstd decompression context reused across frames.
 class Decompressor {
@@ -109,6 +124,10 @@ using XorPatch = std::function<void(std::uint64_t, std::span<const std::uint8_t>
 using OverwritePatch =
     std::function<void(std::span<const std::uint64_t>, std::span<const std::uint8_t>)>;
 
+// Receives batches of changed elements: byte offsets (ascending) and their
+// XOR values, `elem_size` bytes per element.
+using SparsePatch = std::function<void(std::span<const std::uint64_t>, std::span<const std::uint8_t>, std::size_t)>;
+
 // Decoders throw Error(bad_input) naming `what` when the frame is corrupt or
 // decodes to more or fewer bytes than `nbytes` implies.
 void decode_xor(Decompressor& d, std::span<const std::uint8_t> frame, std::uint64_t nbytes,
@@ -116,5 +135,8 @@ void decode_xor(Decompressor& d, std::span<const std::uint8_t> frame, std::uint6
 void decode_overwrite(Decompressor& positions, Decompressor& values,
                       std::span<const std::uint8_t> frame, std::uint64_t nbytes,
                       const std::string& what, const OverwritePatch& patch);
+
+void decode_sparse(std::span<const std::uint8_t> entry, std::uint64_t nbytes, const std::string& what,
+                   const SparsePatch& patch);
 
 }  // namespace hfdelta

@@ -23,7 +23,9 @@ inline constexpr const char* kIndexFile = "model.safetensors.index.json";
 // can never collide with the delta's own index and shards.
 inline constexpr const char* kFilesDir = "files";
 // Format revision of hfdelta's extensions; readers refuse a newer one.
-inline constexpr int kFormatRevision = 1;
+// 1: base checksums and carried files; 2: the sparse encoding and per-tensor
+// encodings ("auto"). A delta records the lowest revision it needs.
+inline constexpr int kFormatRevision = 2;
 
 // A non-weight file of the target that differs from the base.
 struct FileChange {
@@ -38,6 +40,8 @@ struct DeltaIndex {
   std::uint64_t version = 0;
   std::uint64_t base_version = 0;
   Encoding encoding = Encoding::xor_bytes;
+  bool per_tensor = false;                           // delta_encoding "auto": see `encodings`
+  std::map<std::string, Encoding> encodings;         // tensor -> its encoding (per_tensor only)
   std::map<std::string, std::string> weight_map;     // tensor -> delta file
   std::map<std::string, Hash128> base_checksums;     // tensor -> hash of its base bytes (hfdelta only)
   std::vector<FileChange> files;                     // hfdelta only
@@ -54,7 +58,11 @@ inline constexpr const char* total_size = "total_size";
 inline constexpr const char* format = "hfdelta_format";
 inline constexpr const char* base_checksums = "hfdelta_base_checksums";
 inline constexpr const char* files = "hfdelta_files";
+inline constexpr const char* encodings = "hfdelta_encodings";
 }  // namespace key
+
+// The encoding of one tensor's entry.
+Encoding encoding_of(const DeltaIndex& idx, const std::string& tensor);
 
 // True if DIR is a delta version (its index has metadata.delta_encoding).
 bool is_delta_dir(const boost::filesystem::path& dir);

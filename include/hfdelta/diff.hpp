@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include <boost/filesystem/path.hpp>
 
@@ -10,7 +11,9 @@
 namespace hfdelta {
 
 struct DiffOptions {
-  Encoding encoding = Encoding::xor_bytes;
+  // One encoding for every tensor, or none: per tensor the smaller of
+  // sparse and xor ("auto", recorded per tensor in the index).
+  std::optional<Encoding> encoding = Encoding::xor_bytes;
   int level = 3;             // zstd level
   std::uint64_t version = 0;
   std::uint64_t base_version = 0;
@@ -27,6 +30,7 @@ struct DiffSummary {
   std::uint64_t full_bytes = 0;     // size of every file of NEW
   std::uint64_t delta_bytes = 0;    // size of every file of the delta
   std::uint64_t files_changed = 0, files_removed = 0;
+  std::uint64_t tensors_sparse = 0, tensors_xor = 0, tensors_overwrite = 0;  // entries per encoding
   double seconds = 0;
 };
 

@@ -21,7 +21,11 @@ int main(int argc, char** argv) {
   app.add_option("BASE", base, "Previous save (HF checkpoint directory)")->required();
   app.add_option("NEW", target, "New save (HF checkpoint directory)")->required();
   app.add_option("OUT", out, "Delta version directory to create (must not exist)")->required();
-  app.add_option("--encoding", encoding, "Delta encoding: xor or overwrite")->check(CLI::IsMember({"xor", "overwrite"}))->capture_default_str();
+  app.add_option("--encoding", encoding,
+                 "Delta encoding: xor or overwrite (the slime layout's), sparse (hfdelta's), "
+                 "or auto (per tensor the smaller of sparse and xor)")
+      ->check(CLI::IsMember({"xor", "overwrite", "sparse", "auto"}))
+      ->capture_default_str();
   app.add_option("--level", o.level, "zstd compression level")->check(CLI::Range(1, 19))->capture_default_str();
   app.add_option("--version", version, "Version number of OUT (default: from an OUT named weight_vNNNNNN)");
   app.add_option("--base-version", base_version, "Version of BASE (default: version - 1)");
@@ -31,7 +35,7 @@ int main(int argc, char** argv) {
   app.add_flag("-q,--quiet", quiet, "Print no summary");
 
   return cli::run(app, argc, argv, [&] {
-    o.encoding = *parse_encoding(encoding);
+    o.encoding = encoding == "auto" ? std::nullopt : parse_encoding(encoding);
     o.sync = !no_sync;
     if (!version) version = version_from_dirname(boost::filesystem::path(out).filename().string());
     if (!version) throw CLI::ValidationError("--version", "OUT is not named weight_vNNNNNN; give --version");
@@ -49,6 +53,7 @@ int main(int argc, char** argv) {
           {"elements", s.elements}, {"elements_changed", s.elements_changed}, {"density", density},
           {"tensor_bytes", s.tensor_bytes}, {"bytes_changed", s.bytes_changed}, {"full_bytes", s.full_bytes},
           {"delta_bytes", s.delta_bytes}, {"files_changed", s.files_changed}, {"files_removed", s.files_removed},
+          {"entries", {{"sparse", s.tensors_sparse}, {"xor", s.tensors_xor}, {"overwrite", s.tensors_overwrite}}},
           {"seconds", s.seconds}};
       std::cout << j.dump() << std::endl;
     } else if (!quiet) {
