@@ -1,30 +1,61 @@
 #!/usr/bin/env bash
-# Installs the dependencies, builds, and runs the whole test suite (meson test).
-# Usage: scripts/test.sh [extra `meson test` arguments]
-set -euo pipefail
+# Installs the dependencies, builds, and runs every check of the project:
+#   1. meson test: doctest unit tests and end-to-end tests of the real binaries
+#   2. interop: the real safetensors library and a slime-layout reference (scripts/interop.sh --light)
+#   3. sanitizers: the whole meson test suite under ASan + UBSan (scripts/sanitize.sh)
+#   4. fuzzing: each libFuzzer target for HFDELTA_FUZZ_SECONDS (default 30) (scripts/fuzz.sh)
+# Usage: scripts/test.sh [--quick] [extra `meson test` arguments]
+#   --quick  only step 1
+set -uo pipefail
 cd "$(dirname "$0")/.."
 
-scripts/setup.sh
+quick=0
+args=()
+for a in "$@"; do
+  if [ "$a" = --quick ]; then quick=1; else args+=("$a"); fi
+done
+
+scripts/setup.sh || exit 1
 
 builddir=${HFDELTA_BUILDDIR:-build}
 if [ -f "$builddir/build.ninja" ]; then
-  meson setup --reconfigure "$builddir" >/dev/null
+  meson setup --reconfigure "$builddir" >/dev/null || exit 1
 else
-  meson setup "$builddir"
+  meson setup "$builddir" || exit 1
 fi
-ninja -C "$builddir"
+ninja -C "$builddir" || exit 1
 
-set +e
-meson test -C "$builddir" --print-errorlogs "$@"
-rc=$?
-set -e
+names=()
+results=()
+stage() {  # stage NAME COMMAND...: runs a step, remembers whether it passed
+  local name=$1
+  shift
+  echo
+  echo "==== $name"
+  "$@"
+  local rc=$?
+  names+=("$name")
+  results+=("$rc")
+}
 
-# One closing line in the plain "N passed, N failed" form, counted from
-# meson's own log, so any CI reads the outcome the same way.
+stage "meson test (unit, e2e)" meson test -C "$builddir" --print-errorlogs "${args[@]}"
 log="$builddir/meson-logs/testlog.json"
-if [ -f "$log" ]; then
-  passed=$(grep -c '"result": "OK"' "$log" || true)
-  failed=$(grep -Ec '"result": "(FAIL|TIMEOUT|ERROR|UNEXPECTEDPASS)"' "$log" || true)
-  echo "meson: $passed passed, $failed failed"
+meson_ok=$(grep -c '"result": "OK"' "$log" 2>/dev/null || true)
+meson_bad=$(grep -Ec '"result": "(FAIL|TIMEOUT|ERROR|UNEXPECTEDPASS)"' "$log" 2>/dev/null || true)
+if [ "$quick" -eq 0 ]; then
+  stage "interop (safetensors library, slime layout)" scripts/interop.sh --light
+  stage "sanitizers (ASan + UBSan, whole suite)" scripts/sanitize.sh
+  stage "fuzzing (libFuzzer, ${HFDELTA_FUZZ_SECONDS:-30} s per target)" scripts/fuzz.sh "${HFDELTA_FUZZ_SECONDS:-30}"
 fi
-exit $rc
+
+echo
+echo "==== summary"
+passed=0
+failed=0
+for i in "${!names[@]}"; do
+  if [ "${results[$i]}" -eq 0 ]; then status=passed; passed=$((passed + 1)); else status="FAILED (exit ${results[$i]})"; failed=$((failed + 1)); fi
+  printf '  %-50s %s\n' "${names[$i]}" "$status"
+done
+echo "  meson tests: $meson_ok passed, $meson_bad failed"
+echo "checks: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
