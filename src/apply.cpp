@@ -62,44 +62,26 @@ void check_no_symlink(const fs::path& local, const std::string& rel, const std::
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// Moves the staged new contents in and the old ones aside, then commits; on
-// any error LOCAL is rolled back to the manifest's base and the error rethrown.
+// Records the step's journal as complete and LOCAL as pending, runs `body`,
+// records the new version; on any error rolls the step back and rethrows.
 template <class Body>
-void run_transaction(const fs::path& local, const Manifest& m, const ApplyOptions& opts, Body&& body) {
+void run_step(Txn& txn, const fs::path& local, const Manifest& m, const ApplyOptions& opts, Body&& body) {
   try {
-    write_manifest(local, m, opts.sync);
+    write_manifest(txn.step(), m, opts.sync);
     write_state(local, {m.base, m.version}, opts.sync);
     body();
-    write_state(local, {m.version, std::nullopt}, opts.sync);
+    const auto end = txn.final_version();
+    write_state(local, {m.version, end && *end != m.version ? end : std::nullopt}, opts.sync);
   } catch (...) {
     try {
-      rollback(local, m, opts.sync);
+      rollback(local, txn.step(), m, opts.sync);
     } catch (const std::exception& e) {
       fail(Exit::failure, std::string("apply failed and rolling it back failed too (") + e.what() +
                               "); the next run of delta-apply on " + local.string() + " retries the rollback");
     }
     throw;
   }
-  // Committed: failing to clean up now changes nothing about LOCAL, and the
-  // next run finishes the cleanup (the manifest's version is the recorded one).
-  try {
-    discard_txn(local, opts.sync);
-  } catch (const std::exception&) {
-  }
-}
-
-void start_txn(const fs::path& local) {
-  boost::system::error_code ec;
-  fs::remove_all(txn_dir(local), ec);  // leftovers without a manifest never touched LOCAL
-  fs::create_directories(txn_dir(local), ec);
-  if (ec) fail(Exit::failure, txn_dir(local).string() + ": cannot create: " + ec.message());
-}
-
-// Drops a transaction whose journal was never completed: LOCAL itself was
-// not touched yet, and a leftover without a manifest would be ignored anyway.
-void abandon_txn(const fs::path& local) {
-  boost::system::error_code ec;
-  fs::remove_all(txn_dir(local), ec);
+  txn.step_done(m);
 }
 
 void sync_dirs_of(const fs::path& local, const std::vector<TxnFile>& files) {
@@ -111,7 +93,7 @@ void sync_dirs_of(const fs::path& local, const std::vector<TxnFile>& files) {
     if (fs::is_directory(d)) sync_dir(d);
 }
 
-ApplyResult init_locked(const fs::path& src, const fs::path& local, std::uint64_t version, const ApplyOptions& opts) {
+ApplyResult init_locked(Txn& txn, const fs::path& src, const fs::path& local, std::uint64_t version, const ApplyOptions& opts) {
   const auto t0 = Clock::now();
   if (is_delta_dir(src))
     fail(Exit::bad_input, src.string() + ": is a delta version, not a full checkpoint");
@@ -164,25 +146,25 @@ ApplyResult init_locked(const fs::path& src, const fs::path& local, std::uint64_
 
   // Stage every new file inside LOCAL's own filesystem first, so that
   // switching to it is a rename, and switching back one too.
-  start_txn(local);
+  const fs::path step = txn.begin_step();
   std::vector<std::size_t> puts;
   for (std::size_t i = 0; i < m.files.size(); ++i)
     if (m.files[i].op == TxnFile::Op::put) puts.push_back(i);
   try {
     parallel_for(puts.size(), thread_count(opts), [&](std::size_t k, std::size_t) {
       const std::string& rel = m.files[puts[k]].path;
-      const fs::path staged = txn_stage(local, rel);
+      const fs::path staged = txn_stage(step, puts[k]);
       boost::system::error_code ec;
       fs::create_directories(staged.parent_path(), ec);
       if (ec) fail(Exit::failure, staged.parent_path().string() + ": cannot create: " + ec.message());
       copy_file_atomic(src / rel, staged, opts.sync);
     });
   } catch (...) {
-    abandon_txn(local);
+    txn.abandon_step();
     throw;
   }
-  run_transaction(local, m, opts, [&] {
-    run_file_ops(local, m);
+  run_step(txn, local, m, opts, [&] {
+    run_file_ops(local, step, m);
     if (opts.sync) sync_dirs_of(local, m.files);
   });
   for (const auto& f : m.files) (f.op == TxnFile::Op::put ? r.files_written : r.files_removed) += 1;
@@ -330,9 +312,9 @@ void journal_patch(const Patch& p, const File& f, Encoding enc, JournalWriter& j
                                   " (LOCAL is not this delta's base, or the delta is damaged); nothing was changed");
 }
 
-ApplyResult apply_locked(const fs::path& delta, const fs::path& local, const ApplyOptions& opts) {
+ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local, const ApplyOptions& opts) {
   const auto t0 = Clock::now();
-  if (!is_delta_dir(delta)) return init_locked(delta, local, full_version_of(delta), opts);
+  if (!is_delta_dir(delta)) return init_locked(txn, delta, local, full_version_of(delta), opts);
 
   const DeltaIndex idx = read_delta_index(delta);
   const LocalState st = read_state(local);
@@ -427,7 +409,7 @@ ApplyResult apply_locked(const fs::path& delta, const fs::path& local, const App
   for (const auto& s : lc.shards) files.emplace_back(local / s.file, File::Mode::read_write);
 
   // ---- journal: every change with its old and new byte, checked, durable ----
-  start_txn(local);
+  const fs::path step = txn.begin_step();
   std::vector<std::unique_ptr<JournalWriter>> writers(static_cast<std::size_t>(threads));
   std::vector<std::uint64_t> sizes(patches.size());
   try {
@@ -437,7 +419,7 @@ ApplyResult apply_locked(const fs::path& delta, const fs::path& local, const App
     std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return patches[a].nbytes > patches[b].nbytes; });
     parallel_for(patches.size(), threads, [&](std::size_t k, std::size_t tid) {
       const Patch& p = patches[order[k]];
-      if (!writers[tid]) writers[tid] = std::make_unique<JournalWriter>(txn_part(local, tid), 1);
+      if (!writers[tid]) writers[tid] = std::make_unique<JournalWriter>(txn_part(step, tid), 1);
       journal_patch(p, files[p.local_shard], encoding_of(idx, p.tensor), *writers[tid], bufs[tid],
                     (local / lc.shards[p.local_shard].file).string(), idx.version);
     });
@@ -445,28 +427,29 @@ ApplyResult apply_locked(const fs::path& delta, const fs::path& local, const App
     for (std::size_t t = 0; t < writers.size(); ++t) {
       if (!writers[t]) continue;
       writers[t]->finish(opts.sync);
-      if (t != m.parts) rename_path(txn_part(local, t), txn_part(local, m.parts));
+      if (t != m.parts) rename_path(txn_part(step, t), txn_part(step, m.parts));
       ++m.parts;
     }
-    for (const auto& fc : idx.files) {
+    for (std::size_t k = 0; k < idx.files.size(); ++k) {
+      const FileChange& fc = idx.files[k];
       if (fc.op != FileChange::Op::put) continue;
-      const fs::path staged = txn_stage(local, fc.path);
+      const fs::path staged = txn_stage(step, k);  // m.files[k] is idx.files[k]
       boost::system::error_code ec;
       fs::create_directories(staged.parent_path(), ec);
       if (ec) fail(Exit::failure, staged.parent_path().string() + ": cannot create: " + ec.message());
       copy_file_atomic(delta / kFilesDir / fc.path, staged, opts.sync);
     }
-    if (opts.sync) sync_dir(txn_dir(local));
+    if (opts.sync) sync_dir(step);
   } catch (...) {
     writers.clear();
-    abandon_txn(local);
+    txn.abandon_step();
     throw;
   }
 
-  run_transaction(local, m, opts, [&] {
+  run_step(txn, local, m, opts, [&] {
     parallel_for(m.parts, threads, [&](std::size_t i, std::size_t) {
       std::vector<std::uint8_t> window;
-      replay_journal(txn_part(local, i), true,
+      replay_journal(txn_part(step, i), true,
                      [&](std::uint32_t shard, std::span<const std::uint64_t> o, std::span<const std::uint8_t> b) {
                        write_scattered(files[shard], o, b, window);
                      });
@@ -490,7 +473,7 @@ ApplyResult apply_locked(const fs::path& delta, const fs::path& local, const App
       for (const auto& s : mismatches) msg += "\n  " + s;
       fail(Exit::verify_failed, msg);
     }
-    run_file_ops(local, m);
+    run_file_ops(local, step, m);
     if (opts.sync) {
       for (auto& f : files) f.sync();
       sync_dirs_of(local, m.files);
@@ -520,24 +503,37 @@ template <class Op>
 ApplyResult locked(const fs::path& local, const ApplyOptions& opts, Op&& op) {
   LocalLock lock(local, opts.lock_timeout);
   const auto undone = recover(local, opts.sync);
-  ApplyResult r = op();
+  Txn txn(local, opts.sync);
+  ApplyResult r;
+  try {
+    r = op(txn);
+    txn.commit();
+  } catch (...) {
+    try {
+      txn.rollback_all();  // the steps this command already committed
+    } catch (const std::exception& e) {
+      fail(Exit::failure, std::string("apply failed and rolling it back failed too (") + e.what() +
+                              "); the next run of delta-apply on " + local.string() + " retries the rollback");
+    }
+    throw;
+  }
   r.rolled_back = undone;
   if (opts.then) opts.then(r.to_version);
   return r;
 }
 
 ApplyResult init_local(const fs::path& src, const fs::path& local, std::uint64_t version, const ApplyOptions& opts) {
-  return locked(local, opts, [&] { return init_locked(src, local, version, opts); });
+  return locked(local, opts, [&](Txn& txn) { return init_locked(txn, src, local, version, opts); });
 }
 
 ApplyResult apply_delta(const fs::path& delta, const fs::path& local, const ApplyOptions& opts) {
-  return locked(local, opts, [&] { return apply_locked(delta, local, opts); });
+  return locked(local, opts, [&](Txn& txn) { return apply_locked(txn, delta, local, opts); });
 }
 
 ApplyResult recover_local(const fs::path& local, const ApplyOptions& opts) {
   ApplyOptions o = opts;
   o.then = nullptr;
-  return locked(local, o, [&] {
+  return locked(local, o, [&](Txn&) {
     ApplyResult r;
     const LocalState st = read_state(local);
     r.from_version = st.version;
@@ -553,19 +549,19 @@ LocalStatus local_status(const fs::path& local, const ApplyOptions& opts) {
   LocalLock lock(local, opts.lock_timeout);
   const LocalState st = read_state(local);
   LocalStatus s{st.version, st.pending};
-  if (const auto m = read_manifest(local); m && !(st.version == m->version && !st.pending)) s.pending = m->version;
+  if (const auto v = interrupted_version(local)) s.pending = v;
   return s;
 }
 
-static ApplyResult pull_locked(const fs::path& root, const fs::path& local, std::optional<std::uint64_t> target,
-                               const ApplyOptions& opts);
+static ApplyResult pull_locked(Txn& txn, const fs::path& root, const fs::path& local,
+                               std::optional<std::uint64_t> target, const ApplyOptions& opts);
 
 ApplyResult pull(const fs::path& root, const fs::path& local, std::optional<std::uint64_t> target, const ApplyOptions& opts) {
-  return locked(local, opts, [&] { return pull_locked(root, local, target, opts); });
+  return locked(local, opts, [&](Txn& txn) { return pull_locked(txn, root, local, target, opts); });
 }
 
-static ApplyResult pull_locked(const fs::path& root, const fs::path& local, std::optional<std::uint64_t> target,
-                               const ApplyOptions& opts) {
+static ApplyResult pull_locked(Txn& txn, const fs::path& root, const fs::path& local,
+                               std::optional<std::uint64_t> target, const ApplyOptions& opts) {
   const auto t0 = Clock::now();
   const std::vector<VersionDir> versions = scan_root(root);
   if (versions.empty()) fail(Exit::out_of_order, root.string() + ": no published versions (weight_vNNNNNN)");
@@ -614,10 +610,11 @@ static ApplyResult pull_locked(const fs::path& root, const fs::path& local, std:
                                    " on base " + format_version(v - 1));
     chain.push_back(d);
   }
+  txn.set_final(want);
   if (full) {
-    merge(r, init_locked(full->path, local, full->version, opts));
+    merge(r, init_locked(txn, full->path, local, full->version, opts));
   }
-  for (const VersionDir* d : chain) merge(r, apply_locked(d->path, local, opts));
+  for (const VersionDir* d : chain) merge(r, apply_locked(txn, d->path, local, opts));
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return r;
 }

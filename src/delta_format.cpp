@@ -56,7 +56,14 @@ bool is_delta_dir(const fs::path& dir) {
   boost::system::error_code ec;
   if (!fs::exists(p, ec)) return false;
   const json j = load_index(p);
-  return j.contains("metadata") && j["metadata"].is_object() && j["metadata"].contains(key::delta_encoding);
+  // Any delta key in any top-level object makes it a delta, so that one
+  // damaged key name cannot turn a delta into something copied as a full version.
+  for (const auto& [k, v] : j.items()) {
+    if (!v.is_object()) continue;
+    for (const char* dk : {key::delta_encoding, key::base_version, key::format, key::index_checksum})
+      if (v.contains(dk)) return true;
+  }
+  return false;
 }
 
 DeltaIndex read_delta_index(const fs::path& dir) {
@@ -74,6 +81,18 @@ DeltaIndex parse_delta_index(std::string_view text, const std::string& w) {
   if (!j.is_object()) fail(Exit::bad_input, w + ": not a JSON object");
   if (!j.contains("metadata") || !j["metadata"].is_object()) fail(Exit::bad_input, w + ": no \"metadata\" object");
   const json& m = j["metadata"];
+  // hfdelta's indexes carry a checksum of themselves, so no damaged byte of
+  // the index (a key name, a checksum, a file entry) can go unnoticed.
+  if (m.contains(key::format) || m.contains(key::index_checksum)) {
+    if (!m.contains(key::format) || !m.contains(key::index_checksum) || !m[key::index_checksum].is_string())
+      fail(Exit::bad_input, w + ": needs both metadata.hfdelta_format and metadata.hfdelta_index_checksum");
+    json rest = j;
+    rest["metadata"].erase(key::index_checksum);
+    const std::string text_rest = rest.dump();
+    const Hash128 want = parse_hash_hex(m[key::index_checksum].get<std::string>(), w + ": metadata.hfdelta_index_checksum");
+    if (xxh3_128({reinterpret_cast<const std::uint8_t*>(text_rest.data()), text_rest.size()}) != want)
+      fail(Exit::bad_input, w + ": index does not match its hfdelta_index_checksum (damaged)");
+  }
   if (!m.contains(key::delta_encoding)) fail(Exit::bad_input, w + ": not a delta (no metadata.delta_encoding)");
 
   DeltaIndex d;
@@ -166,6 +185,15 @@ Encoding encoding_of(const DeltaIndex& idx, const std::string& tensor) {
   return idx.encodings.at(tensor);
 }
 
+std::string seal_delta_index(std::string_view text) {
+  json j = json::parse(text);
+  if (!j.contains("metadata") || !j["metadata"].is_object()) return std::string(text);
+  j["metadata"].erase(key::index_checksum);
+  const std::string rest = j.dump();
+  j["metadata"][key::index_checksum] = xxh3_128({reinterpret_cast<const std::uint8_t*>(rest.data()), rest.size()}).hex();
+  return j.dump(2) + "\n";
+}
+
 std::string write_delta_index_json(const DeltaIndex& d, std::uint64_t total_size) {
   json m = json::object();
   m[key::total_size] = total_size;
@@ -193,8 +221,8 @@ std::string write_delta_index_json(const DeltaIndex& d, std::uint64_t total_size
     }
   }
   m[key::files] = std::move(files);
-  json j = {{"metadata", std::move(m)}, {"weight_map", d.weight_map}};
-  return j.dump(2) + "\n";
+  const json j = {{"metadata", std::move(m)}, {"weight_map", d.weight_map}};
+  return seal_delta_index(j.dump());
 }
 
 }  // namespace hfdelta

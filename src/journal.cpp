@@ -71,10 +71,10 @@ void make_parents(const fs::path& p) {
 
 }  // namespace
 
-fs::path txn_dir(const fs::path& local) { return local / kStateDir / "txn"; }
-fs::path txn_part(const fs::path& local, std::size_t i) { return txn_dir(local) / ("part-" + std::to_string(i)); }
-fs::path txn_stage(const fs::path& local, const std::string& rel) { return txn_dir(local) / "stage" / rel; }
-fs::path txn_undo(const fs::path& local, const std::string& rel) { return txn_dir(local) / "undo" / rel; }
+fs::path txn_root(const fs::path& local) { return local / kStateDir / "txn"; }
+fs::path txn_part(const fs::path& step, std::size_t i) { return step / ("part-" + std::to_string(i)); }
+fs::path txn_stage(const fs::path& step, std::size_t op) { return step / "stage" / std::to_string(op); }
+fs::path txn_undo(const fs::path& step, std::size_t op) { return step / "undo" / std::to_string(op); }
 
 // ---- journal parts --------------------------------------------------------------
 
@@ -181,7 +181,7 @@ void write_scattered(File& f, std::span<const std::uint64_t> offs, std::span<con
 
 // ---- manifest ---------------------------------------------------------------------
 
-void write_manifest(const fs::path& local, const Manifest& m, bool sync) {
+void write_manifest(const fs::path& step, const Manifest& m, bool sync) {
   json files = json::array();
   for (const auto& f : m.files)
     files.push_back({{"path", f.path}, {"op", f.op == TxnFile::Op::put ? "put" : "remove"}, {"existed", f.existed}});
@@ -190,11 +190,11 @@ void write_manifest(const fs::path& local, const Manifest& m, bool sync) {
             {"shards", m.shards},
             {"parts", m.parts},
             {"files", files}};
-  write_file_atomic(txn_dir(local) / "manifest.json", j.dump(1) + "\n", sync);
+  write_file_atomic(step / "manifest.json", j.dump(1) + "\n", sync);
 }
 
-std::optional<Manifest> read_manifest(const fs::path& local) {
-  const fs::path p = txn_dir(local) / "manifest.json";
+std::optional<Manifest> read_manifest(const fs::path& step) {
+  const fs::path p = step / "manifest.json";
   if (!exists_nofollow(p)) return std::nullopt;
   const std::string w = p.string();
   try {
@@ -221,59 +221,68 @@ std::optional<Manifest> read_manifest(const fs::path& local) {
 
 // ---- file operations ------------------------------------------------------------
 
-void run_file_ops(const fs::path& local, const Manifest& m) {
-  for (const auto& f : m.files) {
+void run_file_ops(const fs::path& local, const fs::path& step, const Manifest& m) {
+  for (std::size_t i = 0; i < m.files.size(); ++i) {
+    const TxnFile& f = m.files[i];
     if (f.op != TxnFile::Op::remove || !f.existed) continue;
     const fs::path dst = local / f.path;
     if (!exists_nofollow(dst)) continue;
-    make_parents(txn_undo(local, f.path));
-    rename_path(dst, txn_undo(local, f.path));
+    make_parents(txn_undo(step, i));
+    rename_path(dst, txn_undo(step, i));
     remove_empty_parents(local, dst.parent_path());
   }
-  for (const auto& f : m.files) {
+  for (std::size_t i = 0; i < m.files.size(); ++i) {
+    const TxnFile& f = m.files[i];
     if (f.op != TxnFile::Op::put) continue;
     const fs::path dst = local / f.path;
     if (f.existed) {
-      make_parents(txn_undo(local, f.path));
-      rename_path(dst, txn_undo(local, f.path));
+      make_parents(txn_undo(step, i));
+      rename_path(dst, txn_undo(step, i));
     } else if (exists_nofollow(dst)) {  // an empty directory left where a file now goes
       remove_path(dst);
     }
     make_parents(dst);
-    rename_path(txn_stage(local, f.path), dst);
+    rename_path(txn_stage(step, i), dst);
   }
 }
 
-void rollback(const fs::path& local, const Manifest& m, bool sync) {
+void rollback(const fs::path& local, const fs::path& step, const Manifest& m, bool sync) {
+  // Pending first: if this is cut short, the next run knows to finish it.
+  write_state(local, {m.base, m.version}, sync);
   std::vector<File> shards;
   for (const auto& s : m.shards) shards.emplace_back(local / s, File::Mode::read_write);
   std::vector<std::uint8_t> window;
   for (std::size_t i = 0; i < m.parts; ++i) {
-    const fs::path part = txn_part(local, i);
+    const fs::path part = txn_part(step, i);
     if (!exists_nofollow(part)) fail(Exit::failure, part.string() + ": journal part missing; cannot roll back");
     replay_journal(part, false, [&](std::uint32_t shard, std::span<const std::uint64_t> o, std::span<const std::uint8_t> b) {
       if (shard >= shards.size()) fail(Exit::failure, part.string() + ": journal names an unknown weight file");
       write_scattered(shards[shard], o, b, window);
     });
   }
-  // Puts were done after removals, so they are undone first.
+  // Puts were done after removals, so they are undone first; directories a
+  // put created go too, so that a removed file can take its name back.
   std::set<fs::path> dirs{local};
-  for (auto it = m.files.rbegin(); it != m.files.rend(); ++it) {
-    if (it->op != TxnFile::Op::put) continue;
-    const fs::path dst = local / it->path;
-    if (exists_nofollow(txn_undo(local, it->path))) {
-      rename_path(txn_undo(local, it->path), dst);
-    } else if (!it->existed && !exists_nofollow(txn_stage(local, it->path)) && exists_nofollow(dst)) {
+  for (std::size_t k = m.files.size(); k-- > 0;) {
+    const TxnFile& f = m.files[k];
+    if (f.op != TxnFile::Op::put) continue;
+    const fs::path dst = local / f.path;
+    if (exists_nofollow(txn_undo(step, k))) {
+      rename_path(txn_undo(step, k), dst);
+    } else if (!f.existed && !exists_nofollow(txn_stage(step, k)) && exists_nofollow(dst)) {
       remove_path(dst);
-      remove_empty_parents(local, dst.parent_path());
     }
+    remove_empty_parents(local, dst.parent_path());
     dirs.insert(dst.parent_path());
   }
-  for (auto it = m.files.rbegin(); it != m.files.rend(); ++it) {
-    if (it->op != TxnFile::Op::remove || !exists_nofollow(txn_undo(local, it->path))) continue;
-    const fs::path dst = local / it->path;
+  for (std::size_t k = m.files.size(); k-- > 0;) {
+    const TxnFile& f = m.files[k];
+    if (f.op != TxnFile::Op::remove || !exists_nofollow(txn_undo(step, k))) continue;
+    const fs::path dst = local / f.path;
+    boost::system::error_code ec;
+    if (fs::is_directory(fs::symlink_status(dst, ec)) && fs::is_empty(dst, ec)) remove_path(dst);
     make_parents(dst);
-    rename_path(txn_undo(local, it->path), dst);
+    rename_path(txn_undo(step, k), dst);
     dirs.insert(dst.parent_path());
   }
   if (sync) {
@@ -283,40 +292,103 @@ void rollback(const fs::path& local, const Manifest& m, bool sync) {
   }
   for (auto& f : shards) f.close();
   write_state(local, {m.base, std::nullopt}, sync);
-  discard_txn(local, sync);
 }
 
-void discard_txn(const fs::path& local, bool sync) {
-  const fs::path d = txn_dir(local);
-  if (!exists_nofollow(d)) return;
-  // The manifest goes first: without it, leftovers are just garbage.
-  remove_path(d / "manifest.json");
+// ---- transactions -------------------------------------------------------------------
+
+namespace {
+
+// Step directories of LOCAL's transaction, last first.
+std::vector<fs::path> steps_of(const fs::path& local) {
+  std::vector<std::pair<std::uint64_t, fs::path>> v;
   boost::system::error_code ec;
-  fs::remove_all(d, ec);
-  if (ec) fail(Exit::failure, d.string() + ": cannot remove: " + ec.message());
-  if (sync) sync_dir(d.parent_path());
+  const fs::path root = txn_root(local);
+  if (!fs::is_directory(root, ec)) return {};
+  for (fs::directory_iterator it(root, ec), end; it != end && !ec; it.increment(ec))
+  {
+    const std::string name = it->path().filename().string();
+    if (name.empty() || name.size() > 9 || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (fs::is_directory(it->path())) v.emplace_back(std::stoull(name), it->path());
+  }
+  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<fs::path> out;
+  for (auto& [n, p] : v) out.push_back(p);
+  return out;
+}
+
+// Removing the journal is the commit point of an operation, so it must be
+// atomic: rename it out of the way first, then delete at leisure.
+void discard(const fs::path& local, bool sync) {
+  const fs::path root = txn_root(local);
+  if (!exists_nofollow(root)) return;
+  const fs::path gone = temp_path_beside(root);
+  rename_path(root, gone);  // the commit point; past it nothing may fail the operation
+  try {
+    if (sync) sync_dir(root.parent_path());
+  } catch (const std::exception&) {
+  }
+  boost::system::error_code ec;
+  fs::remove_all(gone, ec);
+}
+
+void remove_stale_discards(const fs::path& local) {
+  boost::system::error_code ec;
+  for (fs::directory_iterator it(local / kStateDir, ec), end; it != end && !ec; it.increment(ec))
+    if (it->path().filename().string().rfind(".txn.tmp-", 0) == 0) fs::remove_all(it->path(), ec);
+}
+
+}  // namespace
+
+fs::path Txn::begin_step() {
+  step_ = txn_root(local_) / std::to_string(next_++);
+  boost::system::error_code ec;
+  fs::remove_all(step_, ec);
+  fs::create_directories(step_, ec);
+  if (ec) fail(Exit::failure, step_.string() + ": cannot create: " + ec.message());
+  return step_;
+}
+
+void Txn::abandon_step() {
+  boost::system::error_code ec;
+  fs::remove_all(step_, ec);
+}
+
+void Txn::rollback_all() {
+  for (std::size_t k = done_.size(); k-- > 0;) rollback(local_, txn_root(local_) / std::to_string(k), done_[k], sync_);
+  done_.clear();
+  discard(local_, sync_);
+}
+
+void Txn::commit() {
+  discard(local_, sync_);  // the commit point: once the journal is gone, nothing is undone
+  done_.clear();
+}
+
+std::optional<std::uint64_t> interrupted_version(const fs::path& local) {
+  const LocalState st = read_state(local);
+  if (st.pending) return st.pending;
+  for (const auto& step : steps_of(local))
+    if (const auto m = read_manifest(step)) return m->version;
+  return std::nullopt;
 }
 
 std::optional<std::uint64_t> recover(const fs::path& local, bool sync) {
-  const LocalState st = read_state(local);
-  if (const auto m = read_manifest(local)) {
-    if (st.version == m->version && !st.pending) {  // committed; only the cleanup was cut short
-      discard_txn(local, sync);
-      return std::nullopt;
+  remove_stale_discards(local);
+  const std::optional<std::uint64_t> was = interrupted_version(local);
+  std::optional<std::uint64_t> undone;
+  for (const auto& step : steps_of(local)) {
+    if (const auto m = read_manifest(step)) {
+      undone = was;
+      rollback(local, step, *m, sync);
     }
-    rollback(local, *m, sync);
-    return m->version;
   }
-  boost::system::error_code ec;
-  if (fs::exists(txn_dir(local), ec)) {  // interrupted before the journal was complete: LOCAL untouched
-    fs::remove_all(txn_dir(local), ec);
-    if (ec) fail(Exit::failure, txn_dir(local).string() + ": cannot remove: " + ec.message());
-  }
-  if (st.pending) {
+  discard(local, sync);
+  const LocalState st = read_state(local);
+  if (st.pending) {  // cut short before its journal was complete: LOCAL untouched
     write_state(local, {st.version, std::nullopt}, sync);
-    return st.pending;
+    if (!undone) undone = st.pending;
   }
-  return std::nullopt;
+  return undone;
 }
 
 }  // namespace hfdelta

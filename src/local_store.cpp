@@ -90,6 +90,10 @@ LocalState read_state(const fs::path& local) {
 }
 
 void write_state(const fs::path& local, const LocalState& s, bool sync) {
+  if (!s.version && !s.pending) {  // back to never initialised: no state file at all
+    if (remove_path(state_file(local)) && sync) sync_dir(state_dir(local));
+    return;
+  }
   json j = json::object();
   if (s.version) j["version"] = format_version(*s.version);
   if (s.pending) j["pending"] = format_version(*s.pending);

@@ -59,6 +59,8 @@ inline constexpr const char* format = "hfdelta_format";
 inline constexpr const char* base_checksums = "hfdelta_base_checksums";
 inline constexpr const char* files = "hfdelta_files";
 inline constexpr const char* encodings = "hfdelta_encodings";
+// XXH3-128 of the index's compact JSON (nlohmann's dump, keys sorted) without this key.
+inline constexpr const char* index_checksum = "hfdelta_index_checksum";
 }  // namespace key
 
 // The encoding of one tensor's entry.
@@ -77,6 +79,10 @@ DeltaIndex parse_delta_index(std::string_view text, const std::string& what);
 
 // Serialises an index (weight_map, total_size of the delta files, metadata).
 std::string write_delta_index_json(const DeltaIndex& idx, std::uint64_t total_size);
+
+// Recomputes hfdelta_index_checksum of an index that was edited on purpose
+// (tests, tools); returns the index text.
+std::string seal_delta_index(std::string_view text);
 
 // Parses a 32-hex-digit checksum; throws Error(bad_input) naming `what`.
 Hash128 parse_hash_hex(const std::string& s, const std::string& what);

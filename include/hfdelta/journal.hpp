@@ -40,10 +40,12 @@ struct Manifest {
   std::vector<TxnFile> files;         // whole-file operations, in execution order
 };
 
-fs::path txn_dir(const fs::path& local);
-fs::path txn_part(const fs::path& local, std::size_t i);
-fs::path txn_stage(const fs::path& local, const std::string& rel);  // new contents
-fs::path txn_undo(const fs::path& local, const std::string& rel);   // old contents
+// LOCAL/.weight_sync/txn/ holds the transaction of the operation under way:
+// one numbered step directory per version it applies (txn/0, txn/1, ...).
+fs::path txn_root(const fs::path& local);
+fs::path txn_part(const fs::path& step, std::size_t i);
+fs::path txn_stage(const fs::path& step, std::size_t op);  // new contents of m.files[op]
+fs::path txn_undo(const fs::path& step, std::size_t op);   // old contents of m.files[op]
 
 // Writes one journal part: a zstd stream of per-tensor records of
 // (position, old byte, new byte), positions ascending within a tensor.
@@ -75,22 +77,48 @@ void replay_journal(const fs::path& part, bool new_values, const JournalSink& si
 void write_scattered(File& f, std::span<const std::uint64_t> offsets, std::span<const std::uint8_t> bytes,
                      std::vector<std::uint8_t>& window);
 
-void write_manifest(const fs::path& local, const Manifest& m, bool sync);
-std::optional<Manifest> read_manifest(const fs::path& local);
+void write_manifest(const fs::path& step, const Manifest& m, bool sync);
+std::optional<Manifest> read_manifest(const fs::path& step);
 
-// Runs the whole-file operations: removals (old files moved aside), then puts
-// (old moved aside, staged contents renamed in).
-void run_file_ops(const fs::path& local, const Manifest& m);
+// Runs a step's whole-file operations: removals (old files moved aside), then
+// puts (old moved aside, staged contents renamed in).
+void run_file_ops(const fs::path& local, const fs::path& step, const Manifest& m);
 
-// Undoes a transaction: old bytes back, old files back, state back to
-// m.base, txn directory removed.
-void rollback(const fs::path& local, const Manifest& m, bool sync);
+// Undoes one step: marks the state pending again, puts the old bytes and old
+// files back, then records m.base. Idempotent, so it may be cut short and rerun.
+void rollback(const fs::path& local, const fs::path& step, const Manifest& m, bool sync);
 
-// Removes the transaction directory after a commit.
-void discard_txn(const fs::path& local, bool sync);
+// One operation's transaction: the steps it has committed are undone together
+// unless the whole operation commits, so a command that fails or is killed
+// leaves LOCAL as it was before the command.
+class Txn {
+ public:
+  Txn(const fs::path& local, bool sync) : local_(local), sync_(sync) {}
+  fs::path begin_step();  // creates the next step directory
+  void abandon_step();    // its journal was never completed: LOCAL untouched
+  void step_done(const Manifest& m) { done_.push_back(m); }
+  void rollback_all();    // undoes the committed steps, last first, then discards
+  void commit();          // the operation is complete: discards the journal
+  const fs::path& step() const { return step_; }
+  // The version the whole operation ends at; steps before it leave the state
+  // marked pending, since the operation is not over yet.
+  void set_final(std::uint64_t v) { final_ = v; }
+  std::optional<std::uint64_t> final_version() const { return final_; }
 
-// Called under the lock before any operation: finishes whatever an earlier,
-// interrupted run left. Returns the version whose apply was rolled back.
+ private:
+  fs::path local_;
+  bool sync_;
+  fs::path step_;
+  std::size_t next_ = 0;
+  std::vector<Manifest> done_;
+  std::optional<std::uint64_t> final_;
+};
+
+// Called under the lock before any operation: undoes whatever an earlier,
+// interrupted operation left. Returns the version whose apply was rolled back.
 std::optional<std::uint64_t> recover(const fs::path& local, bool sync);
+
+// The version an interrupted operation was applying, if LOCAL holds one.
+std::optional<std::uint64_t> interrupted_version(const fs::path& local);
 
 }  // namespace hfdelta
