@@ -1,5 +1,7 @@
 #include "e2e_util.hpp"
 
+#include "hfdelta/delta_format.hpp"
+
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/stat.h>
@@ -373,7 +375,16 @@ json parse_json(const std::string& text) {
 
 json read_json(const fs::path& p) { return parse_json(read_file(p)); }
 
-void write_json(const fs::path& p, const json& j) { write_file(p, j.dump(2) + "\n"); }
+void write_json(const fs::path& p, const json& j) {
+  // Tests edit delta indexes on purpose to reach one rule at a time: keep the
+  // index's own checksum valid so that it is that rule which answers.
+  if (p.filename() == "model.safetensors.index.json" && j.contains("metadata") && j["metadata"].is_object() &&
+      j["metadata"].contains("hfdelta_index_checksum")) {
+    write_file(p, hfdelta::seal_delta_index(j.dump()));
+    return;
+  }
+  write_file(p, j.dump(2) + "\n");
+}
 
 // ---- series -----------------------------------------------------------------
 

@@ -322,8 +322,12 @@ TEST_CASE("format: read_delta_index refusals") {
   TempDir tmp;
   const bfs::path idx = tmp.path() / kIndexFile;
   const std::string w = idx.string();
+  // The index is edited on purpose here: reseal its checksum so that each
+  // case reaches the rule it is about.
   auto refused = [&](const json& j) {
-    write_text(idx, j.dump());
+    write_text(idx, j.contains("metadata") && j["metadata"].is_object() && j["metadata"].contains("hfdelta_index_checksum")
+                        ? seal_delta_index(j.dump())
+                        : j.dump());
     return error_of([&] { read_delta_index(tmp.path()); });
   };
   {
@@ -338,10 +342,22 @@ TEST_CASE("format: read_delta_index refusals") {
     j["metadata"] = "x";
     expect_error(refused(j), Exit::bad_input, {w, "metadata"});
   }
+  SUBCASE("a damaged index is refused by its checksum") {
+    std::string text = valid_delta_index().dump();
+    const auto at = text.find("weight_map");
+    text[at] = 'W';
+    write_text(idx, text);
+    expect_error(error_of([&] { read_delta_index(tmp.path()); }), Exit::bad_input, {w, "hfdelta_index_checksum"});
+  }
   SUBCASE("not a delta") {
     json j = valid_delta_index();
     j["metadata"].erase("delta_encoding");
     expect_error(refused(j), Exit::bad_input, {w, "delta_encoding"});
+    // Still a delta (base_version and hfdelta keys say so): a damaged key
+    // must not turn a delta into something copied as a full version.
+    CHECK(is_delta_dir(tmp.path()));
+    j["metadata"] = {{"total_size", 1}};
+    write_text(idx, j.dump());
     CHECK_FALSE(is_delta_dir(tmp.path()));
   }
   SUBCASE("encoding this build does not know") {

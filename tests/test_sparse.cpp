@@ -311,10 +311,11 @@ TEST_CASE("sparse: index records per-tensor encodings for auto and refuses what 
   auto code = [](const std::string& t) { return error_code([&] { parse_delta_index(t, "idx"); }); };
   std::string no_map = text;
   no_map.replace(no_map.find("\"hfdelta_encodings\""), 19, "\"hfdelta_encodingz\"");
-  CHECK(code(no_map) == Exit::bad_input);
+  CHECK(code(seal_delta_index(no_map)) == Exit::bad_input);
+  CHECK(code(no_map) == Exit::bad_input);  // unsealed: refused by the index checksum
   std::string unknown = text;
   unknown.replace(unknown.find("\"sparse\""), 8, "\"planes\"");
-  CHECK(code(unknown) == Exit::unsupported);
+  CHECK(code(seal_delta_index(unknown)) == Exit::unsupported);
   DeltaIndex missing = d;
   missing.encodings.erase("b");
   CHECK(code(write_delta_index_json(missing, 10)) == Exit::bad_input);

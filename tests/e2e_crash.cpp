@@ -1,0 +1,671 @@
+// End-to-end: crash safety of delta-apply. A fault is injected at every write
+// step in turn (HFDELTA_FAULT_AT), once as a SIGKILL and once as an I/O error,
+// for each kind of operation. After a kill, state.json never claims a version
+// whose bytes are not all in place and the next run converges; after an error,
+// LOCAL is byte-identical to before. Then a larger pull is SIGKILLed at random
+// moments.
+#include <doctest/doctest.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "e2e_util.hpp"
+
+extern char** environ;
+
+using namespace e2e;
+
+namespace {
+
+constexpr long kMaxSteps = 4000;  // a run with more write steps than this fails the test
+constexpr int kKilled = 128 + SIGKILL;
+
+bool contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
+
+std::string first_line(const std::string& s) {
+  const std::size_t nl = s.find('\n');
+  return nl == std::string::npos ? s : s.substr(0, nl);
+}
+
+// Sets an environment variable for the commands started while it lives (the
+// tests run one at a time, so the process environment is theirs).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_) ::setenv(name_, old_->c_str(), 1);
+    else ::unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// A temporary directory on a RAM-backed filesystem when there is one with
+// room (flushes cost nothing there, and thousands of runs flush), else in the
+// usual place. The faults here are kills and I/O errors, not power cuts, so
+// the filesystem does not change what is tested.
+std::unique_ptr<TempDir> scratch_dir() {
+  std::optional<ScopedEnv> env;
+  struct statvfs sv{};
+  if (::statvfs("/dev/shm", &sv) == 0 && ::access("/dev/shm", W_OK) == 0 &&
+      static_cast<unsigned long long>(sv.f_bavail) * sv.f_frsize >= (2ull << 30))
+    env.emplace("TMPDIR", "/dev/shm");
+  return std::make_unique<TempDir>();
+}
+
+// delta-apply ARGS with the N-th write step failing in `mode` ("kill" or "error").
+RunResult apply_faulty(const std::vector<std::string>& args, long at, const char* mode) {
+  ScopedEnv a("HFDELTA_FAULT_AT", std::to_string(at));
+  ScopedEnv m("HFDELTA_FAULT_MODE", mode);
+  return apply(args);
+}
+
+std::vector<std::string> with_json(const std::vector<std::string>& args) {
+  std::vector<std::string> v{"--json"};
+  v.insert(v.end(), args.begin(), args.end());
+  return v;
+}
+
+bool has_txn(const fs::path& local) {
+  boost::system::error_code ec;
+  return fs::exists(fs::symlink_status(local / ".weight_sync" / "txn", ec));
+}
+
+// Every directory below `dir` outside .weight_sync, relative, sorted: the
+// snapshots compare files only, and a stray or vanished directory matters too.
+std::vector<std::string> list_dirs(const fs::path& dir) {
+  std::vector<std::string> v;
+  for (auto it = fs::recursive_directory_iterator(dir); it != fs::recursive_directory_iterator(); ++it) {
+    if (it.depth() == 0 && it->path().filename() == ".weight_sync") {
+      it.disable_recursion_pending();
+      continue;
+    }
+    if (fs::is_directory(it->symlink_status())) v.push_back(fs::relative(it->path(), dir).generic_string());
+  }
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return "[" + s + "]";
+}
+
+// Problems seen over many runs, grouped by description with the runs that
+// showed each, and reported once: a broken invariant shows up as a few lines,
+// not as one failure per write step.
+class Problems {
+ public:
+  void add(const std::string& what, long at) {
+    auto& e = by_what_[what];
+    if (e.first.size() < 10) e.first.push_back(at);
+    ++e.second;
+  }
+  bool empty() const { return by_what_.empty(); }
+  std::string text(const std::string& at_what) const {
+    std::ostringstream o;
+    std::size_t shown = 0;
+    for (const auto& [what, e] : by_what_) {
+      if (++shown > 25) {
+        o << "... and " << (by_what_.size() - 25) << " more kinds of problem\n";
+        break;
+      }
+      o << what << "\n    at " << at_what << " ";
+      for (std::size_t i = 0; i < e.first.size(); ++i) o << (i ? ", " : "") << e.first[i];
+      if (e.second > e.first.size()) o << ", ...";
+      o << " (" << e.second << " in all)\n";
+    }
+    return o.str();
+  }
+
+ private:
+  std::map<std::string, std::pair<std::vector<long>, std::size_t>> by_what_;
+};
+
+// One operation of delta-apply, run again and again from the same LOCAL.
+struct Scenario {
+  std::string name;
+  std::vector<std::string> args;  // delta-apply options and paths (LOCAL among them)
+  fs::path local;                 // LOCAL, as named in args
+  fs::path start;                 // what LOCAL holds before the command; copied in for every run
+  std::string old_version;        // LOCAL's version before ("" none)
+  std::string target;             // the version the command records
+  // Every version state.json may record during the command, with its
+  // checkpoint ("" → start: no version recorded).
+  std::map<std::string, fs::path> trees;
+};
+
+void reset(const Scenario& s) {
+  fs::remove_all(s.local);
+  copy_tree(s.start, s.local);
+}
+
+// LOCAL is the target in every file, state.json records exactly the target,
+// and (if `clean`) no transaction is left.
+void check_target(const Scenario& s, Problems& p, long at, const std::string& when, bool clean = true) {
+  const TreeDiff d = tree_equal(s.local, s.trees.at(s.target));
+  if (!d.equal) p.add(when + ": LOCAL is not the target: " + d.differences.front(), at);
+  const json st = state_json(s.local);
+  if (st != json{{"version", s.target}}) p.add(when + ": state.json is " + st.dump() + ", not {\"version\": \"" + s.target + "\"}", at);
+  if (clean && has_txn(s.local)) p.add(when + ": .weight_sync/txn is left behind", at);
+}
+
+// The same command without a fault converges, and reports the rollback of
+// the interrupted version it found.
+void check_rerun(const Scenario& s, Problems& p, long at, const std::string& pending) {
+  const RunResult r = apply(with_json(s.args));
+  if (r.code != 0) {
+    p.add("re-run without the fault exits " + std::to_string(r.code) + ": " + first_line(r.err), at);
+    return;
+  }
+  json j;
+  try {
+    j = json::parse(r.out);
+  } catch (const std::exception&) {
+    p.add("re-run: --json output is not JSON", at);
+  }
+  if (j.is_object()) {
+    if (j.value("to_version", json()) != json(s.target)) p.add("re-run: to_version is not the target", at);
+    if (!pending.empty() && j.value("rolled_back", json()) != json(pending))
+      p.add("re-run: rolled_back is " + j.value("rolled_back", json()).dump() + " though state.json had pending " + pending, at);
+  }
+  check_target(s, p, at, "after the re-run");
+}
+
+struct StateSeen {
+  std::string version, pending;
+};
+
+// state.json as an interrupted or failed run left it, checked against what
+// LOCAL holds. With `one_transaction`, a version between the old one and the target is a
+// problem too: the whole command is meant to be one transaction.
+StateSeen check_recorded_state(const Scenario& s, Problems& p, long at, bool one_transaction = true) {
+  StateSeen seen;
+  const json st = state_json(s.local);
+  if (!st.is_null()) {
+    if (!st.is_object()) {
+      p.add("state.json is not an object", at);
+      return seen;
+    }
+    for (auto it = st.begin(); it != st.end(); ++it) {
+      if (it.key() != "version" && it.key() != "pending") p.add("state.json has key \"" + it.key() + "\"", at);
+      else if (!it->is_string()) p.add("state.json \"" + it.key() + "\" is not a string", at);
+      else (it.key() == "version" ? seen.version : seen.pending) = it->get<std::string>();
+    }
+  }
+  if (!s.trees.count(seen.version)) {
+    p.add("state.json records version \"" + seen.version + "\", which the command never goes through", at);
+    return seen;
+  }
+  if (seen.pending.empty()) {
+    // Nothing pending: the recorded version's bytes must all be in place.
+    const TreeDiff d = tree_equal(s.local, s.trees.at(seen.version));
+    if (!d.equal)
+      p.add("state.json records version \"" + seen.version + "\" with nothing pending, but LOCAL is not that version: " +
+                d.differences.front(),
+            at);
+  } else {
+    if (!s.trees.count(seen.pending) || seen.pending == seen.version)
+      p.add("state.json has pending \"" + seen.pending + "\" on version \"" + seen.version + "\"", at);
+  }
+  // An intermediate version may show only while the operation is marked pending.
+  if (one_transaction && seen.pending.empty() && seen.version != s.old_version && seen.version != s.target)
+    p.add("state.json records intermediate version " + seen.version + " (expected the old version " +
+              (s.old_version.empty() ? "none" : s.old_version) + " or the target " + s.target +
+              "): the operation is not one transaction",
+          at);
+  return seen;
+}
+
+// --status agrees with state.json and changes nothing.
+void check_status(const Scenario& s, Problems& p, long at, const StateSeen& seen) {
+  const Snapshot before = snapshot(s.local, true);
+  const RunResult r = apply({"--status", "--json", s.local.string()});
+  if (snapshot(s.local, true) != before) p.add("--status changed LOCAL", at);
+  if (!seen.pending.empty()) {
+    if (r.code != 10) p.add("--status exits " + std::to_string(r.code) + " while state.json has pending", at);
+  } else if (r.code == 10) {
+    // The journal may be complete before state.json is marked: still interrupted.
+    if (!has_txn(s.local)) p.add("--status exits 10 with nothing pending and no transaction", at);
+  } else if (r.code != (seen.version.empty() ? 11 : 0)) {
+    p.add("--status exits " + std::to_string(r.code) + " for state version \"" + seen.version + "\" with nothing pending", at);
+  }
+  json j;
+  try {
+    j = json::parse(r.out);
+  } catch (const std::exception&) {
+    p.add("--status --json output is not JSON: " + first_line(r.out + r.err), at);
+    return;
+  }
+  const json want_version = seen.version.empty() ? json() : json(seen.version);
+  if (j.value("version", json("?")) != want_version) p.add("--status reports version " + j.value("version", json()).dump(), at);
+  const json pend = j.value("pending", json());
+  if ((r.code == 10) == pend.is_null()) p.add("--status: exit code and \"pending\" disagree", at);
+  if (!seen.pending.empty() && pend != json(seen.pending)) p.add("--status reports pending " + pend.dump(), at);
+}
+
+struct Totals {
+  long kill_steps = 0, error_steps = 0, swallowed = 0;
+};
+std::map<std::string, Totals>& totals() {
+  static std::map<std::string, Totals> t;
+  return t;
+}
+
+// Kill at write step 1, 2, ... until a run completes without the fault firing.
+// Returns the number of write steps.
+long kill_every_step(const Scenario& s, Problems& p) {
+  for (long n = 1; n <= kMaxSteps; ++n) {
+    reset(s);
+    const RunResult r = apply_faulty(s.args, n, "kill");
+    if (r.code == 0) {
+      check_target(s, p, n, "run without the fault firing");
+      return n - 1;
+    }
+    if (r.code != kKilled) {
+      p.add("exit " + std::to_string(r.code) + " instead of SIGKILL: " + first_line(r.err), n);
+      continue;
+    }
+    const StateSeen seen = check_recorded_state(s, p, n);
+    check_status(s, p, n, seen);
+    check_rerun(s, p, n, seen.pending);
+  }
+  FAIL(s.name << ": still faulting after " << kMaxSteps << " write steps");
+  return kMaxSteps;
+}
+
+// An I/O error at write step 1, 2, ... A run that exits 0 though its step
+// was within the command's steps met the fault in the cleanup after the
+// commit, which only leaves garbage for the next run: LOCAL must be the
+// target then. Returns the steps seen, counting those faults in `swallowed`.
+long error_every_step(const Scenario& s, long kill_steps, Problems& p, Problems& stray_dirs, long& swallowed) {
+  for (long n = 1; n <= kMaxSteps; ++n) {
+    reset(s);
+    const LocalSnapshot snap(s.local);
+    const std::vector<std::string> dirs = list_dirs(s.local);
+    const RunResult r = apply_faulty(s.args, n, "error");
+    if (r.code == 0) {
+      if (n > kill_steps) {
+        check_target(s, p, n, "run without the fault firing");
+        return n - 1;
+      }
+      ++swallowed;
+      check_target(s, p, n, "exit 0 with the fault in the post-commit cleanup", false);
+      check_rerun(s, p, n, "");
+      continue;
+    }
+    if (r.code != 1) p.add("exit " + std::to_string(r.code) + " instead of 1: " + first_line(r.err), n);
+    if (!contains(r.err, "injected fault")) p.add("the message does not say \"injected fault\": " + first_line(r.err), n);
+    check_recorded_state(s, p, n);
+    const TreeDiff d = snap.compare();
+    for (const auto& line : d.differences)  // a transaction left behind is reported once, below
+      if (line.rfind(".weight_sync/txn/", 0) != 0) p.add("LOCAL differs from before the failed run: " + line, n);
+    // Files are what a loader sees; an emptied directory left behind is
+    // reported apart (as a warning) from differences in the files.
+    const std::vector<std::string> now = list_dirs(s.local);
+    if (now != dirs) stray_dirs.add("directories differ from before the failed run: " + join(dirs) + " before, " + join(now) + " now", n);
+    if (has_txn(s.local)) p.add(".weight_sync/txn is left after the failed run", n);
+    const RunResult st = apply({"--status", s.local.string()});
+    const int want = s.old_version.empty() ? 11 : 0;
+    if (st.code != want) p.add("--status after the failed run exits " + std::to_string(st.code) + ", not " + std::to_string(want), n);
+    check_rerun(s, p, n, "");
+  }
+  FAIL(s.name << ": still faulting after " << kMaxSteps << " write steps");
+  return kMaxSteps;
+}
+
+void run_scenario(const Scenario& s) {
+  INFO("scenario: " << s.name);
+  Problems pk, pe, pd;
+  Totals t;
+  t.kill_steps = kill_every_step(s, pk);
+  CHECK_MESSAGE(pk.empty(), s.name << ", SIGKILL at each write step:\n" << pk.text("write step"));
+  t.error_steps = error_every_step(s, t.kill_steps, pe, pd, t.swallowed);
+  CHECK_MESSAGE(pe.empty(), s.name << ", I/O error at each write step:\n" << pe.text("write step"));
+  WARN_MESSAGE(pd.empty(), s.name << ", I/O error at each write step, empty directories left behind:\n"
+                                  << pd.text("write step"));
+  CHECK(t.kill_steps > 0);
+  totals()[s.name] = t;
+  MESSAGE(s.name << ": " << t.kill_steps << " write steps killed, " << t.error_steps << " failed with an I/O error ("
+                 << t.swallowed << " of them in the cleanup after the commit, which the run ignores)");
+}
+
+// ---- inputs --------------------------------------------------------------------------
+
+std::string require_init(const fs::path& src, const fs::path& local, const std::string& version = "0") {
+  const RunResult r = apply({"-q", "--init", "--version", version, src.string(), local.string()});
+  E2E_REQUIRE_CODE(r, 0);
+  return state_version(local);
+}
+
+void require_diff(const fs::path& a, const fs::path& b, const fs::path& out, const std::string& encoding) {
+  const RunResult r = diff({"-q", "--encoding", encoding, a.string(), b.string(), out.string()});
+  E2E_REQUIRE_CODE(r, 0);
+}
+
+// Saves, deltas and starting points shared by the scenarios.
+struct Inputs {
+  std::unique_ptr<TempDir> t = scratch_dir();
+  fs::path series, local, empty;
+  // Single deltas: BASE -> NEXT, with every kind of non-weight change.
+  fs::path base, next, base_start, root_xor, root_overwrite;
+  // The same without a file turned into a directory.
+  fs::path plain_base, plain_next, plain_start, root_plain;
+  // A directory turned into a file.
+  fs::path dir_base, dir_next, dir_start, root_dir;
+  // A chain: 1 a delta, 2 a full version with a file of its own, 3 a delta on it.
+  fs::path chain, v2_full, v3_new, s0_start;
+  // LOCAL holding another model with stray files.
+  fs::path other_start;
+
+  Inputs() {
+    const TempDir& d = *t;
+    series = gen_series(d / "series", 3, {"--max-shard-size", "600KB"});
+    local = d / "local";
+    empty = d / "empty";
+    fs::create_directories(empty);
+
+    // Save 1's weights with a changed config.json, a new file in a new
+    // subdirectory and a removed file.
+    plain_base = d / "plain-base";
+    copy_tree(save_dir(series, 0), plain_base);
+    plain_next = d / "plain-next";
+    copy_tree(save_dir(series, 1), plain_next);
+    json cfg = read_json(plain_next / "config.json");
+    cfg["use_cache"] = false;
+    cfg["hfdelta_note"] = "changed by the new save";
+    write_json(plain_next / "config.json", cfg);
+    write_file(plain_next / "extra" / "notes" / "readme.txt", "a new file in a new subdirectory\n");
+    fs::remove(plain_next / "tokenizer_config.json");
+    // ... and a file that becomes a directory of the same name.
+    base = d / "base";
+    copy_tree(plain_base, base);
+    write_file(base / "assets", "a file that becomes a directory\n");
+    next = d / "next";
+    copy_tree(plain_next, next);
+    write_file(next / "assets" / "vocab.txt", "alpha\nbeta\n");
+    write_file(next / "assets" / "merges.txt", "a b\n");
+    // A directory that becomes a file of the same name.
+    dir_base = d / "dir-base";
+    copy_tree(save_dir(series, 0), dir_base);
+    write_file(dir_base / "layout" / "readme.txt", "a directory that becomes a file\n");
+    dir_next = d / "dir-next";
+    copy_tree(save_dir(series, 1), dir_next);
+    write_file(dir_next / "layout", "now a file\n");
+
+    root_xor = d / "root-xor";
+    root_overwrite = d / "root-overwrite";
+    root_plain = d / "root-plain";
+    root_dir = d / "root-dir";
+    for (const fs::path& r : {root_xor, root_overwrite, root_plain, root_dir}) fs::create_directories(r);
+    require_diff(base, next, version_dir(root_xor, 1), "xor");
+    require_diff(base, next, version_dir(root_overwrite, 1), "overwrite");
+    require_diff(plain_base, plain_next, version_dir(root_plain, 1), "xor");
+    require_diff(dir_base, dir_next, version_dir(root_dir, 1), "xor");
+    auto ops_of = [](const fs::path& delta) {
+      std::map<std::string, std::string> ops;
+      const json idx = delta_index(delta);
+      for (const auto& f : idx["metadata"]["hfdelta_files"]) ops[f["path"].get<std::string>()] = f["op"].get<std::string>();
+      return ops;
+    };
+    for (const fs::path& r : {root_xor, root_overwrite}) {
+      auto ops = ops_of(version_dir(r, 1));
+      REQUIRE(ops["config.json"] == "put");
+      REQUIRE(ops["extra/notes/readme.txt"] == "put");
+      REQUIRE(ops["tokenizer_config.json"] == "remove");
+      REQUIRE(ops["assets"] == "remove");
+      REQUIRE(ops["assets/vocab.txt"] == "put");
+    }
+    REQUIRE(ops_of(version_dir(root_dir, 1))["layout/readme.txt"] == "remove");
+    REQUIRE(ops_of(version_dir(root_dir, 1))["layout"] == "put");
+
+    chain = d / "root-chain";
+    fs::create_directories(chain);
+    require_diff(save_dir(series, 0), save_dir(series, 1), version_dir(chain, 1), "xor");
+    v2_full = version_dir(chain, 2);
+    copy_tree(save_dir(series, 2), v2_full);
+    write_file(v2_full / "chat_template.jinja", "{{ messages }}\n");
+    v3_new = d / "v3";
+    copy_tree(save_dir(series, 3), v3_new);
+    write_file(v3_new / "chat_template.jinja", "{{ messages | join }}\n");
+    require_diff(v2_full, v3_new, version_dir(chain, 3), "overwrite");
+
+    base_start = d / "start-base";
+    REQUIRE(require_init(base, base_start) == "000000");
+    plain_start = d / "start-plain";
+    REQUIRE(require_init(plain_base, plain_start) == "000000");
+    dir_start = d / "start-dir";
+    REQUIRE(require_init(dir_base, dir_start) == "000000");
+    s0_start = d / "start-save0";
+    REQUIRE(require_init(save_dir(series, 0), s0_start) == "000000");
+    // Another model (one shard, another seed) with stray files and directories.
+    const fs::path other = gen_series(d / "other", 0, {"--seed", "7"});
+    other_start = d / "start-other";
+    REQUIRE(require_init(save_dir(other, 0), other_start) == "000000");
+    write_file(other_start / "stray.txt", "stray\n");
+    write_file(other_start / "stale" / "deep" / "x.txt", "stray\n");
+  }
+};
+
+Inputs& inputs() {
+  static Inputs in;
+  return in;
+}
+
+Scenario single_delta(const std::string& name, const fs::path& root, const fs::path& start, const fs::path& base,
+                      const fs::path& next, const std::string& threads) {
+  Scenario s;
+  s.name = name;
+  s.local = inputs().local;
+  s.args = {"--threads", threads, version_dir(root, 1).string(), s.local.string()};
+  s.start = start;
+  s.old_version = "000000";
+  s.target = "000001";
+  s.trees = {{"000000", base}, {"000001", next}};
+  return s;
+}
+
+// ---- random kills --------------------------------------------------------------------
+
+pid_t spawn_quiet(const std::vector<std::string>& argv) {
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, argv[0].c_str(), &fa, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) throw std::runtime_error("cannot start " + argv[0] + ": " + std::strerror(rc));
+  return pid;
+}
+
+int wait_status(pid_t pid) {
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) throw std::runtime_error(std::string("waitpid: ") + std::strerror(errno));
+  return status;
+}
+
+}  // namespace
+
+TEST_CASE("crash: xor delta with non-weight file changes, a fault at every write step") {
+  const Inputs& in = inputs();
+  run_scenario(single_delta("xor delta", in.root_xor, in.base_start, in.base, in.next, "1"));
+}
+
+TEST_CASE("crash: overwrite delta with non-weight file changes, a fault at every write step") {
+  const Inputs& in = inputs();
+  run_scenario(single_delta("overwrite delta", in.root_overwrite, in.base_start, in.base, in.next, "1"));
+}
+
+TEST_CASE("crash: xor delta, no file turned into a directory, 2 threads, a fault at every write step") {
+  const Inputs& in = inputs();
+  run_scenario(single_delta("xor delta without file/directory swap, 2 threads", in.root_plain, in.plain_start,
+                            in.plain_base, in.plain_next, "2"));
+}
+
+TEST_CASE("crash: xor delta turning a directory into a file, a fault at every write step") {
+  const Inputs& in = inputs();
+  run_scenario(single_delta("xor delta, directory -> file", in.root_dir, in.dir_start, in.dir_base, in.dir_next, "1"));
+}
+
+TEST_CASE("crash: --root chain of 3 versions with a full version in the middle, a fault at every write step") {
+  const Inputs& in = inputs();
+  Scenario s;
+  s.name = "--root chain 0 -> 3";
+  s.local = in.local;
+  s.args = {"--threads", "1", "--root", in.chain.string(), in.local.string()};
+  s.start = in.s0_start;
+  s.old_version = "000000";
+  s.target = "000003";
+  s.trees = {{"000000", save_dir(in.series, 0)}, {"000001", save_dir(in.series, 1)}, {"000002", in.v2_full},
+             {"000003", in.v3_new}};
+  run_scenario(s);
+}
+
+TEST_CASE("crash: a full version given as DELTA, a fault at every write step") {
+  const Inputs& in = inputs();
+  Scenario s;
+  s.name = "full version as DELTA";
+  s.local = in.local;
+  s.args = {"--threads", "1", in.v2_full.string(), in.local.string()};
+  s.start = in.s0_start;
+  s.old_version = "000000";
+  s.target = "000002";
+  s.trees = {{"000000", save_dir(in.series, 0)}, {"000002", in.v2_full}};
+  run_scenario(s);
+}
+
+TEST_CASE("crash: --init into an empty LOCAL, a fault at every write step") {
+  const Inputs& in = inputs();
+  Scenario s;
+  s.name = "--init into an empty LOCAL";
+  s.local = in.local;
+  s.args = {"--threads", "1", "--init", in.next.string(), in.local.string()};
+  s.start = in.empty;
+  s.old_version = "";
+  s.target = "000000";
+  s.trees = {{"", in.empty}, {"000000", in.next}};
+  run_scenario(s);
+}
+
+TEST_CASE("crash: --init over a different LOCAL, a fault at every write step") {
+  const Inputs& in = inputs();
+  Scenario s;
+  s.name = "--init over a different LOCAL";
+  s.local = in.local;
+  s.args = {"--threads", "1", "--init", "--version", "7", in.next.string(), in.local.string()};
+  s.start = in.other_start;
+  s.old_version = "000000";
+  s.target = "000007";
+  s.trees = {{"000000", in.other_start}, {"000007", in.next}};
+  run_scenario(s);
+}
+
+TEST_CASE("crash: fault points, totals") {
+  long kill = 0, error = 0, swallowed = 0;
+  std::ostringstream o;
+  for (const auto& [name, t] : totals()) {
+    o << "\n  " << name << ": " << t.kill_steps << " (I/O error: " << t.error_steps << ", " << t.swallowed
+      << " ignored after commit)";
+    kill += t.kill_steps, error += t.error_steps, swallowed += t.swallowed;
+  }
+  MESSAGE("fault points per scenario:" << o.str() << "\n  total: " << kill << " killed, " << error
+                                       << " I/O errors (" << swallowed << " ignored after commit)");
+}
+
+TEST_CASE("crash: random SIGKILLs of a --root pull of 2 versions converge") {
+  const std::unique_ptr<TempDir> scratch = scratch_dir();
+  const TempDir& t = *scratch;
+  const fs::path series = gen_series(t / "series", 2,
+                                     {"--hidden", "256", "--intermediate", "768", "--vocab", "8000", "--layers", "4",
+                                      "--lr", "1e-5", "--max-shard-size", "4MB"});
+  const std::uint64_t size = tree_size(save_dir(series, 0));
+  CHECK(size > 8'000'000);
+  CHECK(size < 30'000'000);
+  const fs::path root = t / "root";
+  fs::create_directories(root);
+  require_diff(save_dir(series, 0), save_dir(series, 1), version_dir(root, 1), "xor");
+  require_diff(save_dir(series, 1), save_dir(series, 2), version_dir(root, 2), "xor");
+
+  Scenario s;
+  s.name = "random kills";
+  s.local = t / "local";
+  s.start = t / "start";
+  REQUIRE(require_init(save_dir(series, 0), s.start) == "000000");
+  s.args = {"--root", root.string(), s.local.string()};
+  s.old_version = "000000";
+  s.target = "000002";
+  s.trees = {{"000000", save_dir(series, 0)}, {"000001", save_dir(series, 1)}, {"000002", save_dir(series, 2)}};
+
+  // How long one whole pull takes (process start included): the kills land in [0, that].
+  using Clock = std::chrono::steady_clock;
+  double longest = 0;
+  for (int i = 0; i < 3; ++i) {
+    reset(s);
+    const auto t0 = Clock::now();
+    const RunResult r = apply(s.args);
+    longest = std::max(longest, std::chrono::duration<double>(Clock::now() - t0).count());
+    E2E_REQUIRE_CODE(r, 0);
+  }
+
+  std::mt19937_64 rng(20240611);
+  std::uniform_real_distribution<double> delay(0.0, longest);
+  const int kRuns = 40;
+  int mid_run = 0, intermediate = 0;
+  Problems p;
+  std::vector<std::string> argv{apply_bin()};
+  argv.insert(argv.end(), s.args.begin(), s.args.end());
+  for (int i = 1; i <= kRuns; ++i) {
+    reset(s);
+    const double d = delay(rng);
+    const pid_t pid = spawn_quiet(argv);
+    std::this_thread::sleep_for(std::chrono::duration<double>(d));
+    ::kill(pid, SIGKILL);
+    const int status = wait_status(pid);
+    const bool killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+    if (killed) {
+      ++mid_run;
+      const StateSeen seen = check_recorded_state(s, p, i, false);
+      intermediate += seen.version == "000001";
+      check_status(s, p, i, seen);
+      check_rerun(s, p, i, seen.pending);
+    } else {
+      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) p.add("a run that was not killed failed", i);
+      check_target(s, p, i, "a run that finished before the kill");
+    }
+  }
+  CHECK_MESSAGE(p.empty(), "random kills:\n" << p.text("run"));
+  MESSAGE("random kills: " << kRuns << " runs of " << tree_size(save_dir(series, 0)) << "-byte checkpoints, one pull "
+                           << longest << " s at most; " << mid_run << " kills landed mid-run (" << intermediate
+                           << " of them after version 1 was recorded), " << (kRuns - mid_run)
+                           << " runs had finished");
+}

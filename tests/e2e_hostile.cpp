@@ -1,0 +1,752 @@
+// End-to-end: a delta read from a shared filesystem that others can write.
+// Damaged and crafted deltas (flipped bits and truncations in every file,
+// frames of the wrong size, decompression bombs, wrong checksums, wrong
+// bases, paths that leave LOCAL) are refused with exit 3 or 5, and LOCAL is
+// byte-identical afterwards, state.json included; nothing outside LOCAL is
+// created or changed.
+#include <doctest/doctest.h>
+
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <sstream>
+
+#include <zstd.h>
+
+#include "e2e_util.hpp"
+
+using namespace e2e;
+
+namespace {
+
+std::string first_line(const std::string& s) {
+  const std::size_t nl = s.find('\n');
+  return nl == std::string::npos ? s : s.substr(0, nl);
+}
+
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_) ::setenv(name_, old_->c_str(), 1);
+    else ::unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// A temporary directory on a RAM-backed filesystem when there is one with
+// room (hundreds of runs here), else in the usual place.
+std::unique_ptr<TempDir> scratch_dir() {
+  std::optional<ScopedEnv> env;
+  struct statvfs sv{};
+  if (::statvfs("/dev/shm", &sv) == 0 && ::access("/dev/shm", W_OK) == 0 &&
+      static_cast<unsigned long long>(sv.f_bavail) * sv.f_frsize >= (2ull << 30))
+    env.emplace("TMPDIR", "/dev/shm");
+  return std::make_unique<TempDir>();
+}
+
+bool has_txn(const fs::path& local) {
+  boost::system::error_code ec;
+  return fs::exists(fs::symlink_status(local / ".weight_sync" / "txn", ec));
+}
+
+long& hostile_total() {
+  static long n = 0;
+  return n;
+}
+
+// Problems grouped by description, with a few of the inputs that showed each.
+class Problems {
+ public:
+  void add(const std::string& what, const std::string& at) {
+    auto& e = by_what_[what];
+    if (e.first.size() < 6) e.first.push_back(at);
+    ++e.second;
+  }
+  bool empty() const { return by_what_.empty(); }
+  std::string text() const {
+    std::ostringstream o;
+    for (const auto& [what, e] : by_what_) {
+      o << what << "\n    e.g. ";
+      for (std::size_t i = 0; i < e.first.size(); ++i) o << (i ? "; " : "") << e.first[i];
+      o << " (" << e.second << " in all)\n";
+    }
+    return o.str();
+  }
+
+ private:
+  std::map<std::string, std::pair<std::vector<std::string>, std::size_t>> by_what_;
+};
+
+Bytes bytes_of(const std::string& s) { return Bytes(s.begin(), s.end()); }
+
+// ---- the delta under attack and the LOCAL it is applied to ------------------------
+
+// LOCAL at version 0 (save 0) and what a correct apply of version 1 gives.
+struct Bench {
+  fs::path local, start, target;
+  std::function<void(const fs::path&)> after_reset;  // adds to LOCAL what `start` cannot hold
+  Snapshot pristine;  // LOCAL before every attempt, state.json included
+  Problems problems;
+  std::map<std::string, long> codes;     // exit code → attempts
+  std::map<std::string, long> accepted;  // what an attempt that exited 0 changed → attempts
+  long attempts = 0;
+
+  void reset() {
+    fs::remove_all(local);
+    copy_tree(start, local);
+    if (after_reset) after_reset(local);
+  }
+
+  // Runs delta-apply ARGS against LOCAL. Exit codes in `refusals` are
+  // refusals: LOCAL must be as before. Exit 0 is accepted only if LOCAL ends
+  // the target (and is counted under `harmless`); anything else is a problem.
+  int attempt(const std::vector<std::string>& args, const std::set<int>& refusals, const std::string& what,
+              const std::string& at, const std::string& harmless = "") {
+    ++attempts;
+    ++hostile_total();
+    const RunResult r = apply(args);
+    ++codes[std::to_string(r.code)];
+    if (r.code == 0) {
+      const TreeDiff d = tree_equal(local, target);
+      const json st = state_json(local);
+      if (!d.equal) problems.add(what + ": exit 0 but LOCAL is not the target: " + d.differences.front(), at);
+      else if (st != json{{"version", "000001"}}) problems.add(what + ": exit 0 but state.json is " + st.dump(), at);
+      else if (has_txn(local)) problems.add(what + ": exit 0 but .weight_sync/txn is left", at);
+      else ++accepted[harmless.empty() ? what : harmless];
+      reset();
+      return 0;
+    }
+    if (!refusals.count(r.code))
+      problems.add(what + ": exit " + std::to_string(r.code) + ": " + first_line(r.err), at);
+    const std::vector<std::string> diff = snapshot_diff(pristine, snapshot(local, true), "before", "after");
+    if (!diff.empty()) {
+      problems.add(what + ": refused (exit " + std::to_string(r.code) + ") but LOCAL changed: " + diff.front(), at);
+      reset();
+    }
+    if (has_txn(local)) {
+      problems.add(what + ": refused but .weight_sync/txn is left", at);
+      reset();
+    }
+    return r.code;
+  }
+
+  void report(const std::string& name) {
+    std::ostringstream o;
+    for (const auto& [c, n] : codes) o << " exit " << c << ": " << n << ";";
+    std::ostringstream a;
+    for (const auto& [w, n] : accepted) a << "\n  " << w << ": " << n;
+    CHECK_MESSAGE(problems.empty(), name << ":\n" << problems.text());
+    MESSAGE(name << ": " << attempts << " hostile inputs;" << o.str()
+                 << (accepted.empty() ? std::string() : "\n accepted with LOCAL ending the target:" + a.str()));
+  }
+};
+
+// A tiny series, its version 1 as an xor and an overwrite delta carrying a
+// changed config.json, LOCAL at version 0, and a delta of another model.
+struct Inputs {
+  std::unique_ptr<TempDir> t = scratch_dir();
+  fs::path series, next, start, other, root_xor, root_overwrite, other_xor, other_overwrite;
+
+  Inputs() {
+    const TempDir& d = *t;
+    series = gen_series(d / "series", 1, {"--max-shard-size", "600KB"});
+    next = d / "next";
+    copy_tree(save_dir(series, 1), next);
+    json cfg = read_json(next / "config.json");
+    cfg["use_cache"] = false;
+    write_json(next / "config.json", cfg);
+    root_xor = d / "root-xor";
+    root_overwrite = d / "root-overwrite";
+    for (const auto& [root, enc] : {std::pair{root_xor, "xor"}, std::pair{root_overwrite, "overwrite"}}) {
+      fs::create_directories(root);
+      E2E_REQUIRE_CODE(diff({"-q", "--encoding", enc, save_dir(series, 0).string(), next.string(),
+                             version_dir(root, 1).string()}),
+                       0);
+      const json idx = delta_index(version_dir(root, 1));
+      REQUIRE(idx["weight_map"].size() >= 4);
+      REQUIRE(idx["metadata"]["hfdelta_files"].size() == 1);
+      REQUIRE(fs::exists(version_dir(root, 1) / "files" / "config.json"));
+    }
+    start = d / "start";
+    E2E_REQUIRE_CODE(apply({"-q", "--init", save_dir(series, 0).string(), start.string()}), 0);
+
+    // Another model's save 0 -> 1, as if published against a different base.
+    const fs::path os = gen_series(d / "other-series", 1, {"--max-shard-size", "600KB", "--seed", "99"});
+    other_xor = version_dir(d / "other-xor", 1);
+    other_overwrite = version_dir(d / "other-overwrite", 1);
+    fs::create_directories(other_xor.parent_path());
+    fs::create_directories(other_overwrite.parent_path());
+    E2E_REQUIRE_CODE(diff({"-q", save_dir(os, 0).string(), save_dir(os, 1).string(), other_xor.string()}), 0);
+    E2E_REQUIRE_CODE(diff({"-q", "--encoding", "overwrite", save_dir(os, 0).string(), save_dir(os, 1).string(),
+                           other_overwrite.string()}),
+                     0);
+  }
+};
+
+Inputs& inputs() {
+  static Inputs in;
+  return in;
+}
+
+// A bench in a fresh directory: LOCAL at version 0, a working copy of the
+// delta under ROOT/weight_v000001.
+struct Attack {
+  std::unique_ptr<TempDir> t = scratch_dir();
+  Bench b;
+  fs::path root, delta, pristine_delta;
+
+  explicit Attack(const fs::path& source_root) {
+    const Inputs& in = inputs();
+    b.local = *t / "local";
+    b.start = in.start;
+    b.target = in.next;
+    b.reset();
+    b.pristine = snapshot(b.local, true);
+    root = *t / "root";
+    delta = version_dir(root, 1);
+    pristine_delta = version_dir(source_root, 1);
+    restore();
+  }
+  void restore() {
+    fs::remove_all(root);
+    copy_tree(pristine_delta, delta);
+  }
+  std::vector<std::string> single() const { return {delta.string(), b.local.string()}; }
+  std::vector<std::string> pull() const { return {"--root", root.string(), b.local.string()}; }
+};
+
+// The delta files of a delta directory, and its entries with their ranges.
+std::vector<std::string> delta_files(const fs::path& delta) {
+  std::set<std::string> s;
+  const json idx = delta_index(delta);
+  for (auto it = idx["weight_map"].begin(); it != idx["weight_map"].end(); ++it) s.insert(it->get<std::string>());
+  return {s.begin(), s.end()};
+}
+
+std::map<std::string, std::string> st_metadata(const StFile& f) {
+  std::map<std::string, std::string> m;
+  const json md = f.metadata();
+  if (md.is_object())
+    for (auto it = md.begin(); it != md.end(); ++it) m[it.key()] = it->get<std::string>();
+  return m;
+}
+
+// Rewrites a delta file with one entry's bytes replaced (and, optionally, its
+// __metadata__ checksum).
+void replace_entry(const fs::path& file, const std::string& tensor, const Bytes& frame,
+                   const std::optional<std::string>& checksum = std::nullopt) {
+  const StFile f = read_st(file);
+  std::vector<TensorData> ts;
+  for (const auto& name : f.tensor_names()) {
+    const Bytes b = name == tensor ? frame : f.tensor(name);
+    ts.push_back({name, "U8", {b.size()}, b});
+  }
+  auto md = st_metadata(f);
+  if (checksum) md[tensor] = *checksum;
+  write_safetensors(file, ts, &md);
+}
+
+Bytes zstd_compress(const Bytes& in) {
+  Bytes out(ZSTD_compressBound(in.size()));
+  const std::size_t n = ZSTD_compress(out.data(), out.size(), in.data(), in.size(), 3);
+  REQUIRE_FALSE(ZSTD_isError(n));
+  out.resize(n);
+  return out;
+}
+
+// One frame of `total` zero bytes, written in pieces with the zstd streaming
+// API; with `declare`, the frame header records the size.
+Bytes zero_frame(std::uint64_t total, bool declare) {
+  ZSTD_CCtx* c = ZSTD_createCCtx();
+  ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, 1);
+  ZSTD_CCtx_setParameter(c, ZSTD_c_contentSizeFlag, declare ? 1 : 0);
+  if (declare) ZSTD_CCtx_setPledgedSrcSize(c, total);
+  const Bytes zeros(1 << 20, 0);
+  Bytes out;
+  Bytes buf(ZSTD_CStreamOutSize());
+  for (std::uint64_t done = 0; done < total;) {
+    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(zeros.size(), total - done));
+    done += n;
+    ZSTD_inBuffer in{zeros.data(), n, 0};
+    const ZSTD_EndDirective mode = done == total ? ZSTD_e_end : ZSTD_e_continue;
+    for (;;) {
+      ZSTD_outBuffer o{buf.data(), buf.size(), 0};
+      const std::size_t left = ZSTD_compressStream2(c, &o, &in, mode);
+      REQUIRE_FALSE(ZSTD_isError(left));
+      out.insert(out.end(), buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(o.pos));
+      if (mode == ZSTD_e_end ? left == 0 : in.pos == in.size) break;
+    }
+  }
+  ZSTD_freeCCtx(c);
+  return out;
+}
+
+// The entry of a delta with the smallest / largest tensor, and where it lives.
+struct Entry {
+  std::string tensor, file;
+  std::uint64_t nbytes = 0;  // the tensor's size in LOCAL
+};
+Entry pick_entry(const fs::path& delta, bool smallest) {
+  const json idx = delta_index(delta);
+  Entry best;
+  for (auto it = idx["weight_map"].begin(); it != idx["weight_map"].end(); ++it) {
+    const std::uint64_t n = checkpoint_tensor(save_dir(inputs().series, 0), it.key()).size();
+    if (best.tensor.empty() || (smallest ? n < best.nbytes : n > best.nbytes))
+      best = {it.key(), it->get<std::string>(), n};
+  }
+  return best;
+}
+
+// ---- what a damaged index means --------------------------------------------------
+
+// How the library sees a changed index, decided by parsing it: which metadata
+// fields changed decides which refusals are legitimate besides 3 and 5 (4: a
+// version number now points elsewhere; 6: a feature this build lacks).
+struct IndexChange {
+  bool parses = false, same = false;
+  std::set<int> refusals{3, 5};
+  std::string fields;  // the changed JSON paths, for the report
+};
+
+IndexChange classify_index(const json& original, const std::string& text) {
+  IndexChange c;
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception&) {
+    return c;
+  }
+  c.parses = true;
+  if (j == original) {
+    c.same = true;
+    return c;
+  }
+  std::set<std::string> paths;
+  for (const auto& op : json::diff(original, j)) {
+    std::string p = op["path"].get<std::string>();
+    // Group list and map members: /metadata/hfdelta_files/0/op -> /metadata/hfdelta_files/*/op
+    std::string g;
+    for (std::size_t start = 1; start <= p.size();) {
+      const std::size_t slash = std::min(p.find('/', start), p.size());
+      const bool keyed = g == "/weight_map" || g == "/metadata/hfdelta_base_checksums" || g == "/metadata/hfdelta_files";
+      g += '/';
+      g += keyed ? std::string("*") : p.substr(start, slash - start);
+      start = slash + 1;
+    }
+    paths.insert(g);
+  }
+  for (const auto& p : paths) {
+    if (!c.fields.empty()) c.fields += ' ';
+    c.fields += p;
+    if (p == "/metadata/version" || p == "/metadata/base_version") c.refusals.insert(4);
+    if (p == "/metadata/delta_encoding" || p == "/metadata/compression_format" || p == "/metadata/checksum_format" ||
+        p == "/metadata/hfdelta_format" || p == "/metadata/hfdelta_files/*/op")
+      c.refusals.insert(6);
+  }
+  return c;
+}
+
+// ---- positions to flip -------------------------------------------------------------
+
+struct Flip {
+  std::string file;  // relative to the delta directory
+  std::string region;
+  std::uint64_t offset = 0;
+  int bit = 0;
+};
+
+void spread(std::vector<Flip>& out, const std::string& file, const std::string& region, std::uint64_t begin,
+            std::uint64_t end, int count, int salt) {
+  if (end <= begin) return;
+  const std::uint64_t n = end - begin;
+  std::set<std::uint64_t> seen;
+  for (int i = 0; i < count; ++i) {
+    const std::uint64_t off = begin + (n * static_cast<std::uint64_t>(2 * i + 1)) / static_cast<std::uint64_t>(2 * count);
+    if (!seen.insert(off).second) continue;
+    out.push_back({file, region, off, (i * 3 + salt) % 8});
+  }
+}
+
+std::vector<Flip> flips_for(const fs::path& delta) {
+  std::vector<Flip> v;
+  int salt = 0;
+  for (const auto& f : delta_files(delta)) {
+    const StFile st = read_st(delta / f);
+    for (int i = 0; i < 8; ++i) v.push_back({f, "header length", static_cast<std::uint64_t>(i), (i * 5 + salt) % 8});
+    spread(v, f, "header JSON", 8, st.data_start(), 28, salt);
+    spread(v, f, "frames", st.data_start(), st.raw.size(), 28, salt + 1);
+    ++salt;
+  }
+  spread(v, "model.safetensors.index.json", "index JSON", 0, fs::file_size(delta / "model.safetensors.index.json"), 90, 2);
+  // The first letter of every key the format gives meaning to: a renamed key
+  // is an absent one to a reader.
+  const std::string text = read_file(delta / "model.safetensors.index.json");
+  for (const char* key : {"metadata", "weight_map", "version", "base_version", "delta_encoding", "compression_format",
+                          "checksum_format", "total_size", "hfdelta_format", "hfdelta_base_checksums", "hfdelta_files",
+                          "path", "op", "size", "xxh3-128"}) {
+    const std::size_t at = text.find("\"" + std::string(key) + "\":");
+    if (at != std::string::npos) v.push_back({"model.safetensors.index.json", "index JSON", at + 1, 0});
+  }
+  spread(v, "files/config.json", "carried file", 0, fs::file_size(delta / "files" / "config.json"), 24, 5);
+  return v;
+}
+
+void flip_bit(const fs::path& p, std::uint64_t offset, int bit) {
+  Bytes b = read_bytes(p);
+  b.at(static_cast<std::size_t>(offset)) ^= static_cast<std::uint8_t>(1u << bit);
+  write_bytes(p, b);
+}
+
+// Lengths to cut a file of `size` bytes at: the edges of its parts and
+// evenly spread ones, at least `count` in all.
+std::vector<std::uint64_t> cut_lengths(std::uint64_t size, const std::vector<std::uint64_t>& edges, std::size_t count) {
+  std::set<std::uint64_t> s{0, 1, size - 1};
+  for (auto e : edges)
+    for (std::uint64_t x : {e - 1, e, e + 1})
+      if (x < size) s.insert(x);
+  for (std::size_t i = 1; s.size() < count && i <= 4 * count; ++i) s.insert(size * i / (count + 1));
+  return {s.begin(), s.end()};
+}
+
+std::string run_flips(Attack& a, bool pull) {
+  const std::vector<Flip> flips = flips_for(a.delta);
+  const json original = delta_index(a.delta);
+  std::map<std::string, int> per_file;
+  for (const auto& f : flips) {
+    const fs::path p = a.delta / f.file;
+    flip_bit(p, f.offset, f.bit);
+    std::set<int> refusals{3, 5};
+    std::string harmless = "flip in " + f.region;
+    if (f.region == "index JSON") {
+      const IndexChange c = classify_index(original, read_file(p));
+      refusals = c.refusals;
+      harmless = c.same ? "flip in index JSON, same JSON" : "flip in index JSON changing " + c.fields;
+    }
+    const std::string at = f.file + " byte " + std::to_string(f.offset) + " bit " + std::to_string(f.bit);
+    a.b.attempt(pull ? a.pull() : a.single(), refusals, "bit flip in " + f.region, at, harmless);
+    flip_bit(p, f.offset, f.bit);
+    ++per_file[f.file];
+  }
+  std::string s;
+  for (const auto& [f, n] : per_file) s += " " + f + ": " + std::to_string(n) + ";";
+  return s;
+}
+
+void run_truncations(Attack& a) {
+  const json original = delta_index(a.delta);
+  std::vector<std::string> files = delta_files(a.delta);
+  files.push_back("model.safetensors.index.json");
+  files.push_back("files/config.json");
+  for (const auto& f : files) {
+    const fs::path p = a.delta / f;
+    const Bytes whole = read_bytes(p);
+    std::vector<std::uint64_t> edges;
+    if (f.size() > 12 && f.compare(f.size() - 12, 12, ".safetensors") == 0) {
+      const StFile st = read_st(p);
+      edges = {8, st.data_start()};
+      for (const auto& name : st.tensor_names()) edges.push_back(st.file_range(name).second);
+    }
+    const auto lengths = cut_lengths(whole.size(), edges, 24);
+    CHECK(lengths.size() >= 20);
+    for (const auto n : lengths) {
+      write_bytes(p, Bytes(whole.begin(), whole.begin() + static_cast<std::ptrdiff_t>(n)));
+      std::set<int> refusals{3, 5};
+      std::string harmless = "truncated " + f;
+      if (f == "model.safetensors.index.json") {
+        const IndexChange c = classify_index(original, read_file(p));
+        refusals = c.refusals;
+        if (c.same) harmless = "index JSON truncated to the same JSON";
+      }
+      a.b.attempt(a.single(), refusals, "truncated " + f, f + " cut to " + std::to_string(n) + " of " +
+                                                               std::to_string(whole.size()) + " bytes",
+                  harmless);
+    }
+    write_bytes(p, whole);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("hostile: one flipped bit anywhere in an xor or overwrite delta is refused, LOCAL untouched") {
+  for (const auto& [name, root] : {std::pair{"xor", inputs().root_xor}, std::pair{"overwrite", inputs().root_overwrite}}) {
+    Attack a(root);
+    const std::string per_file = run_flips(a, true);
+    CHECK(a.b.attempts >= 300);
+    MESSAGE(std::string(name) << " delta, flips per file:" << per_file);
+    a.b.report(std::string("bit flips in the ") + name + " delta, applied with --root");
+  }
+}
+
+TEST_CASE("hostile: every delta file truncated at 20+ lengths is refused, LOCAL untouched") {
+  for (const auto& [name, root] : {std::pair{"xor", inputs().root_xor}, std::pair{"overwrite", inputs().root_overwrite}}) {
+    Attack a(root);
+    run_truncations(a);
+    a.b.report(std::string("truncations of the ") + name + " delta");
+  }
+}
+
+TEST_CASE("hostile: frames of the wrong size, decompression bombs, wrong checksums") {
+  for (const auto& [name, root] : {std::pair{"xor", inputs().root_xor}, std::pair{"overwrite", inputs().root_overwrite}}) {
+    Attack a(root);
+    const bool is_xor = std::string(name) == "xor";
+    const Entry big = pick_entry(a.delta, false), small = pick_entry(a.delta, true);
+    const fs::path file = a.delta / big.file;
+    const Bytes real = zstd_decompress(read_st(file).tensor(big.tensor));
+
+    // A valid frame whose content is longer or shorter than the encoding needs.
+    std::vector<std::pair<std::string, Bytes>> wrong;
+    if (is_xor) {
+      wrong = {{"xor frame 1 byte longer than the tensor", Bytes(big.nbytes + 1, 0)},
+               {"xor frame 1 byte shorter than the tensor", Bytes(big.nbytes - 1, 0)},
+               {"xor frame twice the tensor", Bytes(2 * big.nbytes, 0)},
+               {"xor frame half the tensor", Bytes(big.nbytes / 2, 0)},
+               {"empty frame", Bytes()}};
+    } else {
+      Bytes more = real, fewer = real;
+      more.push_back(0);
+      fewer.pop_back();
+      wrong = {{"overwrite payload 1 byte longer than its count says", more},
+               {"overwrite payload 1 byte shorter than its count says", fewer},
+               {"overwrite payload the size of the tensor", Bytes(big.nbytes, 0)},
+               {"empty frame", Bytes()}};
+    }
+    for (const auto& [what, content] : wrong) {
+      replace_entry(file, big.tensor, zstd_compress(content));
+      a.b.attempt(a.single(), {3}, what, std::string(name) + " delta, entry " + big.tensor);
+      a.restore();
+    }
+    // Not a frame at all, and two frames back to back.
+    {
+      replace_entry(file, big.tensor, bytes_of("not a zstd frame at all"));
+      a.b.attempt(a.single(), {3}, "entry that is not a zstd frame", name);
+      a.restore();
+      Bytes two = read_st(file).tensor(big.tensor);
+      const Bytes again = two;
+      two.insert(two.end(), again.begin(), again.end());
+      replace_entry(file, big.tensor, two);
+      a.b.attempt(a.single(), {3}, "entry holding the frame twice", name);
+      a.restore();
+    }
+
+    // Decompression bombs: 1 GiB of zeros in a small frame, declared as a
+    // small tensor, with and without the size in the frame header.
+    for (const bool declare : {true, false}) {
+      static std::map<bool, Bytes> bombs;
+      if (!bombs.count(declare)) bombs[declare] = zero_frame(1ull << 30, declare);
+      REQUIRE(bombs[declare].size() < (1u << 20));
+      const fs::path sf = a.delta / small.file;
+      replace_entry(sf, small.tensor, bombs[declare]);
+      a.b.attempt(a.single(), {3}, std::string("1 GiB decompression bomb") + (declare ? "" : " without declared size"),
+                  std::string(name) + " delta, " + std::to_string(small.nbytes) + "-byte tensor " + small.tensor);
+      a.restore();
+    }
+
+    // A valid frame whose checksum in __metadata__ is another valid checksum.
+    {
+      replace_entry(file, big.tensor, read_st(file).tensor(big.tensor), xxh3_hex(std::string("something else")));
+      const int code = a.b.attempt(a.single(), {5}, "wrong checksum in __metadata__", name);
+      CHECK(code == 5);
+      a.restore();
+    }
+    a.b.report(std::string("frames and checksums of the ") + name + " delta");
+  }
+}
+
+TEST_CASE("hostile: a delta of another base, with and without base checksums, is refused with exit 5") {
+  const Inputs& in = inputs();
+  for (const auto& [name, src] : {std::pair{"xor", in.other_xor}, std::pair{"overwrite", in.other_overwrite}}) {
+    Attack a(in.root_xor);
+    fs::remove_all(a.delta);
+    copy_tree(src, a.delta);
+    int code = a.b.attempt(a.single(), {5}, "delta made against another base", name);
+    CHECK(code == 5);
+    // The same delta as a publisher of the plain layout writes it: no hfdelta_* keys.
+    json idx = delta_index(a.delta);
+    json md = json::object();
+    for (auto it = idx["metadata"].begin(); it != idx["metadata"].end(); ++it)
+      if (it.key().rfind("hfdelta_", 0) != 0) md[it.key()] = *it;
+    idx["metadata"] = md;
+    write_json(a.delta / "model.safetensors.index.json", idx);
+    fs::remove_all(a.delta / "files");
+    code = a.b.attempt(a.single(), {5}, "slime-style delta (no base checksums) against another base", name);
+    CHECK(code == 5);
+    a.b.report(std::string("deltas of another base (") + name + ")");
+  }
+}
+
+TEST_CASE("hostile: crafted safetensors headers in a delta file") {
+  Attack a(inputs().root_xor);
+  const Entry e = pick_entry(a.delta, false);
+  const fs::path file = a.delta / e.file;
+  auto raw_file = [&](const std::string& header, std::uint64_t declared_len, std::size_t data) {
+    std::string b;
+    for (int i = 0; i < 8; ++i) b.push_back(static_cast<char>((declared_len >> (8 * i)) & 0xff));
+    b += header;
+    b.append(data, '\0');
+    write_file(file, b);
+  };
+  const std::string md = "\"__metadata__\":{\"" + e.tensor + "\":\"" + std::string(32, '0') + "\"}";
+  auto header_with_shape = [&](const std::string& shape, std::uint64_t end) {
+    return "{" + md + ",\"" + e.tensor + "\":{\"dtype\":\"U8\",\"shape\":" + shape + ",\"data_offsets\":[0," +
+           std::to_string(end) + "]}}";
+  };
+  const std::vector<std::pair<std::string, std::string>> shapes = {
+      {"shape whose product overflows 64 bits", "[4294967296,4294967296,16]"},
+      {"shape of 2^64-1 bytes", "[18446744073709551615]"},
+      {"shape larger than a 64-bit integer", "[18446744073709551616]"},
+      {"negative shape", "[-16]"},
+      {"two-dimensional U8 entry", "[4,4]"},
+  };
+  for (const auto& [what, shape] : shapes) {
+    const std::string h = header_with_shape(shape, 16);
+    raw_file(h, h.size(), 16);
+    a.b.attempt(a.single(), {3}, what, e.file);
+    a.restore();
+  }
+  for (const std::uint64_t len : {100'000'001ull, 1ull << 40, ~0ull}) {
+    const std::string h = header_with_shape("[16]", 16);
+    raw_file(h, len, 16);
+    a.b.attempt(a.single(), {3}, "header length " + std::to_string(len), e.file);
+    a.restore();
+  }
+  // A header length just over the limit that the file really has.
+  {
+    std::string h = header_with_shape("[16]", 16);
+    h.resize(100'000'008, ' ');
+    raw_file(h, h.size(), 16);
+    a.b.attempt(a.single(), {3}, "a real header of 100,000,008 bytes", e.file);
+    a.restore();
+  }
+  a.b.report("crafted safetensors headers");
+}
+
+TEST_CASE("hostile: weight_map entries naming files outside the delta's top level") {
+  Attack a(inputs().root_xor);
+  const Entry e = pick_entry(a.delta, false);
+  for (const std::string& target : std::vector<std::string>{"../x.safetensors", "/etc/x", "sub/x.safetensors", "./" + e.file, "", "."}) {
+    // The file is really there where it can be, so only the path rule refuses it.
+    if (target == "../x.safetensors") fs::copy_file(a.delta / e.file, a.delta.parent_path() / "x.safetensors");
+    if (target == "sub/x.safetensors") {
+      fs::create_directories(a.delta / "sub");
+      fs::copy_file(a.delta / e.file, a.delta / "sub" / "x.safetensors");
+    }
+    json idx = delta_index(a.delta);
+    for (auto it = idx["weight_map"].begin(); it != idx["weight_map"].end(); ++it)
+      if (it->get<std::string>() == e.file) *it = target;
+    write_json(a.delta / "model.safetensors.index.json", idx);
+    a.b.attempt(a.single(), {3}, "weight_map names \"" + target + "\"", e.file);
+    a.restore();  // removes ROOT/x.safetensors too
+  }
+  a.b.report("weight_map paths");
+}
+
+TEST_CASE("hostile: hfdelta_files paths that leave LOCAL") {
+  const std::unique_ptr<TempDir> scratch = scratch_dir();
+  const TempDir& t = *scratch;
+  Attack a(inputs().root_xor);
+  // Directories outside LOCAL that a hostile path could reach.
+  const fs::path outside = a.b.local.parent_path() / "outside";
+  const fs::path outside_src = t / "outside-src";
+  write_file(outside / "victim.txt", "must survive\n");
+  write_file(outside / "config.json", "must survive\n");
+  const std::string evil = "{\"evil\": true}\n";
+  write_file(outside_src / "evil.txt", evil);
+  const Snapshot outside_before = snapshot(outside);
+  const std::vector<std::string> parent_before = list_names(a.b.local.parent_path());
+  const std::vector<std::string> src_before = list_names(outside_src);
+
+  auto with_files = [&](const json& files) {
+    json idx = delta_index(a.delta);
+    idx["metadata"]["hfdelta_files"] = files;
+    write_json(a.delta / "model.safetensors.index.json", idx);
+  };
+  auto put = [&](const std::string& path) {
+    return json{{"path", path}, {"op", "put"}, {"size", evil.size()}, {"xxh3-128", xxh3_hex(evil)}};
+  };
+  auto remove = [&](const std::string& path) { return json{{"path", path}, {"op", "remove"}}; };
+  auto check_outside = [&](const std::string& what) {
+    const auto d = snapshot_diff(outside_before, snapshot(outside), "before", "after");
+    CHECK_MESSAGE(d.empty(), what << ": outside LOCAL changed: " << d.front());
+    CHECK_MESSAGE(list_names(a.b.local.parent_path()) == parent_before, what << ": a file appeared beside LOCAL");
+    CHECK_MESSAGE(list_names(outside_src) == src_before, what);
+  };
+
+  const std::string abs = (outside / "evil.txt").string();
+  const std::vector<std::pair<std::string, json>> cases = {
+      {"absolute put", put(abs)},
+      {"absolute remove", remove((outside / "victim.txt").string())},
+      {"put through ..", put("../outside/evil.txt")},
+      {"remove through ..", remove("../outside/victim.txt")},
+      {"put through a later ..", put("sub/../../outside/evil.txt")},
+      {"put into .weight_sync", put(".weight_sync/state.json")},
+      {"remove of .weight_sync/state.json", remove(".weight_sync/state.json")},
+      {"put over a weight file", put("model-00001-of-00004.safetensors")},
+      {"remove of a weight file", remove("model-00001-of-00004.safetensors")},
+  };
+  for (const auto& [what, entry] : cases) {
+    // The content is there, inside the delta, wherever a relative path leads.
+    const std::string path = entry["path"].get<std::string>();
+    if (entry["op"] == "put" && path.front() != '/') write_file(a.delta / "files" / path, evil);
+    with_files(json::array({entry}));
+    a.b.attempt(a.single(), {3}, "hfdelta_files " + what, entry["path"].get<std::string>());
+    check_outside(what);
+    a.restore();
+  }
+
+  // A directory symlink inside LOCAL that points outside it.
+  {
+    a.b.after_reset = [&](const fs::path& local) { fs::create_directory_symlink(outside, local / "linkdir"); };
+    a.b.reset();
+    a.b.pristine = snapshot(a.b.local, true);
+    for (const auto& [what, entry] : std::vector<std::pair<std::string, json>>{
+             {"put through a symlinked directory in LOCAL", put("linkdir/evil.txt")},
+             {"remove through a symlinked directory in LOCAL", remove("linkdir/victim.txt")},
+             {"put over a file through a symlinked directory in LOCAL", put("linkdir/config.json")}}) {
+      write_file(a.delta / "files" / "linkdir" / "evil.txt", evil);
+      write_file(a.delta / "files" / "linkdir" / "config.json", evil);
+      with_files(json::array({entry}));
+      a.b.attempt(a.single(), {3}, "hfdelta_files " + what, entry["path"].get<std::string>());
+      check_outside(what);
+      a.restore();
+    }
+    a.b.after_reset = nullptr;
+    a.b.reset();
+    a.b.pristine = snapshot(a.b.local, true);
+  }
+
+  // Symlinks inside the delta's files/ directory.
+  {
+    fs::create_directories(a.delta / "files");
+    fs::create_directory_symlink(outside_src, a.delta / "files" / "cfgdir");
+    with_files(json::array({put("cfgdir/evil.txt")}));
+    a.b.attempt(a.single(), {3}, "hfdelta_files put through a symlinked directory in files/", "cfgdir/evil.txt");
+    check_outside("symlinked directory in files/");
+    a.restore();
+    fs::create_directories(a.delta / "files");
+    fs::create_symlink(outside_src / "evil.txt", a.delta / "files" / "evil.txt");
+    with_files(json::array({put("evil.txt")}));
+    a.b.attempt(a.single(), {3}, "hfdelta_files put of a symlink in files/", "evil.txt");
+    check_outside("symlinked file in files/");
+    a.restore();
+  }
+  CHECK(snapshot(outside) == outside_before);
+  a.b.report("hfdelta_files paths");
+}
+
+TEST_CASE("hostile: total") { MESSAGE("hostile inputs tried: " << hostile_total()); }

@@ -1,0 +1,29 @@
+// Invariant checks shared by the fuzz targets: a broken invariant prints what
+// broke and aborts, which libFuzzer reports as a crash with the input saved.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+#define FUZZ_CHECK(cond)                                                                   \
+  do {                                                                                     \
+    if (!(cond)) {                                                                         \
+      std::fprintf(stderr, "%s:%d: invariant broken: %s\n", __FILE__, __LINE__, #cond);   \
+      std::abort();                                                                        \
+    }                                                                                      \
+  } while (0)
+
+namespace fuzz {
+
+// Tensor size chosen by a fuzz input: its first four bytes, little-endian,
+// folded into [0, kMaxTensor] so a decoder never gets a tensor over 1 MiB.
+inline constexpr std::uint64_t kMaxTensor = 1u << 20;
+
+inline std::uint64_t tensor_size(const std::uint8_t* data, std::size_t size) {
+  std::uint32_t v = 0;
+  for (std::size_t i = 0; i < 4 && i < size; ++i) v |= std::uint32_t(data[i]) << (8 * i);
+  return v <= kMaxTensor ? v : v % (kMaxTensor + 1);
+}
+
+}  // namespace fuzz
