@@ -32,28 +32,7 @@ std::string sh_quote(const std::string& s) {
   return q + "'";
 }
 
-bool has_txn(const fs::path& local) {
-  boost::system::error_code ec;
-  return fs::exists(fs::symlink_status(local / ".weight_sync" / "txn", ec));
-}
 
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (old_) ::setenv(name_, old_->c_str(), 1);
-    else ::unsetenv(name_);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 // delta-apply started in the background, its output going to files; waited
 // for (and killed first if still running) on destruction.

@@ -38,43 +38,8 @@ constexpr int kKilled = 128 + SIGKILL;
 
 bool contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
 
-std::string first_line(const std::string& s) {
-  const std::size_t nl = s.find('\n');
-  return nl == std::string::npos ? s : s.substr(0, nl);
-}
 
-// Sets an environment variable for the commands started while it lives (the
-// tests run one at a time, so the process environment is theirs).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (old_) ::setenv(name_, old_->c_str(), 1);
-    else ::unsetenv(name_);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
 
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
-
-// A temporary directory on a RAM-backed filesystem when there is one with
-// room (flushes cost nothing there, and thousands of runs flush), else in the
-// usual place. The faults here are kills and I/O errors, not power cuts, so
-// the filesystem does not change what is tested.
-std::unique_ptr<TempDir> scratch_dir() {
-  std::optional<ScopedEnv> env;
-  struct statvfs sv{};
-  if (::statvfs("/dev/shm", &sv) == 0 && ::access("/dev/shm", W_OK) == 0 &&
-      static_cast<unsigned long long>(sv.f_bavail) * sv.f_frsize >= (2ull << 30))
-    env.emplace("TMPDIR", "/dev/shm");
-  return std::make_unique<TempDir>();
-}
 
 // delta-apply ARGS with the N-th write step failing in `mode` ("kill" or "error").
 RunResult apply_faulty(const std::vector<std::string>& args, long at, const char* mode) {
@@ -89,10 +54,6 @@ std::vector<std::string> with_json(const std::vector<std::string>& args) {
   return v;
 }
 
-bool has_txn(const fs::path& local) {
-  boost::system::error_code ec;
-  return fs::exists(fs::symlink_status(local / ".weight_sync" / "txn", ec));
-}
 
 // Every directory below `dir` outside .weight_sync, relative, sorted: the
 // snapshots compare files only, and a stray or vanished directory matters too.

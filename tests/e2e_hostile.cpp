@@ -26,44 +26,11 @@ using namespace e2e;
 
 namespace {
 
-std::string first_line(const std::string& s) {
-  const std::size_t nl = s.find('\n');
-  return nl == std::string::npos ? s : s.substr(0, nl);
-}
 
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (old_) ::setenv(name_, old_->c_str(), 1);
-    else ::unsetenv(name_);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 // A temporary directory on a RAM-backed filesystem when there is one with
 // room (hundreds of runs here), else in the usual place.
-std::unique_ptr<TempDir> scratch_dir() {
-  std::optional<ScopedEnv> env;
-  struct statvfs sv{};
-  if (::statvfs("/dev/shm", &sv) == 0 && ::access("/dev/shm", W_OK) == 0 &&
-      static_cast<unsigned long long>(sv.f_bavail) * sv.f_frsize >= (2ull << 30))
-    env.emplace("TMPDIR", "/dev/shm");
-  return std::make_unique<TempDir>();
-}
 
-bool has_txn(const fs::path& local) {
-  boost::system::error_code ec;
-  return fs::exists(fs::symlink_status(local / ".weight_sync" / "txn", ec));
-}
 
 long& hostile_total() {
   static long n = 0;

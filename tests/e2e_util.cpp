@@ -1,5 +1,8 @@
 #include "e2e_util.hpp"
 
+#include <sys/statvfs.h>
+#include <unistd.h>
+
 #include "hfdelta/delta_format.hpp"
 
 #include <fcntl.h>
@@ -422,5 +425,24 @@ std::string state_version(const fs::path& local) {
 }
 
 json delta_index(const fs::path& delta) { return read_json(delta / "model.safetensors.index.json"); }
+
+std::string first_line(const std::string& s) {
+  const std::size_t nl = s.find('\n');
+  return nl == std::string::npos ? s : s.substr(0, nl);
+}
+
+std::unique_ptr<TempDir> scratch_dir() {
+  std::optional<ScopedEnv> env;
+  struct statvfs sv{};
+  if (::statvfs("/dev/shm", &sv) == 0 && ::access("/dev/shm", W_OK) == 0 &&
+      static_cast<unsigned long long>(sv.f_bavail) * sv.f_frsize >= (2ull << 30))
+    env.emplace("TMPDIR", "/dev/shm");
+  return std::make_unique<TempDir>();
+}
+
+bool has_txn(const fs::path& local) {
+  boost::system::error_code ec;
+  return fs::exists(fs::symlink_status(local / ".weight_sync" / "txn", ec));
+}
 
 }  // namespace e2e

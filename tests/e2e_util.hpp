@@ -5,6 +5,9 @@
 #include <cstdint>
 #include <boost/filesystem.hpp>
 #include <map>
+#include <memory>
+#include <optional>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -163,6 +166,38 @@ json state_json(const fs::path& local);
 
 // The index of a delta directory.
 json delta_index(const fs::path& delta);
+
+// First line of a command's output, for short messages.
+std::string first_line(const std::string& s);
+
+// Sets an environment variable for the commands started while it lives (the
+// tests run one at a time, so the process environment is theirs).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_) ::setenv(name_, old_->c_str(), 1);
+    else ::unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// A temporary directory on a RAM-backed filesystem when there is one with
+// room (flushes cost nothing there, and thousands of runs flush), else in the
+// usual place. The faults tested are kills and I/O errors, not power cuts, so
+// the filesystem does not change what is tested.
+std::unique_ptr<TempDir> scratch_dir();
+
+// True if LOCAL holds a transaction directory.
+bool has_txn(const fs::path& local);
 
 }  // namespace e2e
 
