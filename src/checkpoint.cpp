@@ -8,6 +8,7 @@
 
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
+#include "json_text.hpp"
 
 namespace hfdelta {
 
@@ -76,12 +77,7 @@ Checkpoint open_checkpoint(const fs::path& dir) {
     if (f.find('/') != std::string::npos || !ends_with(f, ".safetensors.index.json")) continue;
     c.index_files.push_back(f);
     const fs::path p = dir / f;
-    json j;
-    try {
-      j = json::parse(read_small_file(p));
-    } catch (const json::exception& e) {
-      fail(Exit::bad_input, p.string() + ": not valid JSON: " + e.what());
-    }
+    const json j = parse_json_text(read_small_file(p), p.string(), "index");
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
       fail(Exit::bad_input, p.string() + ": no \"weight_map\" object");
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {

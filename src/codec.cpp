@@ -183,6 +183,9 @@ FrameReader::FrameReader(Decompressor& d, std::span<const std::uint8_t> frame, c
     : dctx_(d.ctx()), what_(what), buf_(kChunk) {
   in_data_ = frame.data();
   in_size_ = frame.size();
+  // Only the current frame format: libzstd also decodes pre-1.0 frames and
+  // skippable frames, whose edge cases differ between its decoders.
+  if (frame.size() < 4 || get_le32(frame.data()) != 0xFD2FB528u) bad("is not a zstd frame");
   ZSTD_DCtx_reset(static_cast<ZSTD_DCtx*>(dctx_), ZSTD_reset_session_only);
 }
 
@@ -340,8 +343,10 @@ void decode_sparse(std::span<const std::uint8_t> entry, std::uint64_t nbytes, co
     bad("is for a " + std::to_string(get_le64(h + 8)) + "-byte tensor, the target has " + std::to_string(nbytes));
   const std::uint64_t chunk_elems = get_le64(h + 16), chunks = get_le64(h + 24);
   const std::uint64_t n = nbytes / es;
-  if (chunk_elems == 0 || chunks != (n + chunk_elems - 1) / chunk_elems)
-    bad("has an inconsistent chunk table");
+  // Revision 2 fixes the chunk size; a hostile one could make every element
+  // a chunk of its own, or the chunk count wrap around.
+  if (chunk_elems != kSparseChunkElements) bad("has chunks of " + std::to_string(chunk_elems) + " elements, not " + std::to_string(kSparseChunkElements));
+  if (chunks != (n == 0 ? 0 : (n - 1) / chunk_elems + 1)) bad("has an inconsistent chunk table");
 
   constexpr std::size_t kBatch = 16 * 1024;
   std::vector<std::uint64_t> offs(kBatch);

@@ -6,6 +6,7 @@
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
 #include "hfdelta/version.hpp"
+#include "json_text.hpp"
 
 namespace hfdelta {
 
@@ -17,14 +18,9 @@ namespace {
 constexpr std::uint64_t kMaxIndexBytes = 256u << 20;
 
 json load_index(const fs::path& p) {
-  const std::string text = read_small_file(p, kMaxIndexBytes);
-  try {
-    json j = json::parse(text);
-    if (!j.is_object()) fail(Exit::bad_input, p.string() + ": not a JSON object");
-    return j;
-  } catch (const json::exception& e) {
-    fail(Exit::bad_input, p.string() + ": not valid JSON: " + e.what());
-  }
+  json j = parse_json_text(read_small_file(p, kMaxIndexBytes), p.string(), "index");
+  if (!j.is_object()) fail(Exit::bad_input, p.string() + ": not a JSON object");
+  return j;
 }
 
 std::uint64_t version_of(const json& v, const std::string& what) {
@@ -72,12 +68,7 @@ DeltaIndex read_delta_index(const fs::path& dir) {
 }
 
 DeltaIndex parse_delta_index(std::string_view text, const std::string& w) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    fail(Exit::bad_input, w + ": not valid JSON: " + e.what());
-  }
+  const json j = parse_json_text(text, w, "index");
   if (!j.is_object()) fail(Exit::bad_input, w + ": not a JSON object");
   if (!j.contains("metadata") || !j["metadata"].is_object()) fail(Exit::bad_input, w + ": no \"metadata\" object");
   const json& m = j["metadata"];

@@ -10,6 +10,7 @@
 #include "hfdelta/error.hpp"
 #include "hfdelta/local_store.hpp"
 #include "hfdelta/version.hpp"
+#include "json_text.hpp"
 
 namespace hfdelta {
 
@@ -198,7 +199,7 @@ std::optional<Manifest> read_manifest(const fs::path& step) {
   if (!exists_nofollow(p)) return std::nullopt;
   const std::string w = p.string();
   try {
-    const json j = json::parse(read_small_file(p));
+    const json j = parse_json_text(read_small_file(p), w, "manifest");
     Manifest m;
     m.version = parse_version(j.at("version").get<std::string>(), w);
     if (!j.at("base_version").is_null()) m.base = parse_version(j.at("base_version").get<std::string>(), w);

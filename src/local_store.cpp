@@ -16,6 +16,7 @@
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
 #include "hfdelta/version.hpp"
+#include "json_text.hpp"
 
 namespace hfdelta {
 
@@ -70,12 +71,7 @@ LocalState read_state(const fs::path& local) {
   boost::system::error_code ec;
   if (!fs::exists(p, ec)) return {};
   const std::string text = read_small_file(p, 1 << 20);
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    fail(Exit::bad_input, p.string() + ": not valid JSON: " + e.what());
-  }
+  const json j = parse_json_text(text, p.string(), "state");
   if (!j.is_object()) fail(Exit::bad_input, p.string() + ": not a JSON object");
   LocalState s;
   auto version_field = [&](const char* k) -> std::optional<std::uint64_t> {

@@ -9,6 +9,7 @@
 
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
+#include "json_text.hpp"
 
 namespace hfdelta {
 
@@ -40,31 +41,6 @@ std::uint64_t read_le64(const char* p) {
 
 bool mul_overflows(std::uint64_t a, std::uint64_t b, std::uint64_t* out) {
   return __builtin_mul_overflow(a, b, out);
-}
-
-// Parses the header JSON, refusing duplicate keys at any level: a JSON library
-// would silently keep one of them, so two readers could see different tensors.
-json parse_json_strict(std::string_view text, const std::string& what) {
-  std::vector<std::set<std::string>> seen;
-  auto cb = [&](int depth, json::parse_event_t ev, json& parsed) {
-    (void)depth;
-    switch (ev) {
-      case json::parse_event_t::object_start: seen.emplace_back(); break;
-      case json::parse_event_t::object_end: seen.pop_back(); break;
-      case json::parse_event_t::key: {
-        const auto& k = parsed.get_ref<const std::string&>();
-        if (!seen.back().insert(k).second) bad(what, "header has duplicate key \"" + k + "\"");
-        break;
-      }
-      default: break;
-    }
-    return true;
-  };
-  try {
-    return json::parse(text.begin(), text.end(), cb);
-  } catch (const json::exception& e) {
-    bad(what, std::string("header is not valid UTF-8 JSON: ") + e.what());
-  }
 }
 
 std::uint64_t as_u64(const json& v, const std::string& what, const std::string& field) {
@@ -129,7 +105,7 @@ SafetensorsHeader parse_safetensors(std::string_view bytes, std::uint64_t file_s
   h.header.assign(bytes.substr(8, h.header_len));
   if (h.header.empty() || h.header.front() != '{') bad(what, "header does not start with '{'");
 
-  json j = parse_json_strict(h.header, what);
+  json j = parse_json_text(h.header, what, "header");
   if (!j.is_object()) bad(what, "header is not a JSON object");
 
   const std::uint64_t buffer = file_size - 8 - h.header_len;

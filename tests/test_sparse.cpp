@@ -79,33 +79,38 @@ Bytes zframe(const Bytes& in) {
   return out;
 }
 
-// A hand-built one-chunk entry: es-byte elements, given positions and XOR bytes.
+// A hand-built entry: es-byte elements, given positions (ascending) and XOR bytes.
 Bytes handmade(std::uint32_t es, std::uint64_t nbytes, const std::vector<std::uint64_t>& elems, const Bytes& xors) {
-  Bytes gaps;
-  std::uint64_t next = 0;
-  for (auto e : elems) {
-    std::uint64_t v = e - next;
-    while (v >= 0x80) gaps.push_back(static_cast<std::uint8_t>(v | 0x80)), v >>= 7;
-    gaps.push_back(static_cast<std::uint8_t>(v));
-    next = e + 1;
-  }
   Bytes out{'H', 'F', 'S', '1'};
   for (int i = 0; i < 4; ++i) out.push_back(static_cast<std::uint8_t>(es >> (8 * i)));
   const std::uint64_t n = nbytes / es;
+  const std::uint64_t chunks = n == 0 ? 0 : (n - 1) / kSparseChunkElements + 1;
   put64(out, nbytes);
-  put64(out, n);  // one chunk holding every element
-  put64(out, 1);
-  put64(out, elems.size());
-  const Bytes gf = zframe(gaps);
-  std::vector<Bytes> planes(es);
-  for (std::size_t i = 0; i < elems.size(); ++i)
-    for (std::uint32_t k = 0; k < es; ++k) planes[k].push_back(xors[i * es + k]);
-  put64(out, gf.size());
-  std::vector<Bytes> pf;
-  for (auto& p : planes) pf.push_back(zframe(p));
-  for (auto& f : pf) put64(out, f.size());
-  out.insert(out.end(), gf.begin(), gf.end());
-  for (auto& f : pf) out.insert(out.end(), f.begin(), f.end());
+  put64(out, kSparseChunkElements);
+  put64(out, chunks);
+  std::size_t i = 0;
+  for (std::uint64_t ch = 0; ch < chunks; ++ch) {
+    const std::uint64_t e0 = ch * kSparseChunkElements, e1 = std::min(n, e0 + kSparseChunkElements);
+    Bytes gaps;
+    std::vector<Bytes> planes(es);
+    std::uint64_t next = e0, count = 0;
+    // Positions past the end go into the last chunk (to build hostile entries).
+    for (; i < elems.size() && (elems[i] < e1 || ch + 1 == chunks); ++i, ++count) {
+      std::uint64_t v = elems[i] - next;
+      while (v >= 0x80) gaps.push_back(static_cast<std::uint8_t>(v | 0x80)), v >>= 7;
+      gaps.push_back(static_cast<std::uint8_t>(v));
+      next = elems[i] + 1;
+      for (std::uint32_t k = 0; k < es; ++k) planes[k].push_back(xors[i * es + k]);
+    }
+    put64(out, count);
+    const Bytes gf = zframe(gaps);
+    put64(out, gf.size());
+    std::vector<Bytes> pf;
+    for (auto& p : planes) pf.push_back(zframe(p));
+    for (auto& f : pf) put64(out, f.size());
+    out.insert(out.end(), gf.begin(), gf.end());
+    for (auto& f : pf) out.insert(out.end(), f.begin(), f.end());
+  }
   return out;
 }
 
@@ -168,11 +173,13 @@ TEST_CASE("sparse: a position past 4 GiB decodes without allocating the tensor")
   x[7] = 0x01;
   const Bytes entry = handmade(8, nbytes, {3, elem}, Bytes{1, 0, 0, 0, 0, 0, 0, 0, 0xaa, 0, 0, 0, 0, 0, 0, 1});
   std::vector<std::uint64_t> seen;
+  std::vector<std::uint8_t> first_bytes;
   decode_sparse(entry, nbytes, "test", [&](std::span<const std::uint64_t> offs, std::span<const std::uint8_t> xs, std::size_t es) {
     CHECK(es == 8);
-    for (std::size_t i = 0; i < offs.size(); ++i) seen.push_back(offs[i]);
-    CHECK(xs[xs.size() - 8] == 0xaa);
+    for (std::size_t i = 0; i < offs.size(); ++i) seen.push_back(offs[i]), first_bytes.push_back(xs[i * es]);
   });
+  REQUIRE(first_bytes.size() == 2);
+  CHECK(first_bytes[1] == 0xaa);
   REQUIRE(seen.size() == 2);
   CHECK(seen[0] == 24);
   CHECK(seen[1] == elem * 8);
@@ -207,7 +214,7 @@ TEST_CASE("sparse: hostile entries are refused as malformed input") {
   // planes of the wrong length.
   CHECK(refused(handmade(2, 64, {40}, Bytes{1, 1}), 64));
   Bytes short_gaps = handmade(1, 64, {1, 2}, Bytes{1, 1});
-  short_gaps[36] = 3;  // K = 3 with only two positions
+  short_gaps[32] = 3;  // K = 3 with only two positions
   CHECK(refused(short_gaps, 64));
   int flipped_refused = 0, flipped_total = 0;
   for (std::size_t i = 0; i < good.size(); ++i) {  // a bit flip anywhere: refused or harmless, never out of range
@@ -319,4 +326,26 @@ TEST_CASE("sparse: index records per-tensor encodings for auto and refuses what 
   DeltaIndex missing = d;
   missing.encodings.erase("b");
   CHECK(code(write_delta_index_json(missing, 10)) == Exit::bad_input);
+}
+
+TEST_CASE("hostile: chunk tables that wrap around, legacy zstd frames, JSON nested without bound") {
+  // A chunk size near 2^64 made the chunk count wrap to 0 (no changes accepted).
+  Bytes wrap{'H', 'F', 'S', '1', 1, 0, 0, 0};
+  put64(wrap, 5);
+  put64(wrap, ~0ull);
+  put64(wrap, 0);
+  CHECK(error_code([&] { decode_sparse(wrap, 5, "t", [](auto, auto, auto) {}); }) == Exit::bad_input);
+  // A truncated pre-1.0 zstd frame, which libzstd's streaming decoder takes as empty.
+  const Bytes legacy{0x27, 0xb5, 0x2f, 0xfd, 0x24, 0, 0, 0, 0};
+  Decompressor d;
+  CHECK(error_code([&] { decode_xor(d, legacy, 0, "t", [](auto, auto) {}); }) == Exit::bad_input);
+  // Deeply nested JSON in a header or an index: refused, not a stack overflow.
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const std::string header = "{\"a\":{\"dtype\":\"U8\",\"shape\":" + deep + ",\"data_offsets\":[0,0]}}";
+  std::string file(8, '\0');
+  for (int i = 0; i < 8; ++i) file[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  file += header;
+  CHECK(error_code([&] { parse_safetensors(file, file.size(), "deep.safetensors"); }) == Exit::bad_input);
+  const std::string index = "{\"metadata\":{\"delta_encoding\":\"xor\",\"compression_format\":" + deep + "},\"weight_map\":{}}";
+  CHECK(error_code([&] { parse_delta_index(index, "deep index"); }) == Exit::bad_input);
 }

@@ -53,7 +53,8 @@ Verdict reference(std::span<const std::uint8_t> e, std::uint64_t nbytes, Changes
   if (le(h + 8, 8) != nbytes) return Verdict::refuse;
   const std::uint64_t n = nbytes / es, per_chunk = le(h + 16, 8), chunks = le(h + 24, 8);
   // Exactly ceil(n / per_chunk) chunks, computed without overflow.
-  if (per_chunk == 0 || chunks != (n == 0 ? 0 : (n - 1) / per_chunk + 1)) return Verdict::refuse;
+  if (per_chunk != hfdelta::kSparseChunkElements) return Verdict::refuse;  // fixed by format revision 2
+  if (chunks != (n == 0 ? 0 : (n - 1) / per_chunk + 1)) return Verdict::refuse;
   out.elem_size = es;
 
   for (std::uint64_t ch = 0; ch < chunks; ++ch) {
