@@ -1,0 +1,1111 @@
+// hfdelta-bench: the measuring half of scripts/bench.sh.
+//
+// Subcommands (each can append its result as one JSON line to a records file,
+// with string labels added, so the script only has to name what it measured):
+//   bound BASE NEW     order-0 entropy bound of the change between two checkpoints
+//   readfloor DIR...   wall time of reading every shard of the checkpoints from the page cache
+//   warm PATH...       read every regular file once (fills the page cache)
+//   run -- CMD...      run a command: wall time, max RSS (GNU time -v and wait4), and the
+//                      peak VmRSS / RssAnon of its process tree, sampled from /proc
+//   size PATH...       total bytes of the regular files under the paths
+//   machine PATH       CPU, memory, kernel and the disk holding PATH
+//   note               a record made of labels only
+//   report RECORDS     builds results.md and results.json from a records file
+//
+// Not installed; benchmarks only.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/sysmacros.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <omp.h>
+
+#include <CLI/CLI.hpp>
+#include <boost/filesystem.hpp>
+#include <nlohmann/json.hpp>
+
+#include "hfdelta/checkpoint.hpp"
+#include "hfdelta/error.hpp"
+#include "hfdelta/io.hpp"
+#include "hfdelta/safetensors.hpp"
+
+namespace fs = boost::filesystem;
+using nlohmann::json;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+int threads_or_all(int t) { return t > 0 ? t : omp_get_max_threads(); }
+
+// ---- records -----------------------------------------------------------------
+
+struct RecordOut {
+  std::string append;               // JSONL file to append to ("" = none)
+  std::vector<std::string> labels;  // "key=value"
+};
+
+void add_record_options(CLI::App* sub, RecordOut& r) {
+  sub->add_option("--append", r.append, "Append the result as one JSON line to this file");
+  sub->add_option("--label", r.labels, "KEY=VALUE added to the record (repeatable)")->allow_extra_args(false);
+}
+
+// Prints the record on stdout and appends it to the records file.
+void emit(json rec, const std::string& kind, const RecordOut& r) {
+  rec["kind"] = kind;
+  for (const auto& l : r.labels) {
+    const auto eq = l.find('=');
+    if (eq == std::string::npos || eq == 0) throw std::runtime_error("--label " + l + ": expected KEY=VALUE");
+    rec[l.substr(0, eq)] = l.substr(eq + 1);
+  }
+  const std::string line = rec.dump();
+  std::cout << line << '\n';
+  if (!r.append.empty()) {
+    std::ofstream f(r.append, std::ios::app);
+    f << line << '\n';
+    if (!f) throw std::runtime_error(r.append + ": cannot append");
+  }
+}
+
+// ---- bound ---------------------------------------------------------------------
+
+double binary_entropy_bits(std::uint64_t n, std::uint64_t k) {
+  if (k == 0 || k == n) return 0;
+  const double p = static_cast<double>(k) / static_cast<double>(n);
+  return static_cast<double>(n) * (-p * std::log2(p) - (1 - p) * std::log2(1 - p));
+}
+
+template <class T>
+T load(const std::uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+struct TensorBound {
+  std::uint64_t elements = 0, changed = 0, distinct = 0;
+  double position_bits = 0, value_bits = 0;
+};
+
+// Counts changed elements of width W (1 or 2 bytes) with a histogram of the
+// XOR values, in parallel over chunks of the tensor.
+template <class T>
+TensorBound bound_small(const std::uint8_t* a, const std::uint8_t* b, std::uint64_t n, int threads,
+                        std::vector<std::vector<std::uint64_t>>& hists) {
+  constexpr std::size_t kValues = std::size_t{1} << (8 * sizeof(T));
+  std::vector<std::uint64_t> total(kValues, 0);
+  std::uint64_t k = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : k)
+  {
+    auto& h = hists[static_cast<std::size_t>(omp_get_thread_num())];
+    h.assign(kValues, 0);
+#pragma omp for schedule(static)
+    for (std::uint64_t i = 0; i < n; ++i) {
+      const T x = static_cast<T>(load<T>(a + i * sizeof(T)) ^ load<T>(b + i * sizeof(T)));
+      if (x) {
+        ++h[x];
+        ++k;
+      }
+    }
+#pragma omp critical
+    for (std::size_t v = 0; v < kValues; ++v) total[v] += h[v];
+  }
+  TensorBound r;
+  r.elements = n;
+  r.changed = k;
+  for (std::size_t v = 1; v < kValues; ++v)
+    if (const std::uint64_t c = total[v]) {
+      ++r.distinct;
+      r.value_bits += static_cast<double>(c) * std::log2(static_cast<double>(k) / static_cast<double>(c));
+    }
+  r.position_bits = binary_entropy_bits(n, k);
+  return r;
+}
+
+// Wider elements: collect the changed XOR values and count runs after sorting.
+template <class T>
+TensorBound bound_wide(const std::uint8_t* a, const std::uint8_t* b, std::uint64_t n, int threads) {
+  std::vector<std::vector<T>> parts(static_cast<std::size_t>(threads));
+#pragma omp parallel num_threads(threads)
+  {
+    auto& out = parts[static_cast<std::size_t>(omp_get_thread_num())];
+#pragma omp for schedule(static)
+    for (std::uint64_t i = 0; i < n; ++i) {
+      const T x = static_cast<T>(load<T>(a + i * sizeof(T)) ^ load<T>(b + i * sizeof(T)));
+      if (x) out.push_back(x);
+    }
+  }
+  std::vector<T> all;
+  for (auto& p : parts) all.insert(all.end(), p.begin(), p.end());
+  std::sort(all.begin(), all.end());
+  TensorBound r;
+  r.elements = n;
+  r.changed = all.size();
+  const double k = static_cast<double>(all.size());
+  for (std::size_t i = 0; i < all.size();) {
+    std::size_t j = i;
+    while (j < all.size() && all[j] == all[i]) ++j;
+    const double c = static_cast<double>(j - i);
+    r.value_bits += c * std::log2(k / c);
+    ++r.distinct;
+    i = j;
+  }
+  r.position_bits = binary_entropy_bits(n, all.size());
+  return r;
+}
+
+std::uint64_t dir_bytes(const fs::path& dir, std::uint64_t* files = nullptr) {
+  std::uint64_t total = 0, count = 0;
+  if (fs::is_regular_file(dir)) {
+    total = fs::file_size(dir);
+    count = 1;
+  } else {
+    for (fs::recursive_directory_iterator it(dir), end; it != end; ++it)
+      if (fs::is_regular_file(it->symlink_status())) {
+        total += fs::file_size(it->path());
+        ++count;
+      }
+  }
+  if (files) *files += count;
+  return total;
+}
+
+json cmd_bound(const fs::path& base, const fs::path& target, int threads_opt, bool per_tensor) {
+  const auto t0 = Clock::now();
+  const int threads = threads_or_all(threads_opt);
+  const hfdelta::Checkpoint a = hfdelta::open_checkpoint(base);
+  const hfdelta::Checkpoint b = hfdelta::open_checkpoint(target);
+  if (a.tensors.size() != b.tensors.size())
+    throw std::runtime_error("bound: BASE and NEW have different tensor sets");
+  std::vector<hfdelta::MappedFile> ma, mb;
+  for (const auto& s : a.shards) ma.emplace_back(a.dir / s.file);
+  for (const auto& s : b.shards) mb.emplace_back(b.dir / s.file);
+
+  std::vector<std::vector<std::uint64_t>> hists(static_cast<std::size_t>(threads));
+  json tensors = json::array();
+  std::uint64_t elements = 0, changed = 0, n_changed = 0, tensor_bytes = 0;
+  double pos_bits = 0, val_bits = 0;
+  for (const auto& [name, rb] : b.tensors) {
+    const auto ia = a.tensors.find(name);
+    if (ia == a.tensors.end()) throw std::runtime_error("bound: " + name + " is not in BASE");
+    const hfdelta::TensorInfo& tb = b.info(rb);
+    const hfdelta::TensorInfo& ta = a.info(ia->second);
+    if (ta.dtype != tb.dtype || ta.nbytes() != tb.nbytes())
+      throw std::runtime_error("bound: " + name + " changes dtype or size");
+    std::size_t w = hfdelta::dtype_size(tb.dtype);
+    if (w == 0 || tb.nbytes() % w != 0) w = 1;
+    const std::uint8_t* pa = ma[ia->second.shard].bytes(a.shards[ia->second.shard].header.file_offset(ta), ta.nbytes()).data();
+    const std::uint8_t* pb = mb[rb.shard].bytes(b.shards[rb.shard].header.file_offset(tb), tb.nbytes()).data();
+    const std::uint64_t n = tb.nbytes() / w;
+    TensorBound t;
+    switch (w) {
+      case 1: t = bound_small<std::uint8_t>(pa, pb, n, threads, hists); break;
+      case 2: t = bound_small<std::uint16_t>(pa, pb, n, threads, hists); break;
+      case 4: t = bound_wide<std::uint32_t>(pa, pb, n, threads); break;
+      case 8: t = bound_wide<std::uint64_t>(pa, pb, n, threads); break;
+      default: t = bound_small<std::uint8_t>(pa, pb, tb.nbytes(), threads, hists); w = 1; break;
+    }
+    elements += t.elements;
+    changed += t.changed;
+    n_changed += t.changed ? 1 : 0;
+    tensor_bytes += tb.nbytes();
+    pos_bits += t.position_bits;
+    val_bits += t.value_bits;
+    if (per_tensor)
+      tensors.push_back({{"name", name}, {"dtype", tb.dtype}, {"width", w}, {"elements", t.elements},
+                         {"changed", t.changed}, {"distinct_xor", t.distinct},
+                         {"position_bits", t.position_bits}, {"value_bits", t.value_bits}});
+  }
+  std::uint64_t shard_bytes = 0;
+  for (const auto& s : b.shards) shard_bytes += s.header.file_size;
+  json r = {{"base", base.string()},
+            {"new", target.string()},
+            {"tensors", b.tensors.size()},
+            {"tensors_changed", n_changed},
+            {"elements", elements},
+            {"elements_changed", changed},
+            {"density", elements ? static_cast<double>(changed) / static_cast<double>(elements) : 0.0},
+            {"tensor_bytes", tensor_bytes},
+            {"shard_bytes", shard_bytes},
+            {"full_bytes", dir_bytes(target)},
+            {"position_bits", pos_bits},
+            {"value_bits", val_bits},
+            {"bound_bytes", (pos_bits + val_bits) / 8},
+            {"threads", threads},
+            {"seconds", since(t0)}};
+  if (per_tensor) r["per_tensor"] = tensors;
+  return r;
+}
+
+// ---- reading -------------------------------------------------------------------
+
+struct Piece {
+  std::size_t file;
+  std::uint64_t offset, len;
+};
+
+// One pass reading every piece through pread into a 1 MiB buffer per thread.
+double read_pass(const std::vector<hfdelta::File>& files, const std::vector<Piece>& pieces, int threads,
+                 std::uint64_t* sink) {
+  constexpr std::size_t kBuf = 1u << 20;
+  std::uint64_t acc = 0;
+  const auto t0 = Clock::now();
+#pragma omp parallel num_threads(threads) reduction(^ : acc)
+  {
+    std::vector<std::uint64_t> buf(kBuf / sizeof(std::uint64_t));
+#pragma omp for schedule(dynamic, 1)
+    for (std::size_t i = 0; i < pieces.size(); ++i) {
+      const Piece& p = pieces[i];
+      for (std::uint64_t off = 0; off < p.len; off += kBuf) {
+        const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(kBuf, p.len - off));
+        files[p.file].pread_exact(buf.data(), n, p.offset + off);
+        // Touch one word per page so the copy cannot be skipped.
+        for (std::size_t w = 0; w < n / 8; w += 512) acc ^= buf[w];
+      }
+    }
+  }
+  *sink ^= acc;
+  return since(t0);
+}
+
+std::vector<Piece> cut_pieces(const std::vector<hfdelta::File>& files) {
+  constexpr std::uint64_t kPiece = 32ull << 20;
+  std::vector<Piece> pieces;
+  for (std::size_t f = 0; f < files.size(); ++f) {
+    const std::uint64_t size = files[f].size();
+    for (std::uint64_t off = 0; off < size; off += kPiece) pieces.push_back({f, off, std::min(kPiece, size - off)});
+  }
+  return pieces;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+json cmd_readfloor(const std::vector<std::string>& dirs, int repeat, int threads_opt) {
+  const int threads = threads_or_all(threads_opt);
+  std::vector<hfdelta::File> files;
+  std::uint64_t bytes = 0;
+  for (const auto& d : dirs) {
+    if (fs::is_regular_file(d)) {
+      files.emplace_back(d, hfdelta::File::Mode::read);
+    } else {
+      const hfdelta::Checkpoint c = hfdelta::open_checkpoint(d);
+      for (const auto& s : c.shards) files.emplace_back(c.dir / s.file, hfdelta::File::Mode::read);
+    }
+  }
+  for (const auto& f : files) bytes += f.size();
+  const std::vector<Piece> pieces = cut_pieces(files);
+  std::uint64_t sink = 0;
+  const double warm = read_pass(files, pieces, threads, &sink);
+  std::vector<double> secs;
+  for (int i = 0; i < repeat; ++i) secs.push_back(read_pass(files, pieces, threads, &sink));
+  const double best = secs.empty() ? warm : *std::min_element(secs.begin(), secs.end());
+  return {{"paths", dirs},          {"files", files.size()}, {"bytes", bytes},
+          {"threads", threads},     {"warm_pass_s", warm},   {"seconds", secs},
+          {"min_s", best},          {"median_s", median(secs)},
+          {"gb_per_s", best > 0 ? static_cast<double>(bytes) / best / 1e9 : 0.0},
+          {"checksum", sink & 0xff}};
+}
+
+json cmd_warm(const std::vector<std::string>& paths, int threads_opt) {
+  const int threads = threads_or_all(threads_opt);
+  std::vector<hfdelta::File> files;
+  for (const auto& p : paths) {
+    if (fs::is_regular_file(p)) {
+      files.emplace_back(p, hfdelta::File::Mode::read);
+    } else if (fs::is_directory(p)) {
+      for (fs::recursive_directory_iterator it(p), end; it != end; ++it)
+        if (fs::is_regular_file(it->symlink_status())) files.emplace_back(it->path(), hfdelta::File::Mode::read);
+    } else {
+      throw std::runtime_error("warm: " + p + ": not a file or directory");
+    }
+  }
+  std::uint64_t bytes = 0, sink = 0;
+  for (const auto& f : files) bytes += f.size();
+  const double s = read_pass(files, cut_pieces(files), threads, &sink);
+  return {{"files", files.size()}, {"bytes", bytes}, {"seconds", s}};
+}
+
+// ---- run -----------------------------------------------------------------------
+
+// "Key:   1234 kB" lines of /proc/PID/status.
+void read_status(pid_t pid, std::uint64_t& vm_rss, std::uint64_t& rss_anon) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    auto val = [&](const char* key, std::uint64_t& out) {
+      const std::size_t n = std::strlen(key);
+      if (line.compare(0, n, key) == 0) out += std::strtoull(line.c_str() + n, nullptr, 10);
+    };
+    val("VmRSS:", vm_rss);
+    val("RssAnon:", rss_anon);
+  }
+}
+
+// The process and every descendant, through /proc/PID/task/TID/children.
+void collect_tree(pid_t root, std::vector<pid_t>& out) {
+  out.clear();
+  out.push_back(root);
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const fs::path task = "/proc/" + std::to_string(out[i]) + "/task";
+    boost::system::error_code ec;
+    for (fs::directory_iterator it(task, ec), end; !ec && it != end; it.increment(ec)) {
+      std::ifstream f(it->path() / "children");
+      pid_t c;
+      while (f >> c) out.push_back(c);
+    }
+  }
+}
+
+std::optional<std::uint64_t> parse_time_v(const std::string& path, const char* key) {
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line)) {
+    const auto p = line.find(key);
+    if (p != std::string::npos) {
+      const auto colon = line.rfind(':');
+      return std::strtoull(line.c_str() + colon + 1, nullptr, 10);
+    }
+  }
+  return std::nullopt;
+}
+
+json cmd_run(std::vector<std::string> argv, const std::string& stdout_file, double interval_ms, bool time_v,
+             int& exit_code) {
+  if (argv.empty()) throw std::runtime_error("run: no command");
+  std::string time_file;
+  if (time_v) {
+    char tmpl[] = "/tmp/hfdelta-bench-time-XXXXXX";
+    const int fd = mkstemp(tmpl);
+    if (fd < 0) throw std::runtime_error("run: mkstemp failed");
+    ::close(fd);
+    time_file = tmpl;
+    argv.insert(argv.begin(), {"/usr/bin/time", "-v", "-o", time_file});
+  }
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+
+  const auto t0 = Clock::now();
+  const pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("run: fork failed");
+  if (pid == 0) {
+    if (!stdout_file.empty()) {
+      const int fd = ::open(stdout_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd < 0 || dup2(fd, 1) < 0) _exit(126);
+      ::close(fd);
+    }
+    execvp(args[0], args.data());
+    _exit(127);
+  }
+  std::uint64_t peak_rss = 0, peak_anon = 0, samples = 0;
+  std::vector<pid_t> tree;
+  int status = 0;
+  struct rusage ru {};
+  const auto interval = std::chrono::microseconds(static_cast<std::int64_t>(interval_ms * 1000));
+  for (;;) {
+    const pid_t w = wait4(pid, &status, WNOHANG, &ru);
+    if (w == pid) break;
+    if (w < 0 && errno != EINTR) throw std::runtime_error("run: wait4 failed");
+    collect_tree(pid, tree);
+    std::uint64_t rss = 0, anon = 0;
+    for (pid_t p : tree) read_status(p, rss, anon);
+    peak_rss = std::max(peak_rss, rss);
+    peak_anon = std::max(peak_anon, anon);
+    ++samples;
+    std::this_thread::sleep_for(interval);
+  }
+  const double wall = since(t0);
+  exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  json r = {{"argv", argv},
+            {"exit", exit_code},
+            {"wall_s", wall},
+            {"user_s", static_cast<double>(ru.ru_utime.tv_sec) + ru.ru_utime.tv_usec / 1e6},
+            {"sys_s", static_cast<double>(ru.ru_stime.tv_sec) + ru.ru_stime.tv_usec / 1e6},
+            {"ru_maxrss_kib", ru.ru_maxrss},
+            {"peak_vm_rss_kib", peak_rss},
+            {"peak_rss_anon_kib", peak_anon},
+            {"samples", samples},
+            {"interval_ms", interval_ms}};
+  if (time_v) {
+    r["argv"] = std::vector<std::string>(argv.begin() + 4, argv.end());
+    if (auto v = parse_time_v(time_file, "Maximum resident set size (kbytes)")) r["time_max_rss_kib"] = *v;
+    ::unlink(time_file.c_str());
+  }
+  return r;
+}
+
+// ---- machine -------------------------------------------------------------------
+
+std::string first_line(const fs::path& p) {
+  std::ifstream f(p.string());
+  std::string s;
+  std::getline(f, s);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\n')) s.pop_back();
+  return s;
+}
+
+json cmd_machine(const fs::path& path) {
+  json m;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  m["nproc"] = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+  m["hardware_threads"] = std::thread::hardware_concurrency();
+  {
+    std::ifstream f("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(f, line))
+      if (line.rfind("model name", 0) == 0) {
+        m["cpu_model"] = line.substr(line.find(':') + 2);
+        break;
+      }
+  }
+  {
+    std::ifstream f("/proc/meminfo");
+    std::string key;
+    std::uint64_t kb;
+    std::string unit;
+    while (f >> key >> kb) {
+      std::getline(f, unit);
+      if (key == "MemTotal:") m["mem_total_bytes"] = kb * 1024;
+      if (key == "MemAvailable:") m["mem_available_bytes"] = kb * 1024;
+    }
+  }
+  struct utsname u {};
+  if (uname(&u) == 0) m["kernel"] = std::string(u.sysname) + " " + u.release + " " + u.machine;
+  m["os"] = [] {
+    std::ifstream f("/etc/os-release");
+    std::string line;
+    while (std::getline(f, line))
+      if (line.rfind("PRETTY_NAME=", 0) == 0) {
+        std::string v = line.substr(12);
+        v.erase(std::remove(v.begin(), v.end(), '"'), v.end());
+        return v;
+      }
+    return std::string();
+  }();
+  // The filesystem and block device under PATH.
+  json d;
+  d["path"] = path.string();
+  struct statvfs vfs {};
+  if (statvfs(path.c_str(), &vfs) == 0) {
+    d["fs_size_bytes"] = static_cast<std::uint64_t>(vfs.f_blocks) * vfs.f_frsize;
+    d["fs_avail_bytes"] = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  }
+  {
+    const std::string abs = fs::canonical(path).string();
+    std::ifstream f("/proc/mounts");
+    std::string dev, mnt, type, rest;
+    std::size_t best = 0;
+    while (f >> dev >> mnt >> type && std::getline(f, rest))
+      if (abs.rfind(mnt, 0) == 0 && mnt.size() >= best && (abs.size() == mnt.size() || mnt == "/" || abs[mnt.size()] == '/')) {
+        best = mnt.size();
+        d["device"] = dev;
+        d["mount"] = mnt;
+        d["fs_type"] = type;
+      }
+  }
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    fs::path sys = "/sys/dev/block/" + std::to_string(major(st.st_dev)) + ":" + std::to_string(minor(st.st_dev));
+    boost::system::error_code ec;
+    fs::path real = fs::canonical(sys, ec);
+    if (!ec) {
+      if (fs::exists(real / "partition")) real = real.parent_path();
+      d["block_device"] = real.filename().string();
+      d["rotational"] = first_line(real / "queue/rotational");
+      d["model"] = first_line(real / "device/model");
+      d["vendor"] = first_line(real / "device/vendor");
+      d["size_bytes"] = [&] {
+        const std::string s = first_line(real / "size");
+        return s.empty() ? 0ull : std::strtoull(s.c_str(), nullptr, 10) * 512;
+      }();
+    }
+  }
+  m["disk"] = d;
+  return m;
+}
+
+// ---- report --------------------------------------------------------------------
+
+std::string lab(const json& r, const char* key) {
+  const auto it = r.find(key);
+  if (it == r.end()) return "";
+  return it->is_string() ? it->get<std::string>() : it->dump();
+}
+
+double num(const json& r, const char* key, double dflt = NAN) {
+  const auto it = r.find(key);
+  if (it == r.end() || it->is_null()) return dflt;
+  if (it->is_number()) return it->get<double>();
+  if (it->is_string()) return std::strtod(it->get<std::string>().c_str(), nullptr);
+  return dflt;
+}
+
+struct Stat {
+  std::vector<double> walls, cpus;  // wall and user+sys seconds of each run
+  double max_rss_kib = NAN, peak_anon_kib = NAN, peak_vm_rss_kib = NAN;
+  bool empty() const { return walls.empty(); }
+  double min() const { return walls.empty() ? NAN : *std::min_element(walls.begin(), walls.end()); }
+  double med() const { return median(walls); }
+  // CPU seconds of the fastest run.
+  double cpu() const {
+    return walls.empty() ? NAN : cpus[static_cast<std::size_t>(std::min_element(walls.begin(), walls.end()) - walls.begin())];
+  }
+  void add(const json& r) {
+    walls.push_back(num(r, "wall_s"));
+    cpus.push_back(num(r, "user_s", 0) + num(r, "sys_s", 0));
+    auto mx = [](double& a, double b) {
+      if (!std::isnan(b)) a = std::isnan(a) ? b : std::max(a, b);
+    };
+    mx(max_rss_kib, num(r, "time_max_rss_kib", num(r, "ru_maxrss_kib")));
+    mx(peak_anon_kib, num(r, "peak_rss_anon_kib"));
+    mx(peak_vm_rss_kib, num(r, "peak_vm_rss_kib"));
+  }
+  json to_json() const {
+    if (empty()) return nullptr;
+    auto n = [](double v) -> json { return std::isnan(v) ? json(nullptr) : json(v); };
+    return {{"runs", walls.size()},        {"wall_s", walls},           {"cpu_s", cpus},
+            {"min_s", min()},              {"median_s", med()},
+            {"max_rss_kib", n(max_rss_kib)}, {"peak_rss_anon_kib", n(peak_anon_kib)},
+            {"peak_vm_rss_kib", n(peak_vm_rss_kib)}};
+  }
+};
+
+struct ToolData {
+  double wire = NAN;
+  std::map<std::string, Stat> modes;  // diff, diff_1t, apply, apply_nosync, apply_nosync_1t
+  const Stat* mode(const std::string& m) const {
+    const auto it = modes.find(m);
+    return it == modes.end() || it->second.empty() ? nullptr : &it->second;
+  }
+  double peak_anon() const {
+    double a = NAN;
+    for (const auto& [k, s] : modes)
+      if (!std::isnan(s.peak_anon_kib)) a = std::isnan(a) ? s.peak_anon_kib : std::max(a, s.peak_anon_kib);
+    return a;
+  }
+};
+
+struct PairData {
+  std::string lr;
+  int pair = 0;
+  json bound;
+  double floor_inputs = NAN, floor_local = NAN;
+  std::vector<std::string> tool_order;
+  std::map<std::string, ToolData> tools;
+  ToolData& tool(const std::string& t) {
+    if (!tools.count(t)) tool_order.push_back(t);
+    return tools[t];
+  }
+  const ToolData* find(const std::string& t) const {
+    const auto it = tools.find(t);
+    return it == tools.end() ? nullptr : &it->second;
+  }
+};
+
+bool is_hfdelta(const std::string& tool) { return tool.rfind("hfdelta-", 0) == 0; }
+
+std::string fmt(const char* f, double v) {
+  if (std::isnan(v)) return "–";
+  char b[64];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
+}
+
+std::string mib(double bytes) {
+  if (std::isnan(bytes)) return "–";
+  char b[64];
+  if (bytes >= 1e9)
+    std::snprintf(b, sizeof b, "%.3f GB", bytes / 1e9);
+  else if (bytes >= 1e6)
+    std::snprintf(b, sizeof b, "%.2f MB", bytes / 1e6);
+  else
+    std::snprintf(b, sizeof b, "%.1f kB", bytes / 1e3);
+  return b;
+}
+
+std::string kib_mib(double kib) { return std::isnan(kib) ? "–" : fmt("%.1f MiB", kib / 1024); }
+
+double ratio(double a, double b) { return std::isnan(a) || std::isnan(b) || b == 0 ? NAN : a / b; }
+
+json jnum(double v) { return std::isnan(v) ? json(nullptr) : json(v); }
+
+bool same_lr(const std::string& a, const std::string& b) {
+  const double x = std::strtod(a.c_str(), nullptr), y = std::strtod(b.c_str(), nullptr);
+  return a == b || (x != 0 && std::fabs(x - y) <= 1e-9 * std::fabs(x));
+}
+
+void cmd_report(const std::string& records_file, const std::string& md_path, const std::string& json_path) {
+  std::vector<json> recs;
+  {
+    std::ifstream f(records_file);
+    if (!f) throw std::runtime_error(records_file + ": cannot read");
+    std::string line;
+    while (std::getline(f, line))
+      if (!line.empty()) recs.push_back(json::parse(line));
+  }
+  json machine, config = json::object(), marked_rec;
+  std::vector<json> versions, loads, timings;
+  std::vector<PairData> pairs;
+  auto pair_of = [&](const std::string& lr, int pair) -> PairData& {
+    for (auto& p : pairs)
+      if (p.lr == lr && p.pair == pair) return p;
+    pairs.push_back({});
+    pairs.back().lr = lr;
+    pairs.back().pair = pair;
+    return pairs.back();
+  };
+  // Memory series: preset -> tool -> data.
+  std::map<std::string, std::map<std::string, ToolData>> mem;
+  std::map<std::string, double> mem_full;
+  for (const json& r : recs) {
+    const std::string kind = lab(r, "kind"), series = lab(r, "series");
+    if (kind == "machine") machine = r;
+    else if (kind == "config") config.update(r);
+    else if (kind == "version") versions.push_back(r);
+    else if (kind == "load") loads.push_back(r);
+    else if (kind == "timing") timings.push_back(r);
+    else if (kind == "marked") marked_rec = r;
+    if (series == "mem") {
+      const std::string preset = lab(r, "preset");
+      if (kind == "run") mem[preset][lab(r, "tool")].modes[lab(r, "mode")].add(r);
+      if (kind == "size") mem[preset][lab(r, "tool")].wire = num(r, "bytes");
+      if (kind == "bound") mem_full[preset] = num(r, "full_bytes");
+      continue;
+    }
+    if (series != "main") continue;
+    const std::string lr = lab(r, "lr");
+    const int pair = std::atoi(lab(r, "pair").c_str());
+    if (kind == "bound") pair_of(lr, pair).bound = r;
+    else if (kind == "readfloor") {
+      PairData& p = pair_of(lr, pair);
+      (lab(r, "what") == "local" ? p.floor_local : p.floor_inputs) = num(r, "min_s");
+    } else if (kind == "run") pair_of(lr, pair).tool(lab(r, "tool")).modes[lab(r, "mode")].add(r);
+    else if (kind == "size") pair_of(lr, pair).tool(lab(r, "tool")).wire = num(r, "bytes");
+  }
+  std::stable_sort(pairs.begin(), pairs.end(), [](const PairData& a, const PairData& b) {
+    const double x = std::strtod(a.lr.c_str(), nullptr), y = std::strtod(b.lr.c_str(), nullptr);
+    return x != y ? x < y : a.pair < b.pair;
+  });
+  for (auto& p : pairs)  // hfdelta encodings first, then the peers, each in order of first appearance
+    std::stable_partition(p.tool_order.begin(), p.tool_order.end(), is_hfdelta);
+
+  const std::string target_lr = config.value("target_lr", std::string("1e-6"));
+  const std::string preset = config.value("preset", std::string("?"));
+  // The marked pair: as recorded by the script, else the median by density at the target lr.
+  const PairData* marked = nullptr;
+  if (!marked_rec.is_null()) {
+    for (const auto& p : pairs)
+      if (same_lr(p.lr, lab(marked_rec, "lr")) && p.pair == std::atoi(lab(marked_rec, "pair").c_str())) marked = &p;
+  } else {
+    std::vector<const PairData*> at;
+    for (const auto& p : pairs)
+      if (same_lr(p.lr, target_lr)) at.push_back(&p);
+    std::stable_sort(at.begin(), at.end(),
+                     [](auto* a, auto* b) { return num(a->bound, "density") < num(b->bound, "density"); });
+    if (!at.empty()) marked = at[(at.size() - 1) / 2];
+  }
+
+  std::ostringstream md;
+  json jpairs = json::array();
+  md << "# hfdelta benchmark\n\n";
+  md << "Preset `" << preset << "`, " << config.value("saves", "?") << " saves after the initial one per learning rate, "
+     << "learning rates " << config.value("lrs", "?") << ", steps per save " << config.value("steps_per_save", "1")
+     << "; peers and 1-thread runs at " << [&] {
+          const std::string m = config.value("peer_pairs", "?");
+          return m == "all" ? "every pair" : m == "median" ? "the median pair of each lr" : "the marked pair only";
+        }() << ". Commit " << config.value("commit", "?") << ", started "
+     << config.value("started", "?") << ".\n\n";
+  if (!machine.is_null()) {
+    const json& d = machine.value("disk", json::object());
+    md << "Machine: " << machine.value("nproc", 0) << " CPUs (" << machine.value("cpu_model", std::string("?")) << "), "
+       << fmt("%.1f GiB", machine.value("mem_total_bytes", 0.0) / (1024.0 * 1024 * 1024)) << " memory, "
+       << machine.value("kernel", std::string("?")) << ", " << machine.value("os", std::string("")) << "; disk "
+       << d.value("device", std::string("?")) << " (" << d.value("fs_type", std::string("?")) << ", model "
+       << (d.value("model", std::string()).empty() ? "unknown" : d.value("model", std::string())) << ", rotational "
+       << d.value("rotational", std::string("?")) << ", " << mib(d.value("fs_size_bytes", 0.0)) << ").\n\n";
+  }
+  if (!versions.empty()) {
+    md << "Peers (Debian package versions):";
+    for (std::size_t i = 0; i < versions.size(); ++i)
+      md << (i ? ", " : " ") << lab(versions[i], "tool") << " " << lab(versions[i], "version");
+    md << ".\n\n";
+  }
+  md << "Method: every timed step runs with the page cache warm (its inputs are read once right before it, "
+        "after a `sync`), "
+     << config.value("repeat", "2")
+     << " runs each; times below are the **minimum** of the runs (results.json has every run and the median). "
+        "Peak RSS is GNU time's maximum resident set size; peak RssAnon is the largest sum of RssAnon over the "
+        "command's process tree, sampled from /proc every "
+     << config.value("interval_ms", "5")
+     << " ms (mapped file pages are not anonymous memory). Read floor: one warm pass of pread into a 1 MiB buffer "
+        "per thread over every shard file, all threads, minimum of 3 passes. hfdelta applies into a LOCAL made with "
+        "`delta-apply --init` before each run; the peers (`zstd -3 --long=31 --patch-from`, `xdelta3 -e -s` with its "
+        "default settings, `rsync -a -I --no-whole-file --only-write-batch` / `--read-batch`) rebuild NEW beside "
+        "BASE and never flush, so they compare with `--no-sync`. zstd and xdelta3 work per shard file (summed; the "
+        "other files of the checkpoint do not change between saves); every apply result is checked with cmp "
+        "against NEW. Order-0 bound: per tensor N·H(k/N) bits for the positions plus "
+        "Σ c_v·log2(k/c_v) bits for the changed elements' XOR values at element width.\n\n";
+  if (!loads.empty()) {
+    double lo = 1e9, hi = 0;
+    for (const auto& l : loads) {
+      lo = std::min(lo, num(l, "load1", 0));
+      hi = std::max(hi, num(l, "load1", 0));
+    }
+    md << "Load average (1 min) seen at the start of each pair: " << fmt("%.2f", lo) << " to " << fmt("%.2f", hi)
+       << " (other work on the machine makes times noisier).\n\n";
+  }
+
+  // Pairs.
+  md << "## Pairs\n\n| lr | pair | density | full checkpoint | order-0 bound | bound/full | read floor BASE+NEW | read floor LOCAL |\n"
+        "|---|---|---:|---:|---:|---:|---:|---:|\n";
+  auto pair_name = [&](const PairData& p) {
+    return fmt("%.0f", p.pair - 1) + "→" + std::to_string(p.pair) + (&p == marked ? " ★" : "");
+  };
+  for (const auto& p : pairs) {
+    md << "| " << p.lr << " | " << pair_name(p) << " | " << fmt("%.3f%%", 100 * num(p.bound, "density")) << " | "
+       << mib(num(p.bound, "full_bytes")) << " | " << mib(num(p.bound, "bound_bytes")) << " | "
+       << fmt("%.2f%%", 100 * ratio(num(p.bound, "bound_bytes"), num(p.bound, "full_bytes"))) << " | "
+       << fmt("%.3f s", p.floor_inputs) << " | " << fmt("%.3f s", p.floor_local) << " |\n";
+  }
+  md << "\n★ the marked pair: median density at lr " << target_lr << ".\n\n";
+
+  // Wire.
+  md << "## Wire bytes\n\n| lr | pair | tool | wire | wire/bound | wire/xor | wire/full |\n|---|---|---|---:|---:|---:|---:|\n";
+  for (const auto& p : pairs) {
+    const ToolData* x = p.find("hfdelta-xor");
+    for (const auto& t : p.tool_order) {
+      const ToolData& d = p.tools.at(t);
+      md << "| " << p.lr << " | " << pair_name(p) << " | " << t << " | " << mib(d.wire) << " | "
+         << fmt("%.3f", ratio(d.wire, num(p.bound, "bound_bytes"))) << " | "
+         << fmt("%.3f", ratio(d.wire, x ? x->wire : NAN)) << " | "
+         << fmt("%.2f%%", 100 * ratio(d.wire, num(p.bound, "full_bytes"))) << " |\n";
+    }
+  }
+  // Diff.
+  md << "\n## Diff (BASE, NEW → delta)\n\n| lr | pair | tool | wall | CPU | diff/read floor | 1 thread | 1 thread/all | peak RSS | peak RssAnon |\n"
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n";
+  for (const auto& p : pairs)
+    for (const auto& t : p.tool_order) {
+      const ToolData& d = p.tools.at(t);
+      const Stat* s = d.mode("diff");
+      const Stat* s1 = d.mode("diff_1t");
+      if (!s) continue;
+      md << "| " << p.lr << " | " << pair_name(p) << " | " << t << " | " << fmt("%.3f s", s->min()) << " | "
+         << fmt("%.2f s", s->cpu()) << " | " << fmt("%.2f", ratio(s->min(), p.floor_inputs)) << " | " << fmt("%.3f s", s1 ? s1->min() : NAN) << " | "
+         << fmt("%.2f", s1 ? ratio(s1->min(), s->min()) : NAN) << " | " << kib_mib(s->max_rss_kib) << " | "
+         << kib_mib(s->peak_anon_kib) << " |\n";
+    }
+  // Apply.
+  md << "\n## Apply (delta → LOCAL)\n\n| lr | pair | tool | wall (flushing) | /read floor | wall --no-sync | /read floor | CPU | 1 thread --no-sync | 1 thread/all | peak RSS | peak RssAnon |\n"
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  for (const auto& p : pairs)
+    for (const auto& t : p.tool_order) {
+      const ToolData& d = p.tools.at(t);
+      const Stat* a = d.mode("apply");
+      const Stat* n = d.mode("apply_nosync");
+      const Stat* n1 = d.mode("apply_nosync_1t");
+      if (!a && !n) continue;
+      double rss = NAN, anon = NAN;
+      for (const Stat* s : {a, n, n1})
+        if (s) {
+          if (!std::isnan(s->max_rss_kib)) rss = std::isnan(rss) ? s->max_rss_kib : std::max(rss, s->max_rss_kib);
+          if (!std::isnan(s->peak_anon_kib)) anon = std::isnan(anon) ? s->peak_anon_kib : std::max(anon, s->peak_anon_kib);
+        }
+      const bool peer = !is_hfdelta(t);
+      md << "| " << p.lr << " | " << pair_name(p) << " | " << t << " | " << (peer ? "–" : fmt("%.3f s", a ? a->min() : NAN))
+         << " | " << (peer ? "–" : fmt("%.2f", a ? ratio(a->min(), p.floor_local) : NAN)) << " | "
+         << fmt("%.3f s", peer ? (a ? a->min() : NAN) : (n ? n->min() : NAN)) << " | "
+         << fmt("%.2f", ratio(peer ? (a ? a->min() : NAN) : (n ? n->min() : NAN), p.floor_local)) << " | "
+         << fmt("%.2f s", peer ? (a ? a->cpu() : NAN) : (n ? n->cpu() : NAN)) << " | "
+         << fmt("%.3f s", n1 ? n1->min() : NAN) << " | " << fmt("%.2f", n1 && n ? ratio(n1->min(), n->min()) : NAN)
+         << " | " << kib_mib(rss) << " | " << kib_mib(anon) << " |\n";
+    }
+  md << "\nPeers never flush, so their apply time stands in the --no-sync column. CPU: user + sys seconds of the "
+        "fastest run (all threads together); wall above CPU means waiting: for the disk, or for a core that other "
+        "work holds.\n";
+
+  // JSON per pair.
+  for (const auto& p : pairs) {
+    json jp = {{"lr", p.lr}, {"pair", p.pair}, {"base", "save_" + fmt("%03.0f", p.pair - 1)},
+               {"new", "save_" + fmt("%03.0f", p.pair)}, {"marked", &p == marked}, {"bound", p.bound},
+               {"read_floor_inputs_s", jnum(p.floor_inputs)}, {"read_floor_local_s", jnum(p.floor_local)}};
+    const ToolData* x = p.find("hfdelta-xor");
+    json jt = json::object();
+    for (const auto& t : p.tool_order) {
+      const ToolData& d = p.tools.at(t);
+      json modes = json::object();
+      for (const auto& [m, s] : d.modes) modes[m] = s.to_json();
+      const Stat* diff = d.mode("diff");
+      const Stat* diff1 = d.mode("diff_1t");
+      const Stat* ap = d.mode(is_hfdelta(t) ? "apply_nosync" : "apply");
+      const Stat* ap1 = d.mode("apply_nosync_1t");
+      jt[t] = {{"wire_bytes", jnum(d.wire)},
+               {"modes", modes},
+               {"ratios",
+                {{"wire_over_bound", jnum(ratio(d.wire, num(p.bound, "bound_bytes")))},
+                 {"wire_over_xor", jnum(ratio(d.wire, x ? x->wire : NAN))},
+                 {"wire_over_full", jnum(ratio(d.wire, num(p.bound, "full_bytes")))},
+                 {"diff_over_read_floor", jnum(diff ? ratio(diff->min(), p.floor_inputs) : NAN)},
+                 {"apply_nosync_over_read_floor", jnum(ap ? ratio(ap->min(), p.floor_local) : NAN)},
+                 {"apply_over_read_floor", jnum(d.mode("apply") ? ratio(d.mode("apply")->min(), p.floor_local) : NAN)},
+                 {"diff_1thread_over_all", jnum(diff && diff1 ? ratio(diff1->min(), diff->min()) : NAN)},
+                 {"apply_1thread_over_all", jnum(ap && ap1 ? ratio(ap1->min(), ap->min()) : NAN)}}}};
+    }
+    jp["tools"] = jt;
+    jpairs.push_back(jp);
+  }
+
+  // Targets at the marked pair.
+  json jtargets = json::array();
+  if (marked) {
+    const PairData& p = *marked;
+    const double bound = num(p.bound, "bound_bytes");
+    const ToolData* x = p.find("hfdelta-xor");
+    double peer_wire = NAN, peer_diff = NAN, peer_apply = NAN;
+    std::string peer_wire_name, peer_diff_name, peer_apply_name;
+    for (const auto& t : p.tool_order) {
+      if (is_hfdelta(t)) continue;
+      const ToolData& d = p.tools.at(t);
+      if (!std::isnan(d.wire) && (std::isnan(peer_wire) || d.wire < peer_wire)) peer_wire = d.wire, peer_wire_name = t;
+      if (const Stat* s = d.mode("diff"); s && (std::isnan(peer_diff) || s->min() < peer_diff))
+        peer_diff = s->min(), peer_diff_name = t;
+      if (const Stat* s = d.mode("apply"); s && (std::isnan(peer_apply) || s->min() < peer_apply))
+        peer_apply = s->min(), peer_apply_name = t;
+    }
+    md << "\n## Targets at the marked pair (lr " << p.lr << ", " << pair_name(p) << ")\n\n"
+       << "| hfdelta encoding | target | measured | ratio | goal | status |\n|---|---|---:|---:|---:|---|\n";
+    for (const auto& t : p.tool_order) {
+      if (!is_hfdelta(t)) continue;
+      const ToolData& d = p.tools.at(t);
+      const Stat* diff = d.mode("diff");
+      const Stat* ap = d.mode("apply");
+      const Stat* apn = d.mode("apply_nosync");
+      auto row = [&](const std::string& what, const std::string& measured, double r, double goal,
+                     const std::string& goal_text) {
+        const char* status = std::isnan(r) ? "not measured" : (r <= goal ? "met" : "not met");
+        md << "| " << t << " | " << what << " | " << measured << " | " << fmt("%.3f", r) << " | " << goal_text << " | "
+           << (std::string(status) == "met" ? "**met**" : status) << " |\n";
+        jtargets.push_back({{"encoding", t}, {"target", what}, {"measured", measured}, {"ratio", jnum(r)},
+                            {"goal", goal}, {"status", status}});
+      };
+      row("total wire ≤ 1.15 × order-0 bound", mib(d.wire) + " vs " + mib(bound), ratio(d.wire, bound), 1.15, "≤ 1.15");
+      row("total wire ≤ 0.6 × xor wire", mib(d.wire) + " vs " + mib(x ? x->wire : NAN), ratio(d.wire, x ? x->wire : NAN),
+          0.6, "≤ 0.6");
+      row("delta-diff wall ≤ 2 × read floor (BASE+NEW)",
+          fmt("%.3f s", diff ? diff->min() : NAN) + " vs " + fmt("%.3f s", p.floor_inputs),
+          diff ? ratio(diff->min(), p.floor_inputs) : NAN, 2, "≤ 2");
+      row("delta-apply --no-sync wall ≤ 2 × read floor (LOCAL)",
+          fmt("%.3f s", apn ? apn->min() : NAN) + " vs " + fmt("%.3f s", p.floor_local),
+          apn ? ratio(apn->min(), p.floor_local) : NAN, 2, "≤ 2");
+      const double anon = d.peak_anon();
+      row("peak RssAnon ≤ 256 MiB (diff and apply)", kib_mib(anon), ratio(anon, 256.0 * 1024), 1, "≤ 1");
+      // Strictly better than every peer: a ratio below 1.
+      const double eps = 1 - 1e-12;
+      row("diff faster than every peer", fmt("%.3f s", diff ? diff->min() : NAN) + " vs " + fmt("%.3f s", peer_diff) +
+              " (" + (peer_diff_name.empty() ? "none" : peer_diff_name) + ")",
+          diff ? ratio(diff->min(), peer_diff) : NAN, eps, "< 1");
+      row("apply --no-sync faster than every peer",
+          fmt("%.3f s", apn ? apn->min() : NAN) + " vs " + fmt("%.3f s", peer_apply) + " (" +
+              (peer_apply_name.empty() ? "none" : peer_apply_name) + ")",
+          apn ? ratio(apn->min(), peer_apply) : NAN, eps, "< 1");
+      row("apply (flushing) faster than every peer",
+          fmt("%.3f s", ap ? ap->min() : NAN) + " vs " + fmt("%.3f s", peer_apply) + " (" +
+              (peer_apply_name.empty() ? "none" : peer_apply_name) + ")",
+          ap ? ratio(ap->min(), peer_apply) : NAN, eps, "< 1");
+      row("wire smaller than every peer",
+          mib(d.wire) + " vs " + mib(peer_wire) + " (" + (peer_wire_name.empty() ? "none" : peer_wire_name) + ")",
+          ratio(d.wire, peer_wire), eps, "< 1");
+    }
+    md << "\nA missed target is a measurement, not a failure of the benchmark.\n";
+  }
+
+  // Memory against model size.
+  json jmem = json::array();
+  {
+    // The main preset's figures come from the marked pair unless a separate series measured it.
+    if (marked && !mem.count(preset)) {
+      for (const auto& [t, d] : marked->tools)
+        if (is_hfdelta(t)) mem[preset][t] = d;
+      mem_full[preset] = num(marked->bound, "full_bytes");
+    }
+    std::vector<std::pair<double, std::string>> order;
+    for (const auto& [pr, tools] : mem) order.push_back({mem_full.count(pr) ? mem_full[pr] : 0, pr});
+    std::sort(order.begin(), order.end());
+    if (!order.empty()) {
+      md << "\n## Peak memory against model size (lr " << target_lr << ")\n\n"
+         << "| preset | full checkpoint | encoding | delta-diff peak RssAnon | delta-diff peak RSS | delta-apply peak RssAnon | delta-apply peak RSS |\n"
+            "|---|---:|---|---:|---:|---:|---:|\n";
+      std::vector<std::string> encs;
+      {
+        std::istringstream in(config.value("encodings", std::string()));
+        for (std::string e; in >> e;) encs.push_back("hfdelta-" + e);
+      }
+      for (const auto& [full, pr] : order)
+        for (const auto& [pr_tool, pr_data] : mem[pr])
+          if (std::find(encs.begin(), encs.end(), pr_tool) == encs.end()) encs.push_back(pr_tool);
+      for (const auto& [full, pr] : order)
+        for (const auto& t : encs) {
+          if (!is_hfdelta(t) || !mem[pr].count(t)) continue;
+          const ToolData& d = mem[pr].at(t);
+          double danon = NAN, drss = NAN, aanon = NAN, arss = NAN;
+          auto mx = [](double& a, double b) {
+            if (!std::isnan(b)) a = std::isnan(a) ? b : std::max(a, b);
+          };
+          for (const auto& [m, s] : d.modes) {
+            const bool is_diff = m.rfind("diff", 0) == 0;
+            mx(is_diff ? danon : aanon, s.peak_anon_kib);
+            mx(is_diff ? drss : arss, s.max_rss_kib);
+          }
+          md << "| " << pr << " | " << mib(full) << " | " << t << " | " << kib_mib(danon) << " | " << kib_mib(drss)
+             << " | " << kib_mib(aanon) << " | " << kib_mib(arss) << " |\n";
+          jmem.push_back({{"preset", pr}, {"full_bytes", full}, {"tool", t}, {"diff_peak_rss_anon_kib", jnum(danon)},
+                          {"diff_max_rss_kib", jnum(drss)}, {"apply_peak_rss_anon_kib", jnum(aanon)},
+                          {"apply_max_rss_kib", jnum(arss)}});
+        }
+    }
+  }
+
+  if (!timings.empty()) {
+    md << "\n## Run time\n\n";
+    for (const auto& t : timings) md << "- " << lab(t, "what") << ": " << fmt("%.0f s", num(t, "seconds")) << "\n";
+  }
+
+  std::ofstream(md_path) << md.str();
+  json out = {{"machine", machine},       {"config", config},    {"tool_versions", versions},
+              {"pairs", jpairs},          {"targets", jtargets}, {"memory_scaling", jmem},
+              {"marked", marked ? json{{"lr", marked->lr}, {"pair", marked->pair}} : json(nullptr)},
+              {"timings", timings},       {"loads", loads},      {"records", recs}};
+  std::ofstream(json_path) << out.dump(1) << '\n';
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Measurements for scripts/bench.sh (not installed)", "hfdelta-bench"};
+  app.require_subcommand(1);
+
+  RecordOut rb, rr, rw, rrun, rs, rm, rn;
+  std::string base, target;
+  int threads = 0;
+  bool per_tensor = false;
+  auto* bound = app.add_subcommand("bound", "Order-0 entropy bound of the change from BASE to NEW");
+  bound->add_option("BASE", base)->required();
+  bound->add_option("NEW", target)->required();
+  bound->add_option("--threads", threads, "Threads (default: all)");
+  bound->add_flag("--per-tensor", per_tensor, "Include every tensor's figures");
+  add_record_options(bound, rb);
+
+  std::vector<std::string> paths;
+  int repeat = 3;
+  auto* floor = app.add_subcommand("readfloor", "Time warm passes reading every shard of the checkpoints");
+  floor->add_option("DIR", paths, "Checkpoint directories (or single files)")->required();
+  floor->add_option("--repeat", repeat, "Measured passes after the warm-up pass")->capture_default_str();
+  floor->add_option("--threads", threads, "Threads (default: all)");
+  add_record_options(floor, rr);
+
+  auto* warm = app.add_subcommand("warm", "Read every regular file under the paths once");
+  warm->add_option("PATH", paths)->required();
+  warm->add_option("--threads", threads, "Threads (default: all)");
+  add_record_options(warm, rw);
+
+  std::string stdout_file;
+  double interval_ms = 5;
+  bool time_v = false;
+  auto* run = app.add_subcommand("run", "Run a command and measure it: run [OPTIONS] -- CMD ARGS...");
+  run->add_option("--stdout", stdout_file, "Send the command's stdout to this file");
+  run->add_option("--interval-ms", interval_ms, "Sampling interval of /proc")->capture_default_str();
+  run->add_flag("--time-v", time_v, "Run the command under /usr/bin/time -v and record its maximum RSS");
+  std::vector<std::string> command;
+  run->add_option("CMD", command, "The command and its arguments (after --)")->required();
+  add_record_options(run, rrun);
+
+  auto* size = app.add_subcommand("size", "Total bytes of the regular files under the paths");
+  size->add_option("PATH", paths)->required();
+  add_record_options(size, rs);
+
+  std::string where = ".";
+  auto* machine = app.add_subcommand("machine", "Describe the machine and the disk holding PATH");
+  machine->add_option("PATH", where);
+  add_record_options(machine, rm);
+
+  auto* note = app.add_subcommand("note", "A record of labels only");
+  std::string note_kind = "note";
+  note->add_option("--kind", note_kind, "Record kind")->capture_default_str();
+  add_record_options(note, rn);
+
+  std::string records, md_out, json_out;
+  auto* report = app.add_subcommand("report", "Write the Markdown and JSON results from a records file");
+  report->add_option("RECORDS", records)->required();
+  report->add_option("--md", md_out, "Markdown output")->required();
+  report->add_option("--json", json_out, "JSON output")->required();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    if (*bound) emit(cmd_bound(base, target, threads, per_tensor), "bound", rb);
+    if (*floor) emit(cmd_readfloor(paths, repeat, threads), "readfloor", rr);
+    if (*warm) emit(cmd_warm(paths, threads), "warm", rw);
+    if (*size) {
+      std::uint64_t files = 0, bytes = 0;
+      for (const auto& p : paths) bytes += dir_bytes(p, &files);
+      emit({{"paths", paths}, {"bytes", bytes}, {"files", files}}, "size", rs);
+    }
+    if (*machine) emit(cmd_machine(where), "machine", rm);
+    if (*note) emit(json::object(), note_kind, rn);
+    if (*report) cmd_report(records, md_out, json_out);
+    if (*run) {
+      int code = 0;
+      json r = cmd_run(command, stdout_file, interval_ms, time_v, code);
+      if (code == 0) {
+        // Records are for successful runs only; a failing tool fails the benchmark.
+        emit(r, "run", rrun);
+      } else {
+        std::cerr << "hfdelta-bench: command failed with exit code " << code << ": " << r["argv"].dump() << '\n';
+      }
+      return code;
+    }
+  } catch (const hfdelta::Error& e) {
+    std::cerr << "hfdelta-bench: error: " << e.what() << '\n';
+    return static_cast<int>(e.code());
+  } catch (const std::exception& e) {
+    std::cerr << "hfdelta-bench: error: " << e.what() << '\n';
+    return 1;
+  }
+  return 0;
+}
