@@ -15,10 +15,14 @@
 
 #include <zstd.h>
 
+#include "unit_util.hpp"
 #include "hfdelta/codec.hpp"
 #include "hfdelta/error.hpp"
 
 using namespace hfdelta;
+using unit::TempDir;
+using unit::contains;
+using unit::error_of;
 
 namespace {
 
@@ -27,17 +31,7 @@ using Bytes = std::vector<std::uint8_t>;
 constexpr std::size_t kKiB = 1024;
 constexpr std::size_t kMiB = 1024 * 1024;
 
-template <class F>
-std::optional<Error> error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e;
-  }
-  return std::nullopt;
-}
 
-bool contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
 
 Bytes random_bytes(std::size_t n, std::uint64_t seed) {
   std::mt19937_64 rng(seed);

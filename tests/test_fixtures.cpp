@@ -20,6 +20,7 @@
 #include <boost/filesystem/operations.hpp>
 #include <nlohmann/json.hpp>
 
+#include "unit_util.hpp"
 #include "hfdelta/apply.hpp"
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/delta_format.hpp"
@@ -30,6 +31,9 @@
 #include "hfdelta/safetensors.hpp"
 
 using namespace hfdelta;
+using unit::TempDir;
+using unit::contains;
+using unit::error_of;
 using nlohmann::json;
 
 namespace {
@@ -42,24 +46,6 @@ fs::path testdata() {
 
 json manifest() { return json::parse(read_small_file(testdata() / "MANIFEST.json")); }
 
-class TempDir {
- public:
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "hfdelta-fixtures-XXXXXX").string();
-    REQUIRE(::mkdtemp(t.data()) != nullptr);
-    path_ = t;
-  }
-  ~TempDir() {
-    boost::system::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 // Every regular file below `dir`, relative, outside .weight_sync.
 std::set<std::string> files_below(const fs::path& dir) {

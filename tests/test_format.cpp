@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 #include <xxhash.h>
 
+#include "unit_util.hpp"
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
@@ -34,46 +35,17 @@
 #include "hfdelta/version.hpp"
 
 using namespace hfdelta;
+using unit::TempDir;
+using unit::contains;
+using unit::error_of;
 using nlohmann::json;
 
 namespace {
 
 namespace bfs = boost::filesystem;
 
-// A fresh directory from mkdtemp under $TMPDIR (or /tmp), removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/hfdelta-fmt-XXXXXX";
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    REQUIRE(::mkdtemp(buf.data()) != nullptr);
-    path_ = buf.data();
-  }
-  ~TempDir() {
-    boost::system::error_code ec;
-    bfs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const bfs::path& path() const { return path_; }
 
- private:
-  bfs::path path_;
-};
 
-template <class F>
-std::optional<Error> error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e;
-  }
-  return std::nullopt;
-}
-
-bool contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
 
 void write_text(const bfs::path& p, const std::string& text) {
   bfs::create_directories(p.parent_path());

@@ -19,10 +19,14 @@
 #include <boost/filesystem/operations.hpp>
 #include <nlohmann/json.hpp>
 
+#include "unit_util.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/safetensors.hpp"
 
 using namespace hfdelta;
+using unit::TempDir;
+using unit::contains;
+using unit::error_of;
 
 namespace {
 
@@ -30,28 +34,6 @@ namespace bfs = boost::filesystem;
 
 constexpr const char* kWhat = "bad.safetensors";
 
-// A fresh directory from mkdtemp under $TMPDIR (or /tmp), removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/hfdelta-st-XXXXXX";
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    REQUIRE(::mkdtemp(buf.data()) != nullptr);
-    path_ = buf.data();
-  }
-  ~TempDir() {
-    boost::system::error_code ec;
-    bfs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const bfs::path& path() const { return path_; }
-
- private:
-  bfs::path path_;
-};
 
 std::string le64(std::uint64_t v) {
   std::string s(8, '\0');
@@ -76,17 +58,7 @@ void write_bytes(const bfs::path& p, const std::string& bytes) {
   REQUIRE(f.good());
 }
 
-template <class F>
-std::optional<Error> error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e;
-  }
-  return std::nullopt;
-}
 
-bool contains(const std::string& hay, std::string_view needle) { return hay.find(needle) != std::string::npos; }
 
 // Parses `file` (the whole file in memory) and expects bad_input naming the
 // file and every needle.
