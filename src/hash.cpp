@@ -1,7 +1,17 @@
 #include "hfdelta/hash.hpp"
 
-#define XXH_INLINE_ALL
+#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t inside Hasher::State
 #include <xxhash.h>
+#if defined(__x86_64__) || defined(__i386__)
+// libxxhash picks the widest vector unit of the CPU at run time (SSE2, AVX2,
+// AVX-512): four times the speed of a build for the baseline instruction set.
+#include <xxh_x86dispatch.h>
+#define HFDELTA_XXH3_128 XXH3_128bits_dispatch
+#define HFDELTA_XXH3_128_UPDATE XXH3_128bits_update_dispatch
+#else
+#define HFDELTA_XXH3_128 XXH3_128bits
+#define HFDELTA_XXH3_128_UPDATE XXH3_128bits_update
+#endif
 
 namespace hfdelta {
 
@@ -16,7 +26,7 @@ std::string Hash128::hex() const {
 }
 
 Hash128 xxh3_128(std::span<const std::uint8_t> bytes) {
-  const XXH128_hash_t h = XXH3_128bits(bytes.data(), bytes.size());
+  const XXH128_hash_t h = HFDELTA_XXH3_128(bytes.data(), bytes.size());
   return {h.high64, h.low64};
 }
 
@@ -30,7 +40,7 @@ Hasher::Hasher(Hasher&&) noexcept = default;
 Hasher& Hasher::operator=(Hasher&&) noexcept = default;
 
 void Hasher::reset() { XXH3_128bits_reset(&s_->st); }
-void Hasher::update(std::span<const std::uint8_t> bytes) { XXH3_128bits_update(&s_->st, bytes.data(), bytes.size()); }
+void Hasher::update(std::span<const std::uint8_t> bytes) { HFDELTA_XXH3_128_UPDATE(&s_->st, bytes.data(), bytes.size()); }
 Hash128 Hasher::digest() const {
   const XXH128_hash_t h = XXH3_128bits_digest(&s_->st);
   return {h.high64, h.low64};
