@@ -203,12 +203,15 @@ class Walker {
     jw_.change(pos, b, v);
     b = v;
   }
-  void flip(std::uint64_t pos, std::uint8_t x) {
-    if (x == 0) return;
+  // One element of `es` bytes (windows hold whole elements).
+  void element(std::uint64_t pos, const std::uint8_t* v, std::size_t es, SparseOp op) {
     if (pos >= we_) load(pos);
-    std::uint8_t& b = buf_[pos - ws_];
-    jw_.change(pos, b, b ^ x);
-    b ^= x;
+    std::uint8_t* b = buf_.data() + (pos - ws_);
+    std::uint8_t t[8];
+    std::memcpy(t, b, es);
+    sparse_apply_value(t, v, es, op);
+    for (std::size_t k = 0; k < es; ++k)
+      if (t[k] != b[k]) jw_.change(pos + k, b[k], t[k]), b[k] = t[k];
   }
   void finish() {
     close();
@@ -284,9 +287,8 @@ void journal_patch(const Patch& p, const File& f, Encoding enc, JournalWriter& j
   } else if (enc == Encoding::sparse) {
     Walker w(f, p, jw, buf);
     decode_sparse(p.frame, p.nbytes, what,
-                  [&](std::span<const std::uint64_t> offs, std::span<const std::uint8_t> x, std::size_t es) {
-                    for (std::size_t i = 0; i < offs.size(); ++i)
-                      for (std::size_t k = 0; k < es; ++k) w.flip(offs[i] + k, x[i * es + k]);
+                  [&](std::span<const std::uint64_t> offs, std::span<const std::uint8_t> x, std::size_t es, SparseOp op) {
+                    for (std::size_t i = 0; i < offs.size(); ++i) w.element(offs[i], x.data() + i * es, es, op);
                   });
     w.finish();
     old_h = w.old_hash();

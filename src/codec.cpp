@@ -1,10 +1,15 @@
 #include "hfdelta/codec.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <memory>
 
 #include <zstd.h>
+
+#if defined(__x86_64__) || defined(__SSE2__)
+#include <immintrin.h>
+#endif
 
 #include "hfdelta/error.hpp"
 
@@ -247,19 +252,28 @@ bool FrameReader::refill() {
 // ---- sparse ------------------------------------------------------------------------
 //
 // Entry layout (little-endian):
-//   "HFS1" | u32 elem_size | u64 nbytes | u64 chunk_elements | u64 chunks
+//   "HFS2" | u32 elem_size | u64 nbytes | u64 chunk_elements | u64 chunks
 //   then per chunk: u64 K | u64 gaps_len | elem_size x u64 plane_len
 //                   | gaps frame | plane frames
 // The gaps frame holds K varints: the first changed element's index within the
 // chunk, then for each next one the distance minus one. Plane b holds byte b
-// of each changed element's XOR value. Chunks decode independently.
+// of each changed element's value (SparseOp). Chunks decode independently.
+
+static_assert(std::endian::native == std::endian::little, "sparse values are read as little-endian integers");
 
 namespace {
 
-constexpr char kSparseMagic[4] = {'H', 'F', 'S', '1'};
+constexpr char kMagicXor[4] = {'H', 'F', 'S', '1'};
+constexpr char kMagicAdd[4] = {'H', 'F', 'S', '2'};
+
+void put_le64(std::uint8_t* p, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<std::uint8_t>(v >> (8 * i));
+}
 
 void put_le64(std::vector<std::uint8_t>& out, std::uint64_t v) {
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<std::uint8_t>(v >> (8 * i)));
+  std::uint8_t b[8];
+  put_le64(b, v);
+  out.insert(out.end(), b, b + 8);
 }
 
 std::uint64_t get_le64(const std::uint8_t* p) {
@@ -268,58 +282,197 @@ std::uint64_t get_le64(const std::uint8_t* p) {
   return v;
 }
 
-void put_varint(std::vector<std::uint8_t>& out, std::uint64_t v) {
-  while (v >= 0x80) out.push_back(static_cast<std::uint8_t>(v | 0x80)), v >>= 7;
-  out.push_back(static_cast<std::uint8_t>(v));
+// Bit i of out[k] set where byte i of 64-byte block k of `a` and `b` differ.
+void diff_masks_generic(const std::uint8_t* a, const std::uint8_t* b, std::size_t blocks, std::uint64_t* out) {
+  for (std::size_t k = 0; k < blocks; ++k, a += 64, b += 64) {
+#if defined(__SSE2__)
+    std::uint64_t eq = 0;
+    for (int i = 0; i < 4; ++i) {
+      const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 16 * i));
+      const __m128i y = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16 * i));
+      eq |= static_cast<std::uint64_t>(static_cast<std::uint16_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(x, y)))) << (16 * i);
+    }
+    out[k] = ~eq;
+#else
+    std::uint64_t m = 0;
+    for (int i = 0; i < 64; ++i) m |= static_cast<std::uint64_t>(a[i] != b[i]) << i;
+    out[k] = m;
+#endif
+  }
 }
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx2"))) void diff_masks_avx2(const std::uint8_t* a, const std::uint8_t* b, std::size_t blocks,
+                                                     std::uint64_t* out) {
+  for (std::size_t k = 0; k < blocks; ++k, a += 64, b += 64) {
+    const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
+    const __m256i y0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
+    const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 32));
+    const __m256i y1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 32));
+    const std::uint64_t lo = static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi8(x0, y0)));
+    const std::uint64_t hi = static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi8(x1, y1)));
+    out[k] = ~(lo | hi << 32);
+  }
+}
+#endif
+
+// Picked once: the widest byte comparison the CPU has.
+void diff_masks(const std::uint8_t* a, const std::uint8_t* b, std::size_t blocks, std::uint64_t* out) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) return diff_masks_avx2(a, b, blocks, out);
+#endif
+  diff_masks_generic(a, b, blocks, out);
+}
+
+// From a mask of differing bytes, the lowest bit of each ES-byte element
+// that has any.
+template <std::size_t ES>
+inline std::uint64_t element_mask(std::uint64_t m) {
+  if constexpr (ES >= 2) m |= m >> 1;
+  if constexpr (ES >= 4) m |= m >> 2;
+  if constexpr (ES >= 8) m |= m >> 4;
+  constexpr std::uint64_t lanes = ES == 1 ? ~0ull : ES == 2 ? 0x5555555555555555ull : ES == 4 ? 0x1111111111111111ull : 0x0101010101010101ull;
+  return m & lanes;
+}
+
+template <std::size_t ES>
+constexpr std::uint64_t lane_mask() {
+  return ES == 8 ? ~0ull : (1ull << (8 * ES)) - 1;
+}
+
+}  // namespace
 
 std::size_t sparse_elem_size(std::size_t es, std::uint64_t nbytes) {
   return (es == 1 || es == 2 || es == 4 || es == 8) && nbytes % es == 0 ? es : 1;
 }
 
-}  // namespace
+std::uint64_t sparse_chunk_count(std::uint64_t nbytes, std::size_t es) {
+  const std::uint64_t n = nbytes / es;
+  return n == 0 ? 0 : (n - 1) / kSparseChunkElements + 1;
+}
+
+void sparse_entry_head(std::size_t es, std::uint64_t nbytes, std::uint8_t out[kSparseHeadSize]) {
+  std::memcpy(out, kMagicAdd, 4);
+  put_le32(out + 4, static_cast<std::uint32_t>(es));
+  put_le64(out + 8, nbytes);
+  put_le64(out + 16, kSparseChunkElements);
+  put_le64(out + 24, sparse_chunk_count(nbytes, es));
+}
+
+void sparse_apply_value(std::uint8_t* elem, const std::uint8_t* v, std::size_t es, SparseOp op) {
+  if (op == SparseOp::xor_bytes) {
+    for (std::size_t k = 0; k < es; ++k) elem[k] ^= v[k];
+    return;
+  }
+  std::uint64_t x = 0, zz = 0;
+  std::memcpy(&x, elem, es);
+  std::memcpy(&zz, v, es);
+  const std::uint64_t d = (zz >> 1) ^ (0 - (zz & 1));  // un-zigzag
+  x += d;
+  std::memcpy(elem, &x, es);  // little-endian: the low es bytes, modulo 2^(8*es)
+}
+
+SparseChunkEncoder::SparseChunkEncoder() = default;
+SparseChunkEncoder::~SparseChunkEncoder() = default;
+
+void SparseChunkEncoder::begin(std::size_t es) {
+  es_ = es;
+  count_ = bytes_ = next_ = 0;
+  gaps_len_ = 0;
+  if (cap_es_ < es) {
+    // Uninitialised: pages the chunk never reaches are never touched, so a
+    // sparse chunk costs memory in proportion to its changes.
+    gaps_.reset(new std::uint8_t[3 * kSparseChunkElements + 1]);  // gaps < 2^20: at most 3 varint bytes
+    planes_.reset(new std::uint8_t[es * kSparseChunkElements]);
+    cap_es_ = es;
+  }
+}
+
+template <std::size_t ES>
+inline void SparseChunkEncoder::add(std::uint64_t e, const std::uint8_t* a, const std::uint8_t* b) {
+  // Gaps inside a chunk are below 2^21: a varint of at most 3 bytes, written
+  // without branches as one 4-byte store (the buffer has a byte of slack).
+  const std::uint32_t g = static_cast<std::uint32_t>(e - next_);
+  const std::uint32_t two = g >= 0x80, three = g >= 0x4000;
+  const std::uint32_t v = (g & 0x7f) | two << 7 | ((g >> 7) & 0x7f) << 8 | three << 15 | (g >> 14) << 16;
+  std::memcpy(gaps_.get() + gaps_len_, &v, 4);
+  gaps_len_ += 1 + two + three;
+  next_ = e + 1;
+  std::uint64_t va = 0, vb = 0;
+  std::memcpy(&va, a, ES);
+  std::memcpy(&vb, b, ES);
+  for (std::size_t k = 0; k < ES; ++k) bytes_ += a[k] != b[k];
+  const std::uint64_t d = (vb - va) & lane_mask<ES>();
+  const std::uint64_t zz = ((d << 1) ^ (0 - (d >> (8 * ES - 1)))) & lane_mask<ES>();
+  for (std::size_t k = 0; k < ES; ++k) planes_[k * kSparseChunkElements + count_] = static_cast<std::uint8_t>(zz >> (8 * k));
+  ++count_;
+}
+
+template <std::size_t ES>
+void SparseChunkEncoder::scan_t(const std::uint8_t* a, const std::uint8_t* b, std::size_t n, std::uint64_t first) {
+  // Masks of a batch of blocks first (vectorised, branch-free), then the
+  // changed elements of the blocks that have any.
+  constexpr std::size_t kBatch = 1024;
+  std::uint64_t masks[kBatch];
+  const std::size_t len = n * ES, blocks = len / 64;
+  for (std::size_t b0 = 0; b0 < blocks; b0 += kBatch) {
+    const std::size_t nb = std::min(kBatch, blocks - b0);
+    diff_masks(a + 64 * b0, b + 64 * b0, nb, masks);
+    for (std::size_t k = 0; k < nb; ++k) {
+      const std::size_t base = 64 * (b0 + k);
+      for (std::uint64_t m = element_mask<ES>(masks[k]); m; m &= m - 1) {
+        const std::size_t off = base + static_cast<std::size_t>(std::countr_zero(m));
+        add<ES>(first + off / ES, a + off, b + off);
+      }
+    }
+  }
+  for (std::size_t off = 64 * blocks; off < len; off += ES)
+    if (std::memcmp(a + off, b + off, ES) != 0) add<ES>(first + off / ES, a + off, b + off);
+}
+
+void SparseChunkEncoder::scan(const std::uint8_t* a, const std::uint8_t* b, std::size_t n, std::uint64_t first) {
+  switch (es_) {
+    case 1: return scan_t<1>(a, b, n, first);
+    case 2: return scan_t<2>(a, b, n, first);
+    case 4: return scan_t<4>(a, b, n, first);
+    case 8: return scan_t<8>(a, b, n, first);
+  }
+  fail(Exit::failure, "sparse encoder: element size " + std::to_string(es_));
+}
+
+std::uint64_t SparseChunkEncoder::end(Compressor& c, const ByteSink& sink) {
+  std::vector<std::uint8_t> head;
+  head.reserve(16 + 8 * es_);
+  put_le64(head, count_);
+  frames_.clear();
+  c.compress_frame({gaps_.get(), gaps_len_}, frames_);
+  put_le64(head, frames_.size());
+  for (std::size_t k = 0; k < es_; ++k) {
+    const std::size_t before = frames_.size();
+    c.compress_frame({planes_.get() + k * kSparseChunkElements, static_cast<std::size_t>(count_)}, frames_);
+    put_le64(head, frames_.size() - before);
+  }
+  sink(head);
+  sink(frames_);
+  return head.size() + frames_.size();
+}
 
 std::uint64_t encode_sparse(Compressor& c, std::span<const std::uint8_t> a, std::span<const std::uint8_t> b,
                             std::size_t es, const ByteSink& sink) {
   es = sparse_elem_size(es, b.size());
   const std::uint64_t n = b.size() / es;
-  const std::uint64_t chunks = (n + kSparseChunkElements - 1) / kSparseChunkElements;
-  std::vector<std::uint8_t> head(kSparseMagic, kSparseMagic + 4);
-  for (int i = 0; i < 4; ++i) head.push_back(static_cast<std::uint8_t>(es >> (8 * i)));
-  put_le64(head, b.size());
-  put_le64(head, kSparseChunkElements);
-  put_le64(head, chunks);
-  sink(head);
-  std::uint64_t total = head.size();
-
-  std::vector<std::uint8_t> gaps, planes[8], frames, chunk_head;
+  const std::uint64_t chunks = sparse_chunk_count(b.size(), es);
+  std::uint8_t head[kSparseHeadSize];
+  sparse_entry_head(es, b.size(), head);
+  sink({head, sizeof head});
+  std::uint64_t total = sizeof head;
+  SparseChunkEncoder enc;
   for (std::uint64_t ch = 0; ch < chunks; ++ch) {
     const std::uint64_t e0 = ch * kSparseChunkElements, e1 = std::min(n, e0 + kSparseChunkElements);
-    gaps.clear();
-    for (std::size_t k = 0; k < es; ++k) planes[k].clear();
-    std::uint64_t next = e0, count = 0;
-    for (std::uint64_t e = e0; e < e1; ++e) {
-      const std::uint8_t* pa = a.data() + e * es;
-      const std::uint8_t* pb = b.data() + e * es;
-      if (std::memcmp(pa, pb, es) == 0) continue;
-      put_varint(gaps, e - next);
-      next = e + 1;
-      ++count;
-      for (std::size_t k = 0; k < es; ++k) planes[k].push_back(pa[k] ^ pb[k]);
-    }
-    frames.clear();
-    chunk_head.clear();
-    put_le64(chunk_head, count);
-    c.compress_frame(gaps, frames);
-    put_le64(chunk_head, frames.size());
-    for (std::size_t k = 0; k < es; ++k) {
-      const std::size_t before = frames.size();
-      c.compress_frame(planes[k], frames);
-      put_le64(chunk_head, frames.size() - before);
-    }
-    sink(chunk_head);
-    sink(frames);
-    total += chunk_head.size() + frames.size();
+    enc.begin(es);
+    enc.scan(a.data() + e0 * es, b.data() + e0 * es, static_cast<std::size_t>(e1 - e0), 0);
+    total += enc.end(c, sink);
   }
   return total;
 }
@@ -335,7 +488,13 @@ void decode_sparse(std::span<const std::uint8_t> entry, std::uint64_t nbytes, co
     return p;
   };
   const std::uint8_t* h = take(32);
-  if (std::memcmp(h, kSparseMagic, 4) != 0) bad("does not start with HFS1");
+  SparseOp op;
+  if (std::memcmp(h, kMagicAdd, 4) == 0)
+    op = SparseOp::add_zigzag;
+  else if (std::memcmp(h, kMagicXor, 4) == 0)
+    op = SparseOp::xor_bytes;
+  else
+    bad("does not start with HFS2 or HFS1");
   const std::uint32_t es = get_le32(h + 4);
   if (es != sparse_elem_size(es, nbytes) || (es != 1 && es != 2 && es != 4 && es != 8))
     bad("has element size " + std::to_string(es) + ", which does not fit a " + std::to_string(nbytes) + "-byte tensor");
@@ -400,7 +559,7 @@ void decode_sparse(std::span<const std::uint8_t> entry, std::uint64_t nbytes, co
         pr[k]->read(plane.data(), m);
         for (std::size_t i = 0; i < m; ++i) xors[i * es + k] = plane[i];
       }
-      patch({offs.data(), m}, {xors.data(), m * es}, es);
+      patch({offs.data(), m}, {xors.data(), m * es}, es, op);
       done += m;
     }
     if (pp != piece.size()) gr.bad("has bytes after its positions");

@@ -62,18 +62,54 @@ void require_same_layout(const Checkpoint& a, const Checkpoint& b) {
   }
 }
 
-struct Job {
-  std::size_t shard;
-  const TensorInfo* tensor;
+// Bytes of each input read at a time by the sparse engine: small enough to
+// stay in the core's cache while they are hashed, compared and scanned.
+constexpr std::uint64_t kBlock = 256 * 1024;
+// "auto" compares both encodings in full for tensors up to this size.
+constexpr std::uint64_t kExactAutoBytes = 2 * kBlock;
+
+// A piece of a frame or entry body in a thread's spool file.
+struct Seg {
+  int spool = -1;
+  std::uint64_t offset = 0, size = 0;
 };
 
-struct Entry {
-  std::string name;
-  std::size_t shard = 0;   // target shard it belongs to (groups entries into delta files)
-  int spool = 0;           // thread spool file holding the frame
-  std::uint64_t offset = 0, size = 0;
-  Hash128 new_hash, base_hash;
-  Encoding encoding;
+// The first block with changes of a unit, encoded both ways: the estimate
+// "auto" uses for large tensors.
+struct Sample {
+  bool valid = false;
+  std::uint64_t sparse = 0, xor_bytes = 0;
+};
+
+// What one unit of work found in its range of a tensor.
+struct RangeOut {
+  Seg body;
+  std::uint64_t elements_changed = 0, bytes_changed = 0;
+  Sample sample;
+};
+
+// One tensor of NEW and everything the units working on it produce.
+struct Work {
+  std::size_t shard = 0;
+  const TensorInfo* t = nullptr;
+  std::uint64_t offset = 0, nbytes = 0;  // absolute in the shard files
+  std::size_t es = 1;                    // the sparse encoding's element size
+  std::uint64_t chunks = 0;
+  std::vector<RangeOut> ranges;          // one per unit scanning it, in tensor order
+  Hash128 base_hash, new_hash;
+  Encoding encoding = Encoding::sparse;
+  Seg frame;                             // the entry, when it is not sparse
+  std::uint64_t elements_changed = 0, bytes_changed = 0;
+  bool changed() const { return elements_changed != 0; }
+};
+
+// A unit of parallel work: a whole tensor, or for a tensor large enough to
+// keep the other cores waiting, its hashes or one range of its chunks.
+struct Unit {
+  enum class Kind { whole, hash, range } kind;
+  std::size_t work = 0, range = 0;
+  std::uint64_t c0 = 0, c1 = 0;  // chunks
+  std::uint64_t bytes = 0;       // for scheduling, largest first
 };
 
 // One append-only scratch file per thread: frames are streamed there while
@@ -81,6 +117,30 @@ struct Entry {
 struct Spool {
   File file;
   std::uint64_t size = 0;
+  void put(std::span<const std::uint8_t> s) {
+    file.pwrite_all(s.data(), s.size(), size);
+    size += s.size();
+  }
+};
+
+// Per-thread state, made on first use.
+struct Worker {
+  Spool spool;
+  std::unique_ptr<Compressor> comp;
+  SparseChunkEncoder enc, probe;
+  std::vector<std::uint8_t> a, b, x;
+};
+
+struct Entry {
+  std::string name;
+  std::size_t shard = 0;  // source shard it belongs to (groups entries into delta files)
+  std::vector<Seg> body;  // in order
+  bool sparse_head = false;  // prefixed by the sparse entry head
+  std::uint64_t size = 0;
+  std::uint64_t nbytes = 0;
+  std::size_t es = 1;
+  Hash128 new_hash, base_hash;
+  Encoding encoding;
 };
 
 std::uint64_t size_of(const fs::path& p) {
@@ -90,7 +150,197 @@ std::uint64_t size_of(const fs::path& p) {
   return n;
 }
 
+void advise_sequential(const File& f) { ::posix_fadvise(f.fd(), 0, 0, POSIX_FADV_SEQUENTIAL); }
+
+// Scans chunks [c0, c1) of one tensor in blocks: each block of both inputs is
+// read once, hashed (if `hashers`), compared and turned into sparse changes
+// while it is in cache; each finished chunk goes to the thread's spool.
+RangeOut scan_range(const Work& w, std::uint64_t c0, std::uint64_t c1, const File& base, const File& target,
+                    Worker& wk, bool sample, Hasher* hb, Hasher* hn) {
+  RangeOut out;
+  const std::uint64_t chunk_bytes = kSparseChunkElements * w.es;
+  const ByteSink to_spool = [&](std::span<const std::uint8_t> s) { wk.spool.put(s); };
+  std::uint64_t probe_size = 0;
+  const ByteSink to_probe = [&](std::span<const std::uint8_t> s) { probe_size += s.size(); };
+  out.body = {-1, wk.spool.size, 0};
+  for (std::uint64_t ch = c0; ch < c1; ++ch) {
+    const std::uint64_t cs = ch * chunk_bytes, ce = std::min(w.nbytes, cs + chunk_bytes);
+    wk.enc.begin(w.es);
+    for (std::uint64_t at = cs; at < ce; at += kBlock) {
+      const std::size_t n = static_cast<std::size_t>(std::min(kBlock, ce - at));
+      base.pread_exact(wk.a.data(), n, w.offset + at);
+      target.pread_exact(wk.b.data(), n, w.offset + at);
+      if (hb) hb->update({wk.a.data(), n}), hn->update({wk.b.data(), n});
+      if (std::memcmp(wk.a.data(), wk.b.data(), n) == 0) continue;
+      wk.enc.scan(wk.a.data(), wk.b.data(), n / w.es, (at - cs) / w.es);
+      if (sample && !out.sample.valid) {
+        out.sample.valid = true;
+        probe_size = 0;
+        wk.probe.begin(w.es);
+        wk.probe.scan(wk.a.data(), wk.b.data(), n / w.es, 0);
+        wk.probe.end(*wk.comp, to_probe);
+        out.sample.sparse = probe_size;
+        for (std::size_t i = 0; i < n; ++i) wk.x[i] = wk.a[i] ^ wk.b[i];
+        probe_size = 0;
+        wk.comp->begin(n);
+        wk.comp->put({wk.x.data(), n}, to_probe);
+        wk.comp->end(to_probe);
+        out.sample.xor_bytes = probe_size;
+      }
+    }
+    out.elements_changed += wk.enc.changed_elements();
+    out.bytes_changed += wk.enc.changed_bytes();
+    wk.enc.end(*wk.comp, to_spool);
+  }
+  out.body.size = wk.spool.size - out.body.offset;
+  return out;
+}
+
 }  // namespace
+
+// The sparse engine ("sparse" and "auto"): one pass over both inputs per
+// tensor, in parallel over tensors and over chunk ranges of large tensors.
+static void sparse_pass(std::vector<Work>& works, const std::vector<File>& base_files, const std::vector<File>& new_files,
+                        std::vector<Worker>& workers, const fs::path& tmp, const DiffOptions& opts, int threads) {
+  const bool autochoice = !opts.encoding;
+  std::uint64_t total = 0;
+  for (const auto& w : works) total += w.nbytes;
+  std::vector<Unit> units;
+  for (std::size_t i = 0; i < works.size(); ++i) {
+    Work& w = works[i];
+    // A tensor larger than its share of the work is cut into ranges of chunks
+    // so that it does not keep the other cores waiting; its hashes (which run
+    // front to back) become a unit of their own.
+    const bool split = threads > 1 && w.chunks >= 2 && w.nbytes > total / (2 * static_cast<std::uint64_t>(threads));
+    if (!split) {
+      w.ranges.resize(1);
+      units.push_back({Unit::Kind::whole, i, 0, 0, w.chunks, w.nbytes});
+      continue;
+    }
+    const std::uint64_t per = std::max<std::uint64_t>(1, w.chunks / (4 * static_cast<std::uint64_t>(threads)));
+    const std::uint64_t chunk_bytes = kSparseChunkElements * w.es;
+    units.push_back({Unit::Kind::hash, i, 0, 0, 0, w.nbytes});
+    for (std::uint64_t c = 0; c < w.chunks; c += per) {
+      const std::uint64_t c1 = std::min(w.chunks, c + per);
+      units.push_back({Unit::Kind::range, i, w.ranges.size(), c, c1, std::min(w.nbytes, c1 * chunk_bytes) - c * chunk_bytes});
+      w.ranges.emplace_back();
+    }
+  }
+  std::stable_sort(units.begin(), units.end(), [](const Unit& x, const Unit& y) { return x.bytes > y.bytes; });
+
+  parallel_for(units.size(), threads, [&](std::size_t u, std::size_t tid) {
+    const Unit& unit = units[u];
+    Work& w = works[unit.work];
+    Worker& wk = workers[tid];
+    if (!wk.comp) {
+      wk.comp = std::make_unique<Compressor>(opts.level);
+      wk.spool.file = File(tmp / (".spool-" + std::to_string(tid)), File::Mode::create_exclusive);
+      wk.a.resize(kBlock), wk.b.resize(kBlock), wk.x.resize(kBlock);
+    }
+    const File& base = base_files[w.shard];
+    const File& target = new_files[w.shard];
+    if (unit.kind == Unit::Kind::hash) {
+      Hasher hb, hn;
+      for (std::uint64_t at = 0; at < w.nbytes; at += kBlock) {
+        const std::size_t n = static_cast<std::size_t>(std::min(kBlock, w.nbytes - at));
+        base.pread_exact(wk.a.data(), n, w.offset + at);
+        target.pread_exact(wk.b.data(), n, w.offset + at);
+        hb.update({wk.a.data(), n});
+        hn.update({wk.b.data(), n});
+      }
+      w.base_hash = hb.digest(), w.new_hash = hn.digest();
+      return;
+    }
+    const bool sample = autochoice && w.nbytes > kExactAutoBytes;
+    if (unit.kind == Unit::Kind::whole) {
+      Hasher hb, hn;
+      RangeOut r = scan_range(w, unit.c0, unit.c1, base, target, wk, sample, &hb, &hn);
+      w.base_hash = hb.digest(), w.new_hash = hn.digest();
+      if (r.elements_changed == 0) wk.spool.size = r.body.offset, r.body.size = 0;  // unchanged: nothing to keep
+      r.body.spool = static_cast<int>(tid);
+      w.ranges[0] = r;
+    } else {
+      RangeOut r = scan_range(w, unit.c0, unit.c1, base, target, wk, sample, nullptr, nullptr);
+      r.body.spool = static_cast<int>(tid);
+      w.ranges[unit.range] = r;
+    }
+  });
+
+  // "auto": where xor may be the smaller, encode it too and keep the smaller.
+  std::vector<std::size_t> both;
+  for (std::size_t i = 0; i < works.size(); ++i) {
+    Work& w = works[i];
+    for (const auto& r : w.ranges) w.elements_changed += r.elements_changed, w.bytes_changed += r.bytes_changed;
+    if (!autochoice || !w.changed()) continue;
+    const Sample* s = nullptr;
+    for (const auto& r : w.ranges)
+      if (r.sample.valid) {
+        s = &r.sample;
+        break;
+      }
+    // On the sample, xor must come within 10% of sparse to be worth encoding.
+    if (w.nbytes <= kExactAutoBytes || (s && s->xor_bytes * 10 <= s->sparse * 11)) both.push_back(i);
+  }
+  if (both.empty()) return;
+  std::vector<MappedFile> base_maps(base_files.size()), new_maps(new_files.size());
+  for (std::size_t s = 0; s < base_files.size(); ++s) {
+    base_maps[s] = MappedFile(base_files[s].path());
+    new_maps[s] = MappedFile(new_files[s].path());
+  }
+  parallel_for(both.size(), threads, [&](std::size_t k, std::size_t tid) {
+    Work& w = works[both[k]];
+    Worker& wk = workers[tid];
+    if (!wk.comp) {
+      wk.comp = std::make_unique<Compressor>(opts.level);
+      wk.spool.file = File(tmp / (".spool-" + std::to_string(tid)), File::Mode::create_exclusive);
+    }
+    const Seg at{static_cast<int>(tid), wk.spool.size, 0};
+    const std::uint64_t len = encode_xor(*wk.comp, base_maps[w.shard].bytes(w.offset, w.nbytes),
+                                         new_maps[w.shard].bytes(w.offset, w.nbytes),
+                                         [&](std::span<const std::uint8_t> s) { wk.spool.put(s); });
+    std::uint64_t sparse_len = kSparseHeadSize;
+    for (const auto& r : w.ranges) sparse_len += r.body.size;
+    if (len < sparse_len) {
+      w.encoding = Encoding::xor_bytes;
+      w.frame = {at.spool, at.offset, len};
+    } else {
+      wk.spool.size = at.offset;  // sparse is no larger: keep it
+    }
+  });
+}
+
+// The slime encodings, one frame per tensor over mapped views.
+static void frame_pass(std::vector<Work>& works, const std::vector<File>& base_files, const std::vector<File>& new_files,
+                       std::vector<Worker>& workers, const fs::path& tmp, const DiffOptions& opts, int threads) {
+  std::vector<MappedFile> base_maps, new_maps;
+  for (std::size_t s = 0; s < base_files.size(); ++s) {
+    base_maps.emplace_back(base_files[s].path());
+    new_maps.emplace_back(new_files[s].path());
+  }
+  std::vector<std::size_t> order(works.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return works[x].nbytes > works[y].nbytes; });
+  parallel_for(order.size(), threads, [&](std::size_t k, std::size_t tid) {
+    Work& w = works[order[k]];
+    const auto a = base_maps[w.shard].bytes(w.offset, w.nbytes);
+    const auto b = new_maps[w.shard].bytes(w.offset, w.nbytes);
+    if (std::memcmp(a.data(), b.data(), a.size()) == 0) return;
+    const std::size_t es = dtype_size(w.t->dtype) ? dtype_size(w.t->dtype) : 1;
+    const ChangeCount cc = count_changes(a, b, es);
+    w.elements_changed = cc.elements, w.bytes_changed = cc.bytes;
+    w.base_hash = xxh3_128(a), w.new_hash = xxh3_128(b);
+    Worker& wk = workers[tid];
+    if (!wk.comp) {
+      wk.comp = std::make_unique<Compressor>(opts.level);
+      wk.spool.file = File(tmp / (".spool-" + std::to_string(tid)), File::Mode::create_exclusive);
+    }
+    const ByteSink sink = [&](std::span<const std::uint8_t> s) { wk.spool.put(s); };
+    w.encoding = *opts.encoding;
+    w.frame = {static_cast<int>(tid), wk.spool.size, 0};
+    w.frame.size = w.encoding == Encoding::xor_bytes ? encode_xor(*wk.comp, a, b, sink)
+                                                     : encode_overwrite(*wk.comp, a, b, cc.bytes, sink);
+  });
+}
 
 DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, const fs::path& out_arg,
                              const DiffOptions& opts) {
@@ -121,80 +371,65 @@ DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, 
     if (!std::binary_search(target.other_files.begin(), target.other_files.end(), f))
       files.push_back({f, FileChange::Op::remove, 0, {}});
 
-  std::vector<MappedFile> base_maps, new_maps;
-  for (const auto& s : target.shards) {
-    base_maps.emplace_back(base.dir / s.file);
-    new_maps.emplace_back(target.dir / s.file);
-    sum.full_bytes += new_maps.back().size();
+  std::vector<File> base_files, new_files;
+  for (const auto& sh : target.shards) {
+    base_files.emplace_back(base.dir / sh.file, File::Mode::read);
+    new_files.emplace_back(target.dir / sh.file, File::Mode::read);
+    advise_sequential(base_files.back());
+    advise_sequential(new_files.back());
+    sum.full_bytes += new_files.back().size();
   }
   for (const auto& f : target.other_files) sum.full_bytes += size_of(target.dir / f);
 
-  std::vector<Job> jobs;
-  for (std::size_t s = 0; s < target.shards.size(); ++s)
-    for (const auto& t : target.shards[s].header.tensors) jobs.push_back({s, &t});
-  // Largest first, so one big tensor does not finish alone at the end.
-  std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.tensor->nbytes() > b.tensor->nbytes(); });
+  std::vector<Work> works;
+  for (std::size_t s = 0; s < target.shards.size(); ++s) {
+    const auto& hdr = target.shards[s].header;
+    for (const auto& t : hdr.tensors) {
+      Work w;
+      w.shard = s;
+      w.t = &t;
+      w.offset = hdr.file_offset(t);
+      w.nbytes = t.nbytes();
+      w.es = sparse_elem_size(dtype_size(t.dtype) ? dtype_size(t.dtype) : 1, w.nbytes);
+      w.chunks = sparse_chunk_count(w.nbytes, w.es);
+      works.push_back(std::move(w));
+    }
+  }
 
   const fs::path tmp = temp_path_beside(out);
   if (!fs::create_directory(tmp, ec) || ec) fail(Exit::failure, tmp.string() + ": cannot create: " + ec.message());
   try {
     const int threads = default_threads(opts.threads);
-    std::vector<Spool> spools(static_cast<std::size_t>(threads));
-    std::vector<std::unique_ptr<Compressor>> comps(static_cast<std::size_t>(threads));
+    std::vector<Worker> workers(static_cast<std::size_t>(threads));
+    if (!opts.encoding || *opts.encoding == Encoding::sparse)
+      sparse_pass(works, base_files, new_files, workers, tmp, opts, threads);
+    else
+      frame_pass(works, base_files, new_files, workers, tmp, opts, threads);
+
     std::vector<Entry> entries;
-    std::mutex mu;
-    parallel_for(jobs.size(), threads, [&](std::size_t j, std::size_t tid) {
-      const Job& job = jobs[j];
-      const TensorInfo& t = *job.tensor;
-      const auto& hdr = target.shards[job.shard].header;
-      const auto a = base_maps[job.shard].bytes(hdr.file_offset(t), t.nbytes());
-      const auto b = new_maps[job.shard].bytes(hdr.file_offset(t), t.nbytes());
-      const std::size_t es = dtype_size(t.dtype) ? dtype_size(t.dtype) : 1;
-      const std::uint64_t elems = dtype_size(t.dtype) ? t.elements() : t.nbytes();
-      if (std::memcmp(a.data(), b.data(), a.size()) == 0) {
-        std::lock_guard<std::mutex> g(mu);
-        sum.tensors += 1, sum.elements += elems, sum.tensor_bytes += t.nbytes();
-        return;
-      }
-      const ChangeCount cc = count_changes(a, b, es);
-      if (!comps[tid]) {
-        comps[tid] = std::make_unique<Compressor>(opts.level);
-        spools[tid].file = File(tmp / (".spool-" + std::to_string(tid)), File::Mode::create_exclusive);
-      }
-      Spool& sp = spools[tid];
-      Entry e{t.name, job.shard, static_cast<int>(tid), sp.size, 0, xxh3_128(b), xxh3_128(a), Encoding::xor_bytes};
-      const ByteSink sink = [&](std::span<const std::uint8_t> s) {
-        sp.file.write_all(s.data(), s.size());
-        sp.size += s.size();
-      };
-      auto encode = [&](Encoding enc) {
-        switch (enc) {
-          case Encoding::xor_bytes: return encode_xor(*comps[tid], a, b, sink);
-          case Encoding::overwrite: return encode_overwrite(*comps[tid], a, b, cc.bytes, sink);
-          case Encoding::sparse: return encode_sparse(*comps[tid], a, b, es, sink);
-        }
-        return std::uint64_t{0};
-      };
-      if (opts.encoding) {
-        e.encoding = *opts.encoding;
-        e.size = encode(e.encoding);
+    for (const Work& w : works) {
+      const std::uint64_t elems = dtype_size(w.t->dtype) ? w.t->elements() : w.nbytes;
+      sum.tensors += 1, sum.elements += elems, sum.tensor_bytes += w.nbytes;
+      if (!w.changed()) continue;
+      Entry e;
+      e.name = w.t->name;
+      e.shard = w.shard;
+      e.new_hash = w.new_hash, e.base_hash = w.base_hash;
+      e.encoding = w.encoding;
+      e.nbytes = w.nbytes, e.es = w.es;
+      if (w.encoding == Encoding::sparse) {
+        e.sparse_head = true;
+        e.size = kSparseHeadSize;
+        for (const auto& r : w.ranges) e.body.push_back(r.body), e.size += r.body.size;
       } else {
-        // Both candidates go to the spool; the index points at the smaller one,
-        // so "auto" is never larger than xor for any tensor.
-        const std::uint64_t sparse_at = sp.size, sparse_len = encode(Encoding::sparse);
-        const std::uint64_t xor_at = sp.size, xor_len = encode(Encoding::xor_bytes);
-        const bool sparse_wins = sparse_len <= xor_len;
-        e.encoding = sparse_wins ? Encoding::sparse : Encoding::xor_bytes;
-        e.offset = sparse_wins ? sparse_at : xor_at;
-        e.size = sparse_wins ? sparse_len : xor_len;
+        e.body.push_back(w.frame);
+        e.size = w.frame.size;
       }
-      std::lock_guard<std::mutex> g(mu);
       (e.encoding == Encoding::sparse ? sum.tensors_sparse : e.encoding == Encoding::xor_bytes ? sum.tensors_xor
                                                                                                : sum.tensors_overwrite) += 1;
-      sum.tensors += 1, sum.elements += elems, sum.tensor_bytes += t.nbytes();
-      sum.tensors_changed += 1, sum.elements_changed += cc.elements, sum.bytes_changed += cc.bytes;
+      sum.tensors_changed += 1, sum.elements_changed += w.elements_changed, sum.bytes_changed += w.bytes_changed;
       entries.push_back(std::move(e));
-    });
+    }
 
     // Gather the frames into one delta file per changed weight file, entries
     // by name, so the output does not depend on thread scheduling.
@@ -237,15 +472,23 @@ DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, 
       std::uint64_t at = prefix.size();
       for (std::size_t i = groups[g].first; i < groups[g].second; ++i) {
         const Entry& e = entries[i];
-        copy_range(spools[static_cast<std::size_t>(e.spool)].file, e.offset, e.size, f, at);
-        at += e.size;
+        if (e.sparse_head) {
+          std::uint8_t head[kSparseHeadSize];
+          sparse_entry_head(e.es, e.nbytes, head);
+          f.pwrite_all(head, sizeof head, at);
+          at += sizeof head;
+        }
+        for (const Seg& sg : e.body) {
+          copy_range(workers[static_cast<std::size_t>(sg.spool)].spool.file, sg.offset, sg.size, f, at);
+          at += sg.size;
+        }
       }
       if (opts.sync) f.sync();
       f.close();
     }
-    for (std::size_t t = 0; t < spools.size(); ++t)
-      if (spools[t].file.fd() >= 0) {
-        spools[t].file.close();
+    for (std::size_t t = 0; t < workers.size(); ++t)
+      if (workers[t].spool.file.fd() >= 0) {
+        workers[t].spool.file.close();
         fs::remove(tmp / (".spool-" + std::to_string(t)));
       }
 

@@ -355,7 +355,7 @@ TEST_CASE("--json output of delta-diff and delta-apply: documented keys with pla
   CHECK(s["out"] == out.string());
   CHECK(s["version"] == "000001");
   CHECK(s["base_version"] == "000000");
-  CHECK(s["encoding"] == "xor");
+  CHECK(s["encoding"] == "auto");  // the default
   const auto tensors = s["tensors"].get<std::uint64_t>();
   const auto changed = s["tensors_changed"].get<std::uint64_t>();
   CHECK(tensors == checkpoint_tensors(save_dir(series, 1)).size());
@@ -515,7 +515,7 @@ TEST_CASE("xor delta frames decode with plain ZSTD_decompress to old XOR new, ch
   const fs::path base = save_dir(series, 0), target = save_dir(series, 1);
   fs::create_directories(t / "root");
   const fs::path out = version_dir(t / "root", 1);
-  E2E_REQUIRE_CODE(diff({"-q", base.string(), target.string(), out.string()}), 0);
+  E2E_REQUIRE_CODE(diff({"-q", "--encoding", "xor", base.string(), target.string(), out.string()}), 0);
 
   const json idx = delta_index(out);
   const std::set<std::string> changed = changed_tensors(base, target);

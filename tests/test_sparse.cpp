@@ -39,7 +39,7 @@ Bytes patched(const Bytes& a, const Bytes& entry) {
   Bytes r = a;
   std::uint64_t last = 0;
   bool first = true;
-  decode_sparse(entry, a.size(), "test", [&](std::span<const std::uint64_t> offs, std::span<const std::uint8_t> x, std::size_t es) {
+  decode_sparse(entry, a.size(), "test", [&](std::span<const std::uint64_t> offs, std::span<const std::uint8_t> x, std::size_t es, SparseOp op) {
     REQUIRE(x.size() == offs.size() * es);
     for (std::size_t i = 0; i < offs.size(); ++i) {
       REQUIRE(offs[i] + es <= r.size());
@@ -47,7 +47,7 @@ Bytes patched(const Bytes& a, const Bytes& entry) {
       if (!first) REQUIRE(offs[i] > last);
       first = false;
       last = offs[i];
-      for (std::size_t k = 0; k < es; ++k) r[offs[i] + k] ^= x[i * es + k];
+      sparse_apply_value(r.data() + offs[i], x.data() + i * es, es, op);
     }
   });
   return r;
@@ -174,7 +174,7 @@ TEST_CASE("sparse: a position past 4 GiB decodes without allocating the tensor")
   const Bytes entry = handmade(8, nbytes, {3, elem}, Bytes{1, 0, 0, 0, 0, 0, 0, 0, 0xaa, 0, 0, 0, 0, 0, 0, 1});
   std::vector<std::uint64_t> seen;
   std::vector<std::uint8_t> first_bytes;
-  decode_sparse(entry, nbytes, "test", [&](std::span<const std::uint64_t> offs, std::span<const std::uint8_t> xs, std::size_t es) {
+  decode_sparse(entry, nbytes, "test", [&](std::span<const std::uint64_t> offs, std::span<const std::uint8_t> xs, std::size_t es, SparseOp) {
     CHECK(es == 8);
     for (std::size_t i = 0; i < offs.size(); ++i) seen.push_back(offs[i]), first_bytes.push_back(xs[i * es]);
   });
@@ -193,7 +193,7 @@ TEST_CASE("sparse: hostile entries are refused as malformed input") {
   b[4000] ^= 2;
   const Bytes good = encode(a, b, 2);
   auto refused = [&](const Bytes& e, std::uint64_t nbytes) {
-    return error_code([&] { decode_sparse(e, nbytes, "test", [](auto, auto, auto) {}); }) == Exit::bad_input;
+    return error_code([&] { decode_sparse(e, nbytes, "test", [](auto, auto, auto, auto) {}); }) == Exit::bad_input;
   };
   CHECK(refused(good, 4098));  // another tensor size
   for (std::size_t cut : {std::size_t(0), std::size_t(3), std::size_t(31), std::size_t(40), good.size() - 1})
@@ -222,7 +222,7 @@ TEST_CASE("sparse: hostile entries are refused as malformed input") {
     f[i] ^= 0x10;
     ++flipped_total;
     const auto code = error_code([&] {
-      decode_sparse(f, 4096, "test", [](std::span<const std::uint64_t> offs, std::span<const std::uint8_t>, std::size_t es) {
+      decode_sparse(f, 4096, "test", [](std::span<const std::uint64_t> offs, std::span<const std::uint8_t>, std::size_t es, SparseOp) {
         for (auto o : offs) REQUIRE(o + es <= 4096);
       });
     });
@@ -334,7 +334,7 @@ TEST_CASE("hostile: chunk tables that wrap around, legacy zstd frames, JSON nest
   put64(wrap, 5);
   put64(wrap, ~0ull);
   put64(wrap, 0);
-  CHECK(error_code([&] { decode_sparse(wrap, 5, "t", [](auto, auto, auto) {}); }) == Exit::bad_input);
+  CHECK(error_code([&] { decode_sparse(wrap, 5, "t", [](auto, auto, auto, auto) {}); }) == Exit::bad_input);
   // A truncated pre-1.0 zstd frame, which libzstd's streaming decoder takes as empty.
   const Bytes legacy{0x27, 0xb5, 0x2f, 0xfd, 0x24, 0, 0, 0, 0};
   Decompressor d;

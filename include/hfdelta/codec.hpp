@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -73,9 +74,60 @@ std::uint64_t encode_overwrite(Compressor& c, std::span<const std::uint8_t> old_
 // Elements per independently coded chunk of the sparse encoding.
 inline constexpr std::uint64_t kSparseChunkElements = 1u << 20;
 
+// What a sparse entry's values mean. Entries with magic "HFS1" store new XOR
+// old; "HFS2" entries (what the encoder writes) store zigzag(new - old), the
+// difference of the elements as little-endian unsigned integers modulo
+// 2^(8*elem_size): a step of one unit in the last place, the usual change of
+// a float weight, is 1 or 2 whatever carries it causes, where XOR values
+// spread over 1, 3, 7, 15, ... So the values cost about a third fewer bits.
+enum class SparseOp { xor_bytes, add_zigzag };
+
+// Changes one element of `es` bytes in place by one stored value.
+void sparse_apply_value(std::uint8_t* elem, const std::uint8_t* value, std::size_t es, SparseOp op);
+
+// The element size a sparse entry uses for a dtype of `es` bytes: sizes other
+// than 1, 2, 4 and 8, or not dividing the tensor, fall back to 1.
+std::size_t sparse_elem_size(std::size_t es, std::uint64_t nbytes);
+std::uint64_t sparse_chunk_count(std::uint64_t nbytes, std::size_t sparse_es);
+inline constexpr std::size_t kSparseHeadSize = 32;
+// The entry's head: magic, element size, tensor bytes, chunk size, chunk count.
+void sparse_entry_head(std::size_t sparse_es, std::uint64_t nbytes, std::uint8_t out[kSparseHeadSize]);
+
+// Builds one chunk of a sparse entry from views scanned in order, so a caller
+// can feed it blocks it has just read (and hashed) while they are in cache.
+// Buffers grow to the largest chunk seen and are reused: no allocation per
+// element or per chunk.
+class SparseChunkEncoder {
+ public:
+  SparseChunkEncoder();
+  ~SparseChunkEncoder();
+  SparseChunkEncoder(const SparseChunkEncoder&) = delete;
+  SparseChunkEncoder& operator=(const SparseChunkEncoder&) = delete;
+
+  void begin(std::size_t sparse_es);
+  // Adds the changes between `a` and `b`, `n` elements that start at element
+  // `first` of the chunk; successive calls must cover ascending elements.
+  void scan(const std::uint8_t* a, const std::uint8_t* b, std::size_t n, std::uint64_t first);
+  std::uint64_t changed_elements() const { return count_; }
+  std::uint64_t changed_bytes() const { return bytes_; }
+  // Compresses the chunk and hands out its head and frames; returns their size.
+  std::uint64_t end(Compressor& c, const ByteSink& sink);
+
+ private:
+  template <std::size_t ES>
+  void scan_t(const std::uint8_t* a, const std::uint8_t* b, std::size_t n, std::uint64_t first);
+  template <std::size_t ES>
+  void add(std::uint64_t e, const std::uint8_t* a, const std::uint8_t* b);
+
+  std::size_t es_ = 1;
+  std::uint64_t count_ = 0, bytes_ = 0, next_ = 0;
+  std::size_t gaps_len_ = 0, cap_es_ = 0;
+  std::unique_ptr<std::uint8_t[]> gaps_, planes_;  // planes_: es_ planes of kSparseChunkElements
+  std::vector<std::uint8_t> frames_;
+};
+
 // Encodes one tensor in the sparse encoding. `elem_size` is the dtype's size
-// (1 for dtypes this tool does not know; sizes not dividing the tensor fall
-// back to 1). Returns the entry's size in bytes.
+// (1 for dtypes this tool does not know). Returns the entry's size in bytes.
 std::uint64_t encode_sparse(Compressor& c, std::span<const std::uint8_t> old_bytes,
                             std::span<const std::uint8_t> new_bytes, std::size_t elem_size,
                             const ByteSink& sink);
@@ -124,9 +176,10 @@ using XorPatch = std::function<void(std::uint64_t, std::span<const std::uint8_t>
 using OverwritePatch =
     std::function<void(std::span<const std::uint64_t>, std::span<const std::uint8_t>)>;
 
-// Receives batches of changed elements: byte offsets (ascending) and their
-// XOR values, `elem_size` bytes per element.
-using SparsePatch = std::function<void(std::span<const std::uint64_t>, std::span<const std::uint8_t>, std::size_t)>;
+// Receives batches of changed elements: byte offsets (ascending), their
+// stored values, `elem_size` bytes per element, and what the values mean.
+using SparsePatch =
+    std::function<void(std::span<const std::uint64_t>, std::span<const std::uint8_t>, std::size_t, SparseOp)>;
 
 // Decoders throw Error(bad_input) naming `what` when the frame is corrupt or
 // decodes to more or fewer bytes than `nbytes` implies.

@@ -11,9 +11,12 @@
 namespace hfdelta {
 
 struct DiffOptions {
-  // One encoding for every tensor, or none: per tensor the smaller of
-  // sparse and xor ("auto", recorded per tensor in the index).
-  std::optional<Encoding> encoding = Encoding::xor_bytes;
+  // One encoding for every tensor, or none ("auto", the default): sparse,
+  // or xor for a tensor where that is smaller, recorded per tensor in the
+  // index. Tensors up to 512 KiB are encoded both ways and the smaller kept;
+  // for larger ones xor is encoded too only where, on the first block with
+  // changes, it comes within 10% of sparse.
+  std::optional<Encoding> encoding = std::nullopt;
   int level = 3;             // zstd level
   std::uint64_t version = 0;
   std::uint64_t base_version = 0;

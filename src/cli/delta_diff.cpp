@@ -14,7 +14,7 @@ using namespace hfdelta;
 
 int main(int argc, char** argv) {
   CLI::App app{"Write the delta version directory OUT that turns checkpoint BASE into NEW.", "delta-diff"};
-  std::string base, target, out, encoding = "xor";
+  std::string base, target, out, encoding = "auto";
   std::optional<std::uint64_t> version, base_version;
   DiffOptions o;
   bool no_sync = false, json_out = false, quiet = false;
@@ -22,8 +22,8 @@ int main(int argc, char** argv) {
   app.add_option("NEW", target, "New save (HF checkpoint directory)")->required();
   app.add_option("OUT", out, "Delta version directory to create (must not exist)")->required();
   app.add_option("--encoding", encoding,
-                 "Delta encoding: xor or overwrite (the slime layout's), sparse (hfdelta's), "
-                 "or auto (per tensor the smaller of sparse and xor)")
+                 "Delta encoding: auto (hfdelta's sparse encoding, or xor for a tensor where that is smaller), "
+                 "sparse, or the slime layout's xor or overwrite")
       ->check(CLI::IsMember({"xor", "overwrite", "sparse", "auto"}))
       ->capture_default_str();
   app.add_option("--level", o.level, "zstd compression level")->check(CLI::Range(1, 19))->capture_default_str();
