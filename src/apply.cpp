@@ -35,18 +35,6 @@ using Clock = std::chrono::steady_clock;
 
 int thread_count(const ApplyOptions& o) { return default_threads(o.threads); }
 
-Hash128 hash_range(const File& f, std::uint64_t off, std::uint64_t n, std::vector<std::uint8_t>& buf) {
-  Hasher h;
-  buf.resize(kWindow);
-  while (n > 0) {
-    const std::size_t k = static_cast<std::size_t>(std::min<std::uint64_t>(n, kWindow));
-    f.pread_exact(buf.data(), k, off);
-    h.update({buf.data(), k});
-    off += k, n -= k;
-  }
-  return h.digest();
-}
-
 // Refuses a LOCAL path that would leave the directory through a symlink.
 void check_no_symlink(const fs::path& local, const std::string& rel, const std::string& what) {
   fs::path p = local;
@@ -194,24 +182,28 @@ struct Patch {
 // laid over it: hashes the old and the new bytes and journals each change.
 class Walker {
  public:
-  Walker(const File& f, const Patch& p, JournalWriter& jw, std::vector<std::uint8_t>& buf)
-      : f_(f), p_(p), jw_(jw), buf_(buf) {}
+  // With `out`, each window that changes is written there as soon as its
+  // journal records are in the journal file (the one-pass apply).
+  Walker(const File& f, const Patch& p, JournalWriter& jw, std::vector<std::uint8_t>& buf, File* out)
+      : f_(f), p_(p), jw_(jw), buf_(buf), out_(out) {}
   void set(std::uint64_t pos, std::uint8_t v) {
     if (pos >= we_) load(pos);
     std::uint8_t& b = buf_[pos - ws_];
     if (b == v) return;
     jw_.change(pos, b, v);
     b = v;
+    dirty_ = true;
   }
   // One element of `es` bytes (windows hold whole elements).
-  void element(std::uint64_t pos, const std::uint8_t* v, std::size_t es, SparseOp op) {
+  template <std::size_t ES>
+  void element(std::uint64_t pos, const std::uint8_t* v, SparseOp op) {
     if (pos >= we_) load(pos);
     std::uint8_t* b = buf_.data() + (pos - ws_);
-    std::uint8_t t[8];
-    std::memcpy(t, b, es);
-    sparse_apply_value(t, v, es, op);
-    for (std::size_t k = 0; k < es; ++k)
-      if (t[k] != b[k]) jw_.change(pos + k, b[k], t[k]), b[k] = t[k];
+    std::uint8_t t[ES];
+    std::memcpy(t, b, ES);
+    sparse_apply_value_t<ES>(t, v, op);
+    for (std::size_t k = 0; k < ES; ++k)
+      if (t[k] != b[k]) jw_.change(pos + k, b[k], t[k]), b[k] = t[k], dirty_ = true;
   }
   void finish() {
     close();
@@ -222,7 +214,14 @@ class Walker {
 
  private:
   void close() {
-    if (we_ > ws_) hn_.update({buf_.data(), static_cast<std::size_t>(we_ - ws_)});
+    if (we_ > ws_) {
+      if (out_ && dirty_) {
+        jw_.flush();
+        out_->pwrite_all(buf_.data(), static_cast<std::size_t>(we_ - ws_), p_.offset + ws_);
+      }
+      hn_.update({buf_.data(), static_cast<std::size_t>(we_ - ws_)});
+    }
+    dirty_ = false;
     done_ = ws_ = we_;
   }
   void read_both(std::uint64_t n) {
@@ -247,16 +246,73 @@ class Walker {
   const Patch& p_;
   JournalWriter& jw_;
   std::vector<std::uint8_t>& buf_;
+  File* out_;
+  bool dirty_ = false;
   Hasher hb_, hn_;
   std::uint64_t ws_ = 0, we_ = 0, done_ = 0;
 };
 
-// Decodes one entry against LOCAL's current bytes without writing LOCAL:
-// journals every change and checks both checksums, so a wrong base, a damaged
-// frame or a wrong checksum is refused before anything is changed.
+// Writes one tensor of LOCAL from its journal record: window by window,
+// front to back, hashing every window as it is written (or left alone).
+class TensorWriter {
+ public:
+  TensorWriter(std::vector<File>& files, std::string what) : files_(files), what_(std::move(what)) {}
+  void begin(const Patch& p) {
+    p_ = &p;
+    ws_ = we_ = 0;
+    dirty_ = false;
+    h_.reset();
+  }
+  const Patch& patch() const { return *p_; }
+  void change(std::span<const std::uint64_t> offs, std::span<const std::uint8_t> bytes) {
+    for (std::size_t k = 0; k < offs.size(); ++k) {
+      const std::uint64_t rel = offs[k] - p_->offset;
+      if (offs[k] < p_->offset || rel >= p_->nbytes || rel < ws_)
+        fail(Exit::failure, what_ + ": journal change outside tensor '" + p_->tensor + "' or out of order");
+      while (rel >= we_) next_window();
+      buf_[rel - ws_] = bytes[k];
+      dirty_ = true;
+    }
+  }
+  Hash128 end() {
+    while (we_ < p_->nbytes) next_window();
+    close_window();
+    return h_.digest();
+  }
+
+ private:
+  void close_window() {
+    if (we_ == ws_) return;
+    if (dirty_) files_[p_->local_shard].pwrite_all(buf_.data(), buf_.size(), p_->offset + ws_);
+    h_.update(buf_);
+    dirty_ = false;
+  }
+  void next_window() {
+    close_window();
+    ws_ = we_;
+    we_ = std::min<std::uint64_t>(ws_ + kWindow, p_->nbytes);
+    buf_.resize(static_cast<std::size_t>(we_ - ws_));
+    files_[p_->local_shard].pread_exact(buf_.data(), buf_.size(), p_->offset + ws_);
+  }
+
+  std::vector<File>& files_;
+  std::string what_;
+  const Patch* p_ = nullptr;
+  std::vector<std::uint8_t> buf_;
+  std::uint64_t ws_ = 0, we_ = 0;
+  bool dirty_ = false;
+  Hasher h_;
+};
+
+// Decodes one entry against LOCAL's current bytes: journals every change and
+// checks both checksums. Without `out`, LOCAL is not written, so a wrong base,
+// a damaged frame or a wrong checksum is refused before anything is changed;
+// with `out` (one pass), each window is written once its records are in the
+// journal, and a refusal is undone by the rollback that follows.
 void journal_patch(const Patch& p, const File& f, Encoding enc, JournalWriter& jw, std::vector<std::uint8_t>& buf,
-                   const std::string& local_file, std::uint64_t version) {
-  Decompressor d1, d2;
+                   const std::string& local_file, std::uint64_t version, File* out) {
+  const std::string outcome = out ? "LOCAL was rolled back" : "nothing was changed";
+  thread_local Decompressor d1, d2;  // per thread: cheaper than one per tensor
   const std::string what = p.delta_file + ": entry '" + p.tensor + "'";
   jw.begin_tensor(p.local_shard, p.offset);
   Hash128 old_h, new_h;
@@ -266,6 +322,7 @@ void journal_patch(const Patch& p, const File& f, Encoding enc, JournalWriter& j
       buf.resize(x.size());
       f.pread_exact(buf.data(), x.size(), p.offset + off);
       hb.update(buf);
+      bool dirty = false;
       for (std::size_t k = 0; k < x.size(); ++k) {
         if (k + 8 <= x.size()) {  // mostly zero: skip eight at a time
           std::uint64_t w;
@@ -279,22 +336,35 @@ void journal_patch(const Patch& p, const File& f, Encoding enc, JournalWriter& j
         const std::uint8_t nb = buf[k] ^ x[k];
         jw.change(off + k, buf[k], nb);
         buf[k] = nb;
+        dirty = true;
+      }
+      if (out && dirty) {
+        jw.flush();
+        out->pwrite_all(buf.data(), buf.size(), p.offset + off);
       }
       hn.update(buf);
     });
     old_h = hb.digest();
     new_h = hn.digest();
   } else if (enc == Encoding::sparse) {
-    Walker w(f, p, jw, buf);
+    Walker w(f, p, jw, buf, out);
     decode_sparse(p.frame, p.nbytes, what,
                   [&](std::span<const std::uint64_t> offs, std::span<const std::uint8_t> x, std::size_t es, SparseOp op) {
-                    for (std::size_t i = 0; i < offs.size(); ++i) w.element(offs[i], x.data() + i * es, es, op);
+                    auto each = [&]<std::size_t ES>() {
+                      for (std::size_t i = 0; i < offs.size(); ++i) w.element<ES>(offs[i], x.data() + i * ES, op);
+                    };
+                    switch (es) {
+                      case 1: return each.template operator()<1>();
+                      case 2: return each.template operator()<2>();
+                      case 4: return each.template operator()<4>();
+                      default: return each.template operator()<8>();
+                    }
                   });
     w.finish();
     old_h = w.old_hash();
     new_h = w.new_hash();
   } else {
-    Walker w(f, p, jw, buf);
+    Walker w(f, p, jw, buf, out);
     decode_overwrite(d1, d2, p.frame, p.nbytes, what,
                      [&](std::span<const std::uint64_t> pos, std::span<const std::uint8_t> val) {
                        for (std::size_t k = 0; k < pos.size(); ++k) w.set(pos[k], val[k]);
@@ -307,11 +377,11 @@ void journal_patch(const Patch& p, const File& f, Encoding enc, JournalWriter& j
   if (p.base_hash && old_h != *p.base_hash)
     fail(Exit::verify_failed, local_file + ": tensor '" + p.tensor + "' is not the base of delta " + format_version(version) +
                                   " (checksum " + old_h.hex() + ", the delta expects " + p.base_hash->hex() +
-                                  "); nothing was changed");
+                                  "); " + outcome);
   if (new_h != p.new_hash)
     fail(Exit::verify_failed, local_file + ": tensor '" + p.tensor + "' patched by " + what + " would have checksum " +
                                   new_h.hex() + ", the delta records " + p.new_hash.hex() +
-                                  " (LOCAL is not this delta's base, or the delta is damaged); nothing was changed");
+                                  " (LOCAL is not this delta's base, or the delta is damaged); " + outcome);
 }
 
 ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local, const ApplyOptions& opts) {
@@ -410,28 +480,10 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
   std::vector<File> files;
   for (const auto& s : lc.shards) files.emplace_back(local / s.file, File::Mode::read_write);
 
-  // ---- journal: every change with its old and new byte, checked, durable ----
-  const fs::path step = txn.begin_step();
-  std::vector<std::unique_ptr<JournalWriter>> writers(static_cast<std::size_t>(threads));
-  std::vector<std::uint64_t> sizes(patches.size());
-  try {
-    std::vector<std::vector<std::uint8_t>> bufs(static_cast<std::size_t>(threads));
-    std::vector<std::size_t> order(patches.size());
-    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return patches[a].nbytes > patches[b].nbytes; });
-    parallel_for(patches.size(), threads, [&](std::size_t k, std::size_t tid) {
-      const Patch& p = patches[order[k]];
-      if (!writers[tid]) writers[tid] = std::make_unique<JournalWriter>(txn_part(step, tid), 1);
-      journal_patch(p, files[p.local_shard], encoding_of(idx, p.tensor), *writers[tid], bufs[tid],
-                    (local / lc.shards[p.local_shard].file).string(), idx.version);
-    });
-    // Parts are numbered densely in the manifest.
-    for (std::size_t t = 0; t < writers.size(); ++t) {
-      if (!writers[t]) continue;
-      writers[t]->finish(opts.sync);
-      if (t != m.parts) rename_path(txn_part(step, t), txn_part(step, m.parts));
-      ++m.parts;
-    }
+  std::vector<std::size_t> order(patches.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return patches[a].nbytes > patches[b].nbytes; });
+  auto stage_files = [&](const fs::path& step) {
     for (std::size_t k = 0; k < idx.files.size(); ++k) {
       const FileChange& fc = idx.files[k];
       if (fc.op != FileChange::Op::put) continue;
@@ -441,46 +493,105 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
       if (ec) fail(Exit::failure, staged.parent_path().string() + ": cannot create: " + ec.message());
       copy_file_atomic(delta / kFilesDir / fc.path, staged, opts.sync);
     }
-    if (opts.sync) sync_dir(step);
-  } catch (...) {
-    writers.clear();
-    txn.abandon_step();
-    throw;
-  }
+  };
 
-  run_step(txn, local, m, opts, [&] {
-    parallel_for(m.parts, threads, [&](std::size_t i, std::size_t) {
-      std::vector<std::uint8_t> window;
-      replay_journal(txn_part(step, i), true,
-                     [&](std::uint32_t shard, std::span<const std::uint64_t> o, std::span<const std::uint8_t> b) {
-                       write_scattered(files[shard], o, b, window);
-                     });
-    });
-    // Read back what is now in LOCAL: the checksum covers the real file.
-    std::mutex mu;
-    std::vector<std::string> mismatches;
-    parallel_for(patches.size(), threads, [&](std::size_t i, std::size_t) {
-      const Patch& p = patches[i];
-      std::vector<std::uint8_t> buf;
-      const Hash128 h = hash_range(files[p.local_shard], p.offset, p.nbytes, buf);
-      std::lock_guard<std::mutex> g(mu);
-      r.tensors_patched += 1;
-      r.delta_bytes += p.frame.size();
-      if (h != p.new_hash)
-        mismatches.push_back("tensor '" + p.tensor + "' in " + (local / lc.shards[p.local_shard].file).string() +
-                             " reads back with checksum " + h.hex() + ", the delta records " + p.new_hash.hex());
-    });
-    if (!mismatches.empty()) {
-      std::string msg = "verification failed after applying " + delta.string() + "; LOCAL was rolled back:";
-      for (const auto& s : mismatches) msg += "\n  " + s;
-      fail(Exit::verify_failed, msg);
+  if (!opts.sync) {
+    // ---- one pass: without flushing, nothing is gained by journaling the
+    // whole delta before the first write, and LOCAL is read once instead of
+    // twice. Each window's undo records reach the journal file before the
+    // window is written, so a kill is still rolled back by the next run. ----
+    const fs::path step = txn.begin_step();
+    try {
+      stage_files(step);
+    } catch (...) {
+      txn.abandon_step();
+      throw;
     }
-    run_file_ops(local, step, m);
-    if (opts.sync) {
+    m.parts = static_cast<std::size_t>(threads);
+    m.live = true;
+    std::vector<std::unique_ptr<JournalWriter>> writers(static_cast<std::size_t>(threads));
+    run_step(txn, local, m, opts, [&] {
+      std::vector<std::vector<std::uint8_t>> bufs(static_cast<std::size_t>(threads));
+      parallel_for(patches.size(), threads, [&](std::size_t k, std::size_t tid) {
+        const Patch& p = patches[order[k]];
+        if (!writers[tid]) writers[tid] = std::make_unique<JournalWriter>(txn_part(step, tid), 1);
+        journal_patch(p, files[p.local_shard], encoding_of(idx, p.tensor), *writers[tid], bufs[tid],
+                      (local / lc.shards[p.local_shard].file).string(), idx.version, &files[p.local_shard]);
+      });
+      for (auto& w : writers)
+        if (w) w->finish(false);
+      for (const Patch& p : patches) r.tensors_patched += 1, r.delta_bytes += p.frame.size();
+      run_file_ops(local, step, m);
+    });
+  } else {
+    // ---- journal: every change with its old and new byte, checked, durable ----
+    const fs::path step = txn.begin_step();
+    std::vector<std::unique_ptr<JournalWriter>> writers(static_cast<std::size_t>(threads));
+    try {
+      std::vector<std::vector<std::uint8_t>> bufs(static_cast<std::size_t>(threads));
+      parallel_for(patches.size(), threads, [&](std::size_t k, std::size_t tid) {
+        const Patch& p = patches[order[k]];
+        if (!writers[tid]) writers[tid] = std::make_unique<JournalWriter>(txn_part(step, tid), 1);
+        journal_patch(p, files[p.local_shard], encoding_of(idx, p.tensor), *writers[tid], bufs[tid],
+                      (local / lc.shards[p.local_shard].file).string(), idx.version, nullptr);
+      });
+      // Parts are numbered densely in the manifest.
+      for (std::size_t t = 0; t < writers.size(); ++t) {
+        if (!writers[t]) continue;
+        writers[t]->finish(opts.sync);
+        if (t != m.parts) rename_path(txn_part(step, t), txn_part(step, m.parts));
+        ++m.parts;
+      }
+      stage_files(step);
+      sync_dir(step);
+    } catch (...) {
+      writers.clear();
+      txn.abandon_step();
+      throw;
+    }
+
+    run_step(txn, local, m, opts, [&] {
+      // One pass per journal part, tensor by tensor: every window of the tensor
+      // is read, patched where the journal says, written back if it changed,
+      // and hashed as written, so the checksum covers exactly what LOCAL holds.
+      std::map<std::pair<std::uint32_t, std::uint64_t>, std::size_t> at;
+      for (std::size_t i = 0; i < patches.size(); ++i) at[{patches[i].local_shard, patches[i].offset}] = i;
+      std::mutex mu;
+      std::vector<std::string> mismatches;
+      parallel_for(m.parts, threads, [&](std::size_t i, std::size_t) {
+        const fs::path part = txn_part(step, i);
+        TensorWriter tw(files, part.string());
+        const JournalEdges edges{[&](std::uint32_t shard, std::uint64_t offset) {
+                                   auto it = at.find({shard, offset});
+                                   if (it == at.end()) fail(Exit::failure, part.string() + ": journal names a tensor this delta does not patch");
+                                   tw.begin(patches[it->second]);
+                                 },
+                                 [&] {
+                                   const Patch& p = tw.patch();
+                                   const Hash128 h = tw.end();
+                                   std::lock_guard<std::mutex> g(mu);
+                                   r.tensors_patched += 1;
+                                   r.delta_bytes += p.frame.size();
+                                   if (h != p.new_hash)
+                                     mismatches.push_back("tensor '" + p.tensor + "' in " +
+                                                          (local / lc.shards[p.local_shard].file).string() +
+                                                          " was written with checksum " + h.hex() + ", the delta records " +
+                                                          p.new_hash.hex());
+                                 }};
+        replay_journal(part, true,
+                       [&](std::uint32_t, std::span<const std::uint64_t> o, std::span<const std::uint8_t> b) { tw.change(o, b); },
+                       &edges);
+      });
+      if (!mismatches.empty()) {
+        std::string msg = "verification failed after applying " + delta.string() + "; LOCAL was rolled back:";
+        for (const auto& s : mismatches) msg += "\n  " + s;
+        fail(Exit::verify_failed, msg);
+      }
+      run_file_ops(local, step, m);
       for (auto& f : files) f.sync();
       sync_dirs_of(local, m.files);
-    }
-  });
+    });
+  }
   for (auto& f : files) f.close();
   for (const auto& f : m.files) (f.op == TxnFile::Op::put ? r.files_written : r.files_removed) += f.op == TxnFile::Op::put || f.existed;
   r.applied.push_back(idx.version);

@@ -113,6 +113,18 @@ void Compressor::put(std::span<const std::uint8_t> in, const ByteSink& sink) {
   }
 }
 
+void Compressor::flush(const ByteSink& sink) {
+  auto* c = static_cast<ZSTD_CCtx*>(cctx_);
+  ZSTD_inBuffer ib{nullptr, 0, 0};
+  std::size_t r;
+  do {
+    ZSTD_outBuffer ob{out_.data(), out_.size(), 0};
+    r = ZSTD_compressStream2(c, &ob, &ib, ZSTD_e_flush);
+    if (ZSTD_isError(r)) zstd_fail("flush", r);
+    if (ob.pos) sink({out_.data(), ob.pos});
+  } while (r != 0);
+}
+
 void Compressor::end(const ByteSink& sink) {
   auto* c = static_cast<ZSTD_CCtx*>(cctx_);
   ZSTD_inBuffer ib{nullptr, 0, 0};
@@ -185,7 +197,7 @@ std::uint64_t encode_overwrite(Compressor& c, std::span<const std::uint8_t> a, s
 // ---- FrameReader ---------------------------------------------------------------
 
 FrameReader::FrameReader(Decompressor& d, std::span<const std::uint8_t> frame, const std::string& what)
-    : dctx_(d.ctx()), what_(what), buf_(kChunk) {
+    : dctx_(d.ctx()), what_(what), buf_(d.buffer()) {
   in_data_ = frame.data();
   in_size_ = frame.size();
   // Only the current frame format: libzstd also decodes pre-1.0 frames and
@@ -361,16 +373,13 @@ void sparse_entry_head(std::size_t es, std::uint64_t nbytes, std::uint8_t out[kS
 }
 
 void sparse_apply_value(std::uint8_t* elem, const std::uint8_t* v, std::size_t es, SparseOp op) {
-  if (op == SparseOp::xor_bytes) {
-    for (std::size_t k = 0; k < es; ++k) elem[k] ^= v[k];
-    return;
+  switch (es) {
+    case 1: return sparse_apply_value_t<1>(elem, v, op);
+    case 2: return sparse_apply_value_t<2>(elem, v, op);
+    case 4: return sparse_apply_value_t<4>(elem, v, op);
+    case 8: return sparse_apply_value_t<8>(elem, v, op);
   }
-  std::uint64_t x = 0, zz = 0;
-  std::memcpy(&x, elem, es);
-  std::memcpy(&zz, v, es);
-  const std::uint64_t d = (zz >> 1) ^ (0 - (zz & 1));  // un-zigzag
-  x += d;
-  std::memcpy(elem, &x, es);  // little-endian: the low es bytes, modulo 2^(8*es)
+  fail(Exit::failure, "sparse: element size " + std::to_string(es));
 }
 
 SparseChunkEncoder::SparseChunkEncoder() = default;
@@ -510,9 +519,11 @@ void decode_sparse(std::span<const std::uint8_t> entry, std::uint64_t nbytes, co
   constexpr std::size_t kBatch = 16 * 1024;
   std::vector<std::uint64_t> offs(kBatch);
   std::vector<std::uint8_t> xors(kBatch * es), plane(kBatch);
-  Decompressor dg;
-  std::vector<std::unique_ptr<Decompressor>> dp;
-  for (std::uint32_t k = 0; k < es; ++k) dp.push_back(std::make_unique<Decompressor>());
+  // Contexts are kept per thread: making one costs more than decoding the
+  // entry of a small tensor.
+  thread_local Decompressor dg;
+  thread_local std::vector<std::unique_ptr<Decompressor>> dp;
+  while (dp.size() < es) dp.push_back(std::make_unique<Decompressor>());
   for (std::uint64_t ch = 0; ch < chunks; ++ch) {
     const std::uint64_t e0 = ch * chunk_elems, e1 = std::min(n, e0 + chunk_elems);
     const std::uint8_t* ch_head = take(16 + 8 * es);
@@ -576,6 +587,11 @@ Decompressor::Decompressor() : dctx_(ZSTD_createDCtx()) {
 }
 
 Decompressor::~Decompressor() { ZSTD_freeDCtx(static_cast<ZSTD_DCtx*>(dctx_)); }
+
+std::span<std::uint8_t> Decompressor::buffer() {
+  if (!buf_) buf_.reset(new std::uint8_t[kChunk]);
+  return {buf_.get(), kChunk};
+}
 
 void decode_xor(Decompressor& d, std::span<const std::uint8_t> frame, std::uint64_t nbytes, const std::string& what,
                 const XorPatch& patch) {

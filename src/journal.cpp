@@ -107,19 +107,29 @@ void JournalWriter::begin_tensor(std::uint32_t shard, std::uint64_t offset) {
 void JournalWriter::change(std::uint64_t pos, std::uint8_t old_byte, std::uint8_t new_byte) {
   // Gap to the previous change plus one, so 0 can end the tensor's list.
   std::uint64_t v = pos - next_ + 1;
-  std::uint8_t b[12];
+  // Written in place (called once per changed byte): the buffer keeps room
+  // for one more record past kBatch.
+  const std::size_t at = buf_.size();
+  buf_.resize(at + 12);
+  std::uint8_t* b = buf_.data() + at;
   std::size_t n = 0;
   while (v >= 0x80) b[n++] = static_cast<std::uint8_t>(v | 0x80), v >>= 7;
   b[n++] = static_cast<std::uint8_t>(v);
   b[n++] = old_byte;
   b[n++] = new_byte;
-  put(b, n);
+  buf_.resize(at + n);
   next_ = pos + 1;
+  if (buf_.size() >= kBatch) flush_buf();
 }
 
 void JournalWriter::end_tensor() {
   const std::uint8_t z = 0;
   put(&z, 1);
+}
+
+void JournalWriter::flush() {
+  flush_buf();
+  comp_.flush([&](std::span<const std::uint8_t> s) { file_.write_all(s.data(), s.size()); });
 }
 
 void JournalWriter::finish(bool sync) {
@@ -131,39 +141,51 @@ void JournalWriter::finish(bool sync) {
   file_.close();
 }
 
-void replay_journal(const fs::path& part, bool new_values, const JournalSink& sink) {
+void replay_journal(const fs::path& part, bool new_values, const JournalSink& sink, const JournalEdges* edges,
+                    bool partial_ok) {
   const MappedFile m(part);
   Decompressor d;
-  FrameReader fr(d, m.bytes(), part.string());
-  ByteReader r(fr);
   std::vector<std::uint64_t> offs;
   std::vector<std::uint8_t> vals;
   offs.reserve(kBatch);
   vals.reserve(kBatch);
-  for (;;) {
-    const std::uint8_t tag = r.get();
-    if (tag == kEnd) break;
-    if (tag != kTensor) fr.bad("journal has an unknown record");
-    const auto shard = static_cast<std::uint32_t>(r.get_le(4));
-    const std::uint64_t base = r.get_le(8);
-    std::uint64_t next = 0;
-    for (;;) {
-      const std::uint64_t v = r.varint();
-      if (v == 0) break;
-      const std::uint64_t pos = next + v - 1;
-      const std::uint8_t o = r.get(), n = r.get();
-      offs.push_back(base + pos);
-      vals.push_back(new_values ? n : o);
-      next = pos + 1;
-      if (offs.size() == kBatch) {
-        sink(shard, offs, vals);
-        offs.clear(), vals.clear();
-      }
-    }
-    if (!offs.empty()) sink(shard, offs, vals);
+  bool in_sink = false;
+  auto emit = [&](std::uint32_t shard) {
+    in_sink = true;
+    sink(shard, offs, vals);
+    in_sink = false;
     offs.clear(), vals.clear();
+  };
+  std::uint32_t shard = 0;
+  try {
+    FrameReader fr(d, m.bytes(), part.string());
+    ByteReader r(fr);
+    for (;;) {
+      const std::uint8_t tag = r.get();
+      if (tag == kEnd) break;
+      if (tag != kTensor) fr.bad("journal has an unknown record");
+      shard = static_cast<std::uint32_t>(r.get_le(4));
+      const std::uint64_t base = r.get_le(8);
+      if (edges) edges->begin(shard, base);
+      std::uint64_t next = 0;
+      for (;;) {
+        const std::uint64_t v = r.varint();
+        if (v == 0) break;
+        const std::uint64_t pos = next + v - 1;
+        const std::uint8_t o = r.get(), n = r.get();
+        offs.push_back(base + pos);
+        vals.push_back(new_values ? n : o);
+        next = pos + 1;
+        if (offs.size() == kBatch) emit(shard);
+      }
+      if (!offs.empty()) emit(shard);
+      if (edges) edges->end();
+    }
+    fr.expect_end();
+  } catch (const Error&) {
+    if (!partial_ok || in_sink) throw;
+    if (!offs.empty()) emit(shard);  // whole records read before the cut
   }
-  fr.expect_end();
 }
 
 void write_scattered(File& f, std::span<const std::uint64_t> offs, std::span<const std::uint8_t> bytes,
@@ -190,6 +212,7 @@ void write_manifest(const fs::path& step, const Manifest& m, bool sync) {
             {"base_version", m.base ? json(format_version(*m.base)) : json()},
             {"shards", m.shards},
             {"parts", m.parts},
+            {"live", m.live},
             {"files", files}};
   write_file_atomic(step / "manifest.json", j.dump(1) + "\n", sync);
 }
@@ -205,6 +228,7 @@ std::optional<Manifest> read_manifest(const fs::path& step) {
     if (!j.at("base_version").is_null()) m.base = parse_version(j.at("base_version").get<std::string>(), w);
     m.shards = j.at("shards").get<std::vector<std::string>>();
     m.parts = j.at("parts").get<std::size_t>();
+    m.live = j.value("live", false);
     for (const auto& f : j.at("files")) {
       TxnFile t;
       t.path = f.at("path").get<std::string>();
@@ -255,11 +279,17 @@ void rollback(const fs::path& local, const fs::path& step, const Manifest& m, bo
   std::vector<std::uint8_t> window;
   for (std::size_t i = 0; i < m.parts; ++i) {
     const fs::path part = txn_part(step, i);
-    if (!exists_nofollow(part)) fail(Exit::failure, part.string() + ": journal part missing; cannot roll back");
-    replay_journal(part, false, [&](std::uint32_t shard, std::span<const std::uint64_t> o, std::span<const std::uint8_t> b) {
-      if (shard >= shards.size()) fail(Exit::failure, part.string() + ": journal names an unknown weight file");
-      write_scattered(shards[shard], o, b, window);
-    });
+    if (!exists_nofollow(part)) {
+      if (m.live) continue;  // that thread had not written anything yet
+      fail(Exit::failure, part.string() + ": journal part missing; cannot roll back");
+    }
+    replay_journal(
+        part, false,
+        [&](std::uint32_t shard, std::span<const std::uint64_t> o, std::span<const std::uint8_t> b) {
+          if (shard >= shards.size()) fail(Exit::failure, part.string() + ": journal names an unknown weight file");
+          write_scattered(shards[shard], o, b, window);
+        },
+        nullptr, m.live);
   }
   // Puts were done after removals, so they are undone first; directories a
   // put created go too, so that a removed file can take its name back.

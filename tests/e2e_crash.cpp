@@ -337,7 +337,7 @@ struct Inputs {
   // The same without a file turned into a directory.
   fs::path plain_base, plain_next, plain_start, root_plain;
   // A directory turned into a file.
-  fs::path dir_base, dir_next, dir_start, root_dir;
+  fs::path dir_base, dir_next, dir_start, root_dir, root_auto;
   // A chain: 1 a delta, 2 a full version with a file of its own, 3 a delta on it.
   fs::path chain, v2_full, v3_new, s0_start;
   // LOCAL holding another model with stray files.
@@ -382,7 +382,9 @@ struct Inputs {
     root_overwrite = d / "root-overwrite";
     root_plain = d / "root-plain";
     root_dir = d / "root-dir";
-    for (const fs::path& r : {root_xor, root_overwrite, root_plain, root_dir}) fs::create_directories(r);
+    root_auto = d / "root-auto";
+    for (const fs::path& r : {root_xor, root_overwrite, root_plain, root_dir, root_auto}) fs::create_directories(r);
+    require_diff(plain_base, plain_next, version_dir(root_auto, 1), "auto");
     require_diff(base, next, version_dir(root_xor, 1), "xor");
     require_diff(base, next, version_dir(root_overwrite, 1), "overwrite");
     require_diff(plain_base, plain_next, version_dir(root_plain, 1), "xor");
@@ -438,11 +440,12 @@ Inputs& inputs() {
 }
 
 Scenario single_delta(const std::string& name, const fs::path& root, const fs::path& start, const fs::path& base,
-                      const fs::path& next, const std::string& threads) {
+                      const fs::path& next, const std::string& threads, bool no_sync = false) {
   Scenario s;
   s.name = name;
   s.local = inputs().local;
   s.args = {"--threads", threads, version_dir(root, 1).string(), s.local.string()};
+  if (no_sync) s.args.insert(s.args.begin(), "--no-sync");
   s.start = start;
   s.old_version = "000000";
   s.target = "000001";
@@ -491,6 +494,24 @@ TEST_CASE("crash: xor delta, no file turned into a directory, 2 threads, a fault
   const Inputs& in = inputs();
   run_scenario(single_delta("xor delta without file/directory swap, 2 threads", in.root_plain, in.plain_start,
                             in.plain_base, in.plain_next, "2"));
+}
+
+TEST_CASE("crash: default (sparse) delta, 2 threads, a fault at every write step") {
+  const Inputs& in = inputs();
+  run_scenario(single_delta("auto delta, 2 threads", in.root_auto, in.plain_start, in.plain_base, in.plain_next, "2"));
+}
+
+// Without flushing, apply patches in one pass with a live journal: every
+// write of LOCAL must still be undone after a kill or an error.
+TEST_CASE("crash: --no-sync one-pass apply of a default (sparse) delta, 2 threads, a fault at every write step") {
+  const Inputs& in = inputs();
+  run_scenario(single_delta("auto delta, --no-sync, 2 threads", in.root_auto, in.plain_start, in.plain_base,
+                            in.plain_next, "2", true));
+}
+
+TEST_CASE("crash: --no-sync one-pass apply of an xor delta with file changes, a fault at every write step") {
+  const Inputs& in = inputs();
+  run_scenario(single_delta("xor delta, --no-sync", in.root_xor, in.base_start, in.base, in.next, "1", true));
 }
 
 TEST_CASE("crash: xor delta turning a directory into a file, a fault at every write step") {
@@ -563,7 +584,9 @@ TEST_CASE("crash: fault points, totals") {
                                        << " I/O errors (" << swallowed << " ignored after commit)");
 }
 
-TEST_CASE("crash: random SIGKILLs of a --root pull of 2 versions converge") {
+// Kills at random moments of a pull; `no_sync` pulls default (sparse)
+// deltas with --no-sync, the one-pass apply with a live journal.
+static void random_kills(bool no_sync) {
   const std::unique_ptr<TempDir> scratch = scratch_dir();
   const TempDir& t = *scratch;
   const fs::path series = gen_series(t / "series", 2,
@@ -574,15 +597,17 @@ TEST_CASE("crash: random SIGKILLs of a --root pull of 2 versions converge") {
   CHECK(size < 30'000'000);
   const fs::path root = t / "root";
   fs::create_directories(root);
-  require_diff(save_dir(series, 0), save_dir(series, 1), version_dir(root, 1), "xor");
-  require_diff(save_dir(series, 1), save_dir(series, 2), version_dir(root, 2), "xor");
+  const std::string encoding = no_sync ? "auto" : "xor";
+  require_diff(save_dir(series, 0), save_dir(series, 1), version_dir(root, 1), encoding);
+  require_diff(save_dir(series, 1), save_dir(series, 2), version_dir(root, 2), encoding);
 
   Scenario s;
-  s.name = "random kills";
+  s.name = no_sync ? "random kills, --no-sync" : "random kills";
   s.local = t / "local";
   s.start = t / "start";
   REQUIRE(require_init(save_dir(series, 0), s.start) == "000000");
   s.args = {"--root", root.string(), s.local.string()};
+  if (no_sync) s.args.insert(s.args.begin(), "--no-sync");
   s.old_version = "000000";
   s.target = "000002";
   s.trees = {{"000000", save_dir(series, 0)}, {"000001", save_dir(series, 1)}, {"000002", save_dir(series, 2)}};
@@ -624,9 +649,13 @@ TEST_CASE("crash: random SIGKILLs of a --root pull of 2 versions converge") {
       check_target(s, p, i, "a run that finished before the kill");
     }
   }
-  CHECK_MESSAGE(p.empty(), "random kills:\n" << p.text("run"));
-  MESSAGE("random kills: " << kRuns << " runs of " << tree_size(save_dir(series, 0)) << "-byte checkpoints, one pull "
+  CHECK_MESSAGE(p.empty(), s.name << ":\n" << p.text("run"));
+  MESSAGE(s.name << ": " << kRuns << " runs of " << tree_size(save_dir(series, 0)) << "-byte checkpoints, one pull "
                            << longest << " s at most; " << mid_run << " kills landed mid-run (" << intermediate
                            << " of them after version 1 was recorded), " << (kRuns - mid_run)
                            << " runs had finished");
 }
+
+TEST_CASE("crash: random SIGKILLs of a --root pull of 2 versions converge") { random_kills(false); }
+
+TEST_CASE("crash: random SIGKILLs of a --no-sync pull of 2 default (sparse) versions converge") { random_kills(true); }

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -55,6 +56,8 @@ class Compressor {
   void compress_frame(std::span<const std::uint8_t> in, std::vector<std::uint8_t>& out);
   void put(std::span<const std::uint8_t> in, const ByteSink& sink);
   void end(const ByteSink& sink);
+  // Hands out everything put so far, the frame still open (ZSTD_e_flush).
+  void flush(const ByteSink& sink);
 
  private:
   void* cctx_;
@@ -84,6 +87,15 @@ enum class SparseOp { xor_bytes, add_zigzag };
 
 // Changes one element of `es` bytes in place by one stored value.
 void sparse_apply_value(std::uint8_t* elem, const std::uint8_t* value, std::size_t es, SparseOp op);
+template <std::size_t ES>
+inline void sparse_apply_value_t(std::uint8_t* elem, const std::uint8_t* v, SparseOp op) {
+  std::uint64_t x = 0, zz = 0;
+  std::memcpy(&x, elem, ES);
+  std::memcpy(&zz, v, ES);
+  // Little-endian: the low ES bytes, modulo 2^(8*ES).
+  x = op == SparseOp::xor_bytes ? x ^ zz : x + ((zz >> 1) ^ (0 - (zz & 1)));
+  std::memcpy(elem, &x, ES);
+}
 
 // The element size a sparse entry uses for a dtype of `es` bytes: sizes other
 // than 1, 2, 4 and 8, or not dividing the tensor, fall back to 1.
@@ -140,9 +152,13 @@ class Decompressor {
   Decompressor(const Decompressor&) = delete;
   Decompressor& operator=(const Decompressor&) = delete;
   void* ctx() const { return dctx_; }
+  // The output buffer of the FrameReader using this context (one at a time),
+  // allocated once: a reader per small frame must not cost a fresh buffer.
+  std::span<std::uint8_t> buffer();
 
  private:
   void* dctx_;
+  std::unique_ptr<std::uint8_t[]> buf_;
 };
 
 // Pulls decoded bytes out of one untrusted zstd frame, a bounded buffer at a
@@ -165,7 +181,7 @@ class FrameReader {
   std::string what_;
   const void* in_data_ = nullptr;
   std::size_t in_size_ = 0, in_pos_ = 0;
-  std::vector<std::uint8_t> buf_;
+  std::span<std::uint8_t> buf_;
   std::size_t pos_ = 0, len_ = 0;
   bool ended_ = false;
 };

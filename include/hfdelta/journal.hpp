@@ -37,6 +37,10 @@ struct Manifest {
   std::uint64_t version = 0;          // the version being applied
   std::vector<std::string> shards;    // weight files the journal parts refer to, by index
   std::size_t parts = 0;              // journal part files part-0 .. part-(N-1)
+  // The parts are written while LOCAL is patched (apply without flushing):
+  // each window's record is in its part before the window is written, but a
+  // part may be missing or end early.
+  bool live = false;
   std::vector<TxnFile> files;         // whole-file operations, in execution order
 };
 
@@ -55,6 +59,9 @@ class JournalWriter {
   void begin_tensor(std::uint32_t shard, std::uint64_t offset);
   void change(std::uint64_t pos, std::uint8_t old_byte, std::uint8_t new_byte);
   void end_tensor();
+  // Makes every record so far readable from the file (the stream stays
+  // open): called before the bytes it records are written to LOCAL.
+  void flush();
   void finish(bool sync);  // ends the stream; flushed if sync
 
  private:
@@ -70,7 +77,16 @@ class JournalWriter {
 // shard, byte) with either the new or the old values.
 using JournalSink = std::function<void(std::uint32_t shard, std::span<const std::uint64_t> offsets,
                                        std::span<const std::uint8_t> bytes)>;
-void replay_journal(const fs::path& part, bool new_values, const JournalSink& sink);
+// `edges`, if given, hears where each tensor record begins (shard, offset of
+// the tensor) and ends, so a replay can work tensor by tensor.
+struct JournalEdges {
+  std::function<void(std::uint32_t shard, std::uint64_t offset)> begin;
+  std::function<void()> end;
+};
+// With `partial_ok` (a live part), a part that ends early or is damaged at its
+// end yields the records before that point instead of an error.
+void replay_journal(const fs::path& part, bool new_values, const JournalSink& sink, const JournalEdges* edges = nullptr,
+                    bool partial_ok = false);
 
 // Writes `bytes` at `offsets` (ascending) of `f`, one read-modify-write of a
 // bounded window per run of nearby offsets.
