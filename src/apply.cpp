@@ -176,6 +176,17 @@ struct Patch {
   std::optional<Hash128> base_hash;
   std::uint32_t local_shard = 0;
   std::uint64_t offset = 0, nbytes = 0;  // absolute in the LOCAL shard
+  // A large sparse entry whose chunk ranges are patched by several threads:
+  // its checksums are computed in passes of their own.
+  bool split = false;
+  std::uint64_t chunk_bytes = 0;
+};
+
+// A unit of parallel work: a whole entry, or chunks [c0, c1) of a split one.
+struct Unit {
+  std::size_t patch = 0;
+  std::uint64_t c0 = 0, c1 = 0;
+  std::uint64_t bytes = 0;  // for scheduling, largest first
 };
 
 // Walks a tensor of LOCAL front to back in windows while sparse changes are
@@ -184,8 +195,13 @@ class Walker {
  public:
   // With `out`, each window that changes is written there as soon as its
   // journal records are in the journal file (the one-pass apply).
+  // A range walker ([lo, hi) of a split entry) only patches: it reads the
+  // windows that change and hashes nothing.
   Walker(const File& f, const Patch& p, JournalWriter& jw, std::vector<std::uint8_t>& buf, File* out)
-      : f_(f), p_(p), jw_(jw), buf_(buf), out_(out) {}
+      : f_(f), p_(p), jw_(jw), buf_(buf), out_(out), hi_(p.nbytes) {}
+  Walker(const File& f, const Patch& p, JournalWriter& jw, std::vector<std::uint8_t>& buf, File* out, std::uint64_t lo,
+         std::uint64_t hi)
+      : f_(f), p_(p), jw_(jw), buf_(buf), out_(out), hash_(false), hi_(hi), ws_(lo), we_(lo), done_(lo) {}
   void set(std::uint64_t pos, std::uint8_t v) {
     if (pos >= we_) load(pos);
     std::uint8_t& b = buf_[pos - ws_];
@@ -207,7 +223,8 @@ class Walker {
   }
   void finish() {
     close();
-    while (done_ < p_.nbytes) read_both(std::min<std::uint64_t>(kWindow, p_.nbytes - done_));
+    if (hash_)
+      while (done_ < p_.nbytes) read_both(std::min<std::uint64_t>(kWindow, p_.nbytes - done_));
   }
   Hash128 old_hash() const { return hb_.digest(); }
   Hash128 new_hash() const { return hn_.digest(); }
@@ -219,7 +236,7 @@ class Walker {
         jw_.flush();
         out_->pwrite_all(buf_.data(), static_cast<std::size_t>(we_ - ws_), p_.offset + ws_);
       }
-      hn_.update({buf_.data(), static_cast<std::size_t>(we_ - ws_)});
+      if (hash_) hn_.update({buf_.data(), static_cast<std::size_t>(we_ - ws_)});
     }
     dirty_ = false;
     done_ = ws_ = we_;
@@ -234,12 +251,13 @@ class Walker {
   }
   void load(std::uint64_t pos) {
     close();
-    while (done_ + kWindow <= pos) read_both(kWindow);
-    ws_ = done_;
-    we_ = std::min<std::uint64_t>(ws_ + kWindow, p_.nbytes);
+    if (hash_)
+      while (done_ + kWindow <= pos) read_both(kWindow);
+    ws_ = done_ + (pos - done_) / kWindow * kWindow;  // windows stay aligned to the range start
+    we_ = std::min<std::uint64_t>(ws_ + kWindow, hi_);
     buf_.resize(static_cast<std::size_t>(we_ - ws_));
     f_.pread_exact(buf_.data(), buf_.size(), p_.offset + ws_);
-    hb_.update(buf_);
+    if (hash_) hb_.update(buf_);
   }
 
   const File& f_;
@@ -247,6 +265,8 @@ class Walker {
   JournalWriter& jw_;
   std::vector<std::uint8_t>& buf_;
   File* out_;
+  bool hash_ = true;
+  std::uint64_t hi_;
   bool dirty_ = false;
   Hasher hb_, hn_;
   std::uint64_t ws_ = 0, we_ = 0, done_ = 0;
@@ -269,13 +289,16 @@ class TensorWriter {
       const std::uint64_t rel = offs[k] - p_->offset;
       if (offs[k] < p_->offset || rel >= p_->nbytes || rel < ws_)
         fail(Exit::failure, what_ + ": journal change outside tensor '" + p_->tensor + "' or out of order");
-      while (rel >= we_) next_window();
+      while (rel >= we_) next_window(rel);
       buf_[rel - ws_] = bytes[k];
       dirty_ = true;
     }
   }
+  // The checksum of the tensor as written (not for a split entry, whose
+  // windows are shared out between parts).
   Hash128 end() {
-    while (we_ < p_->nbytes) next_window();
+    if (!p_->split)
+      while (we_ < p_->nbytes) next_window(we_);
     close_window();
     return h_.digest();
   }
@@ -284,12 +307,14 @@ class TensorWriter {
   void close_window() {
     if (we_ == ws_) return;
     if (dirty_) files_[p_->local_shard].pwrite_all(buf_.data(), buf_.size(), p_->offset + ws_);
-    h_.update(buf_);
+    if (!p_->split) h_.update(buf_);
     dirty_ = false;
   }
-  void next_window() {
+  // Moves to the next window, or for a split entry straight to the window
+  // holding `rel` (windows are aligned to the tensor's start either way).
+  void next_window(std::uint64_t rel) {
     close_window();
-    ws_ = we_;
+    ws_ = p_->split ? rel / kWindow * kWindow : we_;
     we_ = std::min<std::uint64_t>(ws_ + kWindow, p_->nbytes);
     buf_.resize(static_cast<std::size_t>(we_ - ws_));
     files_[p_->local_shard].pread_exact(buf_.data(), buf_.size(), p_->offset + ws_);
@@ -382,6 +407,39 @@ void journal_patch(const Patch& p, const File& f, Encoding enc, JournalWriter& j
     fail(Exit::verify_failed, local_file + ": tensor '" + p.tensor + "' patched by " + what + " would have checksum " +
                                   new_h.hex() + ", the delta records " + p.new_hash.hex() +
                                   " (LOCAL is not this delta's base, or the delta is damaged); " + outcome);
+}
+
+// Journals (and with `out` writes) chunks [c0, c1) of a split sparse entry.
+void journal_range(const Patch& p, std::uint64_t c0, std::uint64_t c1, const File& f, JournalWriter& jw,
+                   std::vector<std::uint8_t>& buf, File* out) {
+  const std::string what = p.delta_file + ": entry '" + p.tensor + "'";
+  jw.begin_tensor(p.local_shard, p.offset);
+  Walker w(f, p, jw, buf, out, c0 * p.chunk_bytes, std::min(p.nbytes, c1 * p.chunk_bytes));
+  decode_sparse_chunks(p.frame, p.nbytes, c0, c1, what,
+                       [&](std::span<const std::uint64_t> offs, std::span<const std::uint8_t> x, std::size_t es, SparseOp op) {
+                         auto each = [&]<std::size_t ES>() {
+                           for (std::size_t i = 0; i < offs.size(); ++i) w.element<ES>(offs[i], x.data() + i * ES, op);
+                         };
+                         switch (es) {
+                           case 1: return each.template operator()<1>();
+                           case 2: return each.template operator()<2>();
+                           case 4: return each.template operator()<4>();
+                           default: return each.template operator()<8>();
+                         }
+                       });
+  w.finish();
+  jw.end_tensor();
+}
+
+Hash128 hash_tensor(const File& f, const Patch& p, std::vector<std::uint8_t>& buf) {
+  Hasher h;
+  buf.resize(kWindow);
+  for (std::uint64_t at = 0; at < p.nbytes; at += kWindow) {
+    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(kWindow, p.nbytes - at));
+    f.pread_exact(buf.data(), n, p.offset + at);
+    h.update({buf.data(), n});
+  }
+  return h.digest();
 }
 
 ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local, const ApplyOptions& opts) {
@@ -480,9 +538,74 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
   std::vector<File> files;
   for (const auto& s : lc.shards) files.emplace_back(local / s.file, File::Mode::read_write);
 
-  std::vector<std::size_t> order(patches.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return patches[a].nbytes > patches[b].nbytes; });
+  // A sparse entry larger than its share of the work is cut into chunk
+  // ranges, so that one tensor can keep every core busy; its checksums
+  // (which run front to back) get passes of their own.
+  std::uint64_t total = 0;
+  for (const Patch& p : patches) total += p.nbytes;
+  std::vector<Unit> units;
+  std::vector<std::size_t> split;
+  for (std::size_t i = 0; i < patches.size(); ++i) {
+    Patch& p = patches[i];
+    std::uint64_t chunks = 0;
+    if (threads > 1 && encoding_of(idx, p.tensor) == Encoding::sparse && p.frame.size() >= kSparseHeadSize &&
+        p.nbytes > total / static_cast<std::uint64_t>(threads)) {
+      std::uint32_t es = 0;
+      std::memcpy(&es, p.frame.data() + 4, 4);  // checked again by the decoder
+      if (es == sparse_elem_size(es, p.nbytes)) chunks = sparse_chunk_count(p.nbytes, es), p.chunk_bytes = kSparseChunkElements * es;
+    }
+    if (chunks < 2) {
+      units.push_back({i, 0, 0, p.nbytes});
+      continue;
+    }
+    p.split = true;
+    split.push_back(i);
+    const std::uint64_t per = std::max<std::uint64_t>(1, chunks / (4 * static_cast<std::uint64_t>(threads)));
+    for (std::uint64_t c = 0; c < chunks; c += per) {
+      const std::uint64_t c1 = std::min(chunks, c + per);
+      units.push_back({i, c, c1, std::min(p.nbytes, c1 * p.chunk_bytes) - c * p.chunk_bytes});
+    }
+  }
+  std::stable_sort(units.begin(), units.end(), [](const Unit& a, const Unit& b) { return a.bytes > b.bytes; });
+  auto run_unit = [&](const Unit& u, JournalWriter& jw, std::vector<std::uint8_t>& buf, bool write) {
+    const Patch& p = patches[u.patch];
+    File* out = write ? &files[p.local_shard] : nullptr;
+    if (p.split)
+      journal_range(p, u.c0, u.c1, files[p.local_shard], jw, buf, out);
+    else
+      journal_patch(p, files[p.local_shard], encoding_of(idx, p.tensor), jw, buf,
+                    (local / lc.shards[p.local_shard].file).string(), idx.version, out);
+  };
+  // Split entries: the base is checked before anything is written, and what
+  // was written is read back and checked before the version is recorded.
+  parallel_for(split.size(), threads, [&](std::size_t k, std::size_t) {
+    const Patch& p = patches[split[k]];
+    if (!p.base_hash) return;
+    std::vector<std::uint8_t> buf;
+    const Hash128 h = hash_tensor(files[p.local_shard], p, buf);
+    if (h != *p.base_hash)
+      fail(Exit::verify_failed, (local / lc.shards[p.local_shard].file).string() + ": tensor '" + p.tensor +
+                                    "' is not the base of delta " + format_version(idx.version) + " (checksum " + h.hex() +
+                                    ", the delta expects " + p.base_hash->hex() + "); nothing was changed");
+  });
+  auto check_split = [&] {
+    std::mutex mu;
+    std::vector<std::string> bad;
+    parallel_for(split.size(), threads, [&](std::size_t k, std::size_t) {
+      const Patch& p = patches[split[k]];
+      std::vector<std::uint8_t> buf;
+      const Hash128 h = hash_tensor(files[p.local_shard], p, buf);
+      std::lock_guard<std::mutex> g(mu);
+      if (h != p.new_hash)
+        bad.push_back("tensor '" + p.tensor + "' in " + (local / lc.shards[p.local_shard].file).string() +
+                      " reads back with checksum " + h.hex() + ", the delta records " + p.new_hash.hex());
+    });
+    if (bad.empty()) return;
+    std::string msg = "verification failed after applying " + delta.string() + "; LOCAL was rolled back:";
+    for (const auto& b : bad) msg += "\n  " + b;
+    fail(Exit::verify_failed, msg);
+  };
+  for (const Patch& p : patches) r.tensors_patched += 1, r.delta_bytes += p.frame.size();
   auto stage_files = [&](const fs::path& step) {
     for (std::size_t k = 0; k < idx.files.size(); ++k) {
       const FileChange& fc = idx.files[k];
@@ -512,15 +635,13 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
     std::vector<std::unique_ptr<JournalWriter>> writers(static_cast<std::size_t>(threads));
     run_step(txn, local, m, opts, [&] {
       std::vector<std::vector<std::uint8_t>> bufs(static_cast<std::size_t>(threads));
-      parallel_for(patches.size(), threads, [&](std::size_t k, std::size_t tid) {
-        const Patch& p = patches[order[k]];
+      parallel_for(units.size(), threads, [&](std::size_t k, std::size_t tid) {
         if (!writers[tid]) writers[tid] = std::make_unique<JournalWriter>(txn_part(step, tid), 1);
-        journal_patch(p, files[p.local_shard], encoding_of(idx, p.tensor), *writers[tid], bufs[tid],
-                      (local / lc.shards[p.local_shard].file).string(), idx.version, &files[p.local_shard]);
+        run_unit(units[k], *writers[tid], bufs[tid], true);
       });
       for (auto& w : writers)
         if (w) w->finish(false);
-      for (const Patch& p : patches) r.tensors_patched += 1, r.delta_bytes += p.frame.size();
+      check_split();
       run_file_ops(local, step, m);
     });
   } else {
@@ -529,11 +650,9 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
     std::vector<std::unique_ptr<JournalWriter>> writers(static_cast<std::size_t>(threads));
     try {
       std::vector<std::vector<std::uint8_t>> bufs(static_cast<std::size_t>(threads));
-      parallel_for(patches.size(), threads, [&](std::size_t k, std::size_t tid) {
-        const Patch& p = patches[order[k]];
+      parallel_for(units.size(), threads, [&](std::size_t k, std::size_t tid) {
         if (!writers[tid]) writers[tid] = std::make_unique<JournalWriter>(txn_part(step, tid), 1);
-        journal_patch(p, files[p.local_shard], encoding_of(idx, p.tensor), *writers[tid], bufs[tid],
-                      (local / lc.shards[p.local_shard].file).string(), idx.version, nullptr);
+        run_unit(units[k], *writers[tid], bufs[tid], false);
       });
       // Parts are numbered densely in the manifest.
       for (std::size_t t = 0; t < writers.size(); ++t) {
@@ -569,9 +688,8 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
                                  [&] {
                                    const Patch& p = tw.patch();
                                    const Hash128 h = tw.end();
+                                   if (p.split) return;  // checked by check_split
                                    std::lock_guard<std::mutex> g(mu);
-                                   r.tensors_patched += 1;
-                                   r.delta_bytes += p.frame.size();
                                    if (h != p.new_hash)
                                      mismatches.push_back("tensor '" + p.tensor + "' in " +
                                                           (local / lc.shards[p.local_shard].file).string() +
@@ -587,6 +705,7 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
         for (const auto& s : mismatches) msg += "\n  " + s;
         fail(Exit::verify_failed, msg);
       }
+      check_split();
       run_file_ops(local, step, m);
       for (auto& f : files) f.sync();
       sync_dirs_of(local, m.files);

@@ -488,6 +488,11 @@ std::uint64_t encode_sparse(Compressor& c, std::span<const std::uint8_t> a, std:
 
 void decode_sparse(std::span<const std::uint8_t> entry, std::uint64_t nbytes, const std::string& what,
                    const SparsePatch& patch) {
+  decode_sparse_chunks(entry, nbytes, 0, ~0ull, what, patch);
+}
+
+void decode_sparse_chunks(std::span<const std::uint8_t> entry, std::uint64_t nbytes, std::uint64_t first,
+                          std::uint64_t last, const std::string& what, const SparsePatch& patch) {
   auto bad = [&](const std::string& msg) -> void { fail(Exit::bad_input, what + ": sparse entry " + msg); };
   std::uint64_t at = 0;
   auto take = [&](std::uint64_t k) {
@@ -531,6 +536,10 @@ void decode_sparse(std::span<const std::uint8_t> entry, std::uint64_t nbytes, co
     if (count > e1 - e0) bad("chunk " + std::to_string(ch) + " declares more changes than it has elements");
     const std::uint64_t gaps_len = get_le64(ch_head + 8);
     const std::span<const std::uint8_t> gaps_frame(take(gaps_len), gaps_len);
+    if (ch < first || ch >= last) {  // another caller's chunk: step over it
+      for (std::uint32_t k = 0; k < es; ++k) take(get_le64(ch_head + 16 + 8 * k));
+      continue;
+    }
     std::vector<std::unique_ptr<FrameReader>> pr;
     for (std::uint32_t k = 0; k < es; ++k) {
       const std::uint64_t len = get_le64(ch_head + 16 + 8 * k);

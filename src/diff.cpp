@@ -211,7 +211,7 @@ static void sparse_pass(std::vector<Work>& works, const std::vector<File>& base_
     // A tensor larger than its share of the work is cut into ranges of chunks
     // so that it does not keep the other cores waiting; its hashes (which run
     // front to back) become a unit of their own.
-    const bool split = threads > 1 && w.chunks >= 2 && w.nbytes > total / (2 * static_cast<std::uint64_t>(threads));
+    const bool split = threads > 1 && w.chunks >= 2 && w.nbytes > total / static_cast<std::uint64_t>(threads);
     if (!split) {
       w.ranges.resize(1);
       units.push_back({Unit::Kind::whole, i, 0, 0, w.chunks, w.nbytes});

@@ -342,6 +342,9 @@ struct Inputs {
   fs::path chain, v2_full, v3_new, s0_start;
   // LOCAL holding another model with stray files.
   fs::path other_start;
+  // One tensor larger than the rest together (several sparse chunks): with 2
+  // threads its entry is patched in chunk ranges by both threads.
+  fs::path big, big_start, root_big;
 
   Inputs() {
     const TempDir& d = *t;
@@ -431,6 +434,14 @@ struct Inputs {
     REQUIRE(require_init(save_dir(other, 0), other_start) == "000000");
     write_file(other_start / "stray.txt", "stray\n");
     write_file(other_start / "stale" / "deep" / "x.txt", "stray\n");
+
+    big = gen_series(d / "big", 1,
+                     {"--hidden", "64", "--vocab", "65536", "--layers", "1", "--intermediate", "128", "--tie-embeddings", "--lr", "1e-5"});
+    root_big = d / "root-big";
+    fs::create_directories(root_big);
+    require_diff(save_dir(big, 0), save_dir(big, 1), version_dir(root_big, 1), "auto");
+    big_start = d / "start-big";
+    REQUIRE(require_init(save_dir(big, 0), big_start) == "000000");
   }
 };
 
@@ -512,6 +523,13 @@ TEST_CASE("crash: --no-sync one-pass apply of a default (sparse) delta, 2 thread
 TEST_CASE("crash: --no-sync one-pass apply of an xor delta with file changes, a fault at every write step") {
   const Inputs& in = inputs();
   run_scenario(single_delta("xor delta, --no-sync", in.root_xor, in.base_start, in.base, in.next, "1", true));
+}
+
+TEST_CASE("crash: one tensor patched in chunk ranges by 2 threads, with and without --no-sync, a fault at every write step") {
+  const Inputs& in = inputs();
+  for (bool no_sync : {false, true})
+    run_scenario(single_delta(no_sync ? "split entry, --no-sync, 2 threads" : "split entry, 2 threads", in.root_big,
+                              in.big_start, save_dir(in.big, 0), save_dir(in.big, 1), "2", no_sync));
 }
 
 TEST_CASE("crash: xor delta turning a directory into a file, a fault at every write step") {

@@ -128,7 +128,7 @@ struct Bench {
 // changed config.json, LOCAL at version 0, and a delta of another model.
 struct Inputs {
   std::unique_ptr<TempDir> t = scratch_dir();
-  fs::path series, next, start, other, root_xor, root_overwrite, other_xor, other_overwrite, other_auto;
+  fs::path series, next, start, other, root_xor, root_overwrite, root_auto, other_xor, other_overwrite, other_auto;
 
   Inputs() {
     const TempDir& d = *t;
@@ -140,7 +140,9 @@ struct Inputs {
     write_json(next / "config.json", cfg);
     root_xor = d / "root-xor";
     root_overwrite = d / "root-overwrite";
-    for (const auto& [root, enc] : {std::pair{root_xor, "xor"}, std::pair{root_overwrite, "overwrite"}}) {
+    root_auto = d / "root-auto";
+    for (const auto& [root, enc] :
+         {std::pair{root_xor, "xor"}, std::pair{root_overwrite, "overwrite"}, std::pair{root_auto, "auto"}}) {
       fs::create_directories(root);
       E2E_REQUIRE_CODE(diff({"-q", "--encoding", enc, save_dir(series, 0).string(), next.string(),
                              version_dir(root, 1).string()}),
@@ -453,8 +455,9 @@ void run_truncations(Attack& a) {
 
 }  // namespace
 
-TEST_CASE("hostile: one flipped bit anywhere in an xor or overwrite delta is refused, LOCAL untouched") {
-  for (const auto& [name, root] : {std::pair{"xor", inputs().root_xor}, std::pair{"overwrite", inputs().root_overwrite}}) {
+TEST_CASE("hostile: one flipped bit anywhere in an xor, overwrite or default (sparse) delta is refused, LOCAL untouched") {
+  for (const auto& [name, root] : {std::pair{"xor", inputs().root_xor}, std::pair{"overwrite", inputs().root_overwrite},
+                                   std::pair{"auto", inputs().root_auto}}) {
     Attack a(root);
     const std::string per_file = run_flips(a, true);
     CHECK(a.b.attempts >= 300);
@@ -464,7 +467,8 @@ TEST_CASE("hostile: one flipped bit anywhere in an xor or overwrite delta is ref
 }
 
 TEST_CASE("hostile: every delta file truncated at 20+ lengths is refused, LOCAL untouched") {
-  for (const auto& [name, root] : {std::pair{"xor", inputs().root_xor}, std::pair{"overwrite", inputs().root_overwrite}}) {
+  for (const auto& [name, root] : {std::pair{"xor", inputs().root_xor}, std::pair{"overwrite", inputs().root_overwrite},
+                                   std::pair{"auto", inputs().root_auto}}) {
     Attack a(root);
     run_truncations(a);
     a.b.report(std::string("truncations of the ") + name + " delta");

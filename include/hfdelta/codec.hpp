@@ -207,5 +207,11 @@ void decode_overwrite(Decompressor& positions, Decompressor& values,
 
 void decode_sparse(std::span<const std::uint8_t> entry, std::uint64_t nbytes, const std::string& what,
                    const SparsePatch& patch);
+// Decodes only chunks [first, last) (chunks decode independently, so callers
+// can share one entry's chunks out between threads). The entry's head and
+// chunk table are checked whatever the range; the bytes after the last chunk
+// are checked by the call whose range reaches it.
+void decode_sparse_chunks(std::span<const std::uint8_t> entry, std::uint64_t nbytes, std::uint64_t first,
+                          std::uint64_t last, const std::string& what, const SparsePatch& patch);
 
 }  // namespace hfdelta
