@@ -20,6 +20,7 @@
 #include "hfdelta/journal.hpp"
 #include "hfdelta/local_store.hpp"
 #include "hfdelta/safetensors.hpp"
+#include "hfdelta/verify.hpp"
 #include "hfdelta/version.hpp"
 #include "parallel.hpp"
 
@@ -154,6 +155,10 @@ ApplyResult init_locked(Txn& txn, const fs::path& src, const fs::path& local, st
   run_step(txn, local, m, opts, [&] {
     run_file_ops(local, step, m);
     if (opts.sync) sync_dirs_of(local, m.files);
+    // Re-installing the version LOCAL records: keep its old checksums for a rollback.
+    if (st.version == version && exists_nofollow(record_file(local, version)))
+      copy_file_atomic(record_file(local, version), step / "record.json", opts.sync);
+    write_record(local, version, compute_record(local, opts.threads), opts.sync);
   });
   for (const auto& f : m.files) (f.op == TxnFile::Op::put ? r.files_written : r.files_removed) += 1;
   r.applied.push_back(version);
@@ -606,6 +611,22 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
     fail(Exit::verify_failed, msg);
   };
   for (const Patch& p : patches) r.tensors_patched += 1, r.delta_bytes += p.frame.size();
+  // The checksums of the new version, for --verify: the base version's record
+  // with the delta's checksums laid over it (no extra read), or LOCAL hashed
+  // whole when the base version has none.
+  auto record_step = [&] {
+    std::optional<ChecksumRecord> rec = read_record(local, *st.version);
+    if (!rec) {
+      rec = compute_record(local, opts.threads);
+    } else {
+      for (const Patch& p : patches) rec->weights[lc.shards[p.local_shard].file].tensors[p.tensor] = p.new_hash;
+      for (const FileChange& fc : idx.files) {
+        if (fc.op == FileChange::Op::put) rec->files[fc.path] = {fc.size, fc.hash};
+        else rec->files.erase(fc.path);
+      }
+    }
+    write_record(local, idx.version, *rec, opts.sync);
+  };
   auto stage_files = [&](const fs::path& step) {
     for (std::size_t k = 0; k < idx.files.size(); ++k) {
       const FileChange& fc = idx.files[k];
@@ -643,6 +664,7 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
         if (w) w->finish(false);
       check_split();
       run_file_ops(local, step, m);
+      record_step();
     });
   } else {
     // ---- journal: every change with its old and new byte, checked, durable ----
@@ -709,6 +731,7 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
       run_file_ops(local, step, m);
       for (auto& f : files) f.sync();
       sync_dirs_of(local, m.files);
+      record_step();
     });
   }
   for (auto& f : files) f.close();
@@ -750,6 +773,7 @@ ApplyResult locked(const fs::path& local, const ApplyOptions& opts, Op&& op) {
     throw;
   }
   r.rolled_back = undone;
+  if (!r.noop) prune_records(local, r.to_version);  // older versions' checksums are of no use any more
   if (opts.then) opts.then(r.to_version);
   return r;
 }

@@ -9,6 +9,7 @@
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/local_store.hpp"
+#include "hfdelta/verify.hpp"
 #include "hfdelta/version.hpp"
 #include "json_text.hpp"
 
@@ -316,6 +317,12 @@ void rollback(const fs::path& local, const fs::path& step, const Manifest& m, bo
     rename_path(txn_undo(step, k), dst);
     dirs.insert(dst.parent_path());
   }
+  // The step may have recorded checksums of the version it was applying; a
+  // step that re-installed LOCAL's own version number saved the old record.
+  if (exists_nofollow(step / "record.json"))
+    rename_path(step / "record.json", record_file(local, m.version));
+  else if (m.base != m.version)
+    remove_record(local, m.version);
   if (sync) {
     for (auto& f : shards) f.sync();
     for (const auto& d : dirs)

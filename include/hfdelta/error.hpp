@@ -21,6 +21,7 @@ enum class Exit : int {
   then_failed = 9,    // the --then command failed (the apply itself succeeded)
   interrupted = 10,   // --status: an apply was interrupted; the next run rolls it back
   uninitialised = 11, // --status: LOCAL has no recorded version
+  corrupt = 12,       // --verify: LOCAL's bytes differ from its version's recorded checksums
 };
 
 // Every error carries the exit code it maps to and a message that names the

@@ -7,6 +7,7 @@
 #include "cli_common.hpp"
 #include "hfdelta/apply.hpp"
 #include "hfdelta/error.hpp"
+#include "hfdelta/verify.hpp"
 #include "hfdelta/version.hpp"
 
 using namespace hfdelta;
@@ -24,27 +25,32 @@ int main(int argc, char** argv) {
                "  delta-apply [OPTIONS] DELTA LOCAL\n"
                "  delta-apply --init [--version N] SRC LOCAL\n"
                "  delta-apply --root ROOT [--target N] LOCAL\n"
-               "  delta-apply --status LOCAL | --recover LOCAL",
+               "  delta-apply --status LOCAL | --recover LOCAL | --verify LOCAL",
                "delta-apply"};
   std::vector<std::string> paths;
   std::string root, then;
-  bool init = false, status = false, recover = false, no_sync = false, json_out = false, quiet = false;
+  bool init = false, status = false, recover = false, verify = false, no_sync = false, json_out = false, quiet = false;
   std::optional<std::uint64_t> target, version;
   ApplyOptions o;
-  app.add_option("PATHS", paths, "DELTA LOCAL, SRC LOCAL (--init), or LOCAL (--root, --status, --recover)")->expected(1, 2);
+  app.add_option("PATHS", paths, "DELTA LOCAL, SRC LOCAL (--init), or LOCAL (--root, --status, --recover, --verify)")
+      ->expected(1, 2);
   auto* init_opt = app.add_flag("--init", init, "Make LOCAL an exact copy of the full checkpoint SRC");
   auto* root_opt = app.add_option("--root", root, "Publication root holding weight_vNNNNNN version directories");
   auto* status_opt = app.add_flag("--status", status, "Report LOCAL's version: exit 0 clean, 10 interrupted, 11 uninitialised");
   auto* recover_opt = app.add_flag("--recover", recover, "Only roll back an interrupted apply, if any");
+  auto* verify_opt = app.add_flag("--verify", verify,
+                                  "Re-hash LOCAL against the checksums recorded for its version: exit 0 clean, "
+                                  "10 interrupted, 11 uninitialised, 12 corrupt");
   app.add_option("--target", target, "Version to bring LOCAL to with --root (default: newest)")->needs(root_opt);
   app.add_option("--version", version, "Version recorded by --init (default 0)")->needs(init_opt);
-  root_opt->excludes(init_opt, status_opt, recover_opt);
-  init_opt->excludes(status_opt, recover_opt);
-  status_opt->excludes(recover_opt);
+  root_opt->excludes(init_opt, status_opt, recover_opt, verify_opt);
+  init_opt->excludes(status_opt, recover_opt, verify_opt);
+  status_opt->excludes(recover_opt, verify_opt);
+  recover_opt->excludes(verify_opt);
   auto* then_opt = app.add_option("--then", then,
                                   "Shell command to run after success while LOCAL is still locked "
                                   "(HFDELTA_LOCAL and HFDELTA_VERSION are set)");
-  then_opt->excludes(status_opt, recover_opt);
+  then_opt->excludes(status_opt, recover_opt, verify_opt);
   app.add_option("--lock-timeout", o.lock_timeout, "Give up after SECONDS waiting for the lock (default: wait)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--threads", o.threads, "Worker threads (default: all cores)")->check(CLI::NonNegativeNumber);
@@ -54,7 +60,7 @@ int main(int argc, char** argv) {
 
   return cli::run(app, argc, argv, [&] {
     o.sync = !no_sync;
-    const std::size_t want = (root.empty() && !status && !recover) ? 2 : 1;
+    const std::size_t want = (root.empty() && !status && !recover && !verify) ? 2 : 1;
     if (paths.size() != want)
       throw CLI::ValidationError("PATHS", want == 1 ? "expected LOCAL only" : (init ? "expected SRC LOCAL" : "expected DELTA LOCAL"));
     const std::string local = paths.back();
@@ -75,6 +81,37 @@ int main(int argc, char** argv) {
       if (s.pending) throw Error(Exit::interrupted, "");
       if (!s.version) throw Error(Exit::uninitialised, "");
       return;
+    }
+
+    if (verify) {
+      const VerifyReport v = verify_local(local, o.lock_timeout, o.threads);
+      const char* state = v.state == VerifyReport::State::clean         ? "clean"
+                          : v.state == VerifyReport::State::interrupted ? "interrupted"
+                          : v.state == VerifyReport::State::uninitialised ? "uninitialised"
+                                                                          : "corrupt";
+      if (json_out) {
+        std::cout << nlohmann::json{{"local", local},          {"state", state},
+                                    {"version", version_json(v.version)}, {"pending", version_json(v.pending)},
+                                    {"weight_files", v.weight_files}, {"tensors", v.tensors},
+                                    {"files", v.files},        {"bytes", v.bytes},
+                                    {"problems", v.problems}}
+                         .dump()
+                  << std::endl;
+      } else if (!quiet || v.state != VerifyReport::State::clean) {
+        std::printf("%s: %s, version %s", local.c_str(), state, v.version ? format_version(*v.version).c_str() : "none");
+        if (v.state == VerifyReport::State::clean || v.state == VerifyReport::State::corrupt)
+          std::printf(" (%llu weight files, %llu tensors, %llu other files, %s checked)", (unsigned long long)v.weight_files,
+                      (unsigned long long)v.tensors, (unsigned long long)v.files, cli::human_bytes(double(v.bytes)).c_str());
+        if (v.pending) std::printf(", apply of %s interrupted (the next delta-apply rolls it back)", format_version(*v.pending).c_str());
+        std::printf("\n");
+        for (const auto& p : v.problems) std::printf("  %s\n", p.c_str());
+      }
+      switch (v.state) {
+        case VerifyReport::State::clean: return;
+        case VerifyReport::State::interrupted: throw Error(Exit::interrupted, "");
+        case VerifyReport::State::uninitialised: throw Error(Exit::uninitialised, "");
+        case VerifyReport::State::corrupt: throw Error(Exit::corrupt, "");
+      }
     }
 
     if (!then.empty())

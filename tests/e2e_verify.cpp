@@ -1,0 +1,178 @@
+// delta-apply --verify: LOCAL re-hashed against the checksums recorded for its
+// version, after every way of reaching a version, and every way of breaking it.
+#include <doctest/doctest.h>
+
+#include <functional>
+
+#include "e2e_util.hpp"
+
+using namespace e2e;
+
+namespace {
+
+struct Verified {
+  int code = -1;
+  json j;
+};
+
+Verified verify(const fs::path& local) {
+  const RunResult r = apply({"--verify", "--json", local.string()});
+  Verified v;
+  v.code = r.code;
+  if (!r.out.empty()) v.j = parse_json(r.out);
+  return v;
+}
+
+// A series, a ROOT with deltas 1, 2 (default encoding), a full version 3 and
+// a --no-sync-applied delta 4, and a LOCAL initialised from save 0.
+struct Setup {
+  TempDir t;
+  fs::path series, root, local;
+  Setup() {
+    series = gen_series(t / "series", 4, {"--max-shard-size", "600KB"});
+    root = t / "root";
+    fs::create_directories(root);
+    for (int v = 1; v <= 4; ++v) {
+      if (v == 3) {
+        copy_tree(save_dir(series, 3), version_dir(root, 3));
+        continue;
+      }
+      E2E_REQUIRE_CODE(diff({"-q", save_dir(series, v - 1).string(), save_dir(series, v).string(),
+                             version_dir(root, v).string()}),
+                       0);
+    }
+    local = t / "local";
+    E2E_REQUIRE_CODE(apply({"-q", "--init", save_dir(series, 0).string(), local.string()}), 0);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("--verify: clean after --init, a delta, a --root chain through a full version, and a --no-sync apply") {
+  Setup s;
+  Verified v = verify(s.local);
+  CHECK(v.code == 0);
+  CHECK(v.j["state"] == "clean");
+  CHECK(v.j["version"] == "000000");
+  CHECK(v.j["tensors"].get<int>() > 10);
+  CHECK(v.j["weight_files"].get<int>() >= 2);
+  CHECK(v.j["problems"].empty());
+
+  E2E_REQUIRE_CODE(apply({"-q", version_dir(s.root, 1).string(), s.local.string()}), 0);
+  v = verify(s.local);
+  CHECK(v.code == 0);
+  CHECK(v.j["version"] == "000001");
+
+  E2E_REQUIRE_CODE(apply({"-q", "--root", s.root.string(), "--target", "3", s.local.string()}), 0);
+  v = verify(s.local);
+  CHECK(v.code == 0);
+  CHECK(v.j["version"] == "000003");
+
+  E2E_REQUIRE_CODE(apply({"-q", "--no-sync", version_dir(s.root, 4).string(), s.local.string()}), 0);
+  v = verify(s.local);
+  CHECK(v.code == 0);
+  CHECK(v.j["version"] == "000004");
+  CHECK(tree_equal(s.local, save_dir(s.series, 4)).equal);
+  // Only the current version's record is kept.
+  CHECK(list_names(s.local / ".weight_sync" / "checksums") == std::vector<std::string>{"000004.json"});
+
+  // The human form names the state; --verify changes nothing.
+  const Snapshot before = snapshot(s.local);
+  const RunResult r = apply({"--verify", s.local.string()});
+  E2E_REQUIRE_CODE(r, 0);
+  CHECK(r.out.find("clean, version 000004") != std::string::npos);
+  CHECK(snapshot_diff(before, snapshot(s.local)).empty());
+}
+
+TEST_CASE("--verify: every kind of damage is exit 12 and named") {
+  Setup s;
+  E2E_REQUIRE_CODE(apply({"-q", version_dir(s.root, 1).string(), s.local.string()}), 0);
+  const fs::path pristine = s.t / "pristine";
+  copy_tree(s.local, pristine);
+  std::string weight;
+  for (const auto& f : list_files(s.local))
+    if (f.size() > 12 && f.substr(f.size() - 12) == ".safetensors") weight = f;
+  REQUIRE(!weight.empty());
+
+  struct Damage {
+    const char* name;
+    std::function<void(const fs::path&)> apply;
+    const char* expect;  // in some problem line
+  };
+  const std::vector<Damage> damages = {
+      {"a flipped byte in the last tensor of a weight file",
+       [&](const fs::path& l) {
+         Bytes b = read_bytes(l / weight);
+         b[b.size() - 2] ^= 0x40;
+         write_bytes(l / weight, b);
+       },
+       "has checksum"},
+      {"a changed config.json",
+       [](const fs::path& l) {
+         json c = read_json(l / "config.json");
+         c["edited"] = true;
+         write_json(l / "config.json", c);
+       },
+       "config.json: contents differ"},
+      {"a stray file", [](const fs::path& l) { write_file(l / "stray.bin", "x"); }, "stray.bin: file not in the record"},
+      {"a missing file", [](const fs::path& l) { fs::remove(l / "generation_config.json"); },
+       "generation_config.json: file of version 000001 is missing"},
+      {"a weight file cut short",
+       [&](const fs::path& l) {
+         Bytes b = read_bytes(l / weight);
+         b.resize(b.size() - 7);
+         write_bytes(l / weight, b);
+       },
+       weight.c_str()},
+  };
+  for (const auto& d : damages) {
+    CAPTURE(d.name);
+    fs::remove_all(s.local);
+    copy_tree(pristine, s.local);
+    REQUIRE(verify(s.local).code == 0);
+    d.apply(s.local);
+    const Verified v = verify(s.local);
+    CHECK(v.code == 12);
+    CHECK(v.j["state"] == "corrupt");
+    std::string all;
+    for (const auto& p : v.j["problems"]) all += p.get<std::string>() + "\n";
+    CHECK_MESSAGE(all.find(d.expect) != std::string::npos, all);
+    // Re-initialising from the version's full checkpoint repairs it.
+    E2E_REQUIRE_CODE(apply({"-q", "--init", "--version", "1", save_dir(s.series, 1).string(), s.local.string()}), 0);
+    CHECK(verify(s.local).code == 0);
+  }
+}
+
+TEST_CASE("--verify: interrupted, uninitialised, and no record") {
+  Setup s;
+  // An apply killed half way: interrupted (10), and --verify leaves the
+  // transaction for the next apply to roll back.
+  {
+    ScopedEnv at("HFDELTA_FAULT_AT", "12");
+    ScopedEnv mode("HFDELTA_FAULT_MODE", "kill");
+    const RunResult r = apply({"-q", version_dir(s.root, 1).string(), s.local.string()});
+    REQUIRE(r.code != 0);
+  }
+  REQUIRE(has_txn(s.local));
+  const Verified v = verify(s.local);
+  CHECK(v.code == 10);
+  CHECK(v.j["state"] == "interrupted");
+  CHECK(has_txn(s.local));
+  E2E_REQUIRE_CODE(apply({"-q", version_dir(s.root, 1).string(), s.local.string()}), 0);
+  CHECK(verify(s.local).code == 0);
+
+  // Never initialised.
+  fs::create_directories(s.t / "empty");
+  const Verified e = verify(s.t / "empty");
+  CHECK(e.code == 11);
+  CHECK(e.j["state"] == "uninitialised");
+
+  // A LOCAL whose version has no record (set up by a tool that keeps none).
+  fs::remove_all(s.local / ".weight_sync" / "checksums");
+  const RunResult r = apply({"--verify", s.local.string()});
+  CHECK(r.code == 3);
+  CHECK(r.err.find("no checksums are recorded for version 000001") != std::string::npos);
+  // The next apply records them again, from LOCAL itself.
+  E2E_REQUIRE_CODE(apply({"-q", version_dir(s.root, 2).string(), s.local.string()}), 0);
+  CHECK(verify(s.local).code == 0);
+}
