@@ -1,4 +1,4 @@
-// delta-diff: thin command over hfdelta::diff_checkpoints.
+// delta-diff: thin command over hfdelta::diff_checkpoints, inspect_delta and prune_root.
 #include <cstdio>
 #include <iostream>
 
@@ -8,33 +8,159 @@
 #include "cli_common.hpp"
 #include "hfdelta/diff.hpp"
 #include "hfdelta/error.hpp"
+#include "hfdelta/inspect.hpp"
+#include "hfdelta/prune.hpp"
 #include "hfdelta/version.hpp"
 
 using namespace hfdelta;
 
+namespace {
+
+using ull = unsigned long long;
+
+void print_inspection(const DeltaInspection& d) {
+  std::printf("%s: version %s on base %s, encoding %s", d.dir.string().c_str(), format_version(d.version).c_str(),
+              format_version(d.base_version).c_str(), d.encoding.c_str());
+  if (d.format) std::printf(", hfdelta_format %llu", (ull)*d.format);
+  std::printf("\n");
+  if (!d.entries.empty()) {
+    std::printf("  %-9s  %10s  %10s  %-18s  %-32s  %-32s  %s\n", "ENCODING", "ENTRY", "TENSOR", "CHANGED", "CHECKSUM",
+                "BASE CHECKSUM", "NAME");
+    for (const auto& e : d.entries) {
+      const std::string changed = e.changed_elements ? std::to_string(*e.changed_elements) + " elements"
+                                  : e.changed_bytes  ? std::to_string(*e.changed_bytes) + " bytes"
+                                                     : "-";
+      std::printf("  %-9s  %10s  %10s  %-18s  %-32s  %-32s  %s\n", std::string(encoding_name(e.encoding)).c_str(),
+                  cli::human_bytes(double(e.entry_bytes)).c_str(),
+                  e.tensor_bytes ? cli::human_bytes(double(*e.tensor_bytes)).c_str() : "-", changed.c_str(),
+                  e.checksum.hex().c_str(), e.base_checksum ? e.base_checksum->hex().c_str() : "-", e.tensor.c_str());
+    }
+  }
+  if (!d.files.empty()) std::printf("  %-9s  %10s  %-32s  %s\n", "FILE OP", "SIZE", "CHECKSUM", "PATH");
+  for (const auto& f : d.files) {
+    const bool put = f.op == FileChange::Op::put;
+    std::printf("  %-9s  %10s  %-32s  %s\n", put ? "put" : "remove", put ? cli::human_bytes(double(f.size)).c_str() : "-",
+                put ? f.checksum.hex().c_str() : "-", f.path.c_str());
+  }
+  std::printf("  total   %zu tensors (%llu sparse, %llu xor, %llu overwrite), entries %s\n", d.entries.size(),
+              (ull)d.entries_sparse, (ull)d.entries_xor, (ull)d.entries_overwrite, cli::human_bytes(double(d.entry_bytes)).c_str());
+  std::printf("  changed %llu elements (sparse entries), %llu bytes (xor and overwrite entries)\n", (ull)d.changed_elements,
+              (ull)d.changed_bytes);
+  std::printf("  files   %llu put (%s), %llu removed\n", (ull)d.files_put, cli::human_bytes(double(d.file_bytes)).c_str(),
+              (ull)d.files_removed);
+  std::printf("  delta   %s on disk\n", cli::human_bytes(double(d.delta_bytes)).c_str());
+}
+
+void print_prune(const PruneResult& r) {
+  const std::string root = r.root.string();
+  if (!r.base_full) {
+    std::printf("%s: no full version%s; nothing to remove (a host initialised outside the root needs every delta)\n",
+                root.c_str(), r.keep_from ? (" at or below " + format_version(*r.keep_from)).c_str() : "");
+  } else {
+    std::printf("%s: keeping full version %s%s and the %zu version(s) after it\n", root.c_str(),
+                format_version(*r.base_full).c_str(),
+                r.keep_from ? (" (the newest at or below " + format_version(*r.keep_from) + ")").c_str() : " (the newest)",
+                r.kept.size() - 1);
+  }
+  const char* verb = r.dry_run ? "would remove" : "removed";
+  for (const auto& d : r.removed)
+    std::printf("  %s  %s  (%s)\n", verb, d.path.filename().string().c_str(), d.full ? "full" : "delta");
+  for (const auto& p : r.leftovers)
+    std::printf("  %s  %s  (left by an interrupted prune)\n", verb, p.filename().string().c_str());
+  std::printf("  %s %zu version(s) and %zu leftover(s), %s%s\n", verb, r.removed.size(), r.leftovers.size(),
+              cli::human_bytes(double(r.bytes_removed)).c_str(), r.dry_run ? "; nothing was changed (--dry-run)" : "");
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  CLI::App app{"Write the delta version directory OUT that turns checkpoint BASE into NEW.", "delta-diff"};
-  std::string base, target, out, encoding = "auto";
-  std::optional<std::uint64_t> version, base_version;
+  CLI::App app{"Write the delta version directory OUT that turns checkpoint BASE into NEW; "
+               "or describe a delta (--inspect); or remove the versions of a publication root no host can need (--prune).",
+               "delta-diff"};
+  app.footer(
+      "Forms:\n"
+      "  delta-diff [options] BASE NEW OUT             write a delta\n"
+      "  delta-diff --inspect DELTA [--json]           describe and check a delta version directory\n"
+      "  delta-diff --prune ROOT [--keep-from N] [--dry-run] [--json]\n"
+      "                                                remove versions no delta-apply --root pull to N or later needs\n"
+      "See delta-diff(1).");
+  std::string base, target, out, encoding = "auto", inspect, prune;
+  std::optional<std::uint64_t> version, base_version, keep_from;
   DiffOptions o;
-  bool no_sync = false, json_out = false, quiet = false;
-  app.add_option("BASE", base, "Previous save (HF checkpoint directory)")->required();
-  app.add_option("NEW", target, "New save (HF checkpoint directory)")->required();
-  app.add_option("OUT", out, "Delta version directory to create (must not exist)")->required();
-  app.add_option("--encoding", encoding,
+  bool no_sync = false, json_out = false, quiet = false, dry_run = false;
+  auto* base_opt = app.add_option("BASE", base, "Previous save (HF checkpoint directory)");
+  auto* new_opt = app.add_option("NEW", target, "New save (HF checkpoint directory)");
+  auto* out_opt = app.add_option("OUT", out, "Delta version directory to create (must not exist)");
+  std::vector<CLI::Option*> diff_only;  // options of the diff form only
+  diff_only.push_back(app.add_option("--encoding", encoding,
                  "Delta encoding: auto (hfdelta's sparse encoding, or xor for a tensor where that is smaller), "
                  "sparse, or the slime layout's xor or overwrite")
       ->check(CLI::IsMember({"xor", "overwrite", "sparse", "auto"}))
-      ->capture_default_str();
-  app.add_option("--level", o.level, "zstd compression level")->check(CLI::Range(1, 19))->capture_default_str();
-  app.add_option("--version", version, "Version number of OUT (default: from an OUT named weight_vNNNNNN)");
-  app.add_option("--base-version", base_version, "Version of BASE (default: version - 1)");
-  app.add_option("--threads", o.threads, "Worker threads (default: all cores)")->check(CLI::NonNegativeNumber);
-  app.add_flag("--no-sync", no_sync, "Do not flush the delta to disk before publishing it");
-  app.add_flag("--json", json_out, "Print the summary as one JSON object on stdout");
-  app.add_flag("-q,--quiet", quiet, "Print no summary");
+      ->capture_default_str());
+  diff_only.push_back(app.add_option("--level", o.level, "zstd compression level")->check(CLI::Range(1, 19))->capture_default_str());
+  diff_only.push_back(app.add_option("--version", version, "Version number of OUT (default: from an OUT named weight_vNNNNNN)"));
+  diff_only.push_back(app.add_option("--base-version", base_version, "Version of BASE (default: version - 1)"));
+  diff_only.push_back(app.add_option("--threads", o.threads, "Worker threads (default: all cores)")->check(CLI::NonNegativeNumber));
+  app.add_flag("--no-sync", no_sync, "Do not flush the delta (with --prune: ROOT) to disk before publishing it");
+  app.add_flag("--json", json_out, "Print the summary (or the --inspect or --prune report) as one JSON object on stdout");
+  app.add_flag("-q,--quiet", quiet, "Print no summary (or report)");
+
+  const std::string inspect_group = "Inspect a delta (instead of writing one)";
+  auto* inspect_opt = app.add_option("--inspect", inspect,
+                                     "Describe delta version directory DELTA: versions, encoding, per-tensor entries "
+                                     "with their changed counts and checksums, file operations; checks it as "
+                                     "delta-apply would (a damaged delta exits 3)")
+                          ->type_name("DELTA")
+                          ->group(inspect_group);
+  const std::string prune_group = "Prune a publication root (instead of writing a delta)";
+  auto* prune_opt = app.add_option("--prune", prune,
+                                   "Remove the version directories of ROOT older than its newest full version "
+                                   "(with --keep-from N: older than the newest full version at or below N)")
+                        ->type_name("ROOT")
+                        ->group(prune_group);
+  auto* keep_from_opt = app.add_option("--keep-from", keep_from,
+                 "Keep every version a delta-apply --root pull to version N or later can need")
+      ->type_name("N")
+      ->group(prune_group);
+  auto* dry_run_opt = app.add_flag("--dry-run", dry_run, "Print what --prune would remove; remove nothing")->group(prune_group);
 
   return cli::run(app, argc, argv, [&] {
+    // The forms are checked here rather than with CLI11's excludes/needs,
+    // which would list every pairing in --help.
+    if (*inspect_opt && *prune_opt) throw CLI::ValidationError("--inspect", "cannot be combined with --prune");
+    for (const auto* opt : {keep_from_opt, dry_run_opt})
+      if (*opt && !*prune_opt) throw CLI::ValidationError(opt->get_name(), "needs --prune ROOT");
+    if (*inspect_opt || *prune_opt) {
+      const std::string form = *inspect_opt ? "--inspect" : "--prune";
+      for (const auto* opt : {base_opt, new_opt, out_opt})
+        if (*opt) throw CLI::ValidationError(form, "unexpected argument \"" + opt->as<std::string>() + "\"");
+      for (const auto* opt : diff_only)
+        if (*opt) throw CLI::ValidationError(opt->get_name(), "only writing a delta takes it, not " + form);
+      if (*inspect_opt && no_sync) throw CLI::ValidationError("--no-sync", "only writing a delta or --prune takes it");
+    }
+    if (*inspect_opt) {
+      const DeltaInspection d = inspect_delta(inspect);
+      if (json_out)
+        std::cout << inspection_json(d).dump() << std::endl;
+      else if (!quiet)
+        print_inspection(d);
+      return;
+    }
+    if (*prune_opt) {
+      PruneOptions po;
+      po.keep_from = keep_from;
+      po.dry_run = dry_run;
+      po.sync = !no_sync;
+      const PruneResult r = prune_root(prune, po);
+      if (json_out)
+        std::cout << prune_json(r).dump() << std::endl;
+      else if (!quiet)
+        print_prune(r);
+      return;
+    }
+    if (!*base_opt || !*new_opt || !*out_opt)
+      throw CLI::RequiredError("BASE NEW OUT (or --inspect DELTA, or --prune ROOT)");
+
     o.encoding = encoding == "auto" ? std::nullopt : parse_encoding(encoding);
     o.sync = !no_sync;
     if (!version) version = version_from_dirname(boost::filesystem::path(out).filename().string());

@@ -1,0 +1,70 @@
+// delta-diff --inspect: what a delta version directory changes, read from the
+// delta alone (no base checkpoint), with the same validation as delta-apply's
+// checks of the delta itself.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <boost/filesystem/path.hpp>
+#include <nlohmann/json_fwd.hpp>
+
+#include "hfdelta/codec.hpp"
+#include "hfdelta/delta_format.hpp"
+#include "hfdelta/hash.hpp"
+
+namespace hfdelta {
+
+// One changed tensor's entry. Counts that the entry cannot tell without the
+// base (the dtype travels nowhere in a delta) are left empty rather than guessed.
+struct InspectEntry {
+  std::string tensor;
+  std::string file;  // delta file holding the entry
+  Encoding encoding = Encoding::xor_bytes;
+  std::uint64_t entry_bytes = 0;               // L of the U8 [L] entry
+  std::optional<std::uint64_t> tensor_bytes;   // target length: sparse head, xor frame; not overwrite
+  std::optional<std::uint64_t> element_size;   // sparse only: the element size its positions use
+  std::optional<std::uint64_t> changed_elements;  // sparse: sum of the chunks' K
+  std::optional<std::uint64_t> changed_bytes;     // xor: non-zero bytes of the mask; overwrite: K
+  Hash128 checksum;                            // XXH3-128 of the tensor's new bytes
+  std::optional<Hash128> base_checksum;        // hfdelta deltas only
+};
+
+// One non-weight file operation (hfdelta_files).
+struct InspectFile {
+  std::string path;
+  FileChange::Op op = FileChange::Op::put;
+  std::uint64_t size = 0;  // put only
+  Hash128 checksum;        // put only
+};
+
+struct DeltaInspection {
+  boost::filesystem::path dir;
+  std::uint64_t version = 0, base_version = 0;
+  std::optional<std::uint64_t> format;  // hfdelta_format; none for slime-layout deltas
+  std::string encoding;                 // metadata.delta_encoding: xor, overwrite, sparse or auto
+  std::optional<Hash128> index_checksum;
+  std::vector<InspectEntry> entries;  // sorted by tensor name
+  std::vector<InspectFile> files;     // in index order
+  // Totals. Element and byte counts add up only the entries that know them.
+  std::uint64_t entry_bytes = 0, tensor_bytes = 0, changed_elements = 0, changed_bytes = 0;
+  std::uint64_t entries_xor = 0, entries_overwrite = 0, entries_sparse = 0;
+  std::uint64_t files_put = 0, files_removed = 0, file_bytes = 0;
+  std::uint64_t delta_bytes = 0;  // every regular file under the delta directory
+};
+
+// Reads and checks DIR: the index (read_delta_index), every delta file's
+// safetensors header, entry dtype/shape/mapping/checksum, the structure of
+// every entry (sparse: head and chunk table, every frame complete; overwrite:
+// the frame complete and its count; xor: decoded in full, in bounded pieces),
+// and carried files against their recorded size and checksum. Throws
+// Error(bad_input) naming the file and the problem, Error(unsupported) for a
+// delta this build cannot read.
+DeltaInspection inspect_delta(const boost::filesystem::path& dir);
+
+// The documented JSON form (man delta-diff, INSPECT OUTPUT).
+nlohmann::json inspection_json(const DeltaInspection& d);
+
+}  // namespace hfdelta

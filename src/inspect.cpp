@@ -1,0 +1,315 @@
+#include "hfdelta/inspect.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include <boost/filesystem/operations.hpp>
+#include <nlohmann/json.hpp>
+#include <zstd.h>
+
+#include "hfdelta/checkpoint.hpp"
+#include "hfdelta/error.hpp"
+#include "hfdelta/io.hpp"
+#include "hfdelta/safetensors.hpp"
+#include "hfdelta/version.hpp"
+#include "json_text.hpp"
+
+namespace hfdelta {
+
+namespace fs = boost::filesystem;
+using nlohmann::json;
+
+namespace {
+
+std::uint32_t le32(const std::uint8_t* p) {
+  return std::uint32_t(p[0]) | std::uint32_t(p[1]) << 8 | std::uint32_t(p[2]) << 16 | std::uint32_t(p[3]) << 24;
+}
+
+std::uint64_t le64(const std::uint8_t* p) {
+  std::uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+constexpr std::uint32_t kZstdMagic = 0xFD2FB528u;
+
+// A frame checked without decompressing it: the current zstd format (what
+// FrameReader accepts), exactly one complete frame filling `f` (zstd walks the
+// block headers only). Returns the declared content size, if any.
+std::optional<std::uint64_t> check_frame_shape(std::span<const std::uint8_t> f, const std::string& what) {
+  if (f.size() < 4 || le32(f.data()) != kZstdMagic) fail(Exit::bad_input, what + ": is not a zstd frame");
+  const std::size_t n = ZSTD_findFrameCompressedSize(f.data(), f.size());
+  if (ZSTD_isError(n)) fail(Exit::bad_input, what + ": zstd frame is truncated or corrupt (" + ZSTD_getErrorName(n) + ")");
+  if (n != f.size()) fail(Exit::bad_input, what + ": zstd frame is followed by " + std::to_string(f.size() - n) + " extra bytes");
+  const unsigned long long cs = ZSTD_getFrameContentSize(f.data(), f.size());
+  if (cs == ZSTD_CONTENTSIZE_ERROR) fail(Exit::bad_input, what + ": zstd frame header is corrupt");
+  if (cs == ZSTD_CONTENTSIZE_UNKNOWN) return std::nullopt;
+  return cs;
+}
+
+// sparse: the head and every chunk head, the chunks' K summed; the planes are
+// not decompressed (that is the apply's work), only checked for shape. The
+// layout is the one documented in codec.cpp; decode_sparse walks it the same
+// way, but only by decoding every plane, which is what this avoids.
+void inspect_sparse(std::span<const std::uint8_t> e, const std::string& what, InspectEntry& out) {
+  auto bad = [&](const std::string& msg) { fail(Exit::bad_input, what + ": sparse entry " + msg); };
+  std::uint64_t at = 0;
+  auto take = [&](std::uint64_t k) {
+    if (k > e.size() - at) bad("is truncated");
+    const std::uint8_t* p = e.data() + at;
+    at += k;
+    return p;
+  };
+  const std::uint8_t* h = take(kSparseHeadSize);
+  if (std::memcmp(h, "HFS2", 4) != 0 && std::memcmp(h, "HFS1", 4) != 0) bad("does not start with HFS2 or HFS1");
+  const std::uint32_t es = le32(h + 4);
+  const std::uint64_t nbytes = le64(h + 8), chunk_elems = le64(h + 16), chunks = le64(h + 24);
+  if ((es != 1 && es != 2 && es != 4 && es != 8) || sparse_elem_size(es, nbytes) != es)
+    bad("has element size " + std::to_string(es) + ", which does not fit a " + std::to_string(nbytes) + "-byte tensor");
+  if (chunk_elems != kSparseChunkElements)
+    bad("has chunks of " + std::to_string(chunk_elems) + " elements, not " + std::to_string(kSparseChunkElements));
+  if (chunks != sparse_chunk_count(nbytes, es)) bad("has an inconsistent chunk table");
+  const std::uint64_t n = nbytes / es;
+  std::uint64_t changed = 0;
+  // Every chunk head takes bytes of the entry, so a hostile chunk count ends
+  // in "is truncated" long before the loop could run long.
+  for (std::uint64_t ch = 0; ch < chunks; ++ch) {
+    const std::uint64_t e0 = ch * chunk_elems, e1 = std::min(n, e0 + chunk_elems);
+    const std::uint8_t* head = take(16 + 8 * std::uint64_t(es));
+    const std::uint64_t k = le64(head);
+    if (k > e1 - e0) bad("chunk " + std::to_string(ch) + " declares more changes than it has elements");
+    const std::string cw = what + ": sparse chunk " + std::to_string(ch);
+    const std::uint64_t gaps_len = le64(head + 8);
+    const auto gaps = check_frame_shape({take(gaps_len), gaps_len}, cw + " positions");
+    // Each position is a varint of at least one byte.
+    if (gaps && *gaps < k) bad("chunk " + std::to_string(ch) + " has " + std::to_string(*gaps) + " position bytes for " + std::to_string(k) + " changes");
+    for (std::uint32_t b = 0; b < es; ++b) {
+      const std::uint64_t len = le64(head + 16 + 8 * b);
+      const auto cs = check_frame_shape({take(len), len}, cw + " plane " + std::to_string(b));
+      if (cs && *cs != k)
+        bad("chunk " + std::to_string(ch) + " plane " + std::to_string(b) + " declares " + std::to_string(*cs) +
+            " bytes for " + std::to_string(k) + " changes");
+    }
+    changed += k;
+  }
+  if (at != e.size()) bad("is followed by " + std::to_string(e.size() - at) + " extra bytes");
+  out.tensor_bytes = nbytes;
+  out.element_size = es;
+  out.changed_elements = changed;
+}
+
+// overwrite: K is the frame's first four decoded bytes; the target's length
+// is not in the entry.
+void inspect_overwrite(std::span<const std::uint8_t> e, const std::string& what, InspectEntry& out) {
+  const auto cs = check_frame_shape(e, what);
+  Decompressor d;
+  FrameReader r(d, e, what);
+  std::uint8_t kb[4];
+  r.read(kb, 4);
+  const std::uint64_t k = le32(kb);
+  if (cs && *cs != 4 + 5 * k)
+    fail(Exit::bad_input, what + ": zstd frame declares " + std::to_string(*cs) + " bytes, expected " +
+                              std::to_string(4 + 5 * k) + " for " + std::to_string(k) + " changed bytes");
+  out.changed_bytes = k;
+}
+
+std::uint64_t count_nonzero(std::span<const std::uint8_t> s) {
+  std::uint64_t n = 0;
+  for (const std::uint8_t b : s) n += b != 0;
+  return n;
+}
+
+// xor: the mask decoded in bounded pieces; every non-zero byte is a changed byte.
+void inspect_xor(std::span<const std::uint8_t> e, const std::string& what, InspectEntry& out) {
+  const auto cs = check_frame_shape(e, what);
+  Decompressor d;
+  std::uint64_t nonzero = 0, len = 0;
+  if (cs) {
+    decode_xor(d, e, *cs, what, [&](std::uint64_t, std::span<const std::uint8_t> piece) { nonzero += count_nonzero(piece); });
+    len = *cs;
+  } else {
+    // Frames from other publishers may not declare their size: the length
+    // is then what the frame decodes to.
+    FrameReader r(d, e, what);
+    for (auto piece = r.next(); !piece.empty(); piece = r.next()) {
+      nonzero += count_nonzero(piece);
+      len += piece.size();
+    }
+  }
+  out.tensor_bytes = len;
+  out.changed_bytes = nonzero;
+}
+
+// `rel` under `dir` without a symlink on the way: inspect reports what an
+// apply would read, and an apply refuses to read through one.
+void check_no_symlink_below(const fs::path& dir, const std::string& rel, const std::string& what) {
+  fs::path p = dir;
+  boost::system::error_code ec;
+  for (const auto& part : fs::path(rel)) {
+    p /= part;
+    if (fs::is_symlink(fs::symlink_status(p, ec))) fail(Exit::bad_input, what + ": " + p.string() + " is a symlink");
+  }
+}
+
+std::uint64_t tree_bytes(const fs::path& dir) {
+  std::uint64_t n = 0;
+  boost::system::error_code ec;
+  for (fs::recursive_directory_iterator it(dir, ec), end; it != end && !ec; it.increment(ec)) {
+    const auto st = it->symlink_status(ec);
+    if (!ec && fs::is_regular_file(st)) n += fs::file_size(it->path(), ec);
+  }
+  if (ec) fail(Exit::failure, dir.string() + ": cannot list: " + ec.message());
+  return n;
+}
+
+}  // namespace
+
+DeltaInspection inspect_delta(const fs::path& dir) {
+  boost::system::error_code ec;
+  if (!fs::is_directory(dir, ec)) fail(Exit::bad_input, dir.string() + ": not a directory");
+  const fs::path index_path = dir / kIndexFile;
+  if (!fs::is_regular_file(fs::symlink_status(index_path, ec)))
+    fail(Exit::bad_input, index_path.string() + ": missing or not a regular file; " + dir.string() + " is not a delta version");
+  const DeltaIndex idx = read_delta_index(dir);
+
+  DeltaInspection r;
+  r.dir = dir;
+  r.version = idx.version;
+  r.base_version = idx.base_version;
+  {
+    // read_delta_index validated the index; the few values it does not keep
+    // are read back from the text it accepted.
+    const json j = parse_json_text(read_small_file(index_path), index_path.string(), "index");
+    const json& m = j["metadata"];
+    r.encoding = m[key::delta_encoding].get<std::string>();
+    if (m.contains(key::format)) r.format = m[key::format].get<std::uint64_t>();
+    if (m.contains(key::index_checksum))
+      r.index_checksum = parse_hash_hex(m[key::index_checksum].get<std::string>(), index_path.string());
+  }
+
+  // Delta files: the same rules delta-apply checks before it touches LOCAL.
+  std::map<std::string, SafetensorsHeader> headers;
+  for (const auto& [tensor, file] : idx.weight_map) {
+    if (headers.count(file)) continue;
+    const fs::path p = dir / file;
+    if (!fs::is_regular_file(fs::symlink_status(p, ec)))
+      fail(Exit::bad_input, p.string() + ": named by the delta index but missing or not a regular file");
+    headers.emplace(file, read_safetensors(p));
+  }
+  for (const auto& [tensor, file] : idx.weight_map)
+    if (!headers.at(file).find(tensor))
+      fail(Exit::bad_input, (dir / file).string() + ": has no entry '" + tensor + "' named by the delta index");
+
+  for (const auto& [file, hdr] : headers) {
+    const fs::path p = dir / file;
+    const std::string w = p.string();
+    const MappedFile map(p);
+    if (map.size() != hdr.file_size) fail(Exit::bad_input, w + ": changed size while being read");
+    for (const auto& t : hdr.tensors) {
+      auto wm = idx.weight_map.find(t.name);
+      if (wm == idx.weight_map.end() || wm->second != file)
+        fail(Exit::bad_input, w + ": entry '" + t.name + "' is not mapped to this file by the delta index");
+      if (t.dtype != "U8" || t.shape.size() != 1)
+        fail(Exit::bad_input, w + ": entry '" + t.name + "' must be U8 with shape [L]");
+      auto mh = hdr.metadata.find(t.name);
+      if (mh == hdr.metadata.end()) fail(Exit::bad_input, w + ": __metadata__ has no checksum for '" + t.name + "'");
+      InspectEntry e;
+      e.tensor = t.name;
+      e.file = file;
+      e.encoding = encoding_of(idx, t.name);
+      e.entry_bytes = t.nbytes();
+      e.checksum = parse_hash_hex(mh->second, w + ": __metadata__[\"" + t.name + "\"]");
+      if (auto b = idx.base_checksums.find(t.name); b != idx.base_checksums.end()) e.base_checksum = b->second;
+      const auto bytes = map.bytes(hdr.file_offset(t), t.nbytes());
+      const std::string what = w + ": entry '" + t.name + "'";
+      switch (e.encoding) {
+        case Encoding::sparse: inspect_sparse(bytes, what, e); break;
+        case Encoding::overwrite: inspect_overwrite(bytes, what, e); break;
+        case Encoding::xor_bytes: inspect_xor(bytes, what, e); break;
+      }
+      r.entries.push_back(std::move(e));
+    }
+  }
+  std::sort(r.entries.begin(), r.entries.end(), [](const InspectEntry& a, const InspectEntry& b) { return a.tensor < b.tensor; });
+
+  const std::string iw = index_path.string();
+  for (const auto& fc : idx.files) {
+    if (fc.path == kStateDir || fc.path.rfind(std::string(kStateDir) + "/", 0) == 0)
+      fail(Exit::bad_input, iw + ": hfdelta_files may not touch " + fc.path);
+    InspectFile f{fc.path, fc.op, fc.size, fc.hash};
+    if (fc.op == FileChange::Op::put) {
+      check_no_symlink_below(dir / kFilesDir, fc.path, dir.string());
+      const fs::path p = dir / kFilesDir / fc.path;
+      if (!fs::is_regular_file(fs::symlink_status(p, ec)))
+        fail(Exit::bad_input, p.string() + ": listed in the delta index's hfdelta_files but missing or not a regular file");
+      const MappedFile mf(p);
+      if (mf.size() != fc.size || xxh3_128(mf.bytes()) != fc.hash)
+        fail(Exit::bad_input, p.string() + ": does not match the size and checksum the delta index records");
+      ++r.files_put;
+      r.file_bytes += fc.size;
+    } else {
+      ++r.files_removed;
+    }
+    r.files.push_back(std::move(f));
+  }
+
+  for (const auto& e : r.entries) {
+    r.entry_bytes += e.entry_bytes;
+    if (e.tensor_bytes) r.tensor_bytes += *e.tensor_bytes;
+    if (e.changed_elements) r.changed_elements += *e.changed_elements;
+    if (e.changed_bytes) r.changed_bytes += *e.changed_bytes;
+    ++(e.encoding == Encoding::sparse ? r.entries_sparse : e.encoding == Encoding::overwrite ? r.entries_overwrite : r.entries_xor);
+  }
+  r.delta_bytes = tree_bytes(dir);
+  return r;
+}
+
+json inspection_json(const DeltaInspection& d) {
+  auto opt = [](const std::optional<std::uint64_t>& v) { return v ? json(*v) : json(nullptr); };
+  json tensors = json::array();
+  bool all_lengths = true;
+  for (const auto& e : d.entries) {
+    all_lengths = all_lengths && e.tensor_bytes.has_value();
+    tensors.push_back({{"name", e.tensor},
+                       {"file", e.file},
+                       {"encoding", std::string(encoding_name(e.encoding))},
+                       {"entry_bytes", e.entry_bytes},
+                       {"tensor_bytes", opt(e.tensor_bytes)},
+                       {"element_size", opt(e.element_size)},
+                       {"changed_elements", opt(e.changed_elements)},
+                       {"changed_bytes", opt(e.changed_bytes)},
+                       {"checksum", e.checksum.hex()},
+                       {"base_checksum", e.base_checksum ? json(e.base_checksum->hex()) : json(nullptr)}});
+  }
+  json files = json::array();
+  for (const auto& f : d.files) {
+    const bool put = f.op == FileChange::Op::put;
+    files.push_back({{"path", f.path},
+                     {"op", put ? "put" : "remove"},
+                     {"size", put ? json(f.size) : json(nullptr)},
+                     {"checksum", put ? json(f.checksum.hex()) : json(nullptr)}});
+  }
+  return {{"delta", d.dir.string()},
+          {"version", format_version(d.version)},
+          {"base_version", format_version(d.base_version)},
+          {"format", opt(d.format)},
+          {"encoding", d.encoding},
+          {"index_checksum", d.index_checksum ? json(d.index_checksum->hex()) : json(nullptr)},
+          {"tensors", std::move(tensors)},
+          {"files", std::move(files)},
+          {"totals",
+           {{"tensors", d.entries.size()},
+            {"entries", {{"sparse", d.entries_sparse}, {"xor", d.entries_xor}, {"overwrite", d.entries_overwrite}}},
+            {"entry_bytes", d.entry_bytes},
+            // A sum over some entries only would read as the whole: null instead.
+            {"tensor_bytes", all_lengths ? json(d.tensor_bytes) : json(nullptr)},
+            {"changed_elements", d.changed_elements},
+            {"changed_bytes", d.changed_bytes},
+            {"files_put", d.files_put},
+            {"files_removed", d.files_removed},
+            {"file_bytes", d.file_bytes},
+            {"delta_bytes", d.delta_bytes}}}};
+}
+
+}  // namespace hfdelta
