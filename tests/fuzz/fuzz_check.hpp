@@ -17,13 +17,14 @@
 namespace fuzz {
 
 // Tensor size chosen by a fuzz input: its first four bytes, little-endian,
-// folded into [0, kMaxTensor] so a decoder never gets a tensor over 1 MiB.
+// folded into [0, max] so a decoder never gets a tensor over 1 MiB (or
+// `max`: the sparse target needs a little more to reach a second chunk).
 inline constexpr std::uint64_t kMaxTensor = 1u << 20;
 
-inline std::uint64_t tensor_size(const std::uint8_t* data, std::size_t size) {
+inline std::uint64_t tensor_size(const std::uint8_t* data, std::size_t size, std::uint64_t max = kMaxTensor) {
   std::uint32_t v = 0;
   for (std::size_t i = 0; i < 4 && i < size; ++i) v |= std::uint32_t(data[i]) << (8 * i);
-  return v <= kMaxTensor ? v : v % (kMaxTensor + 1);
+  return v <= max ? v : v % (max + 1);
 }
 
 }  // namespace fuzz

@@ -1,11 +1,14 @@
 // Fuzz target: the "sparse" delta decoder on an untrusted entry.
 //
 // Input: 4 bytes, little-endian, giving the tensor size (folded to at most
-// 1 MiB), then the entry. Every changed element handed out must be a whole
+// 2 MiB + 16: chunks have 2^20 elements, so 1- and 2-byte elements reach a
+// second and third chunk), then the entry. Every changed element handed out must be a whole
 // element inside the tensor, in strictly ascending order. The result is held
 // against a second, independent reading of the entry layout (see
 // decode_sparse in src/codec.cpp) built on zstd's one-shot API: both must
-// accept the same entries and produce the same changes.
+// accept the same entries, produce the same changes and agree on what the
+// values mean ("HFS1": XOR, "HFS2": zigzag of the difference). Each value is
+// also applied by sparse_apply_value and by a bytewise reference.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -27,15 +30,19 @@ std::uint64_t le(const std::uint8_t* p, int bytes) {
 }
 
 struct Changes {
+  std::optional<hfdelta::SparseOp> op;  // what the values mean, from the magic
   std::size_t elem_size = 0;
   std::vector<std::uint64_t> offsets;  // byte offsets of changed elements
-  std::vector<std::uint8_t> xors;      // elem_size bytes each
+  std::vector<std::uint8_t> xors;      // the stored values, elem_size bytes each
 };
+
+// Three chunks of 1-byte elements, the last partial; two of 2-byte ones.
+constexpr std::uint64_t kMaxSparseTensor = 2 * hfdelta::kSparseChunkElements + 16;
 
 enum class Verdict { accept, refuse, no_opinion };
 
 // The reference reading. Layout, little-endian:
-//   "HFS1" | u32 elem_size | u64 nbytes | u64 chunk_elements | u64 chunks
+//   "HFS1" or "HFS2" | u32 elem_size | u64 nbytes | u64 chunk_elements | u64 chunks
 //   then per chunk: u64 K | u64 gaps_len | elem_size x u64 plane_len
 //                   | gaps frame (K varints) | elem_size plane frames (K bytes each)
 Verdict reference(std::span<const std::uint8_t> e, std::uint64_t nbytes, Changes& out) {
@@ -47,7 +54,13 @@ Verdict reference(std::span<const std::uint8_t> e, std::uint64_t nbytes, Changes
     return p;
   };
   const std::uint8_t* h = take(32);
-  if (!h || std::memcmp(h, "HFS1", 4) != 0) return Verdict::refuse;
+  if (!h) return Verdict::refuse;
+  if (std::memcmp(h, "HFS1", 4) == 0)
+    out.op = hfdelta::SparseOp::xor_bytes;
+  else if (std::memcmp(h, "HFS2", 4) == 0)
+    out.op = hfdelta::SparseOp::add_zigzag;
+  else
+    return Verdict::refuse;
   const std::uint64_t es = le(h + 4, 4);
   if ((es != 1 && es != 2 && es != 4 && es != 8) || nbytes % es != 0) return Verdict::refuse;
   if (le(h + 8, 8) != nbytes) return Verdict::refuse;
@@ -104,18 +117,49 @@ Verdict reference(std::span<const std::uint8_t> e, std::uint64_t nbytes, Changes
   return at == e.size() ? Verdict::accept : Verdict::refuse;
 }
 
+// One value applied to one element, byte by byte: XOR, or for zigzag the
+// magnitude m = v >> 1 added (v even) or m + 1 subtracted (v odd), the
+// carry or borrow dropped past the element's last byte.
+void reference_apply(std::uint8_t* elem, const std::uint8_t* v, std::size_t es, hfdelta::SparseOp op) {
+  if (op == hfdelta::SparseOp::xor_bytes) {
+    for (std::size_t k = 0; k < es; ++k) elem[k] ^= v[k];
+    return;
+  }
+  std::uint8_t m[8];
+  for (std::size_t k = 0; k < es; ++k) m[k] = static_cast<std::uint8_t>(v[k] >> 1 | (k + 1 < es ? v[k + 1] << 7 : 0));
+  if (!(v[0] & 1)) {
+    unsigned carry = 0;
+    for (std::size_t k = 0; k < es; ++k) {
+      const unsigned sum = elem[k] + m[k] + carry;
+      elem[k] = static_cast<std::uint8_t>(sum);
+      carry = sum >> 8;
+    }
+  } else {
+    int borrow = 1;  // the + 1
+    for (std::size_t k = 0; k < es; ++k) {
+      const int diff = int(elem[k]) - int(m[k]) - borrow;
+      elem[k] = static_cast<std::uint8_t>(diff);
+      borrow = diff < 0;
+    }
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  const std::uint64_t nbytes = fuzz::tensor_size(data, size);
+  const std::uint64_t nbytes = fuzz::tensor_size(data, size, kMaxSparseTensor);
   const std::span<const std::uint8_t> entry = size >= 4 ? std::span(data + 4, size - 4) : std::span<const std::uint8_t>();
 
   Changes got;
   bool ok = true;
   try {
     hfdelta::decode_sparse(entry, nbytes, "fuzz",
-                           [&](std::span<const std::uint64_t> offs, std::span<const std::uint8_t> xors, std::size_t es) {
+                           [&](std::span<const std::uint64_t> offs, std::span<const std::uint8_t> xors, std::size_t es,
+                               hfdelta::SparseOp op) {
                              FUZZ_CHECK(es == 1 || es == 2 || es == 4 || es == 8);
+                             FUZZ_CHECK(op == hfdelta::SparseOp::xor_bytes || op == hfdelta::SparseOp::add_zigzag);
+                             FUZZ_CHECK(!got.op || *got.op == op);  // one meaning per entry
+                             got.op = op;
                              FUZZ_CHECK(got.elem_size == 0 || got.elem_size == es);
                              got.elem_size = es;
                              FUZZ_CHECK(!offs.empty());
@@ -141,6 +185,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     FUZZ_CHECK(got.offsets == want.offsets);
     FUZZ_CHECK(got.xors == want.xors);
     FUZZ_CHECK(got.offsets.empty() || got.elem_size == want.elem_size);
+    FUZZ_CHECK(got.offsets.empty() || got.op == want.op);  // the decoder names the op the magic says
+    // The library's apply against the bytewise reference, on an element
+    // made from its offset.
+    for (std::size_t i = 0; i < got.offsets.size(); ++i) {
+      const std::size_t es = got.elem_size;
+      std::uint8_t lib[8], ref[8];
+      for (std::size_t k = 0; k < es; ++k) lib[k] = ref[k] = static_cast<std::uint8_t>(got.offsets[i] * 31 + k * 97);
+      hfdelta::sparse_apply_value(lib, got.xors.data() + i * es, es, *got.op);
+      reference_apply(ref, got.xors.data() + i * es, es, *got.op);
+      FUZZ_CHECK(std::memcmp(lib, ref, es) == 0);
+    }
   } else {
     FUZZ_CHECK(v == Verdict::refuse);
   }

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -48,7 +49,8 @@ bool accepted(const std::string& target, std::span<const std::uint8_t> bytes) {
       hfdelta::decode_xor(d, frame, nbytes, "seed", [](std::uint64_t, std::span<const std::uint8_t>) {});
     } else if (target == "sparse") {
       hfdelta::decode_sparse(frame, nbytes, "seed",
-                             [](std::span<const std::uint64_t>, std::span<const std::uint8_t>, std::size_t) {});
+                             [](std::span<const std::uint64_t>, std::span<const std::uint8_t>, std::size_t,
+                                hfdelta::SparseOp) {});
     } else {
       hfdelta::Decompressor dp, dv;
       hfdelta::decode_overwrite(dp, dv, frame, nbytes, "seed",
@@ -280,9 +282,11 @@ void overwrite_seeds() {
   write("overwrite", "bad_trailing", input(100, cat(f100, {0, 0})));
 }
 
-// A sparse entry put together by hand, for layouts the encoder never writes
-// (small chunks) and for broken ones. `chunks[c]` lists the changed elements
-// of chunk c as (index within the chunk, XOR value of the element's bytes).
+// A sparse entry put together by hand, for what the encoder no longer writes
+// ("HFS1" entries of XOR values, written before "HFS2") and for broken ones.
+// `chunks[c]` lists the changed elements of chunk c as (index within the
+// chunk, stored value of the element: XOR for "HFS1", zigzag(new - old) for
+// "HFS2").
 struct SparseChunk {
   std::vector<std::pair<std::uint64_t, std::uint64_t>> changes;
   Bytes gaps_extra;  // appended to the decoded positions
@@ -298,8 +302,9 @@ void put_varint(Bytes& out, std::uint64_t v) {
 }
 
 Bytes sparse_entry(std::uint32_t es, std::uint64_t nbytes, std::uint64_t chunk_elements,
-                   const std::vector<SparseChunk>& chunks) {
-  Bytes out{'H', 'F', 'S', '1'};
+                   const std::vector<SparseChunk>& chunks, char revision = '1',
+                   const std::optional<Bytes>& first_gaps = std::nullopt) {
+  Bytes out{'H', 'F', 'S', static_cast<std::uint8_t>(revision)};
   out = cat(out, le32(es));
   put_le64(out, nbytes);
   put_le64(out, chunk_elements);
@@ -311,6 +316,7 @@ Bytes sparse_entry(std::uint32_t es, std::uint64_t nbytes, std::uint64_t chunk_e
       put_varint(gaps, e - next);
       next = e + 1;
     }
+    if (first_gaps && &ch == &chunks.front()) gaps = *first_gaps;  // decoded positions written as given
     gaps = cat(gaps, ch.gaps_extra);
     std::vector<Bytes> frames{zframe(gaps, false, true)};
     for (std::uint32_t b = 0; b < es; ++b) {
@@ -329,10 +335,28 @@ Bytes encode_sparse(const Bytes& a, const Bytes& b, std::size_t es) {
   hfdelta::Compressor c(1);
   Bytes entry;
   hfdelta::encode_sparse(c, a, b, es, [&](std::span<const std::uint8_t> s) { entry.insert(entry.end(), s.begin(), s.end()); });
+  // The seeds named as the encoder's are of the revision it writes.
+  if (entry.size() < 4 || std::string_view(reinterpret_cast<const char*>(entry.data()), 4) != "HFS2")
+    throw std::runtime_error("encode_sparse no longer writes HFS2 entries: revisit the sparse seeds");
   return entry;
 }
 
+// The changes between `a` and `b` (es-byte elements, one chunk) as the
+// (element, XOR value) list of an "HFS1" entry.
+SparseChunk xor_changes(const Bytes& a, const Bytes& b, std::size_t es) {
+  SparseChunk ch;
+  for (std::size_t e = 0; e < a.size() / es; ++e) {
+    std::uint64_t x = 0;
+    for (std::size_t k = 0; k < es; ++k) x |= std::uint64_t(a[e * es + k] ^ b[e * es + k]) << (8 * k);
+    if (x) ch.changes.push_back({e, x});
+  }
+  return ch;
+}
+
 void sparse_seeds() {
+  constexpr std::uint64_t kChunk = hfdelta::kSparseChunkElements;
+  // From the encoder (HFS2): every element size, nothing changed, everything
+  // changed, a dtype size that does not divide the tensor.
   const Bytes a400 = weights(400, 30);
   write("sparse", "valid_bf16", input(400, encode_sparse(a400, changed(a400, 8, 31), 2)));
   write("sparse", "valid_f32_unchanged", input(400, encode_sparse(a400, a400, 4)));
@@ -349,34 +373,81 @@ void sparse_seeds() {
   Bytes b6k = a6k;
   for (auto& x : b6k) x = static_cast<std::uint8_t>(x + 1);
   write("sparse", "valid_all_changed", input(6000, encode_sparse(a6k, b6k, 2)));
-  // Small chunks (the encoder always uses 2^20 elements): 64 bf16 elements in
-  // chunks of 16, the last one partial.
-  const std::vector<SparseChunk> four{{{{0, 0x1234}, {15, 0x0001}}, {}},
-                                      {{}, {}},
-                                      {{{3, 0xffff}}, {}},
-                                      {{{0, 0x8000}, {1, 0x0080}, {7, 0x4242}}, {}}};
-  write("sparse", "valid_small_chunks", input(120, sparse_entry(2, 120, 16, four)));
+  // One-ulp steps up and down in f32 elements, and differences that wrap
+  // around (0x0000 <-> 0xffff, 0x7fff <-> 0x8000): the values HFS2 stores
+  // small (1, 2) and its largest (0xffff for 0x0000 -> 0x8000).
+  Bytes b400 = a400;
+  for (std::size_t e = 0; e < 100; e += 3) {
+    std::uint32_t v = 0;
+    for (int k = 0; k < 4; ++k) v |= std::uint32_t(b400[4 * e + k]) << (8 * k);
+    v += e % 2 ? 1 : 0xffffffffu;
+    for (int k = 0; k < 4; ++k) b400[4 * e + k] = static_cast<std::uint8_t>(v >> (8 * k));
+  }
+  write("sparse", "valid_f32_steps", input(400, encode_sparse(a400, b400, 4)));
+  const Bytes wrap_a{0x00, 0x00, 0xff, 0xff, 0xff, 0x7f, 0x00, 0x80, 0x00, 0x00, 0x80, 0x3f};
+  const Bytes wrap_b{0xff, 0xff, 0x00, 0x00, 0x00, 0x80, 0xff, 0x7f, 0x00, 0x80, 0x81, 0x3f};
+  write("sparse", "valid_bf16_wrap", input(12, encode_sparse(wrap_a, wrap_b, 2)));
+  // Two chunks of bf16 (2^20 + 8 elements, the fuzz target's largest), with
+  // changes on both sides of the border and in the last element.
+  const std::uint32_t two_chunks = 2 * (kChunk + 8);
+  const Bytes big(two_chunks, 0x3c);
+  Bytes big_b = big;
+  for (std::uint64_t e : {std::uint64_t(5), kChunk - 1, kChunk, kChunk + 7}) big_b[2 * e] = 0x3d;
+  write("sparse", "valid_two_chunks", input(two_chunks, encode_sparse(big, big_b, 2)));
 
-  const Bytes ok = sparse_entry(2, 120, 16, four);
+  // By hand, HFS1 (XOR values), as the encoder wrote them before HFS2: the
+  // decoder still reads them.
+  write("sparse", "valid_hfs1_bf16", input(400, sparse_entry(2, 400, kChunk, {xor_changes(a400, changed(a400, 8, 31), 2)})));
+  write("sparse", "valid_hfs1_f64", input(64, sparse_entry(8, 64, kChunk, {xor_changes(a64, changed(a64, 5, 33), 8)})));
+  // Three chunks of 1-byte elements, the last one of 16.
+  const std::vector<SparseChunk> three{{{{0, 0x12}, {kChunk - 1, 0x80}}, {}}, {}, {{{0, 0xff}, {15, 0x01}}, {}}};
+  write("sparse", "valid_hfs1_three_chunks", input(2 * kChunk + 16, sparse_entry(1, 2 * kChunk + 16, kChunk, three)));
+  write("sparse", "valid_hfs2_three_chunks", input(2 * kChunk + 16, sparse_entry(1, 2 * kChunk + 16, kChunk, three, '2')));
+  // 60 bf16 elements, values at the edges (0x8000: the most negative
+  // difference in HFS2).
+  const std::vector<SparseChunk> one{{{{0, 0x1234}, {15, 0x0001}, {35, 0xffff}, {48, 0x8000}, {49, 0x0080}, {55, 0x4242}}, {}}};
+  write("sparse", "valid_hfs1_edges", input(120, sparse_entry(2, 120, kChunk, one)));
+  write("sparse", "valid_hfs2_edges", input(120, sparse_entry(2, 120, kChunk, one, '2')));
+
+  // Broken, one rule each: HFS1 ones (the rules do not depend on the
+  // revision) and a few HFS2 ones.
+  const Bytes ok = sparse_entry(2, 120, kChunk, one);
   Bytes magic = ok;
-  magic[3] = '2';
+  magic[3] = '3';  // a revision that does not exist (yet)
   write("sparse", "bad_magic", input(120, magic));
+  magic[3] = '0';
+  write("sparse", "bad_magic_hfs0", input(120, magic));
   write("sparse", "bad_nbytes", input(122, ok));
   write("sparse", "bad_truncated", input(120, Bytes(ok.begin(), ok.end() - 1)));
   write("sparse", "bad_trailing", input(120, cat(ok, {0})));
-  write("sparse", "bad_elem_size", input(120, sparse_entry(3, 120, 16, four)));
-  write("sparse", "bad_elem_size_misfit", input(6, sparse_entry(4, 6, 16, {{{{0, 1}}, {}}})));
-  write("sparse", "bad_chunk_table", input(120, sparse_entry(2, 120, 20, four)));
+  write("sparse", "bad_elem_size", input(120, sparse_entry(3, 120, kChunk, one)));
+  write("sparse", "bad_elem_size_misfit", input(6, sparse_entry(4, 6, kChunk, {{{{0, 1}}, {}}})));
+  // The format fixes the chunk size at 2^20 elements (revision 2).
+  write("sparse", "bad_chunk_size", input(120, sparse_entry(2, 120, 16, {one[0], {}, {}, {}})));
   write("sparse", "bad_zero_chunk", input(120, sparse_entry(2, 120, 0, {})));
-  write("sparse", "bad_position_outside_chunk", input(120, sparse_entry(2, 120, 16, {{{{16, 1}}, {}}, {}, {}, {}})));
-  write("sparse", "bad_position_past_end", input(120, sparse_entry(2, 120, 16, {{}, {}, {}, {{{12, 1}}, {}}})));
-  write("sparse", "bad_gaps_extra", input(120, sparse_entry(2, 120, 16, {{{{1, 1}}, {0}}, {}, {}, {}})));
+  write("sparse", "bad_chunk_table", input(120, sparse_entry(2, 120, kChunk, {one[0], {}})));
+  write("sparse", "bad_position_outside_chunk",
+        input(2 * kChunk + 16, sparse_entry(1, 2 * kChunk + 16, kChunk, {{{{kChunk, 1}}, {}}, {}, {}})));
+  write("sparse", "bad_position_past_end", input(120, sparse_entry(2, 120, kChunk, {{{{60, 1}}, {}}})));
+  write("sparse", "bad_gaps_extra", input(120, sparse_entry(2, 120, kChunk, {{{{1, 1}}, {0}}})));
+  // Eleven varint bytes for the one position: more than 64 bits.
   write("sparse", "bad_overlong_varint",
-        input(120, sparse_entry(2, 120, 16, {{{}, {0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x00}}, {}, {}, {}})));
-  // The first chunk declares 3 changes but has positions and values for 2.
+        input(120, sparse_entry(2, 120, kChunk, {{{{0, 1}}, {}}}, '1',
+                               Bytes{0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x00})));
+  // The chunk declares 7 changes but has positions and values for 6; then
+  // more changes than it has elements.
   Bytes count = ok;
-  count[32] = 3;
+  count[32] = 7;
   write("sparse", "bad_count", input(120, count));
+  count[32] = 61;
+  write("sparse", "bad_count_over_elements", input(120, count));
+  const Bytes ok2 = encode_sparse(a400, changed(a400, 8, 31), 2);
+  write("sparse", "bad_hfs2_truncated", input(400, Bytes(ok2.begin(), ok2.end() - 1)));
+  write("sparse", "bad_hfs2_nbytes", input(402, ok2));
+  Bytes count2 = ok2;
+  count2[32] = static_cast<std::uint8_t>(count2[32] + 1);  // K one more than the positions and values
+  write("sparse", "bad_hfs2_count", input(400, count2));
+  write("sparse", "bad_hfs2_position_past_end", input(120, sparse_entry(2, 120, kChunk, {{{{60, 1}}, {}}}, '2')));
 }
 
 // ---- delta index --------------------------------------------------------------
