@@ -65,27 +65,18 @@ void require_same_layout(const Checkpoint& a, const Checkpoint& b) {
 // Bytes of each input read at a time by the sparse engine: small enough to
 // stay in the core's cache while they are hashed, compared and scanned.
 constexpr std::uint64_t kBlock = 256 * 1024;
-// "auto" compares both encodings in full for tensors up to this size.
-constexpr std::uint64_t kExactAutoBytes = 2 * kBlock;
 
 // A piece of a frame or entry body in a thread's spool file.
 struct Seg {
   int spool = -1;
   std::uint64_t offset = 0, size = 0;
-};
-
-// The first block with changes of a unit, encoded both ways: the estimate
-// "auto" uses for large tensors.
-struct Sample {
-  bool valid = false;
-  std::uint64_t sparse = 0, xor_bytes = 0;
+  bool in_xspool = false;
 };
 
 // What one unit of work found in its range of a tensor.
 struct RangeOut {
   Seg body;
   std::uint64_t elements_changed = 0, bytes_changed = 0;
-  Sample sample;
 };
 
 // One tensor of NEW and everything the units working on it produce.
@@ -99,6 +90,7 @@ struct Work {
   Hash128 base_hash, new_hash;
   Encoding encoding = Encoding::sparse;
   Seg frame;                             // the entry, when it is not sparse
+  Seg xor_frame;                         // "auto": the xor encoding, for the choice
   std::uint64_t elements_changed = 0, bytes_changed = 0;
   bool changed() const { return elements_changed != 0; }
 };
@@ -125,10 +117,44 @@ struct Spool {
 
 // Per-thread state, made on first use.
 struct Worker {
-  Spool spool;
-  std::unique_ptr<Compressor> comp;
-  SparseChunkEncoder enc, probe;
+  Spool spool, xspool;  // xspool: "auto"'s xor frames
+  std::unique_ptr<Compressor> comp, xcomp;
+  SparseChunkEncoder enc;
   std::vector<std::uint8_t> a, b, x;
+};
+
+// Compresses the XOR of blocks streamed in order into one xor frame (the
+// "auto" encoding's alternative), from blocks already in cache.
+struct XorStream {
+  Worker& wk;
+  Seg seg;
+  ByteSink sink;
+  XorStream(Worker& w, int tid, std::uint64_t nbytes) : wk(w), seg{tid, w.xspool.size, 0, true} {
+    sink = [this](std::span<const std::uint8_t> s) { wk.xspool.put(s); };
+    wk.xcomp->begin(nbytes);
+  }
+  void block(std::size_t n) {
+    // Word at a time through local pointers: the compiler cannot prove the
+    // vectors' buffers apart, and would go byte by byte.
+    const std::uint8_t* a = wk.a.data();
+    const std::uint8_t* b = wk.b.data();
+    std::uint8_t* x = wk.x.data();
+    std::size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      std::uint64_t u, v;
+      std::memcpy(&u, a + i, 8);
+      std::memcpy(&v, b + i, 8);
+      u ^= v;
+      std::memcpy(x + i, &u, 8);
+    }
+    for (; i < n; ++i) x[i] = a[i] ^ b[i];
+    wk.xcomp->put({x, n}, sink);
+  }
+  Seg end() {
+    wk.xcomp->end(sink);
+    seg.size = wk.xspool.size - seg.offset;
+    return seg;
+  }
 };
 
 struct Entry {
@@ -156,12 +182,10 @@ void advise_sequential(const File& f) { ::posix_fadvise(f.fd(), 0, 0, POSIX_FADV
 // read once, hashed (if `hashers`), compared and turned into sparse changes
 // while it is in cache; each finished chunk goes to the thread's spool.
 RangeOut scan_range(const Work& w, std::uint64_t c0, std::uint64_t c1, const File& base, const File& target,
-                    Worker& wk, bool sample, Hasher* hb, Hasher* hn) {
+                    Worker& wk, XorStream* xs, Hasher* hb, Hasher* hn) {
   RangeOut out;
   const std::uint64_t chunk_bytes = kSparseChunkElements * w.es;
   const ByteSink to_spool = [&](std::span<const std::uint8_t> s) { wk.spool.put(s); };
-  std::uint64_t probe_size = 0;
-  const ByteSink to_probe = [&](std::span<const std::uint8_t> s) { probe_size += s.size(); };
   out.body = {-1, wk.spool.size, 0};
   for (std::uint64_t ch = c0; ch < c1; ++ch) {
     const std::uint64_t cs = ch * chunk_bytes, ce = std::min(w.nbytes, cs + chunk_bytes);
@@ -171,22 +195,9 @@ RangeOut scan_range(const Work& w, std::uint64_t c0, std::uint64_t c1, const Fil
       base.pread_exact(wk.a.data(), n, w.offset + at);
       target.pread_exact(wk.b.data(), n, w.offset + at);
       if (hb) hb->update({wk.a.data(), n}), hn->update({wk.b.data(), n});
+      if (xs) xs->block(n);
       if (std::memcmp(wk.a.data(), wk.b.data(), n) == 0) continue;
       wk.enc.scan(wk.a.data(), wk.b.data(), n / w.es, (at - cs) / w.es);
-      if (sample && !out.sample.valid) {
-        out.sample.valid = true;
-        probe_size = 0;
-        wk.probe.begin(w.es);
-        wk.probe.scan(wk.a.data(), wk.b.data(), n / w.es, 0);
-        wk.probe.end(*wk.comp, to_probe);
-        out.sample.sparse = probe_size;
-        for (std::size_t i = 0; i < n; ++i) wk.x[i] = wk.a[i] ^ wk.b[i];
-        probe_size = 0;
-        wk.comp->begin(n);
-        wk.comp->put({wk.x.data(), n}, to_probe);
-        wk.comp->end(to_probe);
-        out.sample.xor_bytes = probe_size;
-      }
     }
     out.elements_changed += wk.enc.changed_elements();
     out.bytes_changed += wk.enc.changed_bytes();
@@ -236,9 +247,18 @@ static void sparse_pass(std::vector<Work>& works, const std::vector<File>& base_
       wk.comp = std::make_unique<Compressor>(opts.level);
       wk.spool.file = File(tmp / (".spool-" + std::to_string(tid)), File::Mode::create_exclusive);
       wk.a.resize(kBlock), wk.b.resize(kBlock), wk.x.resize(kBlock);
+      if (autochoice) {
+        wk.xcomp = std::make_unique<Compressor>(opts.level);
+        wk.xspool.file = File(tmp / (".xspool-" + std::to_string(tid)), File::Mode::create_exclusive);
+      }
     }
     const File& base = base_files[w.shard];
     const File& target = new_files[w.shard];
+    // "auto" encodes xor too, in the same pass, and keeps the smaller entry
+    // of every tensor: never larger than xor, at the cost of compressing the
+    // XOR stream (mostly zeros, which zstd goes through fast).
+    std::optional<XorStream> xs;
+    if (autochoice && unit.kind != Unit::Kind::range) xs.emplace(wk, static_cast<int>(tid), w.nbytes);
     if (unit.kind == Unit::Kind::hash) {
       Hasher hb, hn;
       for (std::uint64_t at = 0; at < w.nbytes; at += kBlock) {
@@ -247,66 +267,47 @@ static void sparse_pass(std::vector<Work>& works, const std::vector<File>& base_
         target.pread_exact(wk.b.data(), n, w.offset + at);
         hb.update({wk.a.data(), n});
         hn.update({wk.b.data(), n});
+        if (xs) xs->block(n);
       }
       w.base_hash = hb.digest(), w.new_hash = hn.digest();
+      if (xs) w.xor_frame = xs->end();
       return;
     }
-    const bool sample = autochoice && w.nbytes > kExactAutoBytes;
     if (unit.kind == Unit::Kind::whole) {
       Hasher hb, hn;
-      RangeOut r = scan_range(w, unit.c0, unit.c1, base, target, wk, sample, &hb, &hn);
+      RangeOut r = scan_range(w, unit.c0, unit.c1, base, target, wk, xs ? &*xs : nullptr, &hb, &hn);
       w.base_hash = hb.digest(), w.new_hash = hn.digest();
-      if (r.elements_changed == 0) wk.spool.size = r.body.offset, r.body.size = 0;  // unchanged: nothing to keep
       r.body.spool = static_cast<int>(tid);
+      if (xs) {
+        w.xor_frame = xs->end();
+        // Only what is kept stays in the spools.
+        if (r.elements_changed == 0 || kSparseHeadSize + r.body.size <= w.xor_frame.size) {
+          wk.xspool.size = w.xor_frame.offset;
+          w.xor_frame = {};
+        } else {
+          wk.spool.size = r.body.offset;
+          r.body.size = 0;
+          w.encoding = Encoding::xor_bytes;
+          w.frame = w.xor_frame;
+          w.xor_frame = {};  // decided
+        }
+      }
+      if (r.elements_changed == 0) wk.spool.size = r.body.offset, r.body.size = 0;  // unchanged: nothing to keep
       w.ranges[0] = r;
     } else {
-      RangeOut r = scan_range(w, unit.c0, unit.c1, base, target, wk, sample, nullptr, nullptr);
+      RangeOut r = scan_range(w, unit.c0, unit.c1, base, target, wk, nullptr, nullptr, nullptr);
       r.body.spool = static_cast<int>(tid);
       w.ranges[unit.range] = r;
     }
   });
 
-  // "auto": where xor may be the smaller, encode it too and keep the smaller.
-  std::vector<std::size_t> both;
-  for (std::size_t i = 0; i < works.size(); ++i) {
-    Work& w = works[i];
+  for (Work& w : works) {
     for (const auto& r : w.ranges) w.elements_changed += r.elements_changed, w.bytes_changed += r.bytes_changed;
-    if (!autochoice || !w.changed()) continue;
-    const Sample* s = nullptr;
-    for (const auto& r : w.ranges)
-      if (r.sample.valid) {
-        s = &r.sample;
-        break;
-      }
-    // On the sample, xor must come within 10% of sparse to be worth encoding.
-    if (w.nbytes <= kExactAutoBytes || (s && s->xor_bytes * 10 <= s->sparse * 11)) both.push_back(i);
-  }
-  if (both.empty()) return;
-  std::vector<MappedFile> base_maps(base_files.size()), new_maps(new_files.size());
-  for (std::size_t s = 0; s < base_files.size(); ++s) {
-    base_maps[s] = MappedFile(base_files[s].path());
-    new_maps[s] = MappedFile(new_files[s].path());
-  }
-  parallel_for(both.size(), threads, [&](std::size_t k, std::size_t tid) {
-    Work& w = works[both[k]];
-    Worker& wk = workers[tid];
-    if (!wk.comp) {
-      wk.comp = std::make_unique<Compressor>(opts.level);
-      wk.spool.file = File(tmp / (".spool-" + std::to_string(tid)), File::Mode::create_exclusive);
-    }
-    const Seg at{static_cast<int>(tid), wk.spool.size, 0};
-    const std::uint64_t len = encode_xor(*wk.comp, base_maps[w.shard].bytes(w.offset, w.nbytes),
-                                         new_maps[w.shard].bytes(w.offset, w.nbytes),
-                                         [&](std::span<const std::uint8_t> s) { wk.spool.put(s); });
+    if (!autochoice || !w.changed() || w.xor_frame.spool < 0) continue;
     std::uint64_t sparse_len = kSparseHeadSize;
     for (const auto& r : w.ranges) sparse_len += r.body.size;
-    if (len < sparse_len) {
-      w.encoding = Encoding::xor_bytes;
-      w.frame = {at.spool, at.offset, len};
-    } else {
-      wk.spool.size = at.offset;  // sparse is no larger: keep it
-    }
-  });
+    if (w.xor_frame.size < sparse_len) w.encoding = Encoding::xor_bytes, w.frame = w.xor_frame;
+  }
 }
 
 // The slime encodings, one frame per tensor over mapped views.
@@ -479,18 +480,24 @@ DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, 
           at += sizeof head;
         }
         for (const Seg& sg : e.body) {
-          copy_range(workers[static_cast<std::size_t>(sg.spool)].spool.file, sg.offset, sg.size, f, at);
+          const Worker& from = workers[static_cast<std::size_t>(sg.spool)];
+          copy_range(sg.in_xspool ? from.xspool.file : from.spool.file, sg.offset, sg.size, f, at);
           at += sg.size;
         }
       }
       if (opts.sync) f.sync();
       f.close();
     }
-    for (std::size_t t = 0; t < workers.size(); ++t)
+    for (std::size_t t = 0; t < workers.size(); ++t) {
       if (workers[t].spool.file.fd() >= 0) {
         workers[t].spool.file.close();
         fs::remove(tmp / (".spool-" + std::to_string(t)));
       }
+      if (workers[t].xspool.file.fd() >= 0) {
+        workers[t].xspool.file.close();
+        fs::remove(tmp / (".xspool-" + std::to_string(t)));
+      }
+    }
 
     std::set<fs::path> dirs{tmp};
     for (const auto& fc : files) {

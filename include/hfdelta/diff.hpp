@@ -11,11 +11,10 @@
 namespace hfdelta {
 
 struct DiffOptions {
-  // One encoding for every tensor, or none ("auto", the default): sparse,
-  // or xor for a tensor where that is smaller, recorded per tensor in the
-  // index. Tensors up to 512 KiB are encoded both ways and the smaller kept;
-  // for larger ones xor is encoded too only where, on the first block with
-  // changes, it comes within 10% of sparse.
+  // One encoding for every tensor, or none ("auto", the default): both
+  // sparse and xor are encoded in the same pass, and the smaller entry of
+  // each tensor kept (recorded per tensor in the index): never larger than
+  // xor, tensor by tensor.
   std::optional<Encoding> encoding = std::nullopt;
   int level = 3;             // zstd level
   std::uint64_t version = 0;
