@@ -14,7 +14,7 @@ struct DiffOptions {
   // One encoding for every tensor (sparse by default), or none ("auto"):
   // both sparse and xor are encoded in the same pass, and the smaller entry
   // of each tensor kept (recorded per tensor in the index): never larger
-  // than xor, tensor by tensor, at two to three times the diff time.
+  // than xor, tensor by tensor, at two to four times the diff time.
   std::optional<Encoding> encoding = Encoding::sparse;
   int level = 3;             // zstd level
   std::uint64_t version = 0;

@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
   std::vector<CLI::Option*> diff_only;  // options of the diff form only
   diff_only.push_back(app.add_option("--encoding", encoding,
                  "Delta encoding: sparse (hfdelta's: changed positions and values, about half of xor), "
-                 "auto (sparse or xor per tensor, whichever is smaller; two to three times the diff time), "
+                 "auto (sparse or xor per tensor, whichever is smaller; two to four times the diff time), "
                  "or the slime layout's xor or overwrite")
       ->check(CLI::IsMember({"xor", "overwrite", "sparse", "auto"}))
       ->capture_default_str());
