@@ -334,6 +334,22 @@ class TensorWriter {
   Hasher h_;
 };
 
+// The decoder's batches of sparse changes, laid over LOCAL by `w` (one
+// element size per entry, so the loop is specialised for it).
+SparsePatch sparse_sink(Walker& w) {
+  return [&w](std::span<const std::uint64_t> offs, std::span<const std::uint8_t> x, std::size_t es, SparseOp op) {
+    auto each = [&]<std::size_t ES>() {
+      for (std::size_t i = 0; i < offs.size(); ++i) w.element<ES>(offs[i], x.data() + i * ES, op);
+    };
+    switch (es) {
+      case 1: return each.template operator()<1>();
+      case 2: return each.template operator()<2>();
+      case 4: return each.template operator()<4>();
+      default: return each.template operator()<8>();
+    }
+  };
+}
+
 // Decodes one entry against LOCAL's current bytes: journals every change and
 // checks both checksums. Without `out`, LOCAL is not written, so a wrong base,
 // a damaged frame or a wrong checksum is refused before anything is changed;
@@ -379,17 +395,7 @@ void journal_patch(const Patch& p, const File& f, Encoding enc, JournalWriter& j
   } else if (enc == Encoding::sparse) {
     Walker w(f, p, jw, buf, out);
     decode_sparse(p.frame, p.nbytes, what,
-                  [&](std::span<const std::uint64_t> offs, std::span<const std::uint8_t> x, std::size_t es, SparseOp op) {
-                    auto each = [&]<std::size_t ES>() {
-                      for (std::size_t i = 0; i < offs.size(); ++i) w.element<ES>(offs[i], x.data() + i * ES, op);
-                    };
-                    switch (es) {
-                      case 1: return each.template operator()<1>();
-                      case 2: return each.template operator()<2>();
-                      case 4: return each.template operator()<4>();
-                      default: return each.template operator()<8>();
-                    }
-                  });
+                  sparse_sink(w));
     w.finish();
     old_h = w.old_hash();
     new_h = w.new_hash();
@@ -421,17 +427,7 @@ void journal_range(const Patch& p, std::uint64_t c0, std::uint64_t c1, const Fil
   jw.begin_tensor(p.local_shard, p.offset);
   Walker w(f, p, jw, buf, out, c0 * p.chunk_bytes, std::min(p.nbytes, c1 * p.chunk_bytes));
   decode_sparse_chunks(p.frame, p.nbytes, c0, c1, what,
-                       [&](std::span<const std::uint64_t> offs, std::span<const std::uint8_t> x, std::size_t es, SparseOp op) {
-                         auto each = [&]<std::size_t ES>() {
-                           for (std::size_t i = 0; i < offs.size(); ++i) w.element<ES>(offs[i], x.data() + i * ES, op);
-                         };
-                         switch (es) {
-                           case 1: return each.template operator()<1>();
-                           case 2: return each.template operator()<2>();
-                           case 4: return each.template operator()<4>();
-                           default: return each.template operator()<8>();
-                         }
-                       });
+                       sparse_sink(w));
   w.finish();
   jw.end_tensor();
 }
@@ -484,13 +480,7 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
   for (const auto& [file, hdr] : headers) {
     const std::string w = (delta / file).string();
     for (const auto& t : hdr.tensors) {
-      auto wm = idx.weight_map.find(t.name);
-      if (wm == idx.weight_map.end() || wm->second != file)
-        fail(Exit::bad_input, w + ": entry '" + t.name + "' is not mapped to this file by the delta index");
-      if (t.dtype != "U8" || t.shape.size() != 1)
-        fail(Exit::bad_input, w + ": entry '" + t.name + "' must be U8 with shape [L]");
-      auto mh = hdr.metadata.find(t.name);
-      if (mh == hdr.metadata.end()) fail(Exit::bad_input, w + ": __metadata__ has no checksum for '" + t.name + "'");
+      const Hash128 checksum = check_delta_entry(idx, file, hdr, t, w);
       auto lt = lc.tensors.find(t.name);
       if (lt == lc.tensors.end())
         fail(Exit::bad_input, w + ": tensor '" + t.name + "' does not exist in " + local.string());
@@ -498,7 +488,7 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
       p.tensor = t.name;
       p.delta_file = w;
       p.frame = maps.at(file).bytes(hdr.file_offset(t), t.nbytes());
-      p.new_hash = parse_hash_hex(mh->second, w + ": __metadata__[\"" + t.name + "\"]");
+      p.new_hash = checksum;
       if (auto b = idx.base_checksums.find(t.name); b != idx.base_checksums.end()) p.base_hash = b->second;
       p.local_shard = static_cast<std::uint32_t>(lt->second.shard);
       const auto& lh = lc.shards[p.local_shard].header;

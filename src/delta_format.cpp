@@ -216,4 +216,15 @@ std::string write_delta_index_json(const DeltaIndex& d, std::uint64_t total_size
   return seal_delta_index(j.dump());
 }
 
+Hash128 check_delta_entry(const DeltaIndex& idx, const std::string& file, const SafetensorsHeader& hdr,
+                          const TensorInfo& t, const std::string& w) {
+  auto wm = idx.weight_map.find(t.name);
+  if (wm == idx.weight_map.end() || wm->second != file)
+    fail(Exit::bad_input, w + ": entry '" + t.name + "' is not mapped to this file by the delta index");
+  if (t.dtype != "U8" || t.shape.size() != 1) fail(Exit::bad_input, w + ": entry '" + t.name + "' must be U8 with shape [L]");
+  auto mh = hdr.metadata.find(t.name);
+  if (mh == hdr.metadata.end()) fail(Exit::bad_input, w + ": __metadata__ has no checksum for '" + t.name + "'");
+  return parse_hash_hex(mh->second, w + ": __metadata__[\"" + t.name + "\"]");
+}
+
 }  // namespace hfdelta

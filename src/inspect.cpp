@@ -207,19 +207,13 @@ DeltaInspection inspect_delta(const fs::path& dir) {
     const MappedFile map(p);
     if (map.size() != hdr.file_size) fail(Exit::bad_input, w + ": changed size while being read");
     for (const auto& t : hdr.tensors) {
-      auto wm = idx.weight_map.find(t.name);
-      if (wm == idx.weight_map.end() || wm->second != file)
-        fail(Exit::bad_input, w + ": entry '" + t.name + "' is not mapped to this file by the delta index");
-      if (t.dtype != "U8" || t.shape.size() != 1)
-        fail(Exit::bad_input, w + ": entry '" + t.name + "' must be U8 with shape [L]");
-      auto mh = hdr.metadata.find(t.name);
-      if (mh == hdr.metadata.end()) fail(Exit::bad_input, w + ": __metadata__ has no checksum for '" + t.name + "'");
+      const Hash128 checksum = check_delta_entry(idx, file, hdr, t, w);
       InspectEntry e;
       e.tensor = t.name;
       e.file = file;
       e.encoding = encoding_of(idx, t.name);
       e.entry_bytes = t.nbytes();
-      e.checksum = parse_hash_hex(mh->second, w + ": __metadata__[\"" + t.name + "\"]");
+      e.checksum = checksum;
       if (auto b = idx.base_checksums.find(t.name); b != idx.base_checksums.end()) e.base_checksum = b->second;
       const auto bytes = map.bytes(hdr.file_offset(t), t.nbytes());
       const std::string what = w + ": entry '" + t.name + "'";

@@ -19,26 +19,6 @@ std::string v6(int v) {
   return buf;
 }
 
-// Tensor names of a checkpoint, from its index or its single file.
-std::vector<std::string> checkpoint_tensors(const fs::path& dir) {
-  std::vector<std::string> v;
-  if (fs::exists(dir / "model.safetensors.index.json")) {
-    const json idx = read_json(dir / "model.safetensors.index.json");
-    for (auto it = idx["weight_map"].begin(); it != idx["weight_map"].end(); ++it) v.push_back(it.key());
-  } else {
-    v = read_st(dir / "model.safetensors").tensor_names();
-  }
-  std::sort(v.begin(), v.end());
-  return v;
-}
-
-// Tensors whose bytes differ between two checkpoints of the same layout.
-std::set<std::string> changed_tensors(const fs::path& a, const fs::path& b) {
-  std::set<std::string> s;
-  for (const auto& t : checkpoint_tensors(b))
-    if (checkpoint_tensor(a, t) != checkpoint_tensor(b, t)) s.insert(t);
-  return s;
-}
 
 std::set<std::string> keys_of(const json& obj) {
   std::set<std::string> s;

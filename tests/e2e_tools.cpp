@@ -26,24 +26,6 @@ fs::path shard_of(const fs::path& dir, const std::string& tensor) {
   return dir / read_json(dir / "model.safetensors.index.json").at("weight_map").at(tensor).get<std::string>();
 }
 
-std::vector<std::string> tensor_names(const fs::path& dir) {
-  std::vector<std::string> v;
-  if (fs::exists(dir / "model.safetensors.index.json")) {
-    const json idx = read_json(dir / "model.safetensors.index.json");
-    for (auto it = idx["weight_map"].begin(); it != idx["weight_map"].end(); ++it) v.push_back(it.key());
-  } else {
-    v = read_st(dir / "model.safetensors").tensor_names();
-  }
-  std::sort(v.begin(), v.end());
-  return v;
-}
-
-std::set<std::string> changed_tensor_set(const fs::path& a, const fs::path& b) {
-  std::set<std::string> s;
-  for (const auto& t : tensor_names(b))
-    if (checkpoint_tensor(a, t) != checkpoint_tensor(b, t)) s.insert(t);
-  return s;
-}
 
 std::size_t dtype_bytes(const std::string& dtype) {
   if (dtype == "BF16" || dtype == "F16" || dtype == "I16" || dtype == "U16") return 2;
@@ -211,7 +193,7 @@ TEST_CASE("--inspect: per-tensor changed counts, lengths and checksums match the
   CHECK(j["format"] == (want_encoding == "xor" || want_encoding == "overwrite" ? 1 : 2));
   CHECK(j["index_checksum"] == meta["hfdelta_index_checksum"]);
 
-  const std::set<std::string> changed = changed_tensor_set(base, target);
+  const std::set<std::string> changed = changed_tensors(base, target);
   REQUIRE(!changed.empty());
   std::set<std::string> listed;
   std::uint64_t sum_entry = 0, sum_elements = 0, sum_bytes = 0, sum_tensor = 0;

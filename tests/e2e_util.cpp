@@ -343,6 +343,25 @@ Bytes checkpoint_tensor(const fs::path& dir, const std::string& tensor) {
   return read_st(dir / shard).tensor(tensor);
 }
 
+std::vector<std::string> checkpoint_tensors(const fs::path& dir) {
+  std::vector<std::string> v;
+  if (fs::exists(dir / "model.safetensors.index.json")) {
+    const json idx = read_json(dir / "model.safetensors.index.json");
+    for (auto it = idx["weight_map"].begin(); it != idx["weight_map"].end(); ++it) v.push_back(it.key());
+  } else {
+    v = read_st(dir / "model.safetensors").tensor_names();
+  }
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+std::set<std::string> changed_tensors(const fs::path& a, const fs::path& b) {
+  std::set<std::string> s;
+  for (const auto& t : checkpoint_tensors(b))
+    if (checkpoint_tensor(a, t) != checkpoint_tensor(b, t)) s.insert(t);
+  return s;
+}
+
 std::string xxh3_hex(const Bytes& b) {
   const XXH128_hash_t h = XXH3_128bits(b.data(), b.size());
   char buf[40];

@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <cstdlib>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -133,6 +134,10 @@ StFile read_st(const fs::path& p);
 // Finds the shard of an HF checkpoint holding `tensor` (via its index, or the
 // single model.safetensors) and returns its bytes.
 Bytes checkpoint_tensor(const fs::path& dir, const std::string& tensor);
+// Tensor names of a checkpoint (from its index or its single file), sorted.
+std::vector<std::string> checkpoint_tensors(const fs::path& dir);
+// Tensors whose bytes differ between two checkpoints of the same layout.
+std::set<std::string> changed_tensors(const fs::path& a, const fs::path& b);
 
 // XXH3-128 of bytes as 32 lowercase hex digits, high 64 bits first (computed
 // with libxxhash directly, not through the library).

@@ -15,6 +15,7 @@
 
 #include "hfdelta/codec.hpp"
 #include "hfdelta/hash.hpp"
+#include "hfdelta/safetensors.hpp"
 
 namespace hfdelta {
 
@@ -86,5 +87,11 @@ std::string seal_delta_index(std::string_view text);
 
 // Parses a 32-hex-digit checksum; throws Error(bad_input) naming `what`.
 Hash128 parse_hash_hex(const std::string& s, const std::string& what);
+
+// Checks entry `t` of delta file `file` (header `hdr`, path `where`) against
+// the index: mapped to this file, U8 with shape [L], a checksum in
+// __metadata__. Returns that checksum (of the tensor's new bytes).
+Hash128 check_delta_entry(const DeltaIndex& idx, const std::string& file, const SafetensorsHeader& hdr,
+                          const TensorInfo& t, const std::string& where);
 
 }  // namespace hfdelta
