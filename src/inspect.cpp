@@ -48,10 +48,10 @@ std::optional<std::uint64_t> check_frame_shape(std::span<const std::uint8_t> f, 
   return cs;
 }
 
-// sparse: the head and every chunk head, the chunks' K summed; the planes are
-// not decompressed (that is the apply's work), only checked for shape. The
-// layout is the one documented in codec.cpp; decode_sparse walks it the same
-// way, but only by decoding every plane, which is what this avoids.
+// sparse: the head and every chunk head, the chunks' K summed, then every
+// frame decoded (in bounded pieces) and checked as delta-apply checks it, so
+// damage anywhere in the entry is found. The layout is the one documented in
+// codec.cpp.
 void inspect_sparse(std::span<const std::uint8_t> e, const std::string& what, InspectEntry& out) {
   auto bad = [&](const std::string& msg) { fail(Exit::bad_input, what + ": sparse entry " + msg); };
   std::uint64_t at = 0;
@@ -94,13 +94,15 @@ void inspect_sparse(std::span<const std::uint8_t> e, const std::string& what, In
     changed += k;
   }
   if (at != e.size()) bad("is followed by " + std::to_string(e.size() - at) + " extra bytes");
+  decode_sparse(e, nbytes, what, [](auto, auto, auto, auto) {});
   out.tensor_bytes = nbytes;
   out.element_size = es;
   out.changed_elements = changed;
 }
 
 // overwrite: K is the frame's first four decoded bytes; the target's length
-// is not in the entry.
+// is not in the entry, so positions are checked against the format's 4 GiB
+// limit (and for ascending order) as the whole frame is decoded.
 void inspect_overwrite(std::span<const std::uint8_t> e, const std::string& what, InspectEntry& out) {
   const auto cs = check_frame_shape(e, what);
   Decompressor d;
@@ -111,6 +113,8 @@ void inspect_overwrite(std::span<const std::uint8_t> e, const std::string& what,
   if (cs && *cs != 4 + 5 * k)
     fail(Exit::bad_input, what + ": zstd frame declares " + std::to_string(*cs) + " bytes, expected " +
                               std::to_string(4 + 5 * k) + " for " + std::to_string(k) + " changed bytes");
+  Decompressor dp, dv;
+  decode_overwrite(dp, dv, e, 1ull << 32, what, [](auto, auto) {});
   out.changed_bytes = k;
 }
 

@@ -294,10 +294,13 @@ TEST_CASE("--inspect: a damaged delta exits 3 with a message naming the file and
   write_file(target / "notes.txt", "carried whole\n");
   E2E_REQUIRE_CODE(apply({"-q", "--init", save_dir(s, 0).string(), local.string()}), 0);
 
-  enum class Damage { cut_file, cut_entry, flip_index, carried_file };
+  enum class Damage { cut_file, cut_entry, flip_payload, flip_index, carried_file };
   Damage damage = Damage::cut_file;
   SUBCASE("the delta file is cut short") { damage = Damage::cut_file; }
   SUBCASE("one entry is cut short inside a well-formed delta file") { damage = Damage::cut_entry; }
+  SUBCASE("one byte of an entry's payload is flipped (the last frame's content checksum)") {
+    damage = Damage::flip_payload;
+  }
   SUBCASE("one byte of the index is flipped") { damage = Damage::flip_index; }
   SUBCASE("a carried file differs from its recorded checksum") { damage = Damage::carried_file; }
 
@@ -343,6 +346,17 @@ TEST_CASE("--inspect: a damaged delta exits 3 with a message naming the file and
         for (auto it = md.begin(); it != md.end(); ++it) meta[it.key()] = it.value().get<std::string>();
         write_safetensors(file, tensors, &meta);
         REQUIRE(read_st(file).tensor(tensor).size() == largest - 3);
+        names = file.string() + ": entry '" + tensor + "'";
+        break;
+      }
+      case Damage::flip_payload: {
+        // Every frame stays complete and of its declared size: only decoding
+        // the whole entry finds that its content no longer matches.
+        const auto [b, e] = read_st(file).file_range(tensor);
+        Bytes raw = read_bytes(file);
+        REQUIRE(e > b);
+        raw[e - 1] ^= 0x01;
+        write_bytes(file, raw);
         names = file.string() + ": entry '" + tensor + "'";
         break;
       }
