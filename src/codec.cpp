@@ -113,29 +113,23 @@ void Compressor::put(std::span<const std::uint8_t> in, const ByteSink& sink) {
   }
 }
 
-void Compressor::flush(const ByteSink& sink) {
-  auto* c = static_cast<ZSTD_CCtx*>(cctx_);
+// Hands out what zstd holds back until it says nothing is left: `flush`
+// keeps the frame open, `end` closes it.
+static void drain(void* cctx, std::vector<std::uint8_t>& out, ZSTD_EndDirective how, const ByteSink& sink) {
+  auto* c = static_cast<ZSTD_CCtx*>(cctx);
   ZSTD_inBuffer ib{nullptr, 0, 0};
   std::size_t r;
   do {
-    ZSTD_outBuffer ob{out_.data(), out_.size(), 0};
-    r = ZSTD_compressStream2(c, &ob, &ib, ZSTD_e_flush);
-    if (ZSTD_isError(r)) zstd_fail("flush", r);
-    if (ob.pos) sink({out_.data(), ob.pos});
+    ZSTD_outBuffer ob{out.data(), out.size(), 0};
+    r = ZSTD_compressStream2(c, &ob, &ib, how);
+    if (ZSTD_isError(r)) zstd_fail(how == ZSTD_e_flush ? "flush" : "compress", r);
+    if (ob.pos) sink({out.data(), ob.pos});
   } while (r != 0);
 }
 
-void Compressor::end(const ByteSink& sink) {
-  auto* c = static_cast<ZSTD_CCtx*>(cctx_);
-  ZSTD_inBuffer ib{nullptr, 0, 0};
-  std::size_t r;
-  do {
-    ZSTD_outBuffer ob{out_.data(), out_.size(), 0};
-    r = ZSTD_compressStream2(c, &ob, &ib, ZSTD_e_end);
-    if (ZSTD_isError(r)) zstd_fail("compress", r);
-    if (ob.pos) sink({out_.data(), ob.pos});
-  } while (r != 0);
-}
+void Compressor::flush(const ByteSink& sink) { drain(cctx_, out_, ZSTD_e_flush, sink); }
+
+void Compressor::end(const ByteSink& sink) { drain(cctx_, out_, ZSTD_e_end, sink); }
 
 void Compressor::compress_frame(std::span<const std::uint8_t> in, std::vector<std::uint8_t>& out) {
   auto* c = static_cast<ZSTD_CCtx*>(cctx_);
@@ -280,12 +274,6 @@ constexpr char kMagicAdd[4] = {'H', 'F', 'S', '2'};
 
 void put_le64(std::uint8_t* p, std::uint64_t v) {
   for (int i = 0; i < 8; ++i) p[i] = static_cast<std::uint8_t>(v >> (8 * i));
-}
-
-void put_le64(std::vector<std::uint8_t>& out, std::uint64_t v) {
-  std::uint8_t b[8];
-  put_le64(b, v);
-  out.insert(out.end(), b, b + 8);
 }
 
 std::uint64_t get_le64(const std::uint8_t* p) {
@@ -451,20 +439,20 @@ void SparseChunkEncoder::scan(const std::uint8_t* a, const std::uint8_t* b, std:
 }
 
 std::uint64_t SparseChunkEncoder::end(Compressor& c, const ByteSink& sink) {
-  std::vector<std::uint8_t> head;
-  head.reserve(16 + 8 * es_);
+  std::uint8_t head[16 + 8 * 8];  // K, gaps length, one length per plane
+  const std::size_t head_len = 16 + 8 * es_;
   put_le64(head, count_);
   frames_.clear();
   c.compress_frame({gaps_.get(), gaps_len_}, frames_);
-  put_le64(head, frames_.size());
+  put_le64(head + 8, frames_.size());
   for (std::size_t k = 0; k < es_; ++k) {
     const std::size_t before = frames_.size();
     c.compress_frame({planes_.get() + k * kSparseChunkElements, static_cast<std::size_t>(count_)}, frames_);
-    put_le64(head, frames_.size() - before);
+    put_le64(head + 16 + 8 * k, frames_.size() - before);
   }
-  sink(head);
+  sink({head, head_len});
   sink(frames_);
-  return head.size() + frames_.size();
+  return head_len + frames_.size();
 }
 
 std::uint64_t encode_sparse(Compressor& c, std::span<const std::uint8_t> a, std::span<const std::uint8_t> b,
@@ -540,12 +528,12 @@ void decode_sparse_chunks(std::span<const std::uint8_t> entry, std::uint64_t nby
       for (std::uint32_t k = 0; k < es; ++k) take(get_le64(ch_head + 16 + 8 * k));
       continue;
     }
-    std::vector<std::unique_ptr<FrameReader>> pr;
+    std::optional<FrameReader> pr[8];  // one per plane, in place: no allocation per chunk
     for (std::uint32_t k = 0; k < es; ++k) {
       const std::uint64_t len = get_le64(ch_head + 16 + 8 * k);
       const std::span<const std::uint8_t> f(take(len), len);
       check_declared_size(f, count, what);
-      pr.push_back(std::make_unique<FrameReader>(*dp[k], f, what));
+      pr[k].emplace(*dp[k], f, what);
     }
     FrameReader gr(dg, gaps_frame, what);
     std::span<const std::uint8_t> piece;
@@ -584,7 +572,7 @@ void decode_sparse_chunks(std::span<const std::uint8_t> entry, std::uint64_t nby
     }
     if (pp != piece.size()) gr.bad("has bytes after its positions");
     gr.expect_end();
-    for (auto& r : pr) r->expect_end();
+    for (std::uint32_t k = 0; k < es; ++k) pr[k]->expect_end();
   }
   if (at != entry.size()) bad("is followed by " + std::to_string(entry.size() - at) + " extra bytes");
 }
