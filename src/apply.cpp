@@ -109,19 +109,8 @@ ApplyResult init_locked(Txn& txn, const fs::path& src, const fs::path& local, st
   Manifest m;
   m.base = st.version;
   m.version = version;
-  {
-    boost::system::error_code ec;
-    for (fs::recursive_directory_iterator it(local, ec), end; it != end; it.increment(ec)) {
-      if (ec) fail(Exit::failure, local.string() + ": cannot list: " + ec.message());
-      if (it.depth() == 0 && it->path().filename() == kStateDir) {
-        it.disable_recursion_pending();
-        continue;
-      }
-      if (fs::is_directory(it->symlink_status())) continue;
-      const std::string rel = fs::relative(it->path(), local).generic_string();
-      if (!std::binary_search(want.begin(), want.end(), rel)) m.files.push_back({rel, TxnFile::Op::remove, true});
-    }
-  }
+  for (const auto& rel : list_local_files(local))
+    if (!std::binary_search(want.begin(), want.end(), rel)) m.files.push_back({rel, TxnFile::Op::remove, true});
   for (std::size_t i = 0; i < want.size(); ++i)
     if (differs[i]) {
       boost::system::error_code ec;

@@ -514,8 +514,7 @@ DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, 
     if (opts.sync)
       for (const auto& d : dirs) sync_dir(d);
 
-    for (fs::recursive_directory_iterator it(tmp), end; it != end; ++it)
-      if (fs::is_regular_file(it->symlink_status())) sum.delta_bytes += size_of(it->path());
+    sum.delta_bytes = tree_bytes(tmp);
 
     // RENAME_NOREPLACE: publication never replaces a version someone else
     // published meanwhile, not even an empty directory.

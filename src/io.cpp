@@ -325,4 +325,15 @@ void check_relative_path(const std::string& rel, const std::string& what) {
   }
 }
 
+std::uint64_t tree_bytes(const fs::path& dir) {
+  std::uint64_t n = 0;
+  boost::system::error_code ec;
+  for (fs::recursive_directory_iterator it(dir, ec), end; it != end && !ec; it.increment(ec)) {
+    const auto st = it->symlink_status(ec);
+    if (!ec && fs::is_regular_file(st)) n += fs::file_size(it->path(), ec);
+  }
+  if (ec) fail(Exit::failure, dir.string() + ": cannot list: " + ec.message());
+  return n;
+}
+
 }  // namespace hfdelta

@@ -4,6 +4,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -97,6 +98,22 @@ void write_state(const fs::path& local, const LocalState& s, bool sync) {
   fs::create_directories(state_dir(local), ec);
   if (ec) fail(Exit::failure, state_dir(local).string() + ": cannot create: " + ec.message());
   write_file_atomic(state_file(local), j.dump() + "\n", sync);
+}
+
+std::vector<std::string> list_local_files(const fs::path& local) {
+  std::vector<std::string> out;
+  boost::system::error_code ec;
+  for (fs::recursive_directory_iterator it(local, ec), end; it != end; it.increment(ec)) {
+    if (ec) fail(Exit::failure, local.string() + ": cannot list: " + ec.message());
+    if (it.depth() == 0 && it->path().filename() == kStateDir) {
+      it.disable_recursion_pending();
+      continue;
+    }
+    if (fs::is_directory(it->symlink_status())) continue;
+    out.push_back(fs::relative(it->path(), local).generic_string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 }  // namespace hfdelta

@@ -24,14 +24,13 @@ bool is_prune_leftover(const fs::directory_entry& e) {
          fs::is_directory(e.symlink_status(ec));
 }
 
-std::uint64_t tree_bytes(const fs::path& dir) {
-  std::uint64_t n = 0;
-  boost::system::error_code ec;
-  for (fs::recursive_directory_iterator it(dir, ec), end; it != end && !ec; it.increment(ec)) {
-    const auto st = it->symlink_status(ec);
-    if (!ec && fs::is_regular_file(st)) n += fs::file_size(it->path(), ec);
+// For the report only: an unreadable directory counts as nothing.
+std::uint64_t reported_bytes(const fs::path& dir) {
+  try {
+    return tree_bytes(dir);
+  } catch (const Error&) {
+    return 0;
   }
-  return n;  // for the report only: an unreadable corner counts as nothing
 }
 
 }  // namespace
@@ -64,8 +63,8 @@ PruneResult prune_root(const fs::path& root, const PruneOptions& opts) {
     open_checkpoint(full->path);
   }
   for (const auto& d : versions) (full && d.version < full->version ? r.removed : r.kept).push_back(d);
-  for (const auto& d : r.removed) r.bytes_removed += tree_bytes(d.path);
-  for (const auto& p : r.leftovers) r.bytes_removed += tree_bytes(p);
+  for (const auto& d : r.removed) r.bytes_removed += reported_bytes(d.path);
+  for (const auto& p : r.leftovers) r.bytes_removed += reported_bytes(p);
   if (opts.dry_run) return r;
 
   // Hide every doomed version first, oldest first: a rename is atomic, so a

@@ -40,22 +40,6 @@ Hash128 hash_file_range(const File& f, std::uint64_t off, std::uint64_t n, std::
   return h.digest();
 }
 
-// Every regular file under `dir` except the state directory, relative, sorted.
-std::vector<std::string> list_files(const fs::path& dir) {
-  std::vector<std::string> out;
-  boost::system::error_code ec;
-  for (fs::recursive_directory_iterator it(dir, ec), end; it != end; it.increment(ec)) {
-    if (ec) fail(Exit::failure, dir.string() + ": cannot list: " + ec.message());
-    if (it.depth() == 0 && it->path().filename() == kStateDir) {
-      it.disable_recursion_pending();
-      continue;
-    }
-    if (fs::is_directory(it->symlink_status())) continue;
-    out.push_back(fs::relative(it->path(), dir).generic_string());
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
 
 // One thing to hash: a weight file's header, one of its tensors, or a whole file.
 struct Item {
@@ -102,7 +86,7 @@ ChecksumRecord record_of(const Checkpoint& c, const std::vector<Item>& items) {
 
 std::vector<Item> other_items(const fs::path& dir, const Checkpoint& c) {
   std::vector<Item> items;
-  for (const auto& f : list_files(dir)) {
+  for (const auto& f : list_local_files(dir)) {
     if (c.find_shard(f)) continue;
     boost::system::error_code ec;
     const auto size = fs::file_size(dir / f, ec);

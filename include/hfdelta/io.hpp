@@ -97,6 +97,10 @@ std::string read_small_file(const fs::path& path, std::uint64_t max_bytes = 256u
 // Copies a file to `dst` atomically (temp + rename), optionally flushed.
 void copy_file_atomic(const fs::path& src, const fs::path& dst, bool sync);
 
+// Bytes of the regular files below `dir` (symlinks not followed); a listing
+// error is Error(failure) naming `dir`.
+std::uint64_t tree_bytes(const fs::path& dir);
+
 // True if both files have the same size and bytes.
 bool same_contents(const fs::path& a, const fs::path& b);
 

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
+#include <string>
 
 #include <boost/filesystem/path.hpp>
 
@@ -30,6 +32,10 @@ class LocalLock {
 };
 
 LocalState read_state(const boost::filesystem::path& local);
+
+// Every file below LOCAL but its state directory (anything not a directory,
+// symlinks too), relative, sorted.
+std::vector<std::string> list_local_files(const boost::filesystem::path& local);
 // Replaces state.json atomically (temp, flush, rename, flush directory).
 void write_state(const boost::filesystem::path& local, const LocalState& s, bool sync);
 
