@@ -8,7 +8,6 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -466,22 +465,6 @@ Scenario single_delta(const std::string& name, const fs::path& root, const fs::p
 
 // ---- random kills --------------------------------------------------------------------
 
-pid_t spawn_quiet(const std::vector<std::string>& argv) {
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, argv[0].c_str(), &fa, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  if (rc != 0) throw std::runtime_error("cannot start " + argv[0] + ": " + std::strerror(rc));
-  return pid;
-}
-
 int wait_status(pid_t pid) {
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0)
@@ -651,7 +634,7 @@ static void random_kills(bool no_sync) {
   for (int i = 1; i <= kRuns; ++i) {
     reset(s);
     const double d = delay(rng);
-    const pid_t pid = spawn_quiet(argv);
+    const pid_t pid = spawn(argv);
     std::this_thread::sleep_for(std::chrono::duration<double>(d));
     ::kill(pid, SIGKILL);
     const int status = wait_status(pid);

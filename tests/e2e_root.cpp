@@ -28,15 +28,6 @@ void publish_delta(const fs::path& root, int v, const fs::path& base, const fs::
   E2E_REQUIRE_CODE(r, 0);
 }
 
-json pull(const fs::path& root, const fs::path& local, const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> args{"--json", "--root", root.string()};
-  args.insert(args.end(), extra.begin(), extra.end());
-  args.push_back(local.string());
-  const RunResult r = apply(args);
-  E2E_REQUIRE_CODE(r, 0);
-  return parse_json(r.out);
-}
-
 json versions(std::initializer_list<const char*> v) {
   json a = json::array();
   for (const char* s : v) a.push_back(s);

@@ -137,15 +137,6 @@ struct Publication {
   }
 };
 
-json pull(const fs::path& root, const fs::path& local, const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> args{"--json", "--root", root.string()};
-  args.insert(args.end(), extra.begin(), extra.end());
-  args.push_back(local.string());
-  const RunResult r = apply(args);
-  E2E_REQUIRE_CODE(r, 0);
-  return parse_json(r.out);
-}
-
 }  // namespace
 
 // ---- --inspect --------------------------------------------------------------------

@@ -89,6 +89,24 @@ std::string RunResult::describe() const {
   return o.str();
 }
 
+pid_t spawn(const std::vector<std::string>& argv, int out_fd, int err_fd) {
+  posix_spawn_file_actions_t fa;
+  if (posix_spawn_file_actions_init(&fa) != 0) throw std::runtime_error("posix_spawn_file_actions_init failed");
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  for (const auto& [fd, to] : {std::pair{out_fd, 1}, std::pair{err_fd, 2}}) {
+    if (fd >= 0) posix_spawn_file_actions_adddup2(&fa, fd, to);
+    else posix_spawn_file_actions_addopen(&fa, to, "/dev/null", O_WRONLY, 0);
+  }
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, argv[0].c_str(), &fa, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) throw std::runtime_error("cannot start " + argv[0] + ": " + std::strerror(rc));
+  return pid;
+}
+
 RunResult run(const std::vector<std::string>& argv) {
   if (argv.empty()) throw std::runtime_error("run: empty argv");
   RunResult r;
@@ -98,21 +116,7 @@ RunResult run(const std::vector<std::string>& argv) {
   }
 
   CaptureFile out, err;
-  posix_spawn_file_actions_t fa;
-  if (posix_spawn_file_actions_init(&fa) != 0) throw std::runtime_error("posix_spawn_file_actions_init failed");
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&fa, out.fd, 1);
-  posix_spawn_file_actions_adddup2(&fa, err.fd, 2);
-
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-
-  pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, argv[0].c_str(), &fa, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  if (rc != 0) throw std::runtime_error("cannot start " + argv[0] + ": " + std::strerror(rc));
-
+  const pid_t pid = spawn(argv, out.fd, err.fd);
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0) {
     if (errno != EINTR) sys_error("waitpid " + argv[0]);
@@ -138,6 +142,15 @@ RunResult apply(const std::vector<std::string>& args) {
   std::vector<std::string> v{apply_bin()};
   v.insert(v.end(), args.begin(), args.end());
   return run(v);
+}
+
+json pull(const fs::path& root, const fs::path& local, const std::vector<std::string>& extra) {
+  std::vector<std::string> args{"--json", "--root", root.string()};
+  args.insert(args.end(), extra.begin(), extra.end());
+  args.push_back(local.string());
+  const RunResult r = apply(args);
+  E2E_REQUIRE_CODE(r, 0);
+  return parse_json(r.out);
 }
 
 // ---- temporary directories --------------------------------------------------

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <sys/types.h>
+
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
@@ -35,6 +37,9 @@ struct RunResult {
 // Runs argv[0] (a path, no shell, no PATH search) with stdin from /dev/null,
 // capturing stdout and stderr. Throws std::runtime_error if it cannot start.
 RunResult run(const std::vector<std::string>& argv);
+// Starts argv[0] with stdin from /dev/null and stdout, stderr on the given
+// descriptors (-1: /dev/null), without waiting. Throws if it cannot start.
+pid_t spawn(const std::vector<std::string>& argv, int out_fd = -1, int err_fd = -1);
 
 // Paths of the binaries, from HFDELTA_DIFF / HFDELTA_APPLY / HFDELTA_GEN.
 // Throws std::runtime_error naming the variable when unset.
@@ -45,6 +50,8 @@ std::string gen_bin();
 // delta-diff ARGS..., delta-apply ARGS... (argv[0] added).
 RunResult diff(const std::vector<std::string>& args);
 RunResult apply(const std::vector<std::string>& args);
+// delta-apply --json --root ROOT [EXTRA...] LOCAL, required to succeed; its JSON result.
+json pull(const fs::path& root, const fs::path& local, const std::vector<std::string>& extra = {});
 
 // ---- temporary directories --------------------------------------------------
 
