@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <cstring>
 #include <exception>
 #include <map>
@@ -174,6 +175,26 @@ struct Patch {
   // its checksums are computed in passes of their own.
   bool split = false;
   std::uint64_t chunk_bytes = 0;
+  // Header bytes rewritten in place (a "header" shard operation): the new
+  // bytes, laid over [0, nbytes) of the file instead of a decoded entry.
+  std::span<const std::uint8_t> replace;
+};
+
+// A weight file built beside LOCAL (a "build" shard operation): its header,
+// then each tensor copied from LOCAL's base bytes or left zero, and patched
+// by its entry if it has one.
+struct BuildTensor {
+  std::string name;
+  std::uint64_t dst = 0, nbytes = 0;  // in the built file
+  std::optional<std::pair<std::size_t, std::uint64_t>> src;  // LOCAL shard, absolute offset
+  std::optional<std::size_t> entry;   // into the build patches
+  Hash128 hash;                       // of its new bytes
+};
+struct Build {
+  const ShardOp* op = nullptr;
+  std::span<const std::uint8_t> prefix;  // the new header bytes
+  std::vector<BuildTensor> tensors;
+  std::size_t mfile = 0;                 // its put in the manifest
 };
 
 // A unit of parallel work: a whole entry, or chunks [c0, c1) of a split one.
@@ -191,16 +212,18 @@ class Walker {
   // journal records are in the journal file (the one-pass apply).
   // A range walker ([lo, hi) of a split entry) only patches: it reads the
   // windows that change and hashes nothing.
-  Walker(const File& f, const Patch& p, JournalWriter& jw, std::vector<std::uint8_t>& buf, File* out)
+  // Without a journal (`jw` null) it patches a file being built, which has
+  // nothing to undo.
+  Walker(const File& f, const Patch& p, JournalWriter* jw, std::vector<std::uint8_t>& buf, File* out)
       : f_(f), p_(p), jw_(jw), buf_(buf), out_(out), hi_(p.nbytes) {}
-  Walker(const File& f, const Patch& p, JournalWriter& jw, std::vector<std::uint8_t>& buf, File* out, std::uint64_t lo,
+  Walker(const File& f, const Patch& p, JournalWriter* jw, std::vector<std::uint8_t>& buf, File* out, std::uint64_t lo,
          std::uint64_t hi)
       : f_(f), p_(p), jw_(jw), buf_(buf), out_(out), hash_(false), hi_(hi), ws_(lo), we_(lo), done_(lo) {}
   void set(std::uint64_t pos, std::uint8_t v) {
     if (pos >= we_) load(pos);
     std::uint8_t& b = buf_[pos - ws_];
     if (b == v) return;
-    jw_.change(pos, b, v);
+    if (jw_) jw_->change(pos, b, v);
     b = v;
     dirty_ = true;
   }
@@ -213,7 +236,10 @@ class Walker {
     std::memcpy(t, b, ES);
     sparse_apply_value_t<ES>(t, v, op);
     for (std::size_t k = 0; k < ES; ++k)
-      if (t[k] != b[k]) jw_.change(pos + k, b[k], t[k]), b[k] = t[k], dirty_ = true;
+      if (t[k] != b[k]) {
+        if (jw_) jw_->change(pos + k, b[k], t[k]);
+        b[k] = t[k], dirty_ = true;
+      }
   }
   void finish() {
     close();
@@ -227,7 +253,7 @@ class Walker {
   void close() {
     if (we_ > ws_) {
       if (out_ && dirty_) {
-        jw_.flush();
+        if (jw_) jw_->flush();
         out_->pwrite_all(buf_.data(), static_cast<std::size_t>(we_ - ws_), p_.offset + ws_);
       }
       if (hash_) hn_.update({buf_.data(), static_cast<std::size_t>(we_ - ws_)});
@@ -256,7 +282,7 @@ class Walker {
 
   const File& f_;
   const Patch& p_;
-  JournalWriter& jw_;
+  JournalWriter* jw_;
   std::vector<std::uint8_t>& buf_;
   File* out_;
   bool hash_ = true;
@@ -344,14 +370,21 @@ SparsePatch sparse_sink(Walker& w) {
 // a damaged frame or a wrong checksum is refused before anything is changed;
 // with `out` (one pass), each window is written once its records are in the
 // journal, and a refusal is undone by the rollback that follows.
-void journal_patch(const Patch& p, const File& f, Encoding enc, JournalWriter& jw, std::vector<std::uint8_t>& buf,
+// Without `jw` it patches a file being built beside LOCAL (`out` is `f`).
+void journal_patch(const Patch& p, const File& f, Encoding enc, JournalWriter* jw, std::vector<std::uint8_t>& buf,
                    const std::string& local_file, std::uint64_t version, File* out) {
-  const std::string outcome = out ? "LOCAL was rolled back" : "nothing was changed";
+  const std::string outcome = out && jw ? "LOCAL was rolled back" : "nothing was changed";
   thread_local Decompressor d1, d2;  // per thread: cheaper than one per tensor
   const std::string what = p.delta_file + ": entry '" + p.tensor + "'";
-  jw.begin_tensor(p.local_shard, p.offset);
+  if (jw) jw->begin_tensor(p.local_shard, p.offset);
   Hash128 old_h, new_h;
-  if (enc == Encoding::xor_bytes) {
+  if (!p.replace.empty()) {
+    Walker w(f, p, jw, buf, out);
+    for (std::size_t k = 0; k < p.replace.size(); ++k) w.set(k, p.replace[k]);
+    w.finish();
+    old_h = w.old_hash();
+    new_h = w.new_hash();
+  } else if (enc == Encoding::xor_bytes) {
     Hasher hb, hn;
     decode_xor(d1, p.frame, p.nbytes, what, [&](std::uint64_t off, std::span<const std::uint8_t> x) {
       buf.resize(x.size());
@@ -369,12 +402,12 @@ void journal_patch(const Patch& p, const File& f, Encoding enc, JournalWriter& j
         }
         if (!x[k]) continue;
         const std::uint8_t nb = buf[k] ^ x[k];
-        jw.change(off + k, buf[k], nb);
+        if (jw) jw->change(off + k, buf[k], nb);
         buf[k] = nb;
         dirty = true;
       }
       if (out && dirty) {
-        jw.flush();
+        if (jw) jw->flush();
         out->pwrite_all(buf.data(), buf.size(), p.offset + off);
       }
       hn.update(buf);
@@ -398,7 +431,7 @@ void journal_patch(const Patch& p, const File& f, Encoding enc, JournalWriter& j
     old_h = w.old_hash();
     new_h = w.new_hash();
   }
-  jw.end_tensor();
+  if (jw) jw->end_tensor();
   if (p.base_hash && old_h != *p.base_hash)
     fail(Exit::verify_failed, local_file + ": tensor '" + p.tensor + "' is not the base of delta " + format_version(version) +
                                   " (checksum " + old_h.hex() + ", the delta expects " + p.base_hash->hex() +
@@ -414,7 +447,7 @@ void journal_range(const Patch& p, std::uint64_t c0, std::uint64_t c1, const Fil
                    std::vector<std::uint8_t>& buf, File* out) {
   const std::string what = p.delta_file + ": entry '" + p.tensor + "'";
   jw.begin_tensor(p.local_shard, p.offset);
-  Walker w(f, p, jw, buf, out, c0 * p.chunk_bytes, std::min(p.nbytes, c1 * p.chunk_bytes));
+  Walker w(f, p, &jw, buf, out, c0 * p.chunk_bytes, std::min(p.nbytes, c1 * p.chunk_bytes));
   decode_sparse_chunks(p.frame, p.nbytes, c0, c1, what,
                        sparse_sink(w));
   w.finish();
@@ -454,6 +487,106 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
 
   // ---- validate everything before the first write ----
   const Checkpoint lc = open_checkpoint(local);
+  const std::string iw = (delta / kIndexFile).string();
+  const std::string nothing = "; LOCAL is not this delta's base, nothing was changed";
+
+  // Weight files of LOCAL that stay are patched in place (their journal
+  // index is their slot); the others are removed or rebuilt beside LOCAL.
+  Manifest m;
+  m.base = st.version;
+  m.version = idx.version;
+  std::vector<std::size_t> inplace;  // slot -> shard of lc
+  std::vector<std::uint32_t> slot(lc.shards.size(), ~0u);
+  for (std::size_t s = 0; s < lc.shards.size(); ++s) {
+    const ShardOp* so = shard_op(idx, lc.shards[s].file);
+    if (so && so->op != ShardOp::Op::header) continue;
+    slot[s] = static_cast<std::uint32_t>(inplace.size());
+    inplace.push_back(s);
+    m.shards.push_back(lc.shards[s].file);
+  }
+  struct Loc {
+    std::uint32_t slot;
+    std::uint64_t offset, nbytes;
+  };
+  std::map<std::string, Loc> where;  // tensors patched in place, by their name in the target
+  for (const auto& [name, ref] : lc.tensors)
+    if (slot[ref.shard] != ~0u && !shard_op(idx, lc.shards[ref.shard].file))
+      where[name] = {slot[ref.shard], lc.shards[ref.shard].header.file_offset(lc.info(ref)), lc.info(ref).nbytes()};
+
+  std::vector<Patch> patches;
+  std::deque<MappedFile> header_maps;
+  std::map<std::string, SafetensorsHeader> rewritten;  // new headers of "header" operations
+  std::vector<Build> builds;
+  std::map<std::string, std::pair<std::size_t, std::size_t>> built;  // tensor -> (build, tensor)
+  for (const ShardOp& so : idx.shards) {
+    const std::string what = iw + ": hfdelta_shards \"" + so.file + "\"";
+    check_no_symlink(local, so.file, what);
+    const Shard* ls = lc.find_shard(so.file);
+    if (so.op == ShardOp::Op::remove) {
+      if (!ls) fail(Exit::verify_failed, what + " removes a weight file " + local.string() + " does not have" + nothing);
+      continue;
+    }
+    check_no_symlink(delta / kHeadersDir, so.file, delta.string());
+    const fs::path hp = delta / kHeadersDir / so.file;
+    boost::system::error_code ec;
+    if (!fs::is_regular_file(fs::symlink_status(hp, ec)))
+      fail(Exit::bad_input, hp.string() + ": named by the delta index's hfdelta_shards but missing or not a regular file");
+    const MappedFile& hm = header_maps.emplace_back(hp);
+    if (hm.size() != so.header_size || xxh3_128(hm.bytes()) != so.header_hash)
+      fail(Exit::bad_input, hp.string() + ": does not match the size and checksum the delta index records");
+    const std::string_view hb(reinterpret_cast<const char*>(hm.bytes().data()), hm.size());
+    if (so.op == ShardOp::Op::header) {
+      if (!ls) fail(Exit::verify_failed, what + " rewrites the header of a weight file " + local.string() + " does not have" + nothing);
+      const SafetensorsHeader nh = parse_safetensors(hb, ls->header.file_size, hp.string());
+      bool same = nh.data_start() == hm.size() && nh.header_len == ls->header.header_len && nh.tensors.size() == ls->header.tensors.size();
+      for (std::size_t i = 0; same && i < nh.tensors.size(); ++i)
+        same = nh.tensors[i].begin == ls->header.tensors[i].begin && nh.tensors[i].end == ls->header.tensors[i].end;
+      if (!same) fail(Exit::bad_input, hp.string() + ": a header rewritten in place must keep the length and tensor byte ranges of " +
+                                           (local / so.file).string());
+      const std::uint32_t sl = slot[static_cast<std::size_t>(ls - lc.shards.data())];
+      for (const auto& t : nh.tensors) where[t.name] = {sl, nh.file_offset(t), t.nbytes()};
+      rewritten.emplace(so.file, nh);
+      Patch p;
+      p.tensor = "(header)";
+      p.delta_file = hp.string();
+      p.new_hash = so.header_hash;
+      p.base_hash = so.base_header_hash;
+      p.local_shard = sl;
+      p.offset = 0;
+      p.nbytes = hm.size();
+      p.replace = hm.bytes();
+      patches.push_back(std::move(p));
+      continue;
+    }
+    const SafetensorsHeader nh = parse_safetensors(hb, so.size, hp.string());
+    if (nh.data_start() != hm.size() || nh.tensors.size() != so.tensors.size())
+      fail(Exit::bad_input, hp.string() + ": does not hold the tensors hfdelta_shards lists for " + so.file);
+    Build bd;
+    bd.op = &so;
+    bd.prefix = hm.bytes();
+    for (std::size_t i = 0; i < nh.tensors.size(); ++i) {
+      const TensorInfo& t = nh.tensors[i];
+      const ShardOp::Tensor& st = so.tensors[i];
+      if (t.name != st.name)
+        fail(Exit::bad_input, hp.string() + ": tensor '" + t.name + "' is listed as '" + st.name + "' in hfdelta_shards");
+      BuildTensor bt;
+      bt.name = t.name;
+      bt.dst = nh.file_offset(t);
+      bt.nbytes = t.nbytes();
+      bt.hash = st.hash;
+      if (st.from) {
+        auto it = lc.tensors.find(*st.from);
+        if (it == lc.tensors.end() || lc.info(it->second).nbytes() != t.nbytes())
+          fail(Exit::verify_failed, what + ": tensor '" + t.name + "' is built from '" + *st.from + "' of " +
+                                        std::to_string(t.nbytes()) + " bytes, which " + local.string() + " does not have" + nothing);
+        bt.src = std::make_pair(it->second.shard, lc.shards[it->second.shard].header.file_offset(lc.info(it->second)));
+      }
+      built[t.name] = {builds.size(), bd.tensors.size()};
+      bd.tensors.push_back(std::move(bt));
+    }
+    builds.push_back(std::move(bd));
+  }
+
   std::map<std::string, MappedFile> maps;
   std::map<std::string, SafetensorsHeader> headers;
   for (const auto& [tensor, file] : idx.weight_map) {
@@ -465,24 +598,34 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
     headers.emplace(file, read_safetensors(p));
     maps.emplace(file, MappedFile(p));
   }
-  std::vector<Patch> patches;
+  std::vector<Patch> build_patches;  // entries of tensors of built files; offsets in the built file
   for (const auto& [file, hdr] : headers) {
     const std::string w = (delta / file).string();
     for (const auto& t : hdr.tensors) {
       const Hash128 checksum = check_delta_entry(idx, file, hdr, t, w);
-      auto lt = lc.tensors.find(t.name);
-      if (lt == lc.tensors.end())
-        fail(Exit::bad_input, w + ": tensor '" + t.name + "' does not exist in " + local.string());
       Patch p;
       p.tensor = t.name;
       p.delta_file = w;
       p.frame = maps.at(file).bytes(hdr.file_offset(t), t.nbytes());
       p.new_hash = checksum;
       if (auto b = idx.base_checksums.find(t.name); b != idx.base_checksums.end()) p.base_hash = b->second;
-      p.local_shard = static_cast<std::uint32_t>(lt->second.shard);
-      const auto& lh = lc.shards[p.local_shard].header;
-      p.offset = lh.file_offset(lc.info(lt->second));
-      p.nbytes = lc.info(lt->second).nbytes();
+      if (auto bi = built.find(t.name); bi != built.end()) {
+        BuildTensor& bt = builds[bi->second.first].tensors[bi->second.second];
+        if (checksum != bt.hash)
+          fail(Exit::bad_input, w + ": entry '" + t.name + "' records checksum " + checksum.hex() + ", hfdelta_shards " + bt.hash.hex());
+        if (!bt.src) p.base_hash.reset();  // its base is zeros
+        p.offset = bt.dst;
+        p.nbytes = bt.nbytes;
+        bt.entry = build_patches.size();
+        build_patches.push_back(std::move(p));
+        continue;
+      }
+      auto lt = where.find(t.name);
+      if (lt == where.end())
+        fail(Exit::bad_input, w + ": tensor '" + t.name + "' does not exist in " + local.string());
+      p.local_shard = lt->second.slot;
+      p.offset = lt->second.offset;
+      p.nbytes = lt->second.nbytes;
       patches.push_back(std::move(p));
     }
   }
@@ -490,21 +633,30 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
     const auto& h = headers.at(file);
     if (!h.find(tensor)) fail(Exit::bad_input, (delta / file).string() + ": has no entry '" + tensor + "' named by the delta index");
   }
-  Manifest m;
-  m.base = st.version;
-  m.version = idx.version;
-  for (const auto& s : lc.shards) m.shards.push_back(s.file);
-  std::set<std::string> shard_names(m.shards.begin(), m.shards.end());
+  auto shard_removed = [&](const std::string& f) {
+    const ShardOp* so = shard_op(idx, f);
+    return so && so->op == ShardOp::Op::remove;
+  };
+  std::set<std::string> shard_names;  // weight files that stay weight files
+  for (const auto& s : lc.shards)
+    if (!shard_removed(s.file)) shard_names.insert(s.file);
+  for (const auto& so : idx.shards)
+    if (so.op != ShardOp::Op::remove) shard_names.insert(so.file);
   for (const auto& fc : idx.files) {
-    const std::string w = (delta / kIndexFile).string();
+    const std::string w = iw;
     if (fc.path == kStateDir || fc.path.rfind(std::string(kStateDir) + "/", 0) == 0)
       fail(Exit::bad_input, w + ": hfdelta_files may not touch " + fc.path);
-    if (shard_names.count(fc.path)) fail(Exit::bad_input, w + ": hfdelta_files may not replace weight file " + fc.path);
+    const ShardOp* so = shard_op(idx, fc.path);
+    // A file that stops or starts being a weight file (a build or removal of
+    // the same name) is moved aside by the shard operation.
+    const bool swap = so && (so->op == ShardOp::Op::remove ? fc.op == FileChange::Op::put
+                                                             : so->op == ShardOp::Op::build && fc.op == FileChange::Op::remove);
+    if (shard_names.count(fc.path) && !swap) fail(Exit::bad_input, w + ": hfdelta_files may not replace weight file " + fc.path);
     check_no_symlink(local, fc.path, w);
     boost::system::error_code ec;
     m.files.push_back({fc.path, fc.op == FileChange::Op::put ? TxnFile::Op::put : TxnFile::Op::remove,
                        fc.op == FileChange::Op::put ? fs::is_regular_file(fs::symlink_status(local / fc.path, ec))
-                                                    : exists_nofollow(local / fc.path)});
+                                                    : exists_nofollow(local / fc.path) && !swap});
     if (fc.op != FileChange::Op::put) continue;
     check_no_symlink(delta / kFilesDir, fc.path, delta.string());
     const fs::path p = delta / kFilesDir / fc.path;
@@ -514,13 +666,26 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
     if (mf.size() != fc.size || xxh3_128(mf.bytes()) != fc.hash)
       fail(Exit::bad_input, p.string() + ": does not match the size and checksum the delta index records");
   }
+  // Shard operations after the file operations (m.files[k] is idx.files[k]
+  // for the staging of carried files).
+  for (Build& bd : builds) {
+    boost::system::error_code ec;
+    bd.mfile = m.files.size();
+    m.files.push_back({bd.op->file, TxnFile::Op::put, fs::is_regular_file(fs::symlink_status(local / bd.op->file, ec))});
+  }
+  for (const ShardOp& so : idx.shards) {
+    if (so.op != ShardOp::Op::remove) continue;
+    bool put = false;
+    for (const auto& fc : idx.files) put = put || (fc.path == so.file && fc.op == FileChange::Op::put);
+    if (!put) m.files.push_back({so.file, TxnFile::Op::remove, true});
+  }
   for (const auto& s : lc.shards)
     if (fs::is_symlink(fs::symlink_status(local / s.file)))
       fail(Exit::bad_input, (local / s.file).string() + ": is a symlink; delta-apply patches real files only (use --init)");
 
   const int threads = thread_count(opts);
   std::vector<File> files;
-  for (const auto& s : lc.shards) files.emplace_back(local / s.file, File::Mode::read_write);
+  for (const std::size_t s : inplace) files.emplace_back(local / lc.shards[s].file, File::Mode::read_write);
 
   // A sparse entry larger than its share of the work is cut into chunk
   // ranges, so that one tensor can keep every core busy; its checksums
@@ -532,7 +697,7 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
   for (std::size_t i = 0; i < patches.size(); ++i) {
     Patch& p = patches[i];
     std::uint64_t chunks = 0;
-    if (threads > 1 && encoding_of(idx, p.tensor) == Encoding::sparse && p.frame.size() >= kSparseHeadSize &&
+    if (threads > 1 && p.replace.empty() && encoding_of(idx, p.tensor) == Encoding::sparse && p.frame.size() >= kSparseHeadSize &&
         p.nbytes > total / static_cast<std::uint64_t>(threads)) {
       std::uint32_t es = 0;
       std::memcpy(&es, p.frame.data() + 4, 4);  // checked again by the decoder
@@ -557,8 +722,8 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
     if (p.split)
       journal_range(p, u.c0, u.c1, files[p.local_shard], jw, buf, out);
     else
-      journal_patch(p, files[p.local_shard], encoding_of(idx, p.tensor), jw, buf,
-                    (local / lc.shards[p.local_shard].file).string(), idx.version, out);
+      journal_patch(p, files[p.local_shard], p.replace.empty() ? encoding_of(idx, p.tensor) : Encoding::overwrite, &jw, buf,
+                    (local / m.shards[p.local_shard]).string(), idx.version, out);
   };
   // Split entries: the base is checked before anything is written, and what
   // was written is read back and checked before the version is recorded.
@@ -568,7 +733,7 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
     std::vector<std::uint8_t> buf;
     const Hash128 h = hash_tensor(files[p.local_shard], p, buf);
     if (h != *p.base_hash)
-      fail(Exit::verify_failed, (local / lc.shards[p.local_shard].file).string() + ": tensor '" + p.tensor +
+      fail(Exit::verify_failed, (local / m.shards[p.local_shard]).string() + ": tensor '" + p.tensor +
                                     "' is not the base of delta " + format_version(idx.version) + " (checksum " + h.hex() +
                                     ", the delta expects " + p.base_hash->hex() + "); nothing was changed");
   });
@@ -581,7 +746,7 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
       const Hash128 h = hash_tensor(files[p.local_shard], p, buf);
       std::lock_guard<std::mutex> g(mu);
       if (h != p.new_hash)
-        bad.push_back("tensor '" + p.tensor + "' in " + (local / lc.shards[p.local_shard].file).string() +
+        bad.push_back("tensor '" + p.tensor + "' in " + (local / m.shards[p.local_shard]).string() +
                       " reads back with checksum " + h.hex() + ", the delta records " + p.new_hash.hex());
     });
     if (bad.empty()) return;
@@ -589,7 +754,8 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
     for (const auto& b : bad) msg += "\n  " + b;
     fail(Exit::verify_failed, msg);
   };
-  for (const Patch& p : patches) r.tensors_patched += 1, r.delta_bytes += p.frame.size();
+  for (const auto* ps : {&patches, &build_patches})
+    for (const Patch& p : *ps) r.tensors_patched += p.replace.empty(), r.delta_bytes += p.frame.size();
   // The checksums of the new version, for --verify: the base version's record
   // with the delta's checksums laid over it (no extra read), or LOCAL hashed
   // whole when the base version has none.
@@ -598,9 +764,31 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
     if (!rec) {
       rec = compute_record(local, opts.threads);
     } else {
-      for (const Patch& p : patches) rec->weights[lc.shards[p.local_shard].file].tensors[p.tensor] = p.new_hash;
+      for (const ShardOp& so : idx.shards) {
+        if (so.op == ShardOp::Op::remove) {
+          rec->weights.erase(so.file);
+        } else if (so.op == ShardOp::Op::build) {
+          WeightRecord& w = rec->weights[so.file];
+          w = {so.size, so.header_hash, {}};
+          for (const auto& t : so.tensors) w.tensors[t.name] = t.hash;
+          rec->files.erase(so.file);
+        } else {
+          // Same ranges: each tensor keeps the checksum of the one it replaces
+          // (its entry, if any, is laid over below).
+          WeightRecord& w = rec->weights[so.file];
+          const SafetensorsHeader& oh = lc.find_shard(so.file)->header;
+          const SafetensorsHeader& nh = rewritten.at(so.file);
+          std::map<std::string, Hash128> tensors;
+          for (std::size_t i = 0; i < nh.tensors.size(); ++i)
+            if (auto it = w.tensors.find(oh.tensors[i].name); it != w.tensors.end()) tensors[nh.tensors[i].name] = it->second;
+          w.tensors = std::move(tensors);
+          w.header = so.header_hash;
+        }
+      }
+      for (const Patch& p : patches)
+        if (p.replace.empty()) rec->weights[m.shards[p.local_shard]].tensors[p.tensor] = p.new_hash;
       for (const FileChange& fc : idx.files) {
-        if (fc.op == FileChange::Op::put) rec->files[fc.path] = {fc.size, fc.hash};
+        if (fc.op == FileChange::Op::put) rec->files[fc.path] = {fc.size, fc.hash}, rec->weights.erase(fc.path);
         else rec->files.erase(fc.path);
       }
     }
@@ -616,6 +804,39 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
       if (ec) fail(Exit::failure, staged.parent_path().string() + ": cannot create: " + ec.message());
       copy_file_atomic(delta / kFilesDir / fc.path, staged, opts.sync);
     }
+    // Weight files built anew, from LOCAL's base bytes (unchanged until the
+    // swap) and the delta: checked tensor by tensor as they are written.
+    if (builds.empty()) return;
+    std::vector<File> src;
+    for (const auto& sh : lc.shards) src.emplace_back(local / sh.file, File::Mode::read);
+    parallel_for(builds.size(), threads, [&](std::size_t k, std::size_t) {
+      const Build& bd = builds[k];
+      const fs::path staged = txn_stage(step, bd.mfile);
+      const std::string name = (local / bd.op->file).string() + " (built beside it)";
+      boost::system::error_code ec;
+      fs::create_directories(staged.parent_path(), ec);
+      if (ec) fail(Exit::failure, staged.parent_path().string() + ": cannot create: " + ec.message());
+      File out(staged, File::Mode::create_exclusive);
+      out.pwrite_all(bd.prefix.data(), bd.prefix.size(), 0);
+      out.truncate(bd.op->size);  // tensors without base bytes start as zeros
+      std::vector<std::uint8_t> buf;
+      for (const BuildTensor& t : bd.tensors) {
+        if (t.src) copy_range(src[t.src->first], t.src->second, t.nbytes, out, t.dst);
+        if (t.entry) {
+          const Patch& p = build_patches[*t.entry];
+          journal_patch(p, out, encoding_of(idx, p.tensor), nullptr, buf, name, idx.version, &out);
+          continue;
+        }
+        Patch whole;
+        whole.offset = t.dst, whole.nbytes = t.nbytes;
+        const Hash128 h = hash_tensor(out, whole, buf);
+        if (h != t.hash)
+          fail(Exit::verify_failed, name + ": tensor '" + t.name + "' has checksum " + h.hex() + " when built, the delta records " +
+                                        t.hash.hex() + nothing);
+      }
+      if (opts.sync) out.sync();
+      out.close();
+    });
   };
 
   if (!opts.sync) {
@@ -693,7 +914,7 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
                                    std::lock_guard<std::mutex> g(mu);
                                    if (h != p.new_hash)
                                      mismatches.push_back("tensor '" + p.tensor + "' in " +
-                                                          (local / lc.shards[p.local_shard].file).string() +
+                                                          (local / m.shards[p.local_shard]).string() +
                                                           " was written with checksum " + h.hex() + ", the delta records " +
                                                           p.new_hash.hex());
                                  }};

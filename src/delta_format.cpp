@@ -1,5 +1,7 @@
 #include "hfdelta/delta_format.hpp"
 
+#include <set>
+
 #include <boost/filesystem/operations.hpp>
 #include <nlohmann/json.hpp>
 
@@ -165,10 +167,76 @@ DeltaIndex parse_delta_index(std::string_view text, const std::string& w) {
       d.files.push_back(std::move(fc));
     }
   }
+  if (m.contains(key::shards)) {
+    const json& sl = m[key::shards];
+    if (!sl.is_array()) fail(Exit::bad_input, w + ": metadata.hfdelta_shards must be a list");
+    if (!m.contains(key::format) || m[key::format].get<std::uint64_t>() < 3)
+      fail(Exit::bad_input, w + ": hfdelta_shards needs hfdelta_format 3 or later (an older reader would ignore it)");
+    std::set<std::string> seen_files, seen_tensors;
+    for (const json& e : sl) {
+      if (!e.is_object() || !e.contains("file") || !e["file"].is_string() || !e.contains("op") || !e["op"].is_string())
+        fail(Exit::bad_input, w + ": hfdelta_shards entry " + e.dump().substr(0, 200) + " needs \"file\" and \"op\"");
+      ShardOp so;
+      so.file = e["file"].get<std::string>();
+      const std::string what = w + ": hfdelta_shards \"" + so.file + "\"";
+      check_relative_path(so.file, what);
+      if (!seen_files.insert(so.file).second) fail(Exit::bad_input, what + " is listed twice");
+      const std::string op = e["op"].get<std::string>();
+      auto hash_at = [&](const json& o, const char* k) {
+        if (!o.contains(k) || !o[k].is_string()) fail(Exit::bad_input, what + ": needs \"" + std::string(k) + "\"");
+        return parse_hash_hex(o[k].get<std::string>(), what + " " + k);
+      };
+      auto u64_at = [&](const json& o, const char* k) {
+        if (!o.contains(k) || !o[k].is_number_unsigned()) fail(Exit::bad_input, what + ": needs an integer \"" + std::string(k) + "\"");
+        return o[k].get<std::uint64_t>();
+      };
+      auto header_at = [&] {
+        if (!e.contains("header") || !e["header"].is_object()) fail(Exit::bad_input, what + ": needs a \"header\" object");
+        so.header_size = u64_at(e["header"], "size");
+        so.header_hash = hash_at(e["header"], "xxh3-128");
+        if (so.header_size < 8 || so.header_size > 8 + kMaxHeaderSize)
+          fail(Exit::bad_input, what + ": header size " + std::to_string(so.header_size) + " is out of range");
+      };
+      if (op == "remove") {
+        so.op = ShardOp::Op::remove;
+      } else if (op == "header") {
+        so.op = ShardOp::Op::header;
+        header_at();
+        so.base_header_hash = hash_at(e, "base_header");
+      } else if (op == "build") {
+        so.op = ShardOp::Op::build;
+        header_at();
+        so.size = u64_at(e, "size");
+        if (!e.contains("tensors") || !e["tensors"].is_array()) fail(Exit::bad_input, what + ": needs a \"tensors\" list");
+        for (const json& t : e["tensors"]) {
+          if (!t.is_object() || !t.contains("name") || !t["name"].is_string())
+            fail(Exit::bad_input, what + ": tensor entry " + t.dump().substr(0, 200) + " needs a \"name\"");
+          ShardOp::Tensor st;
+          st.name = t["name"].get<std::string>();
+          if (!seen_tensors.insert(st.name).second) fail(Exit::bad_input, what + ": tensor '" + st.name + "' is built twice");
+          if (t.contains("from")) {
+            if (!t["from"].is_string()) fail(Exit::bad_input, what + ": tensor '" + st.name + "' has a \"from\" that is not a name");
+            st.from = t["from"].get<std::string>();
+          }
+          st.hash = hash_at(t, "xxh3-128");
+          so.tensors.push_back(std::move(st));
+        }
+      } else {
+        fail(Exit::unsupported, what + " has unknown op \"" + op + "\"");
+      }
+      d.shards.push_back(std::move(so));
+    }
+  }
   if (d.per_tensor)
     for (const auto& [tensor, file] : d.weight_map)
       if (!d.encodings.count(tensor)) fail(Exit::bad_input, w + ": hfdelta_encodings has no entry for '" + tensor + "'");
   return d;
+}
+
+const ShardOp* shard_op(const DeltaIndex& idx, const std::string& file) {
+  for (const auto& s : idx.shards)
+    if (s.file == file) return &s;
+  return nullptr;
 }
 
 Encoding encoding_of(const DeltaIndex& idx, const std::string& tensor) {
@@ -194,7 +262,7 @@ std::string write_delta_index_json(const DeltaIndex& d, std::uint64_t total_size
   m[key::compression_format] = "zstd";
   m[key::checksum_format] = "xxh3-128";
   const bool plain = !d.per_tensor && d.encoding != Encoding::sparse;
-  m[key::format] = plain ? 1 : 2;  // the lowest revision that can apply it
+  m[key::format] = d.structural() ? 3 : plain ? 1 : 2;  // the lowest revision that can apply it
   if (d.per_tensor) {
     json e = json::object();
     for (const auto& [name, enc] : d.encodings) e[name] = std::string(encoding_name(enc));
@@ -212,6 +280,38 @@ std::string write_delta_index_json(const DeltaIndex& d, std::uint64_t total_size
     }
   }
   m[key::files] = std::move(files);
+  if (d.structural()) {
+    json shards = json::array();
+    for (const auto& s : d.shards) {
+      json e = {{"file", s.file}};
+      const json header = {{"size", s.header_size}, {"xxh3-128", s.header_hash.hex()}};
+      switch (s.op) {
+        case ShardOp::Op::remove:
+          e["op"] = "remove";
+          break;
+        case ShardOp::Op::header:
+          e["op"] = "header";
+          e["header"] = header;
+          e["base_header"] = s.base_header_hash.hex();
+          break;
+        case ShardOp::Op::build: {
+          e["op"] = "build";
+          e["header"] = header;
+          e["size"] = s.size;
+          json ts = json::array();
+          for (const auto& t : s.tensors) {
+            json o = {{"name", t.name}, {"xxh3-128", t.hash.hex()}};
+            if (t.from) o["from"] = *t.from;
+            ts.push_back(std::move(o));
+          }
+          e["tensors"] = std::move(ts);
+          break;
+        }
+      }
+      shards.push_back(std::move(e));
+    }
+    m[key::shards] = std::move(shards);
+  }
   const json j = {{"metadata", std::move(m)}, {"weight_map", d.weight_map}};
   return seal_delta_index(j.dump());
 }

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <tuple>
 
 #include <boost/filesystem/operations.hpp>
 
@@ -28,40 +29,6 @@ namespace fs = boost::filesystem;
 
 namespace {
 
-// Stops with Error(unsupported) at the first structural difference, named
-// precisely, so the user knows which save changed shape.
-void require_same_layout(const Checkpoint& a, const Checkpoint& b) {
-  const std::string A = a.dir.string(), B = b.dir.string();
-  for (const auto& [name, ref] : a.tensors)
-    if (!b.tensors.count(name))
-      fail(Exit::unsupported, "tensor '" + name + "' of " + A + " is missing from " + B +
-                                  " (changes of the tensor set are not supported yet)");
-  for (const auto& [name, ref] : b.tensors) {
-    auto it = a.tensors.find(name);
-    if (it == a.tensors.end())
-      fail(Exit::unsupported, "tensor '" + name + "' of " + B + " is new (changes of the tensor set are not supported yet)");
-    const TensorInfo& ta = a.info(it->second);
-    const TensorInfo& tb = b.info(ref);
-    if (ta.dtype != tb.dtype || ta.shape != tb.shape)
-      fail(Exit::unsupported, "tensor '" + name + "' changed from " + ta.dtype + " " + shape_string(ta.shape) + " to " +
-                                  tb.dtype + " " + shape_string(tb.shape) + " (not supported yet)");
-    if (a.shards[it->second.shard].file != b.shards[ref.shard].file)
-      fail(Exit::unsupported, "tensor '" + name + "' moved from " + a.shards[it->second.shard].file + " to " +
-                                  b.shards[ref.shard].file + " (shard layout changes are not supported yet)");
-  }
-  if (a.shards.size() != b.shards.size())
-    fail(Exit::unsupported, "number of weight files differs: " + std::to_string(a.shards.size()) + " in " + A + ", " +
-                                std::to_string(b.shards.size()) + " in " + B + " (not supported yet)");
-  for (std::size_t i = 0; i < a.shards.size(); ++i) {
-    if (a.shards[i].file != b.shards[i].file)
-      fail(Exit::unsupported, "weight file " + a.shards[i].file + " of " + A + " is " + b.shards[i].file + " in " + B +
-                                  " (not supported yet)");
-    if (a.shards[i].header.header != b.shards[i].header.header)
-      fail(Exit::unsupported, "safetensors header bytes of " + a.shards[i].file + " differ between " + A + " and " + B +
-                                  " (tensor order, offsets or __metadata__ changed; not supported yet)");
-  }
-}
-
 // Bytes of each input read at a time by the sparse engine: small enough to
 // stay in the core's cache while they are hashed, compared and scanned.
 constexpr std::uint64_t kBlock = 256 * 1024;
@@ -79,11 +46,15 @@ struct RangeOut {
   std::uint64_t elements_changed = 0, bytes_changed = 0;
 };
 
-// One tensor of NEW and everything the units working on it produce.
+// One tensor of NEW, where its base bytes are, and everything the units
+// working on it produce.
 struct Work {
-  std::size_t shard = 0;
+  std::size_t nfile = 0, bfile = 0;      // shard of NEW, of BASE
   const TensorInfo* t = nullptr;
-  std::uint64_t offset = 0, nbytes = 0;  // absolute in the shard files
+  std::uint64_t noff = 0, boff = 0;      // absolute in those files
+  std::uint64_t nbytes = 0;
+  bool fresh = false;                    // no base bytes: its entry is its bytes (xor with zeros)
+  bool need_hash = false;                // its checksum is needed even if it is unchanged
   std::size_t es = 1;                    // the sparse encoding's element size
   std::uint64_t chunks = 0;
   std::vector<RangeOut> ranges;          // one per unit scanning it, in tensor order
@@ -98,7 +69,7 @@ struct Work {
 // A unit of parallel work: a whole tensor, or for a tensor large enough to
 // keep the other cores waiting, its hashes or one range of its chunks.
 struct Unit {
-  enum class Kind { whole, hash, range } kind;
+  enum class Kind { whole, hash, range, fresh } kind;
   std::size_t work = 0, range = 0;
   std::uint64_t c0 = 0, c1 = 0;  // chunks
   std::uint64_t bytes = 0;       // for scheduling, largest first
@@ -167,6 +138,7 @@ struct Entry {
   std::size_t es = 1;
   Hash128 new_hash, base_hash;
   Encoding encoding;
+  bool fresh = false;  // no base bytes (patches zeros)
 };
 
 std::uint64_t size_of(const fs::path& p) {
@@ -192,8 +164,8 @@ RangeOut scan_range(const Work& w, std::uint64_t c0, std::uint64_t c1, const Fil
     wk.enc.begin(w.es);
     for (std::uint64_t at = cs; at < ce; at += kBlock) {
       const std::size_t n = static_cast<std::size_t>(std::min(kBlock, ce - at));
-      base.pread_exact(wk.a.data(), n, w.offset + at);
-      target.pread_exact(wk.b.data(), n, w.offset + at);
+      base.pread_exact(wk.a.data(), n, w.boff + at);
+      target.pread_exact(wk.b.data(), n, w.noff + at);
       if (hb) hb->update({wk.a.data(), n}), hn->update({wk.b.data(), n});
       if (xs) xs->block(n);
       if (std::memcmp(wk.a.data(), wk.b.data(), n) == 0) continue;
@@ -205,6 +177,59 @@ RangeOut scan_range(const Work& w, std::uint64_t c0, std::uint64_t c1, const Fil
   }
   out.body.size = wk.spool.size - out.body.offset;
   return out;
+}
+
+// Makes a thread's scratch state on first use.
+void ensure_worker(Worker& wk, std::size_t tid, const fs::path& tmp, int level, bool autochoice) {
+  if (wk.comp) return;
+  wk.comp = std::make_unique<Compressor>(level);
+  wk.spool.file = File(tmp / (".spool-" + std::to_string(tid)), File::Mode::create_exclusive);
+  wk.a.resize(kBlock), wk.b.resize(kBlock), wk.x.resize(kBlock);
+  if (autochoice) {
+    wk.xcomp = std::make_unique<Compressor>(level);
+    wk.xspool.file = File(tmp / (".xspool-" + std::to_string(tid)), File::Mode::create_exclusive);
+  }
+}
+
+// A tensor without base bytes (new, or of another length than before): its
+// entry is an xor frame against zeros, i.e. its bytes compressed. An all-zero
+// tensor needs none.
+void encode_fresh(Work& w, const File& target, Worker& wk, std::size_t tid) {
+  const ByteSink sink = [&](std::span<const std::uint8_t> s) { wk.spool.put(s); };
+  Hasher hn;
+  bool nonzero = false;
+  w.encoding = Encoding::xor_bytes;
+  w.frame = {static_cast<int>(tid), wk.spool.size, 0};
+  wk.comp->begin(w.nbytes);
+  for (std::uint64_t at = 0; at < w.nbytes; at += kBlock) {
+    const std::size_t n = static_cast<std::size_t>(std::min(kBlock, w.nbytes - at));
+    target.pread_exact(wk.b.data(), n, w.noff + at);
+    hn.update({wk.b.data(), n});
+    if (!nonzero) nonzero = std::any_of(wk.b.data(), wk.b.data() + n, [](std::uint8_t c) { return c != 0; });
+    wk.comp->put({wk.b.data(), n}, sink);
+  }
+  wk.comp->end(sink);
+  w.new_hash = hn.digest();
+  if (!nonzero) {
+    wk.spool.size = w.frame.offset;
+    w.frame = {};
+    return;
+  }
+  w.frame.size = wk.spool.size - w.frame.offset;
+  w.elements_changed = dtype_size(w.t->dtype) ? w.t->elements() : w.nbytes;
+  w.bytes_changed = w.nbytes;
+}
+
+// XXH3-128 of `n` bytes of `f` at `off`, read in blocks.
+Hash128 hash_range(const File& f, std::uint64_t off, std::uint64_t n, std::vector<std::uint8_t>& buf) {
+  Hasher h;
+  buf.resize(kBlock);
+  for (std::uint64_t at = 0; at < n; at += kBlock) {
+    const std::size_t k = static_cast<std::size_t>(std::min(kBlock, n - at));
+    f.pread_exact(buf.data(), k, off + at);
+    h.update({buf.data(), k});
+  }
+  return h.digest();
 }
 
 }  // namespace
@@ -222,6 +247,10 @@ static void sparse_pass(std::vector<Work>& works, const std::vector<File>& base_
     // A tensor larger than its share of the work is cut into ranges of chunks
     // so that it does not keep the other cores waiting; its hashes (which run
     // front to back) become a unit of their own.
+    if (w.fresh) {
+      units.push_back({Unit::Kind::fresh, i, 0, 0, 0, w.nbytes});
+      continue;
+    }
     const bool split = threads > 1 && w.chunks >= 2 && w.nbytes > total / static_cast<std::uint64_t>(threads);
     if (!split) {
       w.ranges.resize(1);
@@ -243,17 +272,10 @@ static void sparse_pass(std::vector<Work>& works, const std::vector<File>& base_
     const Unit& unit = units[u];
     Work& w = works[unit.work];
     Worker& wk = workers[tid];
-    if (!wk.comp) {
-      wk.comp = std::make_unique<Compressor>(opts.level);
-      wk.spool.file = File(tmp / (".spool-" + std::to_string(tid)), File::Mode::create_exclusive);
-      wk.a.resize(kBlock), wk.b.resize(kBlock), wk.x.resize(kBlock);
-      if (autochoice) {
-        wk.xcomp = std::make_unique<Compressor>(opts.level);
-        wk.xspool.file = File(tmp / (".xspool-" + std::to_string(tid)), File::Mode::create_exclusive);
-      }
-    }
-    const File& base = base_files[w.shard];
-    const File& target = new_files[w.shard];
+    ensure_worker(wk, tid, tmp, opts.level, autochoice);
+    const File& base = base_files[w.bfile];
+    const File& target = new_files[w.nfile];
+    if (unit.kind == Unit::Kind::fresh) return encode_fresh(w, target, wk, tid);
     // "auto" encodes xor too, in the same pass, and keeps the smaller entry
     // of every tensor: never larger than xor, at the cost of compressing the
     // XOR stream (mostly zeros, which zstd goes through fast).
@@ -263,8 +285,8 @@ static void sparse_pass(std::vector<Work>& works, const std::vector<File>& base_
       Hasher hb, hn;
       for (std::uint64_t at = 0; at < w.nbytes; at += kBlock) {
         const std::size_t n = static_cast<std::size_t>(std::min(kBlock, w.nbytes - at));
-        base.pread_exact(wk.a.data(), n, w.offset + at);
-        target.pread_exact(wk.b.data(), n, w.offset + at);
+        base.pread_exact(wk.a.data(), n, w.boff + at);
+        target.pread_exact(wk.b.data(), n, w.noff + at);
         hb.update({wk.a.data(), n});
         hn.update({wk.b.data(), n});
         if (xs) xs->block(n);
@@ -303,7 +325,7 @@ static void sparse_pass(std::vector<Work>& works, const std::vector<File>& base_
 
   for (Work& w : works) {
     for (const auto& r : w.ranges) w.elements_changed += r.elements_changed, w.bytes_changed += r.bytes_changed;
-    if (!autochoice || !w.changed() || w.xor_frame.spool < 0) continue;
+    if (!autochoice || w.fresh || !w.changed() || w.xor_frame.spool < 0) continue;
     std::uint64_t sparse_len = kSparseHeadSize;
     for (const auto& r : w.ranges) sparse_len += r.body.size;
     if (w.xor_frame.size < sparse_len) w.encoding = Encoding::xor_bytes, w.frame = w.xor_frame;
@@ -314,33 +336,196 @@ static void sparse_pass(std::vector<Work>& works, const std::vector<File>& base_
 static void frame_pass(std::vector<Work>& works, const std::vector<File>& base_files, const std::vector<File>& new_files,
                        std::vector<Worker>& workers, const fs::path& tmp, const DiffOptions& opts, int threads) {
   std::vector<MappedFile> base_maps, new_maps;
-  for (std::size_t s = 0; s < base_files.size(); ++s) {
-    base_maps.emplace_back(base_files[s].path());
-    new_maps.emplace_back(new_files[s].path());
-  }
+  for (const auto& f : base_files) base_maps.emplace_back(f.path());
+  for (const auto& f : new_files) new_maps.emplace_back(f.path());
   std::vector<std::size_t> order(works.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return works[x].nbytes > works[y].nbytes; });
   parallel_for(order.size(), threads, [&](std::size_t k, std::size_t tid) {
     Work& w = works[order[k]];
-    const auto a = base_maps[w.shard].bytes(w.offset, w.nbytes);
-    const auto b = new_maps[w.shard].bytes(w.offset, w.nbytes);
-    if (std::memcmp(a.data(), b.data(), a.size()) == 0) return;
+    Worker& wk = workers[tid];
+    ensure_worker(wk, tid, tmp, opts.level, false);
+    if (w.fresh) return encode_fresh(w, new_files[w.nfile], wk, tid);
+    const auto a = base_maps[w.bfile].bytes(w.boff, w.nbytes);
+    const auto b = new_maps[w.nfile].bytes(w.noff, w.nbytes);
+    if (std::memcmp(a.data(), b.data(), a.size()) == 0) {
+      if (w.need_hash) w.base_hash = w.new_hash = xxh3_128(b);
+      return;
+    }
     const std::size_t es = dtype_size(w.t->dtype) ? dtype_size(w.t->dtype) : 1;
     const ChangeCount cc = count_changes(a, b, es);
     w.elements_changed = cc.elements, w.bytes_changed = cc.bytes;
     w.base_hash = xxh3_128(a), w.new_hash = xxh3_128(b);
-    Worker& wk = workers[tid];
-    if (!wk.comp) {
-      wk.comp = std::make_unique<Compressor>(opts.level);
-      wk.spool.file = File(tmp / (".spool-" + std::to_string(tid)), File::Mode::create_exclusive);
-    }
     const ByteSink sink = [&](std::span<const std::uint8_t> s) { wk.spool.put(s); };
     w.encoding = *opts.encoding;
     w.frame = {static_cast<int>(tid), wk.spool.size, 0};
     w.frame.size = w.encoding == Encoding::xor_bytes ? encode_xor(*wk.comp, a, b, sink)
                                                      : encode_overwrite(*wk.comp, a, b, cc.bytes, sink);
   });
+}
+
+// A file's first 8 + N bytes: the header length and the header, as written.
+static std::string header_prefix(const SafetensorsHeader& h) {
+  std::string p(8, '\0');
+  for (int i = 0; i < 8; ++i) p[static_cast<std::size_t>(i)] = static_cast<char>((h.header_len >> (8 * i)) & 0xff);
+  return p + h.header;
+}
+
+// Whether two headers put the same byte ranges in a file of the same size
+// (names, dtypes, shapes or __metadata__ may differ): then only the header
+// bytes need rewriting and the tensors are patched in place.
+static bool same_ranges(const SafetensorsHeader& a, const SafetensorsHeader& b) {
+  if (a.header_len != b.header_len || a.file_size != b.file_size || a.tensors.size() != b.tensors.size()) return false;
+  for (std::size_t i = 0; i < a.tensors.size(); ++i)
+    if (a.tensors[i].begin != b.tensors[i].begin || a.tensors[i].end != b.tensors[i].end) return false;
+  return true;
+}
+
+// Decides, per weight file of NEW, how it is reached from BASE, and pairs
+// every tensor of NEW with its base bytes (the `works`):
+// - a file of BASE with the same name and header bytes: patched in place,
+//   tensor by tensor (no operation);
+// - the same name, header length and tensor byte ranges: the header is
+//   rewritten in place and each tensor paired with the one at its range;
+// - otherwise the file is built: each tensor from the base tensor of the same
+//   name and length, else from a base tensor that is gone from NEW and has
+//   the same bytes (a rename or a move, found by checksum), else from zeros;
+// and base files NEW does not have are removed.
+static std::vector<ShardOp> plan_shards(const Checkpoint& base, const Checkpoint& target, const std::vector<File>& base_files,
+                                        int threads, std::vector<Work>& works) {
+  std::map<std::string, std::size_t> base_by_file;
+  for (std::size_t b = 0; b < base.shards.size(); ++b) base_by_file[base.shards[b].file] = b;
+  std::vector<ShardOp> ops;
+  std::vector<std::size_t> build_ops;  // into ops, for the tensor lists filled in below
+  auto add = [&](std::size_t nfile, const TensorInfo& t, std::optional<std::pair<std::size_t, const TensorInfo*>> src) {
+    const auto& hdr = target.shards[nfile].header;
+    Work w;
+    w.nfile = nfile;
+    w.t = &t;
+    w.noff = hdr.file_offset(t);
+    w.nbytes = t.nbytes();
+    w.es = sparse_elem_size(dtype_size(t.dtype) ? dtype_size(t.dtype) : 1, w.nbytes);
+    w.chunks = sparse_chunk_count(w.nbytes, w.es);
+    if (src) {
+      w.bfile = src->first;
+      w.boff = base.shards[src->first].header.file_offset(*src->second);
+    } else {
+      w.fresh = true;
+    }
+    works.push_back(std::move(w));
+  };
+  for (std::size_t s = 0; s < target.shards.size(); ++s) {
+    const Shard& ns = target.shards[s];
+    const auto it = base_by_file.find(ns.file);
+    const SafetensorsHeader* bh = it == base_by_file.end() ? nullptr : &base.shards[it->second].header;
+    if (bh && (bh->header == ns.header.header || same_ranges(*bh, ns.header))) {
+      if (bh->header != ns.header.header) {
+        ShardOp op;
+        op.file = ns.file;
+        op.op = ShardOp::Op::header;
+        ops.push_back(std::move(op));
+      }
+      for (std::size_t i = 0; i < ns.header.tensors.size(); ++i)
+        add(s, ns.header.tensors[i], std::make_pair(it->second, &bh->tensors[i]));
+      continue;
+    }
+    ShardOp op;
+    op.file = ns.file;
+    op.op = ShardOp::Op::build;
+    op.size = ns.header.file_size;
+    build_ops.push_back(ops.size());
+    for (const auto& t : ns.header.tensors) {
+      std::optional<std::pair<std::size_t, const TensorInfo*>> src;
+      if (auto b = base.tensors.find(t.name); b != base.tensors.end() && base.info(b->second).nbytes() == t.nbytes())
+        src = std::make_pair(b->second.shard, &base.info(b->second));
+      op.tensors.push_back({t.name, src ? std::optional<std::string>(t.name) : std::nullopt, {}});
+      add(s, t, src);
+    }
+    ops.push_back(std::move(op));
+  }
+  for (const auto& bs : base.shards)
+    if (!target.find_shard(bs.file)) {
+      ShardOp op;
+      op.file = bs.file;
+      op.op = ShardOp::Op::remove;
+      ops.push_back(std::move(op));
+    }
+
+  // Renames and moves: new tensors without a source that have the bytes of a
+  // base tensor gone from NEW. Only those candidates are read an extra time.
+  std::vector<std::size_t> orphans;
+  std::set<std::uint64_t> lengths;
+  for (std::size_t i = 0; i < works.size(); ++i)
+    if (works[i].fresh && works[i].nbytes > 0) orphans.push_back(i), lengths.insert(works[i].nbytes);
+  std::vector<std::pair<std::string, TensorRef>> gone;
+  for (const auto& [name, ref] : base.tensors)
+    if (!target.tensors.count(name) && lengths.count(base.info(ref).nbytes())) gone.emplace_back(name, ref);
+  if (!orphans.empty() && !gone.empty()) {
+    std::vector<Hash128> orphan_hash(orphans.size()), gone_hash(gone.size());
+    std::vector<File> new_files;
+    for (const auto& sh : target.shards) new_files.emplace_back(target.dir / sh.file, File::Mode::read);
+    parallel_for(orphans.size() + gone.size(), threads, [&](std::size_t k, std::size_t) {
+      std::vector<std::uint8_t> buf;
+      if (k < orphans.size()) {
+        const Work& w = works[orphans[k]];
+        orphan_hash[k] = hash_range(new_files[w.nfile], w.noff, w.nbytes, buf);
+      } else {
+        const TensorRef& r = gone[k - orphans.size()].second;
+        gone_hash[k - orphans.size()] = hash_range(base_files[r.shard], base.shards[r.shard].header.file_offset(base.info(r)),
+                                                   base.info(r).nbytes(), buf);
+      }
+    });
+    using Key = std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>;  // length, checksum
+    std::map<Key, std::size_t> by_content;  // first by name wins
+    for (std::size_t g = 0; g < gone.size(); ++g)
+      by_content.emplace(Key{base.info(gone[g].second).nbytes(), gone_hash[g].high, gone_hash[g].low}, g);
+    for (std::size_t k = 0; k < orphans.size(); ++k) {
+      Work& w = works[orphans[k]];
+      auto m = by_content.find(Key{w.nbytes, orphan_hash[k].high, orphan_hash[k].low});
+      if (m == by_content.end()) continue;
+      const auto& [name, ref] = gone[m->second];
+      w.fresh = false;
+      w.bfile = ref.shard;
+      w.boff = base.shards[ref.shard].header.file_offset(base.info(ref));
+      for (std::size_t o : build_ops)
+        for (auto& bt : ops[o].tensors)
+          if (bt.name == w.t->name) bt.from = name;
+    }
+  }
+  // Renames whose bytes changed too: a new tensor and a vanished one that are
+  // the only ones of their dtype and shape are paired, so the entry carries
+  // their difference rather than every byte.
+  {
+    using Kind = std::pair<std::string, std::vector<std::uint64_t>>;
+    std::map<Kind, std::vector<std::size_t>> new_of, gone_of;
+    for (std::size_t i = 0; i < works.size(); ++i)
+      if (works[i].fresh && works[i].nbytes > 0) new_of[{works[i].t->dtype, works[i].t->shape}].push_back(i);
+    std::set<std::string> used;
+    for (const auto& w : works)
+      if (!w.fresh) used.insert(w.t->name);
+    for (std::size_t o : build_ops)
+      for (const auto& bt : ops[o].tensors)
+        if (bt.from) used.insert(*bt.from);
+    for (std::size_t g = 0; g < gone.size(); ++g)
+      if (!used.count(gone[g].first)) gone_of[{base.info(gone[g].second).dtype, base.info(gone[g].second).shape}].push_back(g);
+    for (const auto& [kind, ws] : new_of) {
+      auto it = gone_of.find(kind);
+      if (ws.size() != 1 || it == gone_of.end() || it->second.size() != 1) continue;
+      Work& w = works[ws[0]];
+      const auto& [name, ref] = gone[it->second[0]];
+      w.fresh = false;
+      w.bfile = ref.shard;
+      w.boff = base.shards[ref.shard].header.file_offset(base.info(ref));
+      for (std::size_t o : build_ops)
+        for (auto& bt : ops[o].tensors)
+          if (bt.name == w.t->name) bt.from = name;
+    }
+  }
+  for (std::size_t o : build_ops)
+    for (auto& w : works)
+      if (target.shards[w.nfile].file == ops[o].file) w.need_hash = true;
+  std::sort(ops.begin(), ops.end(), [](const ShardOp& a, const ShardOp& b) { return a.file < b.file; });
+  return ops;
 }
 
 DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, const fs::path& out_arg,
@@ -353,7 +538,6 @@ DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, 
 
   const Checkpoint base = open_checkpoint(base_dir);
   const Checkpoint target = open_checkpoint(new_dir);
-  require_same_layout(base, target);
 
   DiffSummary sum;
   sum.version = opts.version;
@@ -373,29 +557,21 @@ DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, 
       files.push_back({f, FileChange::Op::remove, 0, {}});
 
   std::vector<File> base_files, new_files;
-  for (const auto& sh : target.shards) {
+  for (const auto& sh : base.shards) {
     base_files.emplace_back(base.dir / sh.file, File::Mode::read);
-    new_files.emplace_back(target.dir / sh.file, File::Mode::read);
     advise_sequential(base_files.back());
+  }
+  for (const auto& sh : target.shards) {
+    new_files.emplace_back(target.dir / sh.file, File::Mode::read);
     advise_sequential(new_files.back());
     sum.full_bytes += new_files.back().size();
   }
   for (const auto& f : target.other_files) sum.full_bytes += size_of(target.dir / f);
 
   std::vector<Work> works;
-  for (std::size_t s = 0; s < target.shards.size(); ++s) {
-    const auto& hdr = target.shards[s].header;
-    for (const auto& t : hdr.tensors) {
-      Work w;
-      w.shard = s;
-      w.t = &t;
-      w.offset = hdr.file_offset(t);
-      w.nbytes = t.nbytes();
-      w.es = sparse_elem_size(dtype_size(t.dtype) ? dtype_size(t.dtype) : 1, w.nbytes);
-      w.chunks = sparse_chunk_count(w.nbytes, w.es);
-      works.push_back(std::move(w));
-    }
-  }
+  std::vector<ShardOp> shard_ops = plan_shards(base, target, base_files, default_threads(opts.threads), works);
+  for (const auto& op : shard_ops)
+    (op.op == ShardOp::Op::remove ? sum.shards_removed : op.op == ShardOp::Op::header ? sum.shards_rewritten : sum.shards_built) += 1;
 
   const fs::path tmp = temp_path_beside(out);
   if (!fs::create_directory(tmp, ec) || ec) fail(Exit::failure, tmp.string() + ": cannot create: " + ec.message());
@@ -411,10 +587,12 @@ DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, 
     for (const Work& w : works) {
       const std::uint64_t elems = dtype_size(w.t->dtype) ? w.t->elements() : w.nbytes;
       sum.tensors += 1, sum.elements += elems, sum.tensor_bytes += w.nbytes;
+      sum.tensors_new += w.fresh;
       if (!w.changed()) continue;
       Entry e;
       e.name = w.t->name;
-      e.shard = w.shard;
+      e.shard = w.nfile;
+      e.fresh = w.fresh;
       e.new_hash = w.new_hash, e.base_hash = w.base_hash;
       e.encoding = w.encoding;
       e.nbytes = w.nbytes, e.es = w.es;
@@ -447,9 +625,29 @@ DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, 
     DeltaIndex idx;
     idx.version = opts.version;
     idx.base_version = opts.base_version;
-    idx.per_tensor = !opts.encoding;
+    // A structural delta records every entry's encoding (new tensors are
+    // always xor against zeros), which also makes readers of the plain
+    // layout refuse it instead of patching tensors by name.
+    idx.per_tensor = !opts.encoding || !shard_ops.empty();
     idx.encoding = opts.encoding.value_or(Encoding::xor_bytes);
     idx.files = files;
+    idx.shards = shard_ops;
+    std::map<std::string, const Work*> work_of;
+    for (const Work& w : works) work_of[w.t->name] = &w;
+    for (ShardOp& op : idx.shards) {
+      if (op.op == ShardOp::Op::remove) continue;
+      const std::string prefix = header_prefix(target.find_shard(op.file)->header);
+      op.header_size = prefix.size();
+      op.header_hash = xxh3_128({reinterpret_cast<const std::uint8_t*>(prefix.data()), prefix.size()});
+      if (op.op == ShardOp::Op::header) {
+        const std::string old = header_prefix(base.find_shard(op.file)->header);
+        op.base_header_hash = xxh3_128({reinterpret_cast<const std::uint8_t*>(old.data()), old.size()});
+      }
+      for (auto& t : op.tensors) t.hash = work_of.at(t.name)->new_hash;
+      const fs::path dst = tmp / kHeadersDir / op.file;
+      fs::create_directories(dst.parent_path());
+      write_file_atomic(dst, prefix, opts.sync);
+    }
     std::uint64_t total = 0;
     char name[64];
     for (std::size_t g = 0; g < groups.size(); ++g) {
@@ -463,7 +661,7 @@ DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, 
         pos += e.size;
         meta[e.name] = e.new_hash.hex();
         idx.weight_map[e.name] = name;
-        idx.base_checksums[e.name] = e.base_hash;
+        if (!e.fresh) idx.base_checksums[e.name] = e.base_hash;
         if (idx.per_tensor) idx.encodings[e.name] = e.encoding;
         total += e.size;
       }
@@ -500,6 +698,9 @@ DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, 
     }
 
     std::set<fs::path> dirs{tmp};
+    for (const auto& op : idx.shards)
+      if (op.op != ShardOp::Op::remove)
+        for (fs::path d = (tmp / kHeadersDir / op.file).parent_path(); d != tmp; d = d.parent_path()) dirs.insert(d);
     for (const auto& fc : files) {
       if (fc.op != FileChange::Op::put) continue;
       const fs::path dst = tmp / kFilesDir / fc.path;

@@ -197,6 +197,11 @@ void File::write_all(const void* buf, std::size_t n) {
   }
 }
 
+void File::truncate(std::uint64_t n) {
+  fault_point("ftruncate");
+  if (::ftruncate(fd_, static_cast<off_t>(n)) != 0) sys_fail(path_, "ftruncate");
+}
+
 void File::sync() {
   fault_point("fdatasync");
   if (::fdatasync(fd_) != 0) sys_fail(path_, "fdatasync");

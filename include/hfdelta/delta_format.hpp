@@ -23,10 +23,14 @@ inline constexpr const char* kIndexFile = "model.safetensors.index.json";
 // Files other than weights travel under this subdirectory of a delta, so they
 // can never collide with the delta's own index and shards.
 inline constexpr const char* kFilesDir = "files";
+// New safetensors headers of weight files a structural delta rewrites or
+// builds travel under this subdirectory, byte for byte (8-byte length + JSON).
+inline constexpr const char* kHeadersDir = "headers";
 // Format revision of hfdelta's extensions; readers refuse a newer one.
 // 1: base checksums and carried files; 2: the sparse encoding and per-tensor
-// encodings ("auto"). A delta records the lowest revision it needs.
-inline constexpr int kFormatRevision = 2;
+// encodings ("auto"); 3: structural changes (hfdelta_shards). A delta records
+// the lowest revision it needs.
+inline constexpr int kFormatRevision = 3;
 
 // A non-weight file of the target that differs from the base.
 struct FileChange {
@@ -35,6 +39,32 @@ struct FileChange {
   Op op = Op::put;
   std::uint64_t size = 0;  // put only
   Hash128 hash;            // put only: XXH3-128 of the whole file
+};
+
+// A weight file of the target that is not the base's file of the same name
+// with the same header (those are patched in place and need no operation).
+struct ShardOp {
+  enum class Op {
+    remove,  // a weight file of the base that the target does not have
+    header,  // same tensor byte ranges and header length: only the header
+             // bytes change (renames, dtype or shape with the same size,
+             // __metadata__); patched in place, tensors too
+    build,   // anything else: the file is built beside the old one from the
+             // new header, base tensors (copied, possibly patched) and new
+             // tensors (zeros patched by their entry), then swapped in
+  };
+  struct Tensor {
+    std::string name;                 // in the target
+    std::optional<std::string> from;  // base tensor of the same byte length; none: zeros
+    Hash128 hash;                     // XXH3-128 of its new bytes
+  };
+  std::string file;
+  Op op = Op::build;
+  std::uint64_t header_size = 0;  // header, build: bytes of headers/<file>
+  Hash128 header_hash;            // header, build: its XXH3-128
+  Hash128 base_header_hash;       // header: XXH3-128 of the base's header bytes
+  std::uint64_t size = 0;         // build: the file's size
+  std::vector<Tensor> tensors;    // build: every tensor, in data order
 };
 
 struct DeltaIndex {
@@ -46,6 +76,8 @@ struct DeltaIndex {
   std::map<std::string, std::string> weight_map;     // tensor -> delta file
   std::map<std::string, Hash128> base_checksums;     // tensor -> hash of its base bytes (hfdelta only)
   std::vector<FileChange> files;                     // hfdelta only
+  std::vector<ShardOp> shards;                       // hfdelta only (revision 3), by file name
+  bool structural() const { return !shards.empty(); }
 };
 
 // Metadata keys (index "metadata" object).
@@ -60,6 +92,7 @@ inline constexpr const char* format = "hfdelta_format";
 inline constexpr const char* base_checksums = "hfdelta_base_checksums";
 inline constexpr const char* files = "hfdelta_files";
 inline constexpr const char* encodings = "hfdelta_encodings";
+inline constexpr const char* shards = "hfdelta_shards";
 // XXH3-128 of the index's compact JSON (nlohmann's dump, keys sorted) without this key.
 inline constexpr const char* index_checksum = "hfdelta_index_checksum";
 }  // namespace key
@@ -84,6 +117,9 @@ std::string write_delta_index_json(const DeltaIndex& idx, std::uint64_t total_si
 // Recomputes hfdelta_index_checksum of an index that was edited on purpose
 // (tests, tools); returns the index text.
 std::string seal_delta_index(std::string_view text);
+
+// The shard operation on `file`, if any.
+const ShardOp* shard_op(const DeltaIndex& idx, const std::string& file);
 
 // Parses a 32-hex-digit checksum; throws Error(bad_input) naming `what`.
 Hash128 parse_hash_hex(const std::string& s, const std::string& what);

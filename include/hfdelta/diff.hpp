@@ -33,6 +33,9 @@ struct DiffSummary {
   std::uint64_t delta_bytes = 0;    // size of every file of the delta
   std::uint64_t files_changed = 0, files_removed = 0;
   std::uint64_t tensors_sparse = 0, tensors_xor = 0, tensors_overwrite = 0;  // entries per encoding
+  // Structural changes: weight files built anew, whose header is rewritten in
+  // place, removed; tensors without base bytes (new, or of another length).
+  std::uint64_t shards_built = 0, shards_rewritten = 0, shards_removed = 0, tensors_new = 0;
   double seconds = 0;
 };
 

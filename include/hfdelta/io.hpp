@@ -56,6 +56,7 @@ class File {
   void pread_exact(void* buf, std::size_t n, std::uint64_t offset) const;
   void pwrite_all(const void* buf, std::size_t n, std::uint64_t offset);
   void write_all(const void* buf, std::size_t n);  // at the current position
+  void truncate(std::uint64_t n);  // sets the size; a file grown reads as zeros there
   void sync();   // fdatasync
   void close();  // reports close errors instead of swallowing them
 

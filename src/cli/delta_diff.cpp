@@ -181,6 +181,8 @@ int main(int argc, char** argv) {
           {"tensor_bytes", s.tensor_bytes}, {"bytes_changed", s.bytes_changed}, {"full_bytes", s.full_bytes},
           {"delta_bytes", s.delta_bytes}, {"files_changed", s.files_changed}, {"files_removed", s.files_removed},
           {"entries", {{"sparse", s.tensors_sparse}, {"xor", s.tensors_xor}, {"overwrite", s.tensors_overwrite}}},
+          {"structure", {{"weight_files_built", s.shards_built}, {"headers_rewritten", s.shards_rewritten},
+                         {"weight_files_removed", s.shards_removed}, {"tensors_new", s.tensors_new}}},
           {"seconds", s.seconds}};
       std::cout << j.dump() << std::endl;
     } else if (!quiet) {
@@ -192,6 +194,11 @@ int main(int argc, char** argv) {
                   cli::human_bytes(double(s.bytes_changed)).c_str());
       std::printf("  files            %llu changed, %llu removed\n", (unsigned long long)s.files_changed,
                   (unsigned long long)s.files_removed);
+      if (s.shards_built || s.shards_rewritten || s.shards_removed)
+        std::printf("  structure        %llu weight files built, %llu headers rewritten, %llu weight files removed, "
+                    "%llu tensors without base bytes\n",
+                    (unsigned long long)s.shards_built, (unsigned long long)s.shards_rewritten,
+                    (unsigned long long)s.shards_removed, (unsigned long long)s.tensors_new);
       std::printf("  delta            %s for a %s checkpoint (%.3f%%)\n", cli::human_bytes(double(s.delta_bytes)).c_str(),
                   cli::human_bytes(double(s.full_bytes)).c_str(),
                   s.full_bytes ? 100.0 * double(s.delta_bytes) / double(s.full_bytes) : 0.0);
