@@ -242,6 +242,46 @@ DeltaInspection inspect_delta(const fs::path& dir) {
     r.files.push_back(std::move(f));
   }
 
+  // Weight-file operations: each new header is checked against its recorded
+  // size and checksum and, for a built file, against its tensor list.
+  for (const ShardOp& so : idx.shards) {
+    InspectShard sh;
+    sh.file = so.file;
+    sh.op = so.op;
+    if (so.op == ShardOp::Op::remove) {
+      ++r.shards_removed;
+      r.shards.push_back(std::move(sh));
+      continue;
+    }
+    check_no_symlink_below(dir / kHeadersDir, so.file, dir.string());
+    const fs::path hp = dir / kHeadersDir / so.file;
+    if (!fs::is_regular_file(fs::symlink_status(hp, ec)))
+      fail(Exit::bad_input, hp.string() + ": named by the delta index's hfdelta_shards but missing or not a regular file");
+    const MappedFile hm(hp);
+    if (hm.size() != so.header_size || xxh3_128(hm.bytes()) != so.header_hash)
+      fail(Exit::bad_input, hp.string() + ": does not match the size and checksum the delta index records");
+    sh.header_bytes = so.header_size;
+    if (so.op == ShardOp::Op::header) {
+      ++r.shards_rewritten;
+      r.shards.push_back(std::move(sh));
+      continue;
+    }
+    const SafetensorsHeader nh =
+        parse_safetensors({reinterpret_cast<const char*>(hm.bytes().data()), hm.size()}, so.size, hp.string());
+    if (nh.data_start() != hm.size() || nh.tensors.size() != so.tensors.size())
+      fail(Exit::bad_input, hp.string() + ": does not hold the tensors hfdelta_shards lists for " + so.file);
+    for (std::size_t i = 0; i < nh.tensors.size(); ++i) {
+      const ShardOp::Tensor& t = so.tensors[i];
+      if (nh.tensors[i].name != t.name)
+        fail(Exit::bad_input, hp.string() + ": tensor '" + nh.tensors[i].name + "' is listed as '" + t.name + "' in hfdelta_shards");
+      ++(!t.from ? sh.fresh : *t.from == t.name ? sh.copied : sh.renamed);
+    }
+    sh.size = so.size;
+    sh.tensors = so.tensors.size();
+    ++r.shards_built;
+    r.shards.push_back(std::move(sh));
+  }
+
   for (const auto& e : r.entries) {
     r.entry_bytes += e.entry_bytes;
     if (e.tensor_bytes) r.tensor_bytes += *e.tensor_bytes;
@@ -278,6 +318,20 @@ json inspection_json(const DeltaInspection& d) {
                      {"size", put ? json(f.size) : json(nullptr)},
                      {"checksum", put ? json(f.checksum.hex()) : json(nullptr)}});
   }
+  json shards = json::array();
+  for (const auto& s : d.shards) {
+    const char* op = s.op == ShardOp::Op::remove ? "remove" : s.op == ShardOp::Op::header ? "header" : "build";
+    json o = {{"file", s.file}, {"op", op}};
+    if (s.op != ShardOp::Op::remove) o["header_bytes"] = s.header_bytes;
+    if (s.op == ShardOp::Op::build) {
+      o["size"] = s.size;
+      o["tensors"] = s.tensors;
+      o["copied"] = s.copied;
+      o["renamed"] = s.renamed;
+      o["new"] = s.fresh;
+    }
+    shards.push_back(std::move(o));
+  }
   return {{"delta", d.dir.string()},
           {"version", format_version(d.version)},
           {"base_version", format_version(d.base_version)},
@@ -286,6 +340,7 @@ json inspection_json(const DeltaInspection& d) {
           {"index_checksum", d.index_checksum ? json(d.index_checksum->hex()) : json(nullptr)},
           {"tensors", std::move(tensors)},
           {"files", std::move(files)},
+          {"weight_files", std::move(shards)},
           {"totals",
            {{"tensors", d.entries.size()},
             {"entries", {{"sparse", d.entries_sparse}, {"xor", d.entries_xor}, {"overwrite", d.entries_overwrite}}},
@@ -296,6 +351,9 @@ json inspection_json(const DeltaInspection& d) {
             {"changed_bytes", d.changed_bytes},
             {"files_put", d.files_put},
             {"files_removed", d.files_removed},
+            {"weight_files_built", d.shards_built},
+            {"headers_rewritten", d.shards_rewritten},
+            {"weight_files_removed", d.shards_removed},
             {"file_bytes", d.file_bytes},
             {"delta_bytes", d.delta_bytes}}}};
 }

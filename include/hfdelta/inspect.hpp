@@ -40,6 +40,17 @@ struct InspectFile {
   Hash128 checksum;        // put only
 };
 
+// One weight-file operation of a structural delta (hfdelta_shards).
+struct InspectShard {
+  std::string file;
+  ShardOp::Op op = ShardOp::Op::build;
+  std::uint64_t header_bytes = 0;  // header, build: the new header's size
+  std::uint64_t size = 0;          // build: the file's size
+  // build: its tensors; copied from a base tensor of the same name, from one
+  // of another name (renamed or moved), or starting from zeros (new).
+  std::uint64_t tensors = 0, copied = 0, renamed = 0, fresh = 0;
+};
+
 struct DeltaInspection {
   boost::filesystem::path dir;
   std::uint64_t version = 0, base_version = 0;
@@ -48,10 +59,12 @@ struct DeltaInspection {
   std::optional<Hash128> index_checksum;
   std::vector<InspectEntry> entries;  // sorted by tensor name
   std::vector<InspectFile> files;     // in index order
+  std::vector<InspectShard> shards;   // by file name
   // Totals. Element and byte counts add up only the entries that know them.
   std::uint64_t entry_bytes = 0, tensor_bytes = 0, changed_elements = 0, changed_bytes = 0;
   std::uint64_t entries_xor = 0, entries_overwrite = 0, entries_sparse = 0;
   std::uint64_t files_put = 0, files_removed = 0, file_bytes = 0;
+  std::uint64_t shards_built = 0, shards_rewritten = 0, shards_removed = 0;
   std::uint64_t delta_bytes = 0;  // every regular file under the delta directory
 };
 

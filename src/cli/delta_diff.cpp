@@ -42,12 +42,28 @@ void print_inspection(const DeltaInspection& d) {
     std::printf("  %-9s  %10s  %-32s  %s\n", put ? "put" : "remove", put ? cli::human_bytes(double(f.size)).c_str() : "-",
                 put ? f.checksum.hex().c_str() : "-", f.path.c_str());
   }
+  if (!d.shards.empty())
+    std::printf("  %-9s  %10s  %10s  %-40s  %s\n", "WEIGHT OP", "SIZE", "HEADER", "TENSORS", "FILE");
+  for (const auto& s : d.shards) {
+    const bool build = s.op == ShardOp::Op::build;
+    const std::string tensors = build ? std::to_string(s.tensors) + " (" + std::to_string(s.copied) + " copied, " +
+                                            std::to_string(s.renamed) + " renamed or moved, " + std::to_string(s.fresh) + " new)"
+                                      : "-";
+    std::printf("  %-9s  %10s  %10s  %-40s  %s\n",
+                s.op == ShardOp::Op::remove ? "remove" : s.op == ShardOp::Op::header ? "header" : "build",
+                build ? cli::human_bytes(double(s.size)).c_str() : "-",
+                s.op == ShardOp::Op::remove ? "-" : cli::human_bytes(double(s.header_bytes)).c_str(), tensors.c_str(),
+                s.file.c_str());
+  }
   std::printf("  total   %zu tensors (%llu sparse, %llu xor, %llu overwrite), entries %s\n", d.entries.size(),
               (ull)d.entries_sparse, (ull)d.entries_xor, (ull)d.entries_overwrite, cli::human_bytes(double(d.entry_bytes)).c_str());
   std::printf("  changed %llu elements (sparse entries), %llu bytes (xor and overwrite entries)\n", (ull)d.changed_elements,
               (ull)d.changed_bytes);
   std::printf("  files   %llu put (%s), %llu removed\n", (ull)d.files_put, cli::human_bytes(double(d.file_bytes)).c_str(),
               (ull)d.files_removed);
+  if (!d.shards.empty())
+    std::printf("  weights %llu files built, %llu headers rewritten, %llu files removed\n", (ull)d.shards_built,
+                (ull)d.shards_rewritten, (ull)d.shards_removed);
   std::printf("  delta   %s on disk\n", cli::human_bytes(double(d.delta_bytes)).c_str());
 }
 
