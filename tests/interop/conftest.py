@@ -84,14 +84,30 @@ def check_delta_dir(out, base, new):
     m = index["metadata"]
     for k in ("version", "base_version"):
         assert isinstance(m[k], str) and len(m[k]) == 6 and m[k].isdigit(), (k, m[k])
-    assert m["delta_encoding"] in ("xor", "overwrite")
+    # A structural delta (hfdelta_shards) records its encodings per tensor
+    # under delta_encoding "auto", which plain-layout readers refuse rather
+    # than patch tensors by name into files whose layout changed.
+    structural = "hfdelta_shards" in m
+    if structural:
+        assert m["delta_encoding"] == "auto" and m["hfdelta_format"] == 3
+    else:
+        assert m["delta_encoding"] in ("xor", "overwrite")
     assert m["compression_format"] == "zstd"
     assert m["checksum_format"] == "xxh3-128"
-    enc = m["delta_encoding"]
+
+    def enc_of(name):
+        return m["hfdelta_encodings"][name] if structural else m["delta_encoding"]
 
     old_t = stio.checkpoint_tensors(base)
     new_t = stio.checkpoint_tensors(new)
-    changed = sorted(n for n in new_t if new_t[n][3] != old_t[n][3])
+    # Where each tensor's base bytes come from: a built file names its source
+    # ("from"; none: zeros), other files keep the tensor's own name.
+    source = {n: n for n in new_t if n in old_t and len(old_t[n][3]) == len(new_t[n][3])}
+    for op in m.get("hfdelta_shards", []):
+        for t in op.get("tensors", []):
+            source[t["name"]] = t.get("from")
+    old_of = {n: old_t[source[n]][3] if source.get(n) else bytes(len(new_t[n][3])) for n in new_t}
+    changed = sorted(n for n in new_t if new_t[n][3] != old_of[n])
 
     files = sorted(f for f in os.listdir(out) if f.endswith(".safetensors"))
     assert sorted(set(index["weight_map"].values())) == files
@@ -103,7 +119,7 @@ def check_delta_dir(out, base, new):
                 arr = st.get_tensor(name)
                 assert arr.dtype == np.uint8 and arr.ndim == 1, (f, name, arr.dtype, arr.shape)
                 assert index["weight_map"][name] == f
-                newb, oldb = new_t[name][3], old_t[name][3]
+                newb, oldb = new_t[name][3], old_of[name]
                 assert meta[name] == xxhash.xxh3_128_hexdigest(newb), (f, name)
                 assert meta[name] == xxhash.xxh3_128(newb).hexdigest()
                 frame = arr.tobytes()
@@ -114,7 +130,7 @@ def check_delta_dir(out, base, new):
                 assert params.content_size == len(raw), f"{name}: frame does not record its content size"
                 a = np.frombuffer(oldb, dtype=np.uint8)
                 b = np.frombuffer(newb, dtype=np.uint8)
-                if enc == "xor":
+                if enc_of(name) == "xor":
                     assert raw == (a ^ b).tobytes(), name
                 else:
                     pos = np.flatnonzero(a != b)

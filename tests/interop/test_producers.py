@@ -146,8 +146,6 @@ def writer_metadata_orders(metadata, tries=20):
 MANY_KEYS = {f"key{i}": f"value{i}" for i in range(8)}
 
 
-@pytest.mark.xfail(strict=True, reason="header byte changes are structural changes, which delta-diff "
-                   "refuses with exit 6 until structural deltas land")
 @pytest.mark.parametrize("encoding", ENCODINGS)
 def test_metadata_with_several_keys(hf, tmp_path, encoding):
     """Two saves with the same tensors, shapes, dtypes and the same
@@ -156,13 +154,15 @@ def test_metadata_with_several_keys(hf, tmp_path, encoding):
     The library serialises __metadata__ from a hash map, so the order of its
     keys, and with it the header bytes, differ from one save to the next
     although nothing structural changed (shown by writer_metadata_orders).
-    delta-diff compares header bytes and stops with exit 6 ("safetensors header
-    bytes ... differ ... not supported yet"), so a producer that writes more
-    than one metadata key cannot be diffed at all. Expected: the round trip
-    reproduces the second save byte for byte, as for single-key metadata."""
+    The header keeps its length and byte ranges, so delta-diff rewrites it in
+    place (a "header" operation) and the round trip reproduces the second save
+    byte for byte, as for single-key metadata."""
     assert len(writer_metadata_orders(MANY_KEYS)) > 1, "writer is deterministic here"
     saves = producers.series(str(tmp_path / "saves"), 2, seed=31, sharded=False, metadata=MANY_KEYS)
     h0 = stio.read_header(os.path.join(saves[0], "model.safetensors"))[1]
     h1 = stio.read_header(os.path.join(saves[1], "model.safetensors"))[1]
     assert h0 == h1  # the same header, as JSON
-    roundtrip(hf, tmp_path, saves[0], saves[1], encoding)
+    out = roundtrip(hf, tmp_path, saves[0], saves[1], encoding)
+    with open(os.path.join(out, "model.safetensors.index.json")) as f:
+        ops = {s["op"] for s in json.load(f)["metadata"].get("hfdelta_shards", [])}
+    assert ops <= {"header"}, f"the file was rebuilt instead of its header rewritten in place: {ops}"
