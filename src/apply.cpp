@@ -601,6 +601,11 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
   std::vector<Patch> build_patches;  // entries of tensors of built files; offsets in the built file
   for (const auto& [file, hdr] : headers) {
     const std::string w = (delta / file).string();
+    const auto target = idx.targets.find(file);
+    auto check_target = [&](const std::string& tensor, const std::string& in) {
+      if (target != idx.targets.end() && target->second != in)
+        fail(Exit::bad_input, w + ": entry '" + tensor + "' patches " + in + ", but hfdelta_targets names " + target->second);
+    };
     for (const auto& t : hdr.tensors) {
       const Hash128 checksum = check_delta_entry(idx, file, hdr, t, w);
       Patch p;
@@ -614,6 +619,7 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
         if (checksum != bt.hash)
           fail(Exit::bad_input, w + ": entry '" + t.name + "' records checksum " + checksum.hex() + ", hfdelta_shards " + bt.hash.hex());
         if (!bt.src) p.base_hash.reset();  // its base is zeros
+        check_target(t.name, builds[bi->second.first].op->file);
         p.offset = bt.dst;
         p.nbytes = bt.nbytes;
         bt.entry = build_patches.size();
@@ -623,6 +629,7 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
       auto lt = where.find(t.name);
       if (lt == where.end())
         fail(Exit::bad_input, w + ": tensor '" + t.name + "' does not exist in " + local.string());
+      check_target(t.name, m.shards[lt->second.slot]);
       p.local_shard = lt->second.slot;
       p.offset = lt->second.offset;
       p.nbytes = lt->second.nbytes;

@@ -203,10 +203,21 @@ DeltaIndex parse_delta_index(std::string_view text, const std::string& w) {
         so.op = ShardOp::Op::header;
         header_at();
         so.base_header_hash = hash_at(e, "base_header");
+        if (e.contains("renamed")) {
+          if (!e["renamed"].is_object()) fail(Exit::bad_input, what + ": \"renamed\" must be an object of names");
+          for (auto it = e["renamed"].begin(); it != e["renamed"].end(); ++it) {
+            if (!it->is_string()) fail(Exit::bad_input, what + ": renamed[\"" + it.key() + "\"] is not a name");
+            so.renamed.emplace(it.key(), it->get<std::string>());
+          }
+        }
       } else if (op == "build") {
         so.op = ShardOp::Op::build;
         header_at();
         so.size = u64_at(e, "size");
+        if (e.contains("replaces")) {
+          if (!e["replaces"].is_boolean()) fail(Exit::bad_input, what + ": \"replaces\" must be true or false");
+          so.replaces = e["replaces"].get<bool>();
+        }
         if (!e.contains("tensors") || !e["tensors"].is_array()) fail(Exit::bad_input, what + ": needs a \"tensors\" list");
         for (const json& t : e["tensors"]) {
           if (!t.is_object() || !t.contains("name") || !t["name"].is_string())
@@ -225,6 +236,15 @@ DeltaIndex parse_delta_index(std::string_view text, const std::string& w) {
         fail(Exit::unsupported, what + " has unknown op \"" + op + "\"");
       }
       d.shards.push_back(std::move(so));
+    }
+  }
+  if (m.contains(key::targets)) {
+    const json& t = m[key::targets];
+    if (!t.is_object()) fail(Exit::bad_input, w + ": metadata.hfdelta_targets must be an object");
+    for (auto it = t.begin(); it != t.end(); ++it) {
+      if (!it->is_string()) fail(Exit::bad_input, w + ": hfdelta_targets[\"" + it.key() + "\"] is not a file name");
+      check_relative_path(it->get<std::string>(), w + ": hfdelta_targets[\"" + it.key() + "\"]");
+      d.targets.emplace(it.key(), it->get<std::string>());
     }
   }
   if (d.per_tensor)
@@ -280,6 +300,7 @@ std::string write_delta_index_json(const DeltaIndex& d, std::uint64_t total_size
     }
   }
   m[key::files] = std::move(files);
+  if (!d.targets.empty()) m[key::targets] = d.targets;
   if (d.structural()) {
     json shards = json::array();
     for (const auto& s : d.shards) {
@@ -293,11 +314,13 @@ std::string write_delta_index_json(const DeltaIndex& d, std::uint64_t total_size
           e["op"] = "header";
           e["header"] = header;
           e["base_header"] = s.base_header_hash.hex();
+          if (!s.renamed.empty()) e["renamed"] = s.renamed;
           break;
         case ShardOp::Op::build: {
           e["op"] = "build";
           e["header"] = header;
           e["size"] = s.size;
+          e["replaces"] = s.replaces;
           json ts = json::array();
           for (const auto& t : s.tensors) {
             json o = {{"name", t.name}, {"xxh3-128", t.hash.hex()}};

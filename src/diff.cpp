@@ -423,6 +423,8 @@ static std::vector<ShardOp> plan_shards(const Checkpoint& base, const Checkpoint
         ShardOp op;
         op.file = ns.file;
         op.op = ShardOp::Op::header;
+        for (std::size_t i = 0; i < ns.header.tensors.size(); ++i)
+          if (ns.header.tensors[i].name != bh->tensors[i].name) op.renamed[ns.header.tensors[i].name] = bh->tensors[i].name;
         ops.push_back(std::move(op));
       }
       for (std::size_t i = 0; i < ns.header.tensors.size(); ++i)
@@ -433,6 +435,7 @@ static std::vector<ShardOp> plan_shards(const Checkpoint& base, const Checkpoint
     op.file = ns.file;
     op.op = ShardOp::Op::build;
     op.size = ns.header.file_size;
+    op.replaces = bh != nullptr;
     build_ops.push_back(ops.size());
     for (const auto& t : ns.header.tensors) {
       std::optional<std::pair<std::size_t, const TensorInfo*>> src;
@@ -661,6 +664,7 @@ DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, 
         pos += e.size;
         meta[e.name] = e.new_hash.hex();
         idx.weight_map[e.name] = name;
+        idx.targets[name] = target.shards[e.shard].file;
         if (!e.fresh) idx.base_checksums[e.name] = e.base_hash;
         if (idx.per_tensor) idx.encodings[e.name] = e.encoding;
         total += e.size;

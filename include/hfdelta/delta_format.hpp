@@ -65,6 +65,10 @@ struct ShardOp {
   Hash128 base_header_hash;       // header: XXH3-128 of the base's header bytes
   std::uint64_t size = 0;         // build: the file's size
   std::vector<Tensor> tensors;    // build: every tensor, in data order
+  bool replaces = false;          // build: BASE has a weight file of this name
+  // header: target name -> base name of the tensor at the same range, where
+  // they differ (renames in place).
+  std::map<std::string, std::string> renamed;
 };
 
 struct DeltaIndex {
@@ -77,6 +81,10 @@ struct DeltaIndex {
   std::map<std::string, Hash128> base_checksums;     // tensor -> hash of its base bytes (hfdelta only)
   std::vector<FileChange> files;                     // hfdelta only
   std::vector<ShardOp> shards;                       // hfdelta only (revision 3), by file name
+  // Delta file -> the weight file of the target its entries patch (entries
+  // are grouped by target file); lets a chain of deltas be composed without
+  // the checkpoints. Written since revision 3, for every delta.
+  std::map<std::string, std::string> targets;
   bool structural() const { return !shards.empty(); }
 };
 
@@ -93,6 +101,7 @@ inline constexpr const char* base_checksums = "hfdelta_base_checksums";
 inline constexpr const char* files = "hfdelta_files";
 inline constexpr const char* encodings = "hfdelta_encodings";
 inline constexpr const char* shards = "hfdelta_shards";
+inline constexpr const char* targets = "hfdelta_targets";
 // XXH3-128 of the index's compact JSON (nlohmann's dump, keys sorted) without this key.
 inline constexpr const char* index_checksum = "hfdelta_index_checksum";
 }  // namespace key
