@@ -721,12 +721,7 @@ DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, 
 
     sum.delta_bytes = tree_bytes(tmp);
 
-    // RENAME_NOREPLACE: publication never replaces a version someone else
-    // published meanwhile, not even an empty directory.
-    if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, out.c_str(), RENAME_NOREPLACE) != 0) {
-      if (errno == EEXIST) fail(Exit::exists, out.string() + ": already exists; refusing to overwrite");
-      fail(Exit::failure, out.string() + ": rename from " + tmp.filename().string() + ": " + std::strerror(errno));
-    }
+    publish_dir(tmp, out);
   } catch (...) {
     fs::remove_all(tmp, ec);
     throw;

@@ -197,6 +197,13 @@ void File::write_all(const void* buf, std::size_t n) {
   }
 }
 
+void publish_dir(const fs::path& tmp, const fs::path& out) {
+  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, out.c_str(), RENAME_NOREPLACE) != 0) {
+    if (errno == EEXIST) fail(Exit::exists, out.string() + ": already exists; refusing to overwrite");
+    fail(Exit::failure, out.string() + ": rename from " + tmp.filename().string() + ": " + std::strerror(errno));
+  }
+}
+
 void File::truncate(std::uint64_t n) {
   fault_point("ftruncate");
   if (::ftruncate(fd_, static_cast<off_t>(n)) != 0) sys_fail(path_, "ftruncate");

@@ -92,6 +92,11 @@ void sync_dir(const fs::path& dir);
 // rename over, flush the directory (if sync).
 void write_file_atomic(const fs::path& path, std::string_view content, bool sync);
 
+// Renames the finished directory `tmp` to `out` with RENAME_NOREPLACE: a
+// publication never replaces a version someone else published meanwhile, not
+// even an empty directory (Error(exists)).
+void publish_dir(const fs::path& tmp, const fs::path& out);
+
 // Reads a whole small file (configs, indexes, state); refuses files over max_bytes.
 std::string read_small_file(const fs::path& path, std::uint64_t max_bytes = 256u << 20);
 
