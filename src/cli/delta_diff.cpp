@@ -10,6 +10,7 @@
 #include "hfdelta/error.hpp"
 #include "hfdelta/inspect.hpp"
 #include "hfdelta/prune.hpp"
+#include "hfdelta/squash.hpp"
 #include "hfdelta/version.hpp"
 
 using namespace hfdelta;
@@ -97,6 +98,7 @@ int main(int argc, char** argv) {
       "Forms:\n"
       "  delta-diff [options] BASE NEW OUT             write a delta\n"
       "  delta-diff --inspect DELTA [--json]           describe and check a delta version directory\n"
+      "  delta-diff --squash FIRST LAST OUT            one delta equal to the versions FIRST..LAST of a root\n"
       "  delta-diff --prune ROOT [--keep-from N] [--dry-run] [--json]\n"
       "                                                remove versions no delta-apply --root pull to N or later needs\n"
       "See delta-diff(1).");
@@ -129,6 +131,12 @@ int main(int argc, char** argv) {
                                      "delta-apply would (a damaged delta exits 3)")
                           ->type_name("DELTA")
                           ->group(inspect_group);
+  bool squash = false;
+  auto* squash_opt = app.add_flag("--squash", squash,
+                                  "Write OUT as one delta equal to applying the delta versions FIRST, ..., LAST "
+                                  "(given as BASE and NEW; every version between them must be beside them), "
+                                  "composed from the deltas alone")
+                         ->group("Squash a chain of deltas (instead of diffing checkpoints)");
   const std::string prune_group = "Prune a publication root (instead of writing a delta)";
   auto* prune_opt = app.add_option("--prune", prune,
                                    "Remove the version directories of ROOT older than its newest full version "
@@ -145,6 +153,8 @@ int main(int argc, char** argv) {
     // The forms are checked here rather than with CLI11's excludes/needs,
     // which would list every pairing in --help.
     if (*inspect_opt && *prune_opt) throw CLI::ValidationError("--inspect", "cannot be combined with --prune");
+    if (*squash_opt && (*inspect_opt || *prune_opt))
+      throw CLI::ValidationError("--squash", "cannot be combined with --inspect or --prune");
     for (const auto* opt : {keep_from_opt, dry_run_opt})
       if (*opt && !*prune_opt) throw CLI::ValidationError(opt->get_name(), "needs --prune ROOT");
     if (*inspect_opt || *prune_opt) {
@@ -177,6 +187,49 @@ int main(int argc, char** argv) {
     }
     if (!*base_opt || !*new_opt || !*out_opt)
       throw CLI::RequiredError("BASE NEW OUT (or --inspect DELTA, or --prune ROOT)");
+    if (*squash_opt) {
+      for (const auto* opt : diff_only)
+        if (*opt && opt->get_name() != "--level" && opt->get_name() != "--threads")
+          throw CLI::ValidationError(opt->get_name(), "--squash takes its versions and encodings from the deltas");
+      SquashOptions so;
+      so.level = o.level;
+      so.threads = o.threads;
+      so.sync = !no_sync;
+      const SquashSummary s = squash_deltas(chain_between(base, target), out, so);
+      if (json_out) {
+        std::cout << nlohmann::json{{"out", out},
+                                    {"version", format_version(s.version)},
+                                    {"base_version", format_version(s.base_version)},
+                                    {"deltas", s.deltas},
+                                    {"entries", s.entries},
+                                    {"entries_composed", s.entries_composed},
+                                    {"entries_dropped", s.entries_dropped},
+                                    {"structure",
+                                     {{"weight_files_built", s.shards_built},
+                                      {"headers_rewritten", s.shards_rewritten},
+                                      {"weight_files_removed", s.shards_removed}}},
+                                    {"files_changed", s.files_changed},
+                                    {"files_removed", s.files_removed},
+                                    {"input_bytes", s.input_bytes},
+                                    {"delta_bytes", s.delta_bytes},
+                                    {"seconds", s.seconds}}
+                         .dump()
+                  << std::endl;
+      } else if (!quiet) {
+        std::printf("%s: version %s on base %s, squashed from %llu deltas\n", out.c_str(), format_version(s.version).c_str(),
+                    format_version(s.base_version).c_str(), (ull)s.deltas);
+        std::printf("  entries          %llu (%llu composed of several, %llu cancelled out)\n", (ull)s.entries,
+                    (ull)s.entries_composed, (ull)s.entries_dropped);
+        if (s.shards_built || s.shards_rewritten || s.shards_removed)
+          std::printf("  structure        %llu weight files built, %llu headers rewritten, %llu weight files removed\n",
+                      (ull)s.shards_built, (ull)s.shards_rewritten, (ull)s.shards_removed);
+        std::printf("  files            %llu changed, %llu removed\n", (ull)s.files_changed, (ull)s.files_removed);
+        std::printf("  delta            %s, from %s of deltas\n", cli::human_bytes(double(s.delta_bytes)).c_str(),
+                    cli::human_bytes(double(s.input_bytes)).c_str());
+        std::printf("  time             %.3f s\n", s.seconds);
+      }
+      return;
+    }
 
     o.encoding = encoding == "auto" ? std::nullopt : parse_encoding(encoding);
     o.sync = !no_sync;

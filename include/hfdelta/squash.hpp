@@ -1,0 +1,53 @@
+// delta-diff --squash: one delta equivalent to a chain of consecutive deltas,
+// composed from the deltas alone (neither checkpoint is read).
+//
+// Each tensor of the last version is traced back through the chain to where
+// its bytes come from in the first base (a tensor of some name, or zeros),
+// collecting the entries laid over it on the way. One entry is taken as it
+// is; several are composed into one: entries of one kind compose element by
+// element (xor masks XOR, sparse differences add, overwrites merge), and a
+// tensor that starts from zeros composes from any kinds, since its bytes are
+// known. Weight-file operations compose too: a file only ever rewritten in
+// place keeps a header operation, anything built at some step is built.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <boost/filesystem/path.hpp>
+
+namespace hfdelta {
+
+struct SquashOptions {
+  int level = 3;    // zstd level of composed entries
+  int threads = 0;  // 0: all cores
+  bool sync = true;  // flush OUT before publishing it
+};
+
+struct SquashSummary {
+  std::uint64_t version = 0, base_version = 0;
+  std::uint64_t deltas = 0;           // versions squashed
+  std::uint64_t entries = 0;          // entries of OUT
+  std::uint64_t entries_composed = 0;  // of those, composed of two or more
+  std::uint64_t entries_dropped = 0;   // changes that cancelled out
+  std::uint64_t shards_built = 0, shards_rewritten = 0, shards_removed = 0;
+  std::uint64_t files_changed = 0, files_removed = 0;
+  std::uint64_t input_bytes = 0;  // every file of the chain's deltas
+  std::uint64_t delta_bytes = 0;  // every file of OUT
+  double seconds = 0;
+};
+
+// The delta version directories FIRST, LAST and every version between them,
+// found beside them (weight_vNNNNNN); throws Error(bad_input) if one is missing.
+std::vector<boost::filesystem::path> chain_between(const boost::filesystem::path& first,
+                                                   const boost::filesystem::path& last);
+
+// Writes OUT (which must not exist) atomically: the delta from the first
+// delta's base version to the last one's version. Throws Error: bad_input for
+// a damaged delta or deltas that do not form a chain; unsupported for a
+// chain that cannot be composed without the base (one tensor patched by
+// entries of different kinds, from deltas of different --encoding runs).
+SquashSummary squash_deltas(const std::vector<boost::filesystem::path>& chain, const boost::filesystem::path& out,
+                            const SquashOptions& opts);
+
+}  // namespace hfdelta

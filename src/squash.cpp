@@ -1,0 +1,614 @@
+#include "hfdelta/squash.hpp"
+
+#include <sys/mman.h>
+#include <unistd.h>
+#include <zstd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <span>
+
+#include <boost/filesystem/operations.hpp>
+#include <nlohmann/json.hpp>
+
+#include "hfdelta/codec.hpp"
+#include "hfdelta/delta_format.hpp"
+#include "hfdelta/error.hpp"
+#include "hfdelta/hash.hpp"
+#include "hfdelta/io.hpp"
+#include "hfdelta/safetensors.hpp"
+#include "hfdelta/version.hpp"
+#include "parallel.hpp"
+
+namespace hfdelta {
+
+namespace fs = boost::filesystem;
+
+namespace {
+
+// One delta of the chain, its entry files mapped.
+struct Link {
+  fs::path dir;
+  DeltaIndex idx;
+  std::map<std::string, MappedFile> maps;  // delta file -> mapping
+  std::map<std::string, SafetensorsHeader> headers;
+};
+
+// One entry laid over a tensor.
+struct Op {
+  std::size_t link = 0;
+  std::string name;  // the entry's name in that delta
+  Encoding enc = Encoding::xor_bytes;
+  std::span<const std::uint8_t> frame;
+  std::optional<Hash128> base_hash;
+};
+
+// Where a tensor's bytes come from in the first base, and what lies over them.
+struct Trace {
+  std::optional<std::string> origin;  // a tensor of the first base; none: zeros
+  std::vector<Op> ops;
+  std::optional<Hash128> hash;      // of its current bytes, where known
+  std::optional<std::string> file;  // the weight file it is in, where known
+};
+
+// A weight file some delta of the chain changed structurally.
+struct FileState {
+  enum class Kind { header, built, removed } kind = Kind::header;
+  bool existed = false;   // the first base has a weight file of this name
+  Hash128 base_header;    // header: the first base's header checksum
+  fs::path header;        // header, built: the newest header bytes
+  std::uint64_t header_size = 0;
+  Hash128 header_hash;
+  std::uint64_t size = 0;  // built
+};
+
+// Tensor names and lengths of a header file, in data order. (delta-apply
+// validates the header in full; this reads only what tracing needs.)
+std::vector<std::pair<std::string, std::uint64_t>> header_tensors(const fs::path& p) {
+  const std::string bytes = read_small_file(p, 8 + kMaxHeaderSize);
+  const std::string w = p.string();
+  if (bytes.size() < 8) fail(Exit::bad_input, w + ": too short for a safetensors header");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(bytes.begin() + 8, bytes.end());
+  } catch (const std::exception& e) {
+    fail(Exit::bad_input, w + ": not a safetensors header: " + e.what());
+  }
+  if (!j.is_object()) fail(Exit::bad_input, w + ": not a safetensors header");
+  std::vector<std::tuple<std::uint64_t, std::string, std::uint64_t>> ts;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it.key() == "__metadata__") continue;
+    const auto& o = it.value();
+    if (!o.is_object() || !o.contains("data_offsets") || !o["data_offsets"].is_array() || o["data_offsets"].size() != 2 ||
+        !o["data_offsets"][0].is_number_unsigned() || !o["data_offsets"][1].is_number_unsigned())
+      fail(Exit::bad_input, w + ": tensor '" + it.key() + "' has no valid data_offsets");
+    const auto b = o["data_offsets"][0].get<std::uint64_t>(), e = o["data_offsets"][1].get<std::uint64_t>();
+    if (e < b) fail(Exit::bad_input, w + ": tensor '" + it.key() + "' ends before it begins");
+    ts.emplace_back(b, it.key(), e - b);
+  }
+  std::sort(ts.begin(), ts.end());
+  std::vector<std::pair<std::string, std::uint64_t>> out;
+  for (auto& [b, n, len] : ts) out.emplace_back(std::move(n), len);
+  return out;
+}
+
+std::uint64_t le64(const std::uint8_t* p) {
+  std::uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+// What composing entries element by element means for an encoding.
+enum class Kind { mask, add, set };
+Kind kind_of(const Op& op) {
+  if (op.enc == Encoding::xor_bytes) return Kind::mask;
+  if (op.enc == Encoding::overwrite) return Kind::set;
+  // Sparse: "HFS1" entries hold XOR values, "HFS2" differences.
+  return op.frame.size() >= 4 && std::memcmp(op.frame.data(), "HFS1", 4) == 0 ? Kind::mask : Kind::add;
+}
+
+// A tensor-sized scratch buffer: a file in the output's temporary directory,
+// mapped shared, so memory does not grow with the tensor (the page cache
+// holds it, and writes it back under pressure).
+class Scratch {
+ public:
+  Scratch(const fs::path& p, std::uint64_t n, std::uint8_t fill) : file_(p, File::Mode::create_exclusive), n_(n) {
+    file_.truncate(n);
+    if (n == 0) return;
+    void* m = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, file_.fd(), 0);
+    if (m == MAP_FAILED) fail(Exit::failure, p.string() + ": mmap: " + std::strerror(errno));
+    p_ = static_cast<std::uint8_t*>(m);
+    if (fill) std::memset(p_, fill, n);
+  }
+  ~Scratch() {
+    if (p_) ::munmap(p_, n_);
+    boost::system::error_code ec;
+    const fs::path path = file_.path();
+    file_.close();
+    fs::remove(path, ec);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  std::span<std::uint8_t> bytes() { return {p_, static_cast<std::size_t>(n_)}; }
+
+ private:
+  File file_;
+  std::uint64_t n_;
+  std::uint8_t* p_ = nullptr;
+};
+
+// Zero bytes of any length without memory: an anonymous read-only mapping.
+class Zeros {
+ public:
+  explicit Zeros(std::uint64_t n) : n_(n) {
+    if (n == 0) return;
+    void* m = ::mmap(nullptr, n, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) fail(Exit::failure, std::string("mmap of zeros: ") + std::strerror(errno));
+    p_ = static_cast<const std::uint8_t*>(m);
+  }
+  ~Zeros() {
+    if (p_) ::munmap(const_cast<std::uint8_t*>(p_), n_);
+  }
+  Zeros(const Zeros&) = delete;
+  Zeros& operator=(const Zeros&) = delete;
+  std::span<const std::uint8_t> bytes() const { return {p_, static_cast<std::size_t>(n_)}; }
+
+ private:
+  std::uint64_t n_;
+  const std::uint8_t* p_ = nullptr;
+};
+
+// Lays one entry over `buf` with its own meaning (XOR, add, set).
+void lay(const Op& op, std::span<std::uint8_t> buf, const std::string& what) {
+  thread_local Decompressor d1, d2;
+  switch (op.enc) {
+    case Encoding::xor_bytes:
+      decode_xor(d1, op.frame, buf.size(), what, [&](std::uint64_t off, std::span<const std::uint8_t> x) {
+        for (std::size_t i = 0; i < x.size(); ++i) buf[off + i] ^= x[i];
+      });
+      break;
+    case Encoding::sparse:
+      decode_sparse(op.frame, buf.size(), what,
+                    [&](std::span<const std::uint64_t> offs, std::span<const std::uint8_t> v, std::size_t es, SparseOp sop) {
+                      for (std::size_t i = 0; i < offs.size(); ++i) sparse_apply_value(buf.data() + offs[i], v.data() + i * es, es, sop);
+                    });
+      break;
+    case Encoding::overwrite:
+      decode_overwrite(d1, d2, op.frame, buf.size(), what, [&](std::span<const std::uint64_t> pos, std::span<const std::uint8_t> v) {
+        for (std::size_t i = 0; i < pos.size(); ++i) buf[pos[i]] = v[i];
+      });
+      break;
+  }
+}
+
+// The tensor length an entry reveals, if it does.
+std::optional<std::uint64_t> length_of(const Op& op) {
+  if (op.enc == Encoding::sparse && op.frame.size() >= kSparseHeadSize) return le64(op.frame.data() + 8);
+  if (op.enc == Encoding::xor_bytes) {
+    const unsigned long long n = ZSTD_getFrameContentSize(op.frame.data(), op.frame.size());
+    if (n != ZSTD_CONTENTSIZE_UNKNOWN && n != ZSTD_CONTENTSIZE_ERROR) return n;
+  }
+  return std::nullopt;
+}
+
+// One entry of OUT: taken whole from a delta, or composed into a spool file.
+struct OutEntry {
+  std::string name;
+  std::string file;  // weight file it patches ("" where not known)
+  Encoding enc = Encoding::xor_bytes;
+  std::span<const std::uint8_t> bytes;  // taken whole
+  fs::path composed;                    // or composed here
+  std::uint64_t size = 0;
+  Hash128 new_hash;
+  std::optional<Hash128> base_hash;
+  bool dropped = false;  // the changes cancel out: no entry
+};
+
+// Composes the entries of one trace into one (see squash.hpp).
+void compose(const Trace& tr, std::uint64_t n, OutEntry& out, const fs::path& tmp, std::size_t id, int level,
+             const std::vector<Link>& links) {
+  const std::string what = "entries of '" + out.name + "' in " + links[tr.ops.front().link].dir.string() + " .. " +
+                           links[tr.ops.back().link].dir.string();
+  const Kind k0 = kind_of(tr.ops.front());
+  std::uint32_t es0 = 0;
+  if (tr.origin) {
+    for (const Op& op : tr.ops) {
+      if (kind_of(op) != k0)
+        fail(Exit::unsupported, "cannot squash " + what + ": it is patched by entries of different kinds (" +
+                                    std::string(encoding_name(tr.ops.front().enc)) + " in " + links[tr.ops.front().link].dir.string() +
+                                    ", " + std::string(encoding_name(op.enc)) + " in " + links[op.link].dir.string() +
+                                    "), which do not compose without the base; squash a chain written with one --encoding");
+      if (k0 == Kind::add) {
+        std::uint32_t es = 0;
+        if (op.frame.size() >= 8) std::memcpy(&es, op.frame.data() + 4, 4);
+        if (es0 && es != es0)
+          fail(Exit::unsupported, "cannot squash " + what + ": its sparse entries use different element sizes");
+        es0 = es;
+      }
+    }
+  }
+  const fs::path a_path = tmp / (".compose-" + std::to_string(id) + "-a");
+  const fs::path b_path = tmp / (".compose-" + std::to_string(id) + "-b");
+  Compressor c(level);
+  File f(tmp / (".compose-" + std::to_string(id)), File::Mode::create_exclusive);
+  std::uint64_t at = 0;
+  const ByteSink sink = [&](std::span<const std::uint8_t> s) {
+    f.pwrite_all(s.data(), s.size(), at);
+    at += s.size();
+  };
+  const Zeros zeros(n);
+  bool nothing = false;
+  if (!tr.origin || k0 != Kind::set) {
+    // From zeros: the tensor's bytes themselves. Otherwise the combined mask
+    // or difference, laid over zeros.
+    Scratch a(a_path, n, 0);
+    for (const Op& op : tr.ops) lay(op, a.bytes(), what);
+    auto v = a.bytes();
+    nothing = std::all_of(v.begin(), v.end(), [](std::uint8_t x) { return x == 0; });
+    if (!nothing) {
+      if (tr.origin && k0 == Kind::add) {
+        out.enc = Encoding::sparse;
+        encode_sparse(c, zeros.bytes(), v, es0 ? es0 : 1, sink);
+      } else {
+        out.enc = Encoding::xor_bytes;
+        encode_xor(c, zeros.bytes(), v, sink);
+      }
+    }
+  } else {
+    // Overwrites: laid over zeros and over 0xff, a byte is set where the two
+    // agree. The second buffer becomes the "old" bytes that differ exactly there.
+    Scratch a(a_path, n, 0), b(b_path, n, 0xff);
+    for (const Op& op : tr.ops) lay(op, a.bytes(), what), lay(op, b.bytes(), what);
+    auto va = a.bytes();
+    auto vb = b.bytes();
+    std::uint64_t count = 0;
+    for (std::size_t i = 0; i < va.size(); ++i) {
+      const bool set = va[i] == vb[i];
+      count += set;
+      vb[i] = set ? static_cast<std::uint8_t>(~va[i]) : va[i];
+    }
+    nothing = count == 0;
+    if (!nothing) {
+      out.enc = Encoding::overwrite;
+      encode_overwrite(c, vb, va, count, sink);
+    }
+  }
+  // Changes that cancel out need no entry; nor does a tensor from zeros that
+  // ends all zero (a built file starts as zeros).
+  out.dropped = nothing;
+  out.composed = f.path();
+  out.size = at;
+  f.close();
+}
+
+}  // namespace
+
+std::vector<fs::path> chain_between(const fs::path& first, const fs::path& last) {
+  const fs::path a = fs::absolute(first), b = fs::absolute(last);
+  const auto va = version_from_dirname(a.filename().string()), vb = version_from_dirname(b.filename().string());
+  if (!va || !vb) fail(Exit::bad_input, "--squash FIRST LAST: both must be version directories named weight_vNNNNNN");
+  if (a.parent_path() != b.parent_path()) fail(Exit::bad_input, first.string() + " and " + last.string() + ": not in the same directory");
+  if (*vb <= *va) fail(Exit::bad_input, last.string() + ": is not newer than " + first.string());
+  std::vector<fs::path> chain;
+  for (std::uint64_t v = *va; v <= *vb; ++v) {
+    const fs::path d = a.parent_path() / version_dirname(v);
+    boost::system::error_code ec;
+    if (!fs::is_directory(d, ec)) fail(Exit::bad_input, d.string() + ": missing; the chain from " + first.string() + " is broken");
+    chain.push_back(d);
+  }
+  return chain;
+}
+
+SquashSummary squash_deltas(const std::vector<fs::path>& chain, const fs::path& out_arg, const SquashOptions& opts) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const fs::path out = fs::absolute(out_arg);
+  boost::system::error_code ec;
+  if (fs::exists(fs::symlink_status(out, ec))) fail(Exit::exists, out.string() + ": already exists; refusing to overwrite");
+  if (!fs::is_directory(out.parent_path(), ec)) fail(Exit::bad_input, out.parent_path().string() + ": not a directory");
+  if (chain.size() < 2) fail(Exit::usage, "--squash needs at least two deltas");
+
+  SquashSummary sum;
+  std::vector<Link> links;
+  for (const fs::path& d : chain) {
+    if (!is_delta_dir(d)) fail(Exit::bad_input, d.string() + ": is not a delta version (a full version cannot be squashed)");
+    Link l;
+    l.dir = d;
+    l.idx = read_delta_index(d);
+    if (!links.empty() && l.idx.base_version != links.back().idx.version)
+      fail(Exit::bad_input, d.string() + ": applies on top of version " + format_version(l.idx.base_version) + ", not " +
+                                format_version(links.back().idx.version) + " (" + links.back().dir.string() + ")");
+    for (const auto& [tensor, file] : l.idx.weight_map) {
+      if (l.maps.count(file)) continue;
+      const fs::path p = d / file;
+      if (!fs::is_regular_file(fs::symlink_status(p, ec)))
+        fail(Exit::bad_input, p.string() + ": named by the delta index but missing or not a regular file");
+      l.headers.emplace(file, read_safetensors(p));
+      l.maps.emplace(file, MappedFile(p));
+    }
+    sum.input_bytes += tree_bytes(d);
+    links.push_back(std::move(l));
+  }
+
+  std::map<std::string, Trace> traces;  // tensors something happened to, by current name
+  std::map<std::string, FileState> files;
+  auto trace_of = [](const std::map<std::string, Trace>& from, const std::string& name) {
+    if (auto it = from.find(name); it != from.end()) return it->second;
+    Trace t;
+    t.origin = name;  // untouched so far: the first base's tensor of that name
+    return t;
+  };
+  std::map<std::string, std::pair<std::size_t, FileChange>> file_ops;  // path -> (link, last operation)
+
+  for (std::size_t k = 0; k < links.size(); ++k) {
+    const Link& l = links[k];
+    const std::string iw = (l.dir / kIndexFile).string();
+    if (l.idx.structural())
+      for (const auto& [name, t] : traces)
+        if (!t.file)
+          fail(Exit::unsupported, "cannot squash: " + l.dir.string() + " changes the weight files' layout, and tensor '" + name +
+                                      "' was patched by an earlier delta that does not record which weight file its entries patch "
+                                      "(hfdelta_targets; written by newer builds)");
+    const std::map<std::string, Trace> prev = traces;
+    for (const ShardOp& so : l.idx.shards) {
+      const std::string what = iw + ": hfdelta_shards \"" + so.file + "\"";
+      std::erase_if(traces, [&](const auto& kv) { return kv.second.file == so.file; });
+      auto [it, fresh] = files.try_emplace(so.file);
+      FileState& st = it->second;
+      if (fresh) {
+        st.existed = so.op != ShardOp::Op::build || so.replaces;
+        st.kind = FileState::Kind::removed;  // set below
+      }
+      if (so.op == ShardOp::Op::remove) {
+        st.kind = FileState::Kind::removed;
+        continue;
+      }
+      st.header = l.dir / kHeadersDir / so.file;
+      st.header_size = so.header_size;
+      st.header_hash = so.header_hash;
+      if (so.op == ShardOp::Op::header) {
+        if (fresh) st.kind = FileState::Kind::header, st.base_header = so.base_header_hash;
+        if (st.kind == FileState::Kind::removed && !fresh) fail(Exit::bad_input, what + ": rewrites the header of a removed file");
+        for (const auto& [name, len] : header_tensors(st.header)) {
+          auto r = so.renamed.find(name);
+          const std::string src = r != so.renamed.end() ? r->second : name;
+          if (src == name && !prev.count(src)) continue;  // untouched, under its own name
+          Trace t = trace_of(prev, src);
+          t.file = so.file;
+          traces[name] = std::move(t);
+        }
+        continue;
+      }
+      st.kind = FileState::Kind::built;
+      st.size = so.size;
+      for (const auto& t : so.tensors) {
+        Trace tr;
+        if (t.from) tr = trace_of(prev, *t.from);
+        tr.file = so.file;
+        tr.hash = t.hash;
+        traces[t.name] = std::move(tr);
+      }
+    }
+    for (const auto& [file, hdr] : l.headers) {
+      const std::string w = (l.dir / file).string();
+      const auto target = l.idx.targets.find(file);
+      for (const auto& ti : hdr.tensors) {
+        const Hash128 checksum = check_delta_entry(l.idx, file, hdr, ti, w);
+        Op op;
+        op.link = k;
+        op.name = ti.name;
+        op.enc = encoding_of(l.idx, ti.name);
+        op.frame = l.maps.at(file).bytes(hdr.file_offset(ti), ti.nbytes());
+        if (auto b = l.idx.base_checksums.find(ti.name); b != l.idx.base_checksums.end()) op.base_hash = b->second;
+        Trace& tr = traces.try_emplace(ti.name, trace_of(prev, ti.name)).first->second;
+        if (target != l.idx.targets.end()) {
+          if (tr.file && *tr.file != target->second)
+            fail(Exit::bad_input, w + ": entry '" + ti.name + "' patches " + target->second + ", but the tensor is in " + *tr.file);
+          tr.file = target->second;
+        }
+        tr.ops.push_back(std::move(op));
+        tr.hash = checksum;
+      }
+    }
+    for (const FileChange& fc : l.idx.files) file_ops[fc.path] = {k, fc};
+  }
+
+  // ---- OUT's weight-file operations ----
+  DeltaIndex idx;
+  idx.base_version = links.front().idx.base_version;
+  idx.version = links.back().idx.version;
+  std::map<std::string, std::vector<std::pair<std::string, std::uint64_t>>> built;  // file -> tensors
+  for (const auto& [file, st] : files) {
+    ShardOp so;
+    so.file = file;
+    if (st.kind == FileState::Kind::removed) {
+      if (!st.existed) continue;  // created and removed within the chain
+      so.op = ShardOp::Op::remove;
+    } else {
+      so.header_size = st.header_size;
+      so.header_hash = st.header_hash;
+      if (st.kind == FileState::Kind::header) {
+        so.op = ShardOp::Op::header;
+        so.base_header_hash = st.base_header;
+        for (const auto& [name, t] : traces)
+          if (t.file == file && t.origin && *t.origin != name) so.renamed[name] = *t.origin;
+      } else {
+        so.op = ShardOp::Op::build;
+        so.size = st.size;
+        so.replaces = st.existed;
+        auto& ts = built[file] = header_tensors(st.header);
+        for (const auto& [name, len] : ts) {
+          auto it = traces.find(name);
+          if (it == traces.end() || !it->second.hash || it->second.file != file)
+            fail(Exit::bad_input, st.header.string() + ": tensor '" + name + "' is not accounted for by the chain's hfdelta_shards");
+          so.tensors.push_back({name, it->second.origin, *it->second.hash});
+        }
+      }
+    }
+    idx.shards.push_back(std::move(so));
+  }
+
+  // ---- OUT's entries: one per traced tensor with entries ----
+  std::map<std::string, std::uint64_t> lengths;  // tensors of built and rewritten files
+  for (const auto& [file, ts] : built)
+    for (const auto& [name, len] : ts) lengths[name] = len;
+  for (const auto& [file, st] : files)
+    if (st.kind == FileState::Kind::header)
+      for (const auto& [name, len] : header_tensors(st.header)) lengths[name] = len;
+  std::vector<OutEntry> entries;
+  std::vector<const Trace*> of;
+  for (const auto& [name, t] : traces) {
+    if (t.ops.empty()) continue;
+    if (t.file) {
+      auto fs_it = files.find(*t.file);
+      if (fs_it != files.end() && fs_it->second.kind == FileState::Kind::removed) continue;
+    }
+    OutEntry e;
+    e.name = name;
+    e.file = t.file.value_or("");
+    e.new_hash = *t.hash;
+    if (t.origin) e.base_hash = t.ops.front().base_hash;
+    entries.push_back(std::move(e));
+    of.push_back(&t);
+  }
+  const fs::path tmp = temp_path_beside(out);
+  if (!fs::create_directory(tmp, ec) || ec) fail(Exit::failure, tmp.string() + ": cannot create: " + ec.message());
+  try {
+    const int threads = default_threads(opts.threads);
+    std::vector<std::size_t> order(entries.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    parallel_for(order.size(), threads, [&](std::size_t i, std::size_t) {
+      OutEntry& e = entries[i];
+      const Trace& t = *of[i];
+      if (t.ops.size() == 1) {  // one entry: as it is
+        e.enc = t.ops[0].enc;
+        e.bytes = t.ops[0].frame;
+        e.size = e.bytes.size();
+        return;
+      }
+      std::optional<std::uint64_t> n;
+      if (auto it = lengths.find(e.name); it != lengths.end()) n = it->second;
+      for (const Op& op : t.ops)
+        if (!n) n = length_of(op);
+      if (!n) {  // only overwrites: their largest position bounds what they touch
+        std::uint64_t end = 0;
+        for (const Op& op : t.ops) {
+          Decompressor d1, d2;
+          decode_overwrite(d1, d2, op.frame, std::uint64_t{1} << 32, links[op.link].dir.string() + ": entry '" + op.name + "'",
+                           [&](std::span<const std::uint64_t> pos, std::span<const std::uint8_t>) {
+                             if (!pos.empty()) end = std::max(end, pos.back() + 1);
+                           });
+        }
+        n = end;
+      }
+      compose(t, *n, e, tmp, i, opts.level, links);
+    });
+    for (const auto& e : entries) {
+      if (e.dropped) {
+        ++sum.entries_dropped;
+        continue;
+      }
+      sum.entries_composed += !e.composed.empty();
+    }
+    std::erase_if(entries, [](const OutEntry& e) { return e.dropped; });
+
+    // One delta file per weight file patched, entries by name.
+    std::sort(entries.begin(), entries.end(), [](const OutEntry& a, const OutEntry& b) {
+      return a.file != b.file ? a.file < b.file : a.name < b.name;
+    });
+    std::vector<std::pair<std::size_t, std::size_t>> groups;
+    for (std::size_t i = 0; i < entries.size();) {
+      std::size_t j = i;
+      while (j < entries.size() && entries[j].file == entries[i].file) ++j;
+      groups.emplace_back(i, j);
+      i = j;
+    }
+    std::set<Encoding> encs;
+    for (const auto& e : entries) encs.insert(e.enc);
+    idx.per_tensor = idx.structural() || encs.size() > 1;
+    idx.encoding = encs.empty() ? links.back().idx.encoding : *encs.begin();
+    std::uint64_t total = 0;
+    char name[64];
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", g, groups.size());
+      std::vector<TensorInfo> infos;
+      std::map<std::string, std::string> meta;
+      std::uint64_t pos = 0;
+      for (std::size_t i = groups[g].first; i < groups[g].second; ++i) {
+        const OutEntry& e = entries[i];
+        infos.push_back({e.name, "U8", {e.size}, pos, pos + e.size});
+        pos += e.size;
+        meta[e.name] = e.new_hash.hex();
+        idx.weight_map[e.name] = name;
+        if (e.base_hash) idx.base_checksums[e.name] = *e.base_hash;
+        if (idx.per_tensor) idx.encodings[e.name] = e.enc;
+        if (!e.file.empty()) idx.targets[name] = e.file;
+        total += e.size;
+      }
+      const std::string prefix = encode_safetensors_header(infos, &meta);
+      File f(tmp / name, File::Mode::create_exclusive);
+      f.pwrite_all(prefix.data(), prefix.size(), 0);
+      std::uint64_t at = prefix.size();
+      for (std::size_t i = groups[g].first; i < groups[g].second; ++i) {
+        const OutEntry& e = entries[i];
+        if (e.composed.empty()) {
+          f.pwrite_all(e.bytes.data(), e.bytes.size(), at);
+        } else {
+          const File in(e.composed, File::Mode::read);
+          copy_range(in, 0, e.size, f, at);
+        }
+        at += e.size;
+      }
+      if (opts.sync) f.sync();
+      f.close();
+      sum.entries += groups[g].second - groups[g].first;
+    }
+    for (std::size_t i = 0; i < order.size(); ++i) fs::remove(tmp / (".compose-" + std::to_string(i)), ec);
+
+    std::set<fs::path> dirs{tmp};
+    for (const auto& so : idx.shards) {
+      if (so.op == ShardOp::Op::remove) {
+        ++sum.shards_removed;
+        continue;
+      }
+      ++(so.op == ShardOp::Op::header ? sum.shards_rewritten : sum.shards_built);
+      const fs::path dst = tmp / kHeadersDir / so.file;
+      fs::create_directories(dst.parent_path());
+      for (fs::path d = dst.parent_path(); d != tmp; d = d.parent_path()) dirs.insert(d);
+      copy_file_atomic(files.at(so.file).header, dst, opts.sync);
+    }
+    for (const auto& [path, lf] : file_ops) {
+      const auto& [k, fc] = lf;
+      idx.files.push_back(fc);
+      if (fc.op != FileChange::Op::put) {
+        ++sum.files_removed;
+        continue;
+      }
+      const fs::path dst = tmp / kFilesDir / fc.path;
+      fs::create_directories(dst.parent_path());
+      for (fs::path d = dst.parent_path(); d != tmp; d = d.parent_path()) dirs.insert(d);
+      copy_file_atomic(links[k].dir / kFilesDir / fc.path, dst, opts.sync);
+      ++sum.files_changed;
+    }
+    write_file_atomic(tmp / kIndexFile, write_delta_index_json(idx, total), opts.sync);
+    if (opts.sync)
+      for (const auto& d : dirs) sync_dir(d);
+    sum.delta_bytes = tree_bytes(tmp);
+    publish_dir(tmp, out);
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  if (opts.sync) sync_dir(out.parent_path());
+  sum.version = idx.version;
+  sum.base_version = idx.base_version;
+  sum.deltas = links.size();
+  sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return sum;
+}
+
+}  // namespace hfdelta
