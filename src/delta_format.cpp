@@ -1,5 +1,6 @@
 #include "hfdelta/delta_format.hpp"
 
+#include <cstdio>
 #include <set>
 
 #include <boost/filesystem/operations.hpp>
@@ -251,6 +252,30 @@ DeltaIndex parse_delta_index(std::string_view text, const std::string& w) {
     for (const auto& [tensor, file] : d.weight_map)
       if (!d.encodings.count(tensor)) fail(Exit::bad_input, w + ": hfdelta_encodings has no entry for '" + tensor + "'");
   return d;
+}
+
+std::string delta_file_name(std::size_t i, std::size_t n) {
+  char name[64];
+  std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i, n);
+  return name;
+}
+
+void write_delta_file(const fs::path& path, const std::vector<DeltaFileEntry>& entries,
+                      const std::function<void(std::size_t, File&, std::uint64_t)>& body, bool sync) {
+  std::vector<TensorInfo> infos;
+  std::map<std::string, std::string> meta;
+  std::uint64_t pos = 0;
+  for (const auto& e : entries) {
+    infos.push_back({e.name, "U8", {e.size}, pos, pos + e.size});
+    pos += e.size;
+    meta[e.name] = e.new_hash.hex();
+  }
+  const std::string prefix = encode_safetensors_header(infos, &meta);
+  File f(path, File::Mode::create_exclusive);
+  f.pwrite_all(prefix.data(), prefix.size(), 0);
+  for (std::size_t i = 0; i < entries.size(); ++i) body(i, f, prefix.size() + infos[i].begin);
+  if (sync) f.sync();
+  f.close();
 }
 
 const ShardOp* shard_op(const DeltaIndex& idx, const std::string& file) {

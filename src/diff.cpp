@@ -461,6 +461,16 @@ static std::vector<ShardOp> plan_shards(const Checkpoint& base, const Checkpoint
   for (std::size_t i = 0; i < works.size(); ++i)
     if (works[i].fresh && works[i].nbytes > 0) orphans.push_back(i), lengths.insert(works[i].nbytes);
   std::vector<std::pair<std::string, TensorRef>> gone;
+  // A vanished base tensor becomes the source of a new one.
+  auto take_source = [&](Work& w, const std::pair<std::string, TensorRef>& g) {
+    const auto& [name, ref] = g;
+    w.fresh = false;
+    w.bfile = ref.shard;
+    w.boff = base.shards[ref.shard].header.file_offset(base.info(ref));
+    for (std::size_t o : build_ops)
+      for (auto& bt : ops[o].tensors)
+        if (bt.name == w.t->name) bt.from = name;
+  };
   for (const auto& [name, ref] : base.tensors)
     if (!target.tensors.count(name) && lengths.count(base.info(ref).nbytes())) gone.emplace_back(name, ref);
   if (!orphans.empty() && !gone.empty()) {
@@ -486,13 +496,7 @@ static std::vector<ShardOp> plan_shards(const Checkpoint& base, const Checkpoint
       Work& w = works[orphans[k]];
       auto m = by_content.find(Key{w.nbytes, orphan_hash[k].high, orphan_hash[k].low});
       if (m == by_content.end()) continue;
-      const auto& [name, ref] = gone[m->second];
-      w.fresh = false;
-      w.bfile = ref.shard;
-      w.boff = base.shards[ref.shard].header.file_offset(base.info(ref));
-      for (std::size_t o : build_ops)
-        for (auto& bt : ops[o].tensors)
-          if (bt.name == w.t->name) bt.from = name;
+      take_source(w, gone[m->second]);
     }
   }
   // Renames whose bytes changed too: a new tensor and a vanished one that are
@@ -503,9 +507,7 @@ static std::vector<ShardOp> plan_shards(const Checkpoint& base, const Checkpoint
     std::map<Kind, std::vector<std::size_t>> new_of, gone_of;
     for (std::size_t i = 0; i < works.size(); ++i)
       if (works[i].fresh && works[i].nbytes > 0) new_of[{works[i].t->dtype, works[i].t->shape}].push_back(i);
-    std::set<std::string> used;
-    for (const auto& w : works)
-      if (!w.fresh) used.insert(w.t->name);
+    std::set<std::string> used;  // vanished tensors already taken by checksum
     for (std::size_t o : build_ops)
       for (const auto& bt : ops[o].tensors)
         if (bt.from) used.insert(*bt.from);
@@ -514,14 +516,7 @@ static std::vector<ShardOp> plan_shards(const Checkpoint& base, const Checkpoint
     for (const auto& [kind, ws] : new_of) {
       auto it = gone_of.find(kind);
       if (ws.size() != 1 || it == gone_of.end() || it->second.size() != 1) continue;
-      Work& w = works[ws[0]];
-      const auto& [name, ref] = gone[it->second[0]];
-      w.fresh = false;
-      w.bfile = ref.shard;
-      w.boff = base.shards[ref.shard].header.file_offset(base.info(ref));
-      for (std::size_t o : build_ops)
-        for (auto& bt : ops[o].tensors)
-          if (bt.name == w.t->name) bt.from = name;
+      take_source(works[ws[0]], gone[it->second[0]]);
     }
   }
   for (std::size_t o : build_ops)
@@ -652,29 +647,20 @@ DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, 
       write_file_atomic(dst, prefix, opts.sync);
     }
     std::uint64_t total = 0;
-    char name[64];
     for (std::size_t g = 0; g < groups.size(); ++g) {
-      std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", g, groups.size());
-      std::vector<TensorInfo> infos;
-      std::map<std::string, std::string> meta;
-      std::uint64_t pos = 0;
+      const std::string name = delta_file_name(g, groups.size());
+      std::vector<DeltaFileEntry> des;
       for (std::size_t i = groups[g].first; i < groups[g].second; ++i) {
         const Entry& e = entries[i];
-        infos.push_back({e.name, "U8", {e.size}, pos, pos + e.size});
-        pos += e.size;
-        meta[e.name] = e.new_hash.hex();
+        des.push_back({e.name, e.size, e.new_hash});
         idx.weight_map[e.name] = name;
         idx.targets[name] = target.shards[e.shard].file;
         if (!e.fresh) idx.base_checksums[e.name] = e.base_hash;
         if (idx.per_tensor) idx.encodings[e.name] = e.encoding;
         total += e.size;
       }
-      const std::string prefix = encode_safetensors_header(infos, &meta);
-      File f(tmp / name, File::Mode::create_exclusive);
-      f.pwrite_all(prefix.data(), prefix.size(), 0);
-      std::uint64_t at = prefix.size();
-      for (std::size_t i = groups[g].first; i < groups[g].second; ++i) {
-        const Entry& e = entries[i];
+      write_delta_file(tmp / name, des, [&](std::size_t k, File& f, std::uint64_t at) {
+        const Entry& e = entries[groups[g].first + k];
         if (e.sparse_head) {
           std::uint8_t head[kSparseHeadSize];
           sparse_entry_head(e.es, e.nbytes, head);
@@ -686,9 +672,7 @@ DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, 
           copy_range(sg.in_xspool ? from.xspool.file : from.spool.file, sg.offset, sg.size, f, at);
           at += sg.size;
         }
-      }
-      if (opts.sync) f.sync();
-      f.close();
+      }, opts.sync);
     }
     for (std::size_t t = 0; t < workers.size(); ++t) {
       if (workers[t].spool.file.fd() >= 0) {

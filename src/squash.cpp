@@ -532,39 +532,27 @@ SquashSummary squash_deltas(const std::vector<fs::path>& chain, const fs::path& 
     idx.per_tensor = idx.structural() || encs.size() > 1;
     idx.encoding = encs.empty() ? links.back().idx.encoding : *encs.begin();
     std::uint64_t total = 0;
-    char name[64];
     for (std::size_t g = 0; g < groups.size(); ++g) {
-      std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", g, groups.size());
-      std::vector<TensorInfo> infos;
-      std::map<std::string, std::string> meta;
-      std::uint64_t pos = 0;
+      const std::string name = delta_file_name(g, groups.size());
+      std::vector<DeltaFileEntry> des;
       for (std::size_t i = groups[g].first; i < groups[g].second; ++i) {
         const OutEntry& e = entries[i];
-        infos.push_back({e.name, "U8", {e.size}, pos, pos + e.size});
-        pos += e.size;
-        meta[e.name] = e.new_hash.hex();
+        des.push_back({e.name, e.size, e.new_hash});
         idx.weight_map[e.name] = name;
         if (e.base_hash) idx.base_checksums[e.name] = *e.base_hash;
         if (idx.per_tensor) idx.encodings[e.name] = e.enc;
         if (!e.file.empty()) idx.targets[name] = e.file;
         total += e.size;
       }
-      const std::string prefix = encode_safetensors_header(infos, &meta);
-      File f(tmp / name, File::Mode::create_exclusive);
-      f.pwrite_all(prefix.data(), prefix.size(), 0);
-      std::uint64_t at = prefix.size();
-      for (std::size_t i = groups[g].first; i < groups[g].second; ++i) {
-        const OutEntry& e = entries[i];
+      write_delta_file(tmp / name, des, [&](std::size_t k, File& f, std::uint64_t at) {
+        const OutEntry& e = entries[groups[g].first + k];
         if (e.composed.empty()) {
           f.pwrite_all(e.bytes.data(), e.bytes.size(), at);
         } else {
           const File in(e.composed, File::Mode::read);
           copy_range(in, 0, e.size, f, at);
         }
-        at += e.size;
-      }
-      if (opts.sync) f.sync();
-      f.close();
+      }, opts.sync);
       sum.entries += groups[g].second - groups[g].first;
     }
     for (std::size_t i = 0; i < order.size(); ++i) fs::remove(tmp / (".compose-" + std::to_string(i)), ec);

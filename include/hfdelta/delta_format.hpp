@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -15,6 +16,7 @@
 
 #include "hfdelta/codec.hpp"
 #include "hfdelta/hash.hpp"
+#include "hfdelta/io.hpp"
 #include "hfdelta/safetensors.hpp"
 
 namespace hfdelta {
@@ -126,6 +128,21 @@ std::string write_delta_index_json(const DeltaIndex& idx, std::uint64_t total_si
 // Recomputes hfdelta_index_checksum of an index that was edited on purpose
 // (tests, tools); returns the index text.
 std::string seal_delta_index(std::string_view text);
+
+// Name of delta file `i` of `n`: model-IIIII-of-NNNNN.safetensors, from 0.
+std::string delta_file_name(std::size_t i, std::size_t n);
+
+// One entry of a delta file.
+struct DeltaFileEntry {
+  std::string name;  // the tensor
+  std::uint64_t size = 0;
+  Hash128 new_hash;  // of the tensor's new bytes, into __metadata__
+};
+// Writes a delta file at `path`: the safetensors header of the U8 entries
+// with their checksums, then each entry's bytes, written by `body(i, file,
+// offset)`. Flushed if `sync`.
+void write_delta_file(const boost::filesystem::path& path, const std::vector<DeltaFileEntry>& entries,
+                      const std::function<void(std::size_t, File&, std::uint64_t)>& body, bool sync);
 
 // The shard operation on `file`, if any.
 const ShardOp* shard_op(const DeltaIndex& idx, const std::string& file);
