@@ -528,12 +528,7 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
     }
     check_no_symlink(delta / kHeadersDir, so.file, delta.string());
     const fs::path hp = delta / kHeadersDir / so.file;
-    boost::system::error_code ec;
-    if (!fs::is_regular_file(fs::symlink_status(hp, ec)))
-      fail(Exit::bad_input, hp.string() + ": named by the delta index's hfdelta_shards but missing or not a regular file");
-    const MappedFile& hm = header_maps.emplace_back(hp);
-    if (hm.size() != so.header_size || xxh3_128(hm.bytes()) != so.header_hash)
-      fail(Exit::bad_input, hp.string() + ": does not match the size and checksum the delta index records");
+    const MappedFile& hm = header_maps.emplace_back(open_carried(hp, so.header_size, so.header_hash, "hfdelta_shards"));
     const std::string_view hb(reinterpret_cast<const char*>(hm.bytes().data()), hm.size());
     if (so.op == ShardOp::Op::header) {
       if (!ls) fail(Exit::verify_failed, what + " rewrites the header of a weight file " + local.string() + " does not have" + nothing);
@@ -666,12 +661,7 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
                                                     : exists_nofollow(local / fc.path) && !swap});
     if (fc.op != FileChange::Op::put) continue;
     check_no_symlink(delta / kFilesDir, fc.path, delta.string());
-    const fs::path p = delta / kFilesDir / fc.path;
-    if (!fs::is_regular_file(fs::symlink_status(p, ec)))
-      fail(Exit::bad_input, p.string() + ": listed in the delta index's hfdelta_files but missing or not a regular file");
-    const MappedFile mf(p);
-    if (mf.size() != fc.size || xxh3_128(mf.bytes()) != fc.hash)
-      fail(Exit::bad_input, p.string() + ": does not match the size and checksum the delta index records");
+    open_carried(delta / kFilesDir / fc.path, fc.size, fc.hash, "hfdelta_files");
   }
   // Shard operations after the file operations (m.files[k] is idx.files[k]
   // for the staging of carried files).

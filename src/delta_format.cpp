@@ -278,6 +278,27 @@ void write_delta_file(const fs::path& path, const std::vector<DeltaFileEntry>& e
   f.close();
 }
 
+std::uint64_t publish_delta(const fs::path& tmp, const fs::path& out, const std::string& index, const std::set<fs::path>& dirs,
+                            bool sync) {
+  write_file_atomic(tmp / kIndexFile, index, sync);
+  if (sync)
+    for (const auto& d : dirs) sync_dir(d);
+  const std::uint64_t bytes = tree_bytes(tmp);
+  publish_dir(tmp, out);
+  if (sync) sync_dir(out.parent_path());
+  return bytes;
+}
+
+MappedFile open_carried(const fs::path& p, std::uint64_t size, const Hash128& hash, const std::string& listed) {
+  boost::system::error_code ec;
+  if (!fs::is_regular_file(fs::symlink_status(p, ec)))
+    fail(Exit::bad_input, p.string() + ": listed in the delta index's " + listed + " but missing or not a regular file");
+  MappedFile m(p);
+  if (m.size() != size || xxh3_128(m.bytes()) != hash)
+    fail(Exit::bad_input, p.string() + ": does not match the size and checksum the delta index records");
+  return m;
+}
+
 const ShardOp* shard_op(const DeltaIndex& idx, const std::string& file) {
   for (const auto& s : idx.shards)
     if (s.file == file) return &s;

@@ -699,18 +699,11 @@ DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, 
     }
     for (const auto& fc : files) sum.files_removed += fc.op == FileChange::Op::remove;
 
-    write_file_atomic(tmp / kIndexFile, write_delta_index_json(idx, total), opts.sync);
-    if (opts.sync)
-      for (const auto& d : dirs) sync_dir(d);
-
-    sum.delta_bytes = tree_bytes(tmp);
-
-    publish_dir(tmp, out);
+    sum.delta_bytes = publish_delta(tmp, out, write_delta_index_json(idx, total), dirs, opts.sync);
   } catch (...) {
     fs::remove_all(tmp, ec);
     throw;
   }
-  if (opts.sync) sync_dir(out.parent_path());
 
   sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return sum;

@@ -228,12 +228,7 @@ DeltaInspection inspect_delta(const fs::path& dir) {
     InspectFile f{fc.path, fc.op, fc.size, fc.hash};
     if (fc.op == FileChange::Op::put) {
       check_no_symlink_below(dir / kFilesDir, fc.path, dir.string());
-      const fs::path p = dir / kFilesDir / fc.path;
-      if (!fs::is_regular_file(fs::symlink_status(p, ec)))
-        fail(Exit::bad_input, p.string() + ": listed in the delta index's hfdelta_files but missing or not a regular file");
-      const MappedFile mf(p);
-      if (mf.size() != fc.size || xxh3_128(mf.bytes()) != fc.hash)
-        fail(Exit::bad_input, p.string() + ": does not match the size and checksum the delta index records");
+      open_carried(dir / kFilesDir / fc.path, fc.size, fc.hash, "hfdelta_files");
       ++r.files_put;
       r.file_bytes += fc.size;
     } else {
@@ -255,11 +250,7 @@ DeltaInspection inspect_delta(const fs::path& dir) {
     }
     check_no_symlink_below(dir / kHeadersDir, so.file, dir.string());
     const fs::path hp = dir / kHeadersDir / so.file;
-    if (!fs::is_regular_file(fs::symlink_status(hp, ec)))
-      fail(Exit::bad_input, hp.string() + ": named by the delta index's hfdelta_shards but missing or not a regular file");
-    const MappedFile hm(hp);
-    if (hm.size() != so.header_size || xxh3_128(hm.bytes()) != so.header_hash)
-      fail(Exit::bad_input, hp.string() + ": does not match the size and checksum the delta index records");
+    const MappedFile hm = open_carried(hp, so.header_size, so.header_hash, "hfdelta_shards");
     sh.header_bytes = so.header_size;
     if (so.op == ShardOp::Op::header) {
       ++r.shards_rewritten;

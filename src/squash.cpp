@@ -582,16 +582,11 @@ SquashSummary squash_deltas(const std::vector<fs::path>& chain, const fs::path& 
       copy_file_atomic(links[k].dir / kFilesDir / fc.path, dst, opts.sync);
       ++sum.files_changed;
     }
-    write_file_atomic(tmp / kIndexFile, write_delta_index_json(idx, total), opts.sync);
-    if (opts.sync)
-      for (const auto& d : dirs) sync_dir(d);
-    sum.delta_bytes = tree_bytes(tmp);
-    publish_dir(tmp, out);
+    sum.delta_bytes = publish_delta(tmp, out, write_delta_index_json(idx, total), dirs, opts.sync);
   } catch (...) {
     fs::remove_all(tmp, ec);
     throw;
   }
-  if (opts.sync) sync_dir(out.parent_path());
   sum.version = idx.version;
   sum.base_version = idx.base_version;
   sum.deltas = links.size();

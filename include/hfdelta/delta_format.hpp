@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -143,6 +144,17 @@ struct DeltaFileEntry {
 // offset)`. Flushed if `sync`.
 void write_delta_file(const boost::filesystem::path& path, const std::vector<DeltaFileEntry>& entries,
                       const std::function<void(std::size_t, File&, std::uint64_t)>& body, bool sync);
+
+// Finishes a delta written in the temporary directory `tmp`: writes its
+// index, flushes `dirs` (tmp and its subdirectories) if `sync`, and publishes
+// it as `out` (publish_dir). Returns the size of every file of the delta.
+std::uint64_t publish_delta(const boost::filesystem::path& tmp, const boost::filesystem::path& out, const std::string& index,
+                            const std::set<boost::filesystem::path>& dirs, bool sync);
+
+// Maps a file a delta carries (files/..., headers/...) after checking it is a
+// regular file of the size and checksum the index records; `listed` names
+// the index key, for errors (Error(bad_input)).
+MappedFile open_carried(const boost::filesystem::path& p, std::uint64_t size, const Hash128& hash, const std::string& listed);
 
 // The shard operation on `file`, if any.
 const ShardOp* shard_op(const DeltaIndex& idx, const std::string& file);
