@@ -67,33 +67,24 @@ struct FileState {
   std::uint64_t size = 0;  // built
 };
 
-// Tensor names and lengths of a header file, in data order. (delta-apply
-// validates the header in full; this reads only what tracing needs.)
+// Tensor names and lengths of a header file, in data order (the order the
+// safetensors reader gives, which delta-apply checks build lists against).
 std::vector<std::pair<std::string, std::uint64_t>> header_tensors(const fs::path& p) {
   const std::string bytes = read_small_file(p, 8 + kMaxHeaderSize);
   const std::string w = p.string();
-  if (bytes.size() < 8) fail(Exit::bad_input, w + ": too short for a safetensors header");
-  nlohmann::json j;
+  // The file size the header implies: where its last tensor ends.
+  std::uint64_t end = 0;
   try {
-    j = nlohmann::json::parse(bytes.begin() + 8, bytes.end());
+    if (bytes.size() < 8) throw std::runtime_error("too short");
+    const auto j = nlohmann::json::parse(bytes.begin() + 8, bytes.end());
+    for (auto it = j.begin(); it != j.end(); ++it)
+      if (it.key() != "__metadata__") end = std::max(end, it.value().at("data_offsets").at(1).get<std::uint64_t>());
   } catch (const std::exception& e) {
     fail(Exit::bad_input, w + ": not a safetensors header: " + e.what());
   }
-  if (!j.is_object()) fail(Exit::bad_input, w + ": not a safetensors header");
-  std::vector<std::tuple<std::uint64_t, std::string, std::uint64_t>> ts;
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    if (it.key() == "__metadata__") continue;
-    const auto& o = it.value();
-    if (!o.is_object() || !o.contains("data_offsets") || !o["data_offsets"].is_array() || o["data_offsets"].size() != 2 ||
-        !o["data_offsets"][0].is_number_unsigned() || !o["data_offsets"][1].is_number_unsigned())
-      fail(Exit::bad_input, w + ": tensor '" + it.key() + "' has no valid data_offsets");
-    const auto b = o["data_offsets"][0].get<std::uint64_t>(), e = o["data_offsets"][1].get<std::uint64_t>();
-    if (e < b) fail(Exit::bad_input, w + ": tensor '" + it.key() + "' ends before it begins");
-    ts.emplace_back(b, it.key(), e - b);
-  }
-  std::sort(ts.begin(), ts.end());
+  const SafetensorsHeader h = parse_safetensors(bytes, bytes.size() + end, w);
   std::vector<std::pair<std::string, std::uint64_t>> out;
-  for (auto& [b, n, len] : ts) out.emplace_back(std::move(n), len);
+  for (const auto& t : h.tensors) out.emplace_back(t.name, t.nbytes());
   return out;
 }
 
@@ -291,7 +282,8 @@ void compose(const Trace& tr, std::uint64_t n, OutEntry& out, const fs::path& tm
 std::vector<fs::path> chain_between(const fs::path& first, const fs::path& last) {
   const fs::path a = fs::absolute(first), b = fs::absolute(last);
   const auto va = version_from_dirname(a.filename().string()), vb = version_from_dirname(b.filename().string());
-  if (!va || !vb) fail(Exit::bad_input, "--squash FIRST LAST: both must be version directories named weight_vNNNNNN");
+  for (const auto& [p, v] : {std::pair{first, va}, std::pair{last, vb}})
+    if (!v) fail(Exit::bad_input, p.string() + ": --squash takes version directories named weight_vNNNNNN");
   if (a.parent_path() != b.parent_path()) fail(Exit::bad_input, first.string() + " and " + last.string() + ": not in the same directory");
   if (*vb <= *va) fail(Exit::bad_input, last.string() + ": is not newer than " + first.string());
   std::vector<fs::path> chain;
