@@ -241,7 +241,7 @@ TEST_CASE("OUT already exists: exit 7 and the existing OUT untouched") {
   CHECK(list_names(root) == names_before);  // and no temporary directory beside it
 }
 
-TEST_CASE("structural difference between BASE and NEW: delta-diff exit 6 naming the tensor") {
+TEST_CASE("structural difference between BASE and NEW: no longer refused, the delta brings LOCAL to NEW") {
   TempDir t;
   const std::vector<TensorData> base = {
       {"model.a.weight", "BF16", {4, 4}, filler(32, 1)},
@@ -249,33 +249,22 @@ TEST_CASE("structural difference between BASE and NEW: delta-diff exit 6 naming 
       {"model.c.bias", "F32", {2}, filler(8, 3)},
   };
   std::vector<TensorData> target = base;
-  target[0].bytes[0] ^= 1;  // also a normal change, so only the structure is at fault
-  std::string named;
-  SUBCASE("a tensor added") {
-    target.push_back({"model.d.added", "F32", {3}, filler(12, 4)});
-    named = "model.d.added";
-  }
-  SUBCASE("a tensor removed") {
-    target.pop_back();
-    named = "model.c.bias";
-  }
-  SUBCASE("a shape changed (same byte count)") {
-    target[1].shape = {2, 4};
-    named = "model.b.weight";
-  }
-  SUBCASE("a dtype changed (same element size)") {
-    target[1].dtype = "BF16";
-    named = "model.b.weight";
-  }
+  target[0].bytes[0] ^= 1;  // a value change beside the structural one
+  SUBCASE("a tensor added") { target.push_back({"model.d.added", "F32", {3}, filler(12, 4)}); }
+  SUBCASE("a tensor removed") { target.pop_back(); }
+  SUBCASE("a shape changed (same byte count)") { target[1].shape = {2, 4}; }
+  SUBCASE("a dtype changed (same element size)") { target[1].dtype = "BF16"; }
   write_safetensors(t / "base" / "model.safetensors", base);
   write_safetensors(t / "new" / "model.safetensors", target);
   fs::create_directories(t / "root");
   const fs::path out = version_dir(t / "root", 1);
-  const RunResult r = diff({(t / "base").string(), (t / "new").string(), out.string()});
-  E2E_CHECK_CODE(r, 6);
-  CHECK_ERR_MENTIONS(r, named);
-  CHECK_FALSE(fs::exists(out));
-  CHECK(list_names(t / "root").empty());
+  E2E_REQUIRE_CODE(diff({"-q", (t / "base").string(), (t / "new").string(), out.string()}), 0);
+  CHECK(delta_index(out)["metadata"]["hfdelta_shards"].size() == 1);
+  const fs::path local = t / "local";
+  E2E_REQUIRE_CODE(apply({"-q", "--init", (t / "base").string(), local.string()}), 0);
+  E2E_REQUIRE_CODE(apply({"-q", out.string(), local.string()}), 0);
+  E2E_CHECK_TREE_EQUAL(local, t / "new");
+  E2E_CHECK_CODE(apply({"--verify", local.string()}), 0);
 }
 
 TEST_CASE("damaged or hostile delta: delta-apply exit 3 and LOCAL byte-identical") {
