@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <set>
 
+#include "ckpt_edit.hpp"
 #include "e2e_util.hpp"
 
 using namespace e2e;
@@ -173,7 +174,8 @@ TEST_CASE("--inspect: per-tensor changed counts, lengths and checksums match the
   const json j = inspect_json(delta);
   CAPTURE(j.dump(2));
   CHECK(keys_of(j) == std::set<std::string>{"delta", "version", "base_version", "format", "encoding", "index_checksum",
-                                             "tensors", "files", "totals"});
+                                             "tensors", "files", "weight_files", "totals"});
+  CHECK(j["weight_files"] == json::array());  // the same layout: no weight-file operations
   CHECK(j["delta"] == delta.string());
   CHECK(j["version"] == "000001");
   CHECK(j["base_version"] == "000000");
@@ -246,7 +248,9 @@ TEST_CASE("--inspect: per-tensor changed counts, lengths and checksums match the
 
   const json tot = j["totals"];
   CHECK(keys_of(tot) == std::set<std::string>{"tensors", "entries", "entry_bytes", "tensor_bytes", "changed_elements",
-                                               "changed_bytes", "files_put", "files_removed", "file_bytes", "delta_bytes"});
+                                               "changed_bytes", "files_put", "files_removed", "file_bytes", "delta_bytes",
+                                               "weight_files_built", "headers_rewritten", "weight_files_removed"});
+  for (const char* k : {"weight_files_built", "headers_rewritten", "weight_files_removed"}) CHECK(tot[k] == 0);
   CHECK(tot["tensors"] == changed.size());
   CHECK(tot["entries"] == json{{"sparse", per_encoding["sparse"]}, {"xor", per_encoding["xor"]},
                                {"overwrite", per_encoding["overwrite"]}});
@@ -275,6 +279,53 @@ TEST_CASE("--inspect: per-tensor changed counts, lengths and checksums match the
   E2E_CHECK_CODE(q, 0);
   CHECK(q.out.empty());
   CHECK(snapshot(delta) == before);
+}
+
+TEST_CASE("--inspect: a structural delta's weight-file operations, and a damaged new header exits 3") {
+  TempDir t;
+  const Bytes a = random_bytes(16, 1), bb = random_bytes(16, 2), n = random_bytes(12, 3), e = random_bytes(8, 4);
+  Bytes a2 = a;
+  a2[3] ^= 0x40;
+  write_safetensors(t / "base" / "model.safetensors", {{"a", "F32", {4}, a}, {"bb", "F16", {8}, bb}});
+  // NEW: `a` changed, `bb` renamed (a longer name: the file is built), a new
+  // tensor, and a second weight file holding one more new tensor.
+  write_safetensors(t / "new" / "model.safetensors", {{"a", "F32", {4}, a2}, {"bbb", "F16", {8}, bb}, {"n", "I32", {3}, n}});
+  write_safetensors(t / "new" / "extra.safetensors", {{"e", "U8", {8}, e}});
+  const fs::path delta = t / "weight_v000001";
+  E2E_REQUIRE_CODE(diff({"-q", (t / "base").string(), (t / "new").string(), delta.string()}), 0);
+
+  const json j = inspect_json(delta);
+  CAPTURE(j.dump(2));
+  CHECK(j["format"] == 3);
+  CHECK(j["encoding"] == "auto");
+  const auto header_bytes = [&](const char* f) { return read_st(t / "new" / f).data_start(); };
+  CHECK(j["weight_files"] == json::array({
+                                 {{"file", "extra.safetensors"}, {"op", "build"}, {"header_bytes", header_bytes("extra.safetensors")},
+                                  {"size", fs::file_size(t / "new" / "extra.safetensors")}, {"tensors", 1}, {"copied", 0},
+                                  {"renamed", 0}, {"new", 1}},
+                                 {{"file", "model.safetensors"}, {"op", "build"}, {"header_bytes", header_bytes("model.safetensors")},
+                                  {"size", fs::file_size(t / "new" / "model.safetensors")}, {"tensors", 3}, {"copied", 1},
+                                  {"renamed", 1}, {"new", 1}},
+                             }));
+  CHECK(j["totals"]["weight_files_built"] == 2);
+  CHECK(j["totals"]["headers_rewritten"] == 0);
+  CHECK(j["totals"]["weight_files_removed"] == 0);
+  // Entries: `a` against its base, the new tensors against zeros; `bbb` is referenced.
+  std::set<std::string> names;
+  for (const auto& x : j["tensors"]) names.insert(x["name"].get<std::string>());
+  CHECK(names == std::set<std::string>{"a", "e", "n"});
+  const RunResult human = diff({"--inspect", delta.string()});
+  E2E_CHECK_CODE(human, 0);
+  CHECK(contains(human.out, "weights 2 files built, 0 headers rewritten, 0 files removed"));
+
+  // One flipped byte of a carried header: the index's checksum of it no longer matches.
+  const fs::path hp = delta / "headers" / "model.safetensors";
+  Bytes raw = read_bytes(hp);
+  raw[raw.size() / 2] ^= 0x01;
+  write_bytes(hp, raw);
+  const RunResult r = diff({"--inspect", delta.string()});
+  E2E_CHECK_CODE(r, 3);
+  CHECK_ERR_MENTIONS(r, hp.string());
 }
 
 TEST_CASE("--inspect: a damaged delta exits 3 with a message naming the file and the problem") {
