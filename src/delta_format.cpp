@@ -6,6 +6,7 @@
 #include <boost/filesystem/operations.hpp>
 #include <nlohmann/json.hpp>
 
+#include "hfdelta/checkpoint.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
 #include "hfdelta/version.hpp"
@@ -181,6 +182,9 @@ DeltaIndex parse_delta_index(std::string_view text, const std::string& w) {
       so.file = e["file"].get<std::string>();
       const std::string what = w + ": hfdelta_shards \"" + so.file + "\"";
       check_relative_path(so.file, what);
+      // hfdelta's own state lives there (the lock, state.json, the journal).
+      if (so.file == kStateDir || so.file.rfind(std::string(kStateDir) + "/", 0) == 0)
+        fail(Exit::bad_input, what + ": hfdelta_shards may not touch " + kStateDir);
       if (!seen_files.insert(so.file).second) fail(Exit::bad_input, what + " is listed twice");
       const std::string op = e["op"].get<std::string>();
       auto hash_at = [&](const json& o, const char* k) {
