@@ -21,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -344,6 +345,11 @@ struct Inputs {
   // One tensor larger than the rest together (several sparse chunks): with 2
   // threads its entry is patched in chunk ranges by both threads.
   fs::path big, big_start, root_big;
+  // Structural deltas: 0 -> 1 builds a weight file under a new name and one
+  // under its old name, rewrites a header in place, removes a weight file,
+  // patches one in place and carries config.json and the index; 1 -> 2 goes
+  // back to the first layout, so a chain 0 -> 2 has two structural steps.
+  fs::path st0, st1, st2, st_start, root_struct, root_struct_chain;
 
   Inputs() {
     const TempDir& d = *t;
@@ -441,6 +447,29 @@ struct Inputs {
     require_diff(save_dir(big, 0), save_dir(big, 1), version_dir(root_big, 1), "auto");
     big_start = d / "start-big";
     REQUIRE(require_init(save_dir(big, 0), big_start) == "000000");
+
+    st0 = d / "struct-0";
+    st1 = d / "struct-1";
+    st2 = d / "struct-2";
+    write_structural_checkpoint(st0, 0);
+    write_structural_checkpoint(st1, 1);
+    write_structural_checkpoint(st2, 2);
+    root_struct = d / "root-struct";
+    root_struct_chain = d / "root-struct-chain";
+    fs::create_directories(root_struct);
+    fs::create_directories(root_struct_chain);
+    require_diff(st0, st1, version_dir(root_struct, 1), "auto");
+    require_diff(st0, st1, version_dir(root_struct_chain, 1), "auto");
+    require_diff(st1, st2, version_dir(root_struct_chain, 2), "auto");
+    // The scenario is only worth its time with every operation in it.
+    const json sidx = delta_index(version_dir(root_struct, 1));
+    std::multiset<std::string> shard_ops;
+    for (const auto& op : sidx["metadata"]["hfdelta_shards"]) shard_ops.insert(op["op"].get<std::string>());
+    REQUIRE(shard_ops == std::multiset<std::string>{"build", "build", "header", "remove"});
+    REQUIRE(ops_of(version_dir(root_struct, 1)).size() == 2);  // config.json and the index
+    REQUIRE(sidx["weight_map"].contains("a.weight"));  // model-a is patched in place
+    st_start = d / "start-struct";
+    REQUIRE(require_init(st0, st_start) == "000000");
   }
 };
 
@@ -513,6 +542,28 @@ TEST_CASE("crash: one tensor patched in chunk ranges by 2 threads, with and with
   for (bool no_sync : {false, true})
     run_scenario(single_delta(no_sync ? "split entry, --no-sync, 2 threads" : "split entry, 2 threads", in.root_big,
                               in.big_start, save_dir(in.big, 0), save_dir(in.big, 1), "2", no_sync));
+}
+
+// Weight files built in the transaction's stage directory and swapped in,
+// a header rewritten in place, a weight file removed, with in-place patches
+// and carried files in the same transaction.
+TEST_CASE("crash: structural delta (build, header rewrite, remove), with and without --no-sync, a fault at every write step") {
+  const Inputs& in = inputs();
+  run_scenario(single_delta("structural delta", in.root_struct, in.st_start, in.st0, in.st1, "1"));
+  run_scenario(single_delta("structural delta, --no-sync, 2 threads", in.root_struct, in.st_start, in.st0, in.st1, "2", true));
+}
+
+TEST_CASE("crash: --root chain of 2 structural deltas, a fault at every write step") {
+  const Inputs& in = inputs();
+  Scenario s;
+  s.name = "--root chain of structural deltas 0 -> 2";
+  s.local = in.local;
+  s.args = {"--threads", "1", "--root", in.root_struct_chain.string(), in.local.string()};
+  s.start = in.st_start;
+  s.old_version = "000000";
+  s.target = "000002";
+  s.trees = {{"000000", in.st0}, {"000001", in.st1}, {"000002", in.st2}};
+  run_scenario(s);
 }
 
 TEST_CASE("crash: xor delta turning a directory into a file, a fault at every write step") {

@@ -17,10 +17,12 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include <zstd.h>
 
 #include "e2e_util.hpp"
+#include "hfdelta/safetensors.hpp"
 
 using namespace e2e;
 
@@ -73,6 +75,7 @@ struct Bench {
   std::map<std::string, long> codes;     // exit code → attempts
   std::map<std::string, long> accepted;  // what an attempt that exited 0 changed → attempts
   long attempts = 0;
+  std::string last_err;  // stderr of the latest attempt
 
   void reset() {
     fs::remove_all(local);
@@ -88,6 +91,7 @@ struct Bench {
     ++attempts;
     ++hostile_total();
     const RunResult r = apply(args);
+    last_err = r.err;
     ++codes[std::to_string(r.code)];
     if (r.code == 0) {
       const TreeDiff d = tree_equal(local, target);
@@ -129,6 +133,10 @@ struct Bench {
 struct Inputs {
   std::unique_ptr<TempDir> t = scratch_dir();
   fs::path series, next, start, other, root_xor, root_overwrite, root_auto, other_xor, other_overwrite, other_auto;
+  // A structural delta (weight files built, rewritten in place, removed and
+  // patched, files carried), LOCAL at its base, and the same delta of another
+  // model of the same layouts.
+  fs::path st_base, st_next, st_start, root_struct, other_struct;
 
   Inputs() {
     const TempDir& d = *t;
@@ -168,6 +176,25 @@ struct Inputs {
     E2E_REQUIRE_CODE(diff({"-q", "--encoding", "overwrite", save_dir(os, 0).string(), save_dir(os, 1).string(),
                            other_overwrite.string()}),
                      0);
+
+    st_base = d / "struct-0";
+    st_next = d / "struct-1";
+    write_structural_checkpoint(st_base, 0);
+    write_structural_checkpoint(st_next, 1);
+    root_struct = d / "root-struct";
+    fs::create_directories(root_struct);
+    E2E_REQUIRE_CODE(diff({"-q", st_base.string(), st_next.string(), version_dir(root_struct, 1).string()}), 0);
+    const json sidx = delta_index(version_dir(root_struct, 1));
+    std::multiset<std::string> ops;
+    for (const auto& op : sidx["metadata"]["hfdelta_shards"]) ops.insert(op["op"].get<std::string>());
+    REQUIRE(ops == std::multiset<std::string>{"build", "build", "header", "remove"});
+    st_start = d / "start-struct";
+    E2E_REQUIRE_CODE(apply({"-q", "--init", st_base.string(), st_start.string()}), 0);
+    write_structural_checkpoint(d / "other-struct-0", 0, 2);
+    write_structural_checkpoint(d / "other-struct-1", 1, 2);
+    other_struct = version_dir(d / "other-struct", 1);
+    fs::create_directories(other_struct.parent_path());
+    E2E_REQUIRE_CODE(diff({"-q", (d / "other-struct-0").string(), (d / "other-struct-1").string(), other_struct.string()}), 0);
   }
 };
 
@@ -183,11 +210,12 @@ struct Attack {
   Bench b;
   fs::path root, delta, pristine_delta;
 
-  explicit Attack(const fs::path& source_root) {
-    const Inputs& in = inputs();
+  explicit Attack(const fs::path& source_root) : Attack(source_root, inputs().start, inputs().next) {}
+  // LOCAL at `start`, the delta to turn it into `target`.
+  Attack(const fs::path& source_root, const fs::path& start, const fs::path& target) {
     b.local = *t / "local";
-    b.start = in.start;
-    b.target = in.next;
+    b.start = start;
+    b.target = target;
     b.reset();
     b.pristine = snapshot(b.local, true);
     root = *t / "root";
@@ -316,7 +344,8 @@ IndexChange classify_index(const json& original, const std::string& text) {
     std::string g;
     for (std::size_t start = 1; start <= p.size();) {
       const std::size_t slash = std::min(p.find('/', start), p.size());
-      const bool keyed = g == "/weight_map" || g == "/metadata/hfdelta_base_checksums" || g == "/metadata/hfdelta_files";
+      const bool keyed = g == "/weight_map" || g == "/metadata/hfdelta_base_checksums" || g == "/metadata/hfdelta_files" ||
+                         g == "/metadata/hfdelta_shards" || g == "/metadata/hfdelta_encodings";
       g += '/';
       g += keyed ? std::string("*") : p.substr(start, slash - start);
       start = slash + 1;
@@ -328,7 +357,8 @@ IndexChange classify_index(const json& original, const std::string& text) {
     c.fields += p;
     if (p == "/metadata/version" || p == "/metadata/base_version") c.refusals.insert(4);
     if (p == "/metadata/delta_encoding" || p == "/metadata/compression_format" || p == "/metadata/checksum_format" ||
-        p == "/metadata/hfdelta_format" || p == "/metadata/hfdelta_files/*/op")
+        p == "/metadata/hfdelta_format" || p == "/metadata/hfdelta_files/*/op" || p == "/metadata/hfdelta_shards/*/op" ||
+        p == "/metadata/hfdelta_encodings/*")
       c.refusals.insert(6);
   }
   return c;
@@ -365,17 +395,26 @@ std::vector<Flip> flips_for(const fs::path& delta) {
     spread(v, f, "frames", st.data_start(), st.raw.size(), 28, salt + 1);
     ++salt;
   }
+  // New safetensors headers of a structural delta: the whole file is a header.
+  for (const auto& f : list_files(delta)) {
+    if (f.rfind("headers/", 0) != 0) continue;
+    for (int i = 0; i < 8; ++i) v.push_back({f, "new header's length", static_cast<std::uint64_t>(i), (i * 5 + salt) % 8});
+    spread(v, f, "new header's JSON", 8, fs::file_size(delta / f), 28, salt);
+    ++salt;
+  }
   spread(v, "model.safetensors.index.json", "index JSON", 0, fs::file_size(delta / "model.safetensors.index.json"), 90, 2);
   // The first letter of every key the format gives meaning to: a renamed key
   // is an absent one to a reader.
   const std::string text = read_file(delta / "model.safetensors.index.json");
   for (const char* key : {"metadata", "weight_map", "version", "base_version", "delta_encoding", "compression_format",
                           "checksum_format", "total_size", "hfdelta_format", "hfdelta_base_checksums", "hfdelta_files",
-                          "path", "op", "size", "xxh3-128"}) {
+                          "path", "op", "size", "xxh3-128", "hfdelta_encodings", "hfdelta_shards", "file", "header",
+                          "base_header", "tensors", "name", "from"}) {
     const std::size_t at = text.find("\"" + std::string(key) + "\":");
     if (at != std::string::npos) v.push_back({"model.safetensors.index.json", "index JSON", at + 1, 0});
   }
-  spread(v, "files/config.json", "carried file", 0, fs::file_size(delta / "files" / "config.json"), 24, 5);
+  for (const auto& f : list_files(delta))
+    if (f.rfind("files/", 0) == 0) spread(v, f, "carried file", 0, fs::file_size(delta / f), 24, 5);
   return v;
 }
 
@@ -422,9 +461,7 @@ std::string run_flips(Attack& a, bool pull) {
 
 void run_truncations(Attack& a) {
   const json original = delta_index(a.delta);
-  std::vector<std::string> files = delta_files(a.delta);
-  files.push_back("model.safetensors.index.json");
-  files.push_back("files/config.json");
+  const std::vector<std::string> files = list_files(a.delta);  // entries, index, carried files, new headers
   for (const auto& f : files) {
     const fs::path p = a.delta / f;
     const Bytes whole = read_bytes(p);
@@ -732,6 +769,346 @@ TEST_CASE("hostile: hfdelta_files paths that leave LOCAL") {
   }
   CHECK(snapshot(outside) == outside_before);
   a.b.report("hfdelta_files paths");
+}
+
+// ---- structural deltas --------------------------------------------------------------
+
+namespace {
+
+// LOCAL at the structural base, the structural delta under ROOT/weight_v000001.
+struct StructAttack : Attack {
+  StructAttack() : Attack(inputs().root_struct, inputs().st_start, inputs().st_next) {}
+  explicit StructAttack(const fs::path& source_root) : Attack(source_root, inputs().st_start, inputs().st_next) {}
+
+  // Applies the delta with and without --no-sync (which writes LOCAL in one
+  // pass, so a late refusal is a rollback): refused with exactly `code` each
+  // time, the message naming each of `names`, LOCAL as before (Bench::attempt).
+  void refused(int code, const std::string& what, const std::vector<std::string>& names) {
+    for (const bool no_sync : {false, true}) {
+      std::vector<std::string> args = single();
+      if (no_sync) args.insert(args.begin(), "--no-sync");
+      const std::string w = what + (no_sync ? ", --no-sync" : "");
+      const int got = b.attempt(args, {code}, w, w);
+      CHECK_MESSAGE(got == code, w << ": exit " << got << ", expected " << code << ":\n" << b.last_err);
+      for (const auto& n : names)
+        CHECK_MESSAGE(b.last_err.find(n) != std::string::npos, w << ": the message does not name " << n << ":\n" << b.last_err);
+    }
+    restore();
+  }
+
+  // Rewrites the index with `edit` applied to its metadata; write_json
+  // reseals hfdelta_index_checksum, so the rule under test is what answers.
+  void edit_metadata(const std::function<void(json&)>& edit) const {
+    json idx = delta_index(delta);
+    edit(idx["metadata"]);
+    write_json(delta / "model.safetensors.index.json", idx);
+  }
+  void edit_shard(const std::string& file, const std::function<void(json&)>& edit) const {
+    edit_metadata([&](json& md) {
+      for (auto& e : md["hfdelta_shards"])
+        if (e["file"] == file) return edit(e);
+      FAIL("no hfdelta_shards entry for " << file);
+    });
+  }
+  void edit_tensor(const std::string& file, const std::string& tensor, const std::function<void(json&)>& edit) const {
+    edit_shard(file, [&](json& e) {
+      for (auto& t : e["tensors"])
+        if (t["name"] == tensor) return edit(t);
+      FAIL("no tensor " << tensor << " in the build of " << file);
+    });
+  }
+};
+
+const char* const kIndex = "model.safetensors.index.json";
+
+}  // namespace
+
+TEST_CASE("hostile: a structural delta's new headers missing, truncated or with a byte flipped are refused with exit 3") {
+  StructAttack a;
+  const json idx = delta_index(a.delta);
+  std::vector<std::string> headers;  // the header rewrite's and both builds'
+  for (const auto& e : idx["metadata"]["hfdelta_shards"])
+    if (e["op"] != "remove") headers.push_back("headers/" + e["file"].get<std::string>());
+  REQUIRE(headers.size() == 3);
+  for (const auto& h : headers) {
+    INFO(h);
+    const fs::path p = a.delta / h;
+    const Bytes whole = read_bytes(p);
+    REQUIRE(whole.size() > 16);
+    fs::remove(p);
+    a.refused(3, h + " missing", {h});
+    fs::remove(p);
+    fs::create_directories(p);
+    a.refused(3, h + " a directory", {h});
+    for (const std::size_t n : {std::size_t{0}, std::size_t{7}, std::size_t{8}, whole.size() / 2, whole.size() - 1}) {
+      write_bytes(p, Bytes(whole.begin(), whole.begin() + static_cast<std::ptrdiff_t>(n)));
+      a.refused(3, h + " cut to " + std::to_string(n) + " bytes", {h});
+    }
+    Bytes longer = whole;
+    longer.push_back(' ');
+    write_bytes(p, longer);
+    a.refused(3, h + " one byte longer", {h});
+    // The length, the opening brace, the middle and the last padding byte.
+    for (const std::size_t at : {std::size_t{0}, std::size_t{8}, whole.size() / 2, whole.size() - 1}) {
+      Bytes b = whole;
+      b[at] ^= 0xff;
+      write_bytes(p, b);
+      a.refused(3, h + " byte " + std::to_string(at) + " flipped", {h});
+    }
+    // Padding turned into a tab: the same JSON and tensors, only its
+    // checksum in the index tells.
+    REQUIRE(whole.back() == ' ');
+    Bytes tab = whole;
+    tab.back() = '\t';
+    write_bytes(p, tab);
+    a.refused(3, h + " padding changed", {h});
+  }
+  a.b.report("new headers of a structural delta");
+}
+
+TEST_CASE("hostile: a structural delta's hfdelta_shards edited (index resealed) is refused, LOCAL untouched") {
+  StructAttack a;
+  const std::string d = "model-d.safetensors", c = "model-c.safetensors", bf = "model-b.safetensors";
+
+  SUBCASE("a build's tensor list does not match its header: exit 3") {
+    a.edit_tensor(c, "c.new", [](json& t) { t["name"] = "c.other"; });
+    a.refused(3, "a built tensor listed under another name", {"headers/" + c, "c.other"});
+    a.edit_shard(c, [](json& e) { std::swap(e["tensors"][0]["name"], e["tensors"][1]["name"]); });
+    a.refused(3, "a build's tensors listed out of order", {"headers/" + c});
+    a.edit_shard(c, [](json& e) { e["tensors"].erase(e["tensors"].size() - 1); });
+    a.refused(3, "a build's tensor list one short", {"headers/" + c});
+    a.edit_shard(c, [](json& e) { e["tensors"].push_back({{"name", "c.extra"}, {"xxh3-128", std::string(32, '0')}}); });
+    a.refused(3, "a build's tensor list one too many", {"headers/" + c});
+    a.edit_shard(d, [](json& e) { e["size"] = e["size"].get<std::uint64_t>() + 4; });
+    a.refused(3, "a build's size 4 bytes more than its header's tensors", {"headers/" + d});
+    a.edit_shard(d, [](json& e) { e["header"]["size"] = e["header"]["size"].get<std::uint64_t>() - 8; });
+    a.refused(3, "a new header's size recorded 8 bytes short", {"headers/" + d});
+    a.edit_shard(d, [](json& e) { e["header"]["xxh3-128"] = xxh3_hex(std::string("another header")); });
+    a.refused(3, "a new header's checksum recorded wrong", {"headers/" + d});
+    // A header rewrite whose new header (of the same length, sealed in the
+    // index) swaps the two tensors' byte ranges.
+    {
+      const StFile h = read_st(a.delta / "headers" / bf);
+      std::vector<hfdelta::TensorInfo> infos;
+      std::uint64_t pos = 0;
+      // Laid out in the other order than the file's (by name: b.norm first).
+      for (const std::string name : {"b.weight", "b.norm"}) {
+        const json& t = h.header.at(name);
+        const std::uint64_t n = t["data_offsets"][1].get<std::uint64_t>() - t["data_offsets"][0].get<std::uint64_t>();
+        infos.push_back({name, t["dtype"].get<std::string>(), t["shape"].get<std::vector<std::uint64_t>>(), pos, pos + n});
+        pos += n;
+      }
+      const std::map<std::string, std::string> md = st_metadata(h);
+      const std::string moved = hfdelta::encode_safetensors_header(infos, &md, h.header_len);
+      REQUIRE(moved.size() == h.raw.size());
+      REQUIRE(read_st(a.delta / "headers" / bf).header.at("b.norm")["data_offsets"][0] == 0);
+      write_file(a.delta / "headers" / bf, moved);
+      a.edit_shard(bf, [&](json& e) { e["header"] = {{"size", moved.size()}, {"xxh3-128", xxh3_hex(moved)}}; });
+      a.refused(3, "a header rewrite that changes tensor byte ranges", {"headers/" + bf, "byte ranges"});
+    }
+  }
+  SUBCASE("a build's tensor checksum is wrong: exit 5 when built, 3 against its entry") {
+    // Copied from LOCAL without an entry, and zeros without an entry: only
+    // the built bytes can show it.
+    a.edit_tensor(c, "c.emb", [](json& t) { t["xxh3-128"] = xxh3_hex(std::string("x")); });
+    a.refused(5, "a copied tensor's checksum", {c, "c.emb"});
+    a.edit_tensor(d, "d.zero", [](json& t) { t["xxh3-128"] = xxh3_hex(std::string("x")); });
+    a.refused(5, "a zero tensor's checksum", {d, "d.zero"});
+    // A tensor with an entry: the delta contradicts itself.
+    a.edit_tensor(c, "c.new", [](json& t) { t["xxh3-128"] = xxh3_hex(std::string("x")); });
+    a.refused(3, "a patched tensor's checksum against its entry", {"c.new"});
+  }
+  SUBCASE("a build copies a tensor LOCAL lacks or has other bytes of: exit 5") {
+    a.edit_tensor(d, "e.moved", [](json& t) { t["from"] = "no.such.tensor"; });
+    a.refused(5, "`from` names a tensor LOCAL lacks", {kIndex, d, "no.such.tensor"});
+    a.edit_tensor(d, "e.moved", [](json& t) { t["from"] = "a.bias"; });
+    a.refused(5, "`from` names a tensor of another length", {kIndex, d, "a.bias"});
+    // c.emb has e.moved's length but not its bytes: the copy is built and fails its checksum.
+    a.edit_tensor(d, "e.moved", [](json& t) { t["from"] = "c.emb"; });
+    a.refused(5, "`from` names a tensor of the same length with other bytes", {d, "e.moved"});
+    a.edit_tensor(d, "d.zero", [](json& t) { t["from"] = "e.dropped"; });
+    a.refused(5, "a zero tensor built from a tensor of another length", {kIndex, d, "e.dropped"});
+  }
+  SUBCASE("a header rewrite of another base header: exit 5") {
+    a.edit_shard(bf, [](json& e) { e["base_header"] = xxh3_hex(std::string("another base header")); });
+    a.refused(5, "base_header wrong", {bf});
+  }
+  SUBCASE("operations on weight files LOCAL does not have: exit 5") {
+    a.edit_metadata([](json& md) { md["hfdelta_shards"].push_back({{"file", "model-z.safetensors"}, {"op", "remove"}}); });
+    a.refused(5, "remove of a file LOCAL lacks", {kIndex, "model-z.safetensors"});
+    a.edit_metadata([](json& md) { md["hfdelta_shards"].push_back({{"file", "config.json"}, {"op", "remove"}}); });
+    a.refused(5, "remove of a file that is not a weight file", {kIndex, "config.json"});
+    a.edit_shard(bf, [](json& e) { e["file"] = "model-z.safetensors"; });
+    fs::copy_file(a.delta / "headers" / bf, a.delta / "headers" / "model-z.safetensors");
+    a.refused(5, "header rewrite of a file LOCAL lacks", {kIndex, "model-z.safetensors"});
+  }
+  SUBCASE("an unknown operation: exit 6") {
+    a.edit_shard("model-e.safetensors", [](json& e) { e["op"] = "rename"; });
+    a.refused(6, "op \"rename\"", {kIndex, "model-e.safetensors", "rename"});
+    a.edit_shard(c, [](json& e) { e["op"] = "splice"; });
+    a.refused(6, "op \"splice\"", {kIndex, c, "splice"});
+  }
+  SUBCASE("hfdelta_shards with a format revision before 3: exit 3") {
+    for (const int rev : {1, 2}) {
+      a.edit_metadata([&](json& md) { md["hfdelta_format"] = rev; });
+      a.refused(3, "hfdelta_format " + std::to_string(rev), {kIndex, "hfdelta_shards"});
+    }
+  }
+  SUBCASE("malformed entries: exit 3") {
+    a.edit_metadata([](json& md) { md["hfdelta_shards"] = json::object(); });
+    a.refused(3, "hfdelta_shards an object", {kIndex, "hfdelta_shards"});
+    a.edit_shard(c, [](json& e) { e.erase("op"); });
+    a.refused(3, "an entry without op", {kIndex, "hfdelta_shards"});
+    a.edit_metadata([&](json& md) { md["hfdelta_shards"].push_back({{"file", c}, {"op", "remove"}}); });
+    a.refused(3, "a file listed twice", {kIndex, c, "twice"});
+    a.edit_tensor(d, "e.moved", [](json& t) { t["from"] = 7; });
+    a.refused(3, "`from` not a string", {kIndex, d, "from"});
+    a.edit_tensor(d, "e.moved", [](json& t) { t["name"] = "c.weight"; });
+    a.refused(3, "a tensor built twice", {kIndex, "c.weight", "twice"});
+  }
+  a.b.report("hfdelta_shards edited");
+}
+
+namespace {
+
+// model-d's build moved to another path, its new header with it.
+void move_build(const StructAttack& a, const std::string& to) {
+  a.edit_shard("model-d.safetensors", [&](json& e) { e["file"] = to; });
+  if (to.front() != '/') {
+    fs::create_directories((a.delta / "headers" / to).parent_path());
+    fs::rename(a.delta / "headers" / "model-d.safetensors", a.delta / "headers" / to);
+  }
+}
+
+}  // namespace
+
+// The state, the lock and the transaction live in LOCAL/.weight_sync:
+// hfdelta_files may not touch it, and neither may a weight file operation.
+TEST_CASE("hostile: a structural build into LOCAL/.weight_sync is refused with exit 3") {
+  StructAttack a;
+  for (const std::string& to : {std::string(".weight_sync/state.json"), std::string(".weight_sync/lock"),
+                                std::string(".weight_sync/evil.safetensors"), std::string(".weight_sync/txn/x.safetensors")}) {
+    move_build(a, to);
+    a.refused(3, "build of " + to, {kIndex, to});
+  }
+  a.b.report("structural builds into .weight_sync");
+}
+
+TEST_CASE("hostile: structural operations on paths outside LOCAL or through symlinks are refused with exit 3") {
+  const std::unique_ptr<TempDir> scratch = scratch_dir();
+  StructAttack a;
+  const fs::path outside = a.b.local.parent_path() / "outside";
+  write_file(outside / "victim.safetensors", "must survive\n");
+  const Snapshot outside_before = snapshot(outside);
+  const std::vector<std::string> parent_before = list_names(a.b.local.parent_path());
+  auto check_outside = [&](const std::string& what) {
+    const auto diff = snapshot_diff(outside_before, snapshot(outside), "before", "after");
+    CHECK_MESSAGE(diff.empty(), what << ": outside LOCAL changed: " << diff.front());
+    CHECK_MESSAGE(list_names(a.b.local.parent_path()) == parent_before, what << ": a file appeared beside LOCAL");
+  };
+  for (const std::string& to : {std::string("../outside/evil.safetensors"), (outside / "evil.safetensors").string(),
+                                std::string("sub/../../outside/evil.safetensors")}) {
+    move_build(a, to);
+    a.refused(3, "build of " + to, {kIndex});
+    check_outside("build of " + to);
+  }
+  a.edit_shard("model-e.safetensors", [](json& e) { e["file"] = "../outside/victim.safetensors"; });
+  a.refused(3, "remove through ..", {kIndex});
+  check_outside("remove through ..");
+
+  // A symlinked directory inside LOCAL that points outside it.
+  a.b.after_reset = [&](const fs::path& local) { fs::create_directory_symlink(outside, local / "linkdir"); };
+  a.b.reset();
+  a.b.pristine = snapshot(a.b.local, true);
+  move_build(a, "linkdir/evil.safetensors");
+  a.refused(3, "build through a symlinked directory in LOCAL", {"linkdir"});
+  check_outside("build through a symlinked directory in LOCAL");
+  a.edit_shard("model-e.safetensors", [](json& e) { e["file"] = "linkdir/victim.safetensors"; });
+  a.refused(3, "remove through a symlinked directory in LOCAL", {"linkdir"});
+  check_outside("remove through a symlinked directory in LOCAL");
+  a.b.after_reset = nullptr;
+  a.b.reset();
+  a.b.pristine = snapshot(a.b.local, true);
+
+  // A new header that is a symlink in the delta (to a copy of itself).
+  const fs::path copy = scratch->path() / "header-copy";
+  fs::copy_file(a.delta / "headers" / "model-c.safetensors", copy);
+  fs::remove(a.delta / "headers" / "model-c.safetensors");
+  fs::create_symlink(copy, a.delta / "headers" / "model-c.safetensors");
+  a.refused(3, "a new header that is a symlink", {"headers/model-c.safetensors"});
+  a.b.report("structural operations on paths they may not touch");
+}
+
+TEST_CASE("hostile: a structural delta applied to a LOCAL that is not its base is refused with exit 5, LOCAL untouched") {
+  const Inputs& in = inputs();
+  SUBCASE("a delta of another model of the same layouts") {
+    StructAttack a(in.other_struct.parent_path());
+    a.refused(5, "structural delta of another model", {a.b.local.string()});
+    a.b.report("structural delta of another base");
+  }
+  // LOCAL edited so that only one kind of check can notice.
+  StructAttack a;
+  auto local_edited = [&](const std::string& what, const std::function<void(const fs::path&)>& edit,
+                          const std::vector<std::string>& names) {
+    a.b.after_reset = edit;
+    a.b.reset();
+    a.b.pristine = snapshot(a.b.local, true);
+    a.refused(5, what, names);
+    a.b.after_reset = nullptr;
+    a.b.reset();
+    a.b.pristine = snapshot(a.b.local, true);
+  };
+  // A tensor only copied into a built file (no entry, no base checksum).
+  SUBCASE("a tensor copied into a built file differs") {
+    local_edited("LOCAL's e.moved differs", [](const fs::path& local) {
+      StFile f = read_st(local / "model-e.safetensors");
+      f.raw[static_cast<std::size_t>(f.file_range("e.moved").first)] ^= 1;
+      write_bytes(local / "model-e.safetensors", f.raw);
+    }, {"model-d.safetensors", "e.moved"});
+    a.b.report("LOCAL not the base: a copied tensor");
+  }
+  // A header rewritten in place whose base header is not LOCAL's (same length).
+  SUBCASE("the header to rewrite differs") {
+    local_edited("LOCAL's model-b header differs", [](const fs::path& local) {
+      Bytes b = read_bytes(local / "model-b.safetensors");
+      const std::string text(b.begin(), b.end());
+      const std::size_t at = text.find("\"base\"");
+      REQUIRE(at != std::string::npos);
+      b[at + 1] = 'c';  // "case": the same length
+      write_bytes(local / "model-b.safetensors", b);
+    }, {"model-b.safetensors"});
+    a.b.report("LOCAL not the base: a header");
+  }
+  // A tensor of another length where a build copies from.
+  SUBCASE("a tensor a build copies from has another length") {
+    local_edited("LOCAL's e.moved of another length", [](const fs::path& local) {
+      StFile f = read_st(local / "model-e.safetensors");
+      std::vector<TensorData> ts;
+      for (const auto& name : f.tensor_names()) {
+        const auto& h = f.header[name];
+        Bytes bytes = f.tensor(name);
+        std::vector<std::uint64_t> shape = h["shape"].get<std::vector<std::uint64_t>>();
+        if (name == "e.moved") shape = {20}, bytes.resize(80);
+        ts.push_back({name, h["dtype"].get<std::string>(), shape, bytes});
+      }
+      write_safetensors(local / "model-e.safetensors", ts);
+    }, {kIndex, "model-d.safetensors", "e.moved"});
+    a.b.report("LOCAL not the base: a tensor's length");
+  }
+}
+
+TEST_CASE("hostile: one flipped bit anywhere in a structural delta is refused, LOCAL untouched") {
+  StructAttack a;
+  const std::string per_file = run_flips(a, true);
+  CHECK(a.b.attempts >= 400);
+  MESSAGE("structural delta, flips per file:" << per_file);
+  a.b.report("bit flips in the structural delta, applied with --root");
+}
+
+TEST_CASE("hostile: every file of a structural delta truncated at 20+ lengths is refused, LOCAL untouched") {
+  StructAttack a;
+  run_truncations(a);
+  a.b.report("truncations of the structural delta");
 }
 
 TEST_CASE("hostile: total") { MESSAGE("hostile inputs tried: " << hostile_total()); }

@@ -477,4 +477,69 @@ bool has_txn(const fs::path& local) {
   return fs::exists(fs::symlink_status(local / ".weight_sync" / "txn", ec));
 }
 
+namespace {
+
+// `n` deterministic bytes from a tensor's name and a seed.
+Bytes seeded_bytes(const std::string& name, std::size_t n, std::uint32_t seed) {
+  std::uint64_t x = 0x9e3779b97f4a7c15ull * (seed + 1ull);
+  for (const char c : name) x = (x ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+  Bytes b(n);
+  for (auto& v : b) {
+    x += 0x9e3779b97f4a7c15ull;
+    std::uint64_t z = x;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    v = static_cast<std::uint8_t>((z ^ (z >> 31)) >> 24);
+  }
+  return b;
+}
+
+// The same bytes with every fifth one changed for generation `g` (0: as is),
+// so that a save differs sparsely from the one before.
+Bytes touched(Bytes b, int g) {
+  if (g == 0) return b;
+  for (std::size_t i = static_cast<std::size_t>(g) % 5; i < b.size(); i += 5) b[i] ^= static_cast<std::uint8_t>(0x11 * g);
+  return b;
+}
+
+}  // namespace
+
+void write_structural_checkpoint(const fs::path& dir, int layout, std::uint32_t seed) {
+  if (layout < 0 || layout > 2) throw std::invalid_argument("write_structural_checkpoint: layout 0, 1 or 2");
+  auto tensor = [&](const std::string& name, const std::string& dtype, std::uint64_t elements, int gen = 0,
+                    const std::string& bytes_of = "") {
+    const std::size_t es = dtype == "F32" ? 4 : 2;
+    const std::size_t n = static_cast<std::size_t>(elements) * es;
+    return TensorData{name, dtype, {elements}, touched(seeded_bytes(bytes_of.empty() ? name : bytes_of, n, seed), gen)};
+  };
+  std::map<std::string, std::vector<TensorData>> shards;
+  std::map<std::string, std::map<std::string, std::string>> metadata;
+  // Header rewrites keep the header's length: the notes are all 4 letters.
+  const char* note = layout == 0 ? "base" : layout == 1 ? "next" : "last";
+  shards["model-a.safetensors"] = {tensor("a.weight", "F32", 64, layout), tensor("a.bias", "F32", 16)};
+  shards["model-b.safetensors"] = {tensor("b.weight", "F32", 32, layout), tensor("b.norm", "F32", 8)};
+  metadata["model-b.safetensors"] = {{"format", "pt"}, {"note", note}};
+  if (layout != 1) {
+    shards["model-c.safetensors"] = {tensor("c.weight", "F32", 32, layout), tensor("c.emb", "F16", 48)};
+    shards["model-e.safetensors"] = {tensor("e.moved", "F32", 24), tensor("e.renamed", "BF16", 16),
+                                     tensor("e.dropped", "F32", 4, layout)};
+  } else {
+    shards["model-c.safetensors"] = {tensor("c.weight", "F32", 32, layout), tensor("c.emb", "BF16", 48),
+                                     tensor("c.new", "F32", 8)};
+    TensorData zero{"d.zero", "F32", {6}, Bytes(24, 0)};
+    shards["model-d.safetensors"] = {tensor("e.moved", "F32", 24), tensor("d.renamed", "BF16", 16, 0, "e.renamed"), zero};
+  }
+  json weight_map = json::object();
+  std::uint64_t total = 0;
+  fs::create_directories(dir);
+  for (const auto& [file, tensors] : shards) {
+    const auto md = metadata.find(file);
+    write_safetensors(dir / file, tensors, md == metadata.end() ? nullptr : &md->second);
+    for (const auto& t : tensors) weight_map[t.name] = file, total += t.bytes.size();
+  }
+  write_json(dir / "model.safetensors.index.json", {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}});
+  write_json(dir / "config.json", {{"architectures", {"Toy"}}, {"hidden_size", 8}, {"layout", layout}});
+  write_file(dir / "tokenizer.json", "{\"unchanged\": true}\n");
+}
+
 }  // namespace e2e

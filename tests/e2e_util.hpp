@@ -155,6 +155,17 @@ std::string xxh3_hex(const std::string& s);
 // a valid frame with a known content size.
 Bytes zstd_decompress(const Bytes& frame);
 
+// A small sharded checkpoint written by hand, for structural deltas.
+// Layout 0 has shards model-a, model-b, model-c and model-e. Layout 1 is its
+// next save: model-a keeps its header (a tensor changes), model-b changes a
+// __metadata__ value to one of the same length (a header rewrite) and a
+// tensor, model-c is re-laid (a tensor retyped, one added), model-d is new (a
+// tensor moved from model-e, one renamed, one of zeros) and model-e is gone;
+// config.json and the index change too. Layout 2, the save after it, goes
+// back to layout 0's files with other bytes. `seed` changes every tensor's
+// bytes: another seed is another model of the same layouts.
+void write_structural_checkpoint(const fs::path& dir, int layout, std::uint32_t seed = 1);
+
 // ---- JSON -------------------------------------------------------------------
 
 json parse_json(const std::string& text);  // throws with the text in the message

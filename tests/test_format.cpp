@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <initializer_list>
 #include <optional>
 #include <random>
@@ -437,6 +438,256 @@ TEST_CASE("format: read_delta_index refusals") {
     const auto e = error_of([&] { read_delta_index(tmp.path()); });
     REQUIRE(e);
     CHECK(contains(e->what(), w));
+  }
+}
+
+namespace {
+
+// A structural delta index with one operation of each kind.
+DeltaIndex structural_index() {
+  DeltaIndex d;
+  d.version = 3;
+  d.base_version = 2;
+  d.per_tensor = true;
+  d.weight_map = {{"b.weight", "model-00000-of-00002.safetensors"}, {"c.new", "model-00001-of-00002.safetensors"}};
+  d.encodings = {{"b.weight", Encoding::sparse}, {"c.new", Encoding::xor_bytes}};
+  d.base_checksums = {{"b.weight", Hash128{1, 2}}};
+  ShardOp rm;
+  rm.file = "model-e.safetensors";
+  rm.op = ShardOp::Op::remove;
+  ShardOp hd;
+  hd.file = "model-b.safetensors";
+  hd.op = ShardOp::Op::header;
+  hd.header_size = 184;
+  hd.header_hash = Hash128{0x1111222233334444ull, 0x5555666677778888ull};
+  hd.base_header_hash = Hash128{0x9999aaaabbbbccccull, 0xddddeeeeffff0000ull};
+  ShardOp bd;
+  bd.file = "sub/model-c.safetensors";
+  bd.op = ShardOp::Op::build;
+  bd.header_size = 200;
+  bd.header_hash = Hash128{7, 8};
+  bd.size = 456;
+  bd.tensors = {{"c.new", std::nullopt, Hash128{9, 10}},
+                {"c.weight", std::string("c.weight"), Hash128{11, 12}},
+                {"c.emb", std::string("old.emb"), Hash128{13, 14}}};
+  d.shards = {hd, bd, rm};
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("format: delta index round trip of hfdelta_shards") {
+  const DeltaIndex d = structural_index();
+  const std::string text = write_delta_index_json(d, 999);
+  const json j = json::parse(text);
+  // The lowest revision that can apply it: older readers refuse it.
+  CHECK(j["metadata"]["hfdelta_format"] == 3);
+  REQUIRE(j["metadata"]["hfdelta_shards"].size() == 3);
+
+  const DeltaIndex r = parse_delta_index(text, "idx");
+  CHECK(r.structural());
+  CHECK(r.version == 3);
+  CHECK(r.base_version == 2);
+  CHECK(r.weight_map == d.weight_map);
+  CHECK(r.encodings == d.encodings);
+  CHECK(r.base_checksums == d.base_checksums);
+  REQUIRE(r.shards.size() == 3);
+  const ShardOp* hd = shard_op(r, "model-b.safetensors");
+  const ShardOp* bd = shard_op(r, "sub/model-c.safetensors");
+  const ShardOp* rm = shard_op(r, "model-e.safetensors");
+  REQUIRE(hd);
+  REQUIRE(bd);
+  REQUIRE(rm);
+  CHECK(shard_op(r, "model-a.safetensors") == nullptr);
+
+  CHECK(rm->op == ShardOp::Op::remove);
+
+  CHECK(hd->op == ShardOp::Op::header);
+  CHECK(hd->header_size == 184);
+  CHECK(hd->header_hash == d.shards[0].header_hash);
+  CHECK(hd->base_header_hash == d.shards[0].base_header_hash);
+  CHECK(hd->tensors.empty());
+
+  CHECK(bd->op == ShardOp::Op::build);
+  CHECK(bd->header_size == 200);
+  CHECK(bd->header_hash == Hash128{7, 8});
+  CHECK(bd->size == 456);
+  REQUIRE(bd->tensors.size() == 3);  // in data order, as written
+  for (std::size_t i = 0; i < 3; ++i) {
+    CAPTURE(i);
+    CHECK(bd->tensors[i].name == d.shards[1].tensors[i].name);
+    CHECK(bd->tensors[i].from == d.shards[1].tensors[i].from);
+    CHECK(bd->tensors[i].hash == d.shards[1].tensors[i].hash);
+  }
+  CHECK_FALSE(bd->tensors[0].from.has_value());
+  CHECK(bd->tensors[2].from == std::optional<std::string>("old.emb"));
+
+  // What the format documents: each op's keys, and no keys it does not need.
+  for (const json& e : j["metadata"]["hfdelta_shards"]) {
+    CAPTURE(e.dump());
+    if (e["op"] == "remove") CHECK(e == json{{"file", "model-e.safetensors"}, {"op", "remove"}});
+    if (e["op"] == "header") {
+      CHECK(e["header"] == json{{"size", 184}, {"xxh3-128", "11112222333344445555666677778888"}});
+      CHECK(e["base_header"] == "9999aaaabbbbccccddddeeeeffff0000");
+      CHECK_FALSE(e.contains("tensors"));
+    }
+    if (e["op"] == "build") {
+      CHECK(e["size"] == 456);
+      CHECK(e["tensors"][0] == json{{"name", "c.new"}, {"xxh3-128", hex128(9, 10)}});
+      CHECK(e["tensors"][2]["from"] == "old.emb");
+      CHECK_FALSE(e.contains("base_header"));
+    }
+  }
+
+  // Writing what was read gives the same text.
+  CHECK(write_delta_index_json(r, 999) == text);
+  // Without shard operations, no key and the revision of the encodings.
+  DeltaIndex plain = d;
+  plain.shards.clear();
+  const json pj = json::parse(write_delta_index_json(plain, 999));
+  CHECK_FALSE(pj["metadata"].contains("hfdelta_shards"));
+  CHECK(pj["metadata"]["hfdelta_format"] == 2);
+  CHECK_FALSE(parse_delta_index(pj.dump(), "idx").structural());
+}
+
+TEST_CASE("format: hfdelta_shards refusals") {
+  const std::string w = "/r/weight_v000003/model.safetensors.index.json";
+  const json valid = json::parse(write_delta_index_json(structural_index(), 999));
+  REQUIRE_NOTHROW(parse_delta_index(valid.dump(), w));
+  // Each case is sealed again, so that the rule it is about is what answers.
+  auto refused = [&](const json& j) {
+    const std::string text = j["metadata"].contains("hfdelta_index_checksum") ? seal_delta_index(j.dump()) : j.dump();
+    return error_of([&] { parse_delta_index(text, w); });
+  };
+  auto accepted = [&](const json& j) {
+    const auto e = refused(j);
+    CHECK_MESSAGE(!e, (e ? e->what() : ""));
+  };
+  // The index with shard entry `i` (0: header, 1: build, 2: remove) edited.
+  auto with_entry = [&](std::size_t i, const std::function<void(json&)>& edit) {
+    json j = valid;
+    edit(j["metadata"]["hfdelta_shards"][i]);
+    return j;
+  };
+  auto with_shards = [&](const json& shards) {
+    json j = valid;
+    j["metadata"]["hfdelta_shards"] = shards;
+    return j;
+  };
+  const std::string hb = "model-b.safetensors", hc = "sub/model-c.safetensors";
+
+  SUBCASE("not a list") {
+    for (const json& bad : {json::object(), json("model-b.safetensors"), json(1), json(nullptr)}) {
+      CAPTURE(bad.dump());
+      expect_error(refused(with_shards(bad)), Exit::bad_input, {w, "hfdelta_shards", "list"});
+    }
+    accepted(with_shards(json::array()));  // nothing structural
+  }
+  SUBCASE("entries without file or op") {
+    expect_error(refused(with_entry(0, [](json& e) { e.erase("file"); })), Exit::bad_input, {w, "\"file\" and \"op\""});
+    expect_error(refused(with_entry(1, [](json& e) { e.erase("op"); })), Exit::bad_input, {w, "\"file\" and \"op\""});
+    expect_error(refused(with_entry(2, [](json& e) { e["file"] = 5; })), Exit::bad_input, {w, "\"file\" and \"op\""});
+    expect_error(refused(with_entry(2, [](json& e) { e["op"] = json::array({"remove"}); })), Exit::bad_input,
+                 {w, "\"file\" and \"op\""});
+    expect_error(refused(with_shards(json::array({"model-e.safetensors"}))), Exit::bad_input, {w, "\"file\" and \"op\""});
+  }
+  SUBCASE("a file listed twice") {
+    json j = valid;
+    j["metadata"]["hfdelta_shards"].push_back({{"file", hc}, {"op", "remove"}});
+    expect_error(refused(j), Exit::bad_input, {w, hc, "twice"});
+  }
+  SUBCASE("a tensor built twice, in one build or in two") {
+    expect_error(refused(with_entry(1, [](json& e) { e["tensors"][2]["name"] = "c.new"; })), Exit::bad_input,
+                 {w, "'c.new'", "built twice"});
+    json two = valid;
+    two["metadata"]["hfdelta_shards"].push_back({{"file", "model-f.safetensors"},
+                                                 {"op", "build"},
+                                                 {"header", {{"size", 64}, {"xxh3-128", hex128(1, 1)}}},
+                                                 {"size", 100},
+                                                 {"tensors", json::array({{{"name", "c.weight"}, {"xxh3-128", hex128(2, 2)}}})}});
+    expect_error(refused(two), Exit::bad_input, {w, "model-f.safetensors", "'c.weight'", "built twice"});
+    // The same name as a `from` is no conflict: a base tensor may be copied twice.
+    json copies = two;
+    copies["metadata"]["hfdelta_shards"][3]["tensors"][0] = {{"name", "f.copy"}, {"from", "c.weight"}, {"xxh3-128", hex128(2, 2)}};
+    accepted(copies);
+  }
+  SUBCASE("paths that are absolute or leave the directory") {
+    for (const char* bad : {"/etc/model.safetensors", "../model.safetensors", "sub/../../x.safetensors", "a/../b", "./a",
+                            "a//b", "", "..", "a\\b"}) {
+      CAPTURE(bad);
+      for (std::size_t i : {0, 1, 2})
+        expect_error(refused(with_entry(i, [&](json& e) { e["file"] = bad; })), Exit::bad_input, {w, "hfdelta_shards"});
+    }
+    accepted(with_entry(2, [](json& e) { e["file"] = "deep/er/model-e.safetensors"; }));
+  }
+  SUBCASE("header sizes out of range") {
+    for (const std::uint64_t bad : {std::uint64_t{0}, std::uint64_t{7}, 8 + kMaxHeaderSize + 1, ~std::uint64_t{0}}) {
+      CAPTURE(bad);
+      for (std::size_t i : {0, 1})
+        expect_error(refused(with_entry(i, [&](json& e) { e["header"]["size"] = bad; })), Exit::bad_input,
+                     {w, "header size " + std::to_string(bad), "out of range"});
+    }
+    for (const std::uint64_t ok : {std::uint64_t{8}, 8 + kMaxHeaderSize}) {
+      CAPTURE(ok);
+      accepted(with_entry(0, [&](json& e) { e["header"]["size"] = ok; }));
+    }
+    for (const json& bad : {json(-8), json("184"), json(184.5), json(nullptr)}) {
+      CAPTURE(bad.dump());
+      expect_error(refused(with_entry(1, [&](json& e) { e["header"]["size"] = bad; })), Exit::bad_input, {w, hc, "\"size\""});
+    }
+    expect_error(refused(with_entry(0, [](json& e) { e.erase("header"); })), Exit::bad_input, {w, hb, "\"header\""});
+    expect_error(refused(with_entry(1, [](json& e) { e["header"] = "abc"; })), Exit::bad_input, {w, hc, "\"header\""});
+  }
+  SUBCASE("bad or missing checksums") {
+    for (const json& bad : {json("xyz"), json(std::string(31, 'a')), json(std::string(33, 'a')), json(std::string(31, 'a') + "g"),
+                            json(5)}) {
+      CAPTURE(bad.dump());
+      expect_error(refused(with_entry(0, [&](json& e) { e["header"]["xxh3-128"] = bad; })), Exit::bad_input, {w, hb});
+      expect_error(refused(with_entry(0, [&](json& e) { e["base_header"] = bad; })), Exit::bad_input, {w, hb});
+      expect_error(refused(with_entry(1, [&](json& e) { e["header"]["xxh3-128"] = bad; })), Exit::bad_input, {w, hc});
+      expect_error(refused(with_entry(1, [&](json& e) { e["tensors"][1]["xxh3-128"] = bad; })), Exit::bad_input, {w, hc});
+    }
+    expect_error(refused(with_entry(0, [](json& e) { e.erase("base_header"); })), Exit::bad_input, {w, hb, "base_header"});
+    expect_error(refused(with_entry(1, [](json& e) { e["tensors"][0].erase("xxh3-128"); })), Exit::bad_input, {w, hc, "xxh3-128"});
+    expect_error(refused(with_entry(1, [](json& e) { e["header"].erase("xxh3-128"); })), Exit::bad_input, {w, hc, "xxh3-128"});
+    // Upper-case hex digits are the same checksum.
+    const DeltaIndex up = parse_delta_index(
+        seal_delta_index(with_entry(0, [](json& e) { e["base_header"] = "9999AAAABBBBCCCCDDDDEEEEFFFF0000"; }).dump()), w);
+    CHECK(shard_op(up, hb)->base_header_hash == structural_index().shards[0].base_header_hash);
+  }
+  SUBCASE("build entries: size, tensor list, names, `from`") {
+    expect_error(refused(with_entry(1, [](json& e) { e.erase("size"); })), Exit::bad_input, {w, hc, "\"size\""});
+    expect_error(refused(with_entry(1, [](json& e) { e["size"] = -1; })), Exit::bad_input, {w, hc, "\"size\""});
+    expect_error(refused(with_entry(1, [](json& e) { e.erase("tensors"); })), Exit::bad_input, {w, hc, "\"tensors\""});
+    expect_error(refused(with_entry(1, [](json& e) { e["tensors"] = json::object(); })), Exit::bad_input, {w, hc, "\"tensors\""});
+    expect_error(refused(with_entry(1, [](json& e) { e["tensors"][0].erase("name"); })), Exit::bad_input, {w, hc, "\"name\""});
+    expect_error(refused(with_entry(1, [](json& e) { e["tensors"][0]["name"] = 3; })), Exit::bad_input, {w, hc, "\"name\""});
+    expect_error(refused(with_entry(1, [](json& e) { e["tensors"][1] = "c.weight"; })), Exit::bad_input, {w, hc, "\"name\""});
+    for (const json& bad : {json(7), json(nullptr), json::array({"c.weight"}), json::object()}) {
+      CAPTURE(bad.dump());
+      expect_error(refused(with_entry(1, [&](json& e) { e["tensors"][1]["from"] = bad; })), Exit::bad_input,
+                   {w, hc, "'c.weight'", "\"from\""});
+    }
+  }
+  SUBCASE("an unknown op") {
+    for (const char* op : {"rename", "Build", "", "put"}) {
+      CAPTURE(op);
+      expect_error(refused(with_entry(2, [&](json& e) { e["op"] = op; })), Exit::unsupported,
+                   {w, "model-e.safetensors", "unknown op \"" + std::string(op) + "\""});
+    }
+  }
+  SUBCASE("hfdelta_format before 3") {
+    for (const int rev : {0, 1, 2}) {
+      CAPTURE(rev);
+      json j = valid;
+      j["metadata"]["hfdelta_format"] = rev;
+      expect_error(refused(j), Exit::bad_input, {w, "hfdelta_shards", "hfdelta_format 3"});
+    }
+    // Without the revision (nor the checksum that comes with it).
+    json j = valid;
+    j["metadata"].erase("hfdelta_format");
+    j["metadata"].erase("hfdelta_index_checksum");
+    expect_error(refused(j), Exit::bad_input, {w, "hfdelta_shards", "hfdelta_format 3"});
   }
 }
 
