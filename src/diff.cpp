@@ -55,6 +55,7 @@ struct Work {
   std::uint64_t nbytes = 0;
   bool fresh = false;                    // no base bytes: its entry is its bytes (xor with zeros)
   bool need_hash = false;                // its checksum is needed even if it is unchanged
+  const std::string* from = nullptr;     // the base tensor its bytes come from (not fresh)
   std::size_t es = 1;                    // the sparse encoding's element size
   std::uint64_t chunks = 0;
   std::vector<RangeOut> ranges;          // one per unit scanning it, in tensor order
@@ -371,16 +372,6 @@ static std::string header_prefix(const SafetensorsHeader& h) {
   return p + h.header;
 }
 
-// Whether two headers put the same byte ranges in a file of the same size
-// (names, dtypes, shapes or __metadata__ may differ): then only the header
-// bytes need rewriting and the tensors are patched in place.
-static bool same_ranges(const SafetensorsHeader& a, const SafetensorsHeader& b) {
-  if (a.header_len != b.header_len || a.file_size != b.file_size || a.tensors.size() != b.tensors.size()) return false;
-  for (std::size_t i = 0; i < a.tensors.size(); ++i)
-    if (a.tensors[i].begin != b.tensors[i].begin || a.tensors[i].end != b.tensors[i].end) return false;
-  return true;
-}
-
 // Decides, per weight file of NEW, how it is reached from BASE, and pairs
 // every tensor of NEW with its base bytes (the `works`):
 // - a file of BASE with the same name and header bytes: patched in place,
@@ -392,12 +383,10 @@ static bool same_ranges(const SafetensorsHeader& a, const SafetensorsHeader& b) 
 //   the same bytes (a rename or a move, found by checksum), else from zeros;
 // and base files NEW does not have are removed.
 static std::vector<ShardOp> plan_shards(const Checkpoint& base, const Checkpoint& target, const std::vector<File>& base_files,
-                                        int threads, std::vector<Work>& works) {
-  std::map<std::string, std::size_t> base_by_file;
-  for (std::size_t b = 0; b < base.shards.size(); ++b) base_by_file[base.shards[b].file] = b;
+                                        const std::vector<File>& new_files, int threads, std::vector<Work>& works) {
   std::vector<ShardOp> ops;
-  std::vector<std::size_t> build_ops;  // into ops, for the tensor lists filled in below
-  auto add = [&](std::size_t nfile, const TensorInfo& t, std::optional<std::pair<std::size_t, const TensorInfo*>> src) {
+  // `build`: the file is built, so its tensors' checksums go in its list.
+  auto add = [&](std::size_t nfile, const TensorInfo& t, const TensorRef* src, bool build) {
     const auto& hdr = target.shards[nfile].header;
     Work w;
     w.nfile = nfile;
@@ -406,9 +395,11 @@ static std::vector<ShardOp> plan_shards(const Checkpoint& base, const Checkpoint
     w.nbytes = t.nbytes();
     w.es = sparse_elem_size(dtype_size(t.dtype) ? dtype_size(t.dtype) : 1, w.nbytes);
     w.chunks = sparse_chunk_count(w.nbytes, w.es);
+    w.need_hash = build;
     if (src) {
-      w.bfile = src->first;
-      w.boff = base.shards[src->first].header.file_offset(*src->second);
+      w.bfile = src->shard;
+      w.boff = base.shards[src->shard].header.file_offset(base.info(*src));
+      w.from = &base.info(*src).name;
     } else {
       w.fresh = true;
     }
@@ -416,33 +407,34 @@ static std::vector<ShardOp> plan_shards(const Checkpoint& base, const Checkpoint
   };
   for (std::size_t s = 0; s < target.shards.size(); ++s) {
     const Shard& ns = target.shards[s];
-    const auto it = base_by_file.find(ns.file);
-    const SafetensorsHeader* bh = it == base_by_file.end() ? nullptr : &base.shards[it->second].header;
-    if (bh && (bh->header == ns.header.header || same_ranges(*bh, ns.header))) {
-      if (bh->header != ns.header.header) {
+    const Shard* bs = base.find_shard(ns.file);
+    if (bs && (bs->header.header == ns.header.header || same_tensor_ranges(bs->header, ns.header))) {
+      const std::size_t b = static_cast<std::size_t>(bs - base.shards.data());
+      if (bs->header.header != ns.header.header) {
         ShardOp op;
         op.file = ns.file;
         op.op = ShardOp::Op::header;
         for (std::size_t i = 0; i < ns.header.tensors.size(); ++i)
-          if (ns.header.tensors[i].name != bh->tensors[i].name) op.renamed[ns.header.tensors[i].name] = bh->tensors[i].name;
+          if (ns.header.tensors[i].name != bs->header.tensors[i].name)
+            op.renamed[ns.header.tensors[i].name] = bs->header.tensors[i].name;
         ops.push_back(std::move(op));
       }
-      for (std::size_t i = 0; i < ns.header.tensors.size(); ++i)
-        add(s, ns.header.tensors[i], std::make_pair(it->second, &bh->tensors[i]));
+      for (std::size_t i = 0; i < ns.header.tensors.size(); ++i) {
+        const TensorRef ref{b, i};
+        add(s, ns.header.tensors[i], &ref, false);
+      }
       continue;
     }
+    // Built: each tensor's source is decided below; the list is filled in
+    // from the works once their checksums are known.
     ShardOp op;
     op.file = ns.file;
     op.op = ShardOp::Op::build;
     op.size = ns.header.file_size;
-    op.replaces = bh != nullptr;
-    build_ops.push_back(ops.size());
+    op.replaces = bs != nullptr;
     for (const auto& t : ns.header.tensors) {
-      std::optional<std::pair<std::size_t, const TensorInfo*>> src;
-      if (auto b = base.tensors.find(t.name); b != base.tensors.end() && base.info(b->second).nbytes() == t.nbytes())
-        src = std::make_pair(b->second.shard, &base.info(b->second));
-      op.tensors.push_back({t.name, src ? std::optional<std::string>(t.name) : std::nullopt, {}});
-      add(s, t, src);
+      const auto b = base.tensors.find(t.name);
+      add(s, t, b != base.tensors.end() && base.info(b->second).nbytes() == t.nbytes() ? &b->second : nullptr, true);
     }
     ops.push_back(std::move(op));
   }
@@ -455,28 +447,27 @@ static std::vector<ShardOp> plan_shards(const Checkpoint& base, const Checkpoint
     }
 
   // Renames and moves: new tensors without a source that have the bytes of a
-  // base tensor gone from NEW. Only those candidates are read an extra time.
-  std::vector<std::size_t> orphans;
-  std::set<std::uint64_t> lengths;
-  for (std::size_t i = 0; i < works.size(); ++i)
-    if (works[i].fresh && works[i].nbytes > 0) orphans.push_back(i), lengths.insert(works[i].nbytes);
+  // base tensor gone from NEW, of the same length. Only those candidates are
+  // read an extra time.
   std::vector<std::pair<std::string, TensorRef>> gone;
+  std::set<std::uint64_t> new_lengths, gone_lengths;
+  for (const auto& w : works)
+    if (w.fresh && w.nbytes > 0) new_lengths.insert(w.nbytes);
+  for (const auto& [name, ref] : base.tensors)
+    if (!target.tensors.count(name) && new_lengths.count(base.info(ref).nbytes()))
+      gone.emplace_back(name, ref), gone_lengths.insert(base.info(ref).nbytes());
+  std::vector<std::size_t> orphans;
+  for (std::size_t i = 0; i < works.size(); ++i)
+    if (works[i].fresh && gone_lengths.count(works[i].nbytes)) orphans.push_back(i);
   // A vanished base tensor becomes the source of a new one.
   auto take_source = [&](Work& w, const std::pair<std::string, TensorRef>& g) {
-    const auto& [name, ref] = g;
     w.fresh = false;
-    w.bfile = ref.shard;
-    w.boff = base.shards[ref.shard].header.file_offset(base.info(ref));
-    for (std::size_t o : build_ops)
-      for (auto& bt : ops[o].tensors)
-        if (bt.name == w.t->name) bt.from = name;
+    w.bfile = g.second.shard;
+    w.boff = base.shards[g.second.shard].header.file_offset(base.info(g.second));
+    w.from = &base.info(g.second).name;
   };
-  for (const auto& [name, ref] : base.tensors)
-    if (!target.tensors.count(name) && lengths.count(base.info(ref).nbytes())) gone.emplace_back(name, ref);
-  if (!orphans.empty() && !gone.empty()) {
+  if (!orphans.empty()) {
     std::vector<Hash128> orphan_hash(orphans.size()), gone_hash(gone.size());
-    std::vector<File> new_files;
-    for (const auto& sh : target.shards) new_files.emplace_back(target.dir / sh.file, File::Mode::read);
     parallel_for(orphans.size() + gone.size(), threads, [&](std::size_t k, std::size_t) {
       std::vector<std::uint8_t> buf;
       if (k < orphans.size()) {
@@ -495,8 +486,7 @@ static std::vector<ShardOp> plan_shards(const Checkpoint& base, const Checkpoint
     for (std::size_t k = 0; k < orphans.size(); ++k) {
       Work& w = works[orphans[k]];
       auto m = by_content.find(Key{w.nbytes, orphan_hash[k].high, orphan_hash[k].low});
-      if (m == by_content.end()) continue;
-      take_source(w, gone[m->second]);
+      if (m != by_content.end()) take_source(w, gone[m->second]);
     }
   }
   // Renames whose bytes changed too: a new tensor and a vanished one that are
@@ -505,23 +495,18 @@ static std::vector<ShardOp> plan_shards(const Checkpoint& base, const Checkpoint
   {
     using Kind = std::pair<std::string, std::vector<std::uint64_t>>;
     std::map<Kind, std::vector<std::size_t>> new_of, gone_of;
-    for (std::size_t i = 0; i < works.size(); ++i)
-      if (works[i].fresh && works[i].nbytes > 0) new_of[{works[i].t->dtype, works[i].t->shape}].push_back(i);
     std::set<std::string> used;  // vanished tensors already taken by checksum
-    for (std::size_t o : build_ops)
-      for (const auto& bt : ops[o].tensors)
-        if (bt.from) used.insert(*bt.from);
+    for (std::size_t i = 0; i < works.size(); ++i) {
+      if (works[i].fresh && works[i].nbytes > 0) new_of[{works[i].t->dtype, works[i].t->shape}].push_back(i);
+      if (works[i].from) used.insert(*works[i].from);
+    }
     for (std::size_t g = 0; g < gone.size(); ++g)
       if (!used.count(gone[g].first)) gone_of[{base.info(gone[g].second).dtype, base.info(gone[g].second).shape}].push_back(g);
     for (const auto& [kind, ws] : new_of) {
       auto it = gone_of.find(kind);
-      if (ws.size() != 1 || it == gone_of.end() || it->second.size() != 1) continue;
-      take_source(works[ws[0]], gone[it->second[0]]);
+      if (ws.size() == 1 && it != gone_of.end() && it->second.size() == 1) take_source(works[ws[0]], gone[it->second[0]]);
     }
   }
-  for (std::size_t o : build_ops)
-    for (auto& w : works)
-      if (target.shards[w.nfile].file == ops[o].file) w.need_hash = true;
   std::sort(ops.begin(), ops.end(), [](const ShardOp& a, const ShardOp& b) { return a.file < b.file; });
   return ops;
 }
@@ -567,7 +552,7 @@ DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, 
   for (const auto& f : target.other_files) sum.full_bytes += size_of(target.dir / f);
 
   std::vector<Work> works;
-  std::vector<ShardOp> shard_ops = plan_shards(base, target, base_files, default_threads(opts.threads), works);
+  std::vector<ShardOp> shard_ops = plan_shards(base, target, base_files, new_files, default_threads(opts.threads), works);
   for (const auto& op : shard_ops)
     (op.op == ShardOp::Op::remove ? sum.shards_removed : op.op == ShardOp::Op::header ? sum.shards_rewritten : sum.shards_built) += 1;
 
@@ -641,7 +626,10 @@ DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, 
         const std::string old = header_prefix(base.find_shard(op.file)->header);
         op.base_header_hash = xxh3_128({reinterpret_cast<const std::uint8_t*>(old.data()), old.size()});
       }
-      for (auto& t : op.tensors) t.hash = work_of.at(t.name)->new_hash;
+      for (const TensorInfo& t : target.find_shard(op.file)->header.tensors) {
+        const Work& w = *work_of.at(t.name);
+        op.tensors.push_back({t.name, w.fresh ? std::nullopt : std::optional<std::string>(*w.from), w.new_hash});
+      }
       const fs::path dst = tmp / kHeadersDir / op.file;
       fs::create_directories(dst.parent_path());
       write_file_atomic(dst, prefix, opts.sync);
