@@ -495,13 +495,11 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
   Manifest m;
   m.base = st.version;
   m.version = idx.version;
-  std::vector<std::size_t> inplace;  // slot -> shard of lc
-  std::vector<std::uint32_t> slot(lc.shards.size(), ~0u);
+  std::vector<std::uint32_t> slot(lc.shards.size(), ~0u);  // shard of lc -> index into m.shards
   for (std::size_t s = 0; s < lc.shards.size(); ++s) {
     const ShardOp* so = shard_op(idx, lc.shards[s].file);
     if (so && so->op != ShardOp::Op::header) continue;
-    slot[s] = static_cast<std::uint32_t>(inplace.size());
-    inplace.push_back(s);
+    slot[s] = static_cast<std::uint32_t>(m.shards.size());
     m.shards.push_back(lc.shards[s].file);
   }
   struct Loc {
@@ -533,10 +531,7 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
     if (so.op == ShardOp::Op::header) {
       if (!ls) fail(Exit::verify_failed, what + " rewrites the header of a weight file " + local.string() + " does not have" + nothing);
       const SafetensorsHeader nh = parse_safetensors(hb, ls->header.file_size, hp.string());
-      bool same = nh.data_start() == hm.size() && nh.header_len == ls->header.header_len && nh.tensors.size() == ls->header.tensors.size();
-      for (std::size_t i = 0; same && i < nh.tensors.size(); ++i)
-        same = nh.tensors[i].begin == ls->header.tensors[i].begin && nh.tensors[i].end == ls->header.tensors[i].end;
-      if (!same) fail(Exit::bad_input, hp.string() + ": a header rewritten in place must keep the length and tensor byte ranges of " +
+      if (nh.data_start() != hm.size() || !same_tensor_ranges(nh, ls->header)) fail(Exit::bad_input, hp.string() + ": a header rewritten in place must keep the length and tensor byte ranges of " +
                                            (local / so.file).string());
       const std::uint32_t sl = slot[static_cast<std::size_t>(ls - lc.shards.data())];
       for (const auto& t : nh.tensors) where[t.name] = {sl, nh.file_offset(t), t.nbytes()};
@@ -553,17 +548,13 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
       patches.push_back(std::move(p));
       continue;
     }
-    const SafetensorsHeader nh = parse_safetensors(hb, so.size, hp.string());
-    if (nh.data_start() != hm.size() || nh.tensors.size() != so.tensors.size())
-      fail(Exit::bad_input, hp.string() + ": does not hold the tensors hfdelta_shards lists for " + so.file);
+    const SafetensorsHeader nh = parse_built_header(hb, so, hp.string());
     Build bd;
     bd.op = &so;
     bd.prefix = hm.bytes();
     for (std::size_t i = 0; i < nh.tensors.size(); ++i) {
       const TensorInfo& t = nh.tensors[i];
       const ShardOp::Tensor& st = so.tensors[i];
-      if (t.name != st.name)
-        fail(Exit::bad_input, hp.string() + ": tensor '" + t.name + "' is listed as '" + st.name + "' in hfdelta_shards");
       BuildTensor bt;
       bt.name = t.name;
       bt.dst = nh.file_offset(t);
@@ -682,7 +673,7 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
 
   const int threads = thread_count(opts);
   std::vector<File> files;
-  for (const std::size_t s : inplace) files.emplace_back(local / lc.shards[s].file, File::Mode::read_write);
+  for (const auto& f : m.shards) files.emplace_back(local / f, File::Mode::read_write);
 
   // A sparse entry larger than its share of the work is cut into chunk
   // ranges, so that one tensor can keep every core busy; its checksums

@@ -303,6 +303,16 @@ MappedFile open_carried(const fs::path& p, std::uint64_t size, const Hash128& ha
   return m;
 }
 
+SafetensorsHeader parse_built_header(std::string_view bytes, const ShardOp& so, const std::string& where) {
+  SafetensorsHeader h = parse_safetensors(bytes, so.size, where);
+  if (h.data_start() != bytes.size() || h.tensors.size() != so.tensors.size())
+    fail(Exit::bad_input, where + ": does not hold the tensors hfdelta_shards lists for " + so.file);
+  for (std::size_t i = 0; i < h.tensors.size(); ++i)
+    if (h.tensors[i].name != so.tensors[i].name)
+      fail(Exit::bad_input, where + ": tensor '" + h.tensors[i].name + "' is listed as '" + so.tensors[i].name + "' in hfdelta_shards");
+  return h;
+}
+
 const ShardOp* shard_op(const DeltaIndex& idx, const std::string& file) {
   for (const auto& s : idx.shards)
     if (s.file == file) return &s;

@@ -61,10 +61,10 @@ void inspect_sparse(std::span<const std::uint8_t> e, const std::string& what, In
     at += k;
     return p;
   };
-  const std::uint8_t* h = take(kSparseHeadSize);
-  if (std::memcmp(h, "HFS2", 4) != 0 && std::memcmp(h, "HFS1", 4) != 0) bad("does not start with HFS2 or HFS1");
-  const std::uint32_t es = le32(h + 4);
-  const std::uint64_t nbytes = le64(h + 8), chunk_elems = le64(h + 16), chunks = le64(h + 24);
+  const SparseHead head = read_sparse_head(e, what);
+  take(kSparseHeadSize);
+  const std::uint32_t es = head.es;
+  const std::uint64_t nbytes = head.nbytes, chunk_elems = head.chunk_elements, chunks = head.chunks;
   if ((es != 1 && es != 2 && es != 4 && es != 8) || sparse_elem_size(es, nbytes) != es)
     bad("has element size " + std::to_string(es) + ", which does not fit a " + std::to_string(nbytes) + "-byte tensor");
   if (chunk_elems != kSparseChunkElements)
@@ -257,16 +257,8 @@ DeltaInspection inspect_delta(const fs::path& dir) {
       r.shards.push_back(std::move(sh));
       continue;
     }
-    const SafetensorsHeader nh =
-        parse_safetensors({reinterpret_cast<const char*>(hm.bytes().data()), hm.size()}, so.size, hp.string());
-    if (nh.data_start() != hm.size() || nh.tensors.size() != so.tensors.size())
-      fail(Exit::bad_input, hp.string() + ": does not hold the tensors hfdelta_shards lists for " + so.file);
-    for (std::size_t i = 0; i < nh.tensors.size(); ++i) {
-      const ShardOp::Tensor& t = so.tensors[i];
-      if (nh.tensors[i].name != t.name)
-        fail(Exit::bad_input, hp.string() + ": tensor '" + nh.tensors[i].name + "' is listed as '" + t.name + "' in hfdelta_shards");
-      ++(!t.from ? sh.fresh : *t.from == t.name ? sh.copied : sh.renamed);
-    }
+    parse_built_header({reinterpret_cast<const char*>(hm.bytes().data()), hm.size()}, so, hp.string());
+    for (const ShardOp::Tensor& t : so.tensors) ++(!t.from ? sh.fresh : *t.from == t.name ? sh.copied : sh.renamed);
     sh.size = so.size;
     sh.tensors = so.tensors.size();
     ++r.shards_built;

@@ -166,6 +166,13 @@ SafetensorsHeader parse_safetensors(std::string_view bytes, std::uint64_t file_s
   return h;
 }
 
+bool same_tensor_ranges(const SafetensorsHeader& a, const SafetensorsHeader& b) {
+  if (a.header_len != b.header_len || a.file_size != b.file_size || a.tensors.size() != b.tensors.size()) return false;
+  for (std::size_t i = 0; i < a.tensors.size(); ++i)
+    if (a.tensors[i].begin != b.tensors[i].begin || a.tensors[i].end != b.tensors[i].end) return false;
+  return true;
+}
+
 SafetensorsHeader read_safetensors(const fs::path& path) {
   File f(path, File::Mode::read);
   const std::uint64_t size = f.size();

@@ -156,6 +156,11 @@ std::uint64_t publish_delta(const boost::filesystem::path& tmp, const boost::fil
 // the index key, for errors (Error(bad_input)).
 MappedFile open_carried(const boost::filesystem::path& p, std::uint64_t size, const Hash128& hash, const std::string& listed);
 
+// Parses the new header a build operation carries (the bytes of
+// headers/<file>, `where`) for a file of so.size bytes, and checks that it
+// is exactly that, holding the tensors `so` lists in data order.
+SafetensorsHeader parse_built_header(std::string_view bytes, const ShardOp& so, const std::string& where);
+
 // The shard operation on `file`, if any.
 const ShardOp* shard_op(const DeltaIndex& idx, const std::string& file);
 

@@ -49,6 +49,11 @@ struct SafetensorsHeader {
   const TensorInfo* find(std::string_view name) const;  // linear; callers index if hot
 };
 
+// Whether two headers put the same tensor byte ranges in files of the same
+// size behind headers of the same length (names, dtypes, shapes or
+// __metadata__ may differ): a header that can replace the other in place.
+bool same_tensor_ranges(const SafetensorsHeader& a, const SafetensorsHeader& b);
+
 // Parses and validates a header. `bytes` holds at least the file's first
 // 8 + N bytes (the whole file is fine); `file_size` is the file's real size;
 // `what` names the file in error messages. Throws Error(Exit::bad_input).
