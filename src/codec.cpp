@@ -360,6 +360,23 @@ void sparse_entry_head(std::size_t es, std::uint64_t nbytes, std::uint8_t out[kS
   put_le64(out + 24, sparse_chunk_count(nbytes, es));
 }
 
+SparseHead read_sparse_head(std::span<const std::uint8_t> entry, const std::string& what) {
+  if (entry.size() < kSparseHeadSize) fail(Exit::bad_input, what + ": sparse entry is truncated");
+  const std::uint8_t* h = entry.data();
+  SparseHead r;
+  if (std::memcmp(h, kMagicAdd, 4) == 0)
+    r.op = SparseOp::add_zigzag;
+  else if (std::memcmp(h, kMagicXor, 4) == 0)
+    r.op = SparseOp::xor_bytes;
+  else
+    fail(Exit::bad_input, what + ": sparse entry does not start with HFS2 or HFS1");
+  r.es = get_le32(h + 4);
+  r.nbytes = get_le64(h + 8);
+  r.chunk_elements = get_le64(h + 16);
+  r.chunks = get_le64(h + 24);
+  return r;
+}
+
 void sparse_apply_value(std::uint8_t* elem, const std::uint8_t* v, std::size_t es, SparseOp op) {
   switch (es) {
     case 1: return sparse_apply_value_t<1>(elem, v, op);
@@ -489,20 +506,15 @@ void decode_sparse_chunks(std::span<const std::uint8_t> entry, std::uint64_t nby
     at += k;
     return p;
   };
-  const std::uint8_t* h = take(32);
-  SparseOp op;
-  if (std::memcmp(h, kMagicAdd, 4) == 0)
-    op = SparseOp::add_zigzag;
-  else if (std::memcmp(h, kMagicXor, 4) == 0)
-    op = SparseOp::xor_bytes;
-  else
-    bad("does not start with HFS2 or HFS1");
-  const std::uint32_t es = get_le32(h + 4);
+  const SparseHead head = read_sparse_head(entry, what);
+  take(kSparseHeadSize);
+  const SparseOp op = head.op;
+  const std::uint32_t es = head.es;
   if (es != sparse_elem_size(es, nbytes) || (es != 1 && es != 2 && es != 4 && es != 8))
     bad("has element size " + std::to_string(es) + ", which does not fit a " + std::to_string(nbytes) + "-byte tensor");
-  if (get_le64(h + 8) != nbytes)
-    bad("is for a " + std::to_string(get_le64(h + 8)) + "-byte tensor, the target has " + std::to_string(nbytes));
-  const std::uint64_t chunk_elems = get_le64(h + 16), chunks = get_le64(h + 24);
+  if (head.nbytes != nbytes)
+    bad("is for a " + std::to_string(head.nbytes) + "-byte tensor, the target has " + std::to_string(nbytes));
+  const std::uint64_t chunk_elems = head.chunk_elements, chunks = head.chunks;
   const std::uint64_t n = nbytes / es;
   // Revision 2 fixes the chunk size; a hostile one could make every element
   // a chunk of its own, or the chunk count wrap around.

@@ -88,19 +88,13 @@ std::vector<std::pair<std::string, std::uint64_t>> header_tensors(const fs::path
   return out;
 }
 
-std::uint64_t le64(const std::uint8_t* p) {
-  std::uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
-
 // What composing entries element by element means for an encoding.
 enum class Kind { mask, add, set };
-Kind kind_of(const Op& op) {
+Kind kind_of(const Op& op, const std::string& what) {
   if (op.enc == Encoding::xor_bytes) return Kind::mask;
   if (op.enc == Encoding::overwrite) return Kind::set;
   // Sparse: "HFS1" entries hold XOR values, "HFS2" differences.
-  return op.frame.size() >= 4 && std::memcmp(op.frame.data(), "HFS1", 4) == 0 ? Kind::mask : Kind::add;
+  return read_sparse_head(op.frame, what).op == SparseOp::xor_bytes ? Kind::mask : Kind::add;
 }
 
 // A tensor-sized scratch buffer: a file in the output's temporary directory,
@@ -178,8 +172,8 @@ void lay(const Op& op, std::span<std::uint8_t> buf, const std::string& what) {
 }
 
 // The tensor length an entry reveals, if it does.
-std::optional<std::uint64_t> length_of(const Op& op) {
-  if (op.enc == Encoding::sparse && op.frame.size() >= kSparseHeadSize) return le64(op.frame.data() + 8);
+std::optional<std::uint64_t> length_of(const Op& op, const std::string& what) {
+  if (op.enc == Encoding::sparse) return read_sparse_head(op.frame, what).nbytes;
   if (op.enc == Encoding::xor_bytes) {
     const unsigned long long n = ZSTD_getFrameContentSize(op.frame.data(), op.frame.size());
     if (n != ZSTD_CONTENTSIZE_UNKNOWN && n != ZSTD_CONTENTSIZE_ERROR) return n;
@@ -205,18 +199,17 @@ void compose(const Trace& tr, std::uint64_t n, OutEntry& out, const fs::path& tm
              const std::vector<Link>& links) {
   const std::string what = "entries of '" + out.name + "' in " + links[tr.ops.front().link].dir.string() + " .. " +
                            links[tr.ops.back().link].dir.string();
-  const Kind k0 = kind_of(tr.ops.front());
+  const Kind k0 = kind_of(tr.ops.front(), what);
   std::uint32_t es0 = 0;
   if (tr.origin) {
     for (const Op& op : tr.ops) {
-      if (kind_of(op) != k0)
+      if (kind_of(op, what) != k0)
         fail(Exit::unsupported, "cannot squash " + what + ": it is patched by entries of different kinds (" +
                                     std::string(encoding_name(tr.ops.front().enc)) + " in " + links[tr.ops.front().link].dir.string() +
                                     ", " + std::string(encoding_name(op.enc)) + " in " + links[op.link].dir.string() +
                                     "), which do not compose without the base; squash a chain written with one --encoding");
       if (k0 == Kind::add) {
-        std::uint32_t es = 0;
-        if (op.frame.size() >= 8) std::memcpy(&es, op.frame.data() + 4, 4);
+        const std::uint32_t es = read_sparse_head(op.frame, what).es;
         if (es0 && es != es0)
           fail(Exit::unsupported, "cannot squash " + what + ": its sparse entries use different element sizes");
         es0 = es;
@@ -232,7 +225,6 @@ void compose(const Trace& tr, std::uint64_t n, OutEntry& out, const fs::path& tm
     f.pwrite_all(s.data(), s.size(), at);
     at += s.size();
   };
-  const Zeros zeros(n);
   bool nothing = false;
   if (!tr.origin || k0 != Kind::set) {
     // From zeros: the tensor's bytes themselves. Otherwise the combined mask
@@ -242,6 +234,7 @@ void compose(const Trace& tr, std::uint64_t n, OutEntry& out, const fs::path& tm
     auto v = a.bytes();
     nothing = std::all_of(v.begin(), v.end(), [](std::uint8_t x) { return x == 0; });
     if (!nothing) {
+      const Zeros zeros(n);
       if (tr.origin && k0 == Kind::add) {
         out.enc = Encoding::sparse;
         encode_sparse(c, zeros.bytes(), v, es0 ? es0 : 1, sink);
@@ -471,9 +464,8 @@ SquashSummary squash_deltas(const std::vector<fs::path>& chain, const fs::path& 
   if (!fs::create_directory(tmp, ec) || ec) fail(Exit::failure, tmp.string() + ": cannot create: " + ec.message());
   try {
     const int threads = default_threads(opts.threads);
-    std::vector<std::size_t> order(entries.size());
-    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-    parallel_for(order.size(), threads, [&](std::size_t i, std::size_t) {
+    const std::size_t slots = entries.size();  // scratch files are named by position before the dropped go
+    parallel_for(entries.size(), threads, [&](std::size_t i, std::size_t) {
       OutEntry& e = entries[i];
       const Trace& t = *of[i];
       if (t.ops.size() == 1) {  // one entry: as it is
@@ -485,7 +477,7 @@ SquashSummary squash_deltas(const std::vector<fs::path>& chain, const fs::path& 
       std::optional<std::uint64_t> n;
       if (auto it = lengths.find(e.name); it != lengths.end()) n = it->second;
       for (const Op& op : t.ops)
-        if (!n) n = length_of(op);
+        if (!n) n = length_of(op, links[op.link].dir.string() + ": entry '" + op.name + "'");
       if (!n) {  // only overwrites: their largest position bounds what they touch
         std::uint64_t end = 0;
         for (const Op& op : t.ops) {
@@ -547,7 +539,7 @@ SquashSummary squash_deltas(const std::vector<fs::path>& chain, const fs::path& 
       }, opts.sync);
       sum.entries += groups[g].second - groups[g].first;
     }
-    for (std::size_t i = 0; i < order.size(); ++i) fs::remove(tmp / (".compose-" + std::to_string(i)), ec);
+    for (std::size_t i = 0; i < slots; ++i) fs::remove(tmp / (".compose-" + std::to_string(i)), ec);
 
     std::set<fs::path> dirs{tmp};
     for (const auto& so : idx.shards) {

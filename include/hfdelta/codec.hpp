@@ -105,6 +105,16 @@ inline constexpr std::size_t kSparseHeadSize = 32;
 // The entry's head: magic, element size, tensor bytes, chunk size, chunk count.
 void sparse_entry_head(std::size_t sparse_es, std::uint64_t nbytes, std::uint8_t out[kSparseHeadSize]);
 
+// The head of a sparse entry, read but not yet checked against a tensor.
+struct SparseHead {
+  SparseOp op = SparseOp::add_zigzag;  // "HFS2"; "HFS1" entries hold XOR values
+  std::uint32_t es = 0;
+  std::uint64_t nbytes = 0, chunk_elements = 0, chunks = 0;
+};
+// Throws Error(bad_input) naming `what` if `entry` is shorter than a head or
+// starts with neither magic.
+SparseHead read_sparse_head(std::span<const std::uint8_t> entry, const std::string& what);
+
 // Builds one chunk of a sparse entry from views scanned in order, so a caller
 // can feed it blocks it has just read (and hashed) while they are in cache.
 // Buffers grow to the largest chunk seen and are reused: no allocation per
