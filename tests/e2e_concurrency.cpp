@@ -24,7 +24,6 @@ using namespace e2e;
 
 namespace {
 
-bool contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
 
 std::string sh_quote(const std::string& s) {
   std::string q = "'";

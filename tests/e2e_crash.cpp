@@ -36,7 +36,6 @@ namespace {
 constexpr long kMaxSteps = 4000;  // a run with more write steps than this fails the test
 constexpr int kKilled = 128 + SIGKILL;
 
-bool contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
 
 
 

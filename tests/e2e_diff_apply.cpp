@@ -13,18 +13,8 @@ using namespace e2e;
 
 namespace {
 
-std::string v6(int v) {
-  char buf[16];
-  std::snprintf(buf, sizeof buf, "%06d", v);
-  return buf;
-}
 
 
-std::set<std::string> keys_of(const json& obj) {
-  std::set<std::string> s;
-  for (auto it = obj.begin(); it != obj.end(); ++it) s.insert(it.key());
-  return s;
-}
 
 std::vector<std::string> shard_files(const fs::path& dir) {
   std::vector<std::string> v;

@@ -20,13 +20,7 @@ using namespace e2e;
 
 namespace {
 
-std::string v6(int v) {
-  char buf[16];
-  std::snprintf(buf, sizeof buf, "%06d", v);
-  return buf;
-}
 
-bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
 
 // Diffs C_{v-1} -> C_v into ROOT/weight_v for v = 1..n.
 void write_chain(const std::vector<fs::path>& ckpts, const fs::path& root, const std::string& encoding) {
@@ -114,14 +108,6 @@ void check_squash_applies(const fs::path& delta, const std::vector<fs::path>& ck
   E2E_CHECK_CODE(apply({"--verify", local.string()}), 0);
 }
 
-// file -> op of a delta's hfdelta_shards.
-std::map<std::string, std::string> ops_of(const json& index) {
-  std::map<std::string, std::string> m;
-  const json& md = index["metadata"];
-  if (md.contains("hfdelta_shards"))
-    for (const auto& e : md["hfdelta_shards"]) m[e["file"].get<std::string>()] = e["op"].get<std::string>();
-  return m;
-}
 
 std::string squash_name(int a, int b) { return "sq_" + std::to_string(a) + "_" + std::to_string(b); }
 
@@ -195,12 +181,20 @@ void restructure(Ckpt& c, int k) {
 
 // Writes C0..Cn (n <= saves of the series) under dir, C_k = save k with the
 // edits of steps 1..k.
+// "c<k>": appended rather than written as "c" + std::string, which GCC 12
+// warns about (a false -Wrestrict).
+std::string ckpt_name(std::size_t k) {
+  std::string s = "c";
+  s += std::to_string(k);
+  return s;
+}
+
 std::vector<fs::path> structured_chain(const fs::path& series, const fs::path& dir, int n) {
   std::vector<fs::path> ckpts;
   for (int k = 0; k <= n; ++k) {
     Ckpt c = Ckpt::load(save_dir(series, k));
     restructure(c, k);
-    const fs::path p = dir / ("c" + std::to_string(k));
+    const fs::path p = dir / ckpt_name(k);
     c.save(p);
     ckpts.push_back(p);
   }
@@ -506,7 +500,7 @@ TEST_CASE("squash: a sharded chain squashed to a single-file version and back") 
   for (int k = 0; k <= 3; ++k) {
     Ckpt c = Ckpt::load(save_dir(series, k));
     if (k == 1 || k == 2) c.to_single_file();
-    const fs::path p = t->path() / ("c" + std::to_string(k));
+    const fs::path p = t->path() / ckpt_name(static_cast<std::size_t>(k));
     c.save(p);
     ckpts.push_back(p);
   }
@@ -548,7 +542,7 @@ void random_chain(std::uint64_t seed) {
     CAPTURE(step);
     log << "step " << step << ":\n";
     history.push_back(ed.next(history, step, log));
-    ckpts.push_back(dir / ("c" + std::to_string(step)));
+    ckpts.push_back(dir / ckpt_name(static_cast<std::size_t>(step)));
     history.back().save(ckpts.back());
   }
   INFO("edits:\n" << log.str());
@@ -596,7 +590,7 @@ namespace {
 std::vector<fs::path> save_all(const std::vector<Ckpt>& cs, const fs::path& dir) {
   std::vector<fs::path> ps;
   for (std::size_t k = 0; k < cs.size(); ++k) {
-    ps.push_back(dir / ("c" + std::to_string(k)));
+    ps.push_back(dir / ckpt_name(k));
     cs[k].save(ps.back());
   }
   return ps;

@@ -105,14 +105,6 @@ bool all_zero(const Bytes& b) {
   return std::all_of(b.begin(), b.end(), [](std::uint8_t c) { return c == 0; });
 }
 
-// file -> op, from the delta index's hfdelta_shards.
-std::map<std::string, std::string> ops_of(const json& index) {
-  std::map<std::string, std::string> m;
-  const json& md = index["metadata"];
-  if (md.contains("hfdelta_shards"))
-    for (const auto& e : md["hfdelta_shards"]) m[e["file"].get<std::string>()] = e["op"].get<std::string>();
-  return m;
-}
 
 const json& shard_entry(const json& index, const std::string& file) {
   for (const auto& e : index["metadata"]["hfdelta_shards"])

@@ -14,7 +14,6 @@ using namespace e2e;
 
 namespace {
 
-bool contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
 
 #define CHECK_ERR_MENTIONS(res, text) \
   CHECK_MESSAGE(contains((res).err, (text)), "stderr should mention \"" << (text) << "\"\n" << (res).describe())
@@ -77,11 +76,6 @@ json inspect_json(const fs::path& delta) {
   return parse_json(r.out);
 }
 
-std::set<std::string> keys_of(const json& obj) {
-  std::set<std::string> s;
-  for (auto it = obj.begin(); it != obj.end(); ++it) s.insert(it.key());
-  return s;
-}
 
 // ---- a publication root ---------------------------------------------------------
 
@@ -91,11 +85,6 @@ void publish_delta(const fs::path& root, int v, const fs::path& base, const fs::
   E2E_REQUIRE_CODE(diff({"-q", base.string(), target.string(), version_dir(root, v).string()}), 0);
 }
 
-std::string v6(int v) {
-  char buf[16];
-  std::snprintf(buf, sizeof buf, "%06d", v);
-  return buf;
-}
 
 std::vector<std::string> v6s(std::initializer_list<int> vs) {
   std::vector<std::string> out;

@@ -542,4 +542,26 @@ void write_structural_checkpoint(const fs::path& dir, int layout, std::uint32_t 
   write_file(dir / "tokenizer.json", "{\"unchanged\": true}\n");
 }
 
+std::set<std::string> keys_of(const json& obj) {
+  std::set<std::string> s;
+  for (auto it = obj.begin(); it != obj.end(); ++it) s.insert(it.key());
+  return s;
+}
+
+std::map<std::string, std::string> ops_of(const json& index) {
+  std::map<std::string, std::string> m;
+  const json& md = index["metadata"];
+  if (md.contains("hfdelta_shards"))
+    for (const auto& e : md["hfdelta_shards"]) m[e["file"].get<std::string>()] = e["op"].get<std::string>();
+  return m;
+}
+
+bool contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
+
+std::string v6(int v) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%06d", v);
+  return buf;
+}
+
 }  // namespace e2e

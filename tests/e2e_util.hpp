@@ -169,6 +169,14 @@ void write_structural_checkpoint(const fs::path& dir, int layout, std::uint32_t 
 // ---- JSON -------------------------------------------------------------------
 
 json parse_json(const std::string& text);  // throws with the text in the message
+std::set<std::string> keys_of(const json& obj);
+// file -> op of a delta index's hfdelta_shards (empty when it has none).
+std::map<std::string, std::string> ops_of(const json& index);
+
+// ---- small things -----------------------------------------------------------
+
+bool contains(const std::string& hay, const std::string& needle);
+std::string v6(int v);  // a version as six zero-padded digits
 json read_json(const fs::path& p);
 void write_json(const fs::path& p, const json& j);
 
