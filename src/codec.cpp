@@ -47,6 +47,7 @@ std::string_view encoding_name(Encoding e) {
     case Encoding::xor_bytes: return "xor";
     case Encoding::overwrite: return "overwrite";
     case Encoding::sparse: return "sparse";
+    case Encoding::stack: return "stack";
   }
   return "?";
 }
@@ -55,6 +56,7 @@ std::optional<Encoding> parse_encoding(std::string_view name) {
   if (name == "sparse") return Encoding::sparse;
   if (name == "xor") return Encoding::xor_bytes;
   if (name == "overwrite") return Encoding::overwrite;
+  if (name == "stack") return Encoding::stack;
   return std::nullopt;
 }
 
@@ -651,6 +653,55 @@ void decode_overwrite(Decompressor& dp, Decompressor& dv, std::span<const std::u
     done += m;
   }
   val.expect_end();
+}
+
+namespace {
+constexpr char kMagicStack[4] = {'H', 'F', 'K', '1'};
+}  // namespace
+
+std::vector<std::uint8_t> stack_head(const std::vector<StackPart>& parts) {
+  std::vector<std::uint8_t> h(kStackHeadSize + parts.size() * kStackPartSize, 0);
+  std::memcpy(h.data(), kMagicStack, 4);
+  put_le32(h.data() + 4, static_cast<std::uint32_t>(parts.size()));
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    std::uint8_t* r = h.data() + kStackHeadSize + i * kStackPartSize;
+    const StackPart& p = parts[i];
+    if (p.enc == Encoding::stack) fail(Exit::failure, "stack_head: a stacked entry cannot hold another");
+    put_le32(r, p.enc == Encoding::xor_bytes ? 0 : p.enc == Encoding::overwrite ? 1 : 2);
+    put_le64(r + 8, p.size);
+    put_le64(r + 16, p.hash.high);
+    put_le64(r + 24, p.hash.low);
+  }
+  return h;
+}
+
+std::vector<StackPart> read_stack(std::span<const std::uint8_t> entry, const std::string& what) {
+  if (entry.size() < kStackHeadSize || std::memcmp(entry.data(), kMagicStack, 4) != 0)
+    fail(Exit::bad_input, what + ": stacked entry does not start with HFK1");
+  const std::uint64_t n = get_le32(entry.data() + 4);
+  // Bounded by the entry's own bytes, so a hostile count cannot make this allocate.
+  if (n == 0 || n > (entry.size() - kStackHeadSize) / kStackPartSize)
+    fail(Exit::bad_input, what + ": stacked entry declares " + std::to_string(n) + " parts, which its " +
+                              std::to_string(entry.size()) + " bytes cannot hold");
+  std::vector<StackPart> parts(static_cast<std::size_t>(n));
+  std::uint64_t at = kStackHeadSize + n * kStackPartSize;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    const std::uint8_t* r = entry.data() + kStackHeadSize + i * kStackPartSize;
+    StackPart& p = parts[i];
+    const std::uint32_t code = get_le32(r);
+    if (code > 2 || get_le32(r + 4) != 0)
+      fail(Exit::bad_input, what + ": part " + std::to_string(i) + " of the stacked entry has unknown encoding " + std::to_string(code));
+    p.enc = code == 0 ? Encoding::xor_bytes : code == 1 ? Encoding::overwrite : Encoding::sparse;
+    p.size = get_le64(r + 8);
+    p.hash = {get_le64(r + 16), get_le64(r + 24)};
+    if (p.size > entry.size() - at)
+      fail(Exit::bad_input, what + ": part " + std::to_string(i) + " of the stacked entry runs past its end");
+    p.bytes = entry.subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(p.size));
+    at += p.size;
+  }
+  if (at != entry.size())
+    fail(Exit::bad_input, what + ": stacked entry has " + std::to_string(entry.size() - at) + " bytes after its last part");
+  return parts;
 }
 
 }  // namespace hfdelta

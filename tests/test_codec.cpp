@@ -225,10 +225,71 @@ TEST_CASE("codec: encoding names") {
   CHECK(parse_encoding("overwrite") == Encoding::overwrite);
   CHECK(encoding_name(Encoding::sparse) == "sparse");
   CHECK(parse_encoding("sparse") == Encoding::sparse);
-  for (const char* s : {"", "XOR", "xor ", "Overwrite", "Sparse", "auto", "dense", "bitmask"}) {
+  CHECK(encoding_name(Encoding::stack) == "stack");
+  CHECK(parse_encoding("stack") == Encoding::stack);
+  for (const char* s : {"", "XOR", "xor ", "Overwrite", "Sparse", "auto", "dense", "bitmask", "Stack"}) {
     CAPTURE(s);
     CHECK_FALSE(parse_encoding(s).has_value());
   }
+}
+
+// ---- stacked entries -------------------------------------------------------------
+
+TEST_CASE("codec: a stacked entry's head round trip, and every malformed head refused") {
+  const std::vector<std::uint8_t> a{1, 2, 3}, b{}, c{9, 8, 7, 6, 5};
+  std::vector<StackPart> parts{{Encoding::xor_bytes, a.size(), Hash128{1, 2}, {}},
+                               {Encoding::sparse, b.size(), Hash128{3, 4}, {}},
+                               {Encoding::overwrite, c.size(), Hash128{0xfedcba9876543210ull, 5}, {}}};
+  std::vector<std::uint8_t> entry = stack_head(parts);
+  REQUIRE(entry.size() == kStackHeadSize + 3 * kStackPartSize);
+  CHECK(std::string(entry.begin(), entry.begin() + 4) == "HFK1");
+  const std::size_t head = entry.size();
+  for (const auto* p : {&a, &b, &c}) entry.insert(entry.end(), p->begin(), p->end());
+  const std::vector<StackPart> r = read_stack(entry, "e");
+  REQUIRE(r.size() == 3);
+  for (std::size_t i = 0; i < 3; ++i) {
+    CAPTURE(i);
+    CHECK(r[i].enc == parts[i].enc);
+    CHECK(r[i].size == parts[i].size);
+    CHECK(r[i].hash == parts[i].hash);
+    CHECK(r[i].bytes.size() == parts[i].size);
+  }
+  CHECK(r[0].bytes.data() == entry.data() + head);
+  CHECK(std::vector<std::uint8_t>(r[2].bytes.begin(), r[2].bytes.end()) == c);
+
+  auto refused = [](std::vector<std::uint8_t> e, const char* why) {
+    CAPTURE(why);
+    const auto err = error_of([&] { read_stack(e, "model-00000-of-00001.safetensors: entry 'w'"); });
+    REQUIRE(err.has_value());
+    CHECK(err->code() == Exit::bad_input);
+    CHECK(std::string(err->what()).find("entry 'w'") != std::string::npos);
+  };
+  refused({}, "empty");
+  refused({'H', 'F', 'K'}, "shorter than a head");
+  auto edit = [&](std::size_t at, std::uint8_t v) {
+    std::vector<std::uint8_t> e = entry;
+    e[at] = v;
+    return e;
+  };
+  refused(edit(3, '2'), "another magic");
+  refused(edit(4, 0), "no parts");
+  refused(edit(4, 4), "more parts than the head holds");
+  refused(edit(7, 0x80), "a huge part count");
+  refused(edit(kStackHeadSize, 3), "an unknown encoding (3)");
+  refused(edit(kStackHeadSize, 0xff), "an unknown encoding (255)");
+  refused(edit(kStackHeadSize + 4, 1), "a non-zero reserved word");
+  refused(edit(kStackHeadSize + 8, 4), "a part longer than the entry holds");
+  refused(edit(kStackHeadSize + 15, 0x80), "a part length that would wrap");
+  refused(edit(kStackHeadSize + 8, 2), "a part shorter, leaving bytes at the end");
+  std::vector<std::uint8_t> longer = entry;
+  longer.push_back(0);
+  refused(longer, "a byte after the last part");
+  std::vector<std::uint8_t> shorter = entry;
+  shorter.pop_back();
+  refused(shorter, "the last part cut short");
+  // A stack holds entries, never another stack.
+  parts[1].enc = Encoding::stack;
+  CHECK(error_of([&] { stack_head(parts); }).has_value());
 }
 
 // ---- count_changes -------------------------------------------------------------

@@ -17,6 +17,8 @@
 #include <string_view>
 #include <vector>
 
+#include "hfdelta/hash.hpp"
+
 namespace hfdelta {
 
 enum class Encoding {
@@ -25,6 +27,10 @@ enum class Encoding {
   sparse,     // "sparse" (hfdelta's own): per chunk of elements, changed element
               // indices as varint gaps and the changed elements' XOR values as
               // byte planes, each stream its own zstd frame; 64-bit positions
+  stack,      // "stack" (hfdelta's own, revision 4): entries of the encodings
+              // above laid one after another, each with the checksum of the
+              // bytes it leaves. Squashing writes it where a tensor's entries
+              // do not compose without its base bytes (xor, then sparse).
 };
 
 std::string_view encoding_name(Encoding e);
@@ -223,5 +229,24 @@ void decode_sparse(std::span<const std::uint8_t> entry, std::uint64_t nbytes, co
 // are checked by the call whose range reaches it.
 void decode_sparse_chunks(std::span<const std::uint8_t> entry, std::uint64_t nbytes, std::uint64_t first,
                           std::uint64_t last, const std::string& what, const SparsePatch& patch);
+
+// A stacked entry: magic "HFK1", a u32 part count N >= 1, N part records of
+// kStackPartSize bytes (u32 encoding: 0 xor, 1 overwrite, 2 sparse; u32 zero;
+// u64 length; the XXH3-128 of the tensor's bytes after the part, high word
+// first), then the parts' bytes in order, filling the entry exactly.
+// Little-endian throughout.
+inline constexpr std::size_t kStackHeadSize = 8;
+inline constexpr std::size_t kStackPartSize = 32;
+struct StackPart {
+  Encoding enc = Encoding::xor_bytes;  // never stack
+  std::uint64_t size = 0;
+  Hash128 hash;                          // of the tensor after this part
+  std::span<const std::uint8_t> bytes;   // read_stack: the part within the entry
+};
+// The head of a stacked entry of `parts` (their bytes follow it).
+std::vector<std::uint8_t> stack_head(const std::vector<StackPart>& parts);
+// Splits a stacked entry into its parts; throws Error(bad_input) naming
+// `what` unless the head is well formed and the parts fill the entry.
+std::vector<StackPart> read_stack(std::span<const std::uint8_t> entry, const std::string& what);
 
 }  // namespace hfdelta
