@@ -107,11 +107,14 @@ DeltaIndex parse_delta_index(std::string_view text, const std::string& w) {
     for (auto it = m[key::encodings].begin(); it != m[key::encodings].end(); ++it) {
       const auto e = it->is_string() ? parse_encoding(it->get<std::string>()) : std::nullopt;
       if (!e) fail(Exit::unsupported, w + ": hfdelta_encodings[\"" + it.key() + "\"] is " + it->dump() + ", not an encoding this build knows");
+      if (*e == Encoding::stack && (!m.contains(key::format) || m[key::format].get<std::uint64_t>() < 4))
+        fail(Exit::bad_input, w + ": hfdelta_encodings[\"" + it.key() + "\"] is \"stack\", which needs hfdelta_format 4 or later");
       d.encodings.emplace(it.key(), *e);
     }
   } else {
     const auto enc = parse_encoding(enc_name);
     if (!enc) fail(Exit::unsupported, w + ": unknown delta_encoding \"" + enc_name + "\"");
+    if (*enc == Encoding::stack) fail(Exit::bad_input, w + ": delta_encoding \"stack\" is only valid per tensor, in hfdelta_encodings");
     d.encoding = *enc;
   }
   auto expect_text = [&](const char* k, const char* want) {
@@ -342,7 +345,9 @@ std::string write_delta_index_json(const DeltaIndex& d, std::uint64_t total_size
   m[key::compression_format] = "zstd";
   m[key::checksum_format] = "xxh3-128";
   const bool plain = !d.per_tensor && d.encoding != Encoding::sparse;
-  m[key::format] = d.structural() ? 3 : plain ? 1 : 2;  // the lowest revision that can apply it
+  bool stacked = false;
+  for (const auto& [name, enc] : d.encodings) stacked = stacked || (d.per_tensor && enc == Encoding::stack);
+  m[key::format] = stacked ? 4 : d.structural() ? 3 : plain ? 1 : 2;  // the lowest revision that can apply it
   if (d.per_tensor) {
     json e = json::object();
     for (const auto& [name, enc] : d.encodings) e[name] = std::string(encoding_name(enc));

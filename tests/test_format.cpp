@@ -356,8 +356,8 @@ TEST_CASE("format: read_delta_index refusals") {
   }
   SUBCASE("newer hfdelta format revision") {
     json j = valid_delta_index();
-    j["metadata"]["hfdelta_format"] = 4;
-    expect_error(refused(j), Exit::unsupported, {w, "revision 4"});
+    j["metadata"]["hfdelta_format"] = 5;
+    expect_error(refused(j), Exit::unsupported, {w, "revision 5"});
     j["metadata"]["hfdelta_format"] = "1";
     expect_error(refused(j), Exit::bad_input, {w, "hfdelta_format"});
     j["metadata"]["hfdelta_format"] = -1;
@@ -365,6 +365,28 @@ TEST_CASE("format: read_delta_index refusals") {
     j["metadata"]["hfdelta_format"] = 1;
     write_text(idx, j.dump());
     CHECK_NOTHROW(read_delta_index(tmp.path()));
+  }
+  SUBCASE("stacked entries: per tensor only, and only with revision 4") {
+    json j = valid_delta_index();
+    j["metadata"]["delta_encoding"] = "stack";
+    expect_error(refused(j), Exit::bad_input, {w, "stack"});
+    j["metadata"]["delta_encoding"] = "auto";
+    j["metadata"]["hfdelta_encodings"] = json::object();
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) j["metadata"]["hfdelta_encodings"][it.key()] = "stack";
+    for (const int rev : {1, 2, 3}) {
+      CAPTURE(rev);
+      j["metadata"]["hfdelta_format"] = rev;
+      expect_error(refused(j), Exit::bad_input, {w, "hfdelta_format 4"});
+    }
+    j["metadata"]["hfdelta_format"] = 4;
+    write_text(idx, seal_delta_index(j.dump()));
+    const DeltaIndex d = read_delta_index(tmp.path());
+    for (const auto& [tensor, file] : d.weight_map) CHECK(encoding_of(d, tensor) == Encoding::stack);
+    // The writer records the lowest revision that reads it: 4 with a stacked entry.
+    CHECK(json::parse(write_delta_index_json(d, 100))["metadata"]["hfdelta_format"] == 4);
+    DeltaIndex plain = d;
+    for (auto& [tensor, enc] : plain.encodings) enc = Encoding::sparse;
+    CHECK(json::parse(write_delta_index_json(plain, 100))["metadata"]["hfdelta_format"] == 2);
   }
   SUBCASE("bad versions") {
     for (const json& v : {json("abc"), json(-1), json(1.5), json(""), json(nullptr), json("-000001")}) {

@@ -31,9 +31,9 @@ inline constexpr const char* kFilesDir = "files";
 inline constexpr const char* kHeadersDir = "headers";
 // Format revision of hfdelta's extensions; readers refuse a newer one.
 // 1: base checksums and carried files; 2: the sparse encoding and per-tensor
-// encodings ("auto"); 3: structural changes (hfdelta_shards). A delta records
-// the lowest revision it needs.
-inline constexpr int kFormatRevision = 3;
+// encodings ("auto"); 3: structural changes (hfdelta_shards); 4: stacked
+// entries (encoding "stack"). A delta records the lowest revision it needs.
+inline constexpr int kFormatRevision = 4;
 
 // A non-weight file of the target that differs from the base.
 struct FileChange {
