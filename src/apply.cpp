@@ -178,6 +178,14 @@ struct Patch {
   // Header bytes rewritten in place (a "header" shard operation): the new
   // bytes, laid over [0, nbytes) of the file instead of a decoded entry.
   std::span<const std::uint8_t> replace;
+  // A stacked entry's parts, laid in order.
+  std::vector<StackPart> stack;
+  // The tensor's new bytes in a file of their own (a stacked entry already
+  // laid over a copy), laid over LOCAL instead of a decoded entry.
+  const File* source = nullptr;
+  // LOCAL may already hold writes of this apply that a failure rolls back
+  // (one pass), though this call writes only a scratch copy.
+  bool live = false;
 };
 
 // A weight file built beside LOCAL (a "build" shard operation): its header,
@@ -373,7 +381,7 @@ SparsePatch sparse_sink(Walker& w) {
 // Without `jw` it patches a file being built beside LOCAL (`out` is `f`).
 void journal_patch(const Patch& p, const File& f, Encoding enc, JournalWriter* jw, std::vector<std::uint8_t>& buf,
                    const std::string& local_file, std::uint64_t version, File* out) {
-  const std::string outcome = out && jw ? "LOCAL was rolled back" : "nothing was changed";
+  const std::string outcome = (out && jw) || p.live ? "LOCAL was rolled back" : "nothing was changed";
   thread_local Decompressor d1, d2;  // per thread: cheaper than one per tensor
   const std::string what = p.delta_file + ": entry '" + p.tensor + "'";
   if (jw) jw->begin_tensor(p.local_shard, p.offset);
@@ -381,6 +389,17 @@ void journal_patch(const Patch& p, const File& f, Encoding enc, JournalWriter* j
   if (!p.replace.empty()) {
     Walker w(f, p, jw, buf, out);
     for (std::size_t k = 0; k < p.replace.size(); ++k) w.set(k, p.replace[k]);
+    w.finish();
+    old_h = w.old_hash();
+    new_h = w.new_hash();
+  } else if (p.source) {
+    Walker w(f, p, jw, buf, out);
+    std::vector<std::uint8_t> nb(static_cast<std::size_t>(std::min<std::uint64_t>(kWindow, p.nbytes)));
+    for (std::uint64_t at = 0; at < p.nbytes; at += nb.size()) {
+      const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(nb.size(), p.nbytes - at));
+      p.source->pread_exact(nb.data(), n, at);
+      for (std::size_t k = 0; k < n; ++k) w.set(at + k, nb[k]);
+    }
     w.finish();
     old_h = w.old_hash();
     new_h = w.new_hash();
@@ -440,6 +459,49 @@ void journal_patch(const Patch& p, const File& f, Encoding enc, JournalWriter* j
     fail(Exit::verify_failed, local_file + ": tensor '" + p.tensor + "' patched by " + what + " would have checksum " +
                                   new_h.hex() + ", the delta records " + p.new_hash.hex() +
                                   " (LOCAL is not this delta's base, or the delta is damaged); " + outcome);
+}
+
+// Lays the parts of a stacked entry over [p.offset, p.offset + p.nbytes) of
+// `f` in order, nothing journaled (a file being built, or a scratch copy);
+// each part is checked against the checksum it records.
+void lay_stack(const Patch& p, File& f, std::vector<std::uint8_t>& buf, const std::string& local_file, std::uint64_t version) {
+  for (std::size_t i = 0; i < p.stack.size(); ++i) {
+    Patch q;
+    q.tensor = p.tensor;
+    q.delta_file = p.delta_file + " (stacked part " + std::to_string(i + 1) + " of " + std::to_string(p.stack.size()) + ")";
+    q.frame = p.stack[i].bytes;
+    q.new_hash = p.stack[i].hash;
+    if (i == 0) q.base_hash = p.base_hash;  // later bases are the parts' own checked results
+    q.live = p.live;
+    q.offset = p.offset;
+    q.nbytes = p.nbytes;
+    journal_patch(q, f, p.stack[i].enc, nullptr, buf, local_file, version, &f);
+  }
+}
+
+// A stacked entry in place: its parts are laid over a copy of the tensor in
+// `scratch` (inside the transaction's step, so nothing outlives it), and the
+// copy is journaled against LOCAL like any other entry: the journal holds one
+// record per byte that ends up changed, whatever the parts did in between.
+void journal_stack(const Patch& p, const File& f, const fs::path& scratch, JournalWriter* jw, std::vector<std::uint8_t>& buf,
+                   const std::string& local_file, std::uint64_t version, File* out) {
+  File s(scratch, File::Mode::create_exclusive);
+  try {
+    copy_range(f, p.offset, p.nbytes, s, 0);
+    Patch q = p;
+    q.offset = 0;
+    q.live = out != nullptr;
+    lay_stack(q, s, buf, local_file, version);
+    Patch r = p;
+    r.source = &s;
+    journal_patch(r, f, Encoding::overwrite, jw, buf, local_file, version, out);
+  } catch (...) {
+    boost::system::error_code ec;
+    fs::remove(scratch, ec);
+    throw;
+  }
+  s.close();
+  fs::remove(scratch);
 }
 
 // Journals (and with `out` writes) chunks [c0, c1) of a split sparse entry.
@@ -599,6 +661,12 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
       p.delta_file = w;
       p.frame = maps.at(file).bytes(hdr.file_offset(t), t.nbytes());
       p.new_hash = checksum;
+      if (encoding_of(idx, t.name) == Encoding::stack) {
+        p.stack = read_stack(p.frame, w + ": entry '" + t.name + "'");
+        if (p.stack.back().hash != checksum)
+          fail(Exit::bad_input, w + ": entry '" + t.name + "' is stacked to checksum " + p.stack.back().hash.hex() +
+                                    ", but records " + checksum.hex());
+      }
       if (auto b = idx.base_checksums.find(t.name); b != idx.base_checksums.end()) p.base_hash = b->second;
       if (auto bi = built.find(t.name); bi != built.end()) {
         BuildTensor& bt = builds[bi->second.first].tensors[bi->second.second];
@@ -709,6 +777,9 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
     File* out = write ? &files[p.local_shard] : nullptr;
     if (p.split)
       journal_range(p, u.c0, u.c1, files[p.local_shard], jw, buf, out);
+    else if (!p.stack.empty())
+      journal_stack(p, files[p.local_shard], txn.step() / ("stack-" + std::to_string(u.patch)), &jw, buf,
+                    (local / m.shards[p.local_shard]).string(), idx.version, out);
     else
       journal_patch(p, files[p.local_shard], p.replace.empty() ? encoding_of(idx, p.tensor) : Encoding::overwrite, &jw, buf,
                     (local / m.shards[p.local_shard]).string(), idx.version, out);
@@ -812,7 +883,10 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
         if (t.src) copy_range(src[t.src->first], t.src->second, t.nbytes, out, t.dst);
         if (t.entry) {
           const Patch& p = build_patches[*t.entry];
-          journal_patch(p, out, encoding_of(idx, p.tensor), nullptr, buf, name, idx.version, &out);
+          if (!p.stack.empty())
+            lay_stack(p, out, buf, name, idx.version);
+          else
+            journal_patch(p, out, encoding_of(idx, p.tensor), nullptr, buf, name, idx.version, &out);
           continue;
         }
         Patch whole;
