@@ -157,6 +157,16 @@ void check_no_symlink_below(const fs::path& dir, const std::string& rel, const s
 }
 
 
+void inspect_part(Encoding enc, std::span<const std::uint8_t> bytes, const std::string& what, InspectEntry& out) {
+  switch (enc) {
+    case Encoding::sparse: return inspect_sparse(bytes, what, out);
+    case Encoding::overwrite: return inspect_overwrite(bytes, what, out);
+    case Encoding::xor_bytes: return inspect_xor(bytes, what, out);
+    case Encoding::stack: break;
+  }
+  fail(Exit::bad_input, what + ": a stacked entry cannot hold another");
+}
+
 }  // namespace
 
 DeltaInspection inspect_delta(const fs::path& dir) {
@@ -211,10 +221,21 @@ DeltaInspection inspect_delta(const fs::path& dir) {
       if (auto b = idx.base_checksums.find(t.name); b != idx.base_checksums.end()) e.base_checksum = b->second;
       const auto bytes = map.bytes(hdr.file_offset(t), t.nbytes());
       const std::string what = w + ": entry '" + t.name + "'";
-      switch (e.encoding) {
-        case Encoding::sparse: inspect_sparse(bytes, what, e); break;
-        case Encoding::overwrite: inspect_overwrite(bytes, what, e); break;
-        case Encoding::xor_bytes: inspect_xor(bytes, what, e); break;
+      if (e.encoding == Encoding::stack) {
+        const std::vector<StackPart> parts = read_stack(bytes, what);
+        if (parts.back().hash != checksum)
+          fail(Exit::bad_input, what + ": is stacked to checksum " + parts.back().hash.hex() + ", but records " + checksum.hex());
+        e.parts = parts.size();
+        for (std::size_t i = 0; i < parts.size(); ++i) {
+          InspectEntry pe;
+          inspect_part(parts[i].enc, parts[i].bytes, what + " (stacked part " + std::to_string(i + 1) + ")", pe);
+          if (pe.tensor_bytes && e.tensor_bytes && *pe.tensor_bytes != *e.tensor_bytes)
+            fail(Exit::bad_input, what + ": stacked parts are for tensors of " + std::to_string(*e.tensor_bytes) + " and " +
+                                      std::to_string(*pe.tensor_bytes) + " bytes");
+          if (pe.tensor_bytes) e.tensor_bytes = pe.tensor_bytes;
+        }
+      } else {
+        inspect_part(e.encoding, bytes, what, e);
       }
       r.entries.push_back(std::move(e));
     }
@@ -270,7 +291,10 @@ DeltaInspection inspect_delta(const fs::path& dir) {
     if (e.tensor_bytes) r.tensor_bytes += *e.tensor_bytes;
     if (e.changed_elements) r.changed_elements += *e.changed_elements;
     if (e.changed_bytes) r.changed_bytes += *e.changed_bytes;
-    ++(e.encoding == Encoding::sparse ? r.entries_sparse : e.encoding == Encoding::overwrite ? r.entries_overwrite : r.entries_xor);
+    ++(e.encoding == Encoding::sparse      ? r.entries_sparse
+       : e.encoding == Encoding::overwrite ? r.entries_overwrite
+       : e.encoding == Encoding::stack     ? r.entries_stacked
+                                           : r.entries_xor);
   }
   r.delta_bytes = tree_bytes(dir);
   return r;
@@ -291,7 +315,8 @@ json inspection_json(const DeltaInspection& d) {
                        {"changed_elements", opt(e.changed_elements)},
                        {"changed_bytes", opt(e.changed_bytes)},
                        {"checksum", e.checksum.hex()},
-                       {"base_checksum", e.base_checksum ? json(e.base_checksum->hex()) : json(nullptr)}});
+                       {"base_checksum", e.base_checksum ? json(e.base_checksum->hex()) : json(nullptr)},
+                       {"stack_parts", e.parts ? json(e.parts) : json(nullptr)}});
   }
   json files = json::array();
   for (const auto& f : d.files) {
@@ -326,7 +351,8 @@ json inspection_json(const DeltaInspection& d) {
           {"weight_files", std::move(shards)},
           {"totals",
            {{"tensors", d.entries.size()},
-            {"entries", {{"sparse", d.entries_sparse}, {"xor", d.entries_xor}, {"overwrite", d.entries_overwrite}}},
+            {"entries",
+             {{"sparse", d.entries_sparse}, {"xor", d.entries_xor}, {"overwrite", d.entries_overwrite}, {"stack", d.entries_stacked}}},
             {"entry_bytes", d.entry_bytes},
             // A sum over some entries only would read as the whole: null instead.
             {"tensor_bytes", all_lengths ? json(d.tensor_bytes) : json(nullptr)},

@@ -184,7 +184,9 @@ TEST_CASE("--inspect: per-tensor changed counts, lengths and checksums match the
     const std::string name = e.at("name").get<std::string>();
     INFO("tensor " << name);
     CHECK(keys_of(e) == std::set<std::string>{"name", "file", "encoding", "entry_bytes", "tensor_bytes", "element_size",
-                                               "changed_elements", "changed_bytes", "checksum", "base_checksum"});
+                                               "changed_elements", "changed_bytes", "checksum", "base_checksum",
+                                               "stack_parts"});
+    CHECK(e["stack_parts"].is_null());  // a diff never stacks; see e2e_squash
     listed.insert(name);
     const Expected x = expected(base, target, name);
     const std::string enc = e["encoding"].get<std::string>();
@@ -242,7 +244,7 @@ TEST_CASE("--inspect: per-tensor changed counts, lengths and checksums match the
   for (const char* k : {"weight_files_built", "headers_rewritten", "weight_files_removed"}) CHECK(tot[k] == 0);
   CHECK(tot["tensors"] == changed.size());
   CHECK(tot["entries"] == json{{"sparse", per_encoding["sparse"]}, {"xor", per_encoding["xor"]},
-                               {"overwrite", per_encoding["overwrite"]}});
+                               {"overwrite", per_encoding["overwrite"]}, {"stack", 0}});
   CHECK(tot["entry_bytes"] == sum_entry);
   CHECK(tot["changed_elements"] == sum_elements);
   CHECK(tot["changed_bytes"] == sum_bytes);

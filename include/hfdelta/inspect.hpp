@@ -28,6 +28,9 @@ struct InspectEntry {
   std::optional<std::uint64_t> element_size;   // sparse only: the element size its positions use
   std::optional<std::uint64_t> changed_elements;  // sparse: sum of the chunks' K
   std::optional<std::uint64_t> changed_bytes;     // xor: non-zero bytes of the mask; overwrite: K
+  // stack: its parts (each checked like an entry of its kind); the net
+  // change of parts laid one after another is not known without the base.
+  std::uint64_t parts = 0;
   Hash128 checksum;                            // XXH3-128 of the tensor's new bytes
   std::optional<Hash128> base_checksum;        // hfdelta deltas only
 };
@@ -62,7 +65,7 @@ struct DeltaInspection {
   std::vector<InspectShard> shards;   // by file name
   // Totals. Element and byte counts add up only the entries that know them.
   std::uint64_t entry_bytes = 0, tensor_bytes = 0, changed_elements = 0, changed_bytes = 0;
-  std::uint64_t entries_xor = 0, entries_overwrite = 0, entries_sparse = 0;
+  std::uint64_t entries_xor = 0, entries_overwrite = 0, entries_sparse = 0, entries_stacked = 0;
   std::uint64_t files_put = 0, files_removed = 0, file_bytes = 0;
   std::uint64_t shards_built = 0, shards_rewritten = 0, shards_removed = 0;
   std::uint64_t delta_bytes = 0;  // every regular file under the delta directory
