@@ -46,6 +46,7 @@ struct Op {
   Encoding enc = Encoding::xor_bytes;
   std::span<const std::uint8_t> frame;
   std::optional<Hash128> base_hash;
+  Hash128 new_hash;  // of the tensor after it
 };
 
 // Where a tensor's bytes come from in the first base, and what lies over them.
@@ -168,6 +169,8 @@ void lay(const Op& op, std::span<std::uint8_t> buf, const std::string& what) {
         for (std::size_t i = 0; i < pos.size(); ++i) buf[pos[i]] = v[i];
       });
       break;
+    case Encoding::stack:  // split into its parts when the chain is read
+      fail(Exit::failure, what + ": a stacked entry reached the composer");
   }
 }
 
@@ -181,61 +184,60 @@ std::optional<std::uint64_t> length_of(const Op& op, const std::string& what) {
   return std::nullopt;
 }
 
-// One entry of OUT: taken whole from a delta, or composed into a spool file.
-struct OutEntry {
-  std::string name;
-  std::string file;  // weight file it patches ("" where not known)
+// One part of an entry of OUT: taken whole from a delta, or composed into a
+// spool file.
+struct Piece {
   Encoding enc = Encoding::xor_bytes;
   std::span<const std::uint8_t> bytes;  // taken whole
   fs::path composed;                    // or composed here
   std::uint64_t size = 0;
+  Hash128 hash;  // of the tensor after it
+};
+
+// One entry of OUT: one piece, or several stacked.
+struct OutEntry {
+  std::string name;
+  std::string file;  // weight file it patches ("" where not known)
+  std::vector<Piece> pieces;
   Hash128 new_hash;
   std::optional<Hash128> base_hash;
   bool dropped = false;  // the changes cancel out: no entry
+  Encoding enc() const { return pieces.size() == 1 ? pieces[0].enc : Encoding::stack; }
+  std::uint64_t size() const {
+    if (pieces.size() == 1) return pieces[0].size;
+    std::uint64_t n = kStackHeadSize + pieces.size() * kStackPartSize;
+    for (const Piece& p : pieces) n += p.size;
+    return n;
+  }
 };
 
-// Composes the entries of one trace into one (see squash.hpp).
-void compose(const Trace& tr, std::uint64_t n, OutEntry& out, const fs::path& tmp, std::size_t id, int level,
-             const std::vector<Link>& links) {
-  const std::string what = "entries of '" + out.name + "' in " + links[tr.ops.front().link].dir.string() + " .. " +
-                           links[tr.ops.back().link].dir.string();
-  const Kind k0 = kind_of(tr.ops.front(), what);
-  std::uint32_t es0 = 0;
-  if (tr.origin) {
-    for (const Op& op : tr.ops) {
-      if (kind_of(op, what) != k0)
-        fail(Exit::unsupported, "cannot squash " + what + ": it is patched by entries of different kinds (" +
-                                    std::string(encoding_name(tr.ops.front().enc)) + " in " + links[tr.ops.front().link].dir.string() +
-                                    ", " + std::string(encoding_name(op.enc)) + " in " + links[op.link].dir.string() +
-                                    "), which do not compose without the base; squash a chain written with one --encoding");
-      if (k0 == Kind::add) {
-        const std::uint32_t es = read_sparse_head(op.frame, what).es;
-        if (es0 && es != es0)
-          fail(Exit::unsupported, "cannot squash " + what + ": its sparse entries use different element sizes");
-        es0 = es;
-      }
-    }
-  }
-  const fs::path a_path = tmp / (".compose-" + std::to_string(id) + "-a");
-  const fs::path b_path = tmp / (".compose-" + std::to_string(id) + "-b");
+// Composes `ops` (one run: entries that compose element by element, or a
+// tensor from zeros) into one piece at `path`. Returns false where the
+// changes cancel out, or a tensor from zeros ends all zero (a built file
+// starts as zeros): no piece is needed.
+bool compose(std::span<const Op> ops, bool from_zeros, std::uint64_t n, Piece& out, const fs::path& path, int level,
+             const std::string& what) {
+  const Kind k0 = kind_of(ops.front(), what);
+  const std::uint32_t es0 = k0 == Kind::add ? read_sparse_head(ops.front().frame, what).es : 0;
+  const fs::path a_path = path.string() + "-a", b_path = path.string() + "-b";
   Compressor c(level);
-  File f(tmp / (".compose-" + std::to_string(id)), File::Mode::create_exclusive);
+  File f(path, File::Mode::create_exclusive);
   std::uint64_t at = 0;
   const ByteSink sink = [&](std::span<const std::uint8_t> s) {
     f.pwrite_all(s.data(), s.size(), at);
     at += s.size();
   };
   bool nothing = false;
-  if (!tr.origin || k0 != Kind::set) {
+  if (from_zeros || k0 != Kind::set) {
     // From zeros: the tensor's bytes themselves. Otherwise the combined mask
     // or difference, laid over zeros.
     Scratch a(a_path, n, 0);
-    for (const Op& op : tr.ops) lay(op, a.bytes(), what);
+    for (const Op& op : ops) lay(op, a.bytes(), what);
     auto v = a.bytes();
     nothing = std::all_of(v.begin(), v.end(), [](std::uint8_t x) { return x == 0; });
     if (!nothing) {
       const Zeros zeros(n);
-      if (tr.origin && k0 == Kind::add) {
+      if (!from_zeros && k0 == Kind::add) {
         out.enc = Encoding::sparse;
         encode_sparse(c, zeros.bytes(), v, es0 ? es0 : 1, sink);
       } else {
@@ -247,7 +249,7 @@ void compose(const Trace& tr, std::uint64_t n, OutEntry& out, const fs::path& tm
     // Overwrites: laid over zeros and over 0xff, a byte is set where the two
     // agree. The second buffer becomes the "old" bytes that differ exactly there.
     Scratch a(a_path, n, 0), b(b_path, n, 0xff);
-    for (const Op& op : tr.ops) lay(op, a.bytes(), what), lay(op, b.bytes(), what);
+    for (const Op& op : ops) lay(op, a.bytes(), what), lay(op, b.bytes(), what);
     auto va = a.bytes();
     auto vb = b.bytes();
     std::uint64_t count = 0;
@@ -262,12 +264,47 @@ void compose(const Trace& tr, std::uint64_t n, OutEntry& out, const fs::path& tm
       encode_overwrite(c, vb, va, count, sink);
     }
   }
-  // Changes that cancel out need no entry; nor does a tensor from zeros that
-  // ends all zero (a built file starts as zeros).
-  out.dropped = nothing;
   out.composed = f.path();
   out.size = at;
+  out.hash = ops.back().new_hash;
   f.close();
+  if (nothing) fs::remove(path);
+  return !nothing;
+}
+
+// The entries of one trace as OUT's entry (see squash.hpp): from zeros, all
+// composed into one; otherwise each run of entries that compose element by
+// element (same kind; sparse differences of one element size) becomes one
+// piece, and runs of different kinds are stacked, in order, since they do
+// not compose without the base bytes. Spool files are named `spool`-<run>.
+void compose_trace(const Trace& tr, std::uint64_t n, OutEntry& out, const fs::path& spool, int level,
+                   const std::vector<Link>& links) {
+  const std::string what = "entries of '" + out.name + "' in " + links[tr.ops.front().link].dir.string() + " .. " +
+                           links[tr.ops.back().link].dir.string();
+  auto key = [&](const Op& op) {
+    const Kind k = kind_of(op, what);
+    return std::pair{k, k == Kind::add ? read_sparse_head(op.frame, what).es : 0u};
+  };
+  std::vector<std::span<const Op>> runs;
+  for (std::size_t i = 0; i < tr.ops.size();) {
+    std::size_t j = i + 1;
+    while (j < tr.ops.size() && (!tr.origin || key(tr.ops[j]) == key(tr.ops[i]))) ++j;
+    runs.push_back(std::span<const Op>(tr.ops).subspan(i, j - i));
+    i = j;
+  }
+  for (std::size_t r = 0; r < runs.size(); ++r) {
+    Piece p;
+    if (runs[r].size() == 1 && tr.origin) {  // one entry: as it is
+      p.enc = runs[r][0].enc;
+      p.bytes = runs[r][0].frame;
+      p.size = p.bytes.size();
+      p.hash = runs[r][0].new_hash;
+    } else if (!compose(runs[r], !tr.origin, n, p, spool.string() + "-" + std::to_string(r), level, what)) {
+      continue;
+    }
+    out.pieces.push_back(std::move(p));
+  }
+  out.dropped = out.pieces.empty();
 }
 
 }  // namespace
@@ -388,6 +425,7 @@ SquashSummary squash_deltas(const std::vector<fs::path>& chain, const fs::path& 
         op.name = ti.name;
         op.enc = encoding_of(l.idx, ti.name);
         op.frame = l.maps.at(file).bytes(hdr.file_offset(ti), ti.nbytes());
+        op.new_hash = checksum;
         if (auto b = l.idx.base_checksums.find(ti.name); b != l.idx.base_checksums.end()) op.base_hash = b->second;
         Trace& tr = traces.try_emplace(ti.name, trace_of(prev, ti.name)).first->second;
         if (target != l.idx.targets.end()) {
@@ -395,7 +433,22 @@ SquashSummary squash_deltas(const std::vector<fs::path>& chain, const fs::path& 
             fail(Exit::bad_input, w + ": entry '" + ti.name + "' patches " + target->second + ", but the tensor is in " + *tr.file);
           tr.file = target->second;
         }
-        tr.ops.push_back(std::move(op));
+        if (op.enc == Encoding::stack) {  // a squashed delta in the chain: its parts, in order
+          const std::vector<StackPart> parts = read_stack(op.frame, w + ": entry '" + ti.name + "'");
+          if (parts.back().hash != checksum)
+            fail(Exit::bad_input, w + ": entry '" + ti.name + "' is stacked to checksum " + parts.back().hash.hex() +
+                                      ", but records " + checksum.hex());
+          for (std::size_t i = 0; i < parts.size(); ++i) {
+            Op po = op;
+            po.enc = parts[i].enc;
+            po.frame = parts[i].bytes;
+            po.new_hash = parts[i].hash;
+            if (i) po.base_hash.reset();
+            tr.ops.push_back(std::move(po));
+          }
+        } else {
+          tr.ops.push_back(std::move(op));
+        }
         tr.hash = checksum;
       }
     }
@@ -464,14 +517,11 @@ SquashSummary squash_deltas(const std::vector<fs::path>& chain, const fs::path& 
   if (!fs::create_directory(tmp, ec) || ec) fail(Exit::failure, tmp.string() + ": cannot create: " + ec.message());
   try {
     const int threads = default_threads(opts.threads);
-    const std::size_t slots = entries.size();  // scratch files are named by position before the dropped go
     parallel_for(entries.size(), threads, [&](std::size_t i, std::size_t) {
       OutEntry& e = entries[i];
       const Trace& t = *of[i];
       if (t.ops.size() == 1) {  // one entry: as it is
-        e.enc = t.ops[0].enc;
-        e.bytes = t.ops[0].frame;
-        e.size = e.bytes.size();
+        e.pieces.push_back({t.ops[0].enc, t.ops[0].frame, {}, t.ops[0].frame.size(), t.ops[0].new_hash});
         return;
       }
       std::optional<std::uint64_t> n;
@@ -489,14 +539,15 @@ SquashSummary squash_deltas(const std::vector<fs::path>& chain, const fs::path& 
         }
         n = end;
       }
-      compose(t, *n, e, tmp, i, opts.level, links);
+      compose_trace(t, *n, e, tmp / (".compose-" + std::to_string(i)), opts.level, links);
     });
     for (const auto& e : entries) {
       if (e.dropped) {
         ++sum.entries_dropped;
         continue;
       }
-      sum.entries_composed += !e.composed.empty();
+      sum.entries_composed += std::any_of(e.pieces.begin(), e.pieces.end(), [](const Piece& p) { return !p.composed.empty(); });
+      sum.entries_stacked += e.pieces.size() > 1;
     }
     std::erase_if(entries, [](const OutEntry& e) { return e.dropped; });
 
@@ -512,8 +563,8 @@ SquashSummary squash_deltas(const std::vector<fs::path>& chain, const fs::path& 
       i = j;
     }
     std::set<Encoding> encs;
-    for (const auto& e : entries) encs.insert(e.enc);
-    idx.per_tensor = idx.structural() || encs.size() > 1;
+    for (const auto& e : entries) encs.insert(e.enc());
+    idx.per_tensor = idx.structural() || encs.size() > 1 || encs.count(Encoding::stack);  // "stack" is per tensor only
     idx.encoding = encs.empty() ? links.back().idx.encoding : *encs.begin();
     std::uint64_t total = 0;
     for (std::size_t g = 0; g < groups.size(); ++g) {
@@ -521,25 +572,37 @@ SquashSummary squash_deltas(const std::vector<fs::path>& chain, const fs::path& 
       std::vector<DeltaFileEntry> des;
       for (std::size_t i = groups[g].first; i < groups[g].second; ++i) {
         const OutEntry& e = entries[i];
-        des.push_back({e.name, e.size, e.new_hash});
+        des.push_back({e.name, e.size(), e.new_hash});
         idx.weight_map[e.name] = name;
         if (e.base_hash) idx.base_checksums[e.name] = *e.base_hash;
-        if (idx.per_tensor) idx.encodings[e.name] = e.enc;
+        if (idx.per_tensor) idx.encodings[e.name] = e.enc();
         if (!e.file.empty()) idx.targets[name] = e.file;
-        total += e.size;
+        total += e.size();
       }
       write_delta_file(tmp / name, des, [&](std::size_t k, File& f, std::uint64_t at) {
         const OutEntry& e = entries[groups[g].first + k];
-        if (e.composed.empty()) {
-          f.pwrite_all(e.bytes.data(), e.bytes.size(), at);
-        } else {
-          const File in(e.composed, File::Mode::read);
-          copy_range(in, 0, e.size, f, at);
+        if (e.pieces.size() > 1) {
+          std::vector<StackPart> parts;
+          for (const Piece& p : e.pieces) parts.push_back({p.enc, p.size, p.hash, {}});
+          const std::vector<std::uint8_t> head = stack_head(parts);
+          f.pwrite_all(head.data(), head.size(), at);
+          at += head.size();
+        }
+        for (const Piece& p : e.pieces) {
+          if (p.composed.empty()) {
+            f.pwrite_all(p.bytes.data(), p.bytes.size(), at);
+          } else {
+            const File in(p.composed, File::Mode::read);
+            copy_range(in, 0, p.size, f, at);
+          }
+          at += p.size;
         }
       }, opts.sync);
       sum.entries += groups[g].second - groups[g].first;
     }
-    for (std::size_t i = 0; i < slots; ++i) fs::remove(tmp / (".compose-" + std::to_string(i)), ec);
+    for (const auto& e : entries)
+      for (const Piece& p : e.pieces)
+        if (!p.composed.empty()) fs::remove(p.composed, ec);
 
     std::set<fs::path> dirs{tmp};
     for (const auto& so : idx.shards) {

@@ -349,6 +349,9 @@ struct Inputs {
   // patches one in place and carries config.json and the index; 1 -> 2 goes
   // back to the first layout, so a chain 0 -> 2 has two structural steps.
   fs::path st0, st1, st2, st_start, root_struct, root_struct_chain;
+  // Saves 0 -> 1 as xor, 1 -> 2 as sparse, squashed into one delta 0 -> 2
+  // whose entries are stacked (the two kinds do not compose).
+  fs::path root_mixed, stacked;
 
   Inputs() {
     const TempDir& d = *t;
@@ -469,6 +472,16 @@ struct Inputs {
     REQUIRE(sidx["weight_map"].contains("a.weight"));  // model-a is patched in place
     st_start = d / "start-struct";
     REQUIRE(require_init(st0, st_start) == "000000");
+
+    root_mixed = d / "root-mixed";
+    fs::create_directories(root_mixed);
+    require_diff(save_dir(series, 0), save_dir(series, 1), version_dir(root_mixed, 1), "xor");
+    require_diff(save_dir(series, 1), save_dir(series, 2), version_dir(root_mixed, 2), "sparse");
+    stacked = d / "stacked";
+    const RunResult sq = diff({"--json", "--squash", version_dir(root_mixed, 1).string(), version_dir(root_mixed, 2).string(),
+                               stacked.string()});
+    E2E_REQUIRE_CODE(sq, 0);
+    REQUIRE(parse_json(sq.out)["entries_stacked"].get<int>() >= 2);
   }
 };
 
@@ -550,6 +563,24 @@ TEST_CASE("crash: structural delta (build, header rewrite, remove), with and wit
   const Inputs& in = inputs();
   run_scenario(single_delta("structural delta", in.root_struct, in.st_start, in.st0, in.st1, "1"));
   run_scenario(single_delta("structural delta, --no-sync, 2 threads", in.root_struct, in.st_start, in.st0, in.st1, "2", true));
+}
+
+// Stacked entries: each laid part by part over a scratch copy in the
+// transaction's step directory, the copy then journaled against LOCAL.
+TEST_CASE("crash: squashed delta with stacked entries, with and without --no-sync, a fault at every write step") {
+  const Inputs& in = inputs();
+  for (const bool no_sync : {false, true}) {
+    Scenario s;
+    s.name = no_sync ? "stacked entries, --no-sync, 2 threads" : "stacked entries";
+    s.local = in.local;
+    s.args = {"--threads", no_sync ? "2" : "1", in.stacked.string(), in.local.string()};
+    if (no_sync) s.args.insert(s.args.begin(), "--no-sync");
+    s.start = in.s0_start;
+    s.old_version = "000000";
+    s.target = "000002";
+    s.trees = {{"000000", save_dir(in.series, 0)}, {"000002", save_dir(in.series, 2)}};
+    run_scenario(s);
+  }
 }
 
 TEST_CASE("crash: --root chain of 2 structural deltas, a fault at every write step") {

@@ -23,14 +23,29 @@ namespace {
 
 
 // Diffs C_{v-1} -> C_v into ROOT/weight_v for v = 1..n.
-void write_chain(const std::vector<fs::path>& ckpts, const fs::path& root, const std::string& encoding) {
+// Version v of `root` is the delta C_{v-1} -> C_v written with encodings[v-1].
+void write_mixed_chain(const std::vector<fs::path>& ckpts, const fs::path& root, const std::vector<std::string>& encodings) {
   fs::create_directories(root);
-  for (std::size_t v = 1; v < ckpts.size(); ++v) {
+  for (std::size_t v = 1; v <= encodings.size(); ++v) {
     CAPTURE(v);
-    E2E_REQUIRE_CODE(diff({"-q", "--no-sync", "--encoding", encoding, ckpts[v - 1].string(), ckpts[v].string(),
+    E2E_REQUIRE_CODE(diff({"-q", "--no-sync", "--encoding", encodings[v - 1], ckpts[v - 1].string(), ckpts[v].string(),
                            version_dir(root, static_cast<int>(v)).string()}),
                      0);
   }
+}
+
+// "a, b, c", for CAPTURE.
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) {
+    if (!s.empty()) s += ", ";
+    s += x;
+  }
+  return s;
+}
+
+void write_chain(const std::vector<fs::path>& ckpts, const fs::path& root, const std::string& encoding) {
+  write_mixed_chain(ckpts, root, std::vector<std::string>(ckpts.size() - 1, encoding));
 }
 
 // Applies the whole chain to a LOCAL initialised from C0, checking LOCAL
@@ -266,7 +281,13 @@ class RandomEditor {
       if (!nonempty || !t.bytes.empty()) v.push_back(n);
     return v;
   }
-  std::string fresh_name(int step) { return "t" + std::to_string(step) + "_" + std::to_string(counter_++) + ".w"; }
+  std::string fresh_name(int step) {
+    std::string n = "t";  // appended piece by piece: GCC 12 misreads "t" + std::string (-Wrestrict)
+    n += std::to_string(step);
+    n += "_";
+    n += std::to_string(counter_++);
+    return n + ".w";
+  }
 
   void value_edit(Ckpt& c, const std::vector<Ckpt>& history, std::ostringstream& log) {
     const auto ns = names(c, true);
@@ -523,15 +544,20 @@ TEST_CASE("squash: a sharded chain squashed to a single-file version and back") 
 namespace {
 
 // Builds a chain of 3 to 6 random versions of small_checkpoint() from `seed`
-// (the encoding too), checks the chain itself, then squashes the whole chain
-// and two random sub-ranges and applies each.
-void random_chain(std::uint64_t seed) {
+// (the encoding too: one for the whole chain, or with `mixed` one per step,
+// auto included, so that entries stack), checks the chain itself, then
+// squashes the whole chain and two random sub-ranges and applies each.
+void random_chain(std::uint64_t seed, bool mixed = false) {
   const auto t = scratch_dir();
-  const std::string encoding = std::vector<std::string>{"sparse", "xor", "overwrite"}[seed % 3];
+  const std::vector<std::string> kinds{"sparse", "xor", "overwrite", "auto"};
   CAPTURE(seed);
-  CAPTURE(encoding);
   std::mt19937_64 rng(seed * 7919);
   const int n = std::uniform_int_distribution<int>(3, 6)(rng);
+  std::vector<std::string> encodings;
+  for (int step = 1; step <= n; ++step)
+    encodings.push_back(mixed ? kinds[std::uniform_int_distribution<std::size_t>(0, 3)(rng)] : kinds[seed % 3]);
+  const std::string encodings_used = joined(encodings);
+  CAPTURE(encodings_used);
   std::vector<Ckpt> history{small_checkpoint()};
   RandomEditor ed(seed, history[0]);
   std::ostringstream log;
@@ -547,7 +573,7 @@ void random_chain(std::uint64_t seed) {
   }
   INFO("edits:\n" << log.str());
   const fs::path root = dir / "root";
-  write_chain(ckpts, root, encoding);
+  write_mixed_chain(ckpts, root, encodings);
   check_chain(ckpts, root, dir / "chain_local");
 
   // The whole chain and two random sub-ranges of at least two deltas.
@@ -581,6 +607,18 @@ SQUASH_RANDOM_CHAIN(7)
 SQUASH_RANDOM_CHAIN(8)
 SQUASH_RANDOM_CHAIN(9)
 #undef SQUASH_RANDOM_CHAIN
+#define SQUASH_MIXED_CHAIN(seed) \
+  TEST_CASE("squash: random chain of structural and value edits, an encoding per step, seed " #seed) { random_chain(seed, true); }
+SQUASH_MIXED_CHAIN(10)
+SQUASH_MIXED_CHAIN(11)
+SQUASH_MIXED_CHAIN(12)
+SQUASH_MIXED_CHAIN(13)
+SQUASH_MIXED_CHAIN(14)
+SQUASH_MIXED_CHAIN(15)
+SQUASH_MIXED_CHAIN(16)
+SQUASH_MIXED_CHAIN(17)
+SQUASH_MIXED_CHAIN(18)
+#undef SQUASH_MIXED_CHAIN
 
 // ---- 3. changes that cancel out -------------------------------------------------
 
@@ -667,7 +705,205 @@ TEST_CASE("squash: a tensor changed and changed back has no entry, and the squas
   }
 }
 
-// ---- 4. refusals ----------------------------------------------------------------
+// ---- 4. entries of different kinds: stacked ----------------------------------------
+
+namespace {
+
+// C0..C4 of three_tensors(): keep.a changes at every step, flip.b at step 2.
+// With `build`, step 2 also adds a tensor to keep.a's weight file, so that
+// the file is built and keep.a copied into it, not patched in place.
+std::vector<fs::path> stacking_checkpoints(const fs::path& dir, bool build) {
+  std::vector<Ckpt> cs{three_tensors()};
+  for (int k = 1; k <= 4; ++k) {
+    cs.push_back(cs.back());
+    poke(cs.back(), "keep.a", {static_cast<std::size_t>(k), 60, 200}, static_cast<std::uint8_t>(0x11 * k));
+    if (k == 2) poke(cs.back(), "flip.b", {9}, 0x01);
+    if (k == 2 && build) cs.back().add("added.e", "F32", {8}, random_bytes(32, 41), "model-00001-of-00002.safetensors");
+  }
+  return save_all(cs, dir);
+}
+
+// The inspect --json entry of `tensor` in `delta`.
+json inspected(const fs::path& delta, const std::string& tensor) {
+  const RunResult r = diff({"--inspect", delta.string(), "--json"});
+  E2E_REQUIRE_CODE(r, 0);
+  const json j = parse_json(r.out);
+  for (const json& e : j["tensors"])
+    if (e["name"] == tensor) return e;
+  FAIL("no entry '" << tensor << "' in --inspect of " << delta);
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("squash: a tensor patched by entries of different kinds gets a stacked entry that applies as the chain does") {
+  // keep.a's entries of steps 1..3, by encoding; runs of one kind compose
+  // into one part (sparse differences add, xor masks XOR, overwrites merge).
+  struct Case {
+    std::vector<std::string> encodings;
+    std::uint64_t parts;
+  };
+  Case c;
+  SUBCASE("xor, sparse, sparse") { c = {{"xor", "sparse", "sparse"}, 2}; }
+  SUBCASE("sparse, overwrite, xor") { c = {{"sparse", "overwrite", "xor"}, 3}; }
+  SUBCASE("overwrite, xor, overwrite") { c = {{"overwrite", "xor", "overwrite"}, 3}; }
+  // auto picks sparse or xor, whichever is smaller: two parts either way.
+  SUBCASE("sparse, auto, xor") { c = {{"sparse", "auto", "xor"}, 2}; }
+  const std::string encodings = joined(c.encodings);
+  CAPTURE(encodings);
+  for (const bool build : {false, true}) {
+    CAPTURE(build);
+    TempDir t;
+    const std::vector<fs::path> ckpts = stacking_checkpoints(t / "ckpt", build);
+    const fs::path root = t / "root";
+    std::vector<std::string> encs = c.encodings;
+    encs.push_back("sparse");  // step 4, for squashing a squashed delta below
+    write_mixed_chain(ckpts, root, encs);
+    check_chain(ckpts, root, t / "chain_local");
+
+    const fs::path out = t / "sq" / squash_name(1, 3);
+    const json j = squash_ok(root, 1, 3, out);
+    CHECK(j["entries_stacked"] == 1);
+    const json idx = delta_index(out);
+    CHECK(idx["metadata"]["hfdelta_format"] == 4);  // older builds refuse it rather than misread it
+    CHECK(idx["metadata"]["delta_encoding"] == "auto");
+    CHECK(idx["metadata"]["hfdelta_encodings"]["keep.a"] == "stack");
+    CHECK(idx["metadata"]["hfdelta_encodings"]["flip.b"] != "stack");  // one entry, as it is
+    const json e = inspected(out, "keep.a");
+    CHECK(e["encoding"] == "stack");
+    CHECK(e["stack_parts"] == c.parts);
+    CHECK(e["tensor_bytes"] == 256);
+    CHECK(e["changed_elements"].is_null());  // not known without the base
+    for (const bool no_sync : {true, false}) check_squash_applies(out, ckpts, 1, 3, t / "local", no_sync);
+
+    // A LOCAL that is not the base: keep.a's base checksum is checked before
+    // the stack is laid over it, and LOCAL is left as it was.
+    const fs::path wrong = t / "wrong";
+    E2E_REQUIRE_CODE(apply({"-q", "--no-sync", "--init", ckpts[1].string(), "--version", "0", wrong.string()}), 0);
+    for (const bool no_sync : {true, false}) {
+      CAPTURE(no_sync);
+      const LocalSnapshot before(wrong);
+      std::vector<std::string> args{"-q", out.string(), wrong.string()};
+      if (no_sync) args.insert(args.begin(), "--no-sync");
+      const RunResult r = apply(args);
+      E2E_CHECK_CODE(r, 5);
+      CHECK_MESSAGE(contains(r.err, "'keep.a'"), r.describe());
+      const TreeDiff d = before.compare();
+      CHECK_MESSAGE(d.equal, d.report());
+      CHECK_FALSE(has_txn(wrong));
+    }
+
+    // A chain holding a squashed delta squashes again: its stacked entry is
+    // taken apart into its parts, which compose with the next delta's entry.
+    const fs::path again = t / "again";
+    copy_tree(out, version_dir(again, 3));
+    copy_tree(version_dir(root, 4), version_dir(again, 4));
+    squash_ok(again, 3, 4, t / "again_sq", true, 0);
+    check_squash_applies(t / "again_sq", ckpts, 1, 4, t / "local");
+    // The whole chain at once gives the same result.
+    squash_ok(root, 1, 4, t / "whole_sq");
+    check_squash_applies(t / "whole_sq", ckpts, 1, 4, t / "local");
+  }
+}
+
+TEST_CASE("squash: damage to a stacked entry's head is refused before LOCAL changes") {
+  // Each byte of the head (magic, part count, each part's encoding, length
+  // and checksum) flipped in turn: a malformed head is exit 3; a wrong part
+  // checksum is caught when that part is laid (exit 5) or, for the last
+  // part, against the entry's checksum (exit 3).
+  TempDir t;
+  const std::vector<fs::path> ckpts = stacking_checkpoints(t / "ckpt", false);
+  const fs::path root = t / "root";
+  write_mixed_chain(ckpts, root, {"xor", "sparse"});
+  const fs::path out = t / "sq";
+  squash_ok(root, 1, 2, out);
+  REQUIRE(inspected(out, "keep.a")["stack_parts"] == 2);
+  const std::string file = delta_index(out)["weight_map"]["keep.a"].get<std::string>();
+  const StFile st = read_st(out / file);
+  const std::uint64_t head = st.file_range("keep.a").first, head_len = 8 + 2 * 32;
+  const fs::path local = t / "local";
+  E2E_REQUIRE_CODE(apply({"-q", "--no-sync", "--init", ckpts[0].string(), local.string()}), 0);
+  const LocalSnapshot before(local);
+  std::map<int, int> codes;
+  for (std::uint64_t i = 0; i < head_len; ++i) {
+    CAPTURE(i);
+    const fs::path bad = t / "bad";
+    fs::remove_all(bad);
+    copy_tree(out, bad);
+    Bytes raw = st.raw;
+    raw[head + i] ^= i % 2 ? 0x01 : 0x80;
+    write_bytes(bad / file, raw);
+    const RunResult r = apply({"-q", i % 3 ? "--no-sync" : "-q", bad.string(), local.string()});
+    CHECK_MESSAGE((r.code == 3 || r.code == 5), r.describe());
+    CHECK_MESSAGE(contains(r.err, "keep.a"), r.describe());
+    ++codes[r.code];
+    const TreeDiff d = before.compare();
+    REQUIRE_MESSAGE(d.equal, d.report());
+    CHECK_FALSE(has_txn(local));
+  }
+  // Both kinds of refusal were seen: the first part's checksum is only
+  // known to be wrong once the part is laid.
+  CHECK(codes[3] > 0);
+  CHECK(codes[5] > 0);
+  // The undamaged delta still applies.
+  E2E_CHECK_CODE(apply({"-q", out.string(), local.string()}), 0);
+  E2E_CHECK_TREE_EQUAL(local, ckpts[2]);
+}
+
+TEST_CASE("squash: a tensor created within the chain composes from entries of any kinds") {
+  // Its bytes start as zeros, so they are known without the base.
+  TempDir t;
+  std::vector<Ckpt> cs{three_tensors()};
+  cs.push_back(cs.back());  // 1: a tensor added (its file is built), keep.a changes
+  cs.back().add("fresh.d", "F32", {16}, random_bytes(64, 31), "model-00002-of-00002.safetensors");
+  poke(cs.back(), "keep.a", {7}, 0x44);
+  cs.push_back(cs.back());  // 2: only the new tensor changes
+  poke(cs.back(), "fresh.d", {0, 33, 63}, 0x0f);
+  const std::vector<fs::path> ckpts = save_all(cs, t / "ckpt");
+  for (const auto& [first, second] : std::vector<std::pair<std::string, std::string>>{
+           {"xor", "sparse"}, {"sparse", "overwrite"}, {"overwrite", "xor"}}) {
+    CAPTURE(first);
+    CAPTURE(second);
+    const fs::path root = t / ("root_" + first + "_" + second);
+    fs::create_directories(root);
+    E2E_REQUIRE_CODE(diff({"-q", "--no-sync", "--encoding", first, ckpts[0].string(), ckpts[1].string(), version_dir(root, 1).string()}), 0);
+    E2E_REQUIRE_CODE(diff({"-q", "--no-sync", "--encoding", second, ckpts[1].string(), ckpts[2].string(), version_dir(root, 2).string()}), 0);
+    REQUIRE(entry_names(version_dir(root, 2)) == std::set<std::string>{"fresh.d"});
+    const fs::path out = t / ("sq_" + first + "_" + second);
+    const json j = squash_ok(root, 1, 2, out);
+    CHECK(j["entries_composed"] == 1);
+    check_squash_applies(out, ckpts, 1, 2, t / "local");
+  }
+}
+
+TEST_CASE("squash: sparse entries of another element size after a retype are stacked") {
+  // F16 [32] retyped to F32 [16], same bytes, alone in its weight file:
+  // sparse differences of 2-byte and of 4-byte elements carry differently, so
+  // they do not add up without the base; they are laid one after the other.
+  TempDir t;
+  std::vector<Ckpt> cs{three_tensors()};
+  cs.push_back(cs.back());
+  poke(cs.back(), "still.c", {1, 2}, 0x03);
+  cs.push_back(cs.back());
+  cs.back().at("still.c").dtype = "F32";
+  cs.back().at("still.c").shape = {16};
+  poke(cs.back(), "still.c", {2, 9}, 0x30);
+  const std::vector<fs::path> ckpts = save_all(cs, t / "ckpt");
+  const fs::path root = t / "root";
+  write_chain(ckpts, root, "sparse");
+  check_chain(ckpts, root, t / "chain_local");
+  const json j = squash_ok(root, 1, 2, t / "sq");
+  CHECK(j["entries_stacked"] == 1);
+  CHECK(inspected(t / "sq", "still.c")["stack_parts"] == 2);
+  for (const bool no_sync : {true, false}) check_squash_applies(t / "sq", ckpts, 1, 2, t / "local", no_sync);
+  // With xor masks the same chain composes into one entry.
+  const fs::path xroot = t / "xroot";
+  write_chain(ckpts, xroot, "xor");
+  CHECK(squash_ok(xroot, 1, 2, t / "xsq")["entries_stacked"] == 0);
+  check_squash_applies(t / "xsq", ckpts, 1, 2, t / "local");
+}
+
+// ---- 5. refusals ----------------------------------------------------------------
 
 namespace {
 
@@ -703,76 +939,6 @@ std::vector<fs::path> refusal_checkpoints(const fs::path& dir) {
 }
 
 }  // namespace
-
-TEST_CASE("squash: a tensor patched by entries of different kinds is refused (exit 6), naming it and the deltas") {
-  TempDir t;
-  const std::vector<fs::path> ckpts = refusal_checkpoints(t / "ckpt");
-  std::string first, second;
-  SUBCASE("xor then sparse") { first = "xor", second = "sparse"; }
-  SUBCASE("sparse then overwrite") { first = "sparse", second = "overwrite"; }
-  SUBCASE("overwrite then xor") { first = "overwrite", second = "xor"; }
-  CAPTURE(first);
-  CAPTURE(second);
-  const fs::path root = t / "root";
-  fs::create_directories(root);
-  E2E_REQUIRE_CODE(diff({"-q", "--no-sync", "--encoding", first, ckpts[0].string(), ckpts[1].string(), version_dir(root, 1).string()}), 0);
-  E2E_REQUIRE_CODE(diff({"-q", "--no-sync", "--encoding", second, ckpts[1].string(), ckpts[2].string(), version_dir(root, 2).string()}), 0);
-  const fs::path out = t / "out" / "squashed";
-  check_refused(squash_args(version_dir(root, 1), version_dir(root, 2), out), 6,
-                {"'keep.a'", version_dir(root, 1).string(), version_dir(root, 2).string()}, out, root);
-}
-
-TEST_CASE("squash: a tensor created within the chain composes from entries of any kinds") {
-  // Its bytes start as zeros, so they are known without the base.
-  TempDir t;
-  std::vector<Ckpt> cs{three_tensors()};
-  cs.push_back(cs.back());  // 1: a tensor added (its file is built), keep.a changes
-  cs.back().add("fresh.d", "F32", {16}, random_bytes(64, 31), "model-00002-of-00002.safetensors");
-  poke(cs.back(), "keep.a", {7}, 0x44);
-  cs.push_back(cs.back());  // 2: only the new tensor changes
-  poke(cs.back(), "fresh.d", {0, 33, 63}, 0x0f);
-  const std::vector<fs::path> ckpts = save_all(cs, t / "ckpt");
-  for (const auto& [first, second] : std::vector<std::pair<std::string, std::string>>{
-           {"xor", "sparse"}, {"sparse", "overwrite"}, {"overwrite", "xor"}}) {
-    CAPTURE(first);
-    CAPTURE(second);
-    const fs::path root = t / ("root_" + first + "_" + second);
-    fs::create_directories(root);
-    E2E_REQUIRE_CODE(diff({"-q", "--no-sync", "--encoding", first, ckpts[0].string(), ckpts[1].string(), version_dir(root, 1).string()}), 0);
-    E2E_REQUIRE_CODE(diff({"-q", "--no-sync", "--encoding", second, ckpts[1].string(), ckpts[2].string(), version_dir(root, 2).string()}), 0);
-    REQUIRE(entry_names(version_dir(root, 2)) == std::set<std::string>{"fresh.d"});
-    const fs::path out = t / ("sq_" + first + "_" + second);
-    const json j = squash_ok(root, 1, 2, out);
-    CHECK(j["entries_composed"] == 1);
-    check_squash_applies(out, ckpts, 1, 2, t / "local");
-  }
-}
-
-TEST_CASE("squash: sparse entries of another element size after a retype are refused (exit 6), naming the tensor") {
-  // F16 [32] retyped to F32 [16], same bytes, alone in its weight file:
-  // sparse differences of 2-byte and of 4-byte elements carry differently, so
-  // they do not add up without the base.
-  TempDir t;
-  std::vector<Ckpt> cs{three_tensors()};
-  cs.push_back(cs.back());
-  poke(cs.back(), "still.c", {1, 2}, 0x03);
-  cs.push_back(cs.back());
-  cs.back().at("still.c").dtype = "F32";
-  cs.back().at("still.c").shape = {16};
-  poke(cs.back(), "still.c", {2, 9}, 0x30);
-  const std::vector<fs::path> ckpts = save_all(cs, t / "ckpt");
-  const fs::path root = t / "root";
-  write_chain(ckpts, root, "sparse");
-  check_chain(ckpts, root, t / "chain_local");
-  const fs::path out = t / "out" / "squashed";
-  check_refused(squash_args(version_dir(root, 1), version_dir(root, 2), out), 6,
-                {"'still.c'", version_dir(root, 1).string(), version_dir(root, 2).string()}, out, root);
-  // With xor masks the same chain composes.
-  const fs::path xroot = t / "xroot";
-  write_chain(ckpts, xroot, "xor");
-  squash_ok(xroot, 1, 2, t / "xsq");
-  check_squash_applies(t / "xsq", ckpts, 1, 2, t / "local");
-}
 
 TEST_CASE("squash: FIRST and LAST that do not name a chain of deltas are refused (exit 3), naming the culprit") {
   TempDir t;
@@ -867,7 +1033,7 @@ TEST_CASE("squash: --encoding, --version and --base-version are refused with --s
   check_refused(args, 2, {opt[0]}, out, root);
 }
 
-// ---- 5. size ----------------------------------------------------------------------
+// ---- 6. size ----------------------------------------------------------------------
 
 TEST_CASE("squash: a chain changing the same tensors at every step squashes to no more than its inputs") {
   std::string encoding;

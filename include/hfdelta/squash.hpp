@@ -7,8 +7,12 @@
 // is; several are composed into one: entries of one kind compose element by
 // element (xor masks XOR, sparse differences add, overwrites merge), and a
 // tensor that starts from zeros composes from any kinds, since its bytes are
-// known. Weight-file operations compose too: a file only ever rewritten in
-// place keeps a header operation, anything built at some step is built.
+// known. Entries of different kinds (xor, then sparse: chains of --encoding
+// auto, or of runs with different encodings) do not compose without the
+// base bytes: each run of one kind is composed, and the runs are stacked in
+// one entry (encoding "stack") that delta-apply lays in order. Weight-file
+// operations compose too: a file only ever rewritten in place keeps a header
+// operation, anything built at some step is built.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +34,7 @@ struct SquashSummary {
   std::uint64_t entries = 0;          // entries of OUT
   std::uint64_t entries_composed = 0;  // of those, composed of two or more
   std::uint64_t entries_dropped = 0;   // changes that cancelled out
+  std::uint64_t entries_stacked = 0;   // of OUT's entries, stacks of runs of different kinds
   std::uint64_t shards_built = 0, shards_rewritten = 0, shards_removed = 0;
   std::uint64_t files_changed = 0, files_removed = 0;
   std::uint64_t input_bytes = 0;  // every file of the chain's deltas
@@ -43,10 +48,8 @@ std::vector<boost::filesystem::path> chain_between(const boost::filesystem::path
                                                    const boost::filesystem::path& last);
 
 // Writes OUT (which must not exist) atomically: the delta from the first
-// delta's base version to the last one's version. Throws Error: bad_input for
-// a damaged delta or deltas that do not form a chain; unsupported for a
-// chain that cannot be composed without the base (one tensor patched by
-// entries of different kinds, from deltas of different --encoding runs).
+// delta's base version to the last one's version. Throws Error(bad_input) for
+// a damaged delta or deltas that do not form a chain.
 SquashSummary squash_deltas(const std::vector<boost::filesystem::path>& chain, const boost::filesystem::path& out,
                             const SquashOptions& opts);
 

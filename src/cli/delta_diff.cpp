@@ -56,8 +56,9 @@ void print_inspection(const DeltaInspection& d) {
                 s.op == ShardOp::Op::remove ? "-" : cli::human_bytes(double(s.header_bytes)).c_str(), tensors.c_str(),
                 s.file.c_str());
   }
-  std::printf("  total   %zu tensors (%llu sparse, %llu xor, %llu overwrite), entries %s\n", d.entries.size(),
-              (ull)d.entries_sparse, (ull)d.entries_xor, (ull)d.entries_overwrite, cli::human_bytes(double(d.entry_bytes)).c_str());
+  std::printf("  total   %zu tensors (%llu sparse, %llu xor, %llu overwrite, %llu stacked), entries %s\n", d.entries.size(),
+              (ull)d.entries_sparse, (ull)d.entries_xor, (ull)d.entries_overwrite, (ull)d.entries_stacked,
+              cli::human_bytes(double(d.entry_bytes)).c_str());
   std::printf("  changed %llu elements (sparse entries), %llu bytes (xor and overwrite entries)\n", (ull)d.changed_elements,
               (ull)d.changed_bytes);
   std::printf("  files   %llu put (%s), %llu removed\n", (ull)d.files_put, cli::human_bytes(double(d.file_bytes)).c_str(),
@@ -204,6 +205,7 @@ int main(int argc, char** argv) {
                                     {"entries", s.entries},
                                     {"entries_composed", s.entries_composed},
                                     {"entries_dropped", s.entries_dropped},
+                                    {"entries_stacked", s.entries_stacked},
                                     {"structure",
                                      {{"weight_files_built", s.shards_built},
                                       {"headers_rewritten", s.shards_rewritten},
@@ -218,8 +220,8 @@ int main(int argc, char** argv) {
       } else if (!quiet) {
         std::printf("%s: version %s on base %s, squashed from %llu deltas\n", out.c_str(), format_version(s.version).c_str(),
                     format_version(s.base_version).c_str(), (ull)s.deltas);
-        std::printf("  entries          %llu (%llu composed of several, %llu cancelled out)\n", (ull)s.entries,
-                    (ull)s.entries_composed, (ull)s.entries_dropped);
+        std::printf("  entries          %llu (%llu composed of several, %llu stacked, %llu cancelled out)\n", (ull)s.entries,
+                    (ull)s.entries_composed, (ull)s.entries_stacked, (ull)s.entries_dropped);
         if (s.shards_built || s.shards_rewritten || s.shards_removed)
           std::printf("  structure        %llu weight files built, %llu headers rewritten, %llu weight files removed\n",
                       (ull)s.shards_built, (ull)s.shards_rewritten, (ull)s.shards_removed);
