@@ -6,7 +6,7 @@
 #        scripts/fuzz.sh --make-seeds  rewrite the seed corpora of testdata/fuzz/
 #
 # Targets run side by side, one process each, at most HFDELTA_FUZZ_JOBS at a
-# time (default: the number of cores), so the five targets of SECONDS each take
+# time (default: the number of cores), so the six targets of SECONDS each take
 # about 3 * SECONDS on two cores. Inputs the fuzzer finds go to build-fuzz/,
 # never into testdata/. Exits non-zero if any target crashes, leaks, hits
 # undefined behaviour, breaks an invariant, times out or runs out of memory;
@@ -15,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-targets=(safetensors xor overwrite sparse index)
+targets=(safetensors xor overwrite sparse index stack)
 builddir=build-fuzz
 
 mode=fuzz

@@ -47,6 +47,8 @@ bool accepted(const std::string& target, std::span<const std::uint8_t> bytes) {
     } else if (target == "xor") {
       hfdelta::Decompressor d;
       hfdelta::decode_xor(d, frame, nbytes, "seed", [](std::uint64_t, std::span<const std::uint8_t>) {});
+    } else if (target == "stack") {
+      hfdelta::read_stack(frame, "seed");
     } else if (target == "sparse") {
       hfdelta::decode_sparse(frame, nbytes, "seed",
                              [](std::span<const std::uint64_t>, std::span<const std::uint8_t>, std::size_t,
@@ -480,6 +482,8 @@ void index_seeds() {
   d.encodings = {{"model.layers.0.mlp.up_proj.weight", hfdelta::Encoding::sparse},
                  {"model.norm.weight", hfdelta::Encoding::xor_bytes}};
   write("index", "valid_auto.json", hfdelta::write_delta_index_json(d, 99));
+  d.encodings["model.norm.weight"] = hfdelta::Encoding::stack;  // revision 4
+  write("index", "valid_auto_stack.json", hfdelta::write_delta_index_json(d, 99));
   d.encodings.erase("model.norm.weight");
   write("index", "bad_auto_missing.json", hfdelta::write_delta_index_json(d, 99));
   d.per_tensor = false;
@@ -515,6 +519,44 @@ void index_seeds() {
   write("index", "bad_json.json", R"({"metadata": {"version": "2",)");
 }
 
+// ---- stacked entries ---------------------------------------------------------------
+
+// A stacked entry of `parts` (encoding, bytes), with made-up checksums.
+Bytes stacked(const std::vector<std::pair<hfdelta::Encoding, Bytes>>& parts) {
+  std::vector<hfdelta::StackPart> heads;
+  for (std::size_t i = 0; i < parts.size(); ++i)
+    heads.push_back({parts[i].first, parts[i].second.size(), hfdelta::Hash128{i + 1, 0x1234}, {}});
+  Bytes e = hfdelta::stack_head(heads);
+  for (const auto& [enc, b] : parts) e = cat(e, b);
+  return e;
+}
+
+void stack_seeds() {
+  using hfdelta::Encoding;
+  const Bytes a = weights(400, 50), b = changed(a, 8, 51), c = changed(b, 8, 52);
+  const Bytes x = encode(true, a, b), s = encode_sparse(b, c, 2), o = encode(false, b, c);
+  write("stack", "valid_xor_sparse", input(400, stacked({{Encoding::xor_bytes, x}, {Encoding::sparse, s}})));
+  write("stack", "valid_sparse_overwrite_xor",
+        input(400, stacked({{Encoding::sparse, s}, {Encoding::overwrite, o}, {Encoding::xor_bytes, x}})));
+  write("stack", "valid_one_part", input(400, stacked({{Encoding::overwrite, o}})));
+  write("stack", "valid_empty_part", input(400, stacked({{Encoding::xor_bytes, x}, {Encoding::overwrite, {}}})));
+  const Bytes good = stacked({{Encoding::xor_bytes, x}, {Encoding::sparse, s}});
+  auto edit = [&](std::size_t at, std::uint8_t v) {
+    Bytes e = good;
+    e[at] = v;
+    return input(400, e);
+  };
+  write("stack", "bad_magic", edit(3, '2'));
+  write("stack", "bad_no_parts", edit(4, 0));
+  write("stack", "bad_more_parts_than_fit", edit(4, 200));
+  write("stack", "bad_encoding_3", edit(8, 3));
+  write("stack", "bad_reserved", edit(12, 1));
+  write("stack", "bad_part_past_end", edit(16 + 7, 0x40));
+  write("stack", "bad_trailing_byte", input(400, cat(good, {0})));
+  write("stack", "bad_short", input(400, Bytes(good.begin(), good.end() - 1)));
+  write("stack", "bad_head_only", input(400, Bytes(good.begin(), good.begin() + 6)));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -529,6 +571,7 @@ int main(int argc, char** argv) {
     overwrite_seeds();
     sparse_seeds();
     index_seeds();
+    stack_seeds();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "make_fuzz_seeds: %s\n", e.what());
     return 1;
