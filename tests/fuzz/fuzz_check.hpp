@@ -27,4 +27,12 @@ inline std::uint64_t tensor_size(const std::uint8_t* data, std::size_t size, std
   return v <= max ? v : v % (max + 1);
 }
 
+// `bytes` bytes at `p` read as a little-endian number (the reference
+// readings' own reader, independent of the library's).
+inline std::uint64_t le(const std::uint8_t* p, int bytes) {
+  std::uint64_t v = 0;
+  for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
 }  // namespace fuzz

@@ -23,11 +23,7 @@
 
 namespace {
 
-std::uint64_t le(const std::uint8_t* p, int bytes) {
-  std::uint64_t v = 0;
-  for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
+using fuzz::le;
 
 struct Changes {
   std::optional<hfdelta::SparseOp> op;  // what the values mean, from the magic
