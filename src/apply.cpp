@@ -235,6 +235,26 @@ class Walker {
     b = v;
     dirty_ = true;
   }
+  // `n` new bytes from `pos` on (calls ascending): only those that differ
+  // are journaled and written; equal runs are skipped eight bytes at a time.
+  void overlay(std::uint64_t pos, const std::uint8_t* src, std::size_t n) {
+    while (n) {
+      if (pos >= we_) load(pos);
+      const std::size_t m = static_cast<std::size_t>(std::min<std::uint64_t>(n, we_ - pos));
+      std::uint8_t* b = buf_.data() + (pos - ws_);
+      for (std::size_t k = 0; k < m; ++k) {
+        if (k + 8 <= m && std::memcmp(b + k, src + k, 8) == 0) {
+          k += 7;
+          continue;
+        }
+        if (b[k] == src[k]) continue;
+        if (jw_) jw_->change(pos + k, b[k], src[k]);
+        b[k] = src[k];
+        dirty_ = true;
+      }
+      pos += m, src += m, n -= m;
+    }
+  }
   // One element of `es` bytes (windows hold whole elements).
   template <std::size_t ES>
   void element(std::uint64_t pos, const std::uint8_t* v, SparseOp op) {
@@ -388,7 +408,7 @@ void journal_patch(const Patch& p, const File& f, Encoding enc, JournalWriter* j
   Hash128 old_h, new_h;
   if (!p.replace.empty()) {
     Walker w(f, p, jw, buf, out);
-    for (std::size_t k = 0; k < p.replace.size(); ++k) w.set(k, p.replace[k]);
+    w.overlay(0, p.replace.data(), p.replace.size());
     w.finish();
     old_h = w.old_hash();
     new_h = w.new_hash();
@@ -398,7 +418,7 @@ void journal_patch(const Patch& p, const File& f, Encoding enc, JournalWriter* j
     for (std::uint64_t at = 0; at < p.nbytes; at += nb.size()) {
       const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(nb.size(), p.nbytes - at));
       p.source->pread_exact(nb.data(), n, at);
-      for (std::size_t k = 0; k < n; ++k) w.set(at + k, nb[k]);
+      w.overlay(at, nb.data(), n);
     }
     w.finish();
     old_h = w.old_hash();
