@@ -682,10 +682,7 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
       p.frame = maps.at(file).bytes(hdr.file_offset(t), t.nbytes());
       p.new_hash = checksum;
       if (encoding_of(idx, t.name) == Encoding::stack) {
-        p.stack = read_stack(p.frame, w + ": entry '" + t.name + "'");
-        if (p.stack.back().hash != checksum)
-          fail(Exit::bad_input, w + ": entry '" + t.name + "' is stacked to checksum " + p.stack.back().hash.hex() +
-                                    ", but records " + checksum.hex());
+        p.stack = read_stack(p.frame, checksum, w + ": entry '" + t.name + "'");
       }
       if (auto b = idx.base_checksums.find(t.name); b != idx.base_checksums.end()) p.base_hash = b->second;
       if (auto bi = built.find(t.name); bi != built.end()) {

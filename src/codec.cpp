@@ -675,7 +675,7 @@ std::vector<std::uint8_t> stack_head(const std::vector<StackPart>& parts) {
   return h;
 }
 
-std::vector<StackPart> read_stack(std::span<const std::uint8_t> entry, const std::string& what) {
+std::vector<StackPart> read_stack(std::span<const std::uint8_t> entry, const Hash128& new_hash, const std::string& what) {
   if (entry.size() < kStackHeadSize || std::memcmp(entry.data(), kMagicStack, 4) != 0)
     fail(Exit::bad_input, what + ": stacked entry does not start with HFK1");
   const std::uint64_t n = get_le32(entry.data() + 4);
@@ -701,6 +701,9 @@ std::vector<StackPart> read_stack(std::span<const std::uint8_t> entry, const std
   }
   if (at != entry.size())
     fail(Exit::bad_input, what + ": stacked entry has " + std::to_string(entry.size() - at) + " bytes after its last part");
+  if (parts.back().hash != new_hash)
+    fail(Exit::bad_input, what + ": stacked entry ends at checksum " + parts.back().hash.hex() + ", but the delta records " +
+                              new_hash.hex());
   return parts;
 }
 

@@ -222,9 +222,7 @@ DeltaInspection inspect_delta(const fs::path& dir) {
       const auto bytes = map.bytes(hdr.file_offset(t), t.nbytes());
       const std::string what = w + ": entry '" + t.name + "'";
       if (e.encoding == Encoding::stack) {
-        const std::vector<StackPart> parts = read_stack(bytes, what);
-        if (parts.back().hash != checksum)
-          fail(Exit::bad_input, what + ": is stacked to checksum " + parts.back().hash.hex() + ", but records " + checksum.hex());
+        const std::vector<StackPart> parts = read_stack(bytes, checksum, what);
         e.parts = parts.size();
         for (std::size_t i = 0; i < parts.size(); ++i) {
           InspectEntry pe;

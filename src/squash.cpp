@@ -434,10 +434,7 @@ SquashSummary squash_deltas(const std::vector<fs::path>& chain, const fs::path& 
           tr.file = target->second;
         }
         if (op.enc == Encoding::stack) {  // a squashed delta in the chain: its parts, in order
-          const std::vector<StackPart> parts = read_stack(op.frame, w + ": entry '" + ti.name + "'");
-          if (parts.back().hash != checksum)
-            fail(Exit::bad_input, w + ": entry '" + ti.name + "' is stacked to checksum " + parts.back().hash.hex() +
-                                      ", but records " + checksum.hex());
+          const std::vector<StackPart> parts = read_stack(op.frame, checksum, w + ": entry '" + ti.name + "'");
           for (std::size_t i = 0; i < parts.size(); ++i) {
             Op po = op;
             po.enc = parts[i].enc;

@@ -245,7 +245,8 @@ TEST_CASE("codec: a stacked entry's head round trip, and every malformed head re
   CHECK(std::string(entry.begin(), entry.begin() + 4) == "HFK1");
   const std::size_t head = entry.size();
   for (const auto* p : {&a, &b, &c}) entry.insert(entry.end(), p->begin(), p->end());
-  const std::vector<StackPart> r = read_stack(entry, "e");
+  const Hash128 last = parts.back().hash;
+  const std::vector<StackPart> r = read_stack(entry, last, "e");
   REQUIRE(r.size() == 3);
   for (std::size_t i = 0; i < 3; ++i) {
     CAPTURE(i);
@@ -257,9 +258,9 @@ TEST_CASE("codec: a stacked entry's head round trip, and every malformed head re
   CHECK(r[0].bytes.data() == entry.data() + head);
   CHECK(std::vector<std::uint8_t>(r[2].bytes.begin(), r[2].bytes.end()) == c);
 
-  auto refused = [](std::vector<std::uint8_t> e, const char* why) {
+  auto refused = [&](std::vector<std::uint8_t> e, const char* why) {
     CAPTURE(why);
-    const auto err = error_of([&] { read_stack(e, "model-00000-of-00001.safetensors: entry 'w'"); });
+    const auto err = error_of([&] { read_stack(e, last, "model-00000-of-00001.safetensors: entry 'w'"); });
     REQUIRE(err.has_value());
     CHECK(err->code() == Exit::bad_input);
     CHECK(std::string(err->what()).find("entry 'w'") != std::string::npos);

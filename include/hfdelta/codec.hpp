@@ -246,7 +246,8 @@ struct StackPart {
 // The head of a stacked entry of `parts` (their bytes follow it).
 std::vector<std::uint8_t> stack_head(const std::vector<StackPart>& parts);
 // Splits a stacked entry into its parts; throws Error(bad_input) naming
-// `what` unless the head is well formed and the parts fill the entry.
-std::vector<StackPart> read_stack(std::span<const std::uint8_t> entry, const std::string& what);
+// `what` unless the head is well formed, the parts fill the entry, and the
+// last part ends at `new_hash` (the checksum the delta records for the tensor).
+std::vector<StackPart> read_stack(std::span<const std::uint8_t> entry, const Hash128& new_hash, const std::string& what);
 
 }  // namespace hfdelta

@@ -27,6 +27,10 @@ inline std::uint64_t tensor_size(const std::uint8_t* data, std::size_t size, std
   return v <= max ? v : v % (max + 1);
 }
 
+// The checksum the stack target tells read_stack the tensor ends at (a delta
+// records it beside the entry): the seeds' last parts carry it.
+inline constexpr std::uint64_t kStackHashHigh = 0x66757a7a2d737461ull, kStackHashLow = 0x636b2d656e642121ull;
+
 // `bytes` bytes at `p` read as a little-endian number (the reference
 // readings' own reader, independent of the library's).
 inline std::uint64_t le(const std::uint8_t* p, int bytes) {

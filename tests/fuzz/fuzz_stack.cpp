@@ -1,9 +1,10 @@
 // Fuzz target: a stacked entry ("HFK1") on untrusted bytes.
 //
 // Input: 4 bytes, little-endian, giving the tensor size (folded to at most
-// 1 MiB), then the entry. read_stack must accept exactly the entries a second,
-// independent reading of the layout accepts (see read_stack in
-// src/codec.cpp), and hand out the same parts, each a view inside the entry.
+// 1 MiB), then the entry, which must end at the checksum fuzz::kStackHash*.
+// read_stack must accept exactly the entries a second, independent reading
+// of the layout accepts (see read_stack in src/codec.cpp), and hand out the
+// same parts, each a view inside the entry.
 // Each part of an accepted entry is then decoded by its own decoder, as
 // delta-apply lays it: any refusal must be Error(bad_input), and every change
 // must fall inside the tensor.
@@ -28,7 +29,7 @@ struct RefPart {
 
 // The reference reading. Layout, little-endian:
 //   "HFK1" | u32 N (>= 1) | N x (u32 encoding 0..2 | u32 0 | u64 length | u64 hash high | u64 hash low)
-//   | the N parts' bytes, exactly filling the entry
+//   | the N parts' bytes, exactly filling the entry; the last part's hash is the expected one
 bool reference(std::span<const std::uint8_t> e, std::vector<RefPart>& out) {
   if (e.size() < 8 || std::memcmp(e.data(), "HFK1", 4) != 0) return false;
   const std::uint64_t n = le(e.data() + 4, 4);
@@ -47,7 +48,7 @@ bool reference(std::span<const std::uint8_t> e, std::vector<RefPart>& out) {
     at += p.size;
     out.push_back(p);
   }
-  return at == e.size();
+  return at == e.size() && out.back().high == fuzz::kStackHashHigh && out.back().low == fuzz::kStackHashLow;
 }
 
 }  // namespace
@@ -59,7 +60,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::vector<hfdelta::StackPart> parts;
   bool ok = true;
   try {
-    parts = hfdelta::read_stack(entry, "fuzz");
+    parts = hfdelta::read_stack(entry, hfdelta::Hash128{fuzz::kStackHashHigh, fuzz::kStackHashLow}, "fuzz");
   } catch (const hfdelta::Error& e) {
     FUZZ_CHECK(e.code() == hfdelta::Exit::bad_input);
     ok = false;

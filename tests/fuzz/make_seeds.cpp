@@ -20,6 +20,7 @@
 
 #include <zstd.h>
 
+#include "fuzz_check.hpp"
 #include "hfdelta/codec.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
@@ -48,7 +49,7 @@ bool accepted(const std::string& target, std::span<const std::uint8_t> bytes) {
       hfdelta::Decompressor d;
       hfdelta::decode_xor(d, frame, nbytes, "seed", [](std::uint64_t, std::span<const std::uint8_t>) {});
     } else if (target == "stack") {
-      hfdelta::read_stack(frame, "seed");
+      hfdelta::read_stack(frame, hfdelta::Hash128{fuzz::kStackHashHigh, fuzz::kStackHashLow}, "seed");
     } else if (target == "sparse") {
       hfdelta::decode_sparse(frame, nbytes, "seed",
                              [](std::span<const std::uint64_t>, std::span<const std::uint8_t>, std::size_t,
@@ -521,11 +522,13 @@ void index_seeds() {
 
 // ---- stacked entries ---------------------------------------------------------------
 
-// A stacked entry of `parts` (encoding, bytes), with made-up checksums.
+// A stacked entry of `parts` (encoding, bytes), with made-up checksums; the
+// last is the one the fuzz target expects.
 Bytes stacked(const std::vector<std::pair<hfdelta::Encoding, Bytes>>& parts) {
   std::vector<hfdelta::StackPart> heads;
   for (std::size_t i = 0; i < parts.size(); ++i)
     heads.push_back({parts[i].first, parts[i].second.size(), hfdelta::Hash128{i + 1, 0x1234}, {}});
+  heads.back().hash = {fuzz::kStackHashHigh, fuzz::kStackHashLow};
   Bytes e = hfdelta::stack_head(heads);
   for (const auto& [enc, b] : parts) e = cat(e, b);
   return e;
@@ -555,6 +558,7 @@ void stack_seeds() {
   write("stack", "bad_trailing_byte", input(400, cat(good, {0})));
   write("stack", "bad_short", input(400, Bytes(good.begin(), good.end() - 1)));
   write("stack", "bad_head_only", input(400, Bytes(good.begin(), good.begin() + 6)));
+  write("stack", "bad_last_checksum", edit(8 + 32 + 31, 0));
 }
 
 }  // namespace
