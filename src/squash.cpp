@@ -194,14 +194,17 @@ struct Piece {
   Hash128 hash;  // of the tensor after it
 };
 
-// One entry of OUT: one piece, or several stacked.
+// One entry of the chain, taken as it is.
+Piece as_is(const Op& op) { return {op.enc, op.frame, {}, op.frame.size(), op.new_hash}; }
+
+// One entry of OUT: one piece, or several stacked; none where the changes
+// cancel out (no entry).
 struct OutEntry {
   std::string name;
   std::string file;  // weight file it patches ("" where not known)
   std::vector<Piece> pieces;
   Hash128 new_hash;
   std::optional<Hash128> base_hash;
-  bool dropped = false;  // the changes cancel out: no entry
   Encoding enc() const { return pieces.size() == 1 ? pieces[0].enc : Encoding::stack; }
   std::uint64_t size() const {
     if (pieces.size() == 1) return pieces[0].size;
@@ -295,16 +298,12 @@ void compose_trace(const Trace& tr, std::uint64_t n, OutEntry& out, const fs::pa
   for (std::size_t r = 0; r < runs.size(); ++r) {
     Piece p;
     if (runs[r].size() == 1 && tr.origin) {  // one entry: as it is
-      p.enc = runs[r][0].enc;
-      p.bytes = runs[r][0].frame;
-      p.size = p.bytes.size();
-      p.hash = runs[r][0].new_hash;
+      p = as_is(runs[r][0]);
     } else if (!compose(runs[r], !tr.origin, n, p, spool.string() + "-" + std::to_string(r), level, what)) {
       continue;
     }
     out.pieces.push_back(std::move(p));
   }
-  out.dropped = out.pieces.empty();
 }
 
 }  // namespace
@@ -518,7 +517,7 @@ SquashSummary squash_deltas(const std::vector<fs::path>& chain, const fs::path& 
       OutEntry& e = entries[i];
       const Trace& t = *of[i];
       if (t.ops.size() == 1) {  // one entry: as it is
-        e.pieces.push_back({t.ops[0].enc, t.ops[0].frame, {}, t.ops[0].frame.size(), t.ops[0].new_hash});
+        e.pieces.push_back(as_is(t.ops[0]));
         return;
       }
       std::optional<std::uint64_t> n;
@@ -539,14 +538,14 @@ SquashSummary squash_deltas(const std::vector<fs::path>& chain, const fs::path& 
       compose_trace(t, *n, e, tmp / (".compose-" + std::to_string(i)), opts.level, links);
     });
     for (const auto& e : entries) {
-      if (e.dropped) {
+      if (e.pieces.empty()) {
         ++sum.entries_dropped;
         continue;
       }
       sum.entries_composed += std::any_of(e.pieces.begin(), e.pieces.end(), [](const Piece& p) { return !p.composed.empty(); });
       sum.entries_stacked += e.pieces.size() > 1;
     }
-    std::erase_if(entries, [](const OutEntry& e) { return e.dropped; });
+    std::erase_if(entries, [](const OutEntry& e) { return e.pieces.empty(); });
 
     // One delta file per weight file patched, entries by name.
     std::sort(entries.begin(), entries.end(), [](const OutEntry& a, const OutEntry& b) {
