@@ -183,8 +183,8 @@ struct Patch {
   // The tensor's new bytes in a file of their own (a stacked entry already
   // laid over a copy), laid over LOCAL instead of a decoded entry.
   const File* source = nullptr;
-  // LOCAL may already hold writes of this apply that a failure rolls back
-  // (one pass), though this call writes only a scratch copy.
+  // Patched in the one-pass apply: LOCAL may already hold writes that a
+  // failure rolls back. Otherwise a failure comes before LOCAL is written.
   bool live = false;
 };
 
@@ -401,24 +401,22 @@ SparsePatch sparse_sink(Walker& w) {
 // Without `jw` it patches a file being built beside LOCAL (`out` is `f`).
 void journal_patch(const Patch& p, const File& f, Encoding enc, JournalWriter* jw, std::vector<std::uint8_t>& buf,
                    const std::string& local_file, std::uint64_t version, File* out) {
-  const std::string outcome = (out && jw) || p.live ? "LOCAL was rolled back" : "nothing was changed";
+  const std::string outcome = p.live ? "LOCAL was rolled back" : "nothing was changed";
   thread_local Decompressor d1, d2;  // per thread: cheaper than one per tensor
   const std::string what = p.delta_file + ": entry '" + p.tensor + "'";
   if (jw) jw->begin_tensor(p.local_shard, p.offset);
   Hash128 old_h, new_h;
-  if (!p.replace.empty()) {
+  if (!p.replace.empty() || p.source) {
     Walker w(f, p, jw, buf, out);
-    w.overlay(0, p.replace.data(), p.replace.size());
-    w.finish();
-    old_h = w.old_hash();
-    new_h = w.new_hash();
-  } else if (p.source) {
-    Walker w(f, p, jw, buf, out);
-    std::vector<std::uint8_t> nb(static_cast<std::size_t>(std::min<std::uint64_t>(kWindow, p.nbytes)));
-    for (std::uint64_t at = 0; at < p.nbytes; at += nb.size()) {
-      const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(nb.size(), p.nbytes - at));
-      p.source->pread_exact(nb.data(), n, at);
-      w.overlay(at, nb.data(), n);
+    if (p.source) {
+      std::vector<std::uint8_t> nb(static_cast<std::size_t>(std::min<std::uint64_t>(kWindow, p.nbytes)));
+      for (std::uint64_t at = 0; at < p.nbytes; at += nb.size()) {
+        const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(nb.size(), p.nbytes - at));
+        p.source->pread_exact(nb.data(), n, at);
+        w.overlay(at, nb.data(), n);
+      }
+    } else {
+      w.overlay(0, p.replace.data(), p.replace.size());
     }
     w.finish();
     old_h = w.old_hash();
@@ -510,7 +508,6 @@ void journal_stack(const Patch& p, const File& f, const fs::path& scratch, Journ
     copy_range(f, p.offset, p.nbytes, s, 0);
     Patch q = p;
     q.offset = 0;
-    q.live = out != nullptr;
     lay_stack(q, s, buf, local_file, version);
     Patch r = p;
     r.source = &s;
@@ -756,6 +753,7 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
     if (fs::is_symlink(fs::symlink_status(local / s.file)))
       fail(Exit::bad_input, (local / s.file).string() + ": is a symlink; delta-apply patches real files only (use --init)");
 
+  for (Patch& p : patches) p.live = !opts.sync;  // without flushing, LOCAL is patched as the entries are decoded
   const int threads = thread_count(opts);
   std::vector<File> files;
   for (const auto& f : m.shards) files.emplace_back(local / f, File::Mode::read_write);
