@@ -91,10 +91,12 @@ DeltaIndex parse_delta_index(std::string_view text, const std::string& w) {
   if (!m.contains(key::delta_encoding)) fail(Exit::bad_input, w + ": not a delta (no metadata.delta_encoding)");
 
   DeltaIndex d;
+  std::uint64_t revision = 0;  // none: a plain slime-layout delta
   if (m.contains(key::format)) {
     const json& f = m[key::format];
     if (!f.is_number_unsigned()) fail(Exit::bad_input, w + ": metadata.hfdelta_format must be an integer");
-    if (f.get<std::uint64_t>() > static_cast<std::uint64_t>(kFormatRevision))
+    revision = f.get<std::uint64_t>();
+    if (revision > static_cast<std::uint64_t>(kFormatRevision))
       fail(Exit::unsupported, w + ": written by a newer hfdelta (format revision " + f.dump() +
                                   "; this build reads up to " + std::to_string(kFormatRevision) + ")");
   }
@@ -107,7 +109,7 @@ DeltaIndex parse_delta_index(std::string_view text, const std::string& w) {
     for (auto it = m[key::encodings].begin(); it != m[key::encodings].end(); ++it) {
       const auto e = it->is_string() ? parse_encoding(it->get<std::string>()) : std::nullopt;
       if (!e) fail(Exit::unsupported, w + ": hfdelta_encodings[\"" + it.key() + "\"] is " + it->dump() + ", not an encoding this build knows");
-      if (*e == Encoding::stack && (!m.contains(key::format) || m[key::format].get<std::uint64_t>() < 4))
+      if (*e == Encoding::stack && revision < 4)
         fail(Exit::bad_input, w + ": hfdelta_encodings[\"" + it.key() + "\"] is \"stack\", which needs hfdelta_format 4 or later");
       d.encodings.emplace(it.key(), *e);
     }
@@ -175,7 +177,7 @@ DeltaIndex parse_delta_index(std::string_view text, const std::string& w) {
   if (m.contains(key::shards)) {
     const json& sl = m[key::shards];
     if (!sl.is_array()) fail(Exit::bad_input, w + ": metadata.hfdelta_shards must be a list");
-    if (!m.contains(key::format) || m[key::format].get<std::uint64_t>() < 3)
+    if (revision < 3)
       fail(Exit::bad_input, w + ": hfdelta_shards needs hfdelta_format 3 or later (an older reader would ignore it)");
     std::set<std::string> seen_files, seen_tensors;
     for (const json& e : sl) {
