@@ -6,7 +6,10 @@
 # rate with hfdelta-gen, and for each consecutive pair of saves measures:
 # density, the order-0 entropy bound of the change, wire bytes, diff and apply
 # wall time, peak RSS and peak RssAnon of every tool, and the read floor (one
-# warm pass reading the inputs). Results: OUT/results.md and OUT/results.json
+# warm pass reading the inputs). With 2 saves or more, a series at the target
+# lr also measures squash: the chain of its deltas against their squash and a
+# direct diff (bytes), and a --root pull of the chain against applying the
+# squash (wall, peak RSS). Results: OUT/results.md and OUT/results.json
 # (every raw figure, plus the machine); OUT/raw/records.jsonl holds the raw
 # records. A missed target is reported, not an error; the script fails only when
 # a tool fails or an applied result is not byte-identical to NEW.
@@ -328,6 +331,67 @@ for lr in "${ordered_lrs[@]}"; do
   done
   [ "$keep" = 1 ] || rm -rf "$series"
 done
+
+# ---- squash: one delta for a chain of versions ----------------------------------------
+
+# The chain of `saves` deltas of one series, in the default encoding at every
+# step (entries compose) and alternating xor and sparse (entries of one tensor
+# stack), against its squash and against a direct diff of the first and last
+# saves; then a --root pull of the chain against applying the squash.
+squash_chain() {
+  local series=$1 kind=$2 root=$work/squash-root sq=$work/squash-out lc=$work/local k enc rep mode flags
+  local last=$series/$(saven "$saves") first_v last_v
+  first_v=$(printf 'weight_v%06d' 1)
+  last_v=$(printf 'weight_v%06d' "$saves")
+  ctx=(--label series=squash --label "chain=$kind")
+  rm -rf "$root" "$sq" && mkdir -p "$root" "$sq"
+  for ((k = 1; k <= saves; k++)); do
+    enc=sparse
+    [ "$kind" = mixed ] && [ $((k % 2)) = 1 ] && enc=xor
+    "$B/delta-diff" -q --encoding "$enc" --version "$k" --base-version $((k - 1)) \
+      "$series/$(saven $((k - 1)))" "$series/$(saven "$k")" "$root/$(printf 'weight_v%06d' "$k")" ||
+      die "delta-diff of pair $((k - 1))→$k failed"
+  done
+  bench size "$root" --append "$rec" "${ctx[@]}" --label tool=chain >/dev/null
+  for ((rep = 1; rep <= repeat; rep++)); do
+    rm -rf "${sq:?}/$last_v"
+    settle "$root"
+    measure squashed squash "$rep" "$B/delta-diff" -q --squash "$root/$first_v" "$root/$last_v" "$sq/$last_v"
+  done
+  bench size "$sq/$last_v" --append "$rec" "${ctx[@]}" --label tool=squashed >/dev/null
+  rm -rf "$work/squash-direct"
+  "$B/delta-diff" -q --version "$saves" --base-version 0 "$series/$(saven 0)" "$last" "$work/squash-direct" ||
+    die "delta-diff of pair 0→$saves failed"
+  bench size "$work/squash-direct" --append "$rec" "${ctx[@]}" --label tool=direct >/dev/null
+  rm -rf "$work/squash-direct"
+  for mode in apply apply_nosync; do
+    flags=()
+    [ "$mode" = apply_nosync ] && flags=(--no-sync)
+    for ((rep = 1; rep <= repeat; rep++)); do
+      rm -rf "$lc" && "$B/delta-apply" -q --init "$series/$(saven 0)" "$lc"
+      settle "$root" "$lc"
+      measure chain "$mode" "$rep" "$B/delta-apply" -q "${flags[@]}" --root "$root" "$lc"
+      same_tree "$last" "$lc"
+      rm -rf "$lc" && "$B/delta-apply" -q --init "$series/$(saven 0)" "$lc"
+      settle "$sq/$last_v" "$lc"
+      measure squashed "$mode" "$rep" "$B/delta-apply" -q "${flags[@]}" "$sq/$last_v" "$lc"
+      same_tree "$last" "$lc"
+    done
+  done
+  rm -rf "$root" "$sq" "$lc"
+}
+
+if [ "$saves" -ge 2 ]; then
+  series=$work/squash-series
+  log "squash: a chain of $saves deltas, preset $preset, lr $target_lr"
+  t0=$(date +%s.%N)
+  "$B/hfdelta-gen" --preset "$preset" --saves "$saves" --lr "$target_lr" --steps-per-save "$steps" "$series" 2>&1 | sed 's/^/   /'
+  for kind in sparse mixed; do squash_chain "$series" "$kind"; done
+  note timing "what=squash series" "seconds=$(elapsed "$t0")"
+  [ "$keep" = 1 ] || rm -rf "$series"
+else
+  log "squash: skipped (a chain needs --saves 2 or more)"
+fi
 
 # ---- peak memory against model size ---------------------------------------------------
 

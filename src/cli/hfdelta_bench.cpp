@@ -690,6 +690,9 @@ void cmd_report(const std::string& records_file, const std::string& md_path, con
   // Memory series: preset -> tool -> data.
   std::map<std::string, std::map<std::string, ToolData>> mem;
   std::map<std::string, double> mem_full;
+  // Squash series: chain kind -> chain, squashed or direct -> data.
+  std::map<std::string, std::map<std::string, ToolData>> squash;
+  std::vector<std::string> squash_order;  // chain kinds in the order the script ran them
   for (const json& r : recs) {
     const std::string kind = lab(r, "kind"), series = lab(r, "series");
     if (kind == "machine") machine = r;
@@ -703,6 +706,13 @@ void cmd_report(const std::string& records_file, const std::string& md_path, con
       if (kind == "run") mem[preset][lab(r, "tool")].modes[lab(r, "mode")].add(r);
       if (kind == "size") mem[preset][lab(r, "tool")].wire = num(r, "bytes");
       if (kind == "bound") mem_full[preset] = num(r, "full_bytes");
+      continue;
+    }
+    if (series == "squash") {
+      if (!squash.count(lab(r, "chain"))) squash_order.push_back(lab(r, "chain"));
+      ToolData& d = squash[lab(r, "chain")][lab(r, "tool")];
+      if (kind == "run") d.modes[lab(r, "mode")].add(r);
+      if (kind == "size") d.wire = num(r, "bytes");
       continue;
     }
     if (series != "main") continue;
@@ -952,6 +962,60 @@ void cmd_report(const std::string& records_file, const std::string& md_path, con
     md << "\nA missed target is a measurement, not a failure of the benchmark.\n";
   }
 
+  // Squash against the chain it replaces and against a direct diff.
+  json jsquash = json::array();
+  if (!squash.empty()) {
+    const std::string saves = config.value("saves", std::string("?"));
+    md << "\n## Squash (a chain of " << saves << " deltas, lr " << target_lr << ")\n\n"
+       << "`sparse`: the default encoding at every step; `mixed`: xor and sparse in turn, so the entries of one "
+          "tensor stack. Chain: the " << saves << " deltas together; direct: one diff of the first and last saves.\n\n"
+       << "| chain | chain bytes | squashed | direct diff | squashed/direct | squashed/chain | squash wall | squash peak RSS |\n"
+          "|---|---:|---:|---:|---:|---:|---:|---:|\n";
+    auto stat = [&](const std::map<std::string, ToolData>& m, const char* tool, const char* mode) -> const Stat* {
+      const auto it = m.find(tool);
+      return it == m.end() ? nullptr : it->second.mode(mode);
+    };
+    auto wire = [&](const std::map<std::string, ToolData>& m, const char* tool) {
+      const auto it = m.find(tool);
+      return it == m.end() ? NAN : it->second.wire;
+    };
+    auto min_of = [](const Stat* s) { return s ? s->min() : NAN; };
+    auto rss_of = [](const Stat* s) { return s ? s->max_rss_kib : NAN; };
+    for (const std::string& kind : squash_order) {
+      const auto& m = squash.at(kind);
+      const double chain = wire(m, "chain"), sq = wire(m, "squashed"), direct = wire(m, "direct");
+      const Stat* s = stat(m, "squashed", "squash");
+      md << "| " << kind << " | " << mib(chain) << " | " << mib(sq) << " | " << mib(direct) << " | "
+         << fmt("%.3f", ratio(sq, direct)) << " | " << fmt("%.3f", ratio(sq, chain)) << " | "
+         << fmt("%.3f s", min_of(s)) << " | " << kib_mib(rss_of(s)) << " |\n";
+      json j = {{"chain", kind},
+                {"chain_bytes", jnum(chain)},
+                {"squashed_bytes", jnum(sq)},
+                {"direct_bytes", jnum(direct)},
+                {"squash", s ? s->to_json() : json(nullptr)}};
+      for (const char* mode : {"apply", "apply_nosync"})
+        j[mode] = {{"chain", stat(m, "chain", mode) ? stat(m, "chain", mode)->to_json() : json(nullptr)},
+                   {"squashed", stat(m, "squashed", mode) ? stat(m, "squashed", mode)->to_json() : json(nullptr)}};
+      jsquash.push_back(j);
+    }
+    md << "\n| chain | apply: --root pull of the chain | squashed | squashed/chain | --no-sync: chain | squashed | "
+          "squashed/chain | peak RSS: chain | squashed |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+    for (const std::string& kind : squash_order) {
+      const auto& m = squash.at(kind);
+      const Stat *ca = stat(m, "chain", "apply"), *sa = stat(m, "squashed", "apply");
+      const Stat *cn = stat(m, "chain", "apply_nosync"), *sn = stat(m, "squashed", "apply_nosync");
+      auto rss2 = [&](const Stat* a, const Stat* b) {
+        const double x = rss_of(a), y = rss_of(b);
+        return std::isnan(x) ? y : std::isnan(y) ? x : std::max(x, y);
+      };
+      md << "| " << kind << " | " << fmt("%.3f s", min_of(ca)) << " | " << fmt("%.3f s", min_of(sa)) << " | "
+         << fmt("%.3f", ratio(min_of(sa), min_of(ca))) << " | " << fmt("%.3f s", min_of(cn)) << " | "
+         << fmt("%.3f s", min_of(sn)) << " | " << fmt("%.3f", ratio(min_of(sn), min_of(cn))) << " | "
+         << kib_mib(rss2(ca, cn)) << " | " << kib_mib(rss2(sa, sn)) << " |\n";
+    }
+    md << "\nBoth end byte-identical to the last save. Walls: the fastest of the runs.\n";
+  }
+
   // Memory against model size.
   json jmem = json::array();
   {
@@ -1005,7 +1069,7 @@ void cmd_report(const std::string& records_file, const std::string& md_path, con
 
   std::ofstream(md_path) << md.str();
   json out = {{"machine", machine},       {"config", config},    {"tool_versions", versions},
-              {"pairs", jpairs},          {"targets", jtargets}, {"memory_scaling", jmem},
+              {"pairs", jpairs},          {"targets", jtargets}, {"memory_scaling", jmem}, {"squash", jsquash},
               {"marked", marked ? json{{"lr", marked->lr}, {"pair", marked->pair}} : json(nullptr)},
               {"timings", timings},       {"loads", loads},      {"records", recs}};
   std::ofstream(json_path) << out.dump(1) << '\n';
