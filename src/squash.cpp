@@ -284,14 +284,18 @@ void compose_trace(const Trace& tr, std::uint64_t n, OutEntry& out, const fs::pa
                    const std::vector<Link>& links) {
   const std::string what = "entries of '" + out.name + "' in " + links[tr.ops.front().link].dir.string() + " .. " +
                            links[tr.ops.back().link].dir.string();
-  auto key = [&](const Op& op) {
-    const Kind k = kind_of(op, what);
-    return std::pair{k, k == Kind::add ? read_sparse_head(op.frame, what).es : 0u};
-  };
+  // What decides whether two entries compose, read once per entry (none
+  // needed from zeros: everything composes there).
+  std::vector<std::pair<Kind, std::uint32_t>> keys;
+  if (tr.origin)
+    for (const Op& op : tr.ops) {
+      const Kind k = kind_of(op, what);
+      keys.emplace_back(k, k == Kind::add ? read_sparse_head(op.frame, what).es : 0u);
+    }
   std::vector<std::span<const Op>> runs;
   for (std::size_t i = 0; i < tr.ops.size();) {
     std::size_t j = i + 1;
-    while (j < tr.ops.size() && (!tr.origin || key(tr.ops[j]) == key(tr.ops[i]))) ++j;
+    while (j < tr.ops.size() && (!tr.origin || keys[j] == keys[i])) ++j;
     runs.push_back(std::span<const Op>(tr.ops).subspan(i, j - i));
     i = j;
   }
