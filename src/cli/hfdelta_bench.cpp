@@ -573,6 +573,11 @@ double num(const json& r, const char* key, double dflt = NAN) {
   return dflt;
 }
 
+// a = max(a, b), where NAN stands for "not measured".
+void keep_max(double& a, double b) {
+  if (!std::isnan(b)) a = std::isnan(a) ? b : std::max(a, b);
+}
+
 struct Stat {
   std::vector<double> walls, cpus;  // wall and user+sys seconds of each run
   double max_rss_kib = NAN, peak_anon_kib = NAN, peak_vm_rss_kib = NAN;
@@ -586,12 +591,9 @@ struct Stat {
   void add(const json& r) {
     walls.push_back(num(r, "wall_s"));
     cpus.push_back(num(r, "user_s", 0) + num(r, "sys_s", 0));
-    auto mx = [](double& a, double b) {
-      if (!std::isnan(b)) a = std::isnan(a) ? b : std::max(a, b);
-    };
-    mx(max_rss_kib, num(r, "time_max_rss_kib", num(r, "ru_maxrss_kib")));
-    mx(peak_anon_kib, num(r, "peak_rss_anon_kib"));
-    mx(peak_vm_rss_kib, num(r, "peak_vm_rss_kib"));
+    keep_max(max_rss_kib, num(r, "time_max_rss_kib", num(r, "ru_maxrss_kib")));
+    keep_max(peak_anon_kib, num(r, "peak_rss_anon_kib"));
+    keep_max(peak_vm_rss_kib, num(r, "peak_vm_rss_kib"));
   }
   json to_json() const {
     if (empty()) return nullptr;
@@ -612,8 +614,7 @@ struct ToolData {
   }
   double peak_anon() const {
     double a = NAN;
-    for (const auto& [k, s] : modes)
-      if (!std::isnan(s.peak_anon_kib)) a = std::isnan(a) ? s.peak_anon_kib : std::max(a, s.peak_anon_kib);
+    for (const auto& [k, s] : modes) keep_max(a, s.peak_anon_kib);
     return a;
   }
 };
@@ -981,6 +982,7 @@ void cmd_report(const std::string& records_file, const std::string& md_path, con
     };
     auto min_of = [](const Stat* s) { return s ? s->min() : NAN; };
     auto rss_of = [](const Stat* s) { return s ? s->max_rss_kib : NAN; };
+    auto json_of = [](const Stat* s) { return s ? s->to_json() : json(nullptr); };
     for (const std::string& kind : squash_order) {
       const auto& m = squash.at(kind);
       const double chain = wire(m, "chain"), sq = wire(m, "squashed"), direct = wire(m, "direct");
@@ -992,10 +994,9 @@ void cmd_report(const std::string& records_file, const std::string& md_path, con
                 {"chain_bytes", jnum(chain)},
                 {"squashed_bytes", jnum(sq)},
                 {"direct_bytes", jnum(direct)},
-                {"squash", s ? s->to_json() : json(nullptr)}};
+                {"squash", json_of(s)}};
       for (const char* mode : {"apply", "apply_nosync"})
-        j[mode] = {{"chain", stat(m, "chain", mode) ? stat(m, "chain", mode)->to_json() : json(nullptr)},
-                   {"squashed", stat(m, "squashed", mode) ? stat(m, "squashed", mode)->to_json() : json(nullptr)}};
+        j[mode] = {{"chain", json_of(stat(m, "chain", mode))}, {"squashed", json_of(stat(m, "squashed", mode))}};
       jsquash.push_back(j);
     }
     md << "\n| chain | apply: --root pull of the chain | squashed | squashed/chain | --no-sync: chain | squashed | "
@@ -1005,8 +1006,9 @@ void cmd_report(const std::string& records_file, const std::string& md_path, con
       const Stat *ca = stat(m, "chain", "apply"), *sa = stat(m, "squashed", "apply");
       const Stat *cn = stat(m, "chain", "apply_nosync"), *sn = stat(m, "squashed", "apply_nosync");
       auto rss2 = [&](const Stat* a, const Stat* b) {
-        const double x = rss_of(a), y = rss_of(b);
-        return std::isnan(x) ? y : std::isnan(y) ? x : std::max(x, y);
+        double r = rss_of(a);
+        keep_max(r, rss_of(b));
+        return r;
       };
       md << "| " << kind << " | " << fmt("%.3f s", min_of(ca)) << " | " << fmt("%.3f s", min_of(sa)) << " | "
          << fmt("%.3f", ratio(min_of(sa), min_of(ca))) << " | " << fmt("%.3f s", min_of(cn)) << " | "
@@ -1045,13 +1047,10 @@ void cmd_report(const std::string& records_file, const std::string& md_path, con
           if (!is_hfdelta(t) || !mem[pr].count(t)) continue;
           const ToolData& d = mem[pr].at(t);
           double danon = NAN, drss = NAN, aanon = NAN, arss = NAN;
-          auto mx = [](double& a, double b) {
-            if (!std::isnan(b)) a = std::isnan(a) ? b : std::max(a, b);
-          };
           for (const auto& [m, s] : d.modes) {
             const bool is_diff = m.rfind("diff", 0) == 0;
-            mx(is_diff ? danon : aanon, s.peak_anon_kib);
-            mx(is_diff ? drss : arss, s.max_rss_kib);
+            keep_max(is_diff ? danon : aanon, s.peak_anon_kib);
+            keep_max(is_diff ? drss : arss, s.max_rss_kib);
           }
           md << "| " << pr << " | " << mib(full) << " | " << t << " | " << kib_mib(danon) << " | " << kib_mib(drss)
              << " | " << kib_mib(aanon) << " | " << kib_mib(arss) << " |\n";
