@@ -334,6 +334,18 @@ done
 
 # ---- squash: one delta for a chain of versions ----------------------------------------
 
+# squash_apply TOOL INPUT ARGS...: one timed apply of ARGS onto a fresh LOCAL
+# at the series' first save, checked against the last (squash_chain's
+# series, last, lc, mode, rep and flags).
+squash_apply() {
+  local tool=$1 input=$2
+  shift 2
+  rm -rf "$lc" && "$B/delta-apply" -q --init "$series/$(saven 0)" "$lc"
+  settle "$input" "$lc"
+  measure "$tool" "$mode" "$rep" "$B/delta-apply" -q "${flags[@]}" "$@" "$lc"
+  same_tree "$last" "$lc"
+}
+
 # The chain of `saves` deltas of one series, in the default encoding at every
 # step (entries compose) and alternating xor and sparse (entries of one tensor
 # stack), against its squash and against a direct diff of the first and last
@@ -368,14 +380,8 @@ squash_chain() {
     flags=()
     [ "$mode" = apply_nosync ] && flags=(--no-sync)
     for ((rep = 1; rep <= repeat; rep++)); do
-      rm -rf "$lc" && "$B/delta-apply" -q --init "$series/$(saven 0)" "$lc"
-      settle "$root" "$lc"
-      measure chain "$mode" "$rep" "$B/delta-apply" -q "${flags[@]}" --root "$root" "$lc"
-      same_tree "$last" "$lc"
-      rm -rf "$lc" && "$B/delta-apply" -q --init "$series/$(saven 0)" "$lc"
-      settle "$sq/$last_v" "$lc"
-      measure squashed "$mode" "$rep" "$B/delta-apply" -q "${flags[@]}" "$sq/$last_v" "$lc"
-      same_tree "$last" "$lc"
+      squash_apply chain "$root" --root "$root"
+      squash_apply squashed "$sq/$last_v" "$sq/$last_v"
     done
   done
   rm -rf "$root" "$sq" "$lc"
