@@ -15,7 +15,9 @@ for a in "$@"; do
   if [ "$a" = --quick ]; then quick=1; else args+=("$a"); fi
 done
 
+t0=$SECONDS
 scripts/setup.sh || exit 1
+echo "==== setup: $((SECONDS - t0)) s"
 
 builddir=${HFDELTA_BUILDDIR:-build}
 if [ -f "$builddir/build.ninja" ]; then
@@ -23,19 +25,26 @@ if [ -f "$builddir/build.ninja" ]; then
 else
   meson setup "$builddir" || exit 1
 fi
+t0=$SECONDS
 ninja -C "$builddir" || exit 1
+echo "==== build ($builddir): $((SECONDS - t0)) s"
 
 names=()
 results=()
+durations=()
 stage() {  # stage NAME COMMAND...: runs a step, remembers whether it passed
   local name=$1
   shift
   echo
   echo "==== $name"
+  local start=$SECONDS
   "$@"
   local rc=$?
+  local took=$((SECONDS - start))
+  echo "==== $name: exit $rc, $((took / 60)) min $((took % 60)) s"
   names+=("$name")
   results+=("$rc")
+  durations+=("$took")
 }
 
 stage "meson test (unit, e2e)" meson test -C "$builddir" --print-errorlogs "${args[@]}"
@@ -54,8 +63,9 @@ passed=0
 failed=0
 for i in "${!names[@]}"; do
   if [ "${results[$i]}" -eq 0 ]; then status=passed; passed=$((passed + 1)); else status="FAILED (exit ${results[$i]})"; failed=$((failed + 1)); fi
-  printf '  %-50s %s\n' "${names[$i]}" "$status"
+  printf '  %-50s %-20s %4d s\n' "${names[$i]}" "$status" "${durations[$i]}"
 done
 echo "  meson tests: $meson_ok passed, $meson_bad failed"
+echo "  total wall time: $((SECONDS / 60)) min $((SECONDS % 60)) s"
 echo "checks: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
