@@ -1087,15 +1087,17 @@ void check_src(const fs::path& src, const fs::path& local) {
   check_has_weights(open_checkpoint(src), src);
 }
 
-// A full checkpoint replaces everything in LOCAL: only in a directory that
-// is a LOCAL already, or holds nothing but hfdelta's state, unless forced.
+// --init replaces everything in LOCAL: only in a directory that is a LOCAL
+// already, or holds nothing but hfdelta's state, unless forced. (A full
+// version pulled into a directory that is not a LOCAL replaces it, as the
+// slime layout's pull does.)
 void check_replaceable(const fs::path& local, const ApplyOptions& opts) {
   if (opts.force || !is_dir(local) || has_state_file(local)) return;
   boost::system::error_code ec;
   for (fs::directory_iterator it(local, ec), end; !ec && it != end; it.increment(ec))
     if (it->path().filename() != kStateDir)
       fail(Exit::exists, local.string() + ": is a non-empty directory that is not a LOCAL (no " + kStateDir +
-                             "/state.json); replacing it would delete its files; give --force to replace it");
+                             "/state.json); --init would delete its files; give --force to replace it");
 }
 
 }  // namespace
@@ -1141,7 +1143,6 @@ ApplyResult apply_delta(const fs::path& delta, const fs::path& local, const Appl
   if (!is_delta_dir(delta)) {  // a full version: as --init
     full_version_of(delta);
     check_src(delta, local);
-    check_replaceable(local, opts);
   }
   return locked(local, opts, [&](Txn& txn) { return apply_locked(txn, delta, local, opts); });
 }
@@ -1179,7 +1180,6 @@ ApplyResult pull(const fs::path& root, const fs::path& local, std::optional<std:
   check_local_path(local, Exit::out_of_order);
   if (!is_dir(root)) fail(Exit::bad_input, root.string() + ": not a directory");
   check_not_local(root, "a publication root", "delta-apply --root ROOT LOCAL");
-  check_replaceable(local, opts);  // a LOCAL without a version either takes a full version whole or is refused
   return locked(local, opts, [&](Txn& txn) { return pull_locked(txn, root, local, target, opts); });
 }
 

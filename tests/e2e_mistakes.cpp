@@ -79,14 +79,6 @@ TEST_CASE("mistakes: --init into a non-empty directory that is not a LOCAL: exit
   fs::path victim;
   SUBCASE("--init LOCAL SRC, swapped") { args = {"--init", s.local.string(), trainer.string()}, victim = trainer; }
   SUBCASE("--init SRC into a directory of other models") { args = {"--init", s.save(0).string(), models.string()}, victim = models; }
-  SUBCASE("a full version given as DELTA") {
-    copy_tree(s.save(0), version_dir(s.t / "full", 3));
-    args = {version_dir(s.t / "full", 3).string(), models.string()}, victim = models;
-  }
-  SUBCASE("--root whose full version would replace it") {
-    copy_tree(s.save(0), version_dir(s.t / "full", 3));
-    args = {"--root", (s.t / "full").string(), models.string()}, victim = models;
-  }
   const Tree before(s.t.path());
   const RunResult r = apply(args);
   E2E_CHECK_CODE(r, 7);

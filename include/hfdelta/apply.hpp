@@ -14,8 +14,8 @@ struct ApplyOptions {
   double lock_timeout = -1;  // seconds; < 0 waits forever
   bool sync = true;          // flush data before recording a version
   int threads = 0;           // 0: all cores
-  // Let --init (or a full version) replace a non-empty directory that is not
-  // a LOCAL (no .weight_sync/state.json); refused otherwise (Error(exists)).
+  // Let --init replace a non-empty directory that is not a LOCAL (no
+  // .weight_sync/state.json); refused otherwise (Error(exists)).
   bool force = false;
   // Run after a successful operation (no-op included) while the lock is
   // still held, e.g. to have the engine reload before another apply starts.

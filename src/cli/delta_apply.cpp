@@ -52,9 +52,9 @@ int main(int argc, char** argv) {
                                   "(HFDELTA_LOCAL and HFDELTA_VERSION are set)");
   then_opt->excludes(status_opt, recover_opt, verify_opt);
   app.add_flag("--force", o.force,
-               "Let --init (or a full version) replace a non-empty directory that is not a LOCAL "
-               "(no .weight_sync/state.json), deleting its files")
-      ->excludes(status_opt, recover_opt, verify_opt);
+               "Let --init replace a non-empty directory that is not a LOCAL (no .weight_sync/state.json), "
+               "deleting its files")
+      ->needs(init_opt);
   app.add_option("--lock-timeout", o.lock_timeout, "Give up after SECONDS waiting for the lock (default: wait)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--threads", o.threads, "Worker threads (default: all cores)")->check(CLI::NonNegativeNumber);
