@@ -1079,8 +1079,9 @@ bool is_below(const fs::path& p, const fs::path& dir) {
 void check_src(const fs::path& src, const fs::path& local) {
   if (!is_dir(src)) fail(Exit::bad_input, src.string() + ": not a directory");
   if (is_delta_dir(src)) fail(Exit::bad_input, src.string() + ": is a delta version, not a full checkpoint");
-  boost::system::error_code ec;
-  const fs::path s = fs::canonical(src, ec), l = fs::weakly_canonical(fs::absolute(local), ec);
+  boost::system::error_code es, el;
+  const fs::path s = fs::canonical(src, es), l = fs::weakly_canonical(fs::absolute(local), el);
+  if (es || el) fail(Exit::failure, (es ? src : local).string() + ": cannot resolve: " + (es ? es : el).message());
   if (s == l) fail(Exit::bad_input, src.string() + " and " + local.string() + ": SRC and LOCAL are the same directory");
   if (is_below(l, s)) fail(Exit::bad_input, local.string() + ": LOCAL is inside SRC " + src.string());
   if (is_below(s, l)) fail(Exit::bad_input, src.string() + ": SRC is inside LOCAL " + local.string());
