@@ -83,11 +83,36 @@ void sync_dirs_of(const fs::path& local, const std::vector<TxnFile>& files) {
     if (fs::is_directory(d)) sync_dir(d);
 }
 
+// An SRC without weight files (an unmounted share, a save still being
+// written) would make LOCAL an empty checkpoint.
+void check_has_weights(const Checkpoint& c, const fs::path& src) {
+  if (c.shards.empty())
+    fail(Exit::bad_input, src.string() + ": has no weight files (*.safetensors); refusing to make LOCAL a checkpoint "
+                                         "without weights (an unmounted share, or a save still being written?)");
+}
+
+// SRC's bytes are in place already, but the checksum record --verify reads
+// may be missing or damaged (its errors send the user to --init): rewrite it
+// when it differs from LOCAL hashed now. Returns whether it was rewritten.
+bool repair_record(const fs::path& local, std::uint64_t version, const ApplyOptions& opts) {
+  const ChecksumRecord now = compute_record(local, opts.threads);
+  std::optional<ChecksumRecord> rec;
+  try {
+    rec = read_record(local, version);
+  } catch (const Error& e) {
+    if (e.code() != Exit::bad_input) throw;  // damaged: rewritten below
+  }
+  if (rec && *rec == now) return false;
+  write_record(local, version, now, opts.sync);
+  return true;
+}
+
 ApplyResult init_locked(Txn& txn, const fs::path& src, const fs::path& local, std::uint64_t version, const ApplyOptions& opts) {
   const auto t0 = Clock::now();
   if (is_delta_dir(src))
     fail(Exit::bad_input, src.string() + ": is a delta version, not a full checkpoint");
   const Checkpoint c = open_checkpoint(src);  // validates every weight file before LOCAL is touched
+  check_has_weights(c, src);
   const LocalState st = read_state(local);
   ApplyResult r;
   r.from_version = st.version;
@@ -118,7 +143,8 @@ ApplyResult init_locked(Txn& txn, const fs::path& src, const fs::path& local, st
       m.files.push_back({want[i], TxnFile::Op::put, fs::is_regular_file(fs::symlink_status(local / want[i], ec))});
     }
   if (m.files.empty() && st.version == version) {
-    r.noop = true;
+    r.record_rewritten = repair_record(local, version, opts);
+    r.noop = !r.record_rewritten;
     r.seconds = since(t0);
     return r;
   }
@@ -1027,13 +1053,62 @@ void merge(ApplyResult& into, const ApplyResult& step) {
   into.to_version = step.to_version;
 }
 
+// ---- the command line's paths, checked before the lock creates anything -----------
+
+bool is_dir(const fs::path& p) {
+  boost::system::error_code ec;
+  return fs::is_directory(p, ec);
+}
+
+// A directory with .weight_sync/ is some host's LOCAL, never published data.
+void check_not_local(const fs::path& dir, const char* role, const std::string& form) {
+  if (exists_nofollow(dir / kStateDir))
+    fail(Exit::bad_input, dir.string() + ": has " + kStateDir + "/, so it is a LOCAL checkpoint, not " + role +
+                              "; the arguments look swapped (" + form + ")");
+}
+
+// `p` is strictly below `dir` (both canonical).
+bool is_below(const fs::path& p, const fs::path& dir) {
+  std::string d = dir.generic_string();
+  if (d.empty() || d.back() != '/') d += '/';
+  return p.generic_string().rfind(d, 0) == 0;
+}
+
+// --init (or a full version): SRC must be a full checkpoint with weights,
+// apart from LOCAL (copying one into the other would delete or recurse).
+void check_src(const fs::path& src, const fs::path& local) {
+  if (!is_dir(src)) fail(Exit::bad_input, src.string() + ": not a directory");
+  if (is_delta_dir(src)) fail(Exit::bad_input, src.string() + ": is a delta version, not a full checkpoint");
+  boost::system::error_code es, el;
+  const fs::path s = fs::canonical(src, es), l = fs::weakly_canonical(fs::absolute(local), el);
+  if (es || el) fail(Exit::failure, (es ? src : local).string() + ": cannot resolve: " + (es ? es : el).message());
+  if (s == l) fail(Exit::bad_input, src.string() + " and " + local.string() + ": SRC and LOCAL are the same directory");
+  if (is_below(l, s)) fail(Exit::bad_input, local.string() + ": LOCAL is inside SRC " + src.string());
+  if (is_below(s, l)) fail(Exit::bad_input, src.string() + ": SRC is inside LOCAL " + local.string());
+  check_has_weights(open_checkpoint(src), src);
+}
+
+// --init replaces everything in LOCAL: only in a directory that is a LOCAL
+// already, or holds nothing but hfdelta's state, unless forced. (A full
+// version pulled into a directory that is not a LOCAL replaces it, as the
+// slime layout's pull does.)
+void check_replaceable(const fs::path& local, const ApplyOptions& opts) {
+  if (opts.force || !is_dir(local) || has_state_file(local)) return;
+  boost::system::error_code ec;
+  for (fs::directory_iterator it(local, ec), end; !ec && it != end; it.increment(ec))
+    if (it->path().filename() != kStateDir)
+      fail(Exit::exists, local.string() + ": is a non-empty directory that is not a LOCAL (no " + kStateDir +
+                             "/state.json); --init would delete its files; give --force to replace it");
+}
+
 }  // namespace
 
 // Takes the lock, undoes an interrupted earlier run, runs `op`, then the
-// caller's `then` hook while the lock is still held.
+// caller's `then` hook while the lock is still held. `create`: see LocalLock
+// (without it, a LOCAL that has no .weight_sync/ runs `op` unlocked).
 template <class Op>
-ApplyResult locked(const fs::path& local, const ApplyOptions& opts, Op&& op) {
-  LocalLock lock(local, opts.lock_timeout);
+ApplyResult locked(const fs::path& local, const ApplyOptions& opts, Op&& op, bool create = true) {
+  LocalLock lock(local, opts.lock_timeout, create);
   const auto undone = recover(local, opts.sync);
   Txn txn(local, opts.sync);
   ApplyResult r;
@@ -1056,30 +1131,43 @@ ApplyResult locked(const fs::path& local, const ApplyOptions& opts, Op&& op) {
 }
 
 ApplyResult init_local(const fs::path& src, const fs::path& local, std::uint64_t version, const ApplyOptions& opts) {
+  check_local_path(local, std::nullopt);
+  check_src(src, local);
+  check_replaceable(local, opts);
   return locked(local, opts, [&](Txn& txn) { return init_locked(txn, src, local, version, opts); });
 }
 
 ApplyResult apply_delta(const fs::path& delta, const fs::path& local, const ApplyOptions& opts) {
+  check_local_path(local, Exit::out_of_order);
+  if (!is_dir(delta)) fail(Exit::bad_input, delta.string() + ": not a directory");
+  check_not_local(delta, "a published version", "delta-apply DELTA LOCAL");
+  if (!is_delta_dir(delta)) {  // a full version: as --init
+    full_version_of(delta);
+    check_src(delta, local);
+  }
   return locked(local, opts, [&](Txn& txn) { return apply_locked(txn, delta, local, opts); });
 }
 
 ApplyResult recover_local(const fs::path& local, const ApplyOptions& opts) {
+  check_local_path(local, Exit::uninitialised);
   ApplyOptions o = opts;
   o.then = nullptr;
-  return locked(local, o, [&](Txn&) {
-    ApplyResult r;
-    const LocalState st = read_state(local);
-    r.from_version = st.version;
-    r.to_version = st.version.value_or(0);
-    r.noop = true;
-    return r;
-  });
+  return locked(
+      local, o,
+      [&](Txn&) {
+        ApplyResult r;
+        const LocalState st = read_state(local);
+        r.from_version = st.version;
+        r.to_version = st.version.value_or(0);
+        r.noop = true;
+        return r;
+      },
+      false);  // only a LOCAL with .weight_sync/ can hold something to recover
 }
 
 LocalStatus local_status(const fs::path& local, const ApplyOptions& opts) {
-  boost::system::error_code ec;
-  if (!fs::is_directory(local, ec)) fail(Exit::bad_input, local.string() + ": not a directory");
-  LocalLock lock(local, opts.lock_timeout);
+  check_local_path(local, Exit::uninitialised);
+  LocalLock lock(local, opts.lock_timeout, false);
   const LocalState st = read_state(local);
   LocalStatus s{st.version, st.pending};
   if (const auto v = interrupted_version(local)) s.pending = v;
@@ -1090,6 +1178,9 @@ static ApplyResult pull_locked(Txn& txn, const fs::path& root, const fs::path& l
                                std::optional<std::uint64_t> target, const ApplyOptions& opts);
 
 ApplyResult pull(const fs::path& root, const fs::path& local, std::optional<std::uint64_t> target, const ApplyOptions& opts) {
+  check_local_path(local, Exit::out_of_order);
+  if (!is_dir(root)) fail(Exit::bad_input, root.string() + ": not a directory");
+  check_not_local(root, "a publication root", "delta-apply --root ROOT LOCAL");
   return locked(local, opts, [&](Txn& txn) { return pull_locked(txn, root, local, target, opts); });
 }
 

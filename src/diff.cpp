@@ -511,6 +511,23 @@ static std::vector<ShardOp> plan_shards(const Checkpoint& base, const Checkpoint
   return ops;
 }
 
+namespace {
+
+// BASE and NEW must be saves: a delta version diffed as a checkpoint, or a
+// directory without weight files (a save still being written, an unmounted
+// share), would publish "remove every weight file" to every host.
+Checkpoint open_input(const fs::path& dir, const char* role) {
+  if (is_delta_dir(dir))
+    fail(Exit::bad_input, std::string(role) + " " + dir.string() + ": is a delta version, not a checkpoint");
+  Checkpoint c = open_checkpoint(dir);
+  if (c.shards.empty())
+    fail(Exit::bad_input, std::string(role) + " " + dir.string() +
+                              ": has no weight files (*.safetensors); not a checkpoint (a save still being written?)");
+  return c;
+}
+
+}  // namespace
+
 DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, const fs::path& out_arg,
                              const DiffOptions& opts) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -519,8 +536,8 @@ DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, 
   if (fs::exists(fs::symlink_status(out, ec))) fail(Exit::exists, out.string() + ": already exists; refusing to overwrite");
   if (!fs::is_directory(out.parent_path(), ec)) fail(Exit::bad_input, out.parent_path().string() + ": not a directory");
 
-  const Checkpoint base = open_checkpoint(base_dir);
-  const Checkpoint target = open_checkpoint(new_dir);
+  const Checkpoint base = open_input(base_dir, "BASE");
+  const Checkpoint target = open_input(new_dir, "NEW");
 
   DiffSummary sum;
   sum.version = opts.version;
@@ -695,6 +712,17 @@ DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, 
 
   sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return sum;
+}
+
+std::vector<std::string> diff_warnings(const DiffSummary& s) {
+  std::vector<std::string> w;
+  if (2 * s.elements_changed > s.elements)
+    w.push_back(std::to_string(s.elements_changed) + " of " + std::to_string(s.elements) +
+                " elements changed (more than half); are BASE and NEW successive saves of the same model?");
+  if (s.delta_bytes > s.tensor_bytes)
+    w.push_back("the delta (" + std::to_string(s.delta_bytes) + " bytes) is larger than NEW's weights (" +
+                std::to_string(s.tensor_bytes) + " bytes); are BASE and NEW successive saves of the same model?");
+  return w;
 }
 
 }  // namespace hfdelta

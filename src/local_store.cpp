@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hfdelta/checkpoint.hpp"
+#include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
 #include "hfdelta/version.hpp"
@@ -29,7 +30,8 @@ fs::path state_dir(const fs::path& local) { return local / kStateDir; }
 fs::path state_file(const fs::path& local) { return state_dir(local) / "state.json"; }
 }  // namespace
 
-LocalLock::LocalLock(const fs::path& local, double timeout_s) {
+LocalLock::LocalLock(const fs::path& local, double timeout_s, bool create) {
+  if (!create && !exists_nofollow(state_dir(local))) return;
   boost::system::error_code ec;
   fs::create_directories(state_dir(local), ec);
   if (ec) fail(Exit::failure, state_dir(local).string() + ": cannot create: " + ec.message());
@@ -65,6 +67,44 @@ LocalLock::LocalLock(const fs::path& local, double timeout_s) {
 
 LocalLock::~LocalLock() {
   if (fd_ >= 0) ::close(fd_);  // closing releases the flock
+}
+
+bool has_state_file(const fs::path& local) { return exists_nofollow(state_file(local)); }
+
+namespace {
+
+// A damaged index of LOCAL's own is --verify's to report, not a sign of a delta.
+bool looks_like_delta(const fs::path& dir) {
+  try {
+    return is_delta_dir(dir);
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+bool holds_versions(const fs::path& dir) {
+  boost::system::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (version_from_dirname(it->path().filename().string())) return true;
+  return false;
+}
+
+}  // namespace
+
+void check_local_path(const fs::path& local, std::optional<Exit> missing) {
+  const std::string L = local.string();
+  boost::system::error_code ec;
+  if (!fs::exists(local, ec)) {
+    if (missing) fail(*missing, L + ": does not exist; set it up first with delta-apply --init SRC " + L);
+    return;
+  }
+  if (!fs::is_directory(local, ec)) fail(Exit::bad_input, L + ": not a directory");
+  if (looks_like_delta(local))
+    fail(Exit::bad_input, L + ": is a delta version, not a LOCAL checkpoint; the arguments look swapped "
+                              "(delta-apply DELTA LOCAL)");
+  if (holds_versions(local))
+    fail(Exit::bad_input, L + ": holds published versions (weight_vNNNNNN), so it is a publication root, not a LOCAL "
+                              "checkpoint; the arguments look swapped (delta-apply --root ROOT LOCAL)");
 }
 
 LocalState read_state(const fs::path& local) {

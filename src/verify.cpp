@@ -25,6 +25,9 @@ namespace {
 
 constexpr std::size_t kWindow = 1 << 20;
 
+// --init rewrites a damaged record even when LOCAL's bytes are in place.
+constexpr const char* kRecordHint = "; delta-apply --init SRC LOCAL rewrites it";
+
 fs::path records_dir(const fs::path& local) { return local / kStateDir / "checksums"; }
 fs::path record_path(const fs::path& local, std::uint64_t v) { return records_dir(local) / (format_version(v) + ".json"); }
 
@@ -125,7 +128,10 @@ std::optional<ChecksumRecord> read_record(const fs::path& local, std::uint64_t v
       r.files[file] = {fj.at("size").get<std::uint64_t>(), parse_hash_hex(fj.at("hash").get<std::string>(), w)};
     return r;
   } catch (const json::exception& e) {
-    fail(Exit::bad_input, w + ": damaged checksum record: " + e.what());
+    fail(Exit::bad_input, w + ": damaged checksum record: " + e.what() + kRecordHint);
+  } catch (const Error& e) {
+    if (e.code() != Exit::bad_input) throw;
+    fail(Exit::bad_input, e.what() + std::string(kRecordHint));
   }
 }
 
@@ -156,9 +162,8 @@ void prune_records(const fs::path& local, std::uint64_t keep) {
 }
 
 VerifyReport verify_local(const fs::path& local, double lock_timeout, int threads) {
-  boost::system::error_code ec;
-  if (!fs::is_directory(local, ec)) fail(Exit::bad_input, local.string() + ": not a directory");
-  LocalLock lock(local, lock_timeout);
+  check_local_path(local, Exit::uninitialised);
+  LocalLock lock(local, lock_timeout, false);  // creates nothing in a directory never initialised
   VerifyReport rep;
   const LocalState st = read_state(local);
   rep.version = st.version;

@@ -44,7 +44,14 @@ TEST_CASE("--root from a fresh LOCAL: full version 1, then deltas 2..4") {
   for (int v = 2; v <= 4; ++v) publish_delta(root, v, save_dir(s, v - 1), save_dir(s, v), v == 3 ? "overwrite" : "xor");
 
   fs::path local;
-  SUBCASE("LOCAL does not exist yet") { local = t / "new-host" / "model"; }
+  SUBCASE("LOCAL does not exist yet: refused, creating nothing, until the host creates it") {
+    local = t / "new-host" / "model";
+    const RunResult r = apply({"--root", root.string(), local.string()});
+    E2E_CHECK_CODE(r, 4);
+    CHECK_ERR_MENTIONS(r, "--init");
+    CHECK_FALSE(fs::exists(t / "new-host"));
+    fs::create_directories(local);
+  }
   SUBCASE("LOCAL is an empty directory") {
     local = t / "local";
     fs::create_directories(local);

@@ -145,6 +145,7 @@ RunResult apply(const std::vector<std::string>& args) {
 }
 
 json pull(const fs::path& root, const fs::path& local, const std::vector<std::string>& extra) {
+  fs::create_directories(local);  // a new host's mkdir: delta-apply creates no LOCAL
   std::vector<std::string> args{"--json", "--root", root.string()};
   args.insert(args.end(), extra.begin(), extra.end());
   args.push_back(local.string());

@@ -50,7 +50,8 @@ std::string gen_bin();
 // delta-diff ARGS..., delta-apply ARGS... (argv[0] added).
 RunResult diff(const std::vector<std::string>& args);
 RunResult apply(const std::vector<std::string>& args);
-// delta-apply --json --root ROOT [EXTRA...] LOCAL, required to succeed; its JSON result.
+// delta-apply --json --root ROOT [EXTRA...] LOCAL, required to succeed; its
+// JSON result. Creates LOCAL first if it does not exist, as a new host would.
 json pull(const fs::path& root, const fs::path& local, const std::vector<std::string>& extra = {});
 
 // ---- temporary directories --------------------------------------------------

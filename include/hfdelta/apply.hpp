@@ -14,6 +14,9 @@ struct ApplyOptions {
   double lock_timeout = -1;  // seconds; < 0 waits forever
   bool sync = true;          // flush data before recording a version
   int threads = 0;           // 0: all cores
+  // Let --init replace a non-empty directory that is not a LOCAL (no
+  // .weight_sync/state.json); refused otherwise (Error(exists)).
+  bool force = false;
   // Run after a successful operation (no-op included) while the lock is
   // still held, e.g. to have the engine reload before another apply starts.
   std::function<void(std::uint64_t version)> then;
@@ -25,17 +28,26 @@ struct ApplyResult {
   std::vector<std::uint64_t> applied;  // versions applied, in order (a full version counts)
   std::optional<std::uint64_t> rolled_back;  // an interrupted apply of this version was undone first
   bool noop = false;
+  bool record_rewritten = false;  // --init found SRC's bytes in place and only rewrote a missing or damaged checksum record
   std::uint64_t tensors_patched = 0;
   std::uint64_t delta_bytes = 0;     // bytes of delta entries read
   std::uint64_t files_written = 0, files_removed = 0;
   double seconds = 0;
 };
 
-// Every operation below takes LOCAL's lock, then first undoes whatever an
+// Every operation below first checks its paths, creating nothing: LOCAL must
+// exist (except for --init) and must not be a delta version or a publication
+// root, DELTA and ROOT must not be a LOCAL (the arguments look swapped;
+// Error(bad_input)). Then it takes LOCAL's lock, then first undoes whatever an
 // interrupted earlier run left half done (see journal.hpp), then works inside
 // a transaction of its own: it either completes or LOCAL is as it was.
 
 // Makes LOCAL an exact copy of the full checkpoint SRC and records `version`.
+// Refuses an SRC without weight files, a delta version, or SRC and LOCAL
+// that are the same directory or one inside the other (Error(bad_input)),
+// and a non-empty LOCAL that is not one unless opts.force (Error(exists)).
+// With SRC's bytes already in place it still rewrites a missing or damaged
+// checksum record of `version`.
 ApplyResult init_local(const boost::filesystem::path& src, const boost::filesystem::path& local,
                        std::uint64_t version, const ApplyOptions& opts);
 

@@ -3,6 +3,8 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include <boost/filesystem/path.hpp>
 
@@ -39,8 +41,15 @@ struct DiffSummary {
   double seconds = 0;
 };
 
-// Writes OUT (which must not exist) atomically. Throws Error.
+// Writes OUT (which must not exist) atomically. Refuses (Error(bad_input))
+// a BASE or NEW that is a delta version or has no weight files. Throws Error.
 DiffSummary diff_checkpoints(const boost::filesystem::path& base, const boost::filesystem::path& target,
                              const boost::filesystem::path& out, const DiffOptions& opts);
+
+// Signs that BASE and NEW were not successive saves of one model (more than
+// half of the elements changed, or a delta larger than NEW's weights): the
+// delta is valid, but every host would fetch about a whole checkpoint. One
+// sentence each; none for an ordinary step.
+std::vector<std::string> diff_warnings(const DiffSummary& s);
 
 }  // namespace hfdelta

@@ -9,6 +9,8 @@
 
 #include <boost/filesystem/path.hpp>
 
+#include "hfdelta/error.hpp"
+
 namespace hfdelta {
 
 struct LocalState {
@@ -20,9 +22,12 @@ struct LocalState {
 
 // Exclusive flock on LOCAL/.weight_sync/lock for the object's lifetime.
 // timeout_s < 0 waits forever; otherwise throws Error(lock_timeout) after it.
+// `create`: make .weight_sync/ if it is missing (forms that write). Without
+// it, a LOCAL that has no .weight_sync/ is left as it is and nothing is
+// locked: no run ever wrote there, so none can be under way.
 class LocalLock {
  public:
-  LocalLock(const boost::filesystem::path& local, double timeout_s);
+  LocalLock(const boost::filesystem::path& local, double timeout_s, bool create = true);
   ~LocalLock();
   LocalLock(const LocalLock&) = delete;
   LocalLock& operator=(const LocalLock&) = delete;
@@ -32,6 +37,15 @@ class LocalLock {
 };
 
 LocalState read_state(const boost::filesystem::path& local);
+
+// True if LOCAL/.weight_sync/state.json exists: a run has recorded LOCAL.
+bool has_state_file(const boost::filesystem::path& local);
+
+// Refuses, before anything is created, a LOCAL argument that cannot be one:
+// a path that does not exist (Error(`missing`), saying to run --init; none:
+// allowed, for --init), not a directory, or a delta version or publication
+// root (the arguments are swapped) (Error(bad_input)).
+void check_local_path(const boost::filesystem::path& local, std::optional<Exit> missing);
 
 // Every file below LOCAL but its state directory (anything not a directory,
 // symlinks too), relative, sorted.

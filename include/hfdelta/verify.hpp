@@ -25,16 +25,19 @@ struct WeightRecord {
   std::uint64_t size = 0;
   Hash128 header;                          // the 8-byte length and the JSON header
   std::map<std::string, Hash128> tensors;  // by tensor name
+  bool operator==(const WeightRecord&) const = default;
 };
 
 struct FileRecord {
   std::uint64_t size = 0;
   Hash128 hash;
+  bool operator==(const FileRecord&) const = default;
 };
 
 struct ChecksumRecord {
   std::map<std::string, WeightRecord> weights;  // by path relative to LOCAL
   std::map<std::string, FileRecord> files;      // every other file
+  bool operator==(const ChecksumRecord&) const = default;
 };
 
 // Hashes every file of the checkpoint directory `dir` (its state directory excluded).

@@ -23,7 +23,7 @@ nlohmann::json version_json(const std::optional<std::uint64_t>& v) {
 int main(int argc, char** argv) {
   CLI::App app{"Bring a host-local checkpoint to a new version, in place.\n"
                "  delta-apply [OPTIONS] DELTA LOCAL\n"
-               "  delta-apply --init [--version N] SRC LOCAL\n"
+               "  delta-apply --init [--version N] [--force] SRC LOCAL\n"
                "  delta-apply --root ROOT [--target N] LOCAL\n"
                "  delta-apply --status LOCAL | --recover LOCAL | --verify LOCAL",
                "delta-apply"};
@@ -51,6 +51,10 @@ int main(int argc, char** argv) {
                                   "Shell command to run after success while LOCAL is still locked "
                                   "(HFDELTA_LOCAL and HFDELTA_VERSION are set)");
   then_opt->excludes(status_opt, recover_opt, verify_opt);
+  app.add_flag("--force", o.force,
+               "Let --init replace a non-empty directory that is not a LOCAL (no .weight_sync/state.json), "
+               "deleting its files")
+      ->needs(init_opt);
   app.add_option("--lock-timeout", o.lock_timeout, "Give up after SECONDS waiting for the lock (default: wait)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--threads", o.threads, "Worker threads (default: all cores)")->check(CLI::NonNegativeNumber);
@@ -126,7 +130,7 @@ int main(int argc, char** argv) {
       nlohmann::json applied = nlohmann::json::array();
       for (auto a : r.applied) applied.push_back(format_version(a));
       nlohmann::json j = {{"local", local}, {"from_version", version_json(r.from_version)},
-                          {"to_version", format_version(r.to_version)}, {"applied", applied}, {"noop", r.noop},
+                          {"to_version", format_version(r.to_version)}, {"applied", applied}, {"noop", r.noop}, {"record_rewritten", r.record_rewritten},
                           {"rolled_back", version_json(r.rolled_back)}, {"tensors_patched", r.tensors_patched},
                           {"delta_bytes", r.delta_bytes}, {"files_written", r.files_written},
                           {"files_removed", r.files_removed}, {"seconds", r.seconds}};
@@ -137,6 +141,9 @@ int main(int argc, char** argv) {
       const std::string from = r.from_version ? format_version(*r.from_version) : "none";
       if (recover) {
         if (!r.rolled_back) std::printf("%s: nothing to recover, version %s\n", local.c_str(), from.c_str());
+      } else if (r.record_rewritten) {
+        std::printf("%s: files already at version %s; its missing or damaged checksum record was rewritten\n", local.c_str(),
+                    format_version(r.to_version).c_str());
       } else if (r.noop) {
         std::printf("%s: already at version %s\n", local.c_str(), format_version(r.to_version).c_str());
       } else {

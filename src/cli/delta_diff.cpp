@@ -243,6 +243,7 @@ int main(int argc, char** argv) {
     if (o.base_version >= o.version) throw CLI::ValidationError("--base-version", "must be lower than the version");
 
     const DiffSummary s = diff_checkpoints(base, target, out, o);
+    for (const auto& w : diff_warnings(s)) std::cerr << "delta-diff: warning: " << out << ": " << w << "\n";
     const double density = s.elements ? double(s.elements_changed) / double(s.elements) : 0.0;
     if (json_out) {
       nlohmann::json j = {

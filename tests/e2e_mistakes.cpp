@@ -1,0 +1,276 @@
+// End-to-end: operator mistakes (swapped or mistyped paths, a save still being
+// written, a share not mounted). Each is refused before anything is created or
+// changed anywhere, or, for delta-diff's doubts about a valid delta, warned about.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <iterator>
+
+#include "e2e_util.hpp"
+
+using namespace e2e;
+
+namespace {
+
+#define CHECK_ERR_MENTIONS(res, text) \
+  CHECK_MESSAGE(contains((res).err, (text)), "stderr should mention \"" << (text) << "\"\n" << (res).describe())
+
+// Everything below a directory: every path (directories, and the lock file
+// that snapshot() leaves out, included) and every file's bytes. Taken of a
+// test's whole temporary directory, it shows that a command created, removed
+// or changed nothing anywhere.
+struct Tree {
+  fs::path dir;
+  std::vector<std::string> paths;
+  Snapshot files;
+  explicit Tree(const fs::path& d) : dir(d), files(snapshot(d, true)) {
+    for (auto it = fs::recursive_directory_iterator(d); it != fs::recursive_directory_iterator(); ++it)
+      paths.push_back(fs::relative(it->path(), d).generic_string());
+    std::sort(paths.begin(), paths.end());
+  }
+  // Differences from the tree as it is now, one a line (empty: none).
+  std::string changes() const {
+    const Tree now(dir);
+    std::string out;
+    std::vector<std::string> d;
+    std::set_symmetric_difference(paths.begin(), paths.end(), now.paths.begin(), now.paths.end(), std::back_inserter(d));
+    for (const auto& p : d) out += p + ": created or removed\n";
+    for (const auto& line : snapshot_diff(files, now.files, "before", "after")) out += line + "\n";
+    return out;
+  }
+};
+
+#define CHECK_NOTHING_CHANGED(tree)                 \
+  do {                                              \
+    const std::string e2e_c_ = (tree).changes();    \
+    CHECK_MESSAGE(e2e_c_.empty(), e2e_c_);          \
+  } while (0)
+
+// Saves 0 to 2, delta 1 published under ROOT, LOCAL initialised from save 0.
+struct Setup {
+  TempDir t;
+  fs::path series, root, local;
+  Setup() {
+    series = gen_series(t / "series", 2);
+    root = t / "root";
+    local = t / "local";
+    fs::create_directories(root);
+    E2E_REQUIRE_CODE(diff({"-q", save(0).string(), save(1).string(), delta().string()}), 0);
+    E2E_REQUIRE_CODE(apply({"-q", "--init", save(0).string(), local.string()}), 0);
+  }
+  fs::path save(int i) const { return save_dir(series, i); }
+  fs::path delta() const { return version_dir(root, 1); }
+};
+
+}  // namespace
+
+// ---- --init deletes only what it owns ---------------------------------------------
+
+TEST_CASE("mistakes: --init into a non-empty directory that is not a LOCAL: exit 7, nothing touched; --force replaces it") {
+  Setup s;
+  // A trainer's checkpoint with a file of its own, and a directory of other models.
+  const fs::path trainer = s.t / "trainer", models = s.t / "models";
+  copy_tree(s.save(1), trainer);
+  write_file(trainer / "optimizer.pt", "optimizer state");
+  write_file(models / "a" / "model.safetensors", "model a");
+  write_file(models / "b" / "config.json", "{}");
+
+  std::vector<std::string> args;
+  fs::path victim;
+  SUBCASE("--init LOCAL SRC, swapped") { args = {"--init", s.local.string(), trainer.string()}, victim = trainer; }
+  SUBCASE("--init SRC into a directory of other models") { args = {"--init", s.save(0).string(), models.string()}, victim = models; }
+  const Tree before(s.t.path());
+  const RunResult r = apply(args);
+  E2E_CHECK_CODE(r, 7);
+  CHECK_ERR_MENTIONS(r, victim.string());
+  CHECK_ERR_MENTIONS(r, "--force");
+  CHECK_NOTHING_CHANGED(before);
+
+  // Asked for explicitly, it is replaced.
+  args.insert(args.begin(), "--force");
+  E2E_CHECK_CODE(apply(args), 0);
+  CHECK(fs::exists(victim / ".weight_sync" / "state.json"));
+  CHECK_FALSE(fs::exists(victim / "optimizer.pt"));
+
+  // An empty directory, or one holding only hfdelta's state (a first --init
+  // rolled back), needs no --force.
+  const fs::path fresh = s.t / "fresh", stateonly = s.t / "state-only";
+  fs::create_directories(fresh);
+  write_file(stateonly / ".weight_sync" / "lock", "");
+  for (const auto& dir : {fresh, stateonly}) {
+    E2E_CHECK_CODE(apply({"-q", "--init", s.save(0).string(), dir.string()}), 0);
+    E2E_CHECK_TREE_EQUAL(dir, s.save(0));
+  }
+}
+
+TEST_CASE("mistakes: --init from an SRC that cannot be copied into LOCAL: exit 3, nothing created or changed") {
+  Setup s;
+  const fs::path empty = s.t / "unmounted", partial = s.t / "partial", fresh = s.t / "new-host" / "model";
+  fs::create_directories(empty);
+  write_file(partial / "config.json", read_file(s.save(1) / "config.json"));
+  copy_tree(s.save(0), s.local / "sub");  // a checkpoint inside LOCAL (extra files of LOCAL's)
+
+  std::vector<std::string> args;
+  std::string mention;
+  SUBCASE("an empty SRC (a share not mounted) over LOCAL") {
+    args = {"--init", empty.string(), s.local.string()}, mention = "no weight files";
+  }
+  SUBCASE("an SRC with no weight files (a save being written) into a new LOCAL") {
+    args = {"--init", partial.string(), fresh.string()}, mention = "no weight files";
+  }
+  SUBCASE("a delta version as SRC into a new LOCAL") {
+    args = {"--init", s.delta().string(), fresh.string()}, mention = "delta version";
+  }
+  SUBCASE("SRC is LOCAL") { args = {"--init", s.local.string(), (s.t / "." / "local").string()}, mention = "same directory"; }
+  SUBCASE("SRC inside LOCAL") { args = {"--init", (s.local / "sub").string(), s.local.string()}, mention = "inside LOCAL"; }
+  SUBCASE("LOCAL inside SRC, not there yet") {
+    args = {"--init", s.save(0).string(), (s.save(0) / "copy").string()}, mention = "inside SRC";
+  }
+  const Tree before(s.t.path());
+  const RunResult r = apply(args);
+  E2E_CHECK_CODE(r, 3);
+  CHECK_ERR_MENTIONS(r, mention);
+  CHECK_NOTHING_CHANGED(before);
+}
+
+// ---- delta-diff refuses what cannot be a checkpoint, and doubts what looks wrong --------
+
+TEST_CASE("mistakes: delta-diff of a NEW without weight files or of a delta version: exit 3 naming it, nothing published") {
+  Setup s;
+  const fs::path partial = s.t / "step_0200", out = version_dir(s.root, 2);
+  write_file(partial / "config.json", read_file(s.save(1) / "config.json"));
+  fs::path base = s.save(1), next = partial, named = partial;
+  SUBCASE("NEW without weight files (a save still being written)") {}
+  SUBCASE("NEW empty") { fs::remove_all(partial), fs::create_directories(partial); }
+  SUBCASE("a delta version as BASE") { base = s.delta(), next = s.save(1), named = s.delta(); }
+  SUBCASE("a delta version as NEW") { base = s.save(0), next = s.delta(), named = s.delta(); }
+  const Tree before(s.t.path());
+  const RunResult r = diff({base.string(), next.string(), out.string()});
+  E2E_CHECK_CODE(r, 3);
+  CHECK_ERR_MENTIONS(r, named.string());
+  CHECK_NOTHING_CHANGED(before);
+}
+
+TEST_CASE("mistakes: delta-diff warns when most elements changed or the delta outweighs NEW's weights, and publishes") {
+  Setup s;
+  // None for an ordinary step, nor from --inspect or --squash.
+  const RunResult d = diff({"-q", s.save(1).string(), s.save(2).string(), version_dir(s.root, 2).string()});
+  E2E_CHECK_CODE(d, 0);
+  CHECK_MESSAGE(d.err.empty(), d.describe());
+  const RunResult i = diff({"-q", "--inspect", version_dir(s.root, 2).string()});
+  E2E_CHECK_CODE(i, 0);
+  CHECK_MESSAGE(i.err.empty(), i.describe());
+  const RunResult q = diff({"-q", "--squash", s.delta().string(), version_dir(s.root, 2).string(), (s.t / "squashed").string()});
+  E2E_CHECK_CODE(q, 0);
+  CHECK_MESSAGE(q.err.empty(), q.describe());
+
+  const fs::path out = s.t / "out" / "weight_v000003";
+  fs::create_directories(out.parent_path());
+  fs::path base, next;
+  std::string mention;
+  SUBCASE("another model as NEW: more than half of the elements changed") {
+    base = s.save(1), next = gen_series(s.t / "other", 0, {"--seed", "7"}) / "save_000", mention = "more than half";
+  }
+  SUBCASE("a delta larger than NEW's weights (a large file changed beside small weights)") {
+    base = s.t / "a", next = s.t / "b";
+    const Bytes w(64, 1);
+    write_safetensors(base / "model.safetensors", {{"w", "U8", {64}, w}});
+    write_safetensors(next / "model.safetensors", {{"w", "U8", {64}, w}});
+    std::string big;
+    for (int i = 0; i < 20000; ++i) big += std::to_string(i * 2654435761u);
+    write_file(base / "tokenizer.json", "{}");
+    write_file(next / "tokenizer.json", big);
+    mention = "larger than NEW's weights";
+  }
+  const RunResult r = diff({"-q", base.string(), next.string(), out.string()});
+  E2E_CHECK_CODE(r, 0);
+  CHECK_ERR_MENTIONS(r, "delta-diff: warning: " + out.string());
+  CHECK_ERR_MENTIONS(r, mention);
+  CHECK(fs::is_directory(out));
+}
+
+// ---- nothing is created before the arguments are checked ---------------------------
+
+TEST_CASE("mistakes: swapped paths (a version or root where LOCAL belongs, a LOCAL where DELTA or ROOT belongs): exit 3") {
+  Setup s;
+  const fs::path other = s.t / "other-local";
+  E2E_REQUIRE_CODE(apply({"-q", "--init", s.save(0).string(), other.string()}), 0);
+  std::vector<std::string> args;
+  SUBCASE("delta-apply LOCAL DELTA") { args = {s.local.string(), s.delta().string()}; }
+  SUBCASE("delta-apply --root LOCAL ROOT") { args = {"--root", s.local.string(), s.root.string()}; }
+  SUBCASE("delta-apply --root ROOT DELTA") { args = {"--root", s.root.string(), s.delta().string()}; }
+  SUBCASE("delta-apply LOCAL LOCAL") { args = {other.string(), s.local.string()}; }
+  SUBCASE("delta-apply --init SRC ROOT --force") { args = {"--init", "--force", s.save(0).string(), s.root.string()}; }
+  SUBCASE("delta-apply --status DELTA") { args = {"--status", s.delta().string()}; }
+  SUBCASE("delta-apply --verify ROOT") { args = {"--verify", s.root.string()}; }
+  const Tree before(s.t.path());
+  const RunResult r = apply(args);
+  E2E_CHECK_CODE(r, 3);
+  CHECK_ERR_MENTIONS(r, "swapped");
+  CHECK_NOTHING_CHANGED(before);
+}
+
+TEST_CASE("mistakes: a LOCAL that does not exist is refused by every form but --init, pointing to --init, creating nothing") {
+  Setup s;
+  const fs::path typo = s.t / "loacl" / "model";
+  std::vector<std::string> args;
+  int code = 0;
+  SUBCASE("apply") { args = {s.delta().string(), typo.string()}, code = 4; }
+  SUBCASE("--root") { args = {"--root", s.root.string(), typo.string()}, code = 4; }
+  SUBCASE("--status") { args = {"--status", typo.string()}, code = 11; }
+  SUBCASE("--verify") { args = {"--verify", typo.string()}, code = 11; }
+  SUBCASE("--recover") { args = {"--recover", typo.string()}, code = 11; }
+  const Tree before(s.t.path());
+  const RunResult r = apply(args);
+  E2E_CHECK_CODE(r, code);
+  CHECK_ERR_MENTIONS(r, "delta-apply --init SRC " + typo.string());
+  CHECK_NOTHING_CHANGED(before);
+}
+
+TEST_CASE("mistakes: --status, --verify and --recover on a directory never initialised create no .weight_sync") {
+  Setup s;
+  const fs::path plain = s.t / "plain";
+  copy_tree(s.save(0), plain);
+  std::vector<std::string> args;
+  int code = 0;
+  SUBCASE("--status") { args = {"--status", plain.string()}, code = 11; }
+  SUBCASE("--verify") { args = {"--verify", plain.string()}, code = 11; }
+  SUBCASE("--recover") { args = {"--recover", plain.string()}, code = 0; }
+  const Tree before(s.t.path());
+  E2E_CHECK_CODE(apply(args), code);
+  CHECK_NOTHING_CHANGED(before);
+}
+
+// ---- --init repairs the checksum record -----------------------------------------------
+
+TEST_CASE("mistakes: --init rewrites a missing or damaged checksum record when LOCAL's bytes already match") {
+  Setup s;
+  const fs::path record = s.local / ".weight_sync" / "checksums" / "000000.json";
+  REQUIRE(fs::exists(record));
+  int verify_code = 0;
+  SUBCASE("missing") { fs::remove(record), verify_code = 3; }
+  SUBCASE("not JSON") { write_file(record, "garbage"), verify_code = 3; }
+  SUBCASE("a wrong checksum") {
+    json j = read_json(record);
+    j["files"]["config.json"]["hash"] = std::string(32, '0');
+    write_json(record, j);
+    verify_code = 12;
+  }
+  const RunResult v = apply({"--verify", s.local.string()});
+  E2E_CHECK_CODE(v, verify_code);
+  if (verify_code == 3) CHECK_ERR_MENTIONS(v, "--init");
+
+  const Snapshot files = snapshot(s.local, false);
+  const RunResult r = apply({"--json", "--init", s.save(0).string(), s.local.string()});
+  E2E_REQUIRE_CODE(r, 0);
+  const json j = parse_json(r.out);
+  CHECK(j["noop"] == false);
+  CHECK(j["record_rewritten"] == true);
+  CHECK(j["files_written"] == 0);
+  CHECK(snapshot(s.local, false) == files);
+  E2E_CHECK_CODE(apply({"--verify", s.local.string()}), 0);
+
+  const RunResult again = apply({"--init", s.save(0).string(), s.local.string()});
+  E2E_CHECK_CODE(again, 0);
+  CHECK_MESSAGE(contains(again.out, "already at version 000000"), again.describe());
+}
