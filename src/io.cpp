@@ -29,9 +29,13 @@ namespace {
 struct FaultPlan {
   long long at = 0;  // 0: off
   bool kill = true;
+  bool persist = false;  // every step from `at` on fails, as on a full or dying disk
   FaultPlan() {
     if (const char* v = std::getenv("HFDELTA_FAULT_AT")) at = std::atoll(v);
-    if (const char* m = std::getenv("HFDELTA_FAULT_MODE")) kill = std::strcmp(m, "error") != 0;
+    if (const char* m = std::getenv("HFDELTA_FAULT_MODE")) {
+      persist = std::strcmp(m, "persist") == 0;
+      kill = !persist && std::strcmp(m, "error") != 0;
+    }
   }
 };
 
@@ -41,7 +45,7 @@ void fault_point(const char* what) {
   static const FaultPlan plan;
   static std::atomic<long long> steps{0};
   const long long n = steps.fetch_add(1, std::memory_order_relaxed) + 1;
-  if (plan.at == 0 || n != plan.at) return;
+  if (plan.at == 0 || n < plan.at || (n > plan.at && !plan.persist)) return;
   if (plan.kill) ::raise(SIGKILL);
   fail(Exit::failure, std::string("injected fault at write step ") + std::to_string(n) + " (" + what + ")");
 }
@@ -49,6 +53,13 @@ void fault_point(const char* what) {
 void rename_path(const fs::path& from, const fs::path& to) {
   fault_point("rename");
   if (::rename(from.c_str(), to.c_str()) != 0) sys_fail(to, "rename from " + from.string());
+}
+
+bool link_path(const fs::path& from, const fs::path& to) {
+  fault_point("link");
+  if (::link(from.c_str(), to.c_str()) == 0) return true;
+  if (errno == EPERM || errno == ENOTSUP || errno == EOPNOTSUPP || errno == EMLINK || errno == ENOSYS) return false;
+  sys_fail(to, "link to " + from.string());
 }
 
 bool remove_path(const fs::path& p) {

@@ -68,12 +68,15 @@ class File {
 // A write step: every call that changes a file or directory passes here
 // first. For tests of crash safety, HFDELTA_FAULT_AT=N makes the N-th step
 // fail: HFDELTA_FAULT_MODE=kill (default) kills the process with SIGKILL,
-// =error throws an I/O error instead. Unset, it costs one atomic increment.
+// =error throws an I/O error instead, =persist throws one at step N and at
+// every step after it. Unset, it costs one atomic increment.
 void fault_point(const char* what);
 
 // rename(2) and unlink/rmdir of one path, as write steps; errors name the paths.
 void rename_path(const fs::path& from, const fs::path& to);
 bool remove_path(const fs::path& p);  // false if it did not exist
+// link(2) as a write step; false where the filesystem has no hard links.
+bool link_path(const fs::path& from, const fs::path& to);
 
 // True if anything (a dangling symlink too) is at `p`.
 bool exists_nofollow(const fs::path& p);
