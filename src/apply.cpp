@@ -50,24 +50,47 @@ void check_no_symlink(const fs::path& local, const std::string& rel, const std::
 
 // ---- making LOCAL an exact copy of a full checkpoint ------------------------------
 
+// The operation failed (`cause`) and undoing it failed too (`undo`): the
+// journal is kept, so the next run finishes the rollback. Says so, with both.
+[[noreturn]] void fail_rollback(const fs::path& local, const std::exception_ptr& cause, const std::exception& undo) {
+  std::string why = "unknown error";
+  try {
+    std::rethrow_exception(cause);
+  } catch (const std::exception& e) {
+    why = e.what();
+  } catch (...) {
+  }
+  // A failed step's own error is often the rollback's too (a full disk).
+  std::string msg = why;
+  if (std::string(undo.what()) != why) msg += "\nrolling it back failed too: " + std::string(undo.what());
+  else msg += "\nrolling it back failed too";
+  msg += "\n" + local.string() + " is left interrupted (--status exits 10) with its undo journal in " + kStateDir +
+         "/txn; once the cause is fixed (free space?), the next delta-apply on it, or delta-apply --recover, "
+         "finishes the rollback";
+  fail(Exit::failure, msg);  // whatever stopped the operation, LOCAL now waits on an I/O failure
+}
+
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // Records the step's journal as complete and LOCAL as pending, runs `body`,
 // records the new version; on any error rolls the step back and rethrows.
 template <class Body>
 void run_step(Txn& txn, const fs::path& local, const Manifest& m, const ApplyOptions& opts, Body&& body) {
+  // Before the manifest: while it is missing, there is nothing to undo.
+  reserve_rollback(txn.step(), m, opts.sync);
+  write_manifest(txn.step(), m, opts.sync);
   try {
-    write_manifest(txn.step(), m, opts.sync);
-    write_state(local, {m.base, m.version}, opts.sync);
+    install_state(local, {m.base, m.version}, txn_state(txn.step(), true), opts.sync);
     body();
     const auto end = txn.final_version();
     write_state(local, {m.version, end && *end != m.version ? end : std::nullopt}, opts.sync);
   } catch (...) {
+    const std::exception_ptr cause = std::current_exception();
     try {
       rollback(local, txn.step(), m, opts.sync);
     } catch (const std::exception& e) {
-      fail(Exit::failure, std::string("apply failed and rolling it back failed too (") + e.what() +
-                              "); the next run of delta-apply on " + local.string() + " retries the rollback");
+      txn.keep();
+      fail_rollback(local, cause, e);
     }
     throw;
   }
@@ -1116,11 +1139,20 @@ ApplyResult locked(const fs::path& local, const ApplyOptions& opts, Op&& op, boo
     r = op(txn);
     txn.commit();
   } catch (...) {
+    const std::exception_ptr cause = std::current_exception();
+    bool removed = true;
     try {
-      txn.rollback_all();  // the steps this command already committed
+      removed = txn.rollback_all();  // the steps this command already committed
     } catch (const std::exception& e) {
-      fail(Exit::failure, std::string("apply failed and rolling it back failed too (") + e.what() +
-                              "); the next run of delta-apply on " + local.string() + " retries the rollback");
+      fail_rollback(local, cause, e);
+    }
+    if (!removed && !txn.kept()) {
+      try {
+        throw;
+      } catch (const Error& e) {
+        fail(e.code(), std::string(e.what()) + "\n" + local.string() + " is back as it was, but its undone journal (" +
+                           kStateDir + "/txn) could not be removed; the next delta-apply on it removes it");
+      }
     }
     throw;
   }

@@ -77,6 +77,14 @@ fs::path txn_root(const fs::path& local) { return local / kStateDir / "txn"; }
 fs::path txn_part(const fs::path& step, std::size_t i) { return step / ("part-" + std::to_string(i)); }
 fs::path txn_stage(const fs::path& step, std::size_t op) { return step / "stage" / std::to_string(op); }
 fs::path txn_undo(const fs::path& step, std::size_t op) { return step / "undo" / std::to_string(op); }
+fs::path txn_state(const fs::path& step, bool pending) {
+  return step / (pending ? "state-pending.json" : "state-undone.json");
+}
+
+void reserve_rollback(const fs::path& step, const Manifest& m, bool sync) {
+  reserve_state(txn_state(step, true), {m.base, m.version}, sync);
+  reserve_state(txn_state(step, false), {m.base, std::nullopt}, sync);
+}
 
 // ---- journal parts --------------------------------------------------------------
 
@@ -274,7 +282,9 @@ void run_file_ops(const fs::path& local, const fs::path& step, const Manifest& m
 
 void rollback(const fs::path& local, const fs::path& step, const Manifest& m, bool sync) {
   // Pending first: if this is cut short, the next run knows to finish it.
-  write_state(local, {m.base, m.version}, sync);
+  // Nothing below allocates space (patches in place, renames, links of the
+  // reserved state files), so a full disk cannot stop a rollback.
+  install_state(local, {m.base, m.version}, txn_state(step, true), sync);
   std::vector<File> shards;
   for (const auto& s : m.shards) shards.emplace_back(local / s, File::Mode::read_write);
   std::vector<std::uint8_t> window;
@@ -329,7 +339,7 @@ void rollback(const fs::path& local, const fs::path& step, const Manifest& m, bo
       if (fs::is_directory(d)) sync_dir(d);
   }
   for (auto& f : shards) f.close();
-  write_state(local, {m.base, std::nullopt}, sync);
+  install_state(local, {m.base, std::nullopt}, txn_state(step, false), sync);
 }
 
 // ---- transactions -------------------------------------------------------------------
@@ -391,10 +401,21 @@ void Txn::abandon_step() {
   fs::remove_all(step_, ec);
 }
 
-void Txn::rollback_all() {
-  for (std::size_t k = done_.size(); k-- > 0;) rollback(local_, txn_root(local_) / std::to_string(k), done_[k], sync_);
+bool Txn::rollback_all() {
+  if (kept_) return false;  // a step could not be undone: its journal stays for the next run
+  try {
+    for (std::size_t k = done_.size(); k-- > 0;) rollback(local_, txn_root(local_) / std::to_string(k), done_[k], sync_);
+  } catch (...) {
+    kept_ = true;
+    throw;
+  }
   done_.clear();
-  discard(local_, sync_);
+  try {
+    discard(local_, sync_);  // only now is LOCAL back at its recorded version
+  } catch (const std::exception&) {
+    return false;  // undone already, so the next run's recover() has nothing left to do but remove it
+  }
+  return true;
 }
 
 void Txn::commit() {

@@ -126,18 +126,57 @@ LocalState read_state(const fs::path& local) {
   return s;
 }
 
+namespace {
+
+std::string state_text(const LocalState& s) {
+  json j = json::object();
+  if (s.version) j["version"] = format_version(*s.version);
+  if (s.pending) j["pending"] = format_version(*s.pending);
+  return j.dump() + "\n";
+}
+
+void make_state_dir(const fs::path& local) {
+  boost::system::error_code ec;
+  fs::create_directories(state_dir(local), ec);
+  if (ec) fail(Exit::failure, state_dir(local).string() + ": cannot create: " + ec.message());
+}
+
+}  // namespace
+
 void write_state(const fs::path& local, const LocalState& s, bool sync) {
   if (!s.version && !s.pending) {  // back to never initialised: no state file at all
     if (remove_path(state_file(local)) && sync) sync_dir(state_dir(local));
     return;
   }
-  json j = json::object();
-  if (s.version) j["version"] = format_version(*s.version);
-  if (s.pending) j["pending"] = format_version(*s.pending);
-  boost::system::error_code ec;
-  fs::create_directories(state_dir(local), ec);
-  if (ec) fail(Exit::failure, state_dir(local).string() + ": cannot create: " + ec.message());
-  write_file_atomic(state_file(local), j.dump() + "\n", sync);
+  make_state_dir(local);
+  write_file_atomic(state_file(local), state_text(s), sync);
+}
+
+void reserve_state(const fs::path& reserved, const LocalState& s, bool sync) {
+  write_file_atomic(reserved, state_text(s), sync);
+}
+
+void install_state(const fs::path& local, const LocalState& s, const fs::path& reserved, bool sync) {
+  try {
+    if (read_state(local) == s) return;
+  } catch (const Error&) {  // damaged: replaced below
+  }
+  if (!s.version && !s.pending) return write_state(local, s, sync);
+  if (exists_nofollow(reserved)) {
+    make_state_dir(local);
+    const fs::path tmp = temp_path_beside(state_file(local));
+    if (link_path(reserved, tmp)) {
+      try {
+        rename_path(tmp, state_file(local));
+      } catch (...) {
+        ::unlink(tmp.c_str());
+        throw;
+      }
+      if (sync) sync_dir(state_dir(local));
+      return;
+    }
+  }
+  write_state(local, s, sync);
 }
 
 std::vector<std::string> list_local_files(const fs::path& local) {

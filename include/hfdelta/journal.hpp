@@ -93,6 +93,12 @@ void replay_journal(const fs::path& part, bool new_values, const JournalSink& si
 void write_scattered(File& f, std::span<const std::uint64_t> offsets, std::span<const std::uint8_t> bytes,
                      std::vector<std::uint8_t>& window);
 
+// The state files a rollback installs, written when the step begins (see
+// install_state): `pending` marks the step interrupted, the other records
+// its base version again.
+fs::path txn_state(const fs::path& step, bool pending);
+void reserve_rollback(const fs::path& step, const Manifest& m, bool sync);
+
 void write_manifest(const fs::path& step, const Manifest& m, bool sync);
 std::optional<Manifest> read_manifest(const fs::path& step);
 
@@ -113,7 +119,12 @@ class Txn {
   fs::path begin_step();  // creates the next step directory
   void abandon_step();    // its journal was never completed: LOCAL untouched
   void step_done(const Manifest& m) { done_.push_back(m); }
-  void rollback_all();    // undoes the committed steps, last first, then discards
+  // Undoes the committed steps, last first, then discards the journal. If a
+  // rollback fails (or failed in keep()), the journal is kept for the next
+  // run. False if it, though undone, could not be removed.
+  bool rollback_all();
+  void keep() { kept_ = true; }  // the current step's rollback failed
+  bool kept() const { return kept_; }
   void commit();          // the operation is complete: discards the journal
   const fs::path& step() const { return step_; }
   // The version the whole operation ends at; steps before it leave the state
@@ -128,6 +139,7 @@ class Txn {
   std::size_t next_ = 0;
   std::vector<Manifest> done_;
   std::optional<std::uint64_t> final_;
+  bool kept_ = false;
 };
 
 // Called under the lock before any operation: undoes whatever an earlier,

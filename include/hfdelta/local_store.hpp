@@ -18,6 +18,7 @@ struct LocalState {
   // Set while an apply is under way: the version being applied. A state with
   // `pending` means an apply was interrupted and LOCAL may be partly patched.
   std::optional<std::uint64_t> pending;
+  bool operator==(const LocalState&) const = default;
 };
 
 // Exclusive flock on LOCAL/.weight_sync/lock for the object's lifetime.
@@ -52,5 +53,14 @@ void check_local_path(const boost::filesystem::path& local, std::optional<Exit> 
 std::vector<std::string> list_local_files(const boost::filesystem::path& local);
 // Replaces state.json atomically (temp, flush, rename, flush directory).
 void write_state(const boost::filesystem::path& local, const LocalState& s, bool sync);
+
+// Writes `s` as a state file at `reserved` (outside state.json), so that
+// install_state can later record it without allocating anything.
+void reserve_state(const boost::filesystem::path& reserved, const LocalState& s, bool sync);
+// Records `s` unless state.json holds it already: by a hard link of
+// `reserved` (written by reserve_state) and a rename, which need no free
+// space; by writing where `reserved` is missing or links are not supported.
+void install_state(const boost::filesystem::path& local, const LocalState& s, const boost::filesystem::path& reserved,
+                   bool sync);
 
 }  // namespace hfdelta
