@@ -1,6 +1,7 @@
 // End-to-end: crash safety of delta-apply. A fault is injected at every write
-// step in turn (HFDELTA_FAULT_AT), once as a SIGKILL and once as an I/O error,
-// for each kind of operation. After a kill, state.json never claims a version
+// step in turn (HFDELTA_FAULT_AT), once as a SIGKILL, once as an I/O error and
+// once as an I/O error at that step and every later one (a full or dying
+// disk), for each kind of operation. After a kill, state.json never claims a version
 // whose bytes are not all in place and the next run converges; after an error,
 // LOCAL is byte-identical to before. Then a larger pull is SIGKILLed at random
 // moments.
@@ -229,7 +230,7 @@ void check_status(const Scenario& s, Problems& p, long at, const StateSeen& seen
 }
 
 struct Totals {
-  long kill_steps = 0, error_steps = 0, swallowed = 0;
+  long kill_steps = 0, error_steps = 0, swallowed = 0, persist_steps = 0, kept = 0;
 };
 std::map<std::string, Totals>& totals() {
   static std::map<std::string, Totals> t;
@@ -298,6 +299,58 @@ long error_every_step(const Scenario& s, long kill_steps, Problems& p, Problems&
   return kMaxSteps;
 }
 
+// A step of a transaction is under .weight_sync/txn (a bare directory there
+// is an empty leftover, not a journal).
+bool has_journal(const fs::path& local) {
+  const fs::path txn = local / ".weight_sync" / "txn";
+  if (!fs::is_directory(txn)) return false;
+  for (const auto& e : fs::directory_iterator(txn))
+    if (fs::exists(e.path() / "manifest.json")) return true;
+  return false;
+}
+
+// Every write step from N on fails (a full or dying disk), so the rollback
+// of a failed run usually fails too. Either LOCAL is back as it was and the
+// journal is gone, or the journal is kept, LOCAL reads as interrupted and
+// the message says so; the next run (the disk healed) converges either way.
+long persist_every_step(const Scenario& s, long kill_steps, Problems& p, long& kept) {
+  for (long n = 1; n <= kMaxSteps; ++n) {
+    reset(s);
+    const LocalSnapshot snap(s.local);
+    const RunResult r = apply_faulty(s.args, n, "persist");
+    if (r.code == 0) {
+      if (n > kill_steps) {
+        check_target(s, p, n, "run without the fault firing");
+        return n - 1;
+      }
+      check_target(s, p, n, "exit 0 with the faults in the cleanup after the commit", false);
+      check_rerun(s, p, n, "");
+      continue;
+    }
+    if (r.code != 1) p.add("exit " + std::to_string(r.code) + " instead of 1: " + first_line(r.err), n);
+    if (!contains(r.err, "injected fault")) p.add("the message does not say \"injected fault\": " + first_line(r.err), n);
+    const StateSeen seen = check_recorded_state(s, p, n);
+    const RunResult st = apply({"--status", s.local.string()});
+    if (has_journal(s.local)) {
+      ++kept;
+      if (!contains(r.err, "undo journal") && !contains(r.err, "undone journal"))
+        p.add("the journal is kept but the message does not say so: " + r.err, n);
+      if (st.code != 10) p.add("--status exits " + std::to_string(st.code) + " with the journal kept, not 10", n);
+      check_status(s, p, n, seen);
+    } else {
+      if (contains(r.err, "undo journal in")) p.add("the message speaks of a kept journal, but none is left", n);
+      const TreeDiff d = snap.compare();
+      for (const auto& line : d.differences)
+        if (line.rfind(".weight_sync/txn/", 0) != 0) p.add("LOCAL differs from before the failed run: " + line, n);
+      const int want = s.old_version.empty() ? 11 : 0;
+      if (st.code != want) p.add("--status after the failed run exits " + std::to_string(st.code) + ", not " + std::to_string(want), n);
+    }
+    check_rerun(s, p, n, seen.pending);
+  }
+  FAIL(s.name << ": still faulting after " << kMaxSteps << " write steps");
+  return kMaxSteps;
+}
+
 void run_scenario(const Scenario& s) {
   INFO("scenario: " << s.name);
   Problems pk, pe, pd;
@@ -308,10 +361,14 @@ void run_scenario(const Scenario& s) {
   CHECK_MESSAGE(pe.empty(), s.name << ", I/O error at each write step:\n" << pe.text("write step"));
   WARN_MESSAGE(pd.empty(), s.name << ", I/O error at each write step, empty directories left behind:\n"
                                   << pd.text("write step"));
+  Problems pp;
+  t.persist_steps = persist_every_step(s, t.kill_steps, pp, t.kept);
+  CHECK_MESSAGE(pp.empty(), s.name << ", every write step failing from each one on:\n" << pp.text("write step"));
   CHECK(t.kill_steps > 0);
   totals()[s.name] = t;
   MESSAGE(s.name << ": " << t.kill_steps << " write steps killed, " << t.error_steps << " failed with an I/O error ("
-                 << t.swallowed << " of them in the cleanup after the commit, which the run ignores)");
+                 << t.swallowed << " of them in the cleanup after the commit, which the run ignores); with every step "
+                 << "failing from one on, " << t.kept << " of " << t.persist_steps << " runs kept their journal");
 }
 
 // ---- inputs --------------------------------------------------------------------------
