@@ -203,8 +203,15 @@ void write_bytes(const fs::path& p, const Bytes& content) {
 }
 
 void copy_tree(const fs::path& from, const fs::path& to) {
+  // By hand: Boost's copy fails across filesystems (a test's own mount).
   fs::create_directories(to);
-  fs::copy(from, to, fs::copy_options::recursive);
+  for (auto it = fs::recursive_directory_iterator(from); it != fs::recursive_directory_iterator(); ++it) {
+    const fs::path dst = to / fs::relative(it->path(), from);
+    const fs::file_status st = it->symlink_status();
+    if (fs::is_symlink(st)) fs::copy_symlink(it->path(), dst);
+    else if (fs::is_directory(st)) fs::create_directories(dst);
+    else write_bytes(dst, read_bytes(it->path()));
+  }
 }
 
 std::uint64_t tree_size(const fs::path& dir) {

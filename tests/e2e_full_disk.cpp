@@ -1,0 +1,304 @@
+// End-to-end: delta-apply on a filesystem that is really full. LOCAL lives on
+// a small tmpfs the test mounts itself; a filler file leaves a given number of
+// bytes free, swept from none to just enough, so that ENOSPC lands in every
+// phase of each kind of operation. After each failed run LOCAL must be
+// byte-identical to its old version, recorded as such, with no journal left
+// (a rollback needs no free space); once space is back the same command
+// converges. Where the test cannot mount, it says why and skips.
+#include <doctest/doctest.h>
+
+#include <fcntl.h>
+#include <sys/mount.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+
+#include "e2e_util.hpp"
+
+using namespace e2e;
+
+namespace {
+
+constexpr std::uint64_t kPage = 4096;
+
+// A tmpfs of `size` bytes mounted at `dir` for the object's lifetime.
+class SmallFs {
+ public:
+  SmallFs(const fs::path& dir, std::uint64_t size) : dir_(dir) {
+    fs::create_directories(dir);
+    const std::string opts = "size=" + std::to_string(size) + ",mode=0755";
+    if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, opts.c_str()) != 0) why_ = std::strerror(errno);
+  }
+  ~SmallFs() {
+    if (why_.empty()) ::umount2(dir_.c_str(), MNT_DETACH);
+  }
+  SmallFs(const SmallFs&) = delete;
+  SmallFs& operator=(const SmallFs&) = delete;
+
+  bool mounted() const { return why_.empty(); }
+  const std::string& why() const { return why_; }
+  fs::path operator/(const std::string& rel) const { return dir_ / rel; }
+
+  std::uint64_t available() const {
+    struct statvfs sv{};
+    REQUIRE(::statvfs(dir_.c_str(), &sv) == 0);
+    return static_cast<std::uint64_t>(sv.f_bavail) * sv.f_frsize;
+  }
+  // Fills the filesystem but for `bytes` (whole pages).
+  void leave_free(std::uint64_t bytes) {
+    free_all();
+    const std::uint64_t avail = available();
+    if (avail <= bytes) return;
+    const int fd = ::open(filler().c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    REQUIRE(fd >= 0);
+    const int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(avail - bytes));
+    ::close(fd);
+    REQUIRE_MESSAGE(rc == 0, "posix_fallocate on the small filesystem: " << std::strerror(rc));
+  }
+  void free_all() { fs::remove(filler()); }
+
+ private:
+  fs::path filler() const { return dir_ / "filler"; }
+  fs::path dir_;
+  std::string why_;
+};
+
+// One command of delta-apply on a LOCAL that lives on the small filesystem.
+struct Case {
+  std::string name;
+  fs::path start;                 // LOCAL before the command ("" or an empty dir: none)
+  fs::path old_tree, new_tree;    // the checkpoints LOCAL may hold after it
+  std::string old_version, target;
+  std::function<std::vector<std::string>(const fs::path& local)> args;
+};
+
+struct Outcome {
+  int failed = 0, converged = 0;
+  std::set<std::string> errors;  // what stopped the failed runs: the phases reached
+};
+
+void reset(SmallFs& small, const fs::path& local, const Case& c) {
+  small.free_all();
+  fs::remove_all(local);
+  copy_tree(c.start, local);
+}
+
+// What a failure's message says was being written, without what varies
+// from run to run (LOCAL's path, temp names, offsets).
+std::string phase_of(const std::string& line, const fs::path& local) {
+  std::string out;
+  const std::string l = local.string();
+  for (std::size_t i = 0; i < line.size();) {
+    if (line.compare(i, l.size(), l) == 0) {
+      out += "LOCAL", i += l.size();
+    } else if (line.compare(i, 5, ".tmp-") == 0) {
+      out += ".tmp-*", i += std::min<std::size_t>(13, line.size() - i);
+    } else if (line.compare(i, 11, " at offset ") == 0) {
+      break;
+    } else {
+      out += line[i++];
+    }
+  }
+  return out;
+}
+
+json expected_state(const std::string& version) { return version.empty() ? json() : json{{"version", version}}; }
+
+// Runs the command with `free_bytes` left; checks what it leaves, then that
+// the same command converges once the space is back. Returns its exit code.
+int run_with_free(SmallFs& small, const Case& c, std::uint64_t free_bytes, Outcome& o) {
+  const fs::path local = small / "local";
+  reset(small, local, c);
+  small.leave_free(free_bytes);
+  const RunResult r = apply(c.args(local));
+  INFO(c.name << ", " << free_bytes << " bytes free: exit " << r.code << "\n" << r.err);
+  if (r.code == 0) {
+    const TreeDiff d = tree_equal(local, c.new_tree);
+    CHECK_MESSAGE(d.equal, (d.equal ? "" : d.differences.front()));
+    CHECK(state_json(local) == expected_state(c.target));
+    CHECK_FALSE(has_txn(local));
+    return 0;
+  }
+  ++o.failed;
+  CHECK(r.code == 1);
+  CHECK(contains(r.err, "No space left on device"));
+  CHECK_FALSE(contains(r.err, "rolling it back failed"));
+  o.errors.insert(phase_of(first_line(r.err), local));
+  // Rolled back in full, recorded as the old version, no journal left.
+  const TreeDiff d = tree_equal(local, c.old_tree);
+  CHECK_MESSAGE(d.equal, "LOCAL is not its old version after the failed run: " << (d.equal ? "" : d.differences.front()));
+  CHECK(state_json(local) == expected_state(c.old_version));
+  CHECK_FALSE(has_txn(local));
+  const RunResult st = apply({"--status", local.string()});
+  CHECK(st.code == (c.old_version.empty() ? 11 : 0));
+  // Space back: the same command converges.
+  small.free_all();
+  const RunResult again = apply(c.args(local));
+  CHECK_MESSAGE(again.code == 0, "re-run with space back: " << again.err);
+  const TreeDiff d2 = tree_equal(local, c.new_tree);
+  CHECK_MESSAGE(d2.equal, "after the re-run: " << (d2.equal ? "" : d2.differences.front()));
+  CHECK(state_json(local) == expected_state(c.target));
+  o.converged += again.code == 0 && d2.equal;
+  return r.code;
+}
+
+// The least free space (in pages) the command needs, found by bisection,
+// then a sweep from none to that in about `points` steps, each page near
+// the edge included.
+void sweep(const Case& c, int points = 24) {
+  const std::unique_ptr<TempDir> t = scratch_dir();
+  const std::uint64_t size = (tree_size(c.start) + 3 * tree_size(c.new_tree)) / kPage * kPage + (1 << 20);
+  SmallFs small(*t / "mnt", size);
+  if (!small.mounted()) {
+    MESSAGE("skipped " << c.name << ": cannot mount a tmpfs (" << small.why() << "); run the tests as root");
+    return;
+  }
+  Outcome o;
+  std::uint64_t lo = 0, hi = size / kPage;  // fails with lo pages free, succeeds with hi
+  {
+    Outcome probe;
+    REQUIRE_MESSAGE(run_with_free(small, c, hi * kPage, probe) == 0, c.name << ": fails even with the disk empty");
+  }
+  while (hi - lo > 1) {
+    const std::uint64_t mid = (lo + hi) / 2;
+    Outcome probe;
+    (run_with_free(small, c, mid * kPage, probe) == 0 ? hi : lo) = mid;
+  }
+  std::set<std::uint64_t> pages{0, 1, 2, lo > 0 ? lo - 1 : 0, lo, hi};
+  for (int i = 1; i < points; ++i) pages.insert(hi * i / points);
+  for (const std::uint64_t p : pages) run_with_free(small, c, p * kPage, o);
+  std::string phases;
+  for (const auto& e : o.errors) phases += "\n  " + e;
+  MESSAGE(c.name << ": needs " << hi << " pages free (" << hi * kPage << " bytes); " << pages.size()
+                 << " runs between none and that, " << o.failed << " failed with ENOSPC, rolled back and converged "
+                 << o.converged << " times; failures seen at:" << phases);
+  CHECK(o.failed == o.converged);
+  CHECK(o.failed > 0);
+}
+
+std::string require_init(const fs::path& src, const fs::path& local, const std::string& version = "0") {
+  const RunResult r = apply({"-q", "--init", "--version", version, src.string(), local.string()});
+  E2E_REQUIRE_CODE(r, 0);
+  return state_version(local);
+}
+
+void require_diff(const fs::path& a, const fs::path& b, const fs::path& out, const std::string& encoding) {
+  const RunResult r = diff({"-q", "--encoding", encoding, a.string(), b.string(), out.string()});
+  E2E_REQUIRE_CODE(r, 0);
+}
+
+// Saves and deltas shared by the cases (on the usual scratch filesystem).
+struct Inputs {
+  std::unique_ptr<TempDir> t = scratch_dir();
+  fs::path series, empty, start0, root_xor, root_auto, chain, v2_full, v3_new, st0, st1, st_start, root_struct,
+      other_start;
+
+  Inputs() {
+    const TempDir& d = *t;
+    series = gen_series(d / "series", 3, {"--max-shard-size", "600KB"});
+    empty = d / "empty";
+    fs::create_directories(empty);
+    start0 = d / "start0";
+    REQUIRE(require_init(save_dir(series, 0), start0) == "000000");
+    root_xor = d / "root-xor";
+    root_auto = d / "root-auto";
+    chain = d / "root-chain";
+    root_struct = d / "root-struct";
+    for (const fs::path& r : {root_xor, root_auto, chain, root_struct}) fs::create_directories(r);
+    require_diff(save_dir(series, 0), save_dir(series, 1), version_dir(root_xor, 1), "xor");
+    require_diff(save_dir(series, 0), save_dir(series, 1), version_dir(root_auto, 1), "auto");
+    // A chain: 1 a delta, 2 a full version with a file of its own, 3 a delta on it.
+    require_diff(save_dir(series, 0), save_dir(series, 1), version_dir(chain, 1), "xor");
+    v2_full = version_dir(chain, 2);
+    copy_tree(save_dir(series, 2), v2_full);
+    write_file(v2_full / "chat_template.jinja", "{{ messages }}\n");
+    v3_new = d / "v3";
+    copy_tree(save_dir(series, 3), v3_new);
+    write_file(v3_new / "chat_template.jinja", "{{ messages | join }}\n");
+    require_diff(v2_full, v3_new, version_dir(chain, 3), "overwrite");
+    // A structural delta: weight files built and swapped in, a header
+    // rewritten, a weight file removed.
+    st0 = d / "struct-0";
+    st1 = d / "struct-1";
+    write_structural_checkpoint(st0, 0);
+    write_structural_checkpoint(st1, 1);
+    require_diff(st0, st1, version_dir(root_struct, 1), "auto");
+    st_start = d / "start-struct";
+    REQUIRE(require_init(st0, st_start) == "000000");
+    // LOCAL holding another model, with a stray file.
+    const fs::path other = gen_series(d / "other", 0, {"--seed", "7"});
+    other_start = d / "start-other";
+    REQUIRE(require_init(save_dir(other, 0), other_start) == "000000");
+    write_file(other_start / "stray.txt", "stray\n");
+  }
+};
+
+Inputs& inputs() {
+  static Inputs in;
+  return in;
+}
+
+Case single(const std::string& name, const fs::path& delta, const std::vector<std::string>& opts) {
+  const Inputs& in = inputs();
+  return {name, in.start0, save_dir(in.series, 0), save_dir(in.series, 1), "000000", "000001",
+          [delta, opts](const fs::path& local) {
+            std::vector<std::string> a = opts;
+            a.push_back(delta.string());
+            a.push_back(local.string());
+            return a;
+          }};
+}
+
+}  // namespace
+
+TEST_CASE("full disk: apply of an xor delta (journal written and flushed first)") {
+  sweep(single("xor delta", version_dir(inputs().root_xor, 1), {"--threads", "1"}));
+}
+
+TEST_CASE("full disk: --no-sync one-pass apply of a default (sparse) delta") {
+  sweep(single("sparse delta, --no-sync", version_dir(inputs().root_auto, 1), {"--no-sync", "--threads", "2"}));
+}
+
+TEST_CASE("full disk: apply of a default (sparse) delta") {
+  sweep(single("sparse delta", version_dir(inputs().root_auto, 1), {"--threads", "2"}));
+}
+
+TEST_CASE("full disk: structural delta (build, header rewrite, remove)") {
+  const Inputs& in = inputs();
+  for (const bool no_sync : {false, true}) {
+    Case c{no_sync ? "structural delta, --no-sync" : "structural delta", in.st_start, in.st0, in.st1, "000000", "000001",
+           [&in, no_sync](const fs::path& local) {
+             std::vector<std::string> a{version_dir(in.root_struct, 1).string(), local.string()};
+             if (no_sync) a.insert(a.begin(), "--no-sync");
+             return a;
+           }};
+    sweep(c);
+  }
+}
+
+TEST_CASE("full disk: --root chain of 3 versions with a full version in the middle") {
+  const Inputs& in = inputs();
+  sweep({"--root chain 0 -> 3", in.start0, save_dir(in.series, 0), in.v3_new, "000000", "000003",
+         [&in](const fs::path& local) {
+           return std::vector<std::string>{"--threads", "1", "--root", in.chain.string(), local.string()};
+         }});
+}
+
+TEST_CASE("full disk: --init into an empty LOCAL and over another model") {
+  const Inputs& in = inputs();
+  sweep({"--init into an empty LOCAL", in.empty, in.empty, save_dir(in.series, 1), "", "000000",
+         [&in](const fs::path& local) {
+           return std::vector<std::string>{"--init", save_dir(in.series, 1).string(), local.string()};
+         }});
+  sweep({"--init over another model", in.other_start, in.other_start, save_dir(in.series, 1), "000000", "000005",
+         [&in](const fs::path& local) {
+           return std::vector<std::string>{"--init", "--version", "5", save_dir(in.series, 1).string(), local.string()};
+         }});
+}
