@@ -299,16 +299,6 @@ long error_every_step(const Scenario& s, long kill_steps, Problems& p, Problems&
   return kMaxSteps;
 }
 
-// A step of a transaction is under .weight_sync/txn (a bare directory there
-// is an empty leftover, not a journal).
-bool has_journal(const fs::path& local) {
-  const fs::path txn = local / ".weight_sync" / "txn";
-  if (!fs::is_directory(txn)) return false;
-  for (const auto& e : fs::directory_iterator(txn))
-    if (fs::exists(e.path() / "manifest.json")) return true;
-  return false;
-}
-
 // Every write step from N on fails (a full or dying disk), so the rollback
 // of a failed run usually fails too. Either LOCAL is back as it was and the
 // journal is gone, or the journal is kept, LOCAL reads as interrupted and

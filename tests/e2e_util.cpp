@@ -485,6 +485,14 @@ bool has_txn(const fs::path& local) {
   return fs::exists(fs::symlink_status(local / ".weight_sync" / "txn", ec));
 }
 
+bool has_journal(const fs::path& local) {
+  const fs::path txn = local / ".weight_sync" / "txn";
+  if (!fs::is_directory(txn)) return false;
+  for (const auto& e : fs::directory_iterator(txn))
+    if (fs::exists(e.path() / "manifest.json")) return true;
+  return false;
+}
+
 namespace {
 
 // `n` deterministic bytes from a tensor's name and a seed.

@@ -230,6 +230,9 @@ std::unique_ptr<TempDir> scratch_dir();
 
 // True if LOCAL holds a transaction directory.
 bool has_txn(const fs::path& local);
+// A step of a transaction is journaled under .weight_sync/txn (a bare
+// directory, or one without its manifest, is a leftover, not a journal).
+bool has_journal(const fs::path& local);
 
 }  // namespace e2e
 
