@@ -77,7 +77,7 @@ Checkpoint open_checkpoint(const fs::path& dir) {
     if (f.find('/') != std::string::npos || !ends_with(f, ".safetensors.index.json")) continue;
     c.index_files.push_back(f);
     const fs::path p = dir / f;
-    const json j = parse_json_text(read_small_file(p), p.string(), "index");
+    const json j = parse_json_text(read_small_file(p, kIndexJson.bytes), p.string(), "index", kIndexJson);
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
       fail(Exit::bad_input, p.string() + ": no \"weight_map\" object");
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {

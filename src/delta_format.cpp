@@ -19,10 +19,9 @@ using nlohmann::json;
 
 namespace {
 
-constexpr std::uint64_t kMaxIndexBytes = 256u << 20;
 
 json load_index(const fs::path& p) {
-  json j = parse_json_text(read_small_file(p, kMaxIndexBytes), p.string(), "index");
+  json j = parse_json_text(read_small_file(p, kIndexJson.bytes), p.string(), "index", kIndexJson);
   if (!j.is_object()) fail(Exit::bad_input, p.string() + ": not a JSON object");
   return j;
 }
@@ -68,11 +67,11 @@ bool is_delta_dir(const fs::path& dir) {
 
 DeltaIndex read_delta_index(const fs::path& dir) {
   const fs::path p = dir / kIndexFile;
-  return parse_delta_index(read_small_file(p, kMaxIndexBytes), p.string());
+  return parse_delta_index(read_small_file(p, kIndexJson.bytes), p.string());
 }
 
 DeltaIndex parse_delta_index(std::string_view text, const std::string& w) {
-  const json j = parse_json_text(text, w, "index");
+  const json j = parse_json_text(text, w, "index", kIndexJson);
   if (!j.is_object()) fail(Exit::bad_input, w + ": not a JSON object");
   if (!j.contains("metadata") || !j["metadata"].is_object()) fail(Exit::bad_input, w + ": no \"metadata\" object");
   const json& m = j["metadata"];

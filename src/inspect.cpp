@@ -184,7 +184,7 @@ DeltaInspection inspect_delta(const fs::path& dir) {
   {
     // read_delta_index validated the index; the few values it does not keep
     // are read back from the text it accepted.
-    const json j = parse_json_text(read_small_file(index_path), index_path.string(), "index");
+    const json j = parse_json_text(read_small_file(index_path, kIndexJson.bytes), index_path.string(), "index", kIndexJson);
     const json& m = j["metadata"];
     r.encoding = m[key::delta_encoding].get<std::string>();
     if (m.contains(key::format)) r.format = m[key::format].get<std::uint64_t>();

@@ -231,7 +231,7 @@ std::optional<Manifest> read_manifest(const fs::path& step) {
   if (!exists_nofollow(p)) return std::nullopt;
   const std::string w = p.string();
   try {
-    const json j = parse_json_text(read_small_file(p), w, "manifest");
+    const json j = parse_json_text(read_small_file(p, kManifestJson.bytes), w, "manifest", kManifestJson);
     Manifest m;
     m.version = parse_version(j.at("version").get<std::string>(), w);
     if (!j.at("base_version").is_null()) m.base = parse_version(j.at("base_version").get<std::string>(), w);

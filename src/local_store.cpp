@@ -111,8 +111,8 @@ LocalState read_state(const fs::path& local) {
   const fs::path p = state_file(local);
   boost::system::error_code ec;
   if (!fs::exists(p, ec)) return {};
-  const std::string text = read_small_file(p, 1 << 20);
-  const json j = parse_json_text(text, p.string(), "state");
+  const std::string text = read_small_file(p, kStateJson.bytes);
+  const json j = parse_json_text(text, p.string(), "state", kStateJson);
   if (!j.is_object()) fail(Exit::bad_input, p.string() + ": not a JSON object");
   LocalState s;
   auto version_field = [&](const char* k) -> std::optional<std::uint64_t> {

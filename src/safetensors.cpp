@@ -98,6 +98,9 @@ SafetensorsHeader parse_safetensors(std::string_view bytes, std::uint64_t file_s
   if (h.header_len > kMaxHeaderSize)
     bad(what, "header length " + std::to_string(h.header_len) + " exceeds the limit of " +
                   std::to_string(kMaxHeaderSize) + " bytes");
+  if (h.header_len > kHeaderJson.bytes)  // within the format's limit, but more than any real header
+    bad(what, "header length " + std::to_string(h.header_len) + " exceeds hfdelta's limit of " +
+                  std::to_string(kHeaderJson.bytes) + " bytes");
   if (8 + h.header_len > file_size)
     bad(what, "header length " + std::to_string(h.header_len) + " runs past the end of the " +
                   std::to_string(file_size) + "-byte file");
@@ -105,7 +108,7 @@ SafetensorsHeader parse_safetensors(std::string_view bytes, std::uint64_t file_s
   h.header.assign(bytes.substr(8, h.header_len));
   if (h.header.empty() || h.header.front() != '{') bad(what, "header does not start with '{'");
 
-  json j = parse_json_text(h.header, what, "header");
+  json j = parse_json_text(h.header, what, "header", kHeaderJson);
   if (!j.is_object()) bad(what, "header is not a JSON object");
 
   const std::uint64_t buffer = file_size - 8 - h.header_len;
@@ -181,7 +184,7 @@ SafetensorsHeader read_safetensors(const fs::path& path) {
   char len[8];
   f.pread_exact(len, 8, 0);
   const std::uint64_t n = read_le64(len);
-  if (n > kMaxHeaderSize || 8 + n > size) return parse_safetensors(std::string_view(len, 8), size, what);
+  if (n > kMaxHeaderSize || n > kHeaderJson.bytes || 8 + n > size) return parse_safetensors(std::string_view(len, 8), size, what);
   std::string buf(8 + n, '\0');
   f.pread_exact(buf.data(), buf.size(), 0);
   return parse_safetensors(buf, size, what);

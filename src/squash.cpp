@@ -23,6 +23,7 @@
 #include "hfdelta/io.hpp"
 #include "hfdelta/safetensors.hpp"
 #include "hfdelta/version.hpp"
+#include "json_text.hpp"
 #include "parallel.hpp"
 
 namespace hfdelta {
@@ -71,13 +72,13 @@ struct FileState {
 // Tensor names and lengths of a header file, in data order (the order the
 // safetensors reader gives, which delta-apply checks build lists against).
 std::vector<std::pair<std::string, std::uint64_t>> header_tensors(const fs::path& p) {
-  const std::string bytes = read_small_file(p, 8 + kMaxHeaderSize);
+  const std::string bytes = read_small_file(p, 8 + kHeaderJson.bytes);
   const std::string w = p.string();
   // The file size the header implies: where its last tensor ends.
   std::uint64_t end = 0;
   try {
     if (bytes.size() < 8) throw std::runtime_error("too short");
-    const auto j = nlohmann::json::parse(bytes.begin() + 8, bytes.end());
+    const auto j = parse_json_text(std::string_view(bytes).substr(8), w, "header", kHeaderJson);
     for (auto it = j.begin(); it != j.end(); ++it)
       if (it.key() != "__metadata__") end = std::max(end, it.value().at("data_offsets").at(1).get<std::uint64_t>());
   } catch (const std::exception& e) {

@@ -116,7 +116,7 @@ std::optional<ChecksumRecord> read_record(const fs::path& local, std::uint64_t v
   if (!exists_nofollow(p)) return std::nullopt;
   const std::string w = p.string();
   try {
-    const json j = parse_json_text(read_small_file(p), w, "checksum record");
+    const json j = parse_json_text(read_small_file(p, kIndexJson.bytes), w, "checksum record", kIndexJson);
     ChecksumRecord r;
     for (const auto& [file, wj] : j.at("weights").items()) {
       WeightRecord& wr = r.weights[file];

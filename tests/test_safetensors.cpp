@@ -125,9 +125,13 @@ TEST_CASE("safetensors: header length over 100,000,000 is refused") {
   expect_bad(le64(~0ull) + "{}", {"exceeds"});
 }
 
-TEST_CASE("safetensors: header length of exactly the limit is only refused for running past the file") {
-  const std::string file = le64(100'000'000) + "{}";
-  expect_bad(file, {"past the end"});
+TEST_CASE("safetensors: a header within the format's limit but over hfdelta's (32 MiB) is refused as such") {
+  expect_bad(le64(100'000'000) + "{}", {"exceeds hfdelta's limit", "33554432"});
+  expect_bad(le64((32u << 20) + 1) + "{}", {"exceeds hfdelta's limit"});
+}
+
+TEST_CASE("safetensors: header length of exactly hfdelta's limit is only refused for running past the file") {
+  expect_bad(le64(32u << 20) + "{}", {"past the end"});
 }
 
 TEST_CASE("safetensors: 8 + N beyond the file is refused") {
