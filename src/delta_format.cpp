@@ -65,47 +65,64 @@ bool is_delta_dir(const fs::path& dir) {
   return false;
 }
 
+namespace {
+
+DeltaIndex delta_index_from_json(json j, const std::string& w);
+
+}  // namespace
+
 DeltaIndex read_delta_index(const fs::path& dir) {
   const fs::path p = dir / kIndexFile;
-  return parse_delta_index(read_small_file(p, kIndexJson.bytes), p.string());
+  json j;
+  {  // the text is freed before the index is converted: memory holds one form at a time
+    const std::string text = read_small_file(p, kIndexJson.bytes);
+    j = parse_json_text(text, p.string(), "index", kIndexJson);
+  }
+  return delta_index_from_json(std::move(j), p.string());
 }
 
 DeltaIndex parse_delta_index(std::string_view text, const std::string& w) {
-  const json j = parse_json_text(text, w, "index", kIndexJson);
+  return delta_index_from_json(parse_json_text(text, w, "index", kIndexJson), w);
+}
+
+namespace {
+
+DeltaIndex delta_index_from_json(json j, const std::string& w) {
   if (!j.is_object()) fail(Exit::bad_input, w + ": not a JSON object");
   if (!j.contains("metadata") || !j["metadata"].is_object()) fail(Exit::bad_input, w + ": no \"metadata\" object");
   const json& m = j["metadata"];
+  DeltaIndex d;
   // hfdelta's indexes carry a checksum of themselves, so no damaged byte of
   // the index (a key name, a checksum, a file entry) can go unnoticed.
   if (m.contains(key::format) || m.contains(key::index_checksum)) {
     if (!m.contains(key::format) || !m.contains(key::index_checksum) || !m[key::index_checksum].is_string())
       fail(Exit::bad_input, w + ": needs both metadata.hfdelta_format and metadata.hfdelta_index_checksum");
-    json rest = j;
-    rest["metadata"].erase(key::index_checksum);
-    const std::string text_rest = rest.dump();
     const Hash128 want = parse_hash_hex(m[key::index_checksum].get<std::string>(), w + ": metadata.hfdelta_index_checksum");
-    if (xxh3_128({reinterpret_cast<const std::uint8_t*>(text_rest.data()), text_rest.size()}) != want)
-      fail(Exit::bad_input, w + ": index does not match its hfdelta_index_checksum (damaged)");
+    j["metadata"].erase(key::index_checksum);  // the checksum covers the index without itself
+    if (xxh3_128_of_dump(j) != want) fail(Exit::bad_input, w + ": index does not match its hfdelta_index_checksum (damaged)");
+    d.index_checksum = want;
   }
   if (!m.contains(key::delta_encoding)) fail(Exit::bad_input, w + ": not a delta (no metadata.delta_encoding)");
 
-  DeltaIndex d;
   std::uint64_t revision = 0;  // none: a plain slime-layout delta
   if (m.contains(key::format)) {
     const json& f = m[key::format];
     if (!f.is_number_unsigned()) fail(Exit::bad_input, w + ": metadata.hfdelta_format must be an integer");
     revision = f.get<std::uint64_t>();
+    d.format_revision = revision;
     if (revision > static_cast<std::uint64_t>(kFormatRevision))
       fail(Exit::unsupported, w + ": written by a newer hfdelta (format revision " + f.dump() +
                                   "; this build reads up to " + std::to_string(kFormatRevision) + ")");
   }
   if (!m[key::delta_encoding].is_string()) fail(Exit::bad_input, w + ": metadata.delta_encoding must be a string");
   const std::string enc_name = m[key::delta_encoding].get<std::string>();
+  d.encoding_name = enc_name;
   if (enc_name == "auto") {
     d.per_tensor = true;
     if (!m.contains(key::encodings) || !m[key::encodings].is_object())
       fail(Exit::bad_input, w + ": delta_encoding \"auto\" needs metadata.hfdelta_encodings");
-    for (auto it = m[key::encodings].begin(); it != m[key::encodings].end(); ++it) {
+    json& es = j["metadata"][key::encodings];
+    for (auto it = es.begin(); it != es.end(); it = es.erase(it)) {
       const auto e = it->is_string() ? parse_encoding(it->get<std::string>()) : std::nullopt;
       if (!e) fail(Exit::unsupported, w + ": hfdelta_encodings[\"" + it.key() + "\"] is " + it->dump() + ", not an encoding this build knows");
       if (*e == Encoding::stack && revision < 4)
@@ -131,18 +148,21 @@ DeltaIndex parse_delta_index(std::string_view text, const std::string& w) {
   d.base_version = version_of(m[key::base_version], w + ": metadata.base_version");
 
   if (!j.contains("weight_map") || !j["weight_map"].is_object()) fail(Exit::bad_input, w + ": no \"weight_map\" object");
-  for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+  // The large objects are erased entry by entry as they are converted, so
+  // the parsed document and the index are not both held in full.
+  json& wm = j["weight_map"];
+  for (auto it = wm.begin(); it != wm.end(); it = wm.erase(it)) {
     if (!it->is_string()) fail(Exit::bad_input, w + ": weight_map[\"" + it.key() + "\"] is not a file name");
-    const std::string file = it->get<std::string>();
+    const std::string& file = it->get_ref<const std::string&>();
     check_relative_path(file, w + ": weight_map[\"" + it.key() + "\"]");
     if (file.find('/') != std::string::npos)
       fail(Exit::bad_input, w + ": weight_map[\"" + it.key() + "\"] names a file outside the delta directory's top level");
     d.weight_map.emplace(it.key(), file);
   }
   if (m.contains(key::base_checksums)) {
-    const json& b = m[key::base_checksums];
+    json& b = j["metadata"][key::base_checksums];
     if (!b.is_object()) fail(Exit::bad_input, w + ": metadata.hfdelta_base_checksums must be an object");
-    for (auto it = b.begin(); it != b.end(); ++it) {
+    for (auto it = b.begin(); it != b.end(); it = b.erase(it)) {
       if (!it->is_string()) fail(Exit::bad_input, w + ": hfdelta_base_checksums[\"" + it.key() + "\"] is not a string");
       d.base_checksums.emplace(it.key(), parse_hash_hex(it->get<std::string>(), w + ": hfdelta_base_checksums[\"" + it.key() + "\"]"));
     }
@@ -261,6 +281,8 @@ DeltaIndex parse_delta_index(std::string_view text, const std::string& w) {
       if (!d.encodings.count(tensor)) fail(Exit::bad_input, w + ": hfdelta_encodings has no entry for '" + tensor + "'");
   return d;
 }
+
+}  // namespace
 
 std::string delta_file_name(std::size_t i, std::size_t n) {
   char name[64];

@@ -181,16 +181,9 @@ DeltaInspection inspect_delta(const fs::path& dir) {
   r.dir = dir;
   r.version = idx.version;
   r.base_version = idx.base_version;
-  {
-    // read_delta_index validated the index; the few values it does not keep
-    // are read back from the text it accepted.
-    const json j = parse_json_text(read_small_file(index_path, kIndexJson.bytes), index_path.string(), "index", kIndexJson);
-    const json& m = j["metadata"];
-    r.encoding = m[key::delta_encoding].get<std::string>();
-    if (m.contains(key::format)) r.format = m[key::format].get<std::uint64_t>();
-    if (m.contains(key::index_checksum))
-      r.index_checksum = parse_hash_hex(m[key::index_checksum].get<std::string>(), index_path.string());
-  }
+  r.encoding = idx.encoding_name;
+  r.format = idx.format_revision;
+  r.index_checksum = idx.index_checksum;
 
   // Delta files: the same rules delta-apply checks before it touches LOCAL.
   std::map<std::string, SafetensorsHeader> headers;

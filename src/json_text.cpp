@@ -80,7 +80,27 @@ class Checker : public nlohmann::json_sax<json> {
   std::vector<std::unordered_set<std::uint64_t>> objects_;
 };
 
+// Serialiser output that feeds a hash instead of a string.
+class HashOutput : public nlohmann::detail::output_adapter_protocol<char> {
+ public:
+  explicit HashOutput(Hasher& h) : h_(h) {}
+  void write_character(char c) override { h_.update({reinterpret_cast<const std::uint8_t*>(&c), 1}); }
+  void write_characters(const char* s, std::size_t n) override {
+    h_.update({reinterpret_cast<const std::uint8_t*>(s), n});
+  }
+
+ private:
+  Hasher& h_;
+};
+
 }  // namespace
+
+Hash128 xxh3_128_of_dump(const json& j) {
+  Hasher h;
+  nlohmann::detail::serializer<json> s(std::make_shared<HashOutput>(h), ' ', json::error_handler_t::strict);
+  s.dump(j, false, false, 0);
+  return h.digest();
+}
 
 json parse_json_text(std::string_view text, const std::string& what, const std::string& subject,
                      const JsonLimits& limits) {

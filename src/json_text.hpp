@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "hfdelta/hash.hpp"
+
 namespace hfdelta {
 
 // Deeper nesting than any file of ours has; messages quote values, and
@@ -23,12 +25,12 @@ struct JsonLimits {
   int depth = kMaxJsonDepth;
 };
 
-// A safetensors header: about 14 values per tensor, so some 140,000 tensors
-// in one weight file.
-inline constexpr JsonLimits kHeaderJson{32u << 20, 2'000'000};
+// A safetensors header: about 10 values per tensor, so some 100,000 tensors
+// in one weight file (the largest models have under 100,000 in all).
+inline constexpr JsonLimits kHeaderJson{32u << 20, 1'000'000};
 // An index (of a checkpoint or a delta) or a checksum record: a few values
 // per tensor of the whole model.
-inline constexpr JsonLimits kIndexJson{64u << 20, 2'000'000};
+inline constexpr JsonLimits kIndexJson{64u << 20, 1'000'000};
 // A transaction manifest: a few values per file of the checkpoint.
 inline constexpr JsonLimits kManifestJson{16u << 20, 500'000};
 // LOCAL's state.json.
@@ -42,5 +44,9 @@ inline constexpr JsonLimits kStateJson{1u << 20, 1'000};
 // duplicate key ...", "... is nested too deeply", "... has more than N values".
 nlohmann::json parse_json_text(std::string_view text, const std::string& what, const std::string& subject,
                                const JsonLimits& limits);
+
+// XXH3-128 of j.dump() (compact), computed as it is serialised: a large
+// document is never held twice.
+Hash128 xxh3_128_of_dump(const nlohmann::json& j);
 
 }  // namespace hfdelta

@@ -88,13 +88,14 @@ const TensorInfo* SafetensorsHeader::find(std::string_view name) const {
   return nullptr;
 }
 
-SafetensorsHeader parse_safetensors(std::string_view bytes, std::uint64_t file_size,
-                                    const std::string& what) {
+namespace {
+
+// The 8-byte header length against the format's limit, hfdelta's and the file.
+SafetensorsHeader check_header_length(std::uint64_t header_len, std::uint64_t file_size, const std::string& what) {
   if (file_size < 8) bad(what, "file is " + std::to_string(file_size) + " bytes, shorter than the 8-byte header length");
-  if (bytes.size() < 8) bad(what, "fewer than 8 bytes given");
   SafetensorsHeader h;
   h.file_size = file_size;
-  h.header_len = read_le64(bytes.data());
+  h.header_len = header_len;
   if (h.header_len > kMaxHeaderSize)
     bad(what, "header length " + std::to_string(h.header_len) + " exceeds the limit of " +
                   std::to_string(kMaxHeaderSize) + " bytes");
@@ -104,22 +105,26 @@ SafetensorsHeader parse_safetensors(std::string_view bytes, std::uint64_t file_s
   if (8 + h.header_len > file_size)
     bad(what, "header length " + std::to_string(h.header_len) + " runs past the end of the " +
                   std::to_string(file_size) + "-byte file");
-  if (bytes.size() < 8 + h.header_len) bad(what, "header truncated");
-  h.header.assign(bytes.substr(8, h.header_len));
+  return h;
+}
+
+// Parses h.header. Each JSON entry is erased once converted, so the parsed
+// document and what it becomes are not both held in full.
+void parse_header_json(SafetensorsHeader& h, const std::string& what) {
   if (h.header.empty() || h.header.front() != '{') bad(what, "header does not start with '{'");
 
   json j = parse_json_text(h.header, what, "header", kHeaderJson);
   if (!j.is_object()) bad(what, "header is not a JSON object");
 
-  const std::uint64_t buffer = file_size - 8 - h.header_len;
-  for (auto it = j.begin(); it != j.end(); ++it) {
+  const std::uint64_t buffer = h.file_size - 8 - h.header_len;
+  for (auto it = j.begin(); it != j.end(); it = j.erase(it)) {
     const std::string& name = it.key();
     if (name == "__metadata__") {
       if (!it->is_object()) bad(what, "__metadata__ is not an object of strings");
       h.has_metadata = true;
-      for (auto m = it->begin(); m != it->end(); ++m) {
+      for (auto m = it->begin(); m != it->end(); m = it->erase(m)) {
         if (!m->is_string()) bad(what, "__metadata__[\"" + m.key() + "\"] is not a string");
-        h.metadata.emplace(m.key(), m->get<std::string>());
+        h.metadata.emplace(m.key(), std::move(m->get_ref<std::string&>()));
       }
       continue;
     }
@@ -166,8 +171,20 @@ SafetensorsHeader parse_safetensors(std::string_view bytes, std::uint64_t file_s
   if (pos != buffer)
     bad(what, "tensors cover " + std::to_string(pos) + " bytes of data but the file holds " + std::to_string(buffer) +
                   " bytes after the header");
+}
+
+}  // namespace
+
+SafetensorsHeader parse_safetensors(std::string_view bytes, std::uint64_t file_size, const std::string& what) {
+  if (file_size >= 8 && bytes.size() < 8) bad(what, "fewer than 8 bytes given");
+  SafetensorsHeader h = check_header_length(file_size < 8 ? 0 : read_le64(bytes.data()), file_size, what);
+  if (bytes.size() < 8 + h.header_len) bad(what, "header truncated");
+  h.header.assign(bytes.substr(8, h.header_len));
+  parse_header_json(h, what);
   return h;
 }
+
+
 
 bool same_tensor_ranges(const SafetensorsHeader& a, const SafetensorsHeader& b) {
   if (a.header_len != b.header_len || a.file_size != b.file_size || a.tensors.size() != b.tensors.size()) return false;
@@ -180,14 +197,13 @@ SafetensorsHeader read_safetensors(const fs::path& path) {
   File f(path, File::Mode::read);
   const std::uint64_t size = f.size();
   const std::string what = path.string();
-  if (size < 8) bad(what, "file is " + std::to_string(size) + " bytes, shorter than the 8-byte header length");
-  char len[8];
-  f.pread_exact(len, 8, 0);
-  const std::uint64_t n = read_le64(len);
-  if (n > kMaxHeaderSize || n > kHeaderJson.bytes || 8 + n > size) return parse_safetensors(std::string_view(len, 8), size, what);
-  std::string buf(8 + n, '\0');
-  f.pread_exact(buf.data(), buf.size(), 0);
-  return parse_safetensors(buf, size, what);
+  char len[8] = {};
+  if (size >= 8) f.pread_exact(len, 8, 0);
+  SafetensorsHeader h = check_header_length(read_le64(len), size, what);
+  h.header.resize(h.header_len);  // read straight into place: the header text is held once
+  f.pread_exact(h.header.data(), h.header_len, 8);
+  parse_header_json(h, what);
+  return h;
 }
 
 // ---- writing ------------------------------------------------------------------

@@ -88,6 +88,10 @@ struct DeltaIndex {
   // are grouped by target file); lets a chain of deltas be composed without
   // the checkpoints. Written since revision 3, for every delta.
   std::map<std::string, std::string> targets;
+  // As written in the index, for --inspect.
+  std::string encoding_name;                          // metadata.delta_encoding
+  std::optional<std::uint64_t> format_revision;       // metadata.hfdelta_format (none: a plain slime-layout delta)
+  std::optional<Hash128> index_checksum;              // metadata.hfdelta_index_checksum
   bool structural() const { return !shards.empty(); }
 };
 
