@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <tuple>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -363,17 +364,6 @@ void run_scenario(const Scenario& s) {
 
 // ---- inputs --------------------------------------------------------------------------
 
-std::string require_init(const fs::path& src, const fs::path& local, const std::string& version = "0") {
-  const RunResult r = apply({"-q", "--init", "--version", version, src.string(), local.string()});
-  E2E_REQUIRE_CODE(r, 0);
-  return state_version(local);
-}
-
-void require_diff(const fs::path& a, const fs::path& b, const fs::path& out, const std::string& encoding) {
-  const RunResult r = diff({"-q", "--encoding", encoding, a.string(), b.string(), out.string()});
-  E2E_REQUIRE_CODE(r, 0);
-}
-
 // Saves, deltas and starting points shared by the scenarios.
 struct Inputs {
   std::unique_ptr<TempDir> t = scratch_dir();
@@ -465,14 +455,7 @@ struct Inputs {
 
     chain = d / "root-chain";
     fs::create_directories(chain);
-    require_diff(save_dir(series, 0), save_dir(series, 1), version_dir(chain, 1), "xor");
-    v2_full = version_dir(chain, 2);
-    copy_tree(save_dir(series, 2), v2_full);
-    write_file(v2_full / "chat_template.jinja", "{{ messages }}\n");
-    v3_new = d / "v3";
-    copy_tree(save_dir(series, 3), v3_new);
-    write_file(v3_new / "chat_template.jinja", "{{ messages | join }}\n");
-    require_diff(v2_full, v3_new, version_dir(chain, 3), "overwrite");
+    std::tie(v2_full, v3_new) = make_full_version_chain(series, chain, d / "v3");
 
     base_start = d / "start-base";
     REQUIRE(require_init(base, base_start) == "000000");

@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <tuple>
 
 #include "e2e_util.hpp"
 
@@ -183,17 +184,6 @@ void sweep(const Case& c, int points = 24) {
   CHECK(o.failed > 0);
 }
 
-std::string require_init(const fs::path& src, const fs::path& local, const std::string& version = "0") {
-  const RunResult r = apply({"-q", "--init", "--version", version, src.string(), local.string()});
-  E2E_REQUIRE_CODE(r, 0);
-  return state_version(local);
-}
-
-void require_diff(const fs::path& a, const fs::path& b, const fs::path& out, const std::string& encoding) {
-  const RunResult r = diff({"-q", "--encoding", encoding, a.string(), b.string(), out.string()});
-  E2E_REQUIRE_CODE(r, 0);
-}
-
 // Saves and deltas shared by the cases (on the usual scratch filesystem).
 struct Inputs {
   std::unique_ptr<TempDir> t = scratch_dir();
@@ -214,15 +204,7 @@ struct Inputs {
     for (const fs::path& r : {root_xor, root_auto, chain, root_struct}) fs::create_directories(r);
     require_diff(save_dir(series, 0), save_dir(series, 1), version_dir(root_xor, 1), "xor");
     require_diff(save_dir(series, 0), save_dir(series, 1), version_dir(root_auto, 1), "auto");
-    // A chain: 1 a delta, 2 a full version with a file of its own, 3 a delta on it.
-    require_diff(save_dir(series, 0), save_dir(series, 1), version_dir(chain, 1), "xor");
-    v2_full = version_dir(chain, 2);
-    copy_tree(save_dir(series, 2), v2_full);
-    write_file(v2_full / "chat_template.jinja", "{{ messages }}\n");
-    v3_new = d / "v3";
-    copy_tree(save_dir(series, 3), v3_new);
-    write_file(v3_new / "chat_template.jinja", "{{ messages | join }}\n");
-    require_diff(v2_full, v3_new, version_dir(chain, 3), "overwrite");
+    std::tie(v2_full, v3_new) = make_full_version_chain(series, chain, d / "v3");
     // A structural delta: weight files built and swapped in, a header
     // rewritten, a weight file removed.
     st0 = d / "struct-0";

@@ -480,6 +480,29 @@ std::unique_ptr<TempDir> scratch_dir() {
   return std::make_unique<TempDir>();
 }
 
+std::string require_init(const fs::path& src, const fs::path& local, const std::string& version) {
+  const RunResult r = apply({"-q", "--init", "--version", version, src.string(), local.string()});
+  E2E_REQUIRE_CODE(r, 0);
+  return state_version(local);
+}
+
+void require_diff(const fs::path& a, const fs::path& b, const fs::path& out, const std::string& encoding) {
+  const RunResult r = diff({"-q", "--encoding", encoding, a.string(), b.string(), out.string()});
+  E2E_REQUIRE_CODE(r, 0);
+}
+
+std::pair<fs::path, fs::path> make_full_version_chain(const fs::path& series, const fs::path& root,
+                                                      const fs::path& new3) {
+  require_diff(save_dir(series, 0), save_dir(series, 1), version_dir(root, 1), "xor");
+  const fs::path full = version_dir(root, 2);
+  copy_tree(save_dir(series, 2), full);
+  write_file(full / "chat_template.jinja", "{{ messages }}\n");
+  copy_tree(save_dir(series, 3), new3);
+  write_file(new3 / "chat_template.jinja", "{{ messages | join }}\n");
+  require_diff(full, new3, version_dir(root, 3), "overwrite");
+  return {full, new3};
+}
+
 bool has_txn(const fs::path& local) {
   boost::system::error_code ec;
   return fs::exists(fs::symlink_status(local / ".weight_sync" / "txn", ec));

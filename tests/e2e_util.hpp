@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <sys/types.h>
@@ -182,6 +183,18 @@ json read_json(const fs::path& p);
 void write_json(const fs::path& p, const json& j);
 
 // ---- series -----------------------------------------------------------------
+
+// delta-apply -q --init --version VERSION SRC LOCAL, required to succeed;
+// the version LOCAL then records.
+std::string require_init(const fs::path& src, const fs::path& local, const std::string& version = "0");
+// delta-diff -q --encoding ENCODING A B OUT, required to succeed.
+void require_diff(const fs::path& a, const fs::path& b, const fs::path& out, const std::string& encoding);
+// A chain in ROOT (which exists) over saves 0 to 3 of SERIES: version 1 an
+// xor delta, 2 a full version with a file of its own, 3 an overwrite delta
+// from it to NEW3 (made here: save 3 with that file changed). Returns the
+// full version's directory and NEW3.
+std::pair<fs::path, fs::path> make_full_version_chain(const fs::path& series, const fs::path& root,
+                                                      const fs::path& new3);
 
 // hfdelta-gen --preset tiny --saves N [extra...] OUTDIR; throws if it fails.
 // Returns OUTDIR.
