@@ -106,6 +106,22 @@ void sync_dirs_of(const fs::path& local, const std::vector<TxnFile>& files) {
     if (fs::is_directory(d)) sync_dir(d);
 }
 
+// A file hard-linked elsewhere (cp -al from a base checkpoint) is not
+// LOCAL's own: patched in place, every linked copy would change too.
+bool hard_linked(const fs::path& p) {
+  boost::system::error_code ec;
+  return fs::hard_link_count(p, ec) > 1 && !ec;
+}
+
+void refuse_hard_linked(const fs::path& p) {
+  if (!hard_linked(p)) return;
+  boost::system::error_code ec;
+  fail(Exit::bad_input, p.string() + ": has " + std::to_string(fs::hard_link_count(p, ec)) +
+                            " hard links (made with cp -al or ln?); patching it in place would change every linked "
+                            "copy too; nothing was changed. Give LOCAL its own copy: delta-apply --init SRC LOCAL "
+                            "copies such files, or cp --remove-destination");
+}
+
 // An SRC without weight files (an unmounted share, a save still being
 // written) would make LOCAL an empty checkpoint.
 void check_has_weights(const Checkpoint& c, const fs::path& src) {
@@ -153,7 +169,8 @@ ApplyResult init_locked(Txn& txn, const fs::path& src, const fs::path& local, st
     check_no_symlink(local, want[i], local.string());
     const fs::path dst = local / want[i];
     boost::system::error_code ec;
-    differs[i] = !fs::is_regular_file(fs::symlink_status(dst, ec)) || !same_contents(src / want[i], dst);
+    // A hard-linked file is replaced by a copy, so LOCAL's files are its own.
+    differs[i] = !fs::is_regular_file(fs::symlink_status(dst, ec)) || hard_linked(dst) || !same_contents(src / want[i], dst);
   });
   Manifest m;
   m.base = st.version;
@@ -629,6 +646,7 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
     if (so && so->op != ShardOp::Op::header) continue;
     slot[s] = static_cast<std::uint32_t>(m.shards.size());
     m.shards.push_back(lc.shards[s].file);
+    refuse_hard_linked(local / lc.shards[s].file);  // patched in place: must be LOCAL's own
   }
   struct Loc {
     std::uint32_t slot;

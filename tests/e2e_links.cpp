@@ -1,0 +1,237 @@
+// End-to-end: hard links. A LOCAL made with `cp -al` (from a base checkpoint,
+// or as a backup of another LOCAL) shares inodes with the other tree; a patch
+// written through them would change that tree too. `--init` gives LOCAL its
+// own copies; delta-apply refuses a shared weight file before writing.
+#include <doctest/doctest.h>
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "e2e_util.hpp"
+
+using namespace e2e;
+
+namespace {
+
+// `cp -al FROM TO`, as an operator would make a cheap copy.
+void cp_al(const fs::path& from, const fs::path& to) {
+  const RunResult r = run({"/bin/cp", "-al", from.string(), to.string()});
+  E2E_REQUIRE_CODE(r, 0);
+}
+
+nlink_t links_of(const fs::path& p) {
+  struct stat st {};
+  REQUIRE(::lstat(p.c_str(), &st) == 0);
+  return st.st_nlink;
+}
+
+std::vector<fs::path> weight_files(const fs::path& dir) {
+  std::vector<fs::path> v;
+  for (const auto& f : list_files(dir))
+    if (f.size() > 12 && f.substr(f.size() - 12) == ".safetensors" && f.find('/') == std::string::npos)
+      v.push_back(dir / f);
+  REQUIRE(!v.empty());
+  return v;
+}
+
+struct Setup {
+  TempDir t;
+  fs::path series, root;
+  Setup() {
+    series = gen_series(t / "series", 2, {"--max-shard-size", "600KB"});
+    root = t / "root";
+    fs::create_directories(root);
+    require_diff(save_dir(series, 0), save_dir(series, 1), version_dir(root, 1), "auto");
+  }
+};
+
+}  // namespace
+
+TEST_CASE("hard links: --init over a cp -al copy of the base gives LOCAL its own files") {
+  Setup s;
+  const fs::path base = s.t / "base";
+  copy_tree(save_dir(s.series, 0), base);
+  const fs::path local = s.t / "local";
+  cp_al(base, local);
+  for (const auto& w : weight_files(local)) REQUIRE(links_of(w) == 2);
+
+  // The bytes already match: --init used to keep the shared files. (--force:
+  // the copy has no .weight_sync/ yet, so it is not a LOCAL.)
+  const RunResult init = apply({"--json", "--init", "--force", base.string(), local.string()});
+  E2E_REQUIRE_CODE(init, 0);
+  for (const auto& w : weight_files(local)) CHECK_MESSAGE(links_of(w) == 1, w.string() << " is still shared");
+  for (const auto& w : weight_files(base)) CHECK(links_of(w) == 1);
+
+  E2E_REQUIRE_CODE(apply({"-q", version_dir(s.root, 1).string(), local.string()}), 0);
+  const TreeDiff b = tree_equal(base, save_dir(s.series, 0));
+  CHECK_MESSAGE(b.equal, "the base checkpoint changed:\n" << b.report());
+  const TreeDiff l = tree_equal(local, save_dir(s.series, 1));
+  CHECK_MESSAGE(l.equal, l.report());
+}
+
+TEST_CASE("hard links: delta-apply refuses a LOCAL weight file with more than one link, before writing") {
+  Setup s;
+  const fs::path local = s.t / "local";
+  require_init(save_dir(s.series, 0), local);
+  // A cheap backup of LOCAL, as an operator might keep before an update.
+  const fs::path backup = s.t / "backup";
+  cp_al(local, backup);
+  const Snapshot backup_before = snapshot(backup, false);
+
+  const std::vector<std::pair<std::string, std::vector<std::string>>> forms = {
+      {"a delta", {"-q", version_dir(s.root, 1).string(), local.string()}},
+      {"a delta, --no-sync", {"-q", "--no-sync", version_dir(s.root, 1).string(), local.string()}},
+      {"--root", {"-q", "--root", s.root.string(), local.string()}},
+  };
+  for (const auto& [name, args] : forms) {
+    INFO(name);
+    const LocalSnapshot before(local);
+    const RunResult r = apply(args);
+    CHECK_MESSAGE(r.code == 3, r.describe());
+    CHECK_MESSAGE(contains(r.err, "hard links"), r.describe());
+    CHECK_MESSAGE(contains(r.err, "--init"), r.describe());
+    bool named = false;
+    for (const auto& w : weight_files(local)) named = named || contains(r.err, w.string());
+    CHECK_MESSAGE(named, r.describe());
+    const TreeDiff d = before.compare();
+    CHECK_MESSAGE(d.equal, d.report());
+    CHECK(!has_txn(local));
+    CHECK(snapshot_diff(backup_before, snapshot(backup, false), "backup before", "backup now").empty());
+  }
+
+  // The fix the message gives: --init copies the shared files, then the
+  // apply goes through and the backup keeps the old bytes.
+  E2E_REQUIRE_CODE(apply({"-q", "--init", save_dir(s.series, 0).string(), local.string()}), 0);
+  for (const auto& w : weight_files(local)) CHECK(links_of(w) == 1);
+  E2E_REQUIRE_CODE(apply({"-q", version_dir(s.root, 1).string(), local.string()}), 0);
+  const TreeDiff l = tree_equal(local, save_dir(s.series, 1));
+  CHECK_MESSAGE(l.equal, l.report());
+  CHECK(snapshot_diff(backup_before, snapshot(backup, false), "backup before", "backup now").empty());
+  const TreeDiff b = tree_equal(backup, save_dir(s.series, 0));
+  CHECK_MESSAGE(b.equal, b.report());
+}
+
+// ---- symbolic links: Hugging Face hub cache snapshots as sources -----------------
+
+namespace {
+
+// Lays out `saves` as huggingface_hub lays out its cache for one model repo:
+// CACHE/models--ORG--NAME/{blobs/<hash>, refs/main, snapshots/<commit>/<file>},
+// each snapshot file a relative symlink to its blob (blobs shared between
+// revisions when the bytes are the same). Returns the snapshot directories.
+std::vector<fs::path> make_hf_cache(const fs::path& cache, const std::vector<fs::path>& saves) {
+  const fs::path repo = cache / "models--hfdelta--tiny";
+  std::vector<fs::path> snapshots;
+  std::string commit;
+  for (std::size_t r = 0; r < saves.size(); ++r) {
+    commit = xxh3_hex("revision " + std::to_string(r)) + "01234567";  // 40 hex digits, like a git commit
+    const fs::path snap = repo / "snapshots" / commit;
+    for (const auto& rel : list_files(saves[r])) {
+      const Bytes b = read_bytes(saves[r] / rel);
+      // LFS files are named by their sha256 (64 hex digits), others by a git sha1 (40).
+      std::string blob = xxh3_hex(b) + xxh3_hex(rel);
+      if (rel.size() < 12 || rel.substr(rel.size() - 12) != ".safetensors") blob.resize(40);
+      if (!fs::exists(repo / "blobs" / blob)) write_bytes(repo / "blobs" / blob, b);
+      std::string up = "../..";
+      for (char c : rel)
+        if (c == '/') up += "/..";
+      fs::create_directories((snap / rel).parent_path());
+      fs::create_symlink(up + "/blobs/" + blob, snap / rel);
+    }
+    snapshots.push_back(snap);
+  }
+  write_file(repo / "refs" / "main", commit);
+  return snapshots;
+}
+
+// Every entry below dir (files, directories, links), relative, sorted.
+std::vector<std::string> all_entries(const fs::path& dir) {
+  std::vector<std::string> v;
+  for (fs::recursive_directory_iterator it(dir), end; it != end; ++it)
+    v.push_back(it->path().lexically_relative(dir).generic_string());
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("symbolic links: a Hugging Face hub cache snapshot as SRC of --init, and as BASE and NEW of delta-diff") {
+  TempDir t;
+  const fs::path series = gen_series(t / "series", 2, {"--max-shard-size", "600KB"});
+  // A file in a subdirectory too, as some repos have.
+  for (int i = 0; i < 2; ++i) write_file(save_dir(series, i) / "tokenizer" / "vocab.txt", "a b c " + std::to_string(i));
+  const fs::path cache = t / "hub";
+  const auto snaps = make_hf_cache(cache, {save_dir(series, 0), save_dir(series, 1)});
+  REQUIRE(fs::is_symlink(fs::symlink_status(snaps[0] / "config.json")));
+  const auto cache_before = snapshot(cache, false);
+  const auto cache_entries = all_entries(cache);
+  const auto outside_before = list_names(t.path());
+
+  // --init from the snapshot: LOCAL gets regular files with the blobs' bytes.
+  const fs::path local = t / "local";
+  const RunResult init = apply({"--json", "--init", snaps[0].string(), local.string()});
+  E2E_REQUIRE_CODE(init, 0);
+  const TreeDiff li = tree_equal(local, save_dir(series, 0));
+  CHECK_MESSAGE(li.equal, li.report());
+  for (const auto& rel : list_files(local)) CHECK_MESSAGE(!fs::is_symlink(fs::symlink_status(local / rel)), rel);
+  CHECK(list_names(t.path()).size() == outside_before.size() + 1);  // LOCAL and nothing else
+
+  // delta-diff of two snapshots: the same delta as of plain copies.
+  const fs::path root = t / "root", plain_root = t / "plain-root";
+  fs::create_directories(root);
+  fs::create_directories(plain_root);
+  const RunResult d =
+      diff({"-q", "--encoding", "auto", snaps[0].string(), snaps[1].string(), version_dir(root, 1).string()});
+  E2E_REQUIRE_CODE(d, 0);
+  require_diff(save_dir(series, 0), save_dir(series, 1), version_dir(plain_root, 1), "auto");
+  for (const auto& [file, op] : ops_of(delta_index(version_dir(root, 1))))
+    CHECK_MESSAGE(file.find("..") == std::string::npos, file << ": " << op);
+  const TreeDiff same = tree_equal(version_dir(root, 1), version_dir(plain_root, 1));
+  CHECK_MESSAGE(same.equal, "delta of the snapshots differs from the delta of plain copies:\n" << same.report());
+
+  // The delta applies to the LOCAL made from the snapshot.
+  E2E_REQUIRE_CODE(apply({"-q", version_dir(root, 1).string(), local.string()}), 0);
+  const TreeDiff la = tree_equal(local, save_dir(series, 1));
+  CHECK_MESSAGE(la.equal, la.report());
+
+  // Nothing in the cache was written: same entries, same bytes.
+  CHECK(all_entries(cache) == cache_entries);
+  CHECK(snapshot_diff(cache_before, snapshot(cache, false), "cache before", "cache now").empty());
+
+  // --init into LOCAL again from the next snapshot: still files of its own.
+  E2E_REQUIRE_CODE(apply({"-q", "--init", "--version", "2", snaps[1].string(), local.string()}), 0);
+  for (const auto& rel : list_files(local)) CHECK_MESSAGE(!fs::is_symlink(fs::symlink_status(local / rel)), rel);
+
+  // A symlinked directory inside a source is refused, naming it.
+  const fs::path linked = t / "linked";
+  copy_tree(save_dir(series, 0), linked);
+  fs::remove_all(linked / "tokenizer");
+  fs::create_directory_symlink(save_dir(series, 0) / "tokenizer", linked / "tokenizer");
+  const RunResult r = diff({"-q", linked.string(), save_dir(series, 1).string(), version_dir(root, 2).string()});
+  CHECK_MESSAGE(r.code == 3, r.describe());
+  CHECK_MESSAGE(contains(r.err, (linked / "tokenizer").string()), r.describe());
+}
+
+TEST_CASE("symbolic links: LOCAL keeps refusing them") {
+  TempDir t;
+  const fs::path series = gen_series(t / "series", 2);
+  const fs::path root = t / "root";
+  fs::create_directories(root);
+  require_diff(save_dir(series, 0), save_dir(series, 1), version_dir(root, 1), "auto");
+  const fs::path local = t / "local";
+  require_init(save_dir(series, 0), local);
+  // A weight file of LOCAL replaced by a link to a copy elsewhere.
+  const fs::path w = weight_files(local).front();
+  const fs::path elsewhere = t / "elsewhere.safetensors";
+  fs::copy_file(w, elsewhere);
+  fs::remove(w);
+  fs::create_symlink(elsewhere, w);
+  const Bytes outside = read_bytes(elsewhere);
+  const RunResult r = apply({"-q", version_dir(root, 1).string(), local.string()});
+  CHECK_MESSAGE(r.code == 3, r.describe());
+  CHECK_MESSAGE(contains(r.err, w.string()), r.describe());
+  CHECK(read_bytes(elsewhere) == outside);
+}
