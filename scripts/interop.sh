@@ -5,7 +5,7 @@
 # layout both ways against a reference publisher/applier (tests/interop/).
 #
 # Usage: scripts/interop.sh [--light|--full] [extra pytest arguments]
-#   --light (default)  safetensors numpy ml_dtypes zstandard xxhash pytest
+#   --light (default)  safetensors numpy ml_dtypes zstandard xxhash pytest huggingface_hub
 #   --full             also torch and transformers (a few GB from PyPI)
 #
 # Makes a virtual environment under the build directory (reused when there),
@@ -32,7 +32,7 @@ done
 builddir=${HFDELTA_BUILDDIR:-build}
 venv=${HFDELTA_INTEROP_VENV:-$builddir/interop-venv}
 py=${PYTHON:-python3}
-light_pkgs=(safetensors numpy ml_dtypes zstandard xxhash pytest)
+light_pkgs=(safetensors numpy ml_dtypes zstandard xxhash pytest huggingface_hub)
 full_pkgs=(transformers)
 t0=$(date +%s)
 
@@ -170,9 +170,9 @@ t_tests=$(date +%s)
 # ---- versions ------------------------------------------------------------------
 "$vpy" - "$mode" <<'EOF'
 import importlib.metadata as md, platform, sys
-pkgs = ["safetensors", "numpy", "ml_dtypes", "zstandard", "xxhash", "pytest"]
+pkgs = ["safetensors", "numpy", "ml_dtypes", "zstandard", "xxhash", "pytest", "huggingface_hub"]
 if sys.argv[1] == "full":
-    pkgs += ["torch", "transformers", "tokenizers", "huggingface_hub"]
+    pkgs += ["torch", "transformers", "tokenizers"]
 vs = []
 for p in pkgs:
     try:

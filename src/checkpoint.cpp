@@ -22,7 +22,8 @@ bool ends_with(const std::string& s, std::string_view suffix) {
 }
 
 // Every regular file below `dir`, relative, with '/' separators; hfdelta's own
-// state directory is not part of the checkpoint.
+// state directory is not part of the checkpoint. Symlinked files are followed
+// (read, like cp -L, never written); symlinked directories are refused.
 std::vector<std::string> list_files(const fs::path& dir) {
   std::vector<std::string> out;
   boost::system::error_code ec;
@@ -31,7 +32,10 @@ std::vector<std::string> list_files(const fs::path& dir) {
   for (; it != end; it.increment(ec)) {
     if (ec) fail(Exit::failure, dir.string() + ": cannot list: " + ec.message());
     const fs::path& p = it->path();
-    const std::string rel = fs::relative(p, dir).generic_string();
+    // Relative by name, not by fs::relative, which resolves symlinks: a file
+    // of a Hugging Face hub snapshot would become "../../blobs/<hash>".
+    std::string rel = p.generic_string().substr(dir.generic_string().size());
+    rel.erase(0, rel.find_first_not_of('/'));
     if (it.depth() == 0 && p.filename() == kStateDir) {
       it.disable_recursion_pending();
       continue;
