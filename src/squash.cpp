@@ -105,7 +105,7 @@ Kind kind_of(const Op& op, const std::string& what) {
 class Scratch {
  public:
   Scratch(const fs::path& p, std::uint64_t n, std::uint8_t fill) : file_(p, File::Mode::create_exclusive), n_(n) {
-    file_.truncate(n);
+    file_.reserve(n);  // a mapping of blocks never allocated dies of SIGBUS on a full disk
     if (n == 0) return;
     void* m = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, file_.fd(), 0);
     if (m == MAP_FAILED) fail(Exit::failure, p.string() + ": mmap: " + std::strerror(errno));

@@ -1,4 +1,4 @@
-// End-to-end: delta-apply on a filesystem that is really full. LOCAL lives on
+// End-to-end: delta-apply and delta-diff on a filesystem that is really full. LOCAL lives on
 // a small tmpfs the test mounts itself; a filler file leaves a given number of
 // bytes free, swept from none to just enough, so that ENOSPC lands in every
 // phase of each kind of operation. After each failed run LOCAL must be
@@ -150,38 +150,97 @@ int run_with_free(SmallFs& small, const Case& c, std::uint64_t free_bytes, Outco
   return r.code;
 }
 
-// The least free space (in pages) the command needs, found by bisection,
-// then a sweep from none to that in about `points` steps, each page near
-// the edge included.
-void sweep(const Case& c, int points = 24) {
+// Runs one command with a given number of bytes free on the small
+// filesystem; checks what it leaves and that it converges once the space is
+// back. Returns its exit code.
+using RunWithFree = std::function<int(SmallFs&, std::uint64_t free_bytes, Outcome&)>;
+
+// The least free space (in pages) a command needs, found by bisection, then a
+// sweep from none to that in about `points` steps, each page near the edge
+// included. `size`: of the small filesystem.
+void sweep_free_space(const std::string& name, std::uint64_t size, const RunWithFree& run, int points = 24) {
   const std::unique_ptr<TempDir> t = scratch_dir();
-  const std::uint64_t size = (tree_size(c.start) + 3 * tree_size(c.new_tree)) / kPage * kPage + (1 << 20);
+  size = size / kPage * kPage + (1 << 20);
   SmallFs small(*t / "mnt", size);
   if (!small.mounted()) {
-    MESSAGE("skipped " << c.name << ": cannot mount a tmpfs (" << small.why() << "); run the tests as root");
+    MESSAGE("skipped " << name << ": cannot mount a tmpfs (" << small.why() << "); run the tests as root");
     return;
   }
   Outcome o;
   std::uint64_t lo = 0, hi = size / kPage;  // fails with lo pages free, succeeds with hi
   {
     Outcome probe;
-    REQUIRE_MESSAGE(run_with_free(small, c, hi * kPage, probe) == 0, c.name << ": fails even with the disk empty");
+    REQUIRE_MESSAGE(run(small, hi * kPage, probe) == 0, name << ": fails even with the disk empty");
   }
   while (hi - lo > 1) {
     const std::uint64_t mid = (lo + hi) / 2;
     Outcome probe;
-    (run_with_free(small, c, mid * kPage, probe) == 0 ? hi : lo) = mid;
+    (run(small, mid * kPage, probe) == 0 ? hi : lo) = mid;
   }
   std::set<std::uint64_t> pages{0, 1, 2, lo > 0 ? lo - 1 : 0, lo, hi};
   for (int i = 1; i < points; ++i) pages.insert(hi * i / points);
-  for (const std::uint64_t p : pages) run_with_free(small, c, p * kPage, o);
+  for (const std::uint64_t p : pages) run(small, p * kPage, o);
   std::string phases;
   for (const auto& e : o.errors) phases += "\n  " + e;
-  MESSAGE(c.name << ": needs " << hi << " pages free (" << hi * kPage << " bytes); " << pages.size()
-                 << " runs between none and that, " << o.failed << " failed with ENOSPC, rolled back and converged "
-                 << o.converged << " times; failures seen at:" << phases);
+  MESSAGE(name << ": needs " << hi << " pages free (" << hi * kPage << " bytes); " << pages.size()
+               << " runs between none and that, " << o.failed << " failed with ENOSPC, cleaned up and converged "
+               << o.converged << " times; failures seen at:" << phases);
   CHECK(o.failed == o.converged);
   CHECK(o.failed > 0);
+}
+
+void sweep(const Case& c) {
+  sweep_free_space(c.name, tree_size(c.start) + 3 * tree_size(c.new_tree),
+                   [&c](SmallFs& small, std::uint64_t free_bytes, Outcome& o) { return run_with_free(small, c, free_bytes, o); });
+}
+
+// delta-diff publishing into a ROOT on the small filesystem: a new version,
+// or a squash of the versions already there.
+struct PublishCase {
+  std::string name;
+  fs::path seed;       // ROOT's contents before the command
+  fs::path reference;  // what the command publishes on a roomy disk
+  std::string out;     // its name in ROOT
+  std::function<std::vector<std::string>(const fs::path& root)> args;
+};
+
+// After a failed run: exit 1 with the reason, no temporary directory left,
+// every published version as it was; with space back the same command
+// publishes what it publishes on a roomy disk.
+int publish_with_free(SmallFs& small, const PublishCase& c, std::uint64_t free_bytes, Outcome& o) {
+  const fs::path root = small / "root";
+  small.free_all();
+  fs::remove_all(root);
+  copy_tree(c.seed, root);
+  const Snapshot before = snapshot(root, false);
+  small.leave_free(free_bytes);
+  const RunResult r = diff(c.args(root));
+  INFO(c.name << ", " << free_bytes << " bytes free: exit " << r.code << "\n" << r.err);
+  if (r.code == 0) {
+    const TreeDiff d = tree_equal(root / c.out, c.reference);
+    CHECK_MESSAGE(d.equal, (d.equal ? "" : d.differences.front()));
+    return 0;
+  }
+  ++o.failed;
+  CHECK(r.code == 1);
+  CHECK(contains(r.err, "No space left on device"));
+  o.errors.insert(phase_of(first_line(r.err), root));
+  CHECK(list_names(root) == list_names(c.seed));  // no temporary directory left
+  CHECK(snapshot_diff(before, snapshot(root, false), "ROOT before", "ROOT after").empty());
+  small.free_all();
+  const RunResult again = diff(c.args(root));
+  CHECK_MESSAGE(again.code == 0, "re-run with space back: " << again.err);
+  const TreeDiff d2 = tree_equal(root / c.out, c.reference);
+  CHECK_MESSAGE(d2.equal, "after the re-run: " << (d2.equal ? "" : d2.differences.front()));
+  o.converged += again.code == 0 && d2.equal;
+  return r.code;
+}
+
+void sweep(const PublishCase& c) {
+  sweep_free_space(c.name, tree_size(c.seed) + 4 * tree_size(c.reference),
+                   [&c](SmallFs& small, std::uint64_t free_bytes, Outcome& o) {
+                     return publish_with_free(small, c, free_bytes, o);
+                   });
 }
 
 // Saves and deltas shared by the cases (on the usual scratch filesystem).
@@ -283,4 +342,39 @@ TEST_CASE("full disk: --init into an empty LOCAL and over another model") {
          [&in](const fs::path& local) {
            return std::vector<std::string>{"--init", "--version", "5", save_dir(in.series, 1).string(), local.string()};
          }});
+}
+
+TEST_CASE("full disk: delta-diff publishing a version, and --squash of a chain") {
+  const Inputs& in = inputs();
+  const TempDir t;
+  // Roomy references, and a ROOT holding versions 1 to 3 to squash.
+  const fs::path seed = t / "seed", empty = t / "empty", ref = t / "ref";
+  for (const fs::path& d : {seed, empty, ref}) fs::create_directories(d);
+  const std::vector<std::string> encodings{"xor", "xor", "auto"};  // xor masks compose in a scratch file
+  for (int v = 1; v <= 3; ++v)
+    require_diff(save_dir(in.series, v - 1), save_dir(in.series, v), version_dir(seed, v), encodings[v - 1]);
+  for (const std::string enc : {"auto", "xor"}) {
+    const fs::path reference = version_dir(ref / ("diff-" + enc), 1);
+    fs::create_directories(reference.parent_path());
+    require_diff(save_dir(in.series, 0), save_dir(in.series, 1), reference, enc);
+    sweep(PublishCase{"delta-diff --encoding " + enc, empty, reference, "weight_v000001", [&in, enc](const fs::path& root) {
+                        return std::vector<std::string>{"-q", "--encoding", enc, save_dir(in.series, 0).string(),
+                                                        save_dir(in.series, 1).string(), version_dir(root, 1).string()};
+                      }});
+  }
+  {
+    const fs::path reference = version_dir(ref / "diff-struct", 1);
+    fs::create_directories(reference.parent_path());
+    require_diff(in.st0, in.st1, reference, "auto");
+    sweep(PublishCase{"delta-diff of a structural change", empty, reference, "weight_v000001", [&in](const fs::path& root) {
+                        return std::vector<std::string>{"-q", "--encoding", "auto", in.st0.string(), in.st1.string(),
+                                                        version_dir(root, 1).string()};
+                      }});
+  }
+  const fs::path squashed = ref / "squash";
+  E2E_REQUIRE_CODE(diff({"-q", "--squash", version_dir(seed, 1).string(), version_dir(seed, 3).string(), squashed.string()}), 0);
+  sweep(PublishCase{"--squash of versions 1 to 3", seed, squashed, "catchup", [](const fs::path& root) {
+                      return std::vector<std::string>{"-q", "--squash", version_dir(root, 1).string(),
+                                                      version_dir(root, 3).string(), (root / "catchup").string()};
+                    }});
 }
