@@ -1192,6 +1192,11 @@ std::vector<HostileDelta> hostile_deltas() {
                }});
   v.push_back({"a carried file is a symlink", false, 3, false, [](Attack& a) { link_out(a, "files/config.json"); }});
   v.push_back({"the index is a symlink", false, 3, false, [](Attack& a) { link_out(a, kIndex); }});
+  // Taken for "no index", it would make the delta pass for a full version.
+  v.push_back({"the index is a symlink to nothing", false, 3, false, [](Attack& a) {
+                 fs::remove(a.delta / kIndex);
+                 fs::create_symlink(a.t->path() / "nowhere.json", a.delta / kIndex);
+               }});
   v.push_back({"a delta file is a symlink", false, 3, false, [](Attack& a) { link_out(a, delta_files(a.delta).front()); }});
   v.push_back({"a symlink the index does not name, at the delta's top level", false, 3, false,
                [](Attack& a) { fs::create_symlink("/etc/hostname", a.delta / "README.md"); }});
