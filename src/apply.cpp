@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <deque>
 #include <cstring>
 #include <exception>
 #include <map>
@@ -614,7 +613,9 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
   const auto t0 = Clock::now();
   if (!is_delta_dir(delta)) return init_locked(txn, delta, local, full_version_of(delta), opts);
 
-  const DeltaIndex idx = read_delta_index(delta);
+  // The delta on its own first, exactly as --inspect checks it.
+  const ValidDelta vd = validate_delta(delta);
+  const DeltaIndex& idx = vd.index;
   const LocalState st = read_state(local);
   ApplyResult r;
   r.from_version = st.version;
@@ -658,7 +659,6 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
       where[name] = {slot[ref.shard], lc.shards[ref.shard].header.file_offset(lc.info(ref)), lc.info(ref).nbytes()};
 
   std::vector<Patch> patches;
-  std::deque<MappedFile> header_maps;
   std::map<std::string, SafetensorsHeader> rewritten;  // new headers of "header" operations
   std::vector<Build> builds;
   std::map<std::string, std::pair<std::size_t, std::size_t>> built;  // tensor -> (build, tensor)
@@ -670,9 +670,8 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
       if (!ls) fail(Exit::verify_failed, what + " removes a weight file " + local.string() + " does not have" + nothing);
       continue;
     }
-    check_no_symlink(delta / kHeadersDir, so.file, delta.string());
     const fs::path hp = delta / kHeadersDir / so.file;
-    const MappedFile& hm = header_maps.emplace_back(open_carried(hp, so.header_size, so.header_hash, "hfdelta_shards"));
+    const MappedFile& hm = vd.new_headers.at(so.file);
     const std::string_view hb(reinterpret_cast<const char*>(hm.bytes().data()), hm.size());
     if (so.op == ShardOp::Op::header) {
       if (!ls) fail(Exit::verify_failed, what + " rewrites the header of a weight file " + local.string() + " does not have" + nothing);
@@ -719,17 +718,8 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
     builds.push_back(std::move(bd));
   }
 
-  std::map<std::string, MappedFile> maps;
-  std::map<std::string, SafetensorsHeader> headers;
-  for (const auto& [tensor, file] : idx.weight_map) {
-    if (maps.count(file)) continue;
-    const fs::path p = delta / file;
-    boost::system::error_code ec;
-    if (!fs::is_regular_file(fs::symlink_status(p, ec)))
-      fail(Exit::bad_input, p.string() + ": named by the delta index but missing or not a regular file");
-    headers.emplace(file, read_safetensors(p));
-    maps.emplace(file, MappedFile(p));
-  }
+  const std::map<std::string, MappedFile>& maps = vd.maps;
+  const std::map<std::string, SafetensorsHeader>& headers = vd.headers;
   std::vector<Patch> build_patches;  // entries of tensors of built files; offsets in the built file
   for (const auto& [file, hdr] : headers) {
     const std::string w = (delta / file).string();
@@ -750,9 +740,7 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
       }
       if (auto b = idx.base_checksums.find(t.name); b != idx.base_checksums.end()) p.base_hash = b->second;
       if (auto bi = built.find(t.name); bi != built.end()) {
-        BuildTensor& bt = builds[bi->second.first].tensors[bi->second.second];
-        if (checksum != bt.hash)
-          fail(Exit::bad_input, w + ": entry '" + t.name + "' records checksum " + checksum.hex() + ", hfdelta_shards " + bt.hash.hex());
+        BuildTensor& bt = builds[bi->second.first].tensors[bi->second.second];  // its checksum checked by validate_delta
         if (!bt.src) p.base_hash.reset();  // its base is zeros
         check_target(t.name, builds[bi->second.first].op->file);
         p.offset = bt.dst;
@@ -771,10 +759,6 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
       patches.push_back(std::move(p));
     }
   }
-  for (const auto& [tensor, file] : idx.weight_map) {
-    const auto& h = headers.at(file);
-    if (!h.find(tensor)) fail(Exit::bad_input, (delta / file).string() + ": has no entry '" + tensor + "' named by the delta index");
-  }
   auto shard_removed = [&](const std::string& f) {
     const ShardOp* so = shard_op(idx, f);
     return so && so->op == ShardOp::Op::remove;
@@ -786,22 +770,22 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
     if (so.op != ShardOp::Op::remove) shard_names.insert(so.file);
   for (const auto& fc : idx.files) {
     const std::string w = iw;
-    if (fc.path == kStateDir || fc.path.rfind(std::string(kStateDir) + "/", 0) == 0)
-      fail(Exit::bad_input, w + ": hfdelta_files may not touch " + fc.path);
     const ShardOp* so = shard_op(idx, fc.path);
     // A file that stops or starts being a weight file (a build or removal of
     // the same name) is moved aside by the shard operation.
     const bool swap = so && (so->op == ShardOp::Op::remove ? fc.op == FileChange::Op::put
                                                              : so->op == ShardOp::Op::build && fc.op == FileChange::Op::remove);
-    if (shard_names.count(fc.path) && !swap) fail(Exit::bad_input, w + ": hfdelta_files may not replace weight file " + fc.path);
+    // What the delta itself names as a weight file was refused by
+    // validate_delta; a weight file of LOCAL it treats as a plain file means
+    // LOCAL is not its base.
+    if (shard_names.count(fc.path) && !swap)
+      fail(Exit::verify_failed, w + ": hfdelta_files " + (fc.op == FileChange::Op::put ? "replaces" : "removes") + " " +
+                                    (local / fc.path).string() + " as a plain file, but it is a weight file there" + nothing);
     check_no_symlink(local, fc.path, w);
     boost::system::error_code ec;
     m.files.push_back({fc.path, fc.op == FileChange::Op::put ? TxnFile::Op::put : TxnFile::Op::remove,
                        fc.op == FileChange::Op::put ? fs::is_regular_file(fs::symlink_status(local / fc.path, ec))
                                                     : exists_nofollow(local / fc.path) && !swap});
-    if (fc.op != FileChange::Op::put) continue;
-    check_no_symlink(delta / kFilesDir, fc.path, delta.string());
-    open_carried(delta / kFilesDir / fc.path, fc.size, fc.hash, "hfdelta_files");
   }
   // Shard operations after the file operations (m.files[k] is idx.files[k]
   // for the staging of carried files).
@@ -1277,7 +1261,8 @@ static ApplyResult pull_locked(Txn& txn, const fs::path& root, const fs::path& l
   for (std::uint64_t v = cur + 1; v <= want; ++v) {
     const VersionDir* d = find(v);
     if (!d) fail(Exit::out_of_order, root.string() + ": version " + format_version(v) + " is missing; cannot reach " + format_version(want));
-    const DeltaIndex idx = read_delta_index(d->path);
+    // Every delta of the chain checked whole before LOCAL is touched.
+    const DeltaIndex idx = validate_delta(d->path).index;
     if (idx.version != v || idx.base_version != v - 1)
       fail(Exit::out_of_order, (d->path / kIndexFile).string() + ": records version " + format_version(idx.version) +
                                    " on base " + format_version(idx.base_version) + ", expected " + format_version(v) +

@@ -53,7 +53,12 @@ Hash128 parse_hash_hex(const std::string& s, const std::string& what) {
 bool is_delta_dir(const fs::path& dir) {
   const fs::path p = dir / kIndexFile;
   boost::system::error_code ec;
-  if (!fs::exists(p, ec)) return false;
+  if (!fs::exists(p, ec)) {
+    // A dangling link hides what the directory is: with it taken for "no
+    // index", a delta would pass for a full version and be copied as one.
+    if (fs::is_symlink(fs::symlink_status(p, ec))) fail(Exit::bad_input, p.string() + ": is a symlink to nothing");
+    return false;
+  }
   const json j = load_index(p);
   // Any delta key in any top-level object makes it a delta, so that one
   // damaged key name cannot turn a delta into something copied as a full version.

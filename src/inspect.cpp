@@ -145,18 +145,6 @@ void inspect_xor(std::span<const std::uint8_t> e, const std::string& what, Inspe
   out.changed_bytes = nonzero;
 }
 
-// `rel` under `dir` without a symlink on the way: inspect reports what an
-// apply would read, and an apply refuses to read through one.
-void check_no_symlink_below(const fs::path& dir, const std::string& rel, const std::string& what) {
-  fs::path p = dir;
-  boost::system::error_code ec;
-  for (const auto& part : fs::path(rel)) {
-    p /= part;
-    if (fs::is_symlink(fs::symlink_status(p, ec))) fail(Exit::bad_input, what + ": " + p.string() + " is a symlink");
-  }
-}
-
-
 void inspect_part(Encoding enc, std::span<const std::uint8_t> bytes, const std::string& what, InspectEntry& out) {
   switch (enc) {
     case Encoding::sparse: return inspect_sparse(bytes, what, out);
@@ -170,12 +158,9 @@ void inspect_part(Encoding enc, std::span<const std::uint8_t> bytes, const std::
 }  // namespace
 
 DeltaInspection inspect_delta(const fs::path& dir) {
-  boost::system::error_code ec;
-  if (!fs::is_directory(dir, ec)) fail(Exit::bad_input, dir.string() + ": not a directory");
-  const fs::path index_path = dir / kIndexFile;
-  if (!fs::is_regular_file(fs::symlink_status(index_path, ec)))
-    fail(Exit::bad_input, index_path.string() + ": missing or not a regular file; " + dir.string() + " is not a delta version");
-  const DeltaIndex idx = read_delta_index(dir);
+  // Everything delta-apply checks of the delta itself, by the same function.
+  const ValidDelta v = validate_delta(dir);
+  const DeltaIndex& idx = v.index;
 
   DeltaInspection r;
   r.dir = dir;
@@ -185,24 +170,11 @@ DeltaInspection inspect_delta(const fs::path& dir) {
   r.format = idx.format_revision;
   r.index_checksum = idx.index_checksum;
 
-  // Delta files: the same rules delta-apply checks before it touches LOCAL.
-  std::map<std::string, SafetensorsHeader> headers;
-  for (const auto& [tensor, file] : idx.weight_map) {
-    if (headers.count(file)) continue;
-    const fs::path p = dir / file;
-    if (!fs::is_regular_file(fs::symlink_status(p, ec)))
-      fail(Exit::bad_input, p.string() + ": named by the delta index but missing or not a regular file");
-    headers.emplace(file, read_safetensors(p));
-  }
-  for (const auto& [tensor, file] : idx.weight_map)
-    if (!headers.at(file).find(tensor))
-      fail(Exit::bad_input, (dir / file).string() + ": has no entry '" + tensor + "' named by the delta index");
-
-  for (const auto& [file, hdr] : headers) {
+  // Every entry decoded in full, as delta-apply decodes it.
+  for (const auto& [file, hdr] : v.headers) {
     const fs::path p = dir / file;
     const std::string w = p.string();
-    const MappedFile map(p);
-    if (map.size() != hdr.file_size) fail(Exit::bad_input, w + ": changed size while being read");
+    const MappedFile& map = v.maps.at(file);
     for (const auto& t : hdr.tensors) {
       const Hash128 checksum = check_delta_entry(idx, file, hdr, t, w);
       InspectEntry e;
@@ -233,24 +205,17 @@ DeltaInspection inspect_delta(const fs::path& dir) {
   }
   std::sort(r.entries.begin(), r.entries.end(), [](const InspectEntry& a, const InspectEntry& b) { return a.tensor < b.tensor; });
 
-  const std::string iw = index_path.string();
   for (const auto& fc : idx.files) {
-    if (fc.path == kStateDir || fc.path.rfind(std::string(kStateDir) + "/", 0) == 0)
-      fail(Exit::bad_input, iw + ": hfdelta_files may not touch " + fc.path);
-    InspectFile f{fc.path, fc.op, fc.size, fc.hash};
+    r.files.push_back({fc.path, fc.op, fc.size, fc.hash});
     if (fc.op == FileChange::Op::put) {
-      check_no_symlink_below(dir / kFilesDir, fc.path, dir.string());
-      open_carried(dir / kFilesDir / fc.path, fc.size, fc.hash, "hfdelta_files");
       ++r.files_put;
       r.file_bytes += fc.size;
     } else {
       ++r.files_removed;
     }
-    r.files.push_back(std::move(f));
   }
 
-  // Weight-file operations: each new header is checked against its recorded
-  // size and checksum and, for a built file, against its tensor list.
+  // Weight-file operations (their new headers checked by validate_delta).
   for (const ShardOp& so : idx.shards) {
     InspectShard sh;
     sh.file = so.file;
@@ -260,16 +225,12 @@ DeltaInspection inspect_delta(const fs::path& dir) {
       r.shards.push_back(std::move(sh));
       continue;
     }
-    check_no_symlink_below(dir / kHeadersDir, so.file, dir.string());
-    const fs::path hp = dir / kHeadersDir / so.file;
-    const MappedFile hm = open_carried(hp, so.header_size, so.header_hash, "hfdelta_shards");
     sh.header_bytes = so.header_size;
     if (so.op == ShardOp::Op::header) {
       ++r.shards_rewritten;
       r.shards.push_back(std::move(sh));
       continue;
     }
-    parse_built_header({reinterpret_cast<const char*>(hm.bytes().data()), hm.size()}, so, hp.string());
     for (const ShardOp::Tensor& t : so.tensors) ++(!t.from ? sh.fresh : *t.from == t.name ? sh.copied : sh.renamed);
     sh.size = so.size;
     sh.tensors = so.tensors.size();

@@ -344,18 +344,15 @@ SquashSummary squash_deltas(const std::vector<fs::path>& chain, const fs::path& 
     if (!is_delta_dir(d)) fail(Exit::bad_input, d.string() + ": is not a delta version (a full version cannot be squashed)");
     Link l;
     l.dir = d;
-    l.idx = read_delta_index(d);
+    // Checked as delta-apply and --inspect check a delta: nothing is read
+    // through a symlink, carried files and headers are what the index records.
+    ValidDelta v = validate_delta(d);
+    l.idx = std::move(v.index);
+    l.maps = std::move(v.maps);
+    l.headers = std::move(v.headers);
     if (!links.empty() && l.idx.base_version != links.back().idx.version)
       fail(Exit::bad_input, d.string() + ": applies on top of version " + format_version(l.idx.base_version) + ", not " +
                                 format_version(links.back().idx.version) + " (" + links.back().dir.string() + ")");
-    for (const auto& [tensor, file] : l.idx.weight_map) {
-      if (l.maps.count(file)) continue;
-      const fs::path p = d / file;
-      if (!fs::is_regular_file(fs::symlink_status(p, ec)))
-        fail(Exit::bad_input, p.string() + ": named by the delta index but missing or not a regular file");
-      l.headers.emplace(file, read_safetensors(p));
-      l.maps.emplace(file, MappedFile(p));
-    }
     sum.input_bytes += tree_bytes(d);
     links.push_back(std::move(l));
   }

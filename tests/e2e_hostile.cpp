@@ -70,6 +70,12 @@ Bytes bytes_of(const std::string& s) { return Bytes(s.begin(), s.end()); }
 struct Bench {
   fs::path local, start, target;
   std::function<void(const fs::path&)> after_reset;  // adds to LOCAL what `start` cannot hold
+  // The delta under attack: every attempt also runs `delta-diff --inspect` on
+  // it, which must refuse exactly what delta-apply refuses with exit 3 or 6
+  // (the delta itself is bad) and accept what it accepts or refuses with 5
+  // (LOCAL is not its base: only an apply can tell).
+  fs::path delta;
+  bool fits_local = false;  // the attempts test whether entries fit LOCAL's tensors: only delta-apply can see that
   Snapshot pristine;  // LOCAL before every attempt, state.json included
   Problems problems;
   std::map<std::string, long> codes;     // exit code → attempts
@@ -90,9 +96,11 @@ struct Bench {
               const std::string& at, const std::string& harmless = "") {
     ++attempts;
     ++hostile_total();
+    const RunResult ins = delta.empty() ? RunResult{} : diff({"-q", "--inspect", delta.string()});
     const RunResult r = apply(args);
     last_err = r.err;
     ++codes[std::to_string(r.code)];
+    if (!delta.empty()) check_inspect(ins, r.code, what, at);
     if (r.code == 0) {
       const TreeDiff d = tree_equal(local, target);
       const json st = state_json(local);
@@ -115,6 +123,16 @@ struct Bench {
       reset();
     }
     return r.code;
+  }
+
+  // --inspect's answer `ins` against delta-apply's exit `code`.
+  void check_inspect(const RunResult& ins, int code, const std::string& what, const std::string& at) {
+    const bool of_delta = (code == 3 || code == 6) && !after_reset && !fits_local;  // after_reset: LOCAL is what is hostile
+    const int want = of_delta ? code : 0;
+    if (ins.code != want)
+      problems.add(what + ": delta-apply exit " + std::to_string(code) + " but --inspect exit " + std::to_string(ins.code) + ": " +
+                       first_line(ins.err),
+                   at);
   }
 
   void report(const std::string& name) {
@@ -220,6 +238,7 @@ struct Attack {
     b.pristine = snapshot(b.local, true);
     root = *t / "root";
     delta = version_dir(root, 1);
+    b.delta = delta;
     pristine_delta = version_dir(source_root, 1);
     restore();
   }
@@ -537,11 +556,14 @@ TEST_CASE("hostile: frames of the wrong size, decompression bombs, wrong checksu
                {"overwrite payload the size of the tensor", Bytes(big.nbytes, 0)},
                {"empty frame", Bytes()}};
     }
+    // An xor frame's length is checked against LOCAL's tensor, which --inspect does not have.
+    a.b.fits_local = is_xor;
     for (const auto& [what, content] : wrong) {
       replace_entry(file, big.tensor, zstd_compress(content));
       a.b.attempt(a.single(), {3}, what, std::string(name) + " delta, entry " + big.tensor);
       a.restore();
     }
+    a.b.fits_local = false;
     // Not a frame at all, and two frames back to back.
     {
       replace_entry(file, big.tensor, bytes_of("not a zstd frame at all"));
@@ -557,6 +579,7 @@ TEST_CASE("hostile: frames of the wrong size, decompression bombs, wrong checksu
 
     // Decompression bombs: 1 GiB of zeros in a small frame, declared as a
     // small tensor, with and without the size in the frame header.
+    a.b.fits_local = is_xor;  // 1 GiB of zeros is a valid xor frame of a 1 GiB tensor
     for (const bool declare : {true, false}) {
       static std::map<bool, Bytes> bombs;
       if (!bombs.count(declare)) bombs[declare] = zero_frame(1ull << 30, declare);
@@ -567,6 +590,7 @@ TEST_CASE("hostile: frames of the wrong size, decompression bombs, wrong checksu
                   std::string(name) + " delta, " + std::to_string(small.nbytes) + "-byte tensor " + small.tensor);
       a.restore();
     }
+    a.b.fits_local = false;
 
     // A valid frame whose checksum in __metadata__ is another valid checksum.
     {
@@ -718,8 +742,6 @@ TEST_CASE("hostile: hfdelta_files paths that leave LOCAL") {
       {"put through a later ..", put("sub/../../outside/evil.txt")},
       {"put into .weight_sync", put(".weight_sync/state.json")},
       {"remove of .weight_sync/state.json", remove(".weight_sync/state.json")},
-      {"put over a weight file", put("model-00001-of-00004.safetensors")},
-      {"remove of a weight file", remove("model-00001-of-00004.safetensors")},
   };
   for (const auto& [what, entry] : cases) {
     // The content is there, inside the delta, wherever a relative path leads.
@@ -904,7 +926,9 @@ TEST_CASE("hostile: a structural delta's hfdelta_shards edited (index resealed) 
       REQUIRE(read_st(a.delta / "headers" / bf).header.at("b.norm")["data_offsets"][0] == 0);
       write_file(a.delta / "headers" / bf, moved);
       a.edit_shard(bf, [&](json& e) { e["header"] = {{"size", moved.size()}, {"xxh3-128", xxh3_hex(moved)}}; });
+      a.b.fits_local = true;  // the ranges are LOCAL's file's, which --inspect does not have
       a.refused(3, "a header rewrite that changes tensor byte ranges", {"headers/" + bf, "byte ranges"});
+      a.b.fits_local = false;
     }
   }
   SUBCASE("a build's tensor checksum is wrong: exit 5 when built, 3 against its entry") {
@@ -1109,6 +1133,173 @@ TEST_CASE("hostile: every file of a structural delta truncated at 20+ lengths is
   StructAttack a;
   run_truncations(a);
   a.b.report("truncations of the structural delta");
+}
+
+// ---- one list of named hostile deltas, each refused alike by --inspect and delta-apply ----
+
+namespace {
+
+// A hostile delta built from a valid one (the xor delta, or the structural
+// delta when `structural`), and what it must get: delta-apply's exit code,
+// and --inspect's, which is the same unless only LOCAL shows the problem.
+struct HostileDelta {
+  std::string name;
+  bool structural = false;
+  int code = 3;
+  bool of_local = false;  // only delta-apply can see it: --inspect accepts the delta
+  std::function<void(Attack&)> build;
+};
+
+// Edits the index's metadata; write_json reseals hfdelta_index_checksum, so
+// the rule under test is what answers.
+void edit_index(const Attack& a, const std::function<void(json&)>& edit) {
+  json idx = delta_index(a.delta);
+  edit(idx["metadata"]);
+  write_json(a.delta / kIndex, idx);
+}
+
+json carried(const std::string& path, const std::string& content) {
+  return {{"path", path}, {"op", "put"}, {"size", content.size()}, {"xxh3-128", xxh3_hex(content)}};
+}
+
+// Moves `rel` of the delta out of it and leaves a symlink to it in its
+// place: the same bytes, reached through a link.
+void link_out(const Attack& a, const std::string& rel) {
+  const fs::path away = a.t->path() / "elsewhere" / rel;
+  fs::create_directories(away.parent_path());
+  fs::rename(a.delta / rel, away);
+  if (fs::is_directory(away)) fs::create_directory_symlink(away, a.delta / rel);
+  else fs::create_symlink(away, a.delta / rel);
+}
+
+// A weight file an entry of the delta patches, as its hfdelta_targets says.
+std::string target_of(const Attack& a) {
+  const json idx = delta_index(a.delta);
+  REQUIRE(idx["metadata"].contains("hfdelta_targets"));
+  return idx["metadata"]["hfdelta_targets"].begin()->get<std::string>();
+}
+
+std::vector<HostileDelta> hostile_deltas() {
+  const std::string evil = "{\"evil\": true}\n";
+  std::vector<HostileDelta> v;
+  // Symlinks anywhere in the delta: none is followed, whatever it links to.
+  v.push_back({"files/ is a symlink to a directory of the same carried files", false, 3, false,
+               [](Attack& a) { link_out(a, "files"); }});
+  v.push_back({"a subdirectory of files/ is a symlink", false, 3, false, [evil](Attack& a) {
+                 write_file(a.delta / "files" / "sub" / "x.txt", evil);
+                 link_out(a, "files/sub");
+                 edit_index(a, [&](json& md) { md["hfdelta_files"].push_back(carried("sub/x.txt", evil)); });
+               }});
+  v.push_back({"a carried file is a symlink", false, 3, false, [](Attack& a) { link_out(a, "files/config.json"); }});
+  v.push_back({"the index is a symlink", false, 3, false, [](Attack& a) { link_out(a, kIndex); }});
+  // Taken for "no index", it would make the delta pass for a full version.
+  v.push_back({"the index is a symlink to nothing", false, 3, false, [](Attack& a) {
+                 fs::remove(a.delta / kIndex);
+                 fs::create_symlink(a.t->path() / "nowhere.json", a.delta / kIndex);
+               }});
+  v.push_back({"a delta file is a symlink", false, 3, false, [](Attack& a) { link_out(a, delta_files(a.delta).front()); }});
+  v.push_back({"a symlink the index does not name, at the delta's top level", false, 3, false,
+               [](Attack& a) { fs::create_symlink("/etc/hostname", a.delta / "README.md"); }});
+  v.push_back({"headers/ is a symlink to a directory of the same headers", true, 3, false,
+               [](Attack& a) { link_out(a, "headers"); }});
+  v.push_back({"a new header is a symlink", true, 3, false, [](Attack& a) { link_out(a, "headers/model-c.safetensors"); }});
+  // hfdelta_files over what the delta itself treats as a weight file.
+  v.push_back({"hfdelta_files put of a weight file hfdelta_targets names", false, 3, false, [evil](Attack& a) {
+                 const std::string f = target_of(a);
+                 write_file(a.delta / "files" / f, evil);
+                 edit_index(a, [&](json& md) { md["hfdelta_files"].push_back(carried(f, evil)); });
+               }});
+  v.push_back({"hfdelta_files remove of a weight file hfdelta_targets names", false, 3, false, [](Attack& a) {
+                 const std::string f = target_of(a);
+                 edit_index(a, [&](json& md) { md["hfdelta_files"].push_back({{"path", f}, {"op", "remove"}}); });
+               }});
+  v.push_back({"hfdelta_files put of a weight file hfdelta_shards builds", true, 3, false, [evil](Attack& a) {
+                 write_file(a.delta / "files" / "model-d.safetensors", evil);
+                 edit_index(a, [&](json& md) { md["hfdelta_files"].push_back(carried("model-d.safetensors", evil)); });
+               }});
+  v.push_back({"hfdelta_files remove of a weight file whose header hfdelta_shards rewrites", true, 3, false, [](Attack& a) {
+                 edit_index(a, [](json& md) { md["hfdelta_files"].push_back({{"path", "model-b.safetensors"}, {"op", "remove"}}); });
+               }});
+  // A weight file of LOCAL the delta treats as a plain file: LOCAL is not
+  // its base (exit 5), which only an apply can see.
+  for (const std::string op : {"put", "remove"})
+    v.push_back({"hfdelta_files " + op + " of a weight file of LOCAL the delta does not name", false, 5, true, [evil, op](Attack& a) {
+                   const std::string f = "model-00001-of-00004.safetensors";
+                   REQUIRE(fs::exists(a.b.local / f));
+                   if (op == "put") write_file(a.delta / "files" / f, evil);
+                   edit_index(a, [&](json& md) {
+                     for (auto it = md["hfdelta_targets"].begin(); it != md["hfdelta_targets"].end();)
+                       it = *it == f ? md["hfdelta_targets"].erase(it) : std::next(it);
+                     md["hfdelta_files"].push_back(op == "put" ? carried(f, evil) : json{{"path", f}, {"op", "remove"}});
+                   });
+                 }});
+  v.push_back({"hfdelta_files put into .weight_sync", false, 3, false, [evil](Attack& a) {
+                 write_file(a.delta / "files" / ".weight_sync" / "state.json", evil);
+                 edit_index(a, [&](json& md) { md["hfdelta_files"].push_back(carried(".weight_sync/state.json", evil)); });
+               }});
+  v.push_back({"a carried file of another size than recorded", false, 3, false,
+               [](Attack& a) { write_file(a.delta / "files" / "config.json", "{}\n"); }});
+  v.push_back({"a delta file missing", false, 3, false, [](Attack& a) { fs::remove(a.delta / delta_files(a.delta).front()); }});
+  v.push_back({"an entry that is not a zstd frame", false, 3, false, [](Attack& a) {
+                 const Entry e = pick_entry(a.delta, false);
+                 replace_entry(a.delta / e.file, e.tensor, bytes_of("not a zstd frame at all"));
+               }});
+  // The tensor's length is LOCAL's: only an apply can tell the frame is too long.
+  v.push_back({"an xor frame one byte longer than the tensor", false, 3, true, [](Attack& a) {
+                 const Entry e = pick_entry(a.delta, false);
+                 replace_entry(a.delta / e.file, e.tensor, zstd_compress(Bytes(e.nbytes + 1, 0)));
+               }});
+  v.push_back({"an unknown delta_encoding", false, 6, false,
+               [](Attack& a) { edit_index(a, [](json& md) { md["delta_encoding"] = "magic"; }); }});
+  v.push_back({"a build's entry of another checksum than hfdelta_shards records", true, 3, false, [](Attack& a) {
+                 edit_index(a, [](json& md) {
+                   for (auto& e : md["hfdelta_shards"])
+                     if (e.contains("tensors"))
+                       for (auto& t : e["tensors"])
+                         if (t["name"] == "c.new") t["xxh3-128"] = xxh3_hex(std::string("x"));
+                 });
+               }});
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("hostile: --inspect and delta-apply refuse every listed hostile delta alike, LOCAL untouched") {
+  int n = 0;
+  for (const HostileDelta& h : hostile_deltas()) {
+    CAPTURE(h.name);
+    auto check = [&](Attack& a) {
+      a.b.fits_local = h.of_local;
+      h.build(a);
+      const RunResult ins = diff({"-q", "--inspect", a.delta.string()});
+      const int got = a.b.attempt(a.single(), {h.code}, h.name, h.name);  // checks LOCAL is untouched
+      CHECK_MESSAGE(got == h.code, h.name << ": delta-apply exit " << got << ", expected " << h.code << ":\n" << a.b.last_err);
+      CHECK_MESSAGE(ins.code == (h.of_local ? 0 : h.code), h.name << ": " << ins.describe());
+      a.b.report(h.name);
+    };
+    if (h.structural) {
+      StructAttack a;
+      check(a);
+    } else {
+      Attack a(inputs().root_xor);
+      check(a);
+    }
+    ++n;
+  }
+  CHECK(n >= 20);
+}
+
+TEST_CASE("hostile: --inspect and delta-apply both accept the valid deltas the hostile ones are made from") {
+  const Inputs& in = inputs();
+  for (const auto& [name, root] : {std::pair{"xor", in.root_xor}, std::pair{"overwrite", in.root_overwrite},
+                                   std::pair{"auto", in.root_auto}, std::pair{"structural", in.root_struct}}) {
+    CAPTURE(name);
+    const bool st = std::string(name) == "structural";
+    Attack a(root, st ? in.st_start : in.start, st ? in.st_next : in.next);
+    E2E_CHECK_CODE(diff({"-q", "--inspect", a.delta.string()}), 0);
+    E2E_CHECK_CODE(apply(a.single()), 0);
+    E2E_CHECK_TREE_EQUAL(a.b.local, a.b.target);
+  }
 }
 
 TEST_CASE("hostile: total") { MESSAGE("hostile inputs tried: " << hostile_total()); }

@@ -998,6 +998,32 @@ TEST_CASE("squash: FIRST and LAST that do not name a chain of deltas are refused
     copy_tree(ckpts[1], v1);
     check_refused(squash_args(v1, v3, out), 3, {v1.string()}, out, root);
   }
+  // The checks delta-apply and --inspect make of a delta: a squash publishes
+  // what it reads, so it must not read a file of this host through a link.
+  const std::string extra = "{\"extra\": true}\n";
+  auto carry_extra = [&](const fs::path& delta, const std::string& content) {
+    json idx = delta_index(delta);
+    idx["metadata"]["hfdelta_files"].push_back(
+        {{"path", "extra.json"}, {"op", "put"}, {"size", extra.size()}, {"xxh3-128", xxh3_hex(extra)}});
+    write_json(delta / "model.safetensors.index.json", idx);  // resealed
+    write_file(t / "elsewhere" / "extra.json", content);
+  };
+  SUBCASE("files/ of a delta in the chain is a symlink to a directory") {
+    carry_extra(v2, extra);
+    fs::create_directory_symlink(t / "elsewhere", v2 / "files");
+    check_refused(squash_args(v1, v3, out), 3, {(v2 / "files").string(), "symlink"}, out, root);
+  }
+  SUBCASE("a carried file of a delta in the chain is a symlink") {
+    carry_extra(v2, extra);
+    fs::create_directories(v2 / "files");
+    fs::create_symlink(t / "elsewhere" / "extra.json", v2 / "files" / "extra.json");
+    check_refused(squash_args(v1, v3, out), 3, {(v2 / "files" / "extra.json").string(), "symlink"}, out, root);
+  }
+  SUBCASE("a carried file of other bytes than its delta's index records") {
+    carry_extra(v2, extra);
+    write_file(v2 / "files" / "extra.json", "{\"extra\": 1}\n");
+    check_refused(squash_args(v1, v3, out), 3, {(v2 / "files" / "extra.json").string()}, out, root);
+  }
   SUBCASE("a delta whose base version does not follow the previous one") {
     // weight_v000002 from version 0: a valid delta, but not on top of weight_v000001.
     fs::remove_all(v2);

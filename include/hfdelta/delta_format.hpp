@@ -177,4 +177,30 @@ Hash128 parse_hash_hex(const std::string& s, const std::string& what);
 Hash128 check_delta_entry(const DeltaIndex& idx, const std::string& file, const SafetensorsHeader& hdr,
                           const TensorInfo& t, const std::string& where);
 
+// A delta directory checked on its own, as `delta-diff --inspect` and
+// `delta-apply` both check it before anything else, so that they accept and
+// refuse the same deltas (whether it fits LOCAL is delta-apply's alone):
+// - nothing inside DIR is a symlink (the index, a delta file, files/,
+//   headers/, or anything below them): a delta is read from its own files only;
+// - the index (read_delta_index);
+// - every delta file weight_map names: a regular file, a valid safetensors
+//   file, each entry checked by check_delta_entry, each tensor the index maps
+//   to it present, a built tensor's entry of the checksum hfdelta_shards records;
+// - hfdelta_files: nothing under .weight_sync, no file the delta itself
+//   treats as a weight file (hfdelta_targets, hfdelta_shards) unless it
+//   stops or starts being one there, and each `put` carried under files/ with
+//   the recorded size and checksum;
+// - hfdelta_shards: each new header carried under headers/ with its recorded
+//   size and checksum, a built file's header holding the tensors listed.
+// Entries are not decoded here (delta-apply decodes them as it applies,
+// --inspect in a pass of its own). Throws Error(bad_input) naming the file
+// and the problem, Error(unsupported) as read_delta_index does.
+struct ValidDelta {
+  DeltaIndex index;
+  std::map<std::string, SafetensorsHeader> headers;  // delta file -> its header
+  std::map<std::string, MappedFile> maps;            // delta file -> its bytes
+  std::map<std::string, MappedFile> new_headers;     // hfdelta_shards file -> bytes of headers/<file>
+};
+ValidDelta validate_delta(const boost::filesystem::path& dir);
+
 }  // namespace hfdelta

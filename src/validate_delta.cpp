@@ -1,0 +1,123 @@
+// The one check of a delta directory on its own, shared by delta-apply and
+// delta-diff --inspect (see validate_delta in delta_format.hpp).
+#include <set>
+
+#include <boost/filesystem/operations.hpp>
+
+#include "hfdelta/checkpoint.hpp"
+#include "hfdelta/delta_format.hpp"
+#include "hfdelta/error.hpp"
+#include "hfdelta/io.hpp"
+
+namespace hfdelta {
+
+namespace fs = boost::filesystem;
+
+namespace {
+
+// A symlink anywhere inside a delta could make it read (or, through
+// hfdelta_files, copy into LOCAL) a file of the publisher's host that is no
+// part of the delta, so none is allowed: not only on the paths the index
+// names, but any entry, directories included (those are not descended).
+void check_no_symlinks(const fs::path& dir) {
+  boost::system::error_code ec;
+  fs::recursive_directory_iterator it(dir, ec), end;
+  for (; !ec && it != end; it.increment(ec))
+    if (fs::is_symlink(it->symlink_status()))
+      fail(Exit::bad_input, it->path().string() + ": is a symlink; a delta is read from its own files only, never through a link");
+  if (ec) fail(Exit::failure, dir.string() + ": cannot list the delta directory: " + ec.message());
+}
+
+void check_index_file(const fs::path& dir) {
+  boost::system::error_code ec;
+  const fs::path p = dir / kIndexFile;
+  if (!fs::is_regular_file(fs::symlink_status(p, ec)))
+    fail(Exit::bad_input, p.string() + ": missing or not a regular file; " + dir.string() + " is not a delta version");
+}
+
+// The delta files: headers valid, every entry an entry of this file, every
+// tensor the index maps to a file present in it.
+void check_delta_files(const fs::path& dir, ValidDelta& v) {
+  const DeltaIndex& idx = v.index;
+  boost::system::error_code ec;
+  for (const auto& [tensor, file] : idx.weight_map) {
+    if (v.headers.count(file)) continue;
+    const fs::path p = dir / file;
+    if (!fs::is_regular_file(fs::symlink_status(p, ec)))
+      fail(Exit::bad_input, p.string() + ": named by the delta index but missing or not a regular file");
+    v.headers.emplace(file, read_safetensors(p));
+    MappedFile m(p);
+    if (m.size() != v.headers.at(file).file_size) fail(Exit::bad_input, p.string() + ": changed size while being read");
+    v.maps.emplace(file, std::move(m));
+  }
+  for (const auto& [tensor, file] : idx.weight_map)
+    if (!v.headers.at(file).find(tensor))
+      fail(Exit::bad_input, (dir / file).string() + ": has no entry '" + tensor + "' named by the delta index");
+  // A tensor of a built file whose entry records another checksum than
+  // hfdelta_shards: the delta contradicts itself.
+  std::map<std::string, const ShardOp::Tensor*> built;
+  for (const ShardOp& so : idx.shards)
+    for (const ShardOp::Tensor& t : so.tensors) built[t.name] = &t;
+  for (const auto& [file, hdr] : v.headers) {
+    const std::string w = (dir / file).string();
+    for (const auto& t : hdr.tensors) {
+      const Hash128 checksum = check_delta_entry(idx, file, hdr, t, w);
+      if (auto b = built.find(t.name); b != built.end() && b->second->hash != checksum)
+        fail(Exit::bad_input, w + ": entry '" + t.name + "' records checksum " + checksum.hex() + ", hfdelta_shards " +
+                                  b->second->hash.hex());
+    }
+  }
+}
+
+bool touches_state(const std::string& path) {
+  return path == kStateDir || path.rfind(std::string(kStateDir) + "/", 0) == 0;
+}
+
+// hfdelta_files may not replace or remove what the delta itself treats as a
+// weight file (a file its entries patch, or one of its hfdelta_shards), except
+// where a file stops being a weight file (removed as one, put as a plain
+// file) or starts being one (a build replacing a plain file of that name).
+// Whether it is a weight file of LOCAL only delta-apply can tell.
+void check_file_ops(const fs::path& dir, const DeltaIndex& idx) {
+  const std::string iw = (dir / kIndexFile).string();
+  std::set<std::string> targets;
+  for (const auto& [delta_file, target] : idx.targets) targets.insert(target);
+  for (const FileChange& fc : idx.files) {
+    if (touches_state(fc.path)) fail(Exit::bad_input, iw + ": hfdelta_files may not touch " + fc.path);
+    const bool put = fc.op == FileChange::Op::put;
+    const ShardOp* so = shard_op(idx, fc.path);
+    const bool swap = so && (so->op == ShardOp::Op::remove ? put : so->op == ShardOp::Op::build && !put);
+    if (!swap && (so || targets.count(fc.path)))
+      fail(Exit::bad_input, iw + ": hfdelta_files may not " + (put ? "replace" : "remove") + " weight file " + fc.path +
+                                " (the delta's own " + (so ? "hfdelta_shards" : "hfdelta_targets") + " names it)");
+    if (put) open_carried(dir / kFilesDir / fc.path, fc.size, fc.hash, "hfdelta_files");
+  }
+}
+
+void check_new_headers(const fs::path& dir, ValidDelta& v) {
+  for (const ShardOp& so : v.index.shards) {
+    if (so.op == ShardOp::Op::remove) continue;
+    const fs::path hp = dir / kHeadersDir / so.file;
+    MappedFile hm = open_carried(hp, so.header_size, so.header_hash, "hfdelta_shards");
+    if (so.op == ShardOp::Op::build)
+      parse_built_header({reinterpret_cast<const char*>(hm.bytes().data()), hm.size()}, so, hp.string());
+    v.new_headers.emplace(so.file, std::move(hm));
+  }
+}
+
+}  // namespace
+
+ValidDelta validate_delta(const fs::path& dir) {
+  boost::system::error_code ec;
+  if (!fs::is_directory(dir, ec)) fail(Exit::bad_input, dir.string() + ": not a directory");
+  check_no_symlinks(dir);
+  check_index_file(dir);
+  ValidDelta v;
+  v.index = read_delta_index(dir);
+  check_new_headers(dir, v);
+  check_delta_files(dir, v);
+  check_file_ops(dir, v.index);
+  return v;
+}
+
+}  // namespace hfdelta
