@@ -9,6 +9,7 @@
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
+#include "hfdelta/signals.hpp"
 #include "hfdelta/version.hpp"
 #include "json_text.hpp"
 
@@ -320,6 +321,7 @@ std::uint64_t publish_delta(const fs::path& tmp, const fs::path& out, const std:
     for (const auto& d : dirs) sync_dir(d);
   const std::uint64_t bytes = tree_bytes(tmp);
   publish_dir(tmp, out);
+  const StopDeferred published;  // a stop signal now no longer undoes anything
   if (sync) sync_dir(out.parent_path());
   return bytes;
 }

@@ -8,6 +8,7 @@
 
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/error.hpp"
+#include "hfdelta/signals.hpp"
 #include "hfdelta/local_store.hpp"
 #include "hfdelta/verify.hpp"
 #include "hfdelta/version.hpp"
@@ -281,6 +282,7 @@ void run_file_ops(const fs::path& local, const fs::path& step, const Manifest& m
 }
 
 void rollback(const fs::path& local, const fs::path& step, const Manifest& m, bool sync) {
+  const StopDeferred defer;  // a stop signal waits for the rollback to finish
   // Pending first: if this is cut short, the next run knows to finish it.
   // Nothing below allocates space (patches in place, renames, links of the
   // reserved state files), so a full disk cannot stop a rollback.
@@ -379,10 +381,20 @@ void discard(const fs::path& local, bool sync) {
   fs::remove_all(gone, ec);
 }
 
-void remove_stale_discards(const fs::path& local) {
+// What a killed run left under .weight_sync: a journal renamed away at its
+// commit but not yet removed (.txn.tmp-*), and the temporary files of
+// atomic replacements (.state.json.tmp-*, checksums/.NNNNNN.json.tmp-*).
+// Every writer holds the lock, so none of them is in use.
+void remove_stale_temp_files(const fs::path& local) {
   boost::system::error_code ec;
-  for (fs::directory_iterator it(local / kStateDir, ec), end; it != end && !ec; it.increment(ec))
-    if (it->path().filename().string().rfind(".txn.tmp-", 0) == 0) fs::remove_all(it->path(), ec);
+  for (const fs::path& dir : {local / kStateDir, local / kStateDir / "checksums"})
+    for (fs::directory_iterator it(dir, ec), end; it != end && !ec; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (name.size() > 1 && name[0] == '.' && name.find(".tmp-") != std::string::npos) {
+        boost::system::error_code rm;
+        fs::remove_all(it->path(), rm);
+      }
+    }
 }
 
 }  // namespace
@@ -402,6 +414,7 @@ void Txn::abandon_step() {
 }
 
 bool Txn::rollback_all() {
+  const StopDeferred defer;
   if (kept_) return false;  // a step could not be undone: its journal stays for the next run
   try {
     for (std::size_t k = done_.size(); k-- > 0;) rollback(local_, txn_root(local_) / std::to_string(k), done_[k], sync_);
@@ -432,7 +445,8 @@ std::optional<std::uint64_t> interrupted_version(const fs::path& local) {
 }
 
 std::optional<std::uint64_t> recover(const fs::path& local, bool sync) {
-  remove_stale_discards(local);
+  const StopDeferred defer;
+  remove_stale_temp_files(local);
   const std::optional<std::uint64_t> was = interrupted_version(local);
   std::optional<std::uint64_t> undone;
   for (const auto& step : steps_of(local)) {

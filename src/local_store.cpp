@@ -16,6 +16,7 @@
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
+#include "hfdelta/signals.hpp"
 #include "hfdelta/io.hpp"
 #include "hfdelta/version.hpp"
 #include "json_text.hpp"
@@ -38,18 +39,9 @@ LocalLock::LocalLock(const fs::path& local, double timeout_s, bool create) {
   const fs::path lock = state_dir(local) / "lock";
   fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0) fail(Exit::failure, lock.string() + ": open: " + std::strerror(errno));
-  if (timeout_s < 0) {
-    while (::flock(fd_, LOCK_EX) != 0) {
-      if (errno != EINTR) {
-        const int e = errno;
-        ::close(fd_);
-        fail(Exit::failure, lock.string() + ": flock: " + std::strerror(e));
-      }
-    }
-    return;
-  }
-  // flock has no timeout of its own: poll with a short back-off.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  // flock has no timeout of its own, and a blocked flock would not see a
+  // stop signal: poll with a short back-off.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(std::max(timeout_s, 0.0));
   for (;;) {
     if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return;
     if (errno != EWOULDBLOCK && errno != EINTR) {
@@ -57,9 +49,15 @@ LocalLock::LocalLock(const fs::path& local, double timeout_s, bool create) {
       ::close(fd_);
       fail(Exit::failure, lock.string() + ": flock: " + std::strerror(e));
     }
-    if (std::chrono::steady_clock::now() >= deadline) {
+    if (timeout_s >= 0 && std::chrono::steady_clock::now() >= deadline) {
       ::close(fd_);
       fail(Exit::lock_timeout, lock.string() + ": still locked by another process after " + std::to_string(timeout_s) + " s");
+    }
+    try {
+      check_stop();
+    } catch (...) {
+      ::close(fd_);
+      throw;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

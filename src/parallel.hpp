@@ -8,6 +8,8 @@
 #include <exception>
 #include <mutex>
 
+#include "hfdelta/signals.hpp"
+
 namespace hfdelta {
 
 inline int default_threads(int requested) { return requested > 0 ? requested : omp_get_max_threads(); }
@@ -25,6 +27,7 @@ void parallel_for(std::size_t n, int threads, F&& body) {
       if (error) continue;
     }
     try {
+      check_stop();  // each unit is a safe point to stop at
       body(i, static_cast<std::size_t>(omp_get_thread_num()));
     } catch (...) {
       std::lock_guard<std::mutex> g(mu);

@@ -1,6 +1,7 @@
 #include "hfdelta/prune.hpp"
 
 #include <algorithm>
+#include <ctime>
 
 #include <boost/filesystem/operations.hpp>
 #include <nlohmann/json.hpp>
@@ -24,6 +25,30 @@ bool is_prune_leftover(const fs::directory_entry& e) {
          fs::is_directory(e.symlink_status(ec));
 }
 
+// The newest modification time in a tree: a publication still being
+// written keeps touching some file of its temporary directory.
+std::time_t newest_mtime(const fs::path& dir) {
+  boost::system::error_code ec;
+  std::time_t t = fs::last_write_time(dir, ec);
+  for (fs::recursive_directory_iterator it(dir, ec), end; it != end && !ec; it.increment(ec)) {
+    boost::system::error_code e2;
+    const std::time_t m = fs::last_write_time(it->path(), e2);
+    if (!e2) t = std::max(t, m);
+  }
+  return t;
+}
+
+// The temporary directory of a publication (delta-diff, --squash) that was
+// killed before its rename: ".NAME.tmp-XXXXXXXX", untouched for
+// kStaleTempAge. A younger one may belong to a run still in progress.
+bool is_stale_publication(const fs::directory_entry& e, std::time_t now) {
+  const std::string name = e.path().filename().string();
+  boost::system::error_code ec;
+  return name.size() > 1 && name[0] == '.' && name.rfind(kPrunedPrefix, 0) != 0 &&
+         name.find(".tmp-") != std::string::npos && fs::is_directory(e.symlink_status(ec)) &&
+         now - newest_mtime(e.path()) >= kStaleTempAge;
+}
+
 // For the report only: an unreadable directory counts as nothing.
 std::uint64_t reported_bytes(const fs::path& dir) {
   try {
@@ -44,8 +69,9 @@ PruneResult prune_root(const fs::path& root, const PruneOptions& opts) {
 
   {
     boost::system::error_code ec;
+    const std::time_t now = std::time(nullptr);
     for (fs::directory_iterator it(root, ec), end; it != end && !ec; it.increment(ec))
-      if (is_prune_leftover(*it)) r.leftovers.push_back(it->path());
+      if (is_prune_leftover(*it) || is_stale_publication(*it, now)) r.leftovers.push_back(it->path());
     if (ec) fail(Exit::failure, root.string() + ": cannot list directory: " + ec.message());
     std::sort(r.leftovers.begin(), r.leftovers.end());
   }

@@ -31,7 +31,9 @@ struct PruneResult {
   std::optional<std::uint64_t> base_full;
   std::vector<VersionDir> removed;  // ascending; with dry_run: would be removed
   std::vector<VersionDir> kept;     // ascending
-  std::vector<boost::filesystem::path> leftovers;  // hidden directories of an interrupted prune, cleaned
+  // Hidden directories removed: of an interrupted prune, and temporary
+  // directories of publications killed at least kStaleTempAge ago.
+  std::vector<boost::filesystem::path> leftovers;
   std::uint64_t bytes_removed = 0;  // files of `removed` and `leftovers`
   bool dry_run = false;
 };
@@ -39,8 +41,13 @@ struct PruneResult {
 // Prefix of the hidden name a doomed version is renamed to before it is
 // deleted: ".pruned.weight_vNNNNNN.tmp-XXXXXXXX". Nothing else writes such
 // names, so a later prune may delete them; the hidden names of a publication
-// in progress (".weight_vNNNNNN.tmp-...") are never touched.
+// in progress (".weight_vNNNNNN.tmp-...") are left until kStaleTempAge old.
 inline constexpr const char* kPrunedPrefix = ".pruned.";
+
+// How long the temporary directory of a publication (".NAME.tmp-*", left by
+// a delta-diff or --squash that was killed) must have been untouched before
+// a prune removes it: longer than any publication takes to write a file.
+inline constexpr long kStaleTempAge = 6 * 3600;  // seconds
 
 // Keeps the newest full version at or below keep_from (the newest full
 // version by default) and every version after it; everything older goes.

@@ -10,6 +10,7 @@
 #include <iostream>
 
 #include "hfdelta/error.hpp"
+#include "hfdelta/signals.hpp"
 
 namespace hfdelta::cli {
 
@@ -29,7 +30,11 @@ int run(CLI::App& app, int argc, char** argv, const std::function<void()>& body)
     body();
     return 0;
   } catch (const Error& e) {
-    if (*e.what()) std::cerr << app.get_name() << ": error: " << e.what() << "\n";
+    std::string msg = e.what();
+    if (static_cast<int>(e.code()) > 128)  // a stop signal (hfdelta/signals.hpp): say what it left
+      msg += app.get_name() == "delta-apply" ? "; LOCAL is as it was (rolled back)"
+                                             : "; stopped at a safe point, no temporary directory left";
+    if (!msg.empty()) std::cerr << app.get_name() << ": error: " << msg << "\n";
     return static_cast<int>(e.code());
   } catch (const CLI::ParseError& e) {  // semantic usage errors raised after parsing
     std::cerr << app.get_name() << ": error: " << e.what() << "\n";
@@ -50,9 +55,17 @@ void run_shell(const std::string& command, const std::vector<std::pair<std::stri
   std::string sh = "/bin/sh", dash_c = "-c", cmd = command;
   char* argv[] = {sh.data(), dash_c.data(), cmd.data(), nullptr};
   std::fflush(stdout);
+  // The command starts with no signal blocked, though delta-apply blocks the
+  // stop signals (see hfdelta/signals.hpp).
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  const sigset_t none = unblocked_mask();
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
   pid_t pid;
-  if (const int e = posix_spawn(&pid, "/bin/sh", nullptr, nullptr, argv, envp.data()); e != 0)
-    fail(Exit::then_failed, "--then: cannot start /bin/sh: " + std::string(std::strerror(e)));
+  const int e = posix_spawn(&pid, "/bin/sh", nullptr, &attr, argv, envp.data());
+  posix_spawnattr_destroy(&attr);
+  if (e != 0) fail(Exit::then_failed, "--then: cannot start /bin/sh: " + std::string(std::strerror(e)));
   int status = 0;
   while (waitpid(pid, &status, 0) < 0)
     if (errno != EINTR) fail(Exit::then_failed, "--then: waitpid: " + std::string(std::strerror(errno)));

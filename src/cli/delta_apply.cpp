@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_common.hpp"
+#include "hfdelta/signals.hpp"
 #include "hfdelta/apply.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/verify.hpp"
@@ -21,6 +22,7 @@ nlohmann::json version_json(const std::optional<std::uint64_t>& v) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  hfdelta::handle_stop_signals();  // first: every thread started later inherits the mask
   CLI::App app{"Bring a host-local checkpoint to a new version, in place.\n"
                "  delta-apply [OPTIONS] DELTA LOCAL\n"
                "  delta-apply --init [--version N] [--force] SRC LOCAL\n"

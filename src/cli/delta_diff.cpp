@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_common.hpp"
+#include "hfdelta/signals.hpp"
 #include "hfdelta/diff.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/inspect.hpp"
@@ -92,6 +93,7 @@ void print_prune(const PruneResult& r) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  hfdelta::handle_stop_signals();  // first: every thread started later inherits the mask
   CLI::App app{"Write the delta version directory OUT that turns checkpoint BASE into NEW; "
                "or describe a delta (--inspect); or remove the versions of a publication root no host can need (--prune).",
                "delta-diff"};
