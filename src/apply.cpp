@@ -151,6 +151,7 @@ ApplyResult init_locked(Txn& txn, const fs::path& src, const fs::path& local, st
     fail(Exit::bad_input, src.string() + ": is a delta version, not a full checkpoint");
   const Checkpoint c = open_checkpoint(src);  // validates every weight file before LOCAL is touched
   check_has_weights(c, src);
+  refuse_local_symlinks(local);  // a link is not LOCAL's own: not replaced, not taken for its target
   const LocalState st = read_state(local);
   ApplyResult r;
   r.from_version = st.version;
@@ -632,6 +633,7 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
                                  format_version(idx.base_version) + ", but LOCAL is at version " + format_version(*st.version));
 
   // ---- validate everything before the first write ----
+  refuse_local_symlinks(local);  // nothing is patched, replaced or removed through a link
   const Checkpoint lc = open_checkpoint(local);
   const std::string iw = (delta / kIndexFile).string();
   const std::string nothing = "; LOCAL is not this delta's base, nothing was changed";
@@ -800,9 +802,6 @@ ApplyResult apply_locked(Txn& txn, const fs::path& delta, const fs::path& local,
     for (const auto& fc : idx.files) put = put || (fc.path == so.file && fc.op == FileChange::Op::put);
     if (!put) m.files.push_back({so.file, TxnFile::Op::remove, true});
   }
-  for (const auto& s : lc.shards)
-    if (fs::is_symlink(fs::symlink_status(local / s.file)))
-      fail(Exit::bad_input, (local / s.file).string() + ": is a symlink; delta-apply patches real files only (use --init)");
 
   for (Patch& p : patches) p.live = !opts.sync;  // without flushing, LOCAL is patched as the entries are decoded
   const int threads = thread_count(opts);

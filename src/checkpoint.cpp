@@ -32,10 +32,7 @@ std::vector<std::string> list_files(const fs::path& dir) {
   for (; it != end; it.increment(ec)) {
     if (ec) fail(Exit::failure, dir.string() + ": cannot list: " + ec.message());
     const fs::path& p = it->path();
-    // Relative by name, not by fs::relative, which resolves symlinks: a file
-    // of a Hugging Face hub snapshot would become "../../blobs/<hash>".
-    std::string rel = p.generic_string().substr(dir.generic_string().size());
-    rel.erase(0, rel.find_first_not_of('/'));
+    const std::string rel = relative_name(p, dir);  // a hub snapshot's file, not its blob
     if (it.depth() == 0 && p.filename() == kStateDir) {
       it.disable_recursion_pending();
       continue;

@@ -89,6 +89,12 @@ bool exists_nofollow(const fs::path& p) {
   return fs::exists(fs::symlink_status(p, ec));
 }
 
+std::string relative_name(const fs::path& p, const fs::path& dir) {
+  std::string rel = p.generic_string().substr(dir.generic_string().size());
+  rel.erase(0, rel.find_first_not_of('/'));
+  return rel;
+}
+
 fs::path temp_path_beside(const fs::path& target) {
   static thread_local std::mt19937_64 rng{std::random_device{}()};
   char suffix[24];

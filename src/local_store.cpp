@@ -187,10 +187,25 @@ std::vector<std::string> list_local_files(const fs::path& local) {
       continue;
     }
     if (fs::is_directory(it->symlink_status())) continue;
-    out.push_back(fs::relative(it->path(), local).generic_string());
+    out.push_back(relative_name(it->path(), local));  // the link itself, not its target
   }
   std::sort(out.begin(), out.end());
   return out;
+}
+
+void refuse_local_symlinks(const fs::path& local) {
+  boost::system::error_code ec;
+  for (fs::recursive_directory_iterator it(local, ec), end; it != end; it.increment(ec)) {
+    if (ec) fail(Exit::failure, local.string() + ": cannot list: " + ec.message());
+    if (it.depth() == 0 && it->path().filename() == kStateDir) {
+      it.disable_recursion_pending();
+      continue;
+    }
+    if (fs::is_symlink(it->symlink_status()))
+      fail(Exit::bad_input, it->path().string() + ": is a symlink; LOCAL is written only through files of its own, so "
+                                "nothing was changed. Replace it with a copy of its target (cp --remove-destination) or remove it "
+                                "(rm removes the link, not its target)");
+  }
 }
 
 }  // namespace hfdelta

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "e2e_util.hpp"
@@ -234,4 +235,56 @@ TEST_CASE("symbolic links: LOCAL keeps refusing them") {
   CHECK_MESSAGE(r.code == 3, r.describe());
   CHECK_MESSAGE(contains(r.err, w.string()), r.describe());
   CHECK(read_bytes(elsewhere) == outside);
+}
+
+TEST_CASE("symbolic links: a link anywhere inside LOCAL is refused by every form, nothing moved or written through it") {
+  TempDir t;
+  const fs::path series = gen_series(t / "series", 2);
+  const fs::path root = t / "root";
+  fs::create_directories(root);
+  require_diff(save_dir(series, 0), save_dir(series, 1), version_dir(root, 1), "auto");
+  // What the links point to, outside LOCAL.
+  write_file(t / "outside.txt", "not LOCAL's");
+  write_file(t / "elsewhere" / "x.txt", "not LOCAL's either");
+  const auto outside_before = snapshot(t / "elsewhere", false);
+
+  // Links that are no file of SRC nor of the delta: --init used to take one
+  // for its target ("../outside.txt") and move that into its journal, and
+  // the other forms went through.
+  const std::vector<std::pair<std::string, std::string>> links = {
+      {"notes.txt", "../outside.txt"},
+      {"extra", "../elsewhere"},
+      {"sub/deep.txt", "../../outside.txt"},
+  };
+  for (const auto& [name, target] : links) {
+    INFO(name << " -> " << target);
+    const fs::path local = t / "local";
+    fs::remove_all(local);
+    require_init(save_dir(series, 0), local);
+    fs::create_directories((local / name).parent_path());
+    fs::create_symlink(target, local / name);
+    const std::vector<std::pair<std::string, std::vector<std::string>>> forms = {
+        {"a delta", {"-q", version_dir(root, 1).string(), local.string()}},
+        {"a delta, --no-sync", {"-q", "--no-sync", version_dir(root, 1).string(), local.string()}},
+        {"--root", {"-q", "--root", root.string(), local.string()}},
+        {"--init of the next save", {"-q", "--init", "--version", "1", save_dir(series, 1).string(), local.string()}},
+        {"--init of the same save", {"-q", "--init", save_dir(series, 0).string(), local.string()}},
+    };
+    for (const auto& [form, args] : forms) {
+      INFO(form);
+      const LocalSnapshot before(local);
+      const RunResult r = apply(args);
+      CHECK_MESSAGE(r.code == 3, r.describe());
+      CHECK_MESSAGE(contains(r.err, (local / name).string() + ": is a symlink"), r.describe());
+      const TreeDiff d = before.compare();
+      CHECK_MESSAGE(d.equal, d.report());
+      CHECK(!has_txn(local));
+      CHECK(read_file(t / "outside.txt") == "not LOCAL's");
+      CHECK(snapshot_diff(outside_before, snapshot(t / "elsewhere", false), "before", "now").empty());
+    }
+    // --verify names the link, not its target.
+    const RunResult v = apply({"--verify", local.string()});
+    CHECK_MESSAGE(v.code != 0, v.describe());
+    CHECK_MESSAGE(contains(v.out + v.err, (local / name).string() + ":"), v.describe());
+  }
 }

@@ -84,6 +84,11 @@ bool link_path(const fs::path& from, const fs::path& to);
 // True if anything (a dangling symlink too) is at `p`.
 bool exists_nofollow(const fs::path& p);
 
+// `p`, a path below `dir` as a directory iterator gives it, relative to `dir`
+// by name with '/' separators. Not fs::relative, which resolves symlinks: it
+// would give a link's target ("../../blobs/<hash>") instead of the link.
+std::string relative_name(const fs::path& p, const fs::path& dir);
+
 // Unique hidden name beside `target` (".NAME.tmp-XXXXXXXX"): a crash leaves
 // an obvious leftover, never a file or directory that looks complete.
 fs::path temp_path_beside(const fs::path& target);

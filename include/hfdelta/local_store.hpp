@@ -51,6 +51,13 @@ void check_local_path(const boost::filesystem::path& local, std::optional<Exit> 
 // Every file below LOCAL but its state directory (anything not a directory,
 // symlinks too), relative, sorted.
 std::vector<std::string> list_local_files(const boost::filesystem::path& local);
+
+// Refuses (Error(bad_input), naming it) a symlink anywhere below LOCAL but its
+// state directory: LOCAL is written only through files and directories of its
+// own, so a link (to a base checkpoint, a cache blob) is never patched,
+// replaced or removed through.
+void refuse_local_symlinks(const boost::filesystem::path& local);
+
 // Replaces state.json atomically (temp, flush, rename, flush directory).
 void write_state(const boost::filesystem::path& local, const LocalState& s, bool sync);
 
