@@ -21,6 +21,11 @@ bool ends_with(const std::string& s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+std::string link_target(const fs::path& p) {
+  boost::system::error_code ec;
+  return fs::read_symlink(p, ec).string();
+}
+
 // Every regular file below `dir`, relative, with '/' separators; hfdelta's own
 // state directory is not part of the checkpoint. Symlinked files are followed
 // (read, like cp -L, never written); symlinked directories are refused.
@@ -37,13 +42,21 @@ std::vector<std::string> list_files(const fs::path& dir) {
       it.disable_recursion_pending();
       continue;
     }
+    const bool link = fs::is_symlink(it->symlink_status());
     const fs::file_status st = fs::status(p, ec);  // follows links: HF caches link to blobs
-    if (ec) fail(Exit::bad_input, p.string() + ": " + ec.message());
+    if (ec || !fs::exists(st)) {
+      const std::string why = ec ? ec.message() : "does not exist";
+      if (link) fail(Exit::bad_input, p.string() + ": is a dangling symlink (to " + link_target(p) + ": " + why + ")");
+      fail(Exit::bad_input, p.string() + ": " + why);
+    }
     if (fs::is_directory(st)) {
-      if (fs::is_symlink(it->symlink_status())) fail(Exit::bad_input, p.string() + ": directory symlinks are not supported");
+      // Followed, a directory link could leave the source or loop.
+      if (link) fail(Exit::bad_input, p.string() + ": is a symlink to a directory (" + link_target(p) +
+                                          "); only symlinked files are followed; copy it in (cp -rL)");
       continue;
     }
-    if (!fs::is_regular_file(st)) fail(Exit::bad_input, p.string() + ": not a regular file");
+    if (!fs::is_regular_file(st))
+      fail(Exit::bad_input, p.string() + ": not a regular file" + (link ? " (a symlink to " + link_target(p) + ")" : ""));
     out.push_back(rel);
   }
   std::sort(out.begin(), out.end());

@@ -288,3 +288,33 @@ TEST_CASE("symbolic links: a link anywhere inside LOCAL is refused by every form
     CHECK_MESSAGE(contains(v.out + v.err, (local / name).string() + ":"), v.describe());
   }
 }
+
+TEST_CASE("symbolic links: a dangling link, a link to a directory or to a device in a source is refused, naming it") {
+  TempDir t;
+  const fs::path series = gen_series(t / "series", 2);
+  fs::create_directories(t / "dir");
+  const std::vector<std::tuple<std::string, fs::path, std::string>> links = {
+      {"dangling.txt", t / "nothing", "is a dangling symlink"},
+      {"loop.txt", "loop.txt", "is a dangling symlink"},
+      {"tokenizer", t / "dir", "is a symlink to a directory"},
+      {"null.txt", "/dev/null", "not a regular file (a symlink to /dev/null)"},
+  };
+  for (const auto& [name, target, says] : links) {
+    INFO(name << " -> " << target.string());
+    const fs::path src = t / "src";
+    fs::remove_all(src);
+    copy_tree(save_dir(series, 0), src);
+    fs::create_symlink(target, src / name);
+    const fs::path local = t / "local";
+    const RunResult init = apply({"-q", "--init", src.string(), local.string()});
+    CHECK_MESSAGE(init.code == 3, init.describe());
+    CHECK_MESSAGE(contains(init.err, (src / name).string() + ": " + says), init.describe());
+    CHECK(!fs::exists(local / "config.json"));
+    fs::create_directories(t / "root");
+    const fs::path out = t / "root" / "weight_v000001";
+    const RunResult d = diff({"-q", src.string(), save_dir(series, 1).string(), out.string()});
+    CHECK_MESSAGE(d.code == 3, d.describe());
+    CHECK_MESSAGE(contains(d.err, (src / name).string() + ": " + says), d.describe());
+    CHECK(!fs::exists(out));
+  }
+}
