@@ -5,8 +5,11 @@
 #include <doctest/doctest.h>
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <map>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -113,6 +116,56 @@ TEST_CASE("hard links: delta-apply refuses a LOCAL weight file with more than on
   CHECK(snapshot_diff(backup_before, snapshot(backup, false), "backup before", "backup now").empty());
   const TreeDiff b = tree_equal(backup, save_dir(s.series, 0));
   CHECK_MESSAGE(b.equal, b.report());
+}
+
+// Modification times of LOCAL's files: a step written and rolled back
+// leaves the bytes as they were, but not these.
+std::map<std::string, std::int64_t> mtimes(const fs::path& dir) {
+  std::map<std::string, std::int64_t> m;
+  for (const auto& f : list_files(dir)) {
+    struct stat st {};
+    REQUIRE(::stat((dir / f).c_str(), &st) == 0);
+    m[f] = st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+  }
+  return m;
+}
+
+TEST_CASE("hard links: a --root chain refuses a shared weight file before its first step; a full version in it copies") {
+  TempDir t;
+  const fs::path series = gen_series(t / "series", 2, {"--max-shard-size", "600KB"});
+  const fs::path root = t / "root", full_root = t / "full-root";
+  fs::create_directories(root);
+  fs::create_directories(full_root);
+  require_diff(save_dir(series, 0), save_dir(series, 1), version_dir(root, 1), "auto");
+  require_diff(save_dir(series, 1), save_dir(series, 2), version_dir(root, 2), "auto");
+  copy_tree(save_dir(series, 1), version_dir(full_root, 1));
+  require_diff(save_dir(series, 1), save_dir(series, 2), version_dir(full_root, 2), "auto");
+
+  const fs::path local = t / "local";
+  require_init(save_dir(series, 0), local);
+  // One weight file, the last, linked to a copy kept elsewhere.
+  const fs::path shared = weight_files(local).back();
+  const fs::path other = t / "kept.safetensors";
+  REQUIRE(::link(shared.c_str(), other.c_str()) == 0);
+  const Bytes kept = read_bytes(other);
+
+  const LocalSnapshot before(local);
+  const auto times = mtimes(local);
+  const RunResult r = apply({"-q", "--root", root.string(), local.string()});
+  CHECK_MESSAGE(r.code == 3, r.describe());
+  CHECK_MESSAGE(contains(r.err, shared.string()), r.describe());
+  const TreeDiff d = before.compare();
+  CHECK_MESSAGE(d.equal, d.report());
+  CHECK_MESSAGE(mtimes(local) == times, "a file of LOCAL was written before the refusal");
+  CHECK(!has_txn(local));
+  CHECK(read_bytes(other) == kept);
+
+  // A chain that starts with a full version gives LOCAL its own copies first.
+  E2E_REQUIRE_CODE(apply({"-q", "--root", full_root.string(), local.string()}), 0);
+  const TreeDiff l = tree_equal(local, save_dir(series, 2));
+  CHECK_MESSAGE(l.equal, l.report());
+  for (const auto& w : weight_files(local)) CHECK(links_of(w) == 1);
+  CHECK(read_bytes(other) == kept);
 }
 
 // ---- symbolic links: Hugging Face hub cache snapshots as sources -----------------
