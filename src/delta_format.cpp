@@ -51,31 +51,40 @@ Hash128 parse_hash_hex(const std::string& s, const std::string& what) {
   return h;
 }
 
-bool is_delta_dir(const fs::path& dir) {
+namespace {
+
+// An index (`j` holds it, or none if `dir` has no index file) with any delta
+// key in any top-level object makes DIR a delta, so that one damaged key
+// name cannot turn a delta into something copied as a full version.
+std::optional<json> delta_index_json(const fs::path& dir) {
   const fs::path p = dir / kIndexFile;
   boost::system::error_code ec;
   if (!fs::exists(p, ec)) {
     // A dangling link hides what the directory is: with it taken for "no
     // index", a delta would pass for a full version and be copied as one.
     if (fs::is_symlink(fs::symlink_status(p, ec))) fail(Exit::bad_input, p.string() + ": is a symlink to nothing");
-    return false;
+    return std::nullopt;
   }
-  const json j = load_index(p);
-  // Any delta key in any top-level object makes it a delta, so that one
-  // damaged key name cannot turn a delta into something copied as a full version.
+  json j = load_index(p);
   for (const auto& [k, v] : j.items()) {
     if (!v.is_object()) continue;
     for (const char* dk : {key::delta_encoding, key::base_version, key::format, key::index_checksum})
-      if (v.contains(dk)) return true;
+      if (v.contains(dk)) return j;
   }
-  return false;
+  return std::nullopt;
 }
-
-namespace {
 
 DeltaIndex delta_index_from_json(json j, const std::string& w);
 
 }  // namespace
+
+bool is_delta_dir(const fs::path& dir) { return delta_index_json(dir).has_value(); }
+
+std::optional<DeltaIndex> read_index_if_delta(const fs::path& dir) {
+  std::optional<json> j = delta_index_json(dir);
+  if (!j) return std::nullopt;
+  return delta_index_from_json(std::move(*j), (dir / kIndexFile).string());
+}
 
 DeltaIndex read_delta_index(const fs::path& dir) {
   const fs::path p = dir / kIndexFile;

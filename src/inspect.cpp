@@ -9,6 +9,7 @@
 #include <zstd.h>
 
 #include "hfdelta/checkpoint.hpp"
+#include "hfdelta/delta_reader.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
 #include "hfdelta/safetensors.hpp"
@@ -155,11 +156,36 @@ void inspect_part(Encoding enc, std::span<const std::uint8_t> bytes, const std::
   fail(Exit::bad_input, what + ": a stacked entry cannot hold another");
 }
 
+InspectEntry inspect_entry(const OpenDelta& v, const DeltaEntry& de) {
+  InspectEntry e;
+  e.tensor = de.tensor();
+  e.file = *de.file;
+  e.encoding = de.encoding;
+  e.entry_bytes = de.frame.size();
+  e.checksum = de.new_hash;
+  e.base_checksum = de.base_hash;
+  const std::string what = v.path_of(de) + ": entry '" + de.tensor() + "'";
+  if (de.encoding != Encoding::stack) {
+    inspect_part(e.encoding, de.frame, what, e);
+    return e;
+  }
+  e.parts = de.stack.size();
+  for (std::size_t i = 0; i < de.stack.size(); ++i) {
+    InspectEntry pe;
+    inspect_part(de.stack[i].enc, de.stack[i].bytes, what + " (stacked part " + std::to_string(i + 1) + ")", pe);
+    if (pe.tensor_bytes && e.tensor_bytes && *pe.tensor_bytes != *e.tensor_bytes)
+      fail(Exit::bad_input, what + ": stacked parts are for tensors of " + std::to_string(*e.tensor_bytes) + " and " +
+                                std::to_string(*pe.tensor_bytes) + " bytes");
+    if (pe.tensor_bytes) e.tensor_bytes = pe.tensor_bytes;
+  }
+  return e;
+}
+
 }  // namespace
 
 DeltaInspection inspect_delta(const fs::path& dir) {
-  // Everything delta-apply checks of the delta itself, by the same function.
-  const ValidDelta v = validate_delta(dir);
+  // Everything delta-apply checks of the delta itself, by the same reader.
+  const OpenDelta v = open_delta(dir);
   const DeltaIndex& idx = v.index;
 
   DeltaInspection r;
@@ -171,38 +197,7 @@ DeltaInspection inspect_delta(const fs::path& dir) {
   r.index_checksum = idx.index_checksum;
 
   // Every entry decoded in full, as delta-apply decodes it.
-  for (const auto& [file, hdr] : v.headers) {
-    const fs::path p = dir / file;
-    const std::string w = p.string();
-    const MappedFile& map = v.maps.at(file);
-    for (const auto& t : hdr.tensors) {
-      const Hash128 checksum = check_delta_entry(idx, file, hdr, t, w);
-      InspectEntry e;
-      e.tensor = t.name;
-      e.file = file;
-      e.encoding = encoding_of(idx, t.name);
-      e.entry_bytes = t.nbytes();
-      e.checksum = checksum;
-      if (auto b = idx.base_checksums.find(t.name); b != idx.base_checksums.end()) e.base_checksum = b->second;
-      const auto bytes = map.bytes(hdr.file_offset(t), t.nbytes());
-      const std::string what = w + ": entry '" + t.name + "'";
-      if (e.encoding == Encoding::stack) {
-        const std::vector<StackPart> parts = read_stack(bytes, checksum, what);
-        e.parts = parts.size();
-        for (std::size_t i = 0; i < parts.size(); ++i) {
-          InspectEntry pe;
-          inspect_part(parts[i].enc, parts[i].bytes, what + " (stacked part " + std::to_string(i + 1) + ")", pe);
-          if (pe.tensor_bytes && e.tensor_bytes && *pe.tensor_bytes != *e.tensor_bytes)
-            fail(Exit::bad_input, what + ": stacked parts are for tensors of " + std::to_string(*e.tensor_bytes) + " and " +
-                                      std::to_string(*pe.tensor_bytes) + " bytes");
-          if (pe.tensor_bytes) e.tensor_bytes = pe.tensor_bytes;
-        }
-      } else {
-        inspect_part(e.encoding, bytes, what, e);
-      }
-      r.entries.push_back(std::move(e));
-    }
-  }
+  for (const DeltaEntry& de : v.entries) r.entries.push_back(inspect_entry(v, de));
   std::sort(r.entries.begin(), r.entries.end(), [](const InspectEntry& a, const InspectEntry& b) { return a.tensor < b.tensor; });
 
   for (const auto& fc : idx.files) {
@@ -215,7 +210,7 @@ DeltaInspection inspect_delta(const fs::path& dir) {
     }
   }
 
-  // Weight-file operations (their new headers checked by validate_delta).
+  // Weight-file operations (their new headers checked by open_delta).
   for (const ShardOp& so : idx.shards) {
     InspectShard sh;
     sh.file = so.file;

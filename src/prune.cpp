@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hfdelta/checkpoint.hpp"
+#include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
 
@@ -65,7 +66,8 @@ PruneResult prune_root(const fs::path& root, const PruneOptions& opts) {
   r.root = root;
   r.keep_from = opts.keep_from;
   r.dry_run = opts.dry_run;
-  const std::vector<VersionDir> versions = scan_root(root);
+  std::vector<PrunedVersion> versions;
+  for (const VersionDir& d : scan_root(root)) versions.push_back({d.version, d.path, !is_delta_dir(d.path)});
 
   {
     boost::system::error_code ec;
@@ -79,7 +81,7 @@ PruneResult prune_root(const fs::path& root, const PruneOptions& opts) {
   // A pull to any target T >= keep_from starts from the newest full version
   // at or below T above LOCAL (at least this one), or from LOCAL itself when
   // that is newer; either way it reads nothing older than this one.
-  const VersionDir* full = nullptr;
+  const PrunedVersion* full = nullptr;
   for (const auto& d : versions)
     if (d.full && (!opts.keep_from || d.version <= *opts.keep_from)) full = &d;
   if (full) {
@@ -122,7 +124,7 @@ PruneResult prune_root(const fs::path& root, const PruneOptions& opts) {
 }
 
 json prune_json(const PruneResult& r) {
-  auto versions = [](const std::vector<VersionDir>& v) {
+  auto versions = [](const std::vector<PrunedVersion>& v) {
     json a = json::array();
     for (const auto& d : v) a.push_back({{"version", format_version(d.version)}, {"full", d.full}, {"path", d.path.string()}});
     return a;

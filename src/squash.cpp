@@ -18,6 +18,7 @@
 
 #include "hfdelta/codec.hpp"
 #include "hfdelta/delta_format.hpp"
+#include "hfdelta/delta_reader.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/hash.hpp"
 #include "hfdelta/io.hpp"
@@ -341,12 +342,13 @@ SquashSummary squash_deltas(const std::vector<fs::path>& chain, const fs::path& 
   SquashSummary sum;
   std::vector<Link> links;
   for (const fs::path& d : chain) {
-    if (!is_delta_dir(d)) fail(Exit::bad_input, d.string() + ": is not a delta version (a full version cannot be squashed)");
+    std::optional<DeltaIndex> index = read_index_if_delta(d);
+    if (!index) fail(Exit::bad_input, d.string() + ": is not a delta version (a full version cannot be squashed)");
     Link l;
     l.dir = d;
-    // Checked as delta-apply and --inspect check a delta: nothing is read
+    // Opened as delta-apply and --inspect open a delta: nothing is read
     // through a symlink, carried files and headers are what the index records.
-    ValidDelta v = validate_delta(d);
+    OpenDelta v = open_delta(d, std::move(*index));
     l.idx = std::move(v.index);
     l.maps = std::move(v.maps);
     l.headers = std::move(v.headers);

@@ -5,7 +5,6 @@
 
 #include <boost/filesystem/operations.hpp>
 
-#include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
 
 namespace hfdelta {
@@ -59,7 +58,7 @@ std::vector<VersionDir> scan_root(const fs::path& root) {
       if (o.version == *v)
         fail(Exit::bad_input, root.string() + ": version " + format_version(*v) + " is published twice (" +
                                   o.path.filename().string() + ", " + it->path().filename().string() + ")");
-    out.push_back({*v, it->path(), !is_delta_dir(it->path())});
+    out.push_back({*v, it->path()});
   }
   if (ec) fail(Exit::failure, root.string() + ": cannot list directory: " + ec.message());
   std::sort(out.begin(), out.end(), [](const VersionDir& a, const VersionDir& b) { return a.version < b.version; });

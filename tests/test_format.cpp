@@ -757,13 +757,13 @@ TEST_CASE("format: scan_root") {
   const auto vs = scan_root(root);
   REQUIRE(vs.size() == 3);
   CHECK(vs[0].version == 1);
-  CHECK_FALSE(vs[0].full);
+  CHECK(is_delta_dir(vs[0].path));
   CHECK(vs[0].path.filename() == "weight_v000001");
   CHECK(vs[1].version == 2);
-  CHECK(vs[1].full);
+  CHECK_FALSE(is_delta_dir(vs[1].path));
   CHECK(vs[1].path.filename() == "weight_v000002");
   CHECK(vs[2].version == 3);
-  CHECK(vs[2].full);
+  CHECK_FALSE(is_delta_dir(vs[2].path));
   CHECK(vs[2].path == root / "weight_v000003");
 
   SUBCASE("larger numbers sort as numbers") {

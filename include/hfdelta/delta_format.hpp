@@ -119,6 +119,12 @@ Encoding encoding_of(const DeltaIndex& idx, const std::string& tensor);
 // True if DIR is a delta version (its index has metadata.delta_encoding).
 bool is_delta_dir(const boost::filesystem::path& dir);
 
+// Reads DIR's index once: none if DIR is not a delta version (no index, or
+// an index without any delta key: a full checkpoint), else the delta's index
+// as read_delta_index reads it. Lets a caller that must tell a full version
+// from a delta and then read the delta parse the index only once.
+std::optional<DeltaIndex> read_index_if_delta(const boost::filesystem::path& dir);
+
 // Reads and validates DIR/model.safetensors.index.json of a delta.
 // Throws Error(bad_input) naming the file, Error(unsupported) for an encoding,
 // compression, checksum format or hfdelta revision this build cannot apply.
@@ -176,31 +182,5 @@ Hash128 parse_hash_hex(const std::string& s, const std::string& what);
 // __metadata__. Returns that checksum (of the tensor's new bytes).
 Hash128 check_delta_entry(const DeltaIndex& idx, const std::string& file, const SafetensorsHeader& hdr,
                           const TensorInfo& t, const std::string& where);
-
-// A delta directory checked on its own, as `delta-diff --inspect` and
-// `delta-apply` both check it before anything else, so that they accept and
-// refuse the same deltas (whether it fits LOCAL is delta-apply's alone):
-// - nothing inside DIR is a symlink (the index, a delta file, files/,
-//   headers/, or anything below them): a delta is read from its own files only;
-// - the index (read_delta_index);
-// - every delta file weight_map names: a regular file, a valid safetensors
-//   file, each entry checked by check_delta_entry, each tensor the index maps
-//   to it present, a built tensor's entry of the checksum hfdelta_shards records;
-// - hfdelta_files: nothing under .weight_sync, no file the delta itself
-//   treats as a weight file (hfdelta_targets, hfdelta_shards) unless it
-//   stops or starts being one there, and each `put` carried under files/ with
-//   the recorded size and checksum;
-// - hfdelta_shards: each new header carried under headers/ with its recorded
-//   size and checksum, a built file's header holding the tensors listed.
-// Entries are not decoded here (delta-apply decodes them as it applies,
-// --inspect in a pass of its own). Throws Error(bad_input) naming the file
-// and the problem, Error(unsupported) as read_delta_index does.
-struct ValidDelta {
-  DeltaIndex index;
-  std::map<std::string, SafetensorsHeader> headers;  // delta file -> its header
-  std::map<std::string, MappedFile> maps;            // delta file -> its bytes
-  std::map<std::string, MappedFile> new_headers;     // hfdelta_shards file -> bytes of headers/<file>
-};
-ValidDelta validate_delta(const boost::filesystem::path& dir);
 
 }  // namespace hfdelta

@@ -22,6 +22,13 @@ struct PruneOptions {
   bool sync = true;      // flush ROOT after hiding the doomed versions
 };
 
+// A published version and what it is.
+struct PrunedVersion {
+  std::uint64_t version = 0;
+  boost::filesystem::path path;
+  bool full = false;  // an ordinary checkpoint, not a delta
+};
+
 struct PruneResult {
   boost::filesystem::path root;
   std::optional<std::uint64_t> keep_from;  // as asked (none: the newest full version)
@@ -29,8 +36,8 @@ struct PruneResult {
   // at or below keep_from. None: there is none, so nothing is removed (hosts
   // initialised outside ROOT need every delta).
   std::optional<std::uint64_t> base_full;
-  std::vector<VersionDir> removed;  // ascending; with dry_run: would be removed
-  std::vector<VersionDir> kept;     // ascending
+  std::vector<PrunedVersion> removed;  // ascending; with dry_run: would be removed
+  std::vector<PrunedVersion> kept;     // ascending
   // Hidden directories removed: of an interrupted prune, and temporary
   // directories of publications killed at least kStaleTempAge ago.
   std::vector<boost::filesystem::path> leftovers;

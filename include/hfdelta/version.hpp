@@ -22,11 +22,12 @@ std::string version_dirname(std::uint64_t v);
 struct VersionDir {
   std::uint64_t version = 0;
   boost::filesystem::path path;
-  bool full = false;  // an ordinary checkpoint (no delta_encoding in its index)
 };
 
 // Published versions under ROOT, ascending. Temporary directories of a
-// publication in progress never match the version pattern, so they are skipped.
+// publication in progress never match the version pattern, so they are
+// skipped. No index is read: whether a version is full or a delta is the
+// delta format's to tell (is_delta_dir, read_index_if_delta).
 std::vector<VersionDir> scan_root(const boost::filesystem::path& root);
 
 }  // namespace hfdelta

@@ -1,11 +1,11 @@
-// The one check of a delta directory on its own, shared by delta-apply and
-// delta-diff --inspect (see validate_delta in delta_format.hpp).
+// The one reader of delta directories (see delta_reader.hpp).
+#include "hfdelta/delta_reader.hpp"
+
 #include <set>
 
 #include <boost/filesystem/operations.hpp>
 
 #include "hfdelta/checkpoint.hpp"
-#include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
 
@@ -35,9 +35,22 @@ void check_index_file(const fs::path& dir) {
     fail(Exit::bad_input, p.string() + ": missing or not a regular file; " + dir.string() + " is not a delta version");
 }
 
+DeltaEntry entry_of(const OpenDelta& v, const std::string& file, const SafetensorsHeader& hdr, const TensorInfo& t,
+                    const std::string& w, const Hash128& checksum) {
+  DeltaEntry e;
+  e.file = &file;
+  e.info = &t;
+  e.encoding = encoding_of(v.index, t.name);
+  e.frame = v.maps.at(file).bytes(hdr.file_offset(t), t.nbytes());
+  e.new_hash = checksum;
+  if (auto b = v.index.base_checksums.find(t.name); b != v.index.base_checksums.end()) e.base_hash = b->second;
+  if (e.encoding == Encoding::stack) e.stack = read_stack(e.frame, checksum, w + ": entry '" + t.name + "'");
+  return e;
+}
+
 // The delta files: headers valid, every entry an entry of this file, every
-// tensor the index maps to a file present in it.
-void check_delta_files(const fs::path& dir, ValidDelta& v) {
+// tensor the index maps to a file present in it; lists the entries.
+void check_delta_files(const fs::path& dir, OpenDelta& v) {
   const DeltaIndex& idx = v.index;
   boost::system::error_code ec;
   for (const auto& [tensor, file] : idx.weight_map) {
@@ -65,6 +78,7 @@ void check_delta_files(const fs::path& dir, ValidDelta& v) {
       if (auto b = built.find(t.name); b != built.end() && b->second->hash != checksum)
         fail(Exit::bad_input, w + ": entry '" + t.name + "' records checksum " + checksum.hex() + ", hfdelta_shards " +
                                   b->second->hash.hex());
+      v.entries.push_back(entry_of(v, file, hdr, t, w, checksum));
     }
   }
 }
@@ -94,7 +108,7 @@ void check_file_ops(const fs::path& dir, const DeltaIndex& idx) {
   }
 }
 
-void check_new_headers(const fs::path& dir, ValidDelta& v) {
+void check_new_headers(const fs::path& dir, OpenDelta& v) {
   for (const ShardOp& so : v.index.shards) {
     if (so.op == ShardOp::Op::remove) continue;
     const fs::path hp = dir / kHeadersDir / so.file;
@@ -107,17 +121,41 @@ void check_new_headers(const fs::path& dir, ValidDelta& v) {
 
 }  // namespace
 
-ValidDelta validate_delta(const fs::path& dir) {
-  boost::system::error_code ec;
-  if (!fs::is_directory(dir, ec)) fail(Exit::bad_input, dir.string() + ": not a directory");
-  check_no_symlinks(dir);
-  check_index_file(dir);
-  ValidDelta v;
-  v.index = read_delta_index(dir);
+std::string OpenDelta::index_path() const { return (dir / kIndexFile).string(); }
+
+std::string OpenDelta::path_of(const DeltaEntry& e) const { return (dir / *e.file).string(); }
+
+std::string_view OpenDelta::new_header(const std::string& file) const {
+  const MappedFile& m = new_headers.at(file);
+  return {reinterpret_cast<const char*>(m.bytes().data()), m.size()};
+}
+
+namespace {
+
+OpenDelta open_checked(const fs::path& dir, DeltaIndex index) {
+  OpenDelta v;
+  v.dir = dir;
+  v.index = std::move(index);
   check_new_headers(dir, v);
   check_delta_files(dir, v);
   check_file_ops(dir, v.index);
   return v;
+}
+
+}  // namespace
+
+OpenDelta open_delta(const fs::path& dir) {
+  boost::system::error_code ec;
+  if (!fs::is_directory(dir, ec)) fail(Exit::bad_input, dir.string() + ": not a directory");
+  check_no_symlinks(dir);  // before the index is read: it may be a link
+  check_index_file(dir);
+  return open_checked(dir, read_delta_index(dir));
+}
+
+OpenDelta open_delta(const fs::path& dir, DeltaIndex index) {
+  check_no_symlinks(dir);
+  check_index_file(dir);
+  return open_checked(dir, std::move(index));
 }
 
 }  // namespace hfdelta

@@ -1,0 +1,81 @@
+// The one reader of delta version directories: delta-apply, delta-diff
+// --inspect and --squash open a delta through open_delta, so that they accept
+// and refuse the same deltas and read each index once.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <boost/filesystem/path.hpp>
+
+#include "hfdelta/codec.hpp"
+#include "hfdelta/delta_format.hpp"
+#include "hfdelta/hash.hpp"
+#include "hfdelta/io.hpp"
+#include "hfdelta/safetensors.hpp"
+
+namespace hfdelta {
+
+// One entry of a delta: the new bytes of one tensor, coded against its base.
+// Refers into its OpenDelta (names, mapping), so it lives as long as that.
+struct DeltaEntry {
+  const std::string* file = nullptr;     // the delta file holding it (a key of OpenDelta::headers)
+  const TensorInfo* info = nullptr;      // its entry in that file's header (name: the tensor's in the target)
+  Encoding encoding = Encoding::xor_bytes;
+  std::span<const std::uint8_t> frame;   // the entry's bytes, in the file's mapping
+  Hash128 new_hash;                      // of the tensor's new bytes (the file's __metadata__)
+  std::optional<Hash128> base_hash;      // of its base bytes (hfdelta_base_checksums)
+  std::vector<StackPart> stack;          // a stacked entry's parts, in order (views into `frame`)
+
+  const std::string& tensor() const { return info->name; }
+};
+
+// A delta directory, validated once, its files mapped. Views (entries,
+// new headers) stay valid as long as this object; it moves, never copies.
+struct OpenDelta {
+  OpenDelta() = default;
+  OpenDelta(OpenDelta&&) = default;
+  OpenDelta& operator=(OpenDelta&&) = default;
+  OpenDelta(const OpenDelta&) = delete;
+  OpenDelta& operator=(const OpenDelta&) = delete;
+
+  boost::filesystem::path dir;
+  DeltaIndex index;
+  std::map<std::string, SafetensorsHeader> headers;  // delta file -> its header
+  std::map<std::string, MappedFile> maps;            // delta file -> its bytes
+  std::map<std::string, MappedFile> new_headers;     // hfdelta_shards file -> bytes of headers/<file>
+  std::vector<DeltaEntry> entries;                   // by delta file, then in file order
+
+  std::string index_path() const;
+  std::string path_of(const DeltaEntry& e) const;              // its delta file's path, for messages
+  std::string_view new_header(const std::string& file) const;  // bytes of headers/<file>
+};
+
+// Opens and checks a delta directory on its own, as delta-apply, --inspect
+// and --squash all need it before anything else (whether it fits LOCAL is
+// delta-apply's alone):
+// - nothing inside DIR is a symlink (the index, a delta file, files/,
+//   headers/, or anything below them): a delta is read from its own files only;
+// - the index (read_delta_index);
+// - every delta file weight_map names: a regular file, a valid safetensors
+//   file, each entry checked by check_delta_entry, each tensor the index maps
+//   to it present, a built tensor's entry of the checksum hfdelta_shards
+//   records, a stacked entry's parts well formed (read_stack);
+// - hfdelta_files: nothing under .weight_sync, no file the delta itself
+//   treats as a weight file (hfdelta_targets, hfdelta_shards) unless it
+//   stops or starts being one there, and each `put` carried under files/ with
+//   the recorded size and checksum;
+// - hfdelta_shards: each new header carried under headers/ with its recorded
+//   size and checksum, a built file's header holding the tensors listed.
+// Entries are not decoded here (delta-apply decodes them as it applies,
+// --inspect in a pass of its own). Throws Error(bad_input) naming the file
+// and the problem, Error(unsupported) as read_delta_index does.
+OpenDelta open_delta(const boost::filesystem::path& dir);
+// Same, with DIR's index already read (read_index_if_delta, delta_format.hpp).
+OpenDelta open_delta(const boost::filesystem::path& dir, DeltaIndex index);
+
+}  // namespace hfdelta
