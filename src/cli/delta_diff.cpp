@@ -90,6 +90,260 @@ void print_prune(const PruneResult& r) {
               cli::human_bytes(double(r.bytes_removed)).c_str(), r.dry_run ? "; nothing was changed (--dry-run)" : "");
 }
 
+// ---- the command line ------------------------------------------------------------
+
+// What the command line asks for.
+struct Options {
+  std::string base, target, out, encoding = "sparse", inspect, prune;
+  std::optional<std::uint64_t> version, base_version, keep_from;
+  DiffOptions diff;
+  bool no_sync = false, json_out = false, quiet = false, dry_run = false, squash = false;
+};
+
+// The options whose presence decides the form, as CLI11 records them.
+struct Given {
+  CLI::Option *base = nullptr, *target = nullptr, *out = nullptr;
+  CLI::Option *inspect = nullptr, *squash = nullptr, *prune = nullptr, *keep_from = nullptr, *dry_run = nullptr;
+  std::vector<CLI::Option*> diff_only;  // options of the diff form only
+};
+
+// The options of writing a delta: the checkpoints and how to encode.
+void add_diff_options(CLI::App& app, Options& o, Given& g) {
+  g.base = app.add_option("BASE", o.base, "Previous save (HF checkpoint directory)");
+  g.target = app.add_option("NEW", o.target, "New save (HF checkpoint directory)");
+  g.out = app.add_option("OUT", o.out, "Delta version directory to create (must not exist)");
+  g.diff_only.push_back(
+      app.add_option("--encoding", o.encoding,
+                     "Delta encoding: sparse (hfdelta's: changed positions and values, about half of xor), "
+                     "auto (sparse or xor per tensor, whichever is smaller; two to four times the diff time), "
+                     "or the slime layout's xor or overwrite")
+          ->check(CLI::IsMember({"xor", "overwrite", "sparse", "auto"}))
+          ->capture_default_str());
+  g.diff_only.push_back(
+      app.add_option("--level", o.diff.level, "zstd compression level")->check(CLI::Range(1, 19))->capture_default_str());
+  g.diff_only.push_back(
+      app.add_option("--version", o.version, "Version number of OUT (default: from an OUT named weight_vNNNNNN)"));
+  g.diff_only.push_back(app.add_option("--base-version", o.base_version, "Version of BASE (default: version - 1)"));
+  g.diff_only.push_back(
+      app.add_option("--threads", o.diff.threads, "Worker threads (default: all cores)")->check(CLI::NonNegativeNumber));
+  app.add_flag("--no-sync", o.no_sync, "Do not flush the delta (with --prune: ROOT) to disk before publishing it");
+  app.add_flag("--json", o.json_out, "Print the summary (or the --inspect or --prune report) as one JSON object on stdout");
+  app.add_flag("-q,--quiet", o.quiet, "Print no summary (or report)");
+}
+
+// The options of the other forms: --inspect, --squash and --prune.
+void add_form_options(CLI::App& app, Options& o, Given& g) {
+  const std::string inspect_group = "Inspect a delta (instead of writing one)";
+  g.inspect = app.add_option("--inspect", o.inspect,
+                             "Describe delta version directory DELTA: versions, encoding, per-tensor entries "
+                             "with their changed counts and checksums, file operations; checks it as "
+                             "delta-apply would (a damaged delta exits 3)")
+                  ->type_name("DELTA")
+                  ->group(inspect_group);
+  g.squash = app.add_flag("--squash", o.squash,
+                          "Write OUT as one delta equal to applying the delta versions FIRST, ..., LAST "
+                          "(given as BASE and NEW; every version between them must be beside them), "
+                          "composed from the deltas alone")
+                 ->group("Squash a chain of deltas (instead of diffing checkpoints)");
+  const std::string prune_group = "Prune a publication root (instead of writing a delta)";
+  g.prune = app.add_option("--prune", o.prune,
+                           "Remove the version directories of ROOT older than its newest full version "
+                           "(with --keep-from N: older than the newest full version at or below N)")
+                ->type_name("ROOT")
+                ->group(prune_group);
+  g.keep_from = app.add_option("--keep-from", o.keep_from,
+                               "Keep every version a delta-apply --root pull to version N or later can need")
+                    ->type_name("N")
+                    ->group(prune_group);
+  g.dry_run = app.add_flag("--dry-run", o.dry_run, "Print what --prune would remove; remove nothing")->group(prune_group);
+}
+
+enum class Form { diff, inspect, squash, prune };
+
+// The forms are checked here rather than with CLI11's excludes/needs, which
+// would list every pairing in --help.
+void check_exclusive(const Given& g) {
+  if (*g.inspect && *g.prune) throw CLI::ValidationError("--inspect", "cannot be combined with --prune");
+  if (*g.squash && (*g.inspect || *g.prune))
+    throw CLI::ValidationError("--squash", "cannot be combined with --inspect or --prune");
+  for (const auto* opt : {g.keep_from, g.dry_run})
+    if (*opt && !*g.prune) throw CLI::ValidationError(opt->get_name(), "needs --prune ROOT");
+}
+
+// --inspect and --prune take none of the diff form's arguments.
+void check_inspect_or_prune(const Given& g, const Options& o) {
+  const std::string form = *g.inspect ? "--inspect" : "--prune";
+  for (const auto* opt : {g.base, g.target, g.out})
+    if (*opt) throw CLI::ValidationError(form, "unexpected argument \"" + opt->as<std::string>() + "\"");
+  for (const auto* opt : g.diff_only)
+    if (*opt) throw CLI::ValidationError(opt->get_name(), "only writing a delta takes it, not " + form);
+  if (*g.inspect && o.no_sync) throw CLI::ValidationError("--no-sync", "only writing a delta or --prune takes it");
+}
+
+// --squash takes --level and --threads only of the diff form's options.
+void check_squash(const Given& g) {
+  for (const auto* opt : g.diff_only)
+    if (*opt && opt->get_name() != "--level" && opt->get_name() != "--threads")
+      throw CLI::ValidationError(opt->get_name(), "--squash takes its versions and encodings from the deltas");
+}
+
+// Which form the command line asks for, once its options fit that form.
+Form choose_form(const Given& g, const Options& o) {
+  check_exclusive(g);
+  if (*g.inspect || *g.prune) {
+    check_inspect_or_prune(g, o);
+    return *g.inspect ? Form::inspect : Form::prune;
+  }
+  if (!*g.base || !*g.target || !*g.out) throw CLI::RequiredError("BASE NEW OUT (or --inspect DELTA, or --prune ROOT)");
+  if (*g.squash) {
+    check_squash(g);
+    return Form::squash;
+  }
+  return Form::diff;
+}
+
+// ---- --inspect and --prune -----------------------------------------------------------
+
+void run_inspect(const Options& o) {
+  const DeltaInspection d = inspect_delta(o.inspect);
+  if (o.json_out)
+    std::cout << inspection_json(d).dump() << std::endl;
+  else if (!o.quiet)
+    print_inspection(d);
+}
+
+void run_prune(const Options& o) {
+  PruneOptions po;
+  po.keep_from = o.keep_from;
+  po.dry_run = o.dry_run;
+  po.sync = !o.no_sync;
+  const PruneResult r = prune_root(o.prune, po);
+  if (o.json_out)
+    std::cout << prune_json(r).dump() << std::endl;
+  else if (!o.quiet)
+    print_prune(r);
+}
+
+// ---- --squash ----------------------------------------------------------------------
+
+void print_squash_json(const std::string& out, const SquashSummary& s) {
+  std::cout << nlohmann::json{{"out", out},
+                              {"version", format_version(s.version)},
+                              {"base_version", format_version(s.base_version)},
+                              {"deltas", s.deltas},
+                              {"entries", s.entries},
+                              {"entries_composed", s.entries_composed},
+                              {"entries_dropped", s.entries_dropped},
+                              {"entries_stacked", s.entries_stacked},
+                              {"structure",
+                               {{"weight_files_built", s.shards_built},
+                                {"headers_rewritten", s.shards_rewritten},
+                                {"weight_files_removed", s.shards_removed}}},
+                              {"files_changed", s.files_changed},
+                              {"files_removed", s.files_removed},
+                              {"input_bytes", s.input_bytes},
+                              {"delta_bytes", s.delta_bytes},
+                              {"seconds", s.seconds}}
+                   .dump()
+            << std::endl;
+}
+
+void print_squash_human(const std::string& out, const SquashSummary& s) {
+  std::printf("%s: version %s on base %s, squashed from %llu deltas\n", out.c_str(), format_version(s.version).c_str(),
+              format_version(s.base_version).c_str(), (ull)s.deltas);
+  std::printf("  entries          %llu (%llu composed of several, %llu stacked, %llu cancelled out)\n", (ull)s.entries,
+              (ull)s.entries_composed, (ull)s.entries_stacked, (ull)s.entries_dropped);
+  if (s.shards_built || s.shards_rewritten || s.shards_removed)
+    std::printf("  structure        %llu weight files built, %llu headers rewritten, %llu weight files removed\n",
+                (ull)s.shards_built, (ull)s.shards_rewritten, (ull)s.shards_removed);
+  std::printf("  files            %llu changed, %llu removed\n", (ull)s.files_changed, (ull)s.files_removed);
+  std::printf("  delta            %s, from %s of deltas\n", cli::human_bytes(double(s.delta_bytes)).c_str(),
+              cli::human_bytes(double(s.input_bytes)).c_str());
+  std::printf("  time             %.3f s\n", s.seconds);
+}
+
+void run_squash(const Options& o) {
+  SquashOptions so;
+  so.level = o.diff.level;
+  so.threads = o.diff.threads;
+  so.sync = !o.no_sync;
+  const SquashSummary s = squash_deltas(chain_between(o.base, o.target), o.out, so);
+  if (o.json_out)
+    print_squash_json(o.out, s);
+  else if (!o.quiet)
+    print_squash_human(o.out, s);
+}
+
+// ---- writing a delta ---------------------------------------------------------------
+
+// DiffOptions from the command line: encoding, sync, and the versions of OUT
+// and BASE (OUT's from its name unless --version gives it).
+DiffOptions diff_options(const Options& o) {
+  DiffOptions d = o.diff;
+  d.encoding = o.encoding == "auto" ? std::nullopt : parse_encoding(o.encoding);
+  d.sync = !o.no_sync;
+  std::optional<std::uint64_t> version = o.version;
+  if (!version) version = version_from_dirname(boost::filesystem::path(o.out).filename().string());
+  if (!version) throw CLI::ValidationError("--version", "OUT is not named weight_vNNNNNN; give --version");
+  if (!o.base_version && *version == 0)
+    throw CLI::ValidationError("--base-version", "version 0 has no base; give --base-version");
+  d.version = *version;
+  d.base_version = o.base_version ? *o.base_version : *version - 1;
+  if (d.base_version >= d.version) throw CLI::ValidationError("--base-version", "must be lower than the version");
+  return d;
+}
+
+void print_diff_json(const Options& o, const DiffSummary& s, double density) {
+  nlohmann::json j = {
+      {"out", o.out}, {"version", format_version(s.version)}, {"base_version", format_version(s.base_version)},
+      {"encoding", o.encoding}, {"tensors", s.tensors}, {"tensors_changed", s.tensors_changed},
+      {"elements", s.elements}, {"elements_changed", s.elements_changed}, {"density", density},
+      {"tensor_bytes", s.tensor_bytes}, {"bytes_changed", s.bytes_changed}, {"full_bytes", s.full_bytes},
+      {"delta_bytes", s.delta_bytes}, {"files_changed", s.files_changed}, {"files_removed", s.files_removed},
+      {"entries", {{"sparse", s.tensors_sparse}, {"xor", s.tensors_xor}, {"overwrite", s.tensors_overwrite}}},
+      {"structure", {{"weight_files_built", s.shards_built}, {"headers_rewritten", s.shards_rewritten},
+                     {"weight_files_removed", s.shards_removed}, {"tensors_new", s.tensors_new}}},
+      {"seconds", s.seconds}};
+  std::cout << j.dump() << std::endl;
+}
+
+void print_diff_human(const Options& o, const DiffSummary& s, double density) {
+  std::printf("%s: version %s on base %s, %s\n", o.out.c_str(), format_version(s.version).c_str(),
+              format_version(s.base_version).c_str(), o.encoding.c_str());
+  std::printf("  tensors changed  %llu of %llu\n", (ull)s.tensors_changed, (ull)s.tensors);
+  std::printf("  changed          %llu of %llu elements (density %.4f%%), %s of bytes differ\n", (ull)s.elements_changed,
+              (ull)s.elements, 100.0 * density, cli::human_bytes(double(s.bytes_changed)).c_str());
+  std::printf("  files            %llu changed, %llu removed\n", (ull)s.files_changed, (ull)s.files_removed);
+  if (s.shards_built || s.shards_rewritten || s.shards_removed)
+    std::printf("  structure        %llu weight files built, %llu headers rewritten, %llu weight files removed, "
+                "%llu tensors without base bytes\n",
+                (ull)s.shards_built, (ull)s.shards_rewritten, (ull)s.shards_removed, (ull)s.tensors_new);
+  std::printf("  delta            %s for a %s checkpoint (%.3f%%)\n", cli::human_bytes(double(s.delta_bytes)).c_str(),
+              cli::human_bytes(double(s.full_bytes)).c_str(),
+              s.full_bytes ? 100.0 * double(s.delta_bytes) / double(s.full_bytes) : 0.0);
+  std::printf("  time             %.3f s\n", s.seconds);
+}
+
+void run_diff(const Options& o) {
+  const DiffSummary s = diff_checkpoints(o.base, o.target, o.out, diff_options(o));
+  for (const auto& w : diff_warnings(s)) std::cerr << "delta-diff: warning: " << o.out << ": " << w << "\n";
+  const double density = s.elements ? double(s.elements_changed) / double(s.elements) : 0.0;
+  if (o.json_out)
+    print_diff_json(o, s, density);
+  else if (!o.quiet)
+    print_diff_human(o, s, density);
+}
+
+// The body of every form, once the command line has parsed.
+void run_command(const Given& g, const Options& o) {
+  switch (choose_form(g, o)) {
+    case Form::inspect: return run_inspect(o);
+    case Form::prune: return run_prune(o);
+    case Form::squash: return run_squash(o);
+    case Form::diff: return run_diff(o);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -105,178 +359,9 @@ int main(int argc, char** argv) {
       "  delta-diff --prune ROOT [--keep-from N] [--dry-run] [--json]\n"
       "                                                remove versions no delta-apply --root pull to N or later needs\n"
       "See delta-diff(1).");
-  std::string base, target, out, encoding = "sparse", inspect, prune;
-  std::optional<std::uint64_t> version, base_version, keep_from;
-  DiffOptions o;
-  bool no_sync = false, json_out = false, quiet = false, dry_run = false;
-  auto* base_opt = app.add_option("BASE", base, "Previous save (HF checkpoint directory)");
-  auto* new_opt = app.add_option("NEW", target, "New save (HF checkpoint directory)");
-  auto* out_opt = app.add_option("OUT", out, "Delta version directory to create (must not exist)");
-  std::vector<CLI::Option*> diff_only;  // options of the diff form only
-  diff_only.push_back(app.add_option("--encoding", encoding,
-                 "Delta encoding: sparse (hfdelta's: changed positions and values, about half of xor), "
-                 "auto (sparse or xor per tensor, whichever is smaller; two to four times the diff time), "
-                 "or the slime layout's xor or overwrite")
-      ->check(CLI::IsMember({"xor", "overwrite", "sparse", "auto"}))
-      ->capture_default_str());
-  diff_only.push_back(app.add_option("--level", o.level, "zstd compression level")->check(CLI::Range(1, 19))->capture_default_str());
-  diff_only.push_back(app.add_option("--version", version, "Version number of OUT (default: from an OUT named weight_vNNNNNN)"));
-  diff_only.push_back(app.add_option("--base-version", base_version, "Version of BASE (default: version - 1)"));
-  diff_only.push_back(app.add_option("--threads", o.threads, "Worker threads (default: all cores)")->check(CLI::NonNegativeNumber));
-  app.add_flag("--no-sync", no_sync, "Do not flush the delta (with --prune: ROOT) to disk before publishing it");
-  app.add_flag("--json", json_out, "Print the summary (or the --inspect or --prune report) as one JSON object on stdout");
-  app.add_flag("-q,--quiet", quiet, "Print no summary (or report)");
-
-  const std::string inspect_group = "Inspect a delta (instead of writing one)";
-  auto* inspect_opt = app.add_option("--inspect", inspect,
-                                     "Describe delta version directory DELTA: versions, encoding, per-tensor entries "
-                                     "with their changed counts and checksums, file operations; checks it as "
-                                     "delta-apply would (a damaged delta exits 3)")
-                          ->type_name("DELTA")
-                          ->group(inspect_group);
-  bool squash = false;
-  auto* squash_opt = app.add_flag("--squash", squash,
-                                  "Write OUT as one delta equal to applying the delta versions FIRST, ..., LAST "
-                                  "(given as BASE and NEW; every version between them must be beside them), "
-                                  "composed from the deltas alone")
-                         ->group("Squash a chain of deltas (instead of diffing checkpoints)");
-  const std::string prune_group = "Prune a publication root (instead of writing a delta)";
-  auto* prune_opt = app.add_option("--prune", prune,
-                                   "Remove the version directories of ROOT older than its newest full version "
-                                   "(with --keep-from N: older than the newest full version at or below N)")
-                        ->type_name("ROOT")
-                        ->group(prune_group);
-  auto* keep_from_opt = app.add_option("--keep-from", keep_from,
-                 "Keep every version a delta-apply --root pull to version N or later can need")
-      ->type_name("N")
-      ->group(prune_group);
-  auto* dry_run_opt = app.add_flag("--dry-run", dry_run, "Print what --prune would remove; remove nothing")->group(prune_group);
-
-  return cli::run(app, argc, argv, [&] {
-    // The forms are checked here rather than with CLI11's excludes/needs,
-    // which would list every pairing in --help.
-    if (*inspect_opt && *prune_opt) throw CLI::ValidationError("--inspect", "cannot be combined with --prune");
-    if (*squash_opt && (*inspect_opt || *prune_opt))
-      throw CLI::ValidationError("--squash", "cannot be combined with --inspect or --prune");
-    for (const auto* opt : {keep_from_opt, dry_run_opt})
-      if (*opt && !*prune_opt) throw CLI::ValidationError(opt->get_name(), "needs --prune ROOT");
-    if (*inspect_opt || *prune_opt) {
-      const std::string form = *inspect_opt ? "--inspect" : "--prune";
-      for (const auto* opt : {base_opt, new_opt, out_opt})
-        if (*opt) throw CLI::ValidationError(form, "unexpected argument \"" + opt->as<std::string>() + "\"");
-      for (const auto* opt : diff_only)
-        if (*opt) throw CLI::ValidationError(opt->get_name(), "only writing a delta takes it, not " + form);
-      if (*inspect_opt && no_sync) throw CLI::ValidationError("--no-sync", "only writing a delta or --prune takes it");
-    }
-    if (*inspect_opt) {
-      const DeltaInspection d = inspect_delta(inspect);
-      if (json_out)
-        std::cout << inspection_json(d).dump() << std::endl;
-      else if (!quiet)
-        print_inspection(d);
-      return;
-    }
-    if (*prune_opt) {
-      PruneOptions po;
-      po.keep_from = keep_from;
-      po.dry_run = dry_run;
-      po.sync = !no_sync;
-      const PruneResult r = prune_root(prune, po);
-      if (json_out)
-        std::cout << prune_json(r).dump() << std::endl;
-      else if (!quiet)
-        print_prune(r);
-      return;
-    }
-    if (!*base_opt || !*new_opt || !*out_opt)
-      throw CLI::RequiredError("BASE NEW OUT (or --inspect DELTA, or --prune ROOT)");
-    if (*squash_opt) {
-      for (const auto* opt : diff_only)
-        if (*opt && opt->get_name() != "--level" && opt->get_name() != "--threads")
-          throw CLI::ValidationError(opt->get_name(), "--squash takes its versions and encodings from the deltas");
-      SquashOptions so;
-      so.level = o.level;
-      so.threads = o.threads;
-      so.sync = !no_sync;
-      const SquashSummary s = squash_deltas(chain_between(base, target), out, so);
-      if (json_out) {
-        std::cout << nlohmann::json{{"out", out},
-                                    {"version", format_version(s.version)},
-                                    {"base_version", format_version(s.base_version)},
-                                    {"deltas", s.deltas},
-                                    {"entries", s.entries},
-                                    {"entries_composed", s.entries_composed},
-                                    {"entries_dropped", s.entries_dropped},
-                                    {"entries_stacked", s.entries_stacked},
-                                    {"structure",
-                                     {{"weight_files_built", s.shards_built},
-                                      {"headers_rewritten", s.shards_rewritten},
-                                      {"weight_files_removed", s.shards_removed}}},
-                                    {"files_changed", s.files_changed},
-                                    {"files_removed", s.files_removed},
-                                    {"input_bytes", s.input_bytes},
-                                    {"delta_bytes", s.delta_bytes},
-                                    {"seconds", s.seconds}}
-                         .dump()
-                  << std::endl;
-      } else if (!quiet) {
-        std::printf("%s: version %s on base %s, squashed from %llu deltas\n", out.c_str(), format_version(s.version).c_str(),
-                    format_version(s.base_version).c_str(), (ull)s.deltas);
-        std::printf("  entries          %llu (%llu composed of several, %llu stacked, %llu cancelled out)\n", (ull)s.entries,
-                    (ull)s.entries_composed, (ull)s.entries_stacked, (ull)s.entries_dropped);
-        if (s.shards_built || s.shards_rewritten || s.shards_removed)
-          std::printf("  structure        %llu weight files built, %llu headers rewritten, %llu weight files removed\n",
-                      (ull)s.shards_built, (ull)s.shards_rewritten, (ull)s.shards_removed);
-        std::printf("  files            %llu changed, %llu removed\n", (ull)s.files_changed, (ull)s.files_removed);
-        std::printf("  delta            %s, from %s of deltas\n", cli::human_bytes(double(s.delta_bytes)).c_str(),
-                    cli::human_bytes(double(s.input_bytes)).c_str());
-        std::printf("  time             %.3f s\n", s.seconds);
-      }
-      return;
-    }
-
-    o.encoding = encoding == "auto" ? std::nullopt : parse_encoding(encoding);
-    o.sync = !no_sync;
-    if (!version) version = version_from_dirname(boost::filesystem::path(out).filename().string());
-    if (!version) throw CLI::ValidationError("--version", "OUT is not named weight_vNNNNNN; give --version");
-    if (!base_version && *version == 0) throw CLI::ValidationError("--base-version", "version 0 has no base; give --base-version");
-    o.version = *version;
-    o.base_version = base_version ? *base_version : *version - 1;
-    if (o.base_version >= o.version) throw CLI::ValidationError("--base-version", "must be lower than the version");
-
-    const DiffSummary s = diff_checkpoints(base, target, out, o);
-    for (const auto& w : diff_warnings(s)) std::cerr << "delta-diff: warning: " << out << ": " << w << "\n";
-    const double density = s.elements ? double(s.elements_changed) / double(s.elements) : 0.0;
-    if (json_out) {
-      nlohmann::json j = {
-          {"out", out}, {"version", format_version(s.version)}, {"base_version", format_version(s.base_version)},
-          {"encoding", encoding}, {"tensors", s.tensors}, {"tensors_changed", s.tensors_changed},
-          {"elements", s.elements}, {"elements_changed", s.elements_changed}, {"density", density},
-          {"tensor_bytes", s.tensor_bytes}, {"bytes_changed", s.bytes_changed}, {"full_bytes", s.full_bytes},
-          {"delta_bytes", s.delta_bytes}, {"files_changed", s.files_changed}, {"files_removed", s.files_removed},
-          {"entries", {{"sparse", s.tensors_sparse}, {"xor", s.tensors_xor}, {"overwrite", s.tensors_overwrite}}},
-          {"structure", {{"weight_files_built", s.shards_built}, {"headers_rewritten", s.shards_rewritten},
-                         {"weight_files_removed", s.shards_removed}, {"tensors_new", s.tensors_new}}},
-          {"seconds", s.seconds}};
-      std::cout << j.dump() << std::endl;
-    } else if (!quiet) {
-      std::printf("%s: version %s on base %s, %s\n", out.c_str(), format_version(s.version).c_str(),
-                  format_version(s.base_version).c_str(), encoding.c_str());
-      std::printf("  tensors changed  %llu of %llu\n", (unsigned long long)s.tensors_changed, (unsigned long long)s.tensors);
-      std::printf("  changed          %llu of %llu elements (density %.4f%%), %s of bytes differ\n",
-                  (unsigned long long)s.elements_changed, (unsigned long long)s.elements, 100.0 * density,
-                  cli::human_bytes(double(s.bytes_changed)).c_str());
-      std::printf("  files            %llu changed, %llu removed\n", (unsigned long long)s.files_changed,
-                  (unsigned long long)s.files_removed);
-      if (s.shards_built || s.shards_rewritten || s.shards_removed)
-        std::printf("  structure        %llu weight files built, %llu headers rewritten, %llu weight files removed, "
-                    "%llu tensors without base bytes\n",
-                    (unsigned long long)s.shards_built, (unsigned long long)s.shards_rewritten,
-                    (unsigned long long)s.shards_removed, (unsigned long long)s.tensors_new);
-      std::printf("  delta            %s for a %s checkpoint (%.3f%%)\n", cli::human_bytes(double(s.delta_bytes)).c_str(),
-                  cli::human_bytes(double(s.full_bytes)).c_str(),
-                  s.full_bytes ? 100.0 * double(s.delta_bytes) / double(s.full_bytes) : 0.0);
-      std::printf("  time             %.3f s\n", s.seconds);
-    }
-  });
+  Options o;
+  Given g;
+  add_diff_options(app, o, g);
+  add_form_options(app, o, g);
+  return cli::run(app, argc, argv, [&] { run_command(g, o); });
 }
