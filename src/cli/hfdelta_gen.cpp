@@ -536,77 +536,111 @@ void validate(const Options& o) {
     fail(Exit::usage, "--chunk-elements must be a power of two up to 2^30");
 }
 
-int run(Options& o) {
-  validate(o);
-  if (o.threads > 0) omp_set_num_threads(o.threads);
-  const auto t0 = std::chrono::steady_clock::now();
-  const DtypeInfo di = dtype_info(o.dtype);
-
-  std::vector<Tensor> tensors = model_tensors(o.shape, o.seed);
-  std::vector<Shard> shards = plan_shards(tensors, o);
+// The model's tensors, packed into shard files, with their totals.
+struct Model {
+  std::vector<Tensor> tensors;
+  std::vector<Shard> shards;
   std::uint64_t elements = 0, tensor_bytes = 0;
-  for (const auto& t : tensors) {
-    elements += t.elements;
-    tensor_bytes += t.elements * di.size;
-  }
+};
 
-  // Small files, identical in every save.
-  std::vector<std::pair<std::string, std::string>> small;
+Model plan_model(const Options& o) {
+  Model model;
+  model.tensors = model_tensors(o.shape, o.seed);
+  model.shards = plan_shards(model.tensors, o);
+  for (const auto& t : model.tensors) {
+    model.elements += t.elements;
+    model.tensor_bytes += t.elements * dtype_info(o.dtype).size;
+  }
+  return model;
+}
+
+// Small files (name, content), identical in every save.
+using SmallFiles = std::vector<std::pair<std::string, std::string>>;
+
+SmallFiles small_files(const Options& o, const Model& model) {
+  SmallFiles small;
   small.emplace_back("config.json", config_json(o.shape, o.dtype).dump(2) + "\n");
   small.emplace_back("generation_config.json", generation_config_json(o.shape).dump(2) + "\n");
   small.emplace_back("tokenizer_config.json", tokenizer_config_json().dump(2) + "\n");
   if (!o.single_file) {
     json wm = json::object();
-    for (const auto& t : tensors) wm[t.name] = shards[t.shard].file;
-    json index = {{"metadata", {{"total_size", tensor_bytes}}}, {"weight_map", wm}};
+    for (const auto& t : model.tensors) wm[t.name] = model.shards[t.shard].file;
+    json index = {{"metadata", {{"total_size", model.tensor_bytes}}}, {"weight_map", wm}};
     small.emplace_back("model.safetensors.index.json", index.dump(2) + "\n");
   }
-  std::uint64_t bytes_per_save = 0;
-  for (const auto& s : shards) bytes_per_save += s.layout.file_size;
-  for (const auto& [name, content] : small) bytes_per_save += content.size();
+  return small;
+}
 
-  // Each save is built under a hidden temporary name and renamed when complete,
-  // so an interrupted run never leaves a save that looks finished.
-  const fs::path outdir = fs::absolute(fs::path(o.outdir)).lexically_normal();
+// Where the saves go: each is built under a hidden temporary name and renamed
+// when complete, so an interrupted run never leaves a save that looks finished.
+struct SaveDirs {
+  fs::path outdir;
+  std::vector<fs::path> finals, temps;  // [save]
+};
+
+// Checks no save is in the way (unless --force), then creates every save's
+// temporary directory with its small files.
+SaveDirs prepare_saves(const Options& o, std::size_t nshards, const SmallFiles& small) {
+  SaveDirs d;
+  d.outdir = fs::absolute(fs::path(o.outdir)).lexically_normal();
   const std::uint64_t nsaves = o.saves + 1;
-  ensure_open_files(nsaves * shards.size() + 64);
-  fs::create_directories(outdir);
-  std::vector<fs::path> finals, temps;
+  ensure_open_files(nsaves * nshards + 64);
+  fs::create_directories(d.outdir);
   for (std::uint64_t s = 0; s < nsaves; ++s) {
-    finals.push_back(outdir / save_name(s));
-    temps.push_back(outdir / ("." + save_name(s) + ".partial"));
-    if (path_exists(finals.back()) && !o.force)
-      fail(Exit::exists, finals.back().string() + ": already exists (use --force to replace it)");
+    d.finals.push_back(d.outdir / save_name(s));
+    d.temps.push_back(d.outdir / ("." + save_name(s) + ".partial"));
+    if (path_exists(d.finals.back()) && !o.force)
+      fail(Exit::exists, d.finals.back().string() + ": already exists (use --force to replace it)");
   }
   for (std::uint64_t s = 0; s < nsaves; ++s) {
-    if (o.force) fs::remove_all(finals[s]);
-    fs::remove_all(temps[s]);  // left by an interrupted run
-    fs::create_directory(temps[s]);
-    for (const auto& [name, content] : small) write_small_file(temps[s] / name, content);
+    if (o.force) fs::remove_all(d.finals[s]);
+    fs::remove_all(d.temps[s]);  // left by an interrupted run
+    fs::create_directory(d.temps[s]);
+    for (const auto& [name, content] : small) write_small_file(d.temps[s] / name, content);
   }
+  return d;
+}
 
-  // Every save's shard files stay open: each chunk writes into all of them.
-  std::vector<std::vector<hfdelta::File>> files(nsaves);
-  for (std::uint64_t s = 0; s < nsaves; ++s) {
+using ShardFiles = std::vector<std::vector<hfdelta::File>>;  // [save][shard]
+
+// Every save's shard files, sized and with their headers written. They stay
+// open: each chunk writes into all of them.
+ShardFiles open_shard_files(const SaveDirs& d, const std::vector<Shard>& shards) {
+  ShardFiles files(d.temps.size());
+  for (std::size_t s = 0; s < d.temps.size(); ++s) {
     for (const auto& sh : shards) {
-      hfdelta::File f(temps[s] / sh.file, hfdelta::File::Mode::create_exclusive);
+      hfdelta::File f(d.temps[s] / sh.file, hfdelta::File::Mode::create_exclusive);
       if (::ftruncate(f.fd(), static_cast<off_t>(sh.layout.file_size)) != 0)
         fail(Exit::failure, f.path().string() + ": cannot set size: " + std::strerror(errno));
       f.pwrite_all(sh.layout.prefix.data(), sh.layout.prefix.size(), 0);
       files[s].push_back(std::move(f));
     }
   }
+  return files;
+}
 
-  struct Work {
-    std::size_t tensor;
-    std::uint64_t begin, end;
-  };
+// One work item: elements [begin, end) of one tensor.
+struct Work {
+  std::size_t tensor;
+  std::uint64_t begin, end;
+};
+
+std::vector<Work> cut_work(const std::vector<Tensor>& tensors, std::uint64_t chunk) {
   std::vector<Work> work;
   for (std::size_t i = 0; i < tensors.size(); ++i)
-    for (std::uint64_t a = 0; a < tensors[i].elements; a += o.chunk)
-      work.push_back({i, a, std::min(tensors[i].elements, a + o.chunk)});
+    for (std::uint64_t a = 0; a < tensors[i].elements; a += chunk)
+      work.push_back({i, a, std::min(tensors[i].elements, a + chunk)});
+  return work;
+}
 
+// Trains every chunk through every step on all threads, writing each save's
+// bytes; returns the number of elements changed at each save. The first
+// error of any thread stops the others and is rethrown.
+std::vector<std::uint64_t> write_chunks(const Options& o, const std::vector<Tensor>& tensors, ShardFiles& files) {
+  const std::vector<Work> work = cut_work(tensors, o.chunk);
   const Run r{o, files};
+  const std::uint64_t nsaves = o.saves + 1;
+  const std::size_t es = dtype_info(o.dtype).size;
   std::vector<std::uint64_t> changed(nsaves, 0);
   std::exception_ptr error;
   std::atomic<bool> failed{false};
@@ -622,7 +656,7 @@ int run(Options& o) {
     for (std::int64_t wi = 0; wi < nwork; ++wi) {
       if (failed.load(std::memory_order_relaxed)) continue;
       try {
-        if (!buf) buf = std::make_unique<Buffers>(chunk_cap, di.size);
+        if (!buf) buf = std::make_unique<Buffers>(chunk_cap, es);
         const Work& wk = work[static_cast<std::size_t>(wi)];
         run_chunk(r, tensors[wk.tensor], wk.begin, wk.end, *buf, local);
       } catch (...) {
@@ -635,53 +669,53 @@ int run(Options& o) {
     for (std::uint64_t s = 0; s < nsaves; ++s) changed[s] += local[s];
   }
   if (error) std::rethrow_exception(error);
+  return changed;
+}
 
+// Flushes and closes every shard file, then gives each save its final name.
+void publish_saves(ShardFiles& files, const SaveDirs& d) {
   for (auto& per_save : files)
     for (auto& f : per_save) {
       f.sync();
       f.close();
     }
   files.clear();
-  for (std::uint64_t s = 0; s < nsaves; ++s) {
-    hfdelta::sync_dir(temps[s]);
-    fs::rename(temps[s], finals[s]);
+  for (std::size_t s = 0; s < d.temps.size(); ++s) {
+    hfdelta::sync_dir(d.temps[s]);
+    fs::rename(d.temps[s], d.finals[s]);
   }
-  hfdelta::sync_dir(outdir);
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  hfdelta::sync_dir(d.outdir);
+}
 
-  json series = json::array();
-  json paths = json::array();
-  for (std::uint64_t s = 0; s < nsaves; ++s) {
-    const double frac = elements ? double(changed[s]) / double(elements) : 0.0;
+// ---- the report -----------------------------------------------------------------
+
+// What a run wrote, for the report.
+struct Written {
+  const Model& model;
+  const SaveDirs& dirs;
+  const std::vector<std::uint64_t>& changed;  // [save]
+  std::size_t small_count = 0;  // small files per save
+  std::uint64_t bytes_per_save = 0;
+  double seconds = 0;
+};
+
+double changed_fraction(const Written& w, std::uint64_t s) {
+  return w.model.elements ? double(w.changed[s]) / double(w.model.elements) : 0.0;
+}
+
+// One line per save on stderr.
+void print_saves(const Options& o, const Written& w) {
+  for (std::uint64_t s = 0; s < w.changed.size(); ++s)
     std::fprintf(stderr, "hfdelta-gen: %s step=%llu files=%zu bytes=%llu changed=%llu/%llu (%.3f%%)\n",
                  save_name(s).c_str(), static_cast<unsigned long long>(s * o.steps_per_save),
-                 shards.size() + small.size(), static_cast<unsigned long long>(bytes_per_save),
-                 static_cast<unsigned long long>(changed[s]), static_cast<unsigned long long>(elements),
-                 100.0 * frac);
-    paths.push_back(finals[s].string());
-    series.push_back({{"name", save_name(s)},
-                      {"path", finals[s].string()},
-                      {"step", s * o.steps_per_save},
-                      {"changed_elements", changed[s]},
-                      {"changed_fraction", frac}});
-  }
-  if (o.json) {
-    json shard_files = json::array();
-    for (const auto& s : shards) shard_files.push_back(s.file);
-    const ModelShape& m = o.shape;
-    json out = {
-        {"outdir", outdir.string()},
-        {"paths", paths},
-        {"saves", series},
-        {"tensors", tensors.size()},
-        {"elements", elements},
-        {"tensor_bytes", tensor_bytes},
-        {"bytes_per_save", bytes_per_save},
-        {"shard_files", shard_files},
-        {"threads", omp_get_max_threads()},
-        {"seconds", secs},
-        {"params",
-         {{"preset", o.preset},
+                 w.model.shards.size() + w.small_count, static_cast<unsigned long long>(w.bytes_per_save),
+                 static_cast<unsigned long long>(w.changed[s]), static_cast<unsigned long long>(w.model.elements),
+                 100.0 * changed_fraction(w, s));
+}
+
+json params_json(const Options& o) {
+  const ModelShape& m = o.shape;
+  return {{"preset", o.preset},
           {"hidden_size", m.hidden},
           {"num_hidden_layers", m.layers},
           {"intermediate_size", m.intermediate},
@@ -690,46 +724,93 @@ int run(Options& o) {
           {"num_key_value_heads", m.kv_heads},
           {"head_dim", m.head_dim},
           {"tie_word_embeddings", m.tie_embeddings},
-          {"dtype", di.cli},
+          {"dtype", dtype_info(o.dtype).cli},
           {"saves", o.saves},
           {"steps_per_save", o.steps_per_save},
           {"lr", o.lr},
           {"seed", o.seed},
           {"max_shard_size", o.max_shard_size},
           {"single_file", o.single_file},
-          {"chunk_elements", o.chunk}}},
-    };
-    std::printf("%s\n", out.dump().c_str());
+          {"chunk_elements", o.chunk}};
+}
+
+// The --json description of the series, on stdout.
+void print_series_json(const Options& o, const Written& w) {
+  json series = json::array();
+  json paths = json::array();
+  for (std::uint64_t s = 0; s < w.changed.size(); ++s) {
+    paths.push_back(w.dirs.finals[s].string());
+    series.push_back({{"name", save_name(s)},
+                      {"path", w.dirs.finals[s].string()},
+                      {"step", s * o.steps_per_save},
+                      {"changed_elements", w.changed[s]},
+                      {"changed_fraction", changed_fraction(w, s)}});
   }
+  json shard_files = json::array();
+  for (const auto& s : w.model.shards) shard_files.push_back(s.file);
+  json out = {
+      {"outdir", w.dirs.outdir.string()},  {"paths", paths},
+      {"saves", series},                   {"tensors", w.model.tensors.size()},
+      {"elements", w.model.elements},      {"tensor_bytes", w.model.tensor_bytes},
+      {"bytes_per_save", w.bytes_per_save}, {"shard_files", shard_files},
+      {"threads", omp_get_max_threads()},  {"seconds", w.seconds},
+      {"params", params_json(o)},
+  };
+  std::printf("%s\n", out.dump().c_str());
+}
+
+// ---- the run --------------------------------------------------------------------
+
+int run(Options& o) {
+  validate(o);
+  if (o.threads > 0) omp_set_num_threads(o.threads);
+  const auto t0 = std::chrono::steady_clock::now();
+  const Model model = plan_model(o);
+  const SmallFiles small = small_files(o, model);
+  std::uint64_t bytes_per_save = 0;
+  for (const auto& s : model.shards) bytes_per_save += s.layout.file_size;
+  for (const auto& [name, content] : small) bytes_per_save += content.size();
+
+  const SaveDirs dirs = prepare_saves(o, model.shards.size(), small);
+  ShardFiles files = open_shard_files(dirs, model.shards);
+  const std::vector<std::uint64_t> changed = write_chunks(o, model.tensors, files);
+  publish_saves(files, dirs);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  const Written w{model, dirs, changed, small.size(), bytes_per_save, secs};
+  print_saves(o, w);
+  if (o.json) print_series_json(o, w);
   return 0;
 }
 
-}  // namespace
+// ---- the command line ---------------------------------------------------------------
 
-int main(int argc, char** argv) {
-  Options o;
-  CLI::App app{"Writes OUTDIR/save_000 .. save_NNN: HF checkpoints resembling successive saves of a "
-               "training run (test data for hfdelta)",
-               "hfdelta-gen"};
-  app.add_option("OUTDIR", o.outdir, "Directory to write the saves into")->required();
+// Shape overrides, applied on top of the preset, and the dtype, as given.
+constexpr int kDims = 7;
+const char* const kDimFlags[kDims] = {"--hidden", "--layers",    "--intermediate", "--vocab",
+                                      "--heads",  "--kv-heads", "--head-dim"};
+std::uint64_t ModelShape::*const kDimFields[kDims] = {&ModelShape::hidden,       &ModelShape::layers,
+                                                      &ModelShape::intermediate, &ModelShape::vocab,
+                                                      &ModelShape::heads,        &ModelShape::kv_heads,
+                                                      &ModelShape::head_dim};
 
+struct ShapeArgs {
+  std::uint64_t dims[kDims] = {};
+  CLI::Option* dim_opts[kDims] = {};
+  bool tie = false;
+  CLI::Option* tie_opt = nullptr;
+  std::string dtype = "bf16";
+};
+
+void add_shape_options(CLI::App& app, Options& o, ShapeArgs& a) {
   std::vector<std::string> presets;
   for (const auto& p : kPresets) presets.emplace_back(p.name);
   app.add_option("--preset", o.preset, "Model size to start from")->check(CLI::IsMember(presets))->capture_default_str();
+  for (int i = 0; i < kDims; ++i) a.dim_opts[i] = app.add_option(kDimFlags[i], a.dims[i], "Override the preset's value");
+  a.tie_opt = app.add_flag("--tie-embeddings,!--no-tie-embeddings", a.tie, "Share embed_tokens with lm_head (override)");
+}
 
-  // Shape overrides, applied on top of the preset.
-  std::uint64_t dims[7] = {};
-  std::uint64_t ModelShape::*const fields[7] = {&ModelShape::hidden,   &ModelShape::layers,
-                                                &ModelShape::intermediate, &ModelShape::vocab,
-                                                &ModelShape::heads,    &ModelShape::kv_heads,
-                                                &ModelShape::head_dim};
-  const char* flags[7] = {"--hidden", "--layers", "--intermediate", "--vocab", "--heads", "--kv-heads", "--head-dim"};
-  CLI::Option* dim_opts[7];
-  for (int i = 0; i < 7; ++i) dim_opts[i] = app.add_option(flags[i], dims[i], "Override the preset's value");
-  bool tie = false;
-  CLI::Option* tie_opt =
-      app.add_flag("--tie-embeddings,!--no-tie-embeddings", tie, "Share embed_tokens with lm_head (override)");
-
+void add_run_options(CLI::App& app, Options& o, ShapeArgs& a) {
   app.add_option("--saves", o.saves, "Saves after the initial one")->capture_default_str();
   app.add_option("--steps-per-save", o.steps_per_save, "Optimizer steps between saves")->capture_default_str();
   app.add_option("--lr", o.lr, "Adam learning rate")->capture_default_str();
@@ -738,28 +819,43 @@ int main(int argc, char** argv) {
       ->transform(CLI::AsSizeValue(true))
       ->capture_default_str();
   app.add_flag("--single-file", o.single_file, "Write one model.safetensors, no index");
-  std::string dtype = "bf16";
-  app.add_option("--dtype", dtype, "Output dtype")->check(CLI::IsMember({"bf16", "f16", "f32"}))->capture_default_str();
+  app.add_option("--dtype", a.dtype, "Output dtype")->check(CLI::IsMember({"bf16", "f16", "f32"}))->capture_default_str();
   app.add_option("--threads", o.threads, "Worker threads (default: all cores)")->check(CLI::Range(1, 4096));
   app.add_option("--chunk-elements", o.chunk, "Elements per work item (power of two; output does not depend on it)")
       ->capture_default_str();
   app.add_flag("--force", o.force, "Replace existing save directories");
   app.add_flag("--json", o.json, "Print a JSON description of the series on stdout");
+}
 
+// The model shape (the preset's, with the overrides given) and the dtype.
+void resolve_shape(Options& o, const ShapeArgs& a) {
+  for (const auto& p : kPresets)
+    if (o.preset == p.name) o.shape = p.shape;
+  for (int i = 0; i < kDims; ++i)
+    if (a.dim_opts[i]->count() > 0) o.shape.*kDimFields[i] = a.dims[i];
+  if (a.tie_opt->count() > 0) o.shape.tie_embeddings = a.tie;
+  o.dtype = a.dtype == "f16" ? Dtype::f16 : a.dtype == "f32" ? Dtype::f32 : Dtype::bf16;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  ShapeArgs a;
+  CLI::App app{"Writes OUTDIR/save_000 .. save_NNN: HF checkpoints resembling successive saves of a "
+               "training run (test data for hfdelta)",
+               "hfdelta-gen"};
+  app.add_option("OUTDIR", o.outdir, "Directory to write the saves into")->required();
+  add_shape_options(app, o, a);
+  add_run_options(app, o, a);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : static_cast<int>(Exit::usage);
   }
-
   try {
-    for (const auto& p : kPresets)
-      if (o.preset == p.name) o.shape = p.shape;
-    for (int i = 0; i < 7; ++i)
-      if (dim_opts[i]->count() > 0) o.shape.*fields[i] = dims[i];
-    if (tie_opt->count() > 0) o.shape.tie_embeddings = tie;
-    o.dtype = dtype == "f16" ? Dtype::f16 : dtype == "f32" ? Dtype::f32 : Dtype::bf16;
+    resolve_shape(o, a);
     return run(o);
   } catch (const Error& e) {
     std::fprintf(stderr, "hfdelta-gen: error: %s\n", e.what());
