@@ -197,6 +197,26 @@ std::uint64_t dir_bytes(const fs::path& dir, std::uint64_t* files = nullptr) {
   return total;
 }
 
+// The bound of one tensor, read as elements of `w` bytes (1, 2, 4 or 8; else bytes, and `w` becomes 1).
+TensorBound bound_tensor(const std::uint8_t* pa, const std::uint8_t* pb, std::uint64_t nbytes, std::size_t& w,
+                         int threads, std::vector<std::vector<std::uint64_t>>& hists) {
+  const std::uint64_t n = nbytes / w;
+  switch (w) {
+    case 1: return bound_small<std::uint8_t>(pa, pb, n, threads, hists);
+    case 2: return bound_small<std::uint16_t>(pa, pb, n, threads, hists);
+    case 4: return bound_wide<std::uint32_t>(pa, pb, n, threads);
+    case 8: return bound_wide<std::uint64_t>(pa, pb, n, threads);
+    default: w = 1; return bound_small<std::uint8_t>(pa, pb, nbytes, threads, hists);
+  }
+}
+
+// The sums over every tensor.
+struct BoundTotals {
+  std::uint64_t elements = 0, changed = 0, n_changed = 0, tensor_bytes = 0;
+  double pos_bits = 0, val_bits = 0;
+  json tensors = json::array();  // per tensor, with --per-tensor
+};
+
 json cmd_bound(const fs::path& base, const fs::path& target, int threads_opt, bool per_tensor) {
   const auto t0 = Clock::now();
   const int threads = threads_or_all(threads_opt);
@@ -209,9 +229,7 @@ json cmd_bound(const fs::path& base, const fs::path& target, int threads_opt, bo
   for (const auto& s : b.shards) mb.emplace_back(b.dir / s.file);
 
   std::vector<std::vector<std::uint64_t>> hists(static_cast<std::size_t>(threads));
-  json tensors = json::array();
-  std::uint64_t elements = 0, changed = 0, n_changed = 0, tensor_bytes = 0;
-  double pos_bits = 0, val_bits = 0;
+  BoundTotals sum;
   for (const auto& [name, rb] : b.tensors) {
     const auto ia = a.tensors.find(name);
     if (ia == a.tensors.end()) throw std::runtime_error("bound: " + name + " is not in BASE");
@@ -223,44 +241,36 @@ json cmd_bound(const fs::path& base, const fs::path& target, int threads_opt, bo
     if (w == 0 || tb.nbytes() % w != 0) w = 1;
     const std::uint8_t* pa = ma[ia->second.shard].bytes(a.shards[ia->second.shard].header.file_offset(ta), ta.nbytes()).data();
     const std::uint8_t* pb = mb[rb.shard].bytes(b.shards[rb.shard].header.file_offset(tb), tb.nbytes()).data();
-    const std::uint64_t n = tb.nbytes() / w;
-    TensorBound t;
-    switch (w) {
-      case 1: t = bound_small<std::uint8_t>(pa, pb, n, threads, hists); break;
-      case 2: t = bound_small<std::uint16_t>(pa, pb, n, threads, hists); break;
-      case 4: t = bound_wide<std::uint32_t>(pa, pb, n, threads); break;
-      case 8: t = bound_wide<std::uint64_t>(pa, pb, n, threads); break;
-      default: t = bound_small<std::uint8_t>(pa, pb, tb.nbytes(), threads, hists); w = 1; break;
-    }
-    elements += t.elements;
-    changed += t.changed;
-    n_changed += t.changed ? 1 : 0;
-    tensor_bytes += tb.nbytes();
-    pos_bits += t.position_bits;
-    val_bits += t.value_bits;
+    const TensorBound t = bound_tensor(pa, pb, tb.nbytes(), w, threads, hists);
+    sum.elements += t.elements;
+    sum.changed += t.changed;
+    sum.n_changed += t.changed ? 1 : 0;
+    sum.tensor_bytes += tb.nbytes();
+    sum.pos_bits += t.position_bits;
+    sum.val_bits += t.value_bits;
     if (per_tensor)
-      tensors.push_back({{"name", name}, {"dtype", tb.dtype}, {"width", w}, {"elements", t.elements},
-                         {"changed", t.changed}, {"distinct_xor", t.distinct},
-                         {"position_bits", t.position_bits}, {"value_bits", t.value_bits}});
+      sum.tensors.push_back({{"name", name}, {"dtype", tb.dtype}, {"width", w}, {"elements", t.elements},
+                             {"changed", t.changed}, {"distinct_xor", t.distinct},
+                             {"position_bits", t.position_bits}, {"value_bits", t.value_bits}});
   }
   std::uint64_t shard_bytes = 0;
   for (const auto& s : b.shards) shard_bytes += s.header.file_size;
   json r = {{"base", base.string()},
             {"new", target.string()},
             {"tensors", b.tensors.size()},
-            {"tensors_changed", n_changed},
-            {"elements", elements},
-            {"elements_changed", changed},
-            {"density", elements ? static_cast<double>(changed) / static_cast<double>(elements) : 0.0},
-            {"tensor_bytes", tensor_bytes},
+            {"tensors_changed", sum.n_changed},
+            {"elements", sum.elements},
+            {"elements_changed", sum.changed},
+            {"density", sum.elements ? static_cast<double>(sum.changed) / static_cast<double>(sum.elements) : 0.0},
+            {"tensor_bytes", sum.tensor_bytes},
             {"shard_bytes", shard_bytes},
             {"full_bytes", dir_bytes(target)},
-            {"position_bits", pos_bits},
-            {"value_bits", val_bits},
-            {"bound_bytes", (pos_bits + val_bits) / 8},
+            {"position_bits", sum.pos_bits},
+            {"value_bits", sum.val_bits},
+            {"bound_bytes", (sum.pos_bits + sum.val_bits) / 8},
             {"threads", threads},
             {"seconds", since(t0)}};
-  if (per_tensor) r["per_tensor"] = tensors;
+  if (per_tensor) r["per_tensor"] = sum.tensors;
   return r;
 }
 
@@ -401,23 +411,8 @@ std::optional<std::uint64_t> parse_time_v(const std::string& path, const char* k
   return std::nullopt;
 }
 
-json cmd_run(std::vector<std::string> argv, const std::string& stdout_file, double interval_ms, bool time_v,
-             int& exit_code) {
-  if (argv.empty()) throw std::runtime_error("run: no command");
-  std::string time_file;
-  if (time_v) {
-    char tmpl[] = "/tmp/hfdelta-bench-time-XXXXXX";
-    const int fd = mkstemp(tmpl);
-    if (fd < 0) throw std::runtime_error("run: mkstemp failed");
-    ::close(fd);
-    time_file = tmpl;
-    argv.insert(argv.begin(), {"/usr/bin/time", "-v", "-o", time_file});
-  }
-  std::vector<char*> args;
-  for (auto& a : argv) args.push_back(a.data());
-  args.push_back(nullptr);
-
-  const auto t0 = Clock::now();
+// Starts ARGS with its stdout sent to STDOUT_FILE (unless empty).
+pid_t spawn_command(std::vector<char*>& args, const std::string& stdout_file) {
   const pid_t pid = fork();
   if (pid < 0) throw std::runtime_error("run: fork failed");
   if (pid == 0) {
@@ -429,34 +424,71 @@ json cmd_run(std::vector<std::string> argv, const std::string& stdout_file, doub
     execvp(args[0], args.data());
     _exit(127);
   }
-  std::uint64_t peak_rss = 0, peak_anon = 0, samples = 0;
-  std::vector<pid_t> tree;
+  return pid;
+}
+
+// What sampling a process tree until it exits saw.
+struct Samples {
+  std::uint64_t peak_rss = 0, peak_anon = 0, count = 0;
   int status = 0;
   struct rusage ru {};
+};
+
+// Samples the tree of PID every INTERVAL_MS until PID exits.
+Samples sample_until_exit(pid_t pid, double interval_ms) {
+  Samples sm;
+  std::vector<pid_t> tree;
   const auto interval = std::chrono::microseconds(static_cast<std::int64_t>(interval_ms * 1000));
   for (;;) {
-    const pid_t w = wait4(pid, &status, WNOHANG, &ru);
+    const pid_t w = wait4(pid, &sm.status, WNOHANG, &sm.ru);
     if (w == pid) break;
     if (w < 0 && errno != EINTR) throw std::runtime_error("run: wait4 failed");
     collect_tree(pid, tree);
     std::uint64_t rss = 0, anon = 0;
     for (pid_t p : tree) read_status(p, rss, anon);
-    peak_rss = std::max(peak_rss, rss);
-    peak_anon = std::max(peak_anon, anon);
-    ++samples;
+    sm.peak_rss = std::max(sm.peak_rss, rss);
+    sm.peak_anon = std::max(sm.peak_anon, anon);
+    ++sm.count;
     std::this_thread::sleep_for(interval);
   }
+  return sm;
+}
+
+// A temporary file for GNU time's report.
+std::string make_time_file() {
+  char tmpl[] = "/tmp/hfdelta-bench-time-XXXXXX";
+  const int fd = mkstemp(tmpl);
+  if (fd < 0) throw std::runtime_error("run: mkstemp failed");
+  ::close(fd);
+  return tmpl;
+}
+
+json cmd_run(std::vector<std::string> argv, const std::string& stdout_file, double interval_ms, bool time_v,
+             int& exit_code) {
+  if (argv.empty()) throw std::runtime_error("run: no command");
+  std::string time_file;
+  if (time_v) {
+    time_file = make_time_file();
+    argv.insert(argv.begin(), {"/usr/bin/time", "-v", "-o", time_file});
+  }
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+
+  const auto t0 = Clock::now();
+  const pid_t pid = spawn_command(args, stdout_file);
+  const Samples sm = sample_until_exit(pid, interval_ms);
   const double wall = since(t0);
-  exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  exit_code = WIFEXITED(sm.status) ? WEXITSTATUS(sm.status) : 128 + WTERMSIG(sm.status);
   json r = {{"argv", argv},
             {"exit", exit_code},
             {"wall_s", wall},
-            {"user_s", static_cast<double>(ru.ru_utime.tv_sec) + ru.ru_utime.tv_usec / 1e6},
-            {"sys_s", static_cast<double>(ru.ru_stime.tv_sec) + ru.ru_stime.tv_usec / 1e6},
-            {"ru_maxrss_kib", ru.ru_maxrss},
-            {"peak_vm_rss_kib", peak_rss},
-            {"peak_rss_anon_kib", peak_anon},
-            {"samples", samples},
+            {"user_s", static_cast<double>(sm.ru.ru_utime.tv_sec) + sm.ru.ru_utime.tv_usec / 1e6},
+            {"sys_s", static_cast<double>(sm.ru.ru_stime.tv_sec) + sm.ru.ru_stime.tv_usec / 1e6},
+            {"ru_maxrss_kib", sm.ru.ru_maxrss},
+            {"peak_vm_rss_kib", sm.peak_rss},
+            {"peak_rss_anon_kib", sm.peak_anon},
+            {"samples", sm.count},
             {"interval_ms", interval_ms}};
   if (time_v) {
     r["argv"] = std::vector<std::string>(argv.begin() + 4, argv.end());
@@ -476,46 +508,81 @@ std::string first_line(const fs::path& p) {
   return s;
 }
 
-json cmd_machine(const fs::path& path) {
-  json m;
+// CPU count and model.
+void describe_cpu(json& m) {
   cpu_set_t set;
   CPU_ZERO(&set);
   m["nproc"] = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
   m["hardware_threads"] = std::thread::hardware_concurrency();
-  {
-    std::ifstream f("/proc/cpuinfo");
-    std::string line;
-    while (std::getline(f, line))
-      if (line.rfind("model name", 0) == 0) {
-        m["cpu_model"] = line.substr(line.find(':') + 2);
-        break;
-      }
-  }
-  {
-    std::ifstream f("/proc/meminfo");
-    std::string key;
-    std::uint64_t kb;
-    std::string unit;
-    while (f >> key >> kb) {
-      std::getline(f, unit);
-      if (key == "MemTotal:") m["mem_total_bytes"] = kb * 1024;
-      if (key == "MemAvailable:") m["mem_available_bytes"] = kb * 1024;
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("model name", 0) == 0) {
+      m["cpu_model"] = line.substr(line.find(':') + 2);
+      break;
     }
+}
+
+// Total and available memory.
+void describe_memory(json& m) {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  std::uint64_t kb;
+  std::string unit;
+  while (f >> key >> kb) {
+    std::getline(f, unit);
+    if (key == "MemTotal:") m["mem_total_bytes"] = kb * 1024;
+    if (key == "MemAvailable:") m["mem_available_bytes"] = kb * 1024;
   }
-  struct utsname u {};
-  if (uname(&u) == 0) m["kernel"] = std::string(u.sysname) + " " + u.release + " " + u.machine;
-  m["os"] = [] {
-    std::ifstream f("/etc/os-release");
-    std::string line;
-    while (std::getline(f, line))
-      if (line.rfind("PRETTY_NAME=", 0) == 0) {
-        std::string v = line.substr(12);
-        v.erase(std::remove(v.begin(), v.end(), '"'), v.end());
-        return v;
-      }
-    return std::string();
-  }();
-  // The filesystem and block device under PATH.
+}
+
+// PRETTY_NAME of /etc/os-release.
+std::string os_name() {
+  std::ifstream f("/etc/os-release");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("PRETTY_NAME=", 0) == 0) {
+      std::string v = line.substr(12);
+      v.erase(std::remove(v.begin(), v.end(), '"'), v.end());
+      return v;
+    }
+  return std::string();
+}
+
+// The mount holding PATH (the longest mount point above it), from /proc/mounts.
+void describe_mount(json& d, const fs::path& path) {
+  const std::string abs = fs::canonical(path).string();
+  std::ifstream f("/proc/mounts");
+  std::string dev, mnt, type, rest;
+  std::size_t best = 0;
+  while (f >> dev >> mnt >> type && std::getline(f, rest))
+    if (abs.rfind(mnt, 0) == 0 && mnt.size() >= best && (abs.size() == mnt.size() || mnt == "/" || abs[mnt.size()] == '/')) {
+      best = mnt.size();
+      d["device"] = dev;
+      d["mount"] = mnt;
+      d["fs_type"] = type;
+    }
+}
+
+// The block device under PATH, from /sys/dev/block (the whole disk, not the partition).
+void describe_block_device(json& d, const fs::path& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return;
+  fs::path sys = "/sys/dev/block/" + std::to_string(major(st.st_dev)) + ":" + std::to_string(minor(st.st_dev));
+  boost::system::error_code ec;
+  fs::path real = fs::canonical(sys, ec);
+  if (ec) return;
+  if (fs::exists(real / "partition")) real = real.parent_path();
+  d["block_device"] = real.filename().string();
+  d["rotational"] = first_line(real / "queue/rotational");
+  d["model"] = first_line(real / "device/model");
+  d["vendor"] = first_line(real / "device/vendor");
+  const std::string size = first_line(real / "size");
+  d["size_bytes"] = size.empty() ? 0ull : std::strtoull(size.c_str(), nullptr, 10) * 512;
+}
+
+// The filesystem and block device under PATH.
+json describe_disk(const fs::path& path) {
   json d;
   d["path"] = path.string();
   struct statvfs vfs {};
@@ -523,37 +590,19 @@ json cmd_machine(const fs::path& path) {
     d["fs_size_bytes"] = static_cast<std::uint64_t>(vfs.f_blocks) * vfs.f_frsize;
     d["fs_avail_bytes"] = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
   }
-  {
-    const std::string abs = fs::canonical(path).string();
-    std::ifstream f("/proc/mounts");
-    std::string dev, mnt, type, rest;
-    std::size_t best = 0;
-    while (f >> dev >> mnt >> type && std::getline(f, rest))
-      if (abs.rfind(mnt, 0) == 0 && mnt.size() >= best && (abs.size() == mnt.size() || mnt == "/" || abs[mnt.size()] == '/')) {
-        best = mnt.size();
-        d["device"] = dev;
-        d["mount"] = mnt;
-        d["fs_type"] = type;
-      }
-  }
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0) {
-    fs::path sys = "/sys/dev/block/" + std::to_string(major(st.st_dev)) + ":" + std::to_string(minor(st.st_dev));
-    boost::system::error_code ec;
-    fs::path real = fs::canonical(sys, ec);
-    if (!ec) {
-      if (fs::exists(real / "partition")) real = real.parent_path();
-      d["block_device"] = real.filename().string();
-      d["rotational"] = first_line(real / "queue/rotational");
-      d["model"] = first_line(real / "device/model");
-      d["vendor"] = first_line(real / "device/vendor");
-      d["size_bytes"] = [&] {
-        const std::string s = first_line(real / "size");
-        return s.empty() ? 0ull : std::strtoull(s.c_str(), nullptr, 10) * 512;
-      }();
-    }
-  }
-  m["disk"] = d;
+  describe_mount(d, path);
+  describe_block_device(d, path);
+  return d;
+}
+
+json cmd_machine(const fs::path& path) {
+  json m;
+  describe_cpu(m);
+  describe_memory(m);
+  struct utsname u {};
+  if (uname(&u) == 0) m["kernel"] = std::string(u.sysname) + " " + u.release + " " + u.machine;
+  m["os"] = os_name();
+  m["disk"] = describe_disk(path);
   return m;
 }
 
@@ -668,410 +717,675 @@ bool same_lr(const std::string& a, const std::string& b) {
   return a == b || (x != 0 && std::fabs(x - y) <= 1e-9 * std::fabs(x));
 }
 
-void cmd_report(const std::string& records_file, const std::string& md_path, const std::string& json_path) {
+// ---- report: the records, sorted -------------------------------------------------------
+
+std::vector<json> read_records(const std::string& records_file) {
   std::vector<json> recs;
-  {
-    std::ifstream f(records_file);
-    if (!f) throw std::runtime_error(records_file + ": cannot read");
-    std::string line;
-    while (std::getline(f, line))
-      if (!line.empty()) recs.push_back(json::parse(line));
-  }
+  std::ifstream f(records_file);
+  if (!f) throw std::runtime_error(records_file + ": cannot read");
+  std::string line;
+  while (std::getline(f, line))
+    if (!line.empty()) recs.push_back(json::parse(line));
+  return recs;
+}
+
+using ToolMap = std::map<std::string, ToolData>;  // tool -> data
+
+// What the records say, sorted by what they describe.
+struct Records {
+  std::vector<json> all;
   json machine, config = json::object(), marked_rec;
   std::vector<json> versions, loads, timings;
-  std::vector<PairData> pairs;
-  auto pair_of = [&](const std::string& lr, int pair) -> PairData& {
+  std::vector<PairData> pairs;  // main series
+  // Memory series: preset -> tool -> data.
+  std::map<std::string, ToolMap> mem;
+  std::map<std::string, double> mem_full;
+  // Squash series: chain kind -> chain, squashed or direct -> data.
+  std::map<std::string, ToolMap> squash;
+  std::vector<std::string> squash_order;  // chain kinds in the order the script ran them
+
+  PairData& pair_of(const std::string& lr, int pair) {
     for (auto& p : pairs)
       if (p.lr == lr && p.pair == pair) return p;
     pairs.push_back({});
     pairs.back().lr = lr;
     pairs.back().pair = pair;
     return pairs.back();
-  };
-  // Memory series: preset -> tool -> data.
-  std::map<std::string, std::map<std::string, ToolData>> mem;
-  std::map<std::string, double> mem_full;
-  // Squash series: chain kind -> chain, squashed or direct -> data.
-  std::map<std::string, std::map<std::string, ToolData>> squash;
-  std::vector<std::string> squash_order;  // chain kinds in the order the script ran them
-  for (const json& r : recs) {
-    const std::string kind = lab(r, "kind"), series = lab(r, "series");
-    if (kind == "machine") machine = r;
-    else if (kind == "config") config.update(r);
-    else if (kind == "version") versions.push_back(r);
-    else if (kind == "load") loads.push_back(r);
-    else if (kind == "timing") timings.push_back(r);
-    else if (kind == "marked") marked_rec = r;
-    if (series == "mem") {
-      const std::string preset = lab(r, "preset");
-      if (kind == "run") mem[preset][lab(r, "tool")].modes[lab(r, "mode")].add(r);
-      if (kind == "size") mem[preset][lab(r, "tool")].wire = num(r, "bytes");
-      if (kind == "bound") mem_full[preset] = num(r, "full_bytes");
-      continue;
-    }
-    if (series == "squash") {
-      if (!squash.count(lab(r, "chain"))) squash_order.push_back(lab(r, "chain"));
-      ToolData& d = squash[lab(r, "chain")][lab(r, "tool")];
-      if (kind == "run") d.modes[lab(r, "mode")].add(r);
-      if (kind == "size") d.wire = num(r, "bytes");
-      continue;
-    }
-    if (series != "main") continue;
-    const std::string lr = lab(r, "lr");
-    const int pair = std::atoi(lab(r, "pair").c_str());
-    if (kind == "bound") pair_of(lr, pair).bound = r;
-    else if (kind == "readfloor") {
-      PairData& p = pair_of(lr, pair);
-      (lab(r, "what") == "local" ? p.floor_local : p.floor_inputs) = num(r, "min_s");
-    } else if (kind == "run") pair_of(lr, pair).tool(lab(r, "tool")).modes[lab(r, "mode")].add(r);
-    else if (kind == "size") pair_of(lr, pair).tool(lab(r, "tool")).wire = num(r, "bytes");
   }
+};
+
+// Records of no series: the run's setup and notes.
+void add_setup_record(Records& rs, const json& r, const std::string& kind) {
+  if (kind == "machine") rs.machine = r;
+  else if (kind == "config") rs.config.update(r);
+  else if (kind == "version") rs.versions.push_back(r);
+  else if (kind == "load") rs.loads.push_back(r);
+  else if (kind == "timing") rs.timings.push_back(r);
+  else if (kind == "marked") rs.marked_rec = r;
+}
+
+void add_mem_record(Records& rs, const json& r, const std::string& kind) {
+  const std::string preset = lab(r, "preset");
+  if (kind == "run") rs.mem[preset][lab(r, "tool")].modes[lab(r, "mode")].add(r);
+  if (kind == "size") rs.mem[preset][lab(r, "tool")].wire = num(r, "bytes");
+  if (kind == "bound") rs.mem_full[preset] = num(r, "full_bytes");
+}
+
+void add_squash_record(Records& rs, const json& r, const std::string& kind) {
+  if (!rs.squash.count(lab(r, "chain"))) rs.squash_order.push_back(lab(r, "chain"));
+  ToolData& d = rs.squash[lab(r, "chain")][lab(r, "tool")];
+  if (kind == "run") d.modes[lab(r, "mode")].add(r);
+  if (kind == "size") d.wire = num(r, "bytes");
+}
+
+void add_main_record(Records& rs, const json& r, const std::string& kind) {
+  const std::string lr = lab(r, "lr");
+  const int pair = std::atoi(lab(r, "pair").c_str());
+  if (kind == "bound") rs.pair_of(lr, pair).bound = r;
+  else if (kind == "readfloor") {
+    PairData& p = rs.pair_of(lr, pair);
+    (lab(r, "what") == "local" ? p.floor_local : p.floor_inputs) = num(r, "min_s");
+  } else if (kind == "run") rs.pair_of(lr, pair).tool(lab(r, "tool")).modes[lab(r, "mode")].add(r);
+  else if (kind == "size") rs.pair_of(lr, pair).tool(lab(r, "tool")).wire = num(r, "bytes");
+}
+
+// Pairs by lr, then pair; in each, hfdelta encodings first, then the peers,
+// each in order of first appearance.
+void order_pairs(std::vector<PairData>& pairs) {
   std::stable_sort(pairs.begin(), pairs.end(), [](const PairData& a, const PairData& b) {
     const double x = std::strtod(a.lr.c_str(), nullptr), y = std::strtod(b.lr.c_str(), nullptr);
     return x != y ? x < y : a.pair < b.pair;
   });
-  for (auto& p : pairs)  // hfdelta encodings first, then the peers, each in order of first appearance
-    std::stable_partition(p.tool_order.begin(), p.tool_order.end(), is_hfdelta);
+  for (auto& p : pairs) std::stable_partition(p.tool_order.begin(), p.tool_order.end(), is_hfdelta);
+}
 
-  const std::string target_lr = config.value("target_lr", std::string("1e-6"));
-  const std::string preset = config.value("preset", std::string("?"));
-  // The marked pair: as recorded by the script, else the median by density at the target lr.
+Records sort_records(std::vector<json> recs) {
+  Records rs;
+  rs.all = std::move(recs);
+  for (const json& r : rs.all) {
+    const std::string kind = lab(r, "kind"), series = lab(r, "series");
+    add_setup_record(rs, r, kind);
+    if (series == "mem") add_mem_record(rs, r, kind);
+    else if (series == "squash") add_squash_record(rs, r, kind);
+    else if (series == "main") add_main_record(rs, r, kind);
+  }
+  order_pairs(rs.pairs);
+  return rs;
+}
+
+// The marked pair: as recorded by the script, else the median by density at the target lr.
+const PairData* find_marked(const Records& rs, const std::string& target_lr) {
   const PairData* marked = nullptr;
-  if (!marked_rec.is_null()) {
-    for (const auto& p : pairs)
-      if (same_lr(p.lr, lab(marked_rec, "lr")) && p.pair == std::atoi(lab(marked_rec, "pair").c_str())) marked = &p;
+  if (!rs.marked_rec.is_null()) {
+    for (const auto& p : rs.pairs)
+      if (same_lr(p.lr, lab(rs.marked_rec, "lr")) && p.pair == std::atoi(lab(rs.marked_rec, "pair").c_str())) marked = &p;
   } else {
     std::vector<const PairData*> at;
-    for (const auto& p : pairs)
+    for (const auto& p : rs.pairs)
       if (same_lr(p.lr, target_lr)) at.push_back(&p);
     std::stable_sort(at.begin(), at.end(),
                      [](auto* a, auto* b) { return num(a->bound, "density") < num(b->bound, "density"); });
     if (!at.empty()) marked = at[(at.size() - 1) / 2];
   }
+  return marked;
+}
 
+// ---- report: the Markdown introduction ---------------------------------------------------
+
+// The report under construction: the sorted records and the Markdown so far.
+struct Report {
+  Report(const Records& records, const std::string& lr)
+      : rs(records), target_lr(lr), preset(records.config.value("preset", std::string("?"))),
+        marked(find_marked(records, lr)) {}
+
+  const Records& rs;
+  const std::string target_lr, preset;
+  const PairData* const marked;
   std::ostringstream md;
-  json jpairs = json::array();
-  md << "# hfdelta benchmark\n\n";
-  md << "Preset `" << preset << "`, " << config.value("saves", "?") << " saves after the initial one per learning rate, "
-     << "learning rates " << config.value("lrs", "?") << ", steps per save " << config.value("steps_per_save", "1")
-     << "; peers and 1-thread runs at " << [&] {
-          const std::string m = config.value("peer_pairs", "?");
-          return m == "all" ? "every pair" : m == "median" ? "the median pair of each lr" : "the marked pair only";
-        }() << ". Commit " << config.value("commit", "?") << ", started "
-     << config.value("started", "?") << ".\n\n";
-  if (!machine.is_null()) {
-    const json& d = machine.value("disk", json::object());
-    md << "Machine: " << machine.value("nproc", 0) << " CPUs (" << machine.value("cpu_model", std::string("?")) << "), "
-       << fmt("%.1f GiB", machine.value("mem_total_bytes", 0.0) / (1024.0 * 1024 * 1024)) << " memory, "
-       << machine.value("kernel", std::string("?")) << ", " << machine.value("os", std::string("")) << "; disk "
-       << d.value("device", std::string("?")) << " (" << d.value("fs_type", std::string("?")) << ", model "
-       << (d.value("model", std::string()).empty() ? "unknown" : d.value("model", std::string())) << ", rotational "
-       << d.value("rotational", std::string("?")) << ", " << mib(d.value("fs_size_bytes", 0.0)) << ").\n\n";
-  }
-  if (!versions.empty()) {
-    md << "Peers (Debian package versions):";
-    for (std::size_t i = 0; i < versions.size(); ++i)
-      md << (i ? ", " : " ") << lab(versions[i], "tool") << " " << lab(versions[i], "version");
-    md << ".\n\n";
-  }
-  md << "Method: every timed step runs with the page cache warm (its inputs are read once right before it, "
-        "after a `sync`), "
-     << config.value("repeat", "2")
-     << " runs each; times below are the **minimum** of the runs (results.json has every run and the median). "
-        "Peak RSS is GNU time's maximum resident set size; peak RssAnon is the largest sum of RssAnon over the "
-        "command's process tree, sampled from /proc every "
-     << config.value("interval_ms", "5")
-     << " ms (mapped file pages are not anonymous memory). Read floor: one warm pass of pread into a 1 MiB buffer "
-        "per thread over every shard file, all threads, minimum of 3 passes. hfdelta applies into a LOCAL made with "
-        "`delta-apply --init` before each run; the peers (`zstd -3 --long=31 --patch-from`, `xdelta3 -e -s` with its "
-        "default settings, `rsync -a -I --no-whole-file --only-write-batch` / `--read-batch`) rebuild NEW beside "
-        "BASE and never flush, so they compare with `--no-sync`. zstd and xdelta3 work per shard file (summed; the "
-        "other files of the checkpoint do not change between saves); every apply result is checked with cmp "
-        "against NEW. Order-0 bound: per tensor N·H(k/N) bits for the positions plus "
-        "Σ c_v·log2(k/c_v) bits for the changed elements' XOR values at element width.\n\n";
-  if (!loads.empty()) {
-    double lo = 1e9, hi = 0;
-    for (const auto& l : loads) {
-      lo = std::min(lo, num(l, "load1", 0));
-      hi = std::max(hi, num(l, "load1", 0));
-    }
-    md << "Load average (1 min) seen at the start of each pair: " << fmt("%.2f", lo) << " to " << fmt("%.2f", hi)
-       << " (other work on the machine makes times noisier).\n\n";
-  }
 
-  // Pairs.
-  md << "## Pairs\n\n| lr | pair | density | full checkpoint | order-0 bound | bound/full | read floor BASE+NEW | read floor LOCAL |\n"
-        "|---|---|---:|---:|---:|---:|---:|---:|\n";
-  auto pair_name = [&](const PairData& p) {
+  std::string pair_name(const PairData& p) const {
     return fmt("%.0f", p.pair - 1) + "→" + std::to_string(p.pair) + (&p == marked ? " ★" : "");
-  };
-  for (const auto& p : pairs) {
-    md << "| " << p.lr << " | " << pair_name(p) << " | " << fmt("%.3f%%", 100 * num(p.bound, "density")) << " | "
-       << mib(num(p.bound, "full_bytes")) << " | " << mib(num(p.bound, "bound_bytes")) << " | "
-       << fmt("%.2f%%", 100 * ratio(num(p.bound, "bound_bytes"), num(p.bound, "full_bytes"))) << " | "
-       << fmt("%.3f s", p.floor_inputs) << " | " << fmt("%.3f s", p.floor_local) << " |\n";
   }
-  md << "\n★ the marked pair: median density at lr " << target_lr << ".\n\n";
+};
 
-  // Wire.
-  md << "## Wire bytes\n\n| lr | pair | tool | wire | wire/bound | wire/xor | wire/full |\n|---|---|---|---:|---:|---:|---:|\n";
-  for (const auto& p : pairs) {
+void md_setup(Report& rep) {
+  const json& config = rep.rs.config;
+  const std::string peers = config.value("peer_pairs", "?");
+  rep.md << "# hfdelta benchmark\n\n";
+  rep.md << "Preset `" << rep.preset << "`, " << config.value("saves", "?") << " saves after the initial one per learning rate, "
+         << "learning rates " << config.value("lrs", "?") << ", steps per save " << config.value("steps_per_save", "1")
+         << "; peers and 1-thread runs at "
+         << (peers == "all" ? "every pair" : peers == "median" ? "the median pair of each lr" : "the marked pair only")
+         << ". Commit " << config.value("commit", "?") << ", started " << config.value("started", "?") << ".\n\n";
+}
+
+void md_machine(Report& rep) {
+  const json& machine = rep.rs.machine;
+  if (machine.is_null()) return;
+  const json& d = machine.value("disk", json::object());
+  rep.md << "Machine: " << machine.value("nproc", 0) << " CPUs (" << machine.value("cpu_model", std::string("?")) << "), "
+         << fmt("%.1f GiB", machine.value("mem_total_bytes", 0.0) / (1024.0 * 1024 * 1024)) << " memory, "
+         << machine.value("kernel", std::string("?")) << ", " << machine.value("os", std::string("")) << "; disk "
+         << d.value("device", std::string("?")) << " (" << d.value("fs_type", std::string("?")) << ", model "
+         << (d.value("model", std::string()).empty() ? "unknown" : d.value("model", std::string())) << ", rotational "
+         << d.value("rotational", std::string("?")) << ", " << mib(d.value("fs_size_bytes", 0.0)) << ").\n\n";
+}
+
+void md_versions(Report& rep) {
+  const std::vector<json>& versions = rep.rs.versions;
+  if (versions.empty()) return;
+  rep.md << "Peers (Debian package versions):";
+  for (std::size_t i = 0; i < versions.size(); ++i)
+    rep.md << (i ? ", " : " ") << lab(versions[i], "tool") << " " << lab(versions[i], "version");
+  rep.md << ".\n\n";
+}
+
+void md_method(Report& rep) {
+  const json& config = rep.rs.config;
+  rep.md << "Method: every timed step runs with the page cache warm (its inputs are read once right before it, "
+            "after a `sync`), "
+         << config.value("repeat", "2")
+         << " runs each; times below are the **minimum** of the runs (results.json has every run and the median). "
+            "Peak RSS is GNU time's maximum resident set size; peak RssAnon is the largest sum of RssAnon over the "
+            "command's process tree, sampled from /proc every "
+         << config.value("interval_ms", "5")
+         << " ms (mapped file pages are not anonymous memory). Read floor: one warm pass of pread into a 1 MiB buffer "
+            "per thread over every shard file, all threads, minimum of 3 passes. hfdelta applies into a LOCAL made with "
+            "`delta-apply --init` before each run; the peers (`zstd -3 --long=31 --patch-from`, `xdelta3 -e -s` with its "
+            "default settings, `rsync -a -I --no-whole-file --only-write-batch` / `--read-batch`) rebuild NEW beside "
+            "BASE and never flush, so they compare with `--no-sync`. zstd and xdelta3 work per shard file (summed; the "
+            "other files of the checkpoint do not change between saves); every apply result is checked with cmp "
+            "against NEW. Order-0 bound: per tensor N·H(k/N) bits for the positions plus "
+            "Σ c_v·log2(k/c_v) bits for the changed elements' XOR values at element width.\n\n";
+}
+
+void md_loads(Report& rep) {
+  const std::vector<json>& loads = rep.rs.loads;
+  if (loads.empty()) return;
+  double lo = 1e9, hi = 0;
+  for (const auto& l : loads) {
+    lo = std::min(lo, num(l, "load1", 0));
+    hi = std::max(hi, num(l, "load1", 0));
+  }
+  rep.md << "Load average (1 min) seen at the start of each pair: " << fmt("%.2f", lo) << " to " << fmt("%.2f", hi)
+         << " (other work on the machine makes times noisier).\n\n";
+}
+
+// ---- report: the tables of every pair -----------------------------------------------------
+
+void md_pairs(Report& rep) {
+  rep.md << "## Pairs\n\n| lr | pair | density | full checkpoint | order-0 bound | bound/full | read floor BASE+NEW | read floor LOCAL |\n"
+            "|---|---|---:|---:|---:|---:|---:|---:|\n";
+  for (const auto& p : rep.rs.pairs) {
+    rep.md << "| " << p.lr << " | " << rep.pair_name(p) << " | " << fmt("%.3f%%", 100 * num(p.bound, "density")) << " | "
+           << mib(num(p.bound, "full_bytes")) << " | " << mib(num(p.bound, "bound_bytes")) << " | "
+           << fmt("%.2f%%", 100 * ratio(num(p.bound, "bound_bytes"), num(p.bound, "full_bytes"))) << " | "
+           << fmt("%.3f s", p.floor_inputs) << " | " << fmt("%.3f s", p.floor_local) << " |\n";
+  }
+  rep.md << "\n★ the marked pair: median density at lr " << rep.target_lr << ".\n\n";
+}
+
+void md_wire(Report& rep) {
+  rep.md << "## Wire bytes\n\n| lr | pair | tool | wire | wire/bound | wire/xor | wire/full |\n|---|---|---|---:|---:|---:|---:|\n";
+  for (const auto& p : rep.rs.pairs) {
     const ToolData* x = p.find("hfdelta-xor");
     for (const auto& t : p.tool_order) {
       const ToolData& d = p.tools.at(t);
-      md << "| " << p.lr << " | " << pair_name(p) << " | " << t << " | " << mib(d.wire) << " | "
-         << fmt("%.3f", ratio(d.wire, num(p.bound, "bound_bytes"))) << " | "
-         << fmt("%.3f", ratio(d.wire, x ? x->wire : NAN)) << " | "
-         << fmt("%.2f%%", 100 * ratio(d.wire, num(p.bound, "full_bytes"))) << " |\n";
+      rep.md << "| " << p.lr << " | " << rep.pair_name(p) << " | " << t << " | " << mib(d.wire) << " | "
+             << fmt("%.3f", ratio(d.wire, num(p.bound, "bound_bytes"))) << " | "
+             << fmt("%.3f", ratio(d.wire, x ? x->wire : NAN)) << " | "
+             << fmt("%.2f%%", 100 * ratio(d.wire, num(p.bound, "full_bytes"))) << " |\n";
     }
   }
-  // Diff.
-  md << "\n## Diff (BASE, NEW → delta)\n\n| lr | pair | tool | wall | CPU | diff/read floor | 1 thread | 1 thread/all | peak RSS | peak RssAnon |\n"
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n";
-  for (const auto& p : pairs)
+}
+
+void md_diff(Report& rep) {
+  rep.md << "\n## Diff (BASE, NEW → delta)\n\n| lr | pair | tool | wall | CPU | diff/read floor | 1 thread | 1 thread/all | peak RSS | peak RssAnon |\n"
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n";
+  for (const auto& p : rep.rs.pairs)
     for (const auto& t : p.tool_order) {
       const ToolData& d = p.tools.at(t);
       const Stat* s = d.mode("diff");
       const Stat* s1 = d.mode("diff_1t");
       if (!s) continue;
-      md << "| " << p.lr << " | " << pair_name(p) << " | " << t << " | " << fmt("%.3f s", s->min()) << " | "
-         << fmt("%.2f s", s->cpu()) << " | " << fmt("%.2f", ratio(s->min(), p.floor_inputs)) << " | " << fmt("%.3f s", s1 ? s1->min() : NAN) << " | "
-         << fmt("%.2f", s1 ? ratio(s1->min(), s->min()) : NAN) << " | " << kib_mib(s->max_rss_kib) << " | "
-         << kib_mib(s->peak_anon_kib) << " |\n";
+      rep.md << "| " << p.lr << " | " << rep.pair_name(p) << " | " << t << " | " << fmt("%.3f s", s->min()) << " | "
+             << fmt("%.2f s", s->cpu()) << " | " << fmt("%.2f", ratio(s->min(), p.floor_inputs)) << " | "
+             << fmt("%.3f s", s1 ? s1->min() : NAN) << " | " << fmt("%.2f", s1 ? ratio(s1->min(), s->min()) : NAN)
+             << " | " << kib_mib(s->max_rss_kib) << " | " << kib_mib(s->peak_anon_kib) << " |\n";
     }
-  // Apply.
-  md << "\n## Apply (delta → LOCAL)\n\n| lr | pair | tool | wall (flushing) | /read floor | wall --no-sync | /read floor | CPU | 1 thread --no-sync | 1 thread/all | peak RSS | peak RssAnon |\n"
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
-  for (const auto& p : pairs)
-    for (const auto& t : p.tool_order) {
-      const ToolData& d = p.tools.at(t);
-      const Stat* a = d.mode("apply");
-      const Stat* n = d.mode("apply_nosync");
-      const Stat* n1 = d.mode("apply_nosync_1t");
-      if (!a && !n) continue;
-      double rss = NAN, anon = NAN;
-      for (const Stat* s : {a, n, n1})
-        if (s) {
-          if (!std::isnan(s->max_rss_kib)) rss = std::isnan(rss) ? s->max_rss_kib : std::max(rss, s->max_rss_kib);
-          if (!std::isnan(s->peak_anon_kib)) anon = std::isnan(anon) ? s->peak_anon_kib : std::max(anon, s->peak_anon_kib);
-        }
-      const bool peer = !is_hfdelta(t);
-      md << "| " << p.lr << " | " << pair_name(p) << " | " << t << " | " << (peer ? "–" : fmt("%.3f s", a ? a->min() : NAN))
-         << " | " << (peer ? "–" : fmt("%.2f", a ? ratio(a->min(), p.floor_local) : NAN)) << " | "
-         << fmt("%.3f s", peer ? (a ? a->min() : NAN) : (n ? n->min() : NAN)) << " | "
-         << fmt("%.2f", ratio(peer ? (a ? a->min() : NAN) : (n ? n->min() : NAN), p.floor_local)) << " | "
-         << fmt("%.2f s", peer ? (a ? a->cpu() : NAN) : (n ? n->cpu() : NAN)) << " | "
-         << fmt("%.3f s", n1 ? n1->min() : NAN) << " | " << fmt("%.2f", n1 && n ? ratio(n1->min(), n->min()) : NAN)
-         << " | " << kib_mib(rss) << " | " << kib_mib(anon) << " |\n";
-    }
-  md << "\nPeers never flush, so their apply time stands in the --no-sync column. CPU: user + sys seconds of the "
-        "fastest run (all threads together); wall above CPU means waiting: for the disk, or for a core that other "
-        "work holds.\n";
+}
 
-  // JSON per pair.
-  for (const auto& p : pairs) {
-    json jp = {{"lr", p.lr}, {"pair", p.pair}, {"base", "save_" + fmt("%03.0f", p.pair - 1)},
-               {"new", "save_" + fmt("%03.0f", p.pair)}, {"marked", &p == marked}, {"bound", p.bound},
-               {"read_floor_inputs_s", jnum(p.floor_inputs)}, {"read_floor_local_s", jnum(p.floor_local)}};
-    const ToolData* x = p.find("hfdelta-xor");
-    json jt = json::object();
-    for (const auto& t : p.tool_order) {
-      const ToolData& d = p.tools.at(t);
-      json modes = json::object();
-      for (const auto& [m, s] : d.modes) modes[m] = s.to_json();
-      const Stat* diff = d.mode("diff");
-      const Stat* diff1 = d.mode("diff_1t");
-      const Stat* ap = d.mode(is_hfdelta(t) ? "apply_nosync" : "apply");
-      const Stat* ap1 = d.mode("apply_nosync_1t");
-      jt[t] = {{"wire_bytes", jnum(d.wire)},
-               {"modes", modes},
-               {"ratios",
-                {{"wire_over_bound", jnum(ratio(d.wire, num(p.bound, "bound_bytes")))},
-                 {"wire_over_xor", jnum(ratio(d.wire, x ? x->wire : NAN))},
-                 {"wire_over_full", jnum(ratio(d.wire, num(p.bound, "full_bytes")))},
-                 {"diff_over_read_floor", jnum(diff ? ratio(diff->min(), p.floor_inputs) : NAN)},
-                 {"apply_nosync_over_read_floor", jnum(ap ? ratio(ap->min(), p.floor_local) : NAN)},
-                 {"apply_over_read_floor", jnum(d.mode("apply") ? ratio(d.mode("apply")->min(), p.floor_local) : NAN)},
-                 {"diff_1thread_over_all", jnum(diff && diff1 ? ratio(diff1->min(), diff->min()) : NAN)},
-                 {"apply_1thread_over_all", jnum(ap && ap1 ? ratio(ap1->min(), ap->min()) : NAN)}}}};
+// One row of the apply table: a peer's only apply stands in the --no-sync column.
+void md_apply_row(Report& rep, const PairData& p, const std::string& t, const ToolData& d) {
+  const Stat* a = d.mode("apply");
+  const Stat* n = d.mode("apply_nosync");
+  const Stat* n1 = d.mode("apply_nosync_1t");
+  if (!a && !n) return;
+  double rss = NAN, anon = NAN;
+  for (const Stat* s : {a, n, n1})
+    if (s) {
+      keep_max(rss, s->max_rss_kib);
+      keep_max(anon, s->peak_anon_kib);
     }
+  const bool peer = !is_hfdelta(t);
+  const Stat* nosync = peer ? a : n;
+  rep.md << "| " << p.lr << " | " << rep.pair_name(p) << " | " << t << " | "
+         << (peer ? "–" : fmt("%.3f s", a ? a->min() : NAN)) << " | "
+         << (peer ? "–" : fmt("%.2f", a ? ratio(a->min(), p.floor_local) : NAN)) << " | "
+         << fmt("%.3f s", nosync ? nosync->min() : NAN) << " | "
+         << fmt("%.2f", ratio(nosync ? nosync->min() : NAN, p.floor_local)) << " | "
+         << fmt("%.2f s", nosync ? nosync->cpu() : NAN) << " | " << fmt("%.3f s", n1 ? n1->min() : NAN) << " | "
+         << fmt("%.2f", n1 && n ? ratio(n1->min(), n->min()) : NAN) << " | " << kib_mib(rss) << " | "
+         << kib_mib(anon) << " |\n";
+}
+
+void md_apply(Report& rep) {
+  rep.md << "\n## Apply (delta → LOCAL)\n\n| lr | pair | tool | wall (flushing) | /read floor | wall --no-sync | /read floor | CPU | 1 thread --no-sync | 1 thread/all | peak RSS | peak RssAnon |\n"
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  for (const auto& p : rep.rs.pairs)
+    for (const auto& t : p.tool_order) md_apply_row(rep, p, t, p.tools.at(t));
+  rep.md << "\nPeers never flush, so their apply time stands in the --no-sync column. CPU: user + sys seconds of the "
+            "fastest run (all threads together); wall above CPU means waiting: for the disk, or for a core that other "
+            "work holds.\n";
+}
+
+// results.json's figures of one tool at one pair.
+json tool_json(const PairData& p, const std::string& t, const ToolData& d) {
+  const ToolData* x = p.find("hfdelta-xor");
+  json modes = json::object();
+  for (const auto& [m, s] : d.modes) modes[m] = s.to_json();
+  const Stat* diff = d.mode("diff");
+  const Stat* diff1 = d.mode("diff_1t");
+  const Stat* ap = d.mode(is_hfdelta(t) ? "apply_nosync" : "apply");
+  const Stat* ap1 = d.mode("apply_nosync_1t");
+  return {{"wire_bytes", jnum(d.wire)},
+          {"modes", modes},
+          {"ratios",
+           {{"wire_over_bound", jnum(ratio(d.wire, num(p.bound, "bound_bytes")))},
+            {"wire_over_xor", jnum(ratio(d.wire, x ? x->wire : NAN))},
+            {"wire_over_full", jnum(ratio(d.wire, num(p.bound, "full_bytes")))},
+            {"diff_over_read_floor", jnum(diff ? ratio(diff->min(), p.floor_inputs) : NAN)},
+            {"apply_nosync_over_read_floor", jnum(ap ? ratio(ap->min(), p.floor_local) : NAN)},
+            {"apply_over_read_floor", jnum(d.mode("apply") ? ratio(d.mode("apply")->min(), p.floor_local) : NAN)},
+            {"diff_1thread_over_all", jnum(diff && diff1 ? ratio(diff1->min(), diff->min()) : NAN)},
+            {"apply_1thread_over_all", jnum(ap && ap1 ? ratio(ap1->min(), ap->min()) : NAN)}}}};
+}
+
+json pairs_json(const Report& rep) {
+  json jpairs = json::array();
+  for (const auto& p : rep.rs.pairs) {
+    json jp = {{"lr", p.lr}, {"pair", p.pair}, {"base", "save_" + fmt("%03.0f", p.pair - 1)},
+               {"new", "save_" + fmt("%03.0f", p.pair)}, {"marked", &p == rep.marked}, {"bound", p.bound},
+               {"read_floor_inputs_s", jnum(p.floor_inputs)}, {"read_floor_local_s", jnum(p.floor_local)}};
+    json jt = json::object();
+    for (const auto& t : p.tool_order) jt[t] = tool_json(p, t, p.tools.at(t));
     jp["tools"] = jt;
     jpairs.push_back(jp);
   }
+  return jpairs;
+}
 
-  // Targets at the marked pair.
+// ---- report: the targets at the marked pair -------------------------------------------------
+
+// The best peer figures at one pair, and which peer has each.
+struct BestPeers {
+  double wire = NAN, diff = NAN, apply = NAN;
+  std::string wire_name, diff_name, apply_name;
+};
+
+BestPeers best_peers(const PairData& p) {
+  BestPeers b;
+  for (const auto& t : p.tool_order) {
+    if (is_hfdelta(t)) continue;
+    const ToolData& d = p.tools.at(t);
+    if (!std::isnan(d.wire) && (std::isnan(b.wire) || d.wire < b.wire)) b.wire = d.wire, b.wire_name = t;
+    if (const Stat* s = d.mode("diff"); s && (std::isnan(b.diff) || s->min() < b.diff)) b.diff = s->min(), b.diff_name = t;
+    if (const Stat* s = d.mode("apply"); s && (std::isnan(b.apply) || s->min() < b.apply))
+      b.apply = s->min(), b.apply_name = t;
+  }
+  return b;
+}
+
+// Writes the rows of one encoding's targets, in Markdown and in JSON.
+struct TargetRows {
+  std::ostringstream& md;
+  json& out;
+  const std::string& encoding;
+
+  void row(const std::string& what, const std::string& measured, double r, double goal, const std::string& goal_text) {
+    const char* status = std::isnan(r) ? "not measured" : (r <= goal ? "met" : "not met");
+    md << "| " << encoding << " | " << what << " | " << measured << " | " << fmt("%.3f", r) << " | " << goal_text
+       << " | " << (std::string(status) == "met" ? "**met**" : status) << " |\n";
+    out.push_back({{"encoding", encoding}, {"target", what}, {"measured", measured}, {"ratio", jnum(r)},
+                   {"goal", goal}, {"status", status}});
+  }
+};
+
+// The targets of hfdelta's own: against the bound, xor and the read floors.
+void own_targets(TargetRows& rows, const PairData& p, const ToolData& d) {
+  const double bound = num(p.bound, "bound_bytes");
+  const ToolData* x = p.find("hfdelta-xor");
+  const Stat* diff = d.mode("diff");
+  const Stat* apn = d.mode("apply_nosync");
+  rows.row("total wire ≤ 1.15 × order-0 bound", mib(d.wire) + " vs " + mib(bound), ratio(d.wire, bound), 1.15, "≤ 1.15");
+  rows.row("total wire ≤ 0.6 × xor wire", mib(d.wire) + " vs " + mib(x ? x->wire : NAN),
+           ratio(d.wire, x ? x->wire : NAN), 0.6, "≤ 0.6");
+  rows.row("delta-diff wall ≤ 2 × read floor (BASE+NEW)",
+           fmt("%.3f s", diff ? diff->min() : NAN) + " vs " + fmt("%.3f s", p.floor_inputs),
+           diff ? ratio(diff->min(), p.floor_inputs) : NAN, 2, "≤ 2");
+  rows.row("delta-apply --no-sync wall ≤ 2 × read floor (LOCAL)",
+           fmt("%.3f s", apn ? apn->min() : NAN) + " vs " + fmt("%.3f s", p.floor_local),
+           apn ? ratio(apn->min(), p.floor_local) : NAN, 2, "≤ 2");
+  const double anon = d.peak_anon();
+  rows.row("peak RssAnon ≤ 256 MiB (diff and apply)", kib_mib(anon), ratio(anon, 256.0 * 1024), 1, "≤ 1");
+}
+
+// Strictly better than every peer: a ratio below 1.
+void peer_targets(TargetRows& rows, const ToolData& d, const BestPeers& b) {
+  const double eps = 1 - 1e-12;
+  const Stat* diff = d.mode("diff");
+  const Stat* ap = d.mode("apply");
+  const Stat* apn = d.mode("apply_nosync");
+  rows.row("diff faster than every peer", fmt("%.3f s", diff ? diff->min() : NAN) + " vs " + fmt("%.3f s", b.diff) +
+               " (" + (b.diff_name.empty() ? "none" : b.diff_name) + ")",
+           diff ? ratio(diff->min(), b.diff) : NAN, eps, "< 1");
+  rows.row("apply --no-sync faster than every peer",
+           fmt("%.3f s", apn ? apn->min() : NAN) + " vs " + fmt("%.3f s", b.apply) + " (" +
+               (b.apply_name.empty() ? "none" : b.apply_name) + ")",
+           apn ? ratio(apn->min(), b.apply) : NAN, eps, "< 1");
+  rows.row("apply (flushing) faster than every peer",
+           fmt("%.3f s", ap ? ap->min() : NAN) + " vs " + fmt("%.3f s", b.apply) + " (" +
+               (b.apply_name.empty() ? "none" : b.apply_name) + ")",
+           ap ? ratio(ap->min(), b.apply) : NAN, eps, "< 1");
+  rows.row("wire smaller than every peer",
+           mib(d.wire) + " vs " + mib(b.wire) + " (" + (b.wire_name.empty() ? "none" : b.wire_name) + ")",
+           ratio(d.wire, b.wire), eps, "< 1");
+}
+
+json targets(Report& rep) {
   json jtargets = json::array();
-  if (marked) {
-    const PairData& p = *marked;
-    const double bound = num(p.bound, "bound_bytes");
-    const ToolData* x = p.find("hfdelta-xor");
-    double peer_wire = NAN, peer_diff = NAN, peer_apply = NAN;
-    std::string peer_wire_name, peer_diff_name, peer_apply_name;
-    for (const auto& t : p.tool_order) {
-      if (is_hfdelta(t)) continue;
-      const ToolData& d = p.tools.at(t);
-      if (!std::isnan(d.wire) && (std::isnan(peer_wire) || d.wire < peer_wire)) peer_wire = d.wire, peer_wire_name = t;
-      if (const Stat* s = d.mode("diff"); s && (std::isnan(peer_diff) || s->min() < peer_diff))
-        peer_diff = s->min(), peer_diff_name = t;
-      if (const Stat* s = d.mode("apply"); s && (std::isnan(peer_apply) || s->min() < peer_apply))
-        peer_apply = s->min(), peer_apply_name = t;
-    }
-    md << "\n## Targets at the marked pair (lr " << p.lr << ", " << pair_name(p) << ")\n\n"
-       << "| hfdelta encoding | target | measured | ratio | goal | status |\n|---|---|---:|---:|---:|---|\n";
-    for (const auto& t : p.tool_order) {
-      if (!is_hfdelta(t)) continue;
-      const ToolData& d = p.tools.at(t);
-      const Stat* diff = d.mode("diff");
-      const Stat* ap = d.mode("apply");
-      const Stat* apn = d.mode("apply_nosync");
-      auto row = [&](const std::string& what, const std::string& measured, double r, double goal,
-                     const std::string& goal_text) {
-        const char* status = std::isnan(r) ? "not measured" : (r <= goal ? "met" : "not met");
-        md << "| " << t << " | " << what << " | " << measured << " | " << fmt("%.3f", r) << " | " << goal_text << " | "
-           << (std::string(status) == "met" ? "**met**" : status) << " |\n";
-        jtargets.push_back({{"encoding", t}, {"target", what}, {"measured", measured}, {"ratio", jnum(r)},
-                            {"goal", goal}, {"status", status}});
-      };
-      row("total wire ≤ 1.15 × order-0 bound", mib(d.wire) + " vs " + mib(bound), ratio(d.wire, bound), 1.15, "≤ 1.15");
-      row("total wire ≤ 0.6 × xor wire", mib(d.wire) + " vs " + mib(x ? x->wire : NAN), ratio(d.wire, x ? x->wire : NAN),
-          0.6, "≤ 0.6");
-      row("delta-diff wall ≤ 2 × read floor (BASE+NEW)",
-          fmt("%.3f s", diff ? diff->min() : NAN) + " vs " + fmt("%.3f s", p.floor_inputs),
-          diff ? ratio(diff->min(), p.floor_inputs) : NAN, 2, "≤ 2");
-      row("delta-apply --no-sync wall ≤ 2 × read floor (LOCAL)",
-          fmt("%.3f s", apn ? apn->min() : NAN) + " vs " + fmt("%.3f s", p.floor_local),
-          apn ? ratio(apn->min(), p.floor_local) : NAN, 2, "≤ 2");
-      const double anon = d.peak_anon();
-      row("peak RssAnon ≤ 256 MiB (diff and apply)", kib_mib(anon), ratio(anon, 256.0 * 1024), 1, "≤ 1");
-      // Strictly better than every peer: a ratio below 1.
-      const double eps = 1 - 1e-12;
-      row("diff faster than every peer", fmt("%.3f s", diff ? diff->min() : NAN) + " vs " + fmt("%.3f s", peer_diff) +
-              " (" + (peer_diff_name.empty() ? "none" : peer_diff_name) + ")",
-          diff ? ratio(diff->min(), peer_diff) : NAN, eps, "< 1");
-      row("apply --no-sync faster than every peer",
-          fmt("%.3f s", apn ? apn->min() : NAN) + " vs " + fmt("%.3f s", peer_apply) + " (" +
-              (peer_apply_name.empty() ? "none" : peer_apply_name) + ")",
-          apn ? ratio(apn->min(), peer_apply) : NAN, eps, "< 1");
-      row("apply (flushing) faster than every peer",
-          fmt("%.3f s", ap ? ap->min() : NAN) + " vs " + fmt("%.3f s", peer_apply) + " (" +
-              (peer_apply_name.empty() ? "none" : peer_apply_name) + ")",
-          ap ? ratio(ap->min(), peer_apply) : NAN, eps, "< 1");
-      row("wire smaller than every peer",
-          mib(d.wire) + " vs " + mib(peer_wire) + " (" + (peer_wire_name.empty() ? "none" : peer_wire_name) + ")",
-          ratio(d.wire, peer_wire), eps, "< 1");
-    }
-    md << "\nA missed target is a measurement, not a failure of the benchmark.\n";
+  if (!rep.marked) return jtargets;
+  const PairData& p = *rep.marked;
+  const BestPeers b = best_peers(p);
+  rep.md << "\n## Targets at the marked pair (lr " << p.lr << ", " << rep.pair_name(p) << ")\n\n"
+         << "| hfdelta encoding | target | measured | ratio | goal | status |\n|---|---|---:|---:|---:|---|\n";
+  for (const auto& t : p.tool_order) {
+    if (!is_hfdelta(t)) continue;
+    TargetRows rows{rep.md, jtargets, t};
+    own_targets(rows, p, p.tools.at(t));
+    peer_targets(rows, p.tools.at(t), b);
   }
+  rep.md << "\nA missed target is a measurement, not a failure of the benchmark.\n";
+  return jtargets;
+}
 
-  // Squash against the chain it replaces and against a direct diff.
+// ---- report: squash ----------------------------------------------------------------------
+
+const Stat* stat_in(const ToolMap& m, const char* tool, const char* mode) {
+  const auto it = m.find(tool);
+  return it == m.end() ? nullptr : it->second.mode(mode);
+}
+
+double wire_in(const ToolMap& m, const char* tool) {
+  const auto it = m.find(tool);
+  return it == m.end() ? NAN : it->second.wire;
+}
+
+double min_of(const Stat* s) { return s ? s->min() : NAN; }
+double rss_of(const Stat* s) { return s ? s->max_rss_kib : NAN; }
+json json_of(const Stat* s) { return s ? s->to_json() : json(nullptr); }
+
+// Bytes of the squash against the chain it replaces and a direct diff, and the squash itself.
+json md_squash_bytes(Report& rep) {
   json jsquash = json::array();
-  if (!squash.empty()) {
-    const std::string saves = config.value("saves", std::string("?"));
-    md << "\n## Squash (a chain of " << saves << " deltas, lr " << target_lr << ")\n\n"
-       << "`sparse`: the default encoding at every step; `mixed`: xor and sparse in turn, so the entries of one "
-          "tensor stack. Chain: the " << saves << " deltas together; direct: one diff of the first and last saves.\n\n"
-       << "| chain | chain bytes | squashed | direct diff | squashed/direct | squashed/chain | squash wall | squash peak RSS |\n"
-          "|---|---:|---:|---:|---:|---:|---:|---:|\n";
-    auto stat = [&](const std::map<std::string, ToolData>& m, const char* tool, const char* mode) -> const Stat* {
-      const auto it = m.find(tool);
-      return it == m.end() ? nullptr : it->second.mode(mode);
-    };
-    auto wire = [&](const std::map<std::string, ToolData>& m, const char* tool) {
-      const auto it = m.find(tool);
-      return it == m.end() ? NAN : it->second.wire;
-    };
-    auto min_of = [](const Stat* s) { return s ? s->min() : NAN; };
-    auto rss_of = [](const Stat* s) { return s ? s->max_rss_kib : NAN; };
-    auto json_of = [](const Stat* s) { return s ? s->to_json() : json(nullptr); };
-    for (const std::string& kind : squash_order) {
-      const auto& m = squash.at(kind);
-      const double chain = wire(m, "chain"), sq = wire(m, "squashed"), direct = wire(m, "direct");
-      const Stat* s = stat(m, "squashed", "squash");
-      md << "| " << kind << " | " << mib(chain) << " | " << mib(sq) << " | " << mib(direct) << " | "
-         << fmt("%.3f", ratio(sq, direct)) << " | " << fmt("%.3f", ratio(sq, chain)) << " | "
-         << fmt("%.3f s", min_of(s)) << " | " << kib_mib(rss_of(s)) << " |\n";
-      json j = {{"chain", kind},
-                {"chain_bytes", jnum(chain)},
-                {"squashed_bytes", jnum(sq)},
-                {"direct_bytes", jnum(direct)},
-                {"squash", json_of(s)}};
-      for (const char* mode : {"apply", "apply_nosync"})
-        j[mode] = {{"chain", json_of(stat(m, "chain", mode))}, {"squashed", json_of(stat(m, "squashed", mode))}};
-      jsquash.push_back(j);
-    }
-    md << "\n| chain | apply: --root pull of the chain | squashed | squashed/chain | --no-sync: chain | squashed | "
-          "squashed/chain | peak RSS: chain | squashed |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
-    for (const std::string& kind : squash_order) {
-      const auto& m = squash.at(kind);
-      const Stat *ca = stat(m, "chain", "apply"), *sa = stat(m, "squashed", "apply");
-      const Stat *cn = stat(m, "chain", "apply_nosync"), *sn = stat(m, "squashed", "apply_nosync");
-      auto rss2 = [&](const Stat* a, const Stat* b) {
-        double r = rss_of(a);
-        keep_max(r, rss_of(b));
-        return r;
-      };
-      md << "| " << kind << " | " << fmt("%.3f s", min_of(ca)) << " | " << fmt("%.3f s", min_of(sa)) << " | "
-         << fmt("%.3f", ratio(min_of(sa), min_of(ca))) << " | " << fmt("%.3f s", min_of(cn)) << " | "
-         << fmt("%.3f s", min_of(sn)) << " | " << fmt("%.3f", ratio(min_of(sn), min_of(cn))) << " | "
-         << kib_mib(rss2(ca, cn)) << " | " << kib_mib(rss2(sa, sn)) << " |\n";
-    }
-    md << "\nBoth end byte-identical to the last save. Walls: the fastest of the runs.\n";
+  const std::string saves = rep.rs.config.value("saves", std::string("?"));
+  rep.md << "\n## Squash (a chain of " << saves << " deltas, lr " << rep.target_lr << ")\n\n"
+         << "`sparse`: the default encoding at every step; `mixed`: xor and sparse in turn, so the entries of one "
+            "tensor stack. Chain: the " << saves << " deltas together; direct: one diff of the first and last saves.\n\n"
+         << "| chain | chain bytes | squashed | direct diff | squashed/direct | squashed/chain | squash wall | squash peak RSS |\n"
+            "|---|---:|---:|---:|---:|---:|---:|---:|\n";
+  for (const std::string& kind : rep.rs.squash_order) {
+    const ToolMap& m = rep.rs.squash.at(kind);
+    const double chain = wire_in(m, "chain"), sq = wire_in(m, "squashed"), direct = wire_in(m, "direct");
+    const Stat* s = stat_in(m, "squashed", "squash");
+    rep.md << "| " << kind << " | " << mib(chain) << " | " << mib(sq) << " | " << mib(direct) << " | "
+           << fmt("%.3f", ratio(sq, direct)) << " | " << fmt("%.3f", ratio(sq, chain)) << " | "
+           << fmt("%.3f s", min_of(s)) << " | " << kib_mib(rss_of(s)) << " |\n";
+    json j = {{"chain", kind},
+              {"chain_bytes", jnum(chain)},
+              {"squashed_bytes", jnum(sq)},
+              {"direct_bytes", jnum(direct)},
+              {"squash", json_of(s)}};
+    for (const char* mode : {"apply", "apply_nosync"})
+      j[mode] = {{"chain", json_of(stat_in(m, "chain", mode))}, {"squashed", json_of(stat_in(m, "squashed", mode))}};
+    jsquash.push_back(j);
   }
+  return jsquash;
+}
 
-  // Memory against model size.
+// A --root pull of the chain against applying the squash.
+void md_squash_apply(Report& rep) {
+  rep.md << "\n| chain | apply: --root pull of the chain | squashed | squashed/chain | --no-sync: chain | squashed | "
+            "squashed/chain | peak RSS: chain | squashed |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  auto rss2 = [](const Stat* a, const Stat* b) {
+    double r = rss_of(a);
+    keep_max(r, rss_of(b));
+    return r;
+  };
+  for (const std::string& kind : rep.rs.squash_order) {
+    const ToolMap& m = rep.rs.squash.at(kind);
+    const Stat *ca = stat_in(m, "chain", "apply"), *sa = stat_in(m, "squashed", "apply");
+    const Stat *cn = stat_in(m, "chain", "apply_nosync"), *sn = stat_in(m, "squashed", "apply_nosync");
+    rep.md << "| " << kind << " | " << fmt("%.3f s", min_of(ca)) << " | " << fmt("%.3f s", min_of(sa)) << " | "
+           << fmt("%.3f", ratio(min_of(sa), min_of(ca))) << " | " << fmt("%.3f s", min_of(cn)) << " | "
+           << fmt("%.3f s", min_of(sn)) << " | " << fmt("%.3f", ratio(min_of(sn), min_of(cn))) << " | "
+           << kib_mib(rss2(ca, cn)) << " | " << kib_mib(rss2(sa, sn)) << " |\n";
+  }
+  rep.md << "\nBoth end byte-identical to the last save. Walls: the fastest of the runs.\n";
+}
+
+// Squash against the chain it replaces and against a direct diff.
+json squash(Report& rep) {
+  if (rep.rs.squash.empty()) return json::array();
+  json jsquash = md_squash_bytes(rep);
+  md_squash_apply(rep);
+  return jsquash;
+}
+
+// ---- report: memory against model size --------------------------------------------------
+
+// Encodings in the order of the config, then any other tool measured.
+std::vector<std::string> memory_tools(const Report& rep, const std::map<std::string, ToolMap>& mem,
+                                      const std::vector<std::pair<double, std::string>>& order) {
+  std::vector<std::string> encs;
+  std::istringstream in(rep.rs.config.value("encodings", std::string()));
+  for (std::string e; in >> e;) encs.push_back("hfdelta-" + e);
+  for (const auto& [full, pr] : order)
+    for (const auto& [pr_tool, pr_data] : mem.at(pr))
+      if (std::find(encs.begin(), encs.end(), pr_tool) == encs.end()) encs.push_back(pr_tool);
+  return encs;
+}
+
+// One row: the peaks of delta-diff and of delta-apply for one encoding at one preset.
+void memory_row(Report& rep, json& jmem, const std::string& pr, double full, const std::string& t, const ToolData& d) {
+  double danon = NAN, drss = NAN, aanon = NAN, arss = NAN;
+  for (const auto& [m, s] : d.modes) {
+    const bool is_diff = m.rfind("diff", 0) == 0;
+    keep_max(is_diff ? danon : aanon, s.peak_anon_kib);
+    keep_max(is_diff ? drss : arss, s.max_rss_kib);
+  }
+  rep.md << "| " << pr << " | " << mib(full) << " | " << t << " | " << kib_mib(danon) << " | " << kib_mib(drss)
+         << " | " << kib_mib(aanon) << " | " << kib_mib(arss) << " |\n";
+  jmem.push_back({{"preset", pr}, {"full_bytes", full}, {"tool", t}, {"diff_peak_rss_anon_kib", jnum(danon)},
+                  {"diff_max_rss_kib", jnum(drss)}, {"apply_peak_rss_anon_kib", jnum(aanon)},
+                  {"apply_max_rss_kib", jnum(arss)}});
+}
+
+json memory(Report& rep) {
   json jmem = json::array();
-  {
-    // The main preset's figures come from the marked pair unless a separate series measured it.
-    if (marked && !mem.count(preset)) {
-      for (const auto& [t, d] : marked->tools)
-        if (is_hfdelta(t)) mem[preset][t] = d;
-      mem_full[preset] = num(marked->bound, "full_bytes");
-    }
-    std::vector<std::pair<double, std::string>> order;
-    for (const auto& [pr, tools] : mem) order.push_back({mem_full.count(pr) ? mem_full[pr] : 0, pr});
-    std::sort(order.begin(), order.end());
-    if (!order.empty()) {
-      md << "\n## Peak memory against model size (lr " << target_lr << ")\n\n"
+  std::map<std::string, ToolMap> mem = rep.rs.mem;
+  std::map<std::string, double> mem_full = rep.rs.mem_full;
+  // The main preset's figures come from the marked pair unless a separate series measured it.
+  if (rep.marked && !mem.count(rep.preset)) {
+    for (const auto& [t, d] : rep.marked->tools)
+      if (is_hfdelta(t)) mem[rep.preset][t] = d;
+    mem_full[rep.preset] = num(rep.marked->bound, "full_bytes");
+  }
+  std::vector<std::pair<double, std::string>> order;  // presets by checkpoint size
+  for (const auto& [pr, tools] : mem) order.push_back({mem_full.count(pr) ? mem_full[pr] : 0, pr});
+  std::sort(order.begin(), order.end());
+  if (order.empty()) return jmem;
+  rep.md << "\n## Peak memory against model size (lr " << rep.target_lr << ")\n\n"
          << "| preset | full checkpoint | encoding | delta-diff peak RssAnon | delta-diff peak RSS | delta-apply peak RssAnon | delta-apply peak RSS |\n"
             "|---|---:|---|---:|---:|---:|---:|\n";
-      std::vector<std::string> encs;
-      {
-        std::istringstream in(config.value("encodings", std::string()));
-        for (std::string e; in >> e;) encs.push_back("hfdelta-" + e);
-      }
-      for (const auto& [full, pr] : order)
-        for (const auto& [pr_tool, pr_data] : mem[pr])
-          if (std::find(encs.begin(), encs.end(), pr_tool) == encs.end()) encs.push_back(pr_tool);
-      for (const auto& [full, pr] : order)
-        for (const auto& t : encs) {
-          if (!is_hfdelta(t) || !mem[pr].count(t)) continue;
-          const ToolData& d = mem[pr].at(t);
-          double danon = NAN, drss = NAN, aanon = NAN, arss = NAN;
-          for (const auto& [m, s] : d.modes) {
-            const bool is_diff = m.rfind("diff", 0) == 0;
-            keep_max(is_diff ? danon : aanon, s.peak_anon_kib);
-            keep_max(is_diff ? drss : arss, s.max_rss_kib);
-          }
-          md << "| " << pr << " | " << mib(full) << " | " << t << " | " << kib_mib(danon) << " | " << kib_mib(drss)
-             << " | " << kib_mib(aanon) << " | " << kib_mib(arss) << " |\n";
-          jmem.push_back({{"preset", pr}, {"full_bytes", full}, {"tool", t}, {"diff_peak_rss_anon_kib", jnum(danon)},
-                          {"diff_max_rss_kib", jnum(drss)}, {"apply_peak_rss_anon_kib", jnum(aanon)},
-                          {"apply_max_rss_kib", jnum(arss)}});
-        }
+  const std::vector<std::string> encs = memory_tools(rep, mem, order);
+  for (const auto& [full, pr] : order)
+    for (const auto& t : encs) {
+      if (!is_hfdelta(t) || !mem[pr].count(t)) continue;
+      memory_row(rep, jmem, pr, full, t, mem[pr].at(t));
     }
-  }
+  return jmem;
+}
 
-  if (!timings.empty()) {
-    md << "\n## Run time\n\n";
-    for (const auto& t : timings) md << "- " << lab(t, "what") << ": " << fmt("%.0f s", num(t, "seconds")) << "\n";
-  }
+void md_timings(Report& rep) {
+  if (rep.rs.timings.empty()) return;
+  rep.md << "\n## Run time\n\n";
+  for (const auto& t : rep.rs.timings) rep.md << "- " << lab(t, "what") << ": " << fmt("%.0f s", num(t, "seconds")) << "\n";
+}
 
-  std::ofstream(md_path) << md.str();
-  json out = {{"machine", machine},       {"config", config},    {"tool_versions", versions},
-              {"pairs", jpairs},          {"targets", jtargets}, {"memory_scaling", jmem}, {"squash", jsquash},
-              {"marked", marked ? json{{"lr", marked->lr}, {"pair", marked->pair}} : json(nullptr)},
-              {"timings", timings},       {"loads", loads},      {"records", recs}};
+// ---- report ---------------------------------------------------------------------------------
+
+void cmd_report(const std::string& records_file, const std::string& md_path, const std::string& json_path) {
+  const Records rs = sort_records(read_records(records_file));
+  Report rep(rs, rs.config.value("target_lr", std::string("1e-6")));
+
+  md_setup(rep);
+  md_machine(rep);
+  md_versions(rep);
+  md_method(rep);
+  md_loads(rep);
+  md_pairs(rep);
+  md_wire(rep);
+  md_diff(rep);
+  md_apply(rep);
+  const json jpairs = pairs_json(rep);
+  const json jtargets = targets(rep);
+  const json jsquash = squash(rep);
+  const json jmem = memory(rep);
+  md_timings(rep);
+
+  std::ofstream(md_path) << rep.md.str();
+  json out = {{"machine", rs.machine},  {"config", rs.config},  {"tool_versions", rs.versions},
+              {"pairs", jpairs},        {"targets", jtargets},  {"memory_scaling", jmem}, {"squash", jsquash},
+              {"marked", rep.marked ? json{{"lr", rep.marked->lr}, {"pair", rep.marked->pair}} : json(nullptr)},
+              {"timings", rs.timings},  {"loads", rs.loads},    {"records", rs.all}};
   std::ofstream(json_path) << out.dump(1) << '\n';
+}
+
+// ---- the command line -------------------------------------------------------------
+
+json cmd_size(const std::vector<std::string>& paths) {
+  std::uint64_t files = 0, bytes = 0;
+  for (const auto& p : paths) bytes += dir_bytes(p, &files);
+  return {{"paths", paths}, {"bytes", bytes}, {"files", files}};
+}
+
+// What the command line asks for: each subcommand's arguments and records file.
+struct Args {
+  std::string base, target;  // bound
+  int threads = 0;
+  bool per_tensor = false;
+  std::vector<std::string> paths;  // readfloor, warm, size
+  int repeat = 3;
+  std::string stdout_file;  // run
+  double interval_ms = 5;
+  bool time_v = false;
+  std::vector<std::string> command;
+  std::string where = ".";  // machine
+  std::string note_kind = "note";
+  std::string records, md_out, json_out;  // report
+  RecordOut bound_out, floor_out, warm_out, run_out, size_out, machine_out, note_out;
+};
+
+struct Subcommands {
+  CLI::App *bound = nullptr, *floor = nullptr, *warm = nullptr, *run = nullptr;
+  CLI::App *size = nullptr, *machine = nullptr, *note = nullptr, *report = nullptr;
+};
+
+// The subcommands that read checkpoints: bound, readfloor, warm.
+void add_read_commands(CLI::App& app, Args& a, Subcommands& sc) {
+  sc.bound = app.add_subcommand("bound", "Order-0 entropy bound of the change from BASE to NEW");
+  sc.bound->add_option("BASE", a.base)->required();
+  sc.bound->add_option("NEW", a.target)->required();
+  sc.bound->add_option("--threads", a.threads, "Threads (default: all)");
+  sc.bound->add_flag("--per-tensor", a.per_tensor, "Include every tensor's figures");
+  add_record_options(sc.bound, a.bound_out);
+
+  sc.floor = app.add_subcommand("readfloor", "Time warm passes reading every shard of the checkpoints");
+  sc.floor->add_option("DIR", a.paths, "Checkpoint directories (or single files)")->required();
+  sc.floor->add_option("--repeat", a.repeat, "Measured passes after the warm-up pass")->capture_default_str();
+  sc.floor->add_option("--threads", a.threads, "Threads (default: all)");
+  add_record_options(sc.floor, a.floor_out);
+
+  sc.warm = app.add_subcommand("warm", "Read every regular file under the paths once");
+  sc.warm->add_option("PATH", a.paths)->required();
+  sc.warm->add_option("--threads", a.threads, "Threads (default: all)");
+  add_record_options(sc.warm, a.warm_out);
+}
+
+// run, size, machine and note.
+void add_other_commands(CLI::App& app, Args& a, Subcommands& sc) {
+  sc.run = app.add_subcommand("run", "Run a command and measure it: run [OPTIONS] -- CMD ARGS...");
+  sc.run->add_option("--stdout", a.stdout_file, "Send the command's stdout to this file");
+  sc.run->add_option("--interval-ms", a.interval_ms, "Sampling interval of /proc")->capture_default_str();
+  sc.run->add_flag("--time-v", a.time_v, "Run the command under /usr/bin/time -v and record its maximum RSS");
+  sc.run->add_option("CMD", a.command, "The command and its arguments (after --)")->required();
+  add_record_options(sc.run, a.run_out);
+
+  sc.size = app.add_subcommand("size", "Total bytes of the regular files under the paths");
+  sc.size->add_option("PATH", a.paths)->required();
+  add_record_options(sc.size, a.size_out);
+
+  sc.machine = app.add_subcommand("machine", "Describe the machine and the disk holding PATH");
+  sc.machine->add_option("PATH", a.where);
+  add_record_options(sc.machine, a.machine_out);
+
+  sc.note = app.add_subcommand("note", "A record of labels only");
+  sc.note->add_option("--kind", a.note_kind, "Record kind")->capture_default_str();
+  add_record_options(sc.note, a.note_out);
+}
+
+void add_report_command(CLI::App& app, Args& a, Subcommands& sc) {
+  sc.report = app.add_subcommand("report", "Write the Markdown and JSON results from a records file");
+  sc.report->add_option("RECORDS", a.records)->required();
+  sc.report->add_option("--md", a.md_out, "Markdown output")->required();
+  sc.report->add_option("--json", a.json_out, "JSON output")->required();
+}
+
+// Runs the measured command; its exit code is the result.
+int run_measured(const Args& a) {
+  int code = 0;
+  json r = cmd_run(a.command, a.stdout_file, a.interval_ms, a.time_v, code);
+  if (code == 0) {
+    // Records are for successful runs only; a failing tool fails the benchmark.
+    emit(r, "run", a.run_out);
+  } else {
+    std::cerr << "hfdelta-bench: command failed with exit code " << code << ": " << r["argv"].dump() << '\n';
+  }
+  return code;
+}
+
+// Runs the subcommand given; returns the exit code.
+int run_subcommand(const Args& a, const Subcommands& sc) {
+  if (*sc.bound) emit(cmd_bound(a.base, a.target, a.threads, a.per_tensor), "bound", a.bound_out);
+  if (*sc.floor) emit(cmd_readfloor(a.paths, a.repeat, a.threads), "readfloor", a.floor_out);
+  if (*sc.warm) emit(cmd_warm(a.paths, a.threads), "warm", a.warm_out);
+  if (*sc.size) emit(cmd_size(a.paths), "size", a.size_out);
+  if (*sc.machine) emit(cmd_machine(a.where), "machine", a.machine_out);
+  if (*sc.note) emit(json::object(), a.note_kind, a.note_out);
+  if (*sc.report) cmd_report(a.records, a.md_out, a.json_out);
+  if (*sc.run) return run_measured(a);
+  return 0;
 }
 
 }  // namespace
@@ -1079,90 +1393,18 @@ void cmd_report(const std::string& records_file, const std::string& md_path, con
 int main(int argc, char** argv) {
   CLI::App app{"Measurements for scripts/bench.sh (not installed)", "hfdelta-bench"};
   app.require_subcommand(1);
-
-  RecordOut rb, rr, rw, rrun, rs, rm, rn;
-  std::string base, target;
-  int threads = 0;
-  bool per_tensor = false;
-  auto* bound = app.add_subcommand("bound", "Order-0 entropy bound of the change from BASE to NEW");
-  bound->add_option("BASE", base)->required();
-  bound->add_option("NEW", target)->required();
-  bound->add_option("--threads", threads, "Threads (default: all)");
-  bound->add_flag("--per-tensor", per_tensor, "Include every tensor's figures");
-  add_record_options(bound, rb);
-
-  std::vector<std::string> paths;
-  int repeat = 3;
-  auto* floor = app.add_subcommand("readfloor", "Time warm passes reading every shard of the checkpoints");
-  floor->add_option("DIR", paths, "Checkpoint directories (or single files)")->required();
-  floor->add_option("--repeat", repeat, "Measured passes after the warm-up pass")->capture_default_str();
-  floor->add_option("--threads", threads, "Threads (default: all)");
-  add_record_options(floor, rr);
-
-  auto* warm = app.add_subcommand("warm", "Read every regular file under the paths once");
-  warm->add_option("PATH", paths)->required();
-  warm->add_option("--threads", threads, "Threads (default: all)");
-  add_record_options(warm, rw);
-
-  std::string stdout_file;
-  double interval_ms = 5;
-  bool time_v = false;
-  auto* run = app.add_subcommand("run", "Run a command and measure it: run [OPTIONS] -- CMD ARGS...");
-  run->add_option("--stdout", stdout_file, "Send the command's stdout to this file");
-  run->add_option("--interval-ms", interval_ms, "Sampling interval of /proc")->capture_default_str();
-  run->add_flag("--time-v", time_v, "Run the command under /usr/bin/time -v and record its maximum RSS");
-  std::vector<std::string> command;
-  run->add_option("CMD", command, "The command and its arguments (after --)")->required();
-  add_record_options(run, rrun);
-
-  auto* size = app.add_subcommand("size", "Total bytes of the regular files under the paths");
-  size->add_option("PATH", paths)->required();
-  add_record_options(size, rs);
-
-  std::string where = ".";
-  auto* machine = app.add_subcommand("machine", "Describe the machine and the disk holding PATH");
-  machine->add_option("PATH", where);
-  add_record_options(machine, rm);
-
-  auto* note = app.add_subcommand("note", "A record of labels only");
-  std::string note_kind = "note";
-  note->add_option("--kind", note_kind, "Record kind")->capture_default_str();
-  add_record_options(note, rn);
-
-  std::string records, md_out, json_out;
-  auto* report = app.add_subcommand("report", "Write the Markdown and JSON results from a records file");
-  report->add_option("RECORDS", records)->required();
-  report->add_option("--md", md_out, "Markdown output")->required();
-  report->add_option("--json", json_out, "JSON output")->required();
-
+  Args a;
+  Subcommands sc;
+  add_read_commands(app, a, sc);
+  add_other_commands(app, a, sc);
+  add_report_command(app, a, sc);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
   try {
-    if (*bound) emit(cmd_bound(base, target, threads, per_tensor), "bound", rb);
-    if (*floor) emit(cmd_readfloor(paths, repeat, threads), "readfloor", rr);
-    if (*warm) emit(cmd_warm(paths, threads), "warm", rw);
-    if (*size) {
-      std::uint64_t files = 0, bytes = 0;
-      for (const auto& p : paths) bytes += dir_bytes(p, &files);
-      emit({{"paths", paths}, {"bytes", bytes}, {"files", files}}, "size", rs);
-    }
-    if (*machine) emit(cmd_machine(where), "machine", rm);
-    if (*note) emit(json::object(), note_kind, rn);
-    if (*report) cmd_report(records, md_out, json_out);
-    if (*run) {
-      int code = 0;
-      json r = cmd_run(command, stdout_file, interval_ms, time_v, code);
-      if (code == 0) {
-        // Records are for successful runs only; a failing tool fails the benchmark.
-        emit(r, "run", rrun);
-      } else {
-        std::cerr << "hfdelta-bench: command failed with exit code " << code << ": " << r["argv"].dump() << '\n';
-      }
-      return code;
-    }
+    return run_subcommand(a, sc);
   } catch (const hfdelta::Error& e) {
     std::cerr << "hfdelta-bench: error: " << e.what() << '\n';
     return static_cast<int>(e.code());
@@ -1170,5 +1412,4 @@ int main(int argc, char** argv) {
     std::cerr << "hfdelta-bench: error: " << e.what() << '\n';
     return 1;
   }
-  return 0;
 }
