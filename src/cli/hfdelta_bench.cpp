@@ -754,7 +754,7 @@ struct Records {
   }
 };
 
-// Records of no series: the run's setup and notes.
+// The run's setup and notes (machine, config, version, load, timing, marked), whatever their series.
 void add_setup_record(Records& rs, const json& r, const std::string& kind) {
   if (kind == "machine") rs.machine = r;
   else if (kind == "config") rs.config.update(r);

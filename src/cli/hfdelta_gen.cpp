@@ -517,7 +517,7 @@ void ensure_open_files(std::uint64_t needed) {
 
 bool path_exists(const fs::path& p) { return fs::symlink_status(p).type() != fs::file_not_found; }
 
-// ---- the run ----------------------------------------------------------------
+// ---- the steps of a run ------------------------------------------------------
 
 void validate(const Options& o) {
   const ModelShape& m = o.shape;
@@ -759,7 +759,7 @@ void print_series_json(const Options& o, const Written& w) {
   std::printf("%s\n", out.dump().c_str());
 }
 
-// ---- the run --------------------------------------------------------------------
+// ---- the run, step by step -----------------------------------------------------
 
 int run(Options& o) {
   validate(o);
