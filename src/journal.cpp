@@ -7,10 +7,10 @@
 #include <nlohmann/json.hpp>
 
 #include "hfdelta/checkpoint.hpp"
+#include "hfdelta/checksum_record.hpp"
 #include "hfdelta/error.hpp"
-#include "hfdelta/signals.hpp"
 #include "hfdelta/local_store.hpp"
-#include "hfdelta/verify.hpp"
+#include "hfdelta/signals.hpp"
 #include "hfdelta/version.hpp"
 #include "json_text.hpp"
 
