@@ -6,6 +6,7 @@
 #include <boost/filesystem/operations.hpp>
 #include <nlohmann/json.hpp>
 
+#include "codec_internal.hpp"
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/checksum_record.hpp"
 #include "hfdelta/error.hpp"
@@ -16,6 +17,7 @@
 
 namespace hfdelta {
 
+namespace fs = boost::filesystem;
 using nlohmann::json;
 
 namespace {
