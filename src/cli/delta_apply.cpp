@@ -15,6 +15,8 @@ using namespace hfdelta;
 
 namespace {
 
+using ull = unsigned long long;
+
 nlohmann::json version_json(const std::optional<std::uint64_t>& v) {
   return v ? nlohmann::json(format_version(*v)) : nlohmann::json();
 }
@@ -106,8 +108,8 @@ int main(int argc, char** argv) {
       } else if (!quiet || v.state != VerifyReport::State::clean) {
         std::printf("%s: %s, version %s", local.c_str(), state, v.version ? format_version(*v.version).c_str() : "none");
         if (v.state == VerifyReport::State::clean || v.state == VerifyReport::State::corrupt)
-          std::printf(" (%llu weight files, %llu tensors, %llu other files, %s checked)", (unsigned long long)v.weight_files,
-                      (unsigned long long)v.tensors, (unsigned long long)v.files, cli::human_bytes(double(v.bytes)).c_str());
+          std::printf(" (%llu weight files, %llu tensors, %llu other files, %s checked)", ull(v.weight_files),
+                      ull(v.tensors), ull(v.files), cli::human_bytes(double(v.bytes)).c_str());
         if (v.pending) std::printf(", apply of %s interrupted (the next delta-apply rolls it back)", format_version(*v.pending).c_str());
         std::printf("\n");
         for (const auto& p : v.problems) std::printf("  %s\n", p.c_str());
@@ -152,9 +154,9 @@ int main(int argc, char** argv) {
         std::printf("%s: version %s -> %s (%zu step%s), %llu tensors patched from %s of deltas, %llu files written, "
                     "%llu removed, %.3f s\n",
                     local.c_str(), from.c_str(), format_version(r.to_version).c_str(), r.applied.size(),
-                    r.applied.size() == 1 ? "" : "s", (unsigned long long)r.tensors_patched,
-                    cli::human_bytes(double(r.delta_bytes)).c_str(), (unsigned long long)r.files_written,
-                    (unsigned long long)r.files_removed, r.seconds);
+                    r.applied.size() == 1 ? "" : "s", ull(r.tensors_patched),
+                    cli::human_bytes(double(r.delta_bytes)).c_str(), ull(r.files_written),
+                    ull(r.files_removed), r.seconds);
       }
     }
   });
