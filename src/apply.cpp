@@ -19,7 +19,7 @@
 #include "hfdelta/io.hpp"
 #include "hfdelta/journal.hpp"
 #include "hfdelta/local_store.hpp"
-#include "hfdelta/verify.hpp"
+#include "hfdelta/checksum_record.hpp"
 #include "hfdelta/version.hpp"
 #include "parallel.hpp"
 

@@ -6,11 +6,11 @@
 
 #include "apply_internal.hpp"
 #include "hfdelta/checkpoint.hpp"
+#include "hfdelta/checksum_record.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
 #include "hfdelta/local_store.hpp"
-#include "hfdelta/verify.hpp"
 #include "parallel.hpp"
 
 namespace hfdelta {

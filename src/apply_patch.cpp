@@ -6,6 +6,7 @@
 
 #include <boost/filesystem/operations.hpp>
 
+#include "codec_internal.hpp"
 #include "hfdelta/codec.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/version.hpp"

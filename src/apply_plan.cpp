@@ -8,6 +8,7 @@
 
 #include <boost/filesystem/operations.hpp>
 
+#include "codec_internal.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/local_store.hpp"
 #include "hfdelta/safetensors.hpp"

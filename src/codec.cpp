@@ -11,6 +11,7 @@
 #include <immintrin.h>
 #endif
 
+#include "codec_internal.hpp"
 #include "hfdelta/error.hpp"
 
 namespace hfdelta {
@@ -93,10 +94,10 @@ Compressor::Compressor(int level) : cctx_(ZSTD_createCCtx()), level_(level), out
   if (!cctx_) fail(Exit::failure, "zstd: cannot create a compression context");
 }
 
-Compressor::~Compressor() { ZSTD_freeCCtx(static_cast<ZSTD_CCtx*>(cctx_)); }
+Compressor::~Compressor() { ZSTD_freeCCtx(cctx_); }
 
 void Compressor::begin(std::uint64_t pledged) {
-  auto* c = static_cast<ZSTD_CCtx*>(cctx_);
+  ZSTD_CCtx* c = cctx_;
   ZSTD_CCtx_reset(c, ZSTD_reset_session_only);
   if (auto r = ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, level_); ZSTD_isError(r)) zstd_fail("level", r);
   // A frame checksum lets any zstd reader notice a damaged frame by itself.
@@ -105,7 +106,7 @@ void Compressor::begin(std::uint64_t pledged) {
 }
 
 void Compressor::put(std::span<const std::uint8_t> in, const ByteSink& sink) {
-  auto* c = static_cast<ZSTD_CCtx*>(cctx_);
+  ZSTD_CCtx* c = cctx_;
   ZSTD_inBuffer ib{in.data(), in.size(), 0};
   while (ib.pos < ib.size) {
     ZSTD_outBuffer ob{out_.data(), out_.size(), 0};
@@ -117,8 +118,7 @@ void Compressor::put(std::span<const std::uint8_t> in, const ByteSink& sink) {
 
 // Hands out what zstd holds back until it says nothing is left: `flush`
 // keeps the frame open, `end` closes it.
-static void drain(void* cctx, std::vector<std::uint8_t>& out, ZSTD_EndDirective how, const ByteSink& sink) {
-  auto* c = static_cast<ZSTD_CCtx*>(cctx);
+static void drain(ZSTD_CCtx* c, std::vector<std::uint8_t>& out, ZSTD_EndDirective how, const ByteSink& sink) {
   ZSTD_inBuffer ib{nullptr, 0, 0};
   std::size_t r;
   do {
@@ -134,7 +134,7 @@ void Compressor::flush(const ByteSink& sink) { drain(cctx_, out_, ZSTD_e_flush, 
 void Compressor::end(const ByteSink& sink) { drain(cctx_, out_, ZSTD_e_end, sink); }
 
 void Compressor::compress_frame(std::span<const std::uint8_t> in, std::vector<std::uint8_t>& out) {
-  auto* c = static_cast<ZSTD_CCtx*>(cctx_);
+  ZSTD_CCtx* c = cctx_;
   begin(in.size());
   const std::size_t at = out.size();
   out.resize(at + ZSTD_compressBound(in.size()));
@@ -193,13 +193,13 @@ std::uint64_t encode_overwrite(Compressor& c, std::span<const std::uint8_t> a, s
 // ---- FrameReader ---------------------------------------------------------------
 
 FrameReader::FrameReader(Decompressor& d, std::span<const std::uint8_t> frame, const std::string& what)
-    : dctx_(d.ctx()), what_(what), buf_(d.buffer()) {
+    : dctx_(d.dctx_), what_(what), buf_(d.buffer()) {
   in_data_ = frame.data();
   in_size_ = frame.size();
   // Only the current frame format: libzstd also decodes pre-1.0 frames and
   // skippable frames, whose edge cases differ between its decoders.
   if (frame.size() < 4 || get_le32(frame.data()) != 0xFD2FB528u) bad("is not a zstd frame");
-  ZSTD_DCtx_reset(static_cast<ZSTD_DCtx*>(dctx_), ZSTD_reset_session_only);
+  ZSTD_DCtx_reset(dctx_, ZSTD_reset_session_only);
 }
 
 void FrameReader::read(void* dst, std::size_t n) {
@@ -238,7 +238,7 @@ void FrameReader::bad(const std::string& msg) const { fail(Exit::bad_input, what
 
 bool FrameReader::refill() {
   pos_ = len_ = 0;
-  auto* d = static_cast<ZSTD_DCtx*>(dctx_);
+  ZSTD_DCtx* d = dctx_;
   while (!ended_) {
     ZSTD_inBuffer in{in_data_, in_size_, in_pos_};
     ZSTD_outBuffer out{buf_.data(), buf_.size(), 0};
@@ -597,7 +597,7 @@ Decompressor::Decompressor() : dctx_(ZSTD_createDCtx()) {
   if (!dctx_) fail(Exit::failure, "zstd: cannot create a decompression context");
 }
 
-Decompressor::~Decompressor() { ZSTD_freeDCtx(static_cast<ZSTD_DCtx*>(dctx_)); }
+Decompressor::~Decompressor() { ZSTD_freeDCtx(dctx_); }
 
 std::span<std::uint8_t> Decompressor::buffer() {
   if (!buf_) buf_.reset(new std::uint8_t[kChunk]);

@@ -14,6 +14,7 @@
 
 #include <boost/filesystem/operations.hpp>
 
+#include "codec_internal.hpp"
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"

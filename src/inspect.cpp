@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <zstd.h>
 
+#include "codec_internal.hpp"
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/delta_reader.hpp"
 #include "hfdelta/error.hpp"

@@ -6,16 +6,18 @@
 #include <boost/filesystem/operations.hpp>
 #include <nlohmann/json.hpp>
 
+#include "codec_internal.hpp"
 #include "hfdelta/checkpoint.hpp"
+#include "hfdelta/checksum_record.hpp"
 #include "hfdelta/error.hpp"
-#include "hfdelta/signals.hpp"
 #include "hfdelta/local_store.hpp"
-#include "hfdelta/verify.hpp"
+#include "hfdelta/signals.hpp"
 #include "hfdelta/version.hpp"
 #include "json_text.hpp"
 
 namespace hfdelta {
 
+namespace fs = boost::filesystem;
 using nlohmann::json;
 
 namespace {

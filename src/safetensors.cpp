@@ -13,6 +13,7 @@
 
 namespace hfdelta {
 
+namespace fs = boost::filesystem;
 using nlohmann::json;
 
 namespace {

@@ -16,6 +16,7 @@
 #include <boost/filesystem/operations.hpp>
 #include <nlohmann/json.hpp>
 
+#include "codec_internal.hpp"
 #include "hfdelta/codec.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/delta_reader.hpp"

@@ -35,6 +35,7 @@ using unit::TempDir;
 using unit::contains;
 using unit::error_of;
 using nlohmann::json;
+namespace fs = boost::filesystem;
 
 namespace {
 

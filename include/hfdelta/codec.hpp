@@ -8,7 +8,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -18,6 +17,10 @@
 #include <vector>
 
 #include "hfdelta/hash.hpp"
+
+// libzstd's contexts (ZSTD_CCtx, ZSTD_DCtx), used only through pointers here.
+struct ZSTD_CCtx_s;
+struct ZSTD_DCtx_s;
 
 namespace hfdelta {
 
@@ -66,7 +69,7 @@ class Compressor {
   void flush(const ByteSink& sink);
 
  private:
-  void* cctx_;
+  ZSTD_CCtx_s* cctx_;
   int level_;
   std::vector<std::uint8_t> out_;
 };
@@ -93,33 +96,13 @@ enum class SparseOp { xor_bytes, add_zigzag };
 
 // Changes one element of `es` bytes in place by one stored value.
 void sparse_apply_value(std::uint8_t* elem, const std::uint8_t* value, std::size_t es, SparseOp op);
-template <std::size_t ES>
-inline void sparse_apply_value_t(std::uint8_t* elem, const std::uint8_t* v, SparseOp op) {
-  std::uint64_t x = 0, zz = 0;
-  std::memcpy(&x, elem, ES);
-  std::memcpy(&zz, v, ES);
-  // Little-endian: the low ES bytes, modulo 2^(8*ES).
-  x = op == SparseOp::xor_bytes ? x ^ zz : x + ((zz >> 1) ^ (0 - (zz & 1)));
-  std::memcpy(elem, &x, ES);
-}
 
 // The element size a sparse entry uses for a dtype of `es` bytes: sizes other
 // than 1, 2, 4 and 8, or not dividing the tensor, fall back to 1.
 std::size_t sparse_elem_size(std::size_t es, std::uint64_t nbytes);
-std::uint64_t sparse_chunk_count(std::uint64_t nbytes, std::size_t sparse_es);
 inline constexpr std::size_t kSparseHeadSize = 32;
 // The entry's head: magic, element size, tensor bytes, chunk size, chunk count.
 void sparse_entry_head(std::size_t sparse_es, std::uint64_t nbytes, std::uint8_t out[kSparseHeadSize]);
-
-// The head of a sparse entry, read but not yet checked against a tensor.
-struct SparseHead {
-  SparseOp op = SparseOp::add_zigzag;  // "HFS2"; "HFS1" entries hold XOR values
-  std::uint32_t es = 0;
-  std::uint64_t nbytes = 0, chunk_elements = 0, chunks = 0;
-};
-// Throws Error(bad_input) naming `what` if `entry` is shorter than a head or
-// starts with neither magic.
-SparseHead read_sparse_head(std::span<const std::uint8_t> entry, const std::string& what);
 
 // Builds one chunk of a sparse entry from views scanned in order, so a caller
 // can feed it blocks it has just read (and hashed) while they are in cache.
@@ -160,6 +143,8 @@ std::uint64_t encode_sparse(Compressor& c, std::span<const std::uint8_t> old_byt
                             std::span<const std::uint8_t> new_bytes, std::size_t elem_size,
                             const ByteSink& sink);
 
+class FrameReader;
+
 // A zstd decompression context reused across frames.
 class Decompressor {
  public:
@@ -167,39 +152,15 @@ class Decompressor {
   ~Decompressor();
   Decompressor(const Decompressor&) = delete;
   Decompressor& operator=(const Decompressor&) = delete;
-  void* ctx() const { return dctx_; }
+
+ private:
+  friend class FrameReader;  // the one user of the context and the buffer
   // The output buffer of the FrameReader using this context (one at a time),
   // allocated once: a reader per small frame must not cost a fresh buffer.
   std::span<std::uint8_t> buffer();
 
- private:
-  void* dctx_;
+  ZSTD_DCtx_s* dctx_;
   std::unique_ptr<std::uint8_t[]> buf_;
-};
-
-// Pulls decoded bytes out of one untrusted zstd frame, a bounded buffer at a
-// time, and insists that the input is exactly one complete frame. Errors are
-// Error(bad_input) naming `what`.
-class FrameReader {
- public:
-  FrameReader(Decompressor& d, std::span<const std::uint8_t> frame, const std::string& what);
-  void read(void* dst, std::size_t n);  // exactly n bytes, or throws
-  void skip(std::uint64_t n);
-  std::span<const std::uint8_t> next();  // next decoded piece; empty at the end of the frame
-  void expect_end();                     // throws unless the frame ends exactly here
-  [[noreturn]] void bad(const std::string& msg) const;
-
- private:
-  std::size_t avail() const { return len_ - pos_; }
-  bool refill();
-
-  void* dctx_;
-  std::string what_;
-  const void* in_data_ = nullptr;
-  std::size_t in_size_ = 0, in_pos_ = 0;
-  std::span<std::uint8_t> buf_;
-  std::size_t pos_ = 0, len_ = 0;
-  bool ended_ = false;
 };
 
 // Receives consecutive pieces of the decoded XOR stream: (offset, bytes).
@@ -223,12 +184,6 @@ void decode_overwrite(Decompressor& positions, Decompressor& values,
 
 void decode_sparse(std::span<const std::uint8_t> entry, std::uint64_t nbytes, const std::string& what,
                    const SparsePatch& patch);
-// Decodes only chunks [first, last) (chunks decode independently, so callers
-// can share one entry's chunks out between threads). The entry's head and
-// chunk table are checked whatever the range; the bytes after the last chunk
-// are checked by the call whose range reaches it.
-void decode_sparse_chunks(std::span<const std::uint8_t> entry, std::uint64_t nbytes, std::uint64_t first,
-                          std::uint64_t last, const std::string& what, const SparsePatch& patch);
 
 // A stacked entry: magic "HFK1", a u32 part count N >= 1, N part records of
 // kStackPartSize bytes (u32 encoding: 0 xor, 1 overwrite, 2 sparse; u32 zero;

@@ -1,5 +1,8 @@
 // File I/O kept apart from the codecs: read-only mappings for views, plain
 // descriptors with pread/pwrite for in-place patching, and atomic publication.
+// Every call here that changes a file or directory (write, rename, remove,
+// flush, copy) is a numbered write step, where the crash-safety tests inject
+// faults (README, "Developer notes: fault injection").
 #pragma once
 
 #include <cstddef>
@@ -12,13 +15,11 @@
 
 namespace hfdelta {
 
-namespace fs = boost::filesystem;
-
 // Read-only, private mapping of a whole file. An empty file maps to an empty span.
 class MappedFile {
  public:
   MappedFile() = default;
-  explicit MappedFile(const fs::path& path);
+  explicit MappedFile(const boost::filesystem::path& path);
   MappedFile(MappedFile&& o) noexcept;
   MappedFile& operator=(MappedFile&& o) noexcept;
   MappedFile(const MappedFile&) = delete;
@@ -28,12 +29,12 @@ class MappedFile {
   std::span<const std::uint8_t> bytes() const { return {data_, size_}; }
   std::span<const std::uint8_t> bytes(std::uint64_t offset, std::uint64_t n) const;
   std::uint64_t size() const { return size_; }
-  const fs::path& path() const { return path_; }
+  const boost::filesystem::path& path() const { return path_; }
   // Tells the kernel the range will be read sequentially soon.
   void advise_sequential(std::uint64_t offset, std::uint64_t n) const;
 
  private:
-  fs::path path_;
+  boost::filesystem::path path_;
   const std::uint8_t* data_ = nullptr;
   std::uint64_t size_ = 0;
 };
@@ -43,7 +44,7 @@ class File {
  public:
   enum class Mode { read, read_write, create_exclusive };
   File() = default;
-  File(const fs::path& path, Mode mode);
+  File(const boost::filesystem::path& path, Mode mode);
   File(File&& o) noexcept;
   File& operator=(File&& o) noexcept;
   File(const File&) = delete;
@@ -51,7 +52,7 @@ class File {
   ~File();
 
   int fd() const { return fd_; }
-  const fs::path& path() const { return path_; }
+  const boost::filesystem::path& path() const { return path_; }
   std::uint64_t size() const;
   void pread_exact(void* buf, std::size_t n, std::uint64_t offset) const;
   void pwrite_all(const void* buf, std::size_t n, std::uint64_t offset);
@@ -64,62 +65,56 @@ class File {
   void close();  // reports close errors instead of swallowing them
 
  private:
-  fs::path path_;
+  boost::filesystem::path path_;
   int fd_ = -1;
 };
 
-// A write step: every call that changes a file or directory passes here
-// first. For tests of crash safety, HFDELTA_FAULT_AT=N makes the N-th step
-// fail: HFDELTA_FAULT_MODE=kill (default) kills the process with SIGKILL,
-// =error throws an I/O error instead, =persist throws one at step N and at
-// every step after it. Unset, it costs one atomic increment.
-void fault_point(const char* what);
-
 // rename(2) and unlink/rmdir of one path, as write steps; errors name the paths.
-void rename_path(const fs::path& from, const fs::path& to);
-bool remove_path(const fs::path& p);  // false if it did not exist
+void rename_path(const boost::filesystem::path& from, const boost::filesystem::path& to);
+bool remove_path(const boost::filesystem::path& p);  // false if it did not exist
 // link(2) as a write step; false where the filesystem has no hard links.
-bool link_path(const fs::path& from, const fs::path& to);
+bool link_path(const boost::filesystem::path& from, const boost::filesystem::path& to);
 
 // True if anything (a dangling symlink too) is at `p`.
-bool exists_nofollow(const fs::path& p);
+bool exists_nofollow(const boost::filesystem::path& p);
 
 // `p`, a path below `dir` as a directory iterator gives it, relative to `dir`
-// by name with '/' separators. Not fs::relative, which resolves symlinks: it
-// would give a link's target ("../../blobs/<hash>") instead of the link.
-std::string relative_name(const fs::path& p, const fs::path& dir);
+// by name with '/' separators. Not boost::filesystem::relative, which
+// resolves symlinks: it would give a link's target ("../../blobs/<hash>")
+// instead of the link.
+std::string relative_name(const boost::filesystem::path& p, const boost::filesystem::path& dir);
 
 // Unique hidden name beside `target` (".NAME.tmp-XXXXXXXX"): a crash leaves
 // an obvious leftover, never a file or directory that looks complete.
-fs::path temp_path_beside(const fs::path& target);
+boost::filesystem::path temp_path_beside(const boost::filesystem::path& target);
 
 // Copies n bytes between two files, in the kernel where it can.
 void copy_range(const File& in, std::uint64_t in_off, std::uint64_t n, File& out, std::uint64_t out_off);
 
 // fsync on a directory, so that a rename or create inside it is durable.
-void sync_dir(const fs::path& dir);
+void sync_dir(const boost::filesystem::path& dir);
 
 // Writes `content` to `path` atomically: temp file beside it, flush (if sync),
 // rename over, flush the directory (if sync).
-void write_file_atomic(const fs::path& path, std::string_view content, bool sync);
+void write_file_atomic(const boost::filesystem::path& path, std::string_view content, bool sync);
 
 // Renames the finished directory `tmp` to `out` with RENAME_NOREPLACE: a
 // publication never replaces a version someone else published meanwhile, not
 // even an empty directory (Error(exists)).
-void publish_dir(const fs::path& tmp, const fs::path& out);
+void publish_dir(const boost::filesystem::path& tmp, const boost::filesystem::path& out);
 
 // Reads a whole small file (configs, indexes, state); refuses files over max_bytes.
-std::string read_small_file(const fs::path& path, std::uint64_t max_bytes = 256u << 20);
+std::string read_small_file(const boost::filesystem::path& path, std::uint64_t max_bytes = 256u << 20);
 
 // Copies a file to `dst` atomically (temp + rename), optionally flushed.
-void copy_file_atomic(const fs::path& src, const fs::path& dst, bool sync);
+void copy_file_atomic(const boost::filesystem::path& src, const boost::filesystem::path& dst, bool sync);
 
 // Bytes of the regular files below `dir` (symlinks not followed); a listing
 // error is Error(failure) naming `dir`.
-std::uint64_t tree_bytes(const fs::path& dir);
+std::uint64_t tree_bytes(const boost::filesystem::path& dir);
 
 // True if both files have the same size and bytes.
-bool same_contents(const fs::path& a, const fs::path& b);
+bool same_contents(const boost::filesystem::path& a, const boost::filesystem::path& b);
 
 // Relative path `rel` is a plain path inside a directory: not absolute, no
 // "..", no empty or "." components. Throws Error(bad_input) naming `what`.

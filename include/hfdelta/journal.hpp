@@ -46,16 +46,16 @@ struct Manifest {
 
 // LOCAL/.weight_sync/txn/ holds the transaction of the operation under way:
 // one numbered step directory per version it applies (txn/0, txn/1, ...).
-fs::path txn_root(const fs::path& local);
-fs::path txn_part(const fs::path& step, std::size_t i);
-fs::path txn_stage(const fs::path& step, std::size_t op);  // new contents of m.files[op]
-fs::path txn_undo(const fs::path& step, std::size_t op);   // old contents of m.files[op]
+boost::filesystem::path txn_root(const boost::filesystem::path& local);
+boost::filesystem::path txn_part(const boost::filesystem::path& step, std::size_t i);
+boost::filesystem::path txn_stage(const boost::filesystem::path& step, std::size_t op);  // new contents of m.files[op]
+boost::filesystem::path txn_undo(const boost::filesystem::path& step, std::size_t op);   // old contents of m.files[op]
 
 // Writes one journal part: a zstd stream of per-tensor records of
 // (position, old byte, new byte), positions ascending within a tensor.
 class JournalWriter {
  public:
-  JournalWriter(const fs::path& path, int level);
+  JournalWriter(const boost::filesystem::path& path, int level);
   void begin_tensor(std::uint32_t shard, std::uint64_t offset);
   void change(std::uint64_t pos, std::uint8_t old_byte, std::uint8_t new_byte);
   void end_tensor();
@@ -85,8 +85,8 @@ struct JournalEdges {
 };
 // With `partial_ok` (a live part), a part that ends early or is damaged at its
 // end yields the records before that point instead of an error.
-void replay_journal(const fs::path& part, bool new_values, const JournalSink& sink, const JournalEdges* edges = nullptr,
-                    bool partial_ok = false);
+void replay_journal(const boost::filesystem::path& part, bool new_values, const JournalSink& sink,
+                    const JournalEdges* edges = nullptr, bool partial_ok = false);
 
 // Writes `bytes` at `offsets` (ascending) of `f`, one read-modify-write of a
 // bounded window per run of nearby offsets.
@@ -96,27 +96,27 @@ void write_scattered(File& f, std::span<const std::uint64_t> offsets, std::span<
 // The state files a rollback installs, written when the step begins (see
 // install_state): `pending` marks the step interrupted, the other records
 // its base version again.
-fs::path txn_state(const fs::path& step, bool pending);
-void reserve_rollback(const fs::path& step, const Manifest& m, bool sync);
+boost::filesystem::path txn_state(const boost::filesystem::path& step, bool pending);
+void reserve_rollback(const boost::filesystem::path& step, const Manifest& m, bool sync);
 
-void write_manifest(const fs::path& step, const Manifest& m, bool sync);
-std::optional<Manifest> read_manifest(const fs::path& step);
+void write_manifest(const boost::filesystem::path& step, const Manifest& m, bool sync);
+std::optional<Manifest> read_manifest(const boost::filesystem::path& step);
 
 // Runs a step's whole-file operations: removals (old files moved aside), then
 // puts (old moved aside, staged contents renamed in).
-void run_file_ops(const fs::path& local, const fs::path& step, const Manifest& m);
+void run_file_ops(const boost::filesystem::path& local, const boost::filesystem::path& step, const Manifest& m);
 
 // Undoes one step: marks the state pending again, puts the old bytes and old
 // files back, then records m.base. Idempotent, so it may be cut short and rerun.
-void rollback(const fs::path& local, const fs::path& step, const Manifest& m, bool sync);
+void rollback(const boost::filesystem::path& local, const boost::filesystem::path& step, const Manifest& m, bool sync);
 
 // One operation's transaction: the steps it has committed are undone together
 // unless the whole operation commits, so a command that fails or is killed
 // leaves LOCAL as it was before the command.
 class Txn {
  public:
-  Txn(const fs::path& local, bool sync) : local_(local), sync_(sync) {}
-  fs::path begin_step();  // creates the next step directory
+  Txn(const boost::filesystem::path& local, bool sync) : local_(local), sync_(sync) {}
+  boost::filesystem::path begin_step();  // creates the next step directory
   void abandon_step();    // its journal was never completed: LOCAL untouched
   void step_done(const Manifest& m) { done_.push_back(m); }
   // Undoes the committed steps, last first, then discards the journal. If a
@@ -126,16 +126,16 @@ class Txn {
   void keep() { kept_ = true; }  // the current step's rollback failed
   bool kept() const { return kept_; }
   void commit();          // the operation is complete: discards the journal
-  const fs::path& step() const { return step_; }
+  const boost::filesystem::path& step() const { return step_; }
   // The version the whole operation ends at; steps before it leave the state
   // marked pending, since the operation is not over yet.
   void set_final(std::uint64_t v) { final_ = v; }
   std::optional<std::uint64_t> final_version() const { return final_; }
 
  private:
-  fs::path local_;
+  boost::filesystem::path local_;
   bool sync_;
-  fs::path step_;
+  boost::filesystem::path step_;
   std::size_t next_ = 0;
   std::vector<Manifest> done_;
   std::optional<std::uint64_t> final_;
@@ -144,9 +144,9 @@ class Txn {
 
 // Called under the lock before any operation: undoes whatever an earlier,
 // interrupted operation left. Returns the version whose apply was rolled back.
-std::optional<std::uint64_t> recover(const fs::path& local, bool sync);
+std::optional<std::uint64_t> recover(const boost::filesystem::path& local, bool sync);
 
 // The version an interrupted operation was applying, if LOCAL holds one.
-std::optional<std::uint64_t> interrupted_version(const fs::path& local);
+std::optional<std::uint64_t> interrupted_version(const boost::filesystem::path& local);
 
 }  // namespace hfdelta
