@@ -131,8 +131,8 @@ void print_verify_json(const std::string& local, const VerifyReport& v) {
 void print_verify_human(const std::string& local, const VerifyReport& v) {
   std::printf("%s: %s, version %s", local.c_str(), state_name(v.state), version_or_none(v.version).c_str());
   if (v.state == VerifyReport::State::clean || v.state == VerifyReport::State::corrupt)
-    std::printf(" (%llu weight files, %llu tensors, %llu other files, %s checked)", (ull)v.weight_files,
-                (ull)v.tensors, (ull)v.files, cli::human_bytes(double(v.bytes)).c_str());
+    std::printf(" (%llu weight files, %llu tensors, %llu other files, %s checked)", ull(v.weight_files),
+                ull(v.tensors), ull(v.files), cli::human_bytes(double(v.bytes)).c_str());
   print_pending(v.pending);
   std::printf("\n");
   for (const auto& p : v.problems) std::printf("  %s\n", p.c_str());
@@ -200,8 +200,8 @@ void print_change_human(const std::string& local, const ApplyResult& r, bool rec
     std::printf("%s: version %s -> %s (%zu step%s), %llu tensors patched from %s of deltas, %llu files written, "
                 "%llu removed, %.3f s\n",
                 local.c_str(), from.c_str(), to.c_str(), r.applied.size(), r.applied.size() == 1 ? "" : "s",
-                (ull)r.tensors_patched, cli::human_bytes(double(r.delta_bytes)).c_str(), (ull)r.files_written,
-                (ull)r.files_removed, r.seconds);
+                ull(r.tensors_patched), cli::human_bytes(double(r.delta_bytes)).c_str(), ull(r.files_written),
+                ull(r.files_removed), r.seconds);
   }
 }
 

@@ -23,7 +23,7 @@ using ull = unsigned long long;
 void print_inspection(const DeltaInspection& d) {
   std::printf("%s: version %s on base %s, encoding %s", d.dir.string().c_str(), format_version(d.version).c_str(),
               format_version(d.base_version).c_str(), d.encoding.c_str());
-  if (d.format) std::printf(", hfdelta_format %llu", (ull)*d.format);
+  if (d.format) std::printf(", hfdelta_format %llu", ull(*d.format));
   std::printf("\n");
   if (!d.entries.empty()) {
     std::printf("  %-9s  %10s  %10s  %-18s  %-32s  %-32s  %s\n", "ENCODING", "ENTRY", "TENSOR", "CHANGED", "CHECKSUM",
@@ -58,15 +58,15 @@ void print_inspection(const DeltaInspection& d) {
                 s.file.c_str());
   }
   std::printf("  total   %zu tensors (%llu sparse, %llu xor, %llu overwrite, %llu stacked), entries %s\n", d.entries.size(),
-              (ull)d.entries_sparse, (ull)d.entries_xor, (ull)d.entries_overwrite, (ull)d.entries_stacked,
+              ull(d.entries_sparse), ull(d.entries_xor), ull(d.entries_overwrite), ull(d.entries_stacked),
               cli::human_bytes(double(d.entry_bytes)).c_str());
-  std::printf("  changed %llu elements (sparse entries), %llu bytes (xor and overwrite entries)\n", (ull)d.changed_elements,
-              (ull)d.changed_bytes);
-  std::printf("  files   %llu put (%s), %llu removed\n", (ull)d.files_put, cli::human_bytes(double(d.file_bytes)).c_str(),
-              (ull)d.files_removed);
+  std::printf("  changed %llu elements (sparse entries), %llu bytes (xor and overwrite entries)\n", ull(d.changed_elements),
+              ull(d.changed_bytes));
+  std::printf("  files   %llu put (%s), %llu removed\n", ull(d.files_put), cli::human_bytes(double(d.file_bytes)).c_str(),
+              ull(d.files_removed));
   if (!d.shards.empty())
-    std::printf("  weights %llu files built, %llu headers rewritten, %llu files removed\n", (ull)d.shards_built,
-                (ull)d.shards_rewritten, (ull)d.shards_removed);
+    std::printf("  weights %llu files built, %llu headers rewritten, %llu files removed\n", ull(d.shards_built),
+                ull(d.shards_rewritten), ull(d.shards_removed));
   std::printf("  delta   %s on disk\n", cli::human_bytes(double(d.delta_bytes)).c_str());
 }
 
@@ -250,13 +250,13 @@ void print_squash_json(const std::string& out, const SquashSummary& s) {
 
 void print_squash_human(const std::string& out, const SquashSummary& s) {
   std::printf("%s: version %s on base %s, squashed from %llu deltas\n", out.c_str(), format_version(s.version).c_str(),
-              format_version(s.base_version).c_str(), (ull)s.deltas);
-  std::printf("  entries          %llu (%llu composed of several, %llu stacked, %llu cancelled out)\n", (ull)s.entries,
-              (ull)s.entries_composed, (ull)s.entries_stacked, (ull)s.entries_dropped);
+              format_version(s.base_version).c_str(), ull(s.deltas));
+  std::printf("  entries          %llu (%llu composed of several, %llu stacked, %llu cancelled out)\n", ull(s.entries),
+              ull(s.entries_composed), ull(s.entries_stacked), ull(s.entries_dropped));
   if (s.shards_built || s.shards_rewritten || s.shards_removed)
     std::printf("  structure        %llu weight files built, %llu headers rewritten, %llu weight files removed\n",
-                (ull)s.shards_built, (ull)s.shards_rewritten, (ull)s.shards_removed);
-  std::printf("  files            %llu changed, %llu removed\n", (ull)s.files_changed, (ull)s.files_removed);
+                ull(s.shards_built), ull(s.shards_rewritten), ull(s.shards_removed));
+  std::printf("  files            %llu changed, %llu removed\n", ull(s.files_changed), ull(s.files_removed));
   std::printf("  delta            %s, from %s of deltas\n", cli::human_bytes(double(s.delta_bytes)).c_str(),
               cli::human_bytes(double(s.input_bytes)).c_str());
   std::printf("  time             %.3f s\n", s.seconds);
@@ -310,14 +310,14 @@ void print_diff_json(const Options& o, const DiffSummary& s, double density) {
 void print_diff_human(const Options& o, const DiffSummary& s, double density) {
   std::printf("%s: version %s on base %s, %s\n", o.out.c_str(), format_version(s.version).c_str(),
               format_version(s.base_version).c_str(), o.encoding.c_str());
-  std::printf("  tensors changed  %llu of %llu\n", (ull)s.tensors_changed, (ull)s.tensors);
-  std::printf("  changed          %llu of %llu elements (density %.4f%%), %s of bytes differ\n", (ull)s.elements_changed,
-              (ull)s.elements, 100.0 * density, cli::human_bytes(double(s.bytes_changed)).c_str());
-  std::printf("  files            %llu changed, %llu removed\n", (ull)s.files_changed, (ull)s.files_removed);
+  std::printf("  tensors changed  %llu of %llu\n", ull(s.tensors_changed), ull(s.tensors));
+  std::printf("  changed          %llu of %llu elements (density %.4f%%), %s of bytes differ\n", ull(s.elements_changed),
+              ull(s.elements), 100.0 * density, cli::human_bytes(double(s.bytes_changed)).c_str());
+  std::printf("  files            %llu changed, %llu removed\n", ull(s.files_changed), ull(s.files_removed));
   if (s.shards_built || s.shards_rewritten || s.shards_removed)
     std::printf("  structure        %llu weight files built, %llu headers rewritten, %llu weight files removed, "
                 "%llu tensors without base bytes\n",
-                (ull)s.shards_built, (ull)s.shards_rewritten, (ull)s.shards_removed, (ull)s.tensors_new);
+                ull(s.shards_built), ull(s.shards_rewritten), ull(s.shards_removed), ull(s.tensors_new));
   std::printf("  delta            %s for a %s checkpoint (%.3f%%)\n", cli::human_bytes(double(s.delta_bytes)).c_str(),
               cli::human_bytes(double(s.full_bytes)).c_str(),
               s.full_bytes ? 100.0 * double(s.delta_bytes) / double(s.full_bytes) : 0.0);
