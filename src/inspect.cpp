@@ -78,16 +78,16 @@ void inspect_sparse(std::span<const std::uint8_t> e, const std::string& what, In
   // in "is truncated" long before the loop could run long.
   for (std::uint64_t ch = 0; ch < chunks; ++ch) {
     const std::uint64_t e0 = ch * chunk_elems, e1 = std::min(n, e0 + chunk_elems);
-    const std::uint8_t* head = take(16 + 8 * std::uint64_t(es));
-    const std::uint64_t k = le64(head);
+    const std::uint8_t* chunk_head = take(16 + 8 * std::uint64_t(es));
+    const std::uint64_t k = le64(chunk_head);
     if (k > e1 - e0) bad("chunk " + std::to_string(ch) + " declares more changes than it has elements");
     const std::string cw = what + ": sparse chunk " + std::to_string(ch);
-    const std::uint64_t gaps_len = le64(head + 8);
+    const std::uint64_t gaps_len = le64(chunk_head + 8);
     const auto gaps = check_frame_shape({take(gaps_len), gaps_len}, cw + " positions");
     // Each position is a varint of at least one byte.
     if (gaps && *gaps < k) bad("chunk " + std::to_string(ch) + " has " + std::to_string(*gaps) + " position bytes for " + std::to_string(k) + " changes");
     for (std::uint32_t b = 0; b < es; ++b) {
-      const std::uint64_t len = le64(head + 16 + 8 * b);
+      const std::uint64_t len = le64(chunk_head + 16 + 8 * b);
       const auto cs = check_frame_shape({take(len), len}, cw + " plane " + std::to_string(b));
       if (cs && *cs != k)
         bad("chunk " + std::to_string(ch) + " plane " + std::to_string(b) + " declares " + std::to_string(*cs) +
