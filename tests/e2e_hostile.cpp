@@ -834,8 +834,8 @@ struct StructAttack : Attack {
   }
   void edit_tensor(const std::string& file, const std::string& tensor, const std::function<void(json&)>& edit) const {
     edit_shard(file, [&](json& e) {
-      for (auto& t : e["tensors"])
-        if (t["name"] == tensor) return edit(t);
+      for (auto& entry : e["tensors"])
+        if (entry["name"] == tensor) return edit(entry);
       FAIL("no tensor " << tensor << " in the build of " << file);
     });
   }
@@ -1291,8 +1291,9 @@ TEST_CASE("hostile: --inspect and delta-apply refuse every listed hostile delta 
 
 TEST_CASE("hostile: --inspect and delta-apply both accept the valid deltas the hostile ones are made from") {
   const Inputs& in = inputs();
-  for (const auto& [name, root] : {std::pair{"xor", in.root_xor}, std::pair{"overwrite", in.root_overwrite},
+  for (const auto& [kind, root] : {std::pair{"xor", in.root_xor}, std::pair{"overwrite", in.root_overwrite},
                                    std::pair{"auto", in.root_auto}, std::pair{"structural", in.root_struct}}) {
+    const char* name = kind;  // clang 14 cannot capture a structured binding (CAPTURE)
     CAPTURE(name);
     const bool st = std::string(name) == "structural";
     Attack a(root, st ? in.st_start : in.start, st ? in.st_next : in.next);

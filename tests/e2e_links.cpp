@@ -90,7 +90,8 @@ TEST_CASE("hard links: delta-apply refuses a LOCAL weight file with more than on
       {"a delta, --no-sync", {"-q", "--no-sync", version_dir(s.root, 1).string(), local.string()}},
       {"--root", {"-q", "--root", s.root.string(), local.string()}},
   };
-  for (const auto& [name, args] : forms) {
+  for (const auto& [form, args] : forms) {
+    const std::string& name = form;  // clang 14 cannot capture a structured binding (INFO)
     INFO(name);
     const LocalSnapshot before(local);
     const RunResult r = apply(args);
@@ -120,7 +121,7 @@ TEST_CASE("hard links: delta-apply refuses a LOCAL weight file with more than on
 
 // Modification times of LOCAL's files: a step written and rolled back
 // leaves the bytes as they were, but not these.
-std::map<std::string, std::int64_t> mtimes(const fs::path& dir) {
+static std::map<std::string, std::int64_t> mtimes(const fs::path& dir) {
   std::map<std::string, std::int64_t> m;
   for (const auto& f : list_files(dir)) {
     struct stat st {};
@@ -241,8 +242,11 @@ TEST_CASE("symbolic links: a Hugging Face hub cache snapshot as SRC of --init, a
       diff({"-q", "--encoding", "auto", snaps[0].string(), snaps[1].string(), version_dir(root, 1).string()});
   E2E_REQUIRE_CODE(d, 0);
   require_diff(save_dir(series, 0), save_dir(series, 1), version_dir(plain_root, 1), "auto");
-  for (const auto& [file, op] : ops_of(delta_index(version_dir(root, 1))))
+  for (const auto& entry : ops_of(delta_index(version_dir(root, 1)))) {
+    const auto& file = entry.first;  // plain references: CHECK_MESSAGE captures them
+    const auto& op = entry.second;
     CHECK_MESSAGE(file.find("..") == std::string::npos, file << ": " << op);
+  }
   const TreeDiff same = tree_equal(version_dir(root, 1), version_dir(plain_root, 1));
   CHECK_MESSAGE(same.equal, "delta of the snapshots differs from the delta of plain copies:\n" << same.report());
 
@@ -309,7 +313,9 @@ TEST_CASE("symbolic links: a link anywhere inside LOCAL is refused by every form
       {"extra", "../elsewhere"},
       {"sub/deep.txt", "../../outside.txt"},
   };
-  for (const auto& [name, target] : links) {
+  for (const auto& link : links) {
+    const std::string& name = link.first;  // plain references: INFO captures them
+    const std::string& target = link.second;
     INFO(name << " -> " << target);
     const fs::path local = t / "local";
     fs::remove_all(local);
@@ -323,7 +329,8 @@ TEST_CASE("symbolic links: a link anywhere inside LOCAL is refused by every form
         {"--init of the next save", {"-q", "--init", "--version", "1", save_dir(series, 1).string(), local.string()}},
         {"--init of the same save", {"-q", "--init", save_dir(series, 0).string(), local.string()}},
     };
-    for (const auto& [form, args] : forms) {
+    for (const auto& [what, args] : forms) {
+      const std::string& form = what;  // clang 14 cannot capture a structured binding (INFO)
       INFO(form);
       const LocalSnapshot before(local);
       const RunResult r = apply(args);
@@ -352,8 +359,10 @@ TEST_CASE("symbolic links: a dangling link, a link to a directory or to a device
       {"tokenizer", t / "dir", "is a symlink to a directory"},
       {"null.txt", "/dev/null", "not a regular file (a symlink to /dev/null)"},
   };
-  for (const auto& [name, target, says] : links) {
-    INFO(name << " -> " << target.string());
+  for (const auto& link : links) {
+    const auto& [name, target, says] = link;
+    const std::string target_text = target.string();  // INFO captures by reference: no structured binding
+    INFO(std::get<0>(link) << " -> " << target_text);
     const fs::path src = t / "src";
     fs::remove_all(src);
     copy_tree(save_dir(series, 0), src);

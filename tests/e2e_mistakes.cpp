@@ -177,7 +177,7 @@ TEST_CASE("mistakes: delta-diff warns when most elements changed or the delta ou
     write_safetensors(base / "model.safetensors", {{"w", "U8", {64}, w}});
     write_safetensors(next / "model.safetensors", {{"w", "U8", {64}, w}});
     std::string big;
-    for (int i = 0; i < 20000; ++i) big += std::to_string(i * 2654435761u);
+    for (int k = 0; k < 20000; ++k) big += std::to_string(k * 2654435761u);
     write_file(base / "tokenizer.json", "{}");
     write_file(next / "tokenizer.json", big);
     mention = "larger than NEW's weights";

@@ -529,7 +529,8 @@ TEST_CASE("squash: a sharded chain squashed to a single-file version and back") 
     CAPTURE(encoding);
     const fs::path root = t->path() / ("root_" + encoding);
     write_chain(ckpts, root, encoding);
-    for (const auto& [a, b] : std::vector<std::pair<int, int>>{{1, 2}, {2, 3}, {1, 3}}) {
+    for (const auto& range : std::vector<std::pair<int, int>>{{1, 2}, {2, 3}, {1, 3}}) {
+      const int a = range.first, b = range.second;  // plain ints: CAPTURE takes them by reference
       CAPTURE(a);
       CAPTURE(b);
       const fs::path out = t->path() / ("sq_" + encoding) / squash_name(a, b);
@@ -583,7 +584,8 @@ void random_chain(std::uint64_t seed, bool mixed = false) {
     const int b = std::uniform_int_distribution<int>(a + 1, n)(rng);
     if (std::find(ranges.begin(), ranges.end(), std::make_pair(a, b)) == ranges.end()) ranges.emplace_back(a, b);
   }
-  for (const auto& [a, b] : ranges) {
+  for (const auto& range : ranges) {
+    const int a = range.first, b = range.second;  // plain ints: CAPTURE takes them by reference
     CAPTURE(a);
     CAPTURE(b);
     const fs::path out = dir / "squashed" / squash_name(a, b);
@@ -877,8 +879,10 @@ TEST_CASE("squash: a tensor created within the chain composes from entries of an
   cs.push_back(cs.back());  // 2: only the new tensor changes
   poke(cs.back(), "fresh.d", {0, 33, 63}, 0x0f);
   const std::vector<fs::path> ckpts = save_all(cs, t / "ckpt");
-  for (const auto& [first, second] : std::vector<std::pair<std::string, std::string>>{
+  for (const auto& kinds : std::vector<std::pair<std::string, std::string>>{
            {"xor", "sparse"}, {"sparse", "overwrite"}, {"overwrite", "xor"}}) {
+    const std::string& first = kinds.first;  // plain references: CAPTURE takes them by reference
+    const std::string& second = kinds.second;
     CAPTURE(first);
     CAPTURE(second);
     const fs::path root = t / ("root_" + first + "_" + second);

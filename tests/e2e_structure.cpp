@@ -163,7 +163,8 @@ void check_delta(const fs::path& base_dir, const fs::path& new_dir, const fs::pa
 
   std::set<std::string> expect_entries;
   std::uint64_t fresh = 0;
-  for (const auto& [f, nv] : target.files) {
+  for (const auto& [file, nv] : target.files) {
+    const std::string& f = file;  // INFO below captures it: clang 14 cannot capture a structured binding
     const std::string op = want.at(f);
     if (op == "header" || op == "build") {
       // The new header travels byte for byte.
@@ -305,8 +306,10 @@ Outcome round_trip(const fs::path& base, const fs::path& target, const fs::path&
   CHECK(state_version(local) == "000001");
   check_local(local, target);
   // Removed weight files are gone (unless NEW has a plain file of that name).
-  for (const auto& [f, op] : ops_of(o.index))
-    if (op == "remove" && !fs::exists(target / f)) CHECK_MESSAGE(!fs::exists(local / f), f);
+  for (const auto& entry : ops_of(o.index)) {
+    const std::string& f = entry.first;  // a plain reference: CHECK_MESSAGE captures it
+    if (entry.second == "remove" && !fs::exists(target / f)) CHECK_MESSAGE(!fs::exists(local / f), f);
+  }
 
   // The same delta again: nothing to do, nothing changed.
   const LocalSnapshot snap(local);

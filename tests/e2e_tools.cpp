@@ -514,8 +514,10 @@ TEST_CASE("--prune: full 0, deltas 1..3, full 4, deltas 5..6; hosts still reach 
   const Snapshot after = snapshot(root);
   for (int v = 4; v <= 6; ++v) {
     const std::string prefix = version_dir("", v).filename().string() + "/";
-    for (const auto& [k, content] : before)
-      if (k.rfind(prefix, 0) == 0) CHECK_MESSAGE((after.count(k) && after.at(k) == content), k);
+    for (const auto& entry : before) {
+      const std::string& k = entry.first;  // a plain reference: CHECK_MESSAGE captures it
+      if (k.rfind(prefix, 0) == 0) CHECK_MESSAGE((after.count(k) && after.at(k) == entry.second), k);
+    }
   }
 
   // A second prune finds nothing to do.

@@ -166,7 +166,8 @@ TEST_CASE("fixtures: scalars and empty tensors without __metadata__") {
       {"scalar.i64", {"I64", {}}},     {"empty.f16", {"F16", {0}}},        {"empty.u8_2d", {"U8", {4, 0}}},
       {"empty.f8", {"F8_E5M2", {0, 3}}},
   };
-  for (const auto& [name, ds] : want) {
+  for (const auto& [tensor, ds] : want) {
+    const std::string& name = tensor;  // INFO captures it, and clang 14 cannot capture a structured binding
     INFO("tensor ", name);
     const TensorInfo* t = h.find(name);
     REQUIRE(t);

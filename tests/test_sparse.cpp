@@ -1025,7 +1025,8 @@ TEST_CASE("diff: a tensor split into chunk ranges over threads gives the same de
       const fs::path out = diff_to(dir / "s0", dir / "s1", dir / ("d_" + tag + "_" + std::to_string(threads)), enc, threads);
       const auto got = tree(out);
       REQUIRE(got.size() == want.size());
-      for (const auto& [path, bytes] : want) {
+      for (const auto& [file, bytes] : want) {
+        const auto& path = file;  // clang 14 cannot capture a structured binding (CAPTURE)
         CAPTURE(path);
         REQUIRE(got.count(path) == 1);
         CHECK((got.at(path) == bytes));
