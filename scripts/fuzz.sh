@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets of tests/fuzz/ (clang, ASan + UBSan) in
-# build-fuzz/ and runs each one on a copy of its seed corpus (testdata/fuzz/).
+# Builds the libFuzzer targets of tests/fuzz/ in build-san/ (scripts/san-build.sh:
+# clang, ASan + UBSan, the same library the sanitized test suite uses) and runs
+# each one on a copy of its seed corpus (testdata/fuzz/). (`meson test` replays
+# the seed corpora themselves in every build: the fuzz-replay-* tests.)
 #
 # Usage: scripts/fuzz.sh [SECONDS]     fuzz each target for SECONDS (default 30)
 #        scripts/fuzz.sh --make-seeds  rewrite the seed corpora of testdata/fuzz/
 #
 # Targets run side by side, one process each, at most HFDELTA_FUZZ_JOBS at a
 # time (default: the number of cores), so the six targets of SECONDS each take
-# about 3 * SECONDS on two cores. Inputs the fuzzer finds go to build-fuzz/,
+# about 3 * SECONDS on two cores. Inputs the fuzzer finds go to build-san/,
 # never into testdata/. Exits non-zero if any target crashes, leaks, hits
 # undefined behaviour, breaks an invariant, times out or runs out of memory;
-# the input that did it is saved as build-fuzz/fuzz-run/TARGET/crash-* (or
-# leak-, timeout-, oom-) and replays with: build-fuzz/tests/fuzz/fuzz_TARGET FILE
+# the input that did it is saved as build-san/fuzz-run/TARGET/crash-* (or
+# leak-, timeout-, oom-) and replays with: build-san/tests/fuzz/fuzz_TARGET FILE
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 targets=(safetensors xor overwrite sparse index stack)
-builddir=build-fuzz
 
 mode=fuzz
 seconds=30
@@ -30,36 +31,10 @@ case "${1:-}" in
   *) seconds=$1 ;;
 esac
 
-scripts/setup.sh
+builddir=build-san
 
-# clang, its sanitizer and libFuzzer runtimes, and its OpenMP (the library uses OpenMP).
-fuzz_packages=(clang-14 libclang-rt-14-dev libomp-14-dev)
-missing=()
-for p in "${fuzz_packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  SUDO=
-  if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
-  echo "fuzz: installing ${missing[*]}"
-  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
-if command -v clang++-14 >/dev/null; then
-  cc=clang-14 cxx=clang++-14
-else
-  cc=clang cxx=clang++
-fi
-
-if [ -f "$builddir/build.ninja" ]; then
-  meson setup --reconfigure "$builddir" >/dev/null
-else
-  CC=$cc CXX=$cxx meson setup "$builddir" -Dfuzz=enabled -Dtests=enabled -Dbuildtype=debugoptimized >/dev/null
-fi
-
-start=$(date +%s)
 if [ "$mode" = seeds ]; then
-  meson compile -C "$builddir" make_fuzz_seeds
+  scripts/san-build.sh tests/fuzz/make_fuzz_seeds
   for t in "${targets[@]}"; do rm -rf "testdata/fuzz/$t"; done
   "$builddir/tests/fuzz/make_fuzz_seeds" testdata/fuzz
   for t in "${targets[@]}"; do
@@ -68,8 +43,7 @@ if [ "$mode" = seeds ]; then
   exit 0
 fi
 
-meson compile -C "$builddir" "${targets[@]/#/fuzz_}"
-echo "fuzz: built in $(($(date +%s) - start)) s"
+scripts/san-build.sh "${targets[@]/#/tests/fuzz/fuzz_}"
 
 run="$builddir/fuzz-run"
 rm -rf "$run"

@@ -1,36 +1,36 @@
 #!/usr/bin/env bash
 # Builds everything with AddressSanitizer + UndefinedBehaviorSanitizer in
-# build-asan/ and runs the whole test suite there (meson test).
+# build-san/ (scripts/san-build.sh: clang, shared with scripts/fuzz.sh) and
+# runs the whole test suite there (meson test).
 #
 # Usage: scripts/sanitize.sh [extra `meson test` arguments]
+#
+# The crash sweeps fault every HFDELTA_CRASH_STRIDE-th write step (default 4)
+# from a random offset HFDELTA_CRASH_OFFSET (printed; set it to replay a run),
+# so that successive runs cover every step; the release run faults them all.
 #
 # Any sanitizer report fails the run. Every sanitized process aborts on its
 # first report, so a command that the end-to-end tests start dies with exit
 # code 134 (SIGABRT), which no test expects of it. AddressSanitizer reports
-# (leaks included) also go to files under build-asan/sanitizer-logs/, and the
+# (leaks included) also go to files under build-san/sanitizer-logs/, and the
 # script fails if any is there, whatever the tests made of the exit code.
 # An empty log file is listed but does not fail the run, as it holds no report:
 # the runtime creates its log file only when it starts to write one, so an
 # empty file is left by a process SIGKILLed at that instant, and the crash and
 # concurrency tests SIGKILL processes at arbitrary moments. (log_exe_name puts
 # the program's name in each file name.)
-# (GCC's UndefinedBehaviorSanitizer runtime, next to ASan, writes its reports
-# to stderr whatever log_path says, so those show in the failing test's log.)
+# UndefinedBehaviorSanitizer reports go to build-san/sanitizer-logs/ubsan.* in
+# the same way.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-scripts/setup.sh
+scripts/san-build.sh
+builddir=build-san
 
-builddir=build-asan
-if [ -f "$builddir/build.ninja" ]; then
-  meson setup --reconfigure "$builddir" >/dev/null
-else
-  meson setup "$builddir" -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized \
-    -Dtests=enabled >/dev/null
-fi
-start=$(date +%s)
-ninja -C "$builddir"
-echo "sanitize: built in $(($(date +%s) - start)) s"
+export HFDELTA_CRASH_STRIDE=${HFDELTA_CRASH_STRIDE:-4}
+export HFDELTA_CRASH_OFFSET=${HFDELTA_CRASH_OFFSET:-$((RANDOM % HFDELTA_CRASH_STRIDE))}
+echo "sanitize: crash sweeps fault every ${HFDELTA_CRASH_STRIDE}th write step from step $((HFDELTA_CRASH_OFFSET + 1))" \
+  "(replay: HFDELTA_CRASH_STRIDE=$HFDELTA_CRASH_STRIDE HFDELTA_CRASH_OFFSET=$HFDELTA_CRASH_OFFSET scripts/sanitize.sh)"
 
 logs=$PWD/$builddir/sanitizer-logs
 rm -rf "$logs"
@@ -38,7 +38,7 @@ mkdir -p "$logs"
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:log_path=$logs/asan:log_exe_name=1"
 # abort_on_error: without it a UBSan report exits with code 1, which is also
 # the commands' own "failure" code and could pass for an expected outcome.
-export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:abort_on_error=1"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:abort_on_error=1:log_path=$logs/ubsan:log_exe_name=1"
 
 start=$(date +%s)
 set +e

@@ -2,9 +2,14 @@
 // broke and aborts, which libFuzzer reports as a crash with the input saved.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+
+// Every target defines this; libFuzzer (scripts/fuzz.sh) or replay_main.cpp
+// (meson test) calls it.
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size);
 
 #define FUZZ_CHECK(cond)                                                                   \
   do {                                                                                     \
