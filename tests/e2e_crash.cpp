@@ -38,6 +38,30 @@ namespace {
 constexpr long kMaxSteps = 4000;  // a run with more write steps than this fails the test
 constexpr int kKilled = 128 + SIGKILL;
 
+// Which write steps the sweeps fault. By default every one (the release run
+// keeps the whole matrix). The sanitizer run, several times slower, sets
+// HFDELTA_CRASH_STRIDE=K and HFDELTA_CRASH_OFFSET=R (scripts/sanitize.sh
+// draws R anew for each run and prints it) to fault the steps n with
+// (n - 1) % K == R: successive runs cover every step between them, and a
+// failure replays with the same two variables.
+struct Sampling {
+  long stride = 1, offset = 0;
+  Sampling() {
+    if (const char* v = std::getenv("HFDELTA_CRASH_STRIDE")) stride = std::max(1L, std::atol(v));
+    if (const char* v = std::getenv("HFDELTA_CRASH_OFFSET")) offset = std::max(0L, std::atol(v)) % stride;
+  }
+  long first() const { return offset + 1; }
+  bool all() const { return stride == 1; }
+  std::string describe() const {
+    return all() ? std::string("every write step")
+                 : "every " + std::to_string(stride) + "th write step from step " + std::to_string(first());
+  }
+};
+const Sampling& sampling() {
+  static const Sampling s;
+  return s;
+}
+
 
 
 
@@ -238,16 +262,30 @@ std::map<std::string, Totals>& totals() {
   return t;
 }
 
-// Kill at write step 1, 2, ... until a run completes without the fault firing.
-// Returns the number of write steps.
+// The number of write steps of the command, known to lie in [killed, done):
+// a kill at step `killed` landed (0: none tried), one at `done` did not fire.
+// Sampled sweeps find it by bisection; a full sweep already has it.
+long count_steps(const Scenario& s, long killed, long done) {
+  while (done - killed > 1) {
+    const long mid = killed + (done - killed) / 2;
+    reset(s);
+    (apply_faulty(s.args, mid, "kill").code == 0 ? done : killed) = mid;
+  }
+  return killed;
+}
+
+// Kill at write step 1, 2, ... (or the sampled ones) until a run completes
+// without the fault firing. Returns the number of write steps.
 long kill_every_step(const Scenario& s, Problems& p) {
-  for (long n = 1; n <= kMaxSteps; ++n) {
+  long killed = 0;  // the last step a kill landed at
+  for (long n = sampling().first(); n <= kMaxSteps; n += sampling().stride) {
     reset(s);
     const RunResult r = apply_faulty(s.args, n, "kill");
     if (r.code == 0) {
       check_target(s, p, n, "run without the fault firing");
-      return n - 1;
+      return count_steps(s, killed, n);
     }
+    killed = n;
     if (r.code != kKilled) {
       p.add("exit " + std::to_string(r.code) + " instead of SIGKILL: " + first_line(r.err), n);
       continue;
@@ -265,7 +303,7 @@ long kill_every_step(const Scenario& s, Problems& p) {
 // commit, which only leaves garbage for the next run: LOCAL must be the
 // target then. Returns the steps seen, counting those faults in `swallowed`.
 long error_every_step(const Scenario& s, long kill_steps, Problems& p, Problems& stray_dirs, long& swallowed) {
-  for (long n = 1; n <= kMaxSteps; ++n) {
+  for (long n = sampling().first(); n <= kMaxSteps; n += sampling().stride) {
     reset(s);
     const LocalSnapshot snap(s.local);
     const std::vector<std::string> dirs = list_dirs(s.local);
@@ -305,7 +343,7 @@ long error_every_step(const Scenario& s, long kill_steps, Problems& p, Problems&
 // journal is gone, or the journal is kept, LOCAL reads as interrupted and
 // the message says so; the next run (the disk healed) converges either way.
 long persist_every_step(const Scenario& s, long kill_steps, Problems& p, long& kept) {
-  for (long n = 1; n <= kMaxSteps; ++n) {
+  for (long n = sampling().first(); n <= kMaxSteps; n += sampling().stride) {
     reset(s);
     const LocalSnapshot snap(s.local);
     const RunResult r = apply_faulty(s.args, n, "persist");
@@ -357,7 +395,7 @@ void run_scenario(const Scenario& s) {
   CHECK_MESSAGE(pp.empty(), s.name << ", every write step failing from each one on:\n" << pp.text("write step"));
   CHECK(t.kill_steps > 0);
   totals()[s.name] = t;
-  MESSAGE(s.name << ": " << t.kill_steps << " write steps killed, " << t.error_steps << " failed with an I/O error ("
+  MESSAGE(s.name << " (" << sampling().describe() << "): " << t.kill_steps << " write steps killed, " << t.error_steps << " failed with an I/O error ("
                  << t.swallowed << " of them in the cleanup after the commit, which the run ignores); with every step "
                  << "failing from one on, " << t.kept << " of " << t.persist_steps << " runs kept their journal");
 }
@@ -615,15 +653,13 @@ TEST_CASE("crash: squashed delta with stacked entries, with and without --no-syn
 
 TEST_CASE("crash: --root chain of 2 structural deltas, a fault at every write step") {
   const Inputs& in = inputs();
-  Scenario s;
-  s.name = "--root chain of structural deltas 0 -> 2";
-  s.local = in.local;
-  s.args = {"--threads", "1", "--root", in.root_struct_chain.string(), in.local.string()};
-  s.start = in.st_start;
-  s.old_version = "000000";
-  s.target = "000002";
-  s.trees = {{"000000", in.st0}, {"000001", in.st1}, {"000002", in.st2}};
-  run_scenario(s);
+  run_scenario({.name = "--root chain of structural deltas 0 -> 2",
+                .args = {"--threads", "1", "--root", in.root_struct_chain.string(), in.local.string()},
+                .local = in.local,
+                .start = in.st_start,
+                .old_version = "000000",
+                .target = "000002",
+                .trees = {{"000000", in.st0}, {"000001", in.st1}, {"000002", in.st2}}});
 }
 
 TEST_CASE("crash: xor delta turning a directory into a file, a fault at every write step") {
@@ -633,55 +669,49 @@ TEST_CASE("crash: xor delta turning a directory into a file, a fault at every wr
 
 TEST_CASE("crash: --root chain of 3 versions with a full version in the middle, a fault at every write step") {
   const Inputs& in = inputs();
-  Scenario s;
-  s.name = "--root chain 0 -> 3";
-  s.local = in.local;
-  s.args = {"--threads", "1", "--root", in.chain.string(), in.local.string()};
-  s.start = in.s0_start;
-  s.old_version = "000000";
-  s.target = "000003";
-  s.trees = {{"000000", save_dir(in.series, 0)}, {"000001", save_dir(in.series, 1)}, {"000002", in.v2_full},
-             {"000003", in.v3_new}};
-  run_scenario(s);
+  run_scenario({.name = "--root chain 0 -> 3",
+                .args = {"--threads", "1", "--root", in.chain.string(), in.local.string()},
+                .local = in.local,
+                .start = in.s0_start,
+                .old_version = "000000",
+                .target = "000003",
+                .trees = {{"000000", save_dir(in.series, 0)},
+                          {"000001", save_dir(in.series, 1)},
+                          {"000002", in.v2_full},
+                          {"000003", in.v3_new}}});
 }
 
 TEST_CASE("crash: a full version given as DELTA, a fault at every write step") {
   const Inputs& in = inputs();
-  Scenario s;
-  s.name = "full version as DELTA";
-  s.local = in.local;
-  s.args = {"--threads", "1", in.v2_full.string(), in.local.string()};
-  s.start = in.s0_start;
-  s.old_version = "000000";
-  s.target = "000002";
-  s.trees = {{"000000", save_dir(in.series, 0)}, {"000002", in.v2_full}};
-  run_scenario(s);
+  run_scenario({.name = "full version as DELTA",
+                .args = {"--threads", "1", in.v2_full.string(), in.local.string()},
+                .local = in.local,
+                .start = in.s0_start,
+                .old_version = "000000",
+                .target = "000002",
+                .trees = {{"000000", save_dir(in.series, 0)}, {"000002", in.v2_full}}});
 }
 
 TEST_CASE("crash: --init into an empty LOCAL, a fault at every write step") {
   const Inputs& in = inputs();
-  Scenario s;
-  s.name = "--init into an empty LOCAL";
-  s.local = in.local;
-  s.args = {"--threads", "1", "--init", in.next.string(), in.local.string()};
-  s.start = in.empty;
-  s.old_version = "";
-  s.target = "000000";
-  s.trees = {{"", in.empty}, {"000000", in.next}};
-  run_scenario(s);
+  run_scenario({.name = "--init into an empty LOCAL",
+                .args = {"--threads", "1", "--init", in.next.string(), in.local.string()},
+                .local = in.local,
+                .start = in.empty,
+                .old_version = "",
+                .target = "000000",
+                .trees = {{"", in.empty}, {"000000", in.next}}});
 }
 
 TEST_CASE("crash: --init over a different LOCAL, a fault at every write step") {
   const Inputs& in = inputs();
-  Scenario s;
-  s.name = "--init over a different LOCAL";
-  s.local = in.local;
-  s.args = {"--threads", "1", "--init", "--version", "7", in.next.string(), in.local.string()};
-  s.start = in.other_start;
-  s.old_version = "000000";
-  s.target = "000007";
-  s.trees = {{"000000", in.other_start}, {"000007", in.next}};
-  run_scenario(s);
+  run_scenario({.name = "--init over a different LOCAL",
+                .args = {"--threads", "1", "--init", "--version", "7", in.next.string(), in.local.string()},
+                .local = in.local,
+                .start = in.other_start,
+                .old_version = "000000",
+                .target = "000007",
+                .trees = {{"000000", in.other_start}, {"000007", in.next}}});
 }
 
 TEST_CASE("crash: fault points, totals") {
