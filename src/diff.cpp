@@ -222,18 +222,6 @@ void encode_fresh(Work& w, const File& target, Worker& wk, std::size_t tid) {
   w.bytes_changed = w.nbytes;
 }
 
-// XXH3-128 of `n` bytes of `f` at `off`, read in blocks.
-Hash128 hash_range(const File& f, std::uint64_t off, std::uint64_t n, std::vector<std::uint8_t>& buf) {
-  Hasher h;
-  buf.resize(kBlock);
-  for (std::uint64_t at = 0; at < n; at += kBlock) {
-    const std::size_t k = static_cast<std::size_t>(std::min(kBlock, n - at));
-    f.pread_exact(buf.data(), k, off + at);
-    h.update({buf.data(), k});
-  }
-  return h.digest();
-}
-
 }  // namespace
 
 // The sparse engine ("sparse" and "auto"): one pass over both inputs per
@@ -473,10 +461,10 @@ static std::vector<ShardOp> plan_shards(const Checkpoint& base, const Checkpoint
       std::vector<std::uint8_t> buf;
       if (k < orphans.size()) {
         const Work& w = works[orphans[k]];
-        orphan_hash[k] = hash_range(new_files[w.nfile], w.noff, w.nbytes, buf);
+        orphan_hash[k] = hash_file_range(new_files[w.nfile], w.noff, w.nbytes, buf);
       } else {
         const TensorRef& r = gone[k - orphans.size()].second;
-        gone_hash[k - orphans.size()] = hash_range(base_files[r.shard], base.shards[r.shard].header.file_offset(base.info(r)),
+        gone_hash[k - orphans.size()] = hash_file_range(base_files[r.shard], base.shards[r.shard].header.file_offset(base.info(r)),
                                                    base.info(r).nbytes(), buf);
       }
     });
