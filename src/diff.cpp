@@ -241,18 +241,15 @@ static void sparse_pass(std::vector<Work>& works, const std::vector<File>& base_
       units.push_back({Unit::Kind::fresh, i, 0, 0, 0, w.nbytes});
       continue;
     }
-    const bool split = threads > 1 && w.chunks >= 2 && w.nbytes > total / static_cast<std::uint64_t>(threads);
-    if (!split) {
+    const std::vector<ChunkRange> ranges = split_chunk_ranges(w.nbytes, w.chunks, kSparseChunkElements * w.es, total, threads);
+    if (ranges.empty()) {
       w.ranges.resize(1);
       units.push_back({Unit::Kind::whole, i, 0, 0, w.chunks, w.nbytes});
       continue;
     }
-    const std::uint64_t per = std::max<std::uint64_t>(1, w.chunks / (4 * static_cast<std::uint64_t>(threads)));
-    const std::uint64_t chunk_bytes = kSparseChunkElements * w.es;
     units.push_back({Unit::Kind::hash, i, 0, 0, 0, w.nbytes});
-    for (std::uint64_t c = 0; c < w.chunks; c += per) {
-      const std::uint64_t c1 = std::min(w.chunks, c + per);
-      units.push_back({Unit::Kind::range, i, w.ranges.size(), c, c1, std::min(w.nbytes, c1 * chunk_bytes) - c * chunk_bytes});
+    for (const ChunkRange& r : ranges) {
+      units.push_back({Unit::Kind::range, i, w.ranges.size(), r.c0, r.c1, r.bytes});
       w.ranges.emplace_back();
     }
   }
