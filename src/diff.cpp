@@ -7,14 +7,17 @@
 #include <chrono>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <tuple>
 
 #include <boost/filesystem/operations.hpp>
 
 #include "codec_internal.hpp"
+#include "delta_writer.hpp"
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
@@ -128,19 +131,6 @@ struct XorStream {
     seg.size = wk.xspool.size - seg.offset;
     return seg;
   }
-};
-
-struct Entry {
-  std::string name;
-  std::size_t shard = 0;  // source shard it belongs to (groups entries into delta files)
-  std::vector<Seg> body;  // in order
-  bool sparse_head = false;  // prefixed by the sparse entry head
-  std::uint64_t size = 0;
-  std::uint64_t nbytes = 0;
-  std::size_t es = 1;
-  Hash128 new_hash, base_hash;
-  Encoding encoding;
-  bool fresh = false;  // no base bytes (patches zeros)
 };
 
 std::uint64_t size_of(const fs::path& p) {
@@ -512,24 +502,20 @@ Checkpoint open_input(const fs::path& dir, const char* role) {
   return c;
 }
 
-}  // namespace
-
-DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, const fs::path& out_arg,
-                             const DiffOptions& opts) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const fs::path out = fs::absolute(out_arg);
-  boost::system::error_code ec;
-  if (fs::exists(fs::symlink_status(out, ec))) fail(Exit::exists, out.string() + ": already exists; refusing to overwrite");
-  if (!fs::is_directory(out.parent_path(), ec)) fail(Exit::bad_input, out.parent_path().string() + ": not a directory");
-
-  const Checkpoint base = open_input(base_dir, "BASE");
-  const Checkpoint target = open_input(new_dir, "NEW");
-
+// One delta-diff: its inputs and what the passes make of them.
+struct DiffRun {
+  const DiffOptions& opts;
+  Checkpoint base, target;
   DiffSummary sum;
-  sum.version = opts.version;
-  sum.base_version = opts.base_version;
+  std::vector<FileChange> files;  // non-weight files
+  std::vector<File> base_files, new_files;
+  std::vector<Work> works;
+  std::vector<ShardOp> shard_ops;
+  std::vector<Worker> workers;
+};
 
-  // Non-weight files: whatever differs travels whole, whatever vanished is removed.
+// Non-weight files: whatever differs travels whole, whatever vanished is removed.
+std::vector<FileChange> file_changes(const Checkpoint& base, const Checkpoint& target) {
   std::vector<FileChange> files;
   for (const auto& f : target.other_files) {
     const bool same = std::binary_search(base.other_files.begin(), base.other_files.end(), f) &&
@@ -541,163 +527,171 @@ DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, 
   for (const auto& f : base.other_files)
     if (!std::binary_search(target.other_files.begin(), target.other_files.end(), f))
       files.push_back({f, FileChange::Op::remove, 0, {}});
+  return files;
+}
 
-  std::vector<File> base_files, new_files;
-  for (const auto& sh : base.shards) {
-    base_files.emplace_back(base.dir / sh.file, File::Mode::read);
-    advise_sequential(base_files.back());
+void open_weight_files(DiffRun& r) {
+  for (const auto& sh : r.base.shards) {
+    r.base_files.emplace_back(r.base.dir / sh.file, File::Mode::read);
+    advise_sequential(r.base_files.back());
   }
-  for (const auto& sh : target.shards) {
-    new_files.emplace_back(target.dir / sh.file, File::Mode::read);
-    advise_sequential(new_files.back());
-    sum.full_bytes += new_files.back().size();
+  for (const auto& sh : r.target.shards) {
+    r.new_files.emplace_back(r.target.dir / sh.file, File::Mode::read);
+    advise_sequential(r.new_files.back());
+    r.sum.full_bytes += r.new_files.back().size();
   }
-  for (const auto& f : target.other_files) sum.full_bytes += size_of(target.dir / f);
+  for (const auto& f : r.target.other_files) r.sum.full_bytes += size_of(r.target.dir / f);
+}
 
-  std::vector<Work> works;
-  std::vector<ShardOp> shard_ops = plan_shards(base, target, base_files, new_files, default_threads(opts.threads), works);
-  for (const auto& op : shard_ops)
-    (op.op == ShardOp::Op::remove ? sum.shards_removed : op.op == ShardOp::Op::header ? sum.shards_rewritten : sum.shards_built) += 1;
+void plan_tensors(DiffRun& r) {
+  r.shard_ops = plan_shards(r.base, r.target, r.base_files, r.new_files, default_threads(r.opts.threads), r.works);
+  for (const auto& op : r.shard_ops)
+    (op.op == ShardOp::Op::remove ? r.sum.shards_removed : op.op == ShardOp::Op::header ? r.sum.shards_rewritten
+                                                                                         : r.sum.shards_built) += 1;
+}
 
-  const fs::path tmp = temp_path_beside(out);
-  if (!fs::create_directory(tmp, ec) || ec) fail(Exit::failure, tmp.string() + ": cannot create: " + ec.message());
+void encode_tensors(DiffRun& r, const fs::path& tmp) {
+  const int threads = default_threads(r.opts.threads);
+  r.workers = std::vector<Worker>(static_cast<std::size_t>(threads));
+  if (!r.opts.encoding || *r.opts.encoding == Encoding::sparse)
+    sparse_pass(r.works, r.base_files, r.new_files, r.workers, tmp, r.opts, threads);
+  else
+    frame_pass(r.works, r.base_files, r.new_files, r.workers, tmp, r.opts, threads);
+}
+
+// The changed tensors, as the delta's entries (`of`: their works), counted
+// into the summary with the rest.
+std::vector<NewDeltaEntry> entries_of(DiffRun& r, std::vector<const Work*>& of) {
+  DiffSummary& sum = r.sum;
+  std::vector<NewDeltaEntry> entries;
+  for (const Work& w : r.works) {
+    const std::uint64_t elems = dtype_size(w.t->dtype) ? w.t->elements() : w.nbytes;
+    sum.tensors += 1, sum.elements += elems, sum.tensor_bytes += w.nbytes;
+    sum.tensors_new += w.fresh;
+    if (!w.changed()) continue;
+    std::uint64_t size = w.frame.size;
+    if (w.encoding == Encoding::sparse) {
+      size = kSparseHeadSize;
+      for (const auto& rg : w.ranges) size += rg.body.size;
+    }
+    entries.push_back({w.t->name, r.target.shards[w.nfile].file, size, w.new_hash,
+                       w.fresh ? std::nullopt : std::optional<Hash128>(w.base_hash), w.encoding});
+    of.push_back(&w);
+    (w.encoding == Encoding::sparse ? sum.tensors_sparse : w.encoding == Encoding::xor_bytes ? sum.tensors_xor
+                                                                                             : sum.tensors_overwrite) += 1;
+    sum.tensors_changed += 1, sum.elements_changed += w.elements_changed, sum.bytes_changed += w.bytes_changed;
+  }
+  return entries;
+}
+
+DeltaIndex index_of(const DiffRun& r) {
+  DeltaIndex idx;
+  idx.version = r.opts.version;
+  idx.base_version = r.opts.base_version;
+  // A structural delta records every entry's encoding (new tensors are
+  // always xor against zeros), which also makes readers of the plain
+  // layout refuse it instead of patching tensors by name.
+  idx.per_tensor = !r.opts.encoding || !r.shard_ops.empty();
+  idx.encoding = r.opts.encoding.value_or(Encoding::xor_bytes);
+  idx.files = r.files;
+  idx.shards = r.shard_ops;
+  return idx;
+}
+
+// The new headers of rewritten and built weight files, into the delta and
+// (their checksums, a built file's tensors) into its index.
+void place_headers(const DiffRun& r, DeltaIndex& idx, DeltaWriter& out) {
+  std::map<std::string, const Work*> work_of;
+  for (const Work& w : r.works) work_of[w.t->name] = &w;
+  for (ShardOp& op : idx.shards) {
+    if (op.op == ShardOp::Op::remove) continue;
+    const std::string prefix = header_prefix(r.target.find_shard(op.file)->header);
+    op.header_size = prefix.size();
+    op.header_hash = xxh3_128({reinterpret_cast<const std::uint8_t*>(prefix.data()), prefix.size()});
+    if (op.op == ShardOp::Op::header) {
+      const std::string old = header_prefix(r.base.find_shard(op.file)->header);
+      op.base_header_hash = xxh3_128({reinterpret_cast<const std::uint8_t*>(old.data()), old.size()});
+    }
+    for (const TensorInfo& t : r.target.find_shard(op.file)->header.tensors) {
+      const Work& w = *work_of.at(t.name);
+      op.tensors.push_back({t.name, w.fresh ? std::nullopt : std::optional<std::string>(*w.from), w.new_hash});
+    }
+    out.put_header(op.file, prefix);
+  }
+}
+
+// An entry's bytes, gathered from the spools: the sparse entry head and its
+// ranges' chunks, or its one frame.
+void write_entry(const Work& w, const std::vector<Worker>& workers, File& f, std::uint64_t at) {
+  auto copy = [&](const Seg& sg) {
+    const Worker& from = workers[static_cast<std::size_t>(sg.spool)];
+    copy_range(sg.in_xspool ? from.xspool.file : from.spool.file, sg.offset, sg.size, f, at);
+    at += sg.size;
+  };
+  if (w.encoding != Encoding::sparse) return copy(w.frame);
+  std::uint8_t head[kSparseHeadSize];
+  sparse_entry_head(w.es, w.nbytes, head);
+  f.pwrite_all(head, sizeof head, at);
+  at += sizeof head;
+  for (const auto& rg : w.ranges) copy(rg.body);
+}
+
+void remove_spools(std::vector<Worker>& workers, const fs::path& tmp) {
+  for (std::size_t t = 0; t < workers.size(); ++t) {
+    if (workers[t].spool.file.fd() >= 0) {
+      workers[t].spool.file.close();
+      fs::remove(tmp / (".spool-" + std::to_string(t)));
+    }
+    if (workers[t].xspool.file.fd() >= 0) {
+      workers[t].xspool.file.close();
+      fs::remove(tmp / (".xspool-" + std::to_string(t)));
+    }
+  }
+}
+
+// Encodes the tensors and writes the delta into `out`'s temporary directory.
+void write_delta(DiffRun& r, DeltaWriter& out) {
+  encode_tensors(r, out.tmp);
+  std::vector<const Work*> of;
+  const std::vector<NewDeltaEntry> entries = entries_of(r, of);
+  DeltaIndex idx = index_of(r);
+  place_headers(r, idx, out);
+  // One delta file per changed weight file, entries by name, so the output
+  // does not depend on thread scheduling.
+  out.write_entries(idx, entries, [&](std::size_t i, File& f, std::uint64_t at) { write_entry(*of[i], r.workers, f, at); });
+  remove_spools(r.workers, out.tmp);
+  for (const auto& fc : r.files) {
+    if (fc.op != FileChange::Op::put) continue;
+    out.copy_file(fc.path, r.target.dir / fc.path);
+    r.sum.files_changed += 1;
+  }
+  for (const auto& fc : r.files) r.sum.files_removed += fc.op == FileChange::Op::remove;
+  r.sum.delta_bytes = out.publish(idx);
+}
+
+}  // namespace
+
+DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, const fs::path& out_arg,
+                             const DiffOptions& opts) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const fs::path out = fs::absolute(out_arg);
+  check_delta_out(out);
+  DiffRun r{opts, open_input(base_dir, "BASE"), open_input(new_dir, "NEW"), {}, {}, {}, {}, {}, {}, {}};
+  r.sum.version = opts.version;
+  r.sum.base_version = opts.base_version;
+  r.files = file_changes(r.base, r.target);
+  open_weight_files(r);
+  plan_tensors(r);
+  DeltaWriter writer(out, opts.sync);
   try {
-    const int threads = default_threads(opts.threads);
-    std::vector<Worker> workers(static_cast<std::size_t>(threads));
-    if (!opts.encoding || *opts.encoding == Encoding::sparse)
-      sparse_pass(works, base_files, new_files, workers, tmp, opts, threads);
-    else
-      frame_pass(works, base_files, new_files, workers, tmp, opts, threads);
-
-    std::vector<Entry> entries;
-    for (const Work& w : works) {
-      const std::uint64_t elems = dtype_size(w.t->dtype) ? w.t->elements() : w.nbytes;
-      sum.tensors += 1, sum.elements += elems, sum.tensor_bytes += w.nbytes;
-      sum.tensors_new += w.fresh;
-      if (!w.changed()) continue;
-      Entry e;
-      e.name = w.t->name;
-      e.shard = w.nfile;
-      e.fresh = w.fresh;
-      e.new_hash = w.new_hash, e.base_hash = w.base_hash;
-      e.encoding = w.encoding;
-      e.nbytes = w.nbytes, e.es = w.es;
-      if (w.encoding == Encoding::sparse) {
-        e.sparse_head = true;
-        e.size = kSparseHeadSize;
-        for (const auto& r : w.ranges) e.body.push_back(r.body), e.size += r.body.size;
-      } else {
-        e.body.push_back(w.frame);
-        e.size = w.frame.size;
-      }
-      (e.encoding == Encoding::sparse ? sum.tensors_sparse : e.encoding == Encoding::xor_bytes ? sum.tensors_xor
-                                                                                               : sum.tensors_overwrite) += 1;
-      sum.tensors_changed += 1, sum.elements_changed += w.elements_changed, sum.bytes_changed += w.bytes_changed;
-      entries.push_back(std::move(e));
-    }
-
-    // Gather the frames into one delta file per changed weight file, entries
-    // by name, so the output does not depend on thread scheduling.
-    std::sort(entries.begin(), entries.end(), [](const Entry& x, const Entry& y) {
-      return x.shard != y.shard ? x.shard < y.shard : x.name < y.name;
-    });
-    std::vector<std::pair<std::size_t, std::size_t>> groups;  // [begin, end) into entries
-    for (std::size_t i = 0; i < entries.size();) {
-      std::size_t k = i;
-      while (k < entries.size() && entries[k].shard == entries[i].shard) ++k;
-      groups.emplace_back(i, k);
-      i = k;
-    }
-    DeltaIndex idx;
-    idx.version = opts.version;
-    idx.base_version = opts.base_version;
-    // A structural delta records every entry's encoding (new tensors are
-    // always xor against zeros), which also makes readers of the plain
-    // layout refuse it instead of patching tensors by name.
-    idx.per_tensor = !opts.encoding || !shard_ops.empty();
-    idx.encoding = opts.encoding.value_or(Encoding::xor_bytes);
-    idx.files = files;
-    idx.shards = shard_ops;
-    std::map<std::string, const Work*> work_of;
-    for (const Work& w : works) work_of[w.t->name] = &w;
-    for (ShardOp& op : idx.shards) {
-      if (op.op == ShardOp::Op::remove) continue;
-      const std::string prefix = header_prefix(target.find_shard(op.file)->header);
-      op.header_size = prefix.size();
-      op.header_hash = xxh3_128({reinterpret_cast<const std::uint8_t*>(prefix.data()), prefix.size()});
-      if (op.op == ShardOp::Op::header) {
-        const std::string old = header_prefix(base.find_shard(op.file)->header);
-        op.base_header_hash = xxh3_128({reinterpret_cast<const std::uint8_t*>(old.data()), old.size()});
-      }
-      for (const TensorInfo& t : target.find_shard(op.file)->header.tensors) {
-        const Work& w = *work_of.at(t.name);
-        op.tensors.push_back({t.name, w.fresh ? std::nullopt : std::optional<std::string>(*w.from), w.new_hash});
-      }
-      const fs::path dst = tmp / kHeadersDir / op.file;
-      fs::create_directories(dst.parent_path());
-      write_file_atomic(dst, prefix, opts.sync);
-    }
-    std::uint64_t total = 0;
-    for (std::size_t g = 0; g < groups.size(); ++g) {
-      const std::string name = delta_file_name(g, groups.size());
-      std::vector<DeltaFileEntry> des;
-      for (std::size_t i = groups[g].first; i < groups[g].second; ++i) {
-        const Entry& e = entries[i];
-        des.push_back({e.name, e.size, e.new_hash});
-        idx.weight_map[e.name] = name;
-        idx.targets[name] = target.shards[e.shard].file;
-        if (!e.fresh) idx.base_checksums[e.name] = e.base_hash;
-        if (idx.per_tensor) idx.encodings[e.name] = e.encoding;
-        total += e.size;
-      }
-      write_delta_file(tmp / name, des, [&](std::size_t k, File& f, std::uint64_t at) {
-        const Entry& e = entries[groups[g].first + k];
-        if (e.sparse_head) {
-          std::uint8_t head[kSparseHeadSize];
-          sparse_entry_head(e.es, e.nbytes, head);
-          f.pwrite_all(head, sizeof head, at);
-          at += sizeof head;
-        }
-        for (const Seg& sg : e.body) {
-          const Worker& from = workers[static_cast<std::size_t>(sg.spool)];
-          copy_range(sg.in_xspool ? from.xspool.file : from.spool.file, sg.offset, sg.size, f, at);
-          at += sg.size;
-        }
-      }, opts.sync);
-    }
-    for (std::size_t t = 0; t < workers.size(); ++t) {
-      if (workers[t].spool.file.fd() >= 0) {
-        workers[t].spool.file.close();
-        fs::remove(tmp / (".spool-" + std::to_string(t)));
-      }
-      if (workers[t].xspool.file.fd() >= 0) {
-        workers[t].xspool.file.close();
-        fs::remove(tmp / (".xspool-" + std::to_string(t)));
-      }
-    }
-
-    std::set<fs::path> dirs{tmp};
-    for (const auto& op : idx.shards)
-      if (op.op != ShardOp::Op::remove)
-        for (fs::path d = (tmp / kHeadersDir / op.file).parent_path(); d != tmp; d = d.parent_path()) dirs.insert(d);
-    for (const auto& fc : files) {
-      if (fc.op != FileChange::Op::put) continue;
-      const fs::path dst = tmp / kFilesDir / fc.path;
-      fs::create_directories(dst.parent_path());
-      for (fs::path d = dst.parent_path(); d != tmp; d = d.parent_path()) dirs.insert(d);
-      copy_file_atomic(target.dir / fc.path, dst, opts.sync);
-      sum.files_changed += 1;
-    }
-    for (const auto& fc : files) sum.files_removed += fc.op == FileChange::Op::remove;
-
-    sum.delta_bytes = publish_delta(tmp, out, write_delta_index_json(idx, total), dirs, opts.sync);
+    write_delta(r, writer);
   } catch (...) {
-    fs::remove_all(tmp, ec);
+    r.workers.clear();  // the spools closed before their directory goes
+    writer.abandon();
     throw;
   }
-
-  sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return sum;
+  r.sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r.sum;
 }
 
 std::vector<std::string> diff_warnings(const DiffSummary& s) {
