@@ -212,21 +212,16 @@ void encode_fresh(Work& w, const File& target, Worker& wk, std::size_t tid) {
   w.bytes_changed = w.nbytes;
 }
 
-}  // namespace
-
-// The sparse engine ("sparse" and "auto"): one pass over both inputs per
-// tensor, in parallel over tensors and over chunk ranges of large tensors.
-static void sparse_pass(std::vector<Work>& works, const std::vector<File>& base_files, const std::vector<File>& new_files,
-                        std::vector<Worker>& workers, const fs::path& tmp, const DiffOptions& opts, int threads) {
-  const bool autochoice = !opts.encoding;
+// The units of the sparse engine, largest first. A tensor larger than its
+// share of the work is cut into ranges of chunks so that it does not keep
+// the other cores waiting; its hashes (which run front to back) become a
+// unit of their own.
+std::vector<Unit> sparse_units(std::vector<Work>& works, int threads) {
   std::uint64_t total = 0;
   for (const auto& w : works) total += w.nbytes;
   std::vector<Unit> units;
   for (std::size_t i = 0; i < works.size(); ++i) {
     Work& w = works[i];
-    // A tensor larger than its share of the work is cut into ranges of chunks
-    // so that it does not keep the other cores waiting; its hashes (which run
-    // front to back) become a unit of their own.
     if (w.fresh) {
       units.push_back({Unit::Kind::fresh, i, 0, 0, 0, w.nbytes});
       continue;
@@ -244,62 +239,70 @@ static void sparse_pass(std::vector<Work>& works, const std::vector<File>& base_
     }
   }
   std::stable_sort(units.begin(), units.end(), [](const Unit& x, const Unit& y) { return x.bytes > y.bytes; });
+  return units;
+}
 
-  parallel_for(units.size(), threads, [&](std::size_t u, std::size_t tid) {
-    const Unit& unit = units[u];
-    Work& w = works[unit.work];
-    Worker& wk = workers[tid];
-    ensure_worker(wk, tid, tmp, opts.level, autochoice);
-    const File& base = base_files[w.bfile];
-    const File& target = new_files[w.nfile];
-    if (unit.kind == Unit::Kind::fresh) return encode_fresh(w, target, wk, tid);
-    // "auto" encodes xor too, in the same pass, and keeps the smaller entry
-    // of every tensor: never larger than xor, at the cost of compressing the
-    // XOR stream (mostly zeros, which zstd goes through fast).
-    std::optional<XorStream> xs;
-    if (autochoice && unit.kind != Unit::Kind::range) xs.emplace(wk, static_cast<int>(tid), w.nbytes);
-    if (unit.kind == Unit::Kind::hash) {
-      Hasher hb, hn;
-      for (std::uint64_t at = 0; at < w.nbytes; at += kBlock) {
-        const std::size_t n = static_cast<std::size_t>(std::min(kBlock, w.nbytes - at));
-        base.pread_exact(wk.a.data(), n, w.boff + at);
-        target.pread_exact(wk.b.data(), n, w.noff + at);
-        hb.update({wk.a.data(), n});
-        hn.update({wk.b.data(), n});
-        if (xs) xs->block(n);
-      }
-      w.base_hash = hb.digest(), w.new_hash = hn.digest();
-      if (xs) w.xor_frame = xs->end();
-      return;
-    }
-    if (unit.kind == Unit::Kind::whole) {
-      Hasher hb, hn;
-      RangeOut r = scan_range(w, unit.c0, unit.c1, base, target, wk, xs ? &*xs : nullptr, &hb, &hn);
-      w.base_hash = hb.digest(), w.new_hash = hn.digest();
-      r.body.spool = static_cast<int>(tid);
-      if (xs) {
-        w.xor_frame = xs->end();
-        // Only what is kept stays in the spools.
-        if (r.elements_changed == 0 || kSparseHeadSize + r.body.size <= w.xor_frame.size) {
-          wk.xspool.size = w.xor_frame.offset;
-          w.xor_frame = {};
-        } else {
-          wk.spool.size = r.body.offset;
-          r.body.size = 0;
-          w.encoding = Encoding::xor_bytes;
-          w.frame = w.xor_frame;
-          w.xor_frame = {};  // decided
-        }
-      }
-      if (r.elements_changed == 0) wk.spool.size = r.body.offset, r.body.size = 0;  // unchanged: nothing to keep
-      w.ranges[0] = r;
-    } else {
-      RangeOut r = scan_range(w, unit.c0, unit.c1, base, target, wk, nullptr, nullptr, nullptr);
-      r.body.spool = static_cast<int>(tid);
-      w.ranges[unit.range] = r;
-    }
-  });
+// A split tensor's checksums (and with `xs`, its xor frame), front to back.
+void hash_unit(Work& w, const File& base, const File& target, Worker& wk, XorStream* xs) {
+  Hasher hb, hn;
+  for (std::uint64_t at = 0; at < w.nbytes; at += kBlock) {
+    const std::size_t n = static_cast<std::size_t>(std::min(kBlock, w.nbytes - at));
+    base.pread_exact(wk.a.data(), n, w.boff + at);
+    target.pread_exact(wk.b.data(), n, w.noff + at);
+    hb.update({wk.a.data(), n});
+    hn.update({wk.b.data(), n});
+    if (xs) xs->block(n);
+  }
+  w.base_hash = hb.digest(), w.new_hash = hn.digest();
+  if (xs) w.xor_frame = xs->end();
+}
 
+// "auto" of a tensor scanned whole: only the smaller of its sparse entry
+// and its xor frame stays in the spools.
+void keep_smaller(Work& w, RangeOut& r, Worker& wk, XorStream& xs) {
+  w.xor_frame = xs.end();
+  if (r.elements_changed == 0 || kSparseHeadSize + r.body.size <= w.xor_frame.size) {
+    wk.xspool.size = w.xor_frame.offset;
+    w.xor_frame = {};
+  } else {
+    wk.spool.size = r.body.offset;
+    r.body.size = 0;
+    w.encoding = Encoding::xor_bytes;
+    w.frame = w.xor_frame;
+    w.xor_frame = {};  // decided
+  }
+}
+
+// A tensor in one unit: hashed, scanned and (with `xs`) decided in one pass.
+void scan_whole(Work& w, const Unit& unit, const File& base, const File& target, Worker& wk, std::size_t tid, XorStream* xs) {
+  Hasher hb, hn;
+  RangeOut r = scan_range(w, unit.c0, unit.c1, base, target, wk, xs, &hb, &hn);
+  w.base_hash = hb.digest(), w.new_hash = hn.digest();
+  r.body.spool = static_cast<int>(tid);
+  if (xs) keep_smaller(w, r, wk, *xs);
+  if (r.elements_changed == 0) wk.spool.size = r.body.offset, r.body.size = 0;  // unchanged: nothing to keep
+  w.ranges[0] = r;
+}
+
+void run_sparse_unit(const Unit& unit, Work& w, const File& base, const File& target, Worker& wk, std::size_t tid,
+                     bool autochoice) {
+  if (unit.kind == Unit::Kind::fresh) return encode_fresh(w, target, wk, tid);
+  // "auto" encodes xor too, in the same pass, and keeps the smaller entry
+  // of every tensor: never larger than xor, at the cost of compressing the
+  // XOR stream (mostly zeros, which zstd goes through fast).
+  std::optional<XorStream> xs;
+  if (autochoice && unit.kind != Unit::Kind::range) xs.emplace(wk, static_cast<int>(tid), w.nbytes);
+  XorStream* x = xs ? &*xs : nullptr;
+  if (unit.kind == Unit::Kind::hash) return hash_unit(w, base, target, wk, x);
+  if (unit.kind == Unit::Kind::whole) return scan_whole(w, unit, base, target, wk, tid, x);
+  RangeOut r = scan_range(w, unit.c0, unit.c1, base, target, wk, nullptr, nullptr, nullptr);
+  r.body.spool = static_cast<int>(tid);
+  w.ranges[unit.range] = r;
+}
+
+// Each tensor's totals over its ranges; "auto" keeps a split tensor's xor
+// frame where it is smaller than its sparse entry.
+void sum_ranges(std::vector<Work>& works, bool autochoice) {
   for (Work& w : works) {
     for (const auto& r : w.ranges) w.elements_changed += r.elements_changed, w.bytes_changed += r.bytes_changed;
     if (!autochoice || w.fresh || !w.changed() || w.xor_frame.spool < 0) continue;
@@ -307,6 +310,23 @@ static void sparse_pass(std::vector<Work>& works, const std::vector<File>& base_
     for (const auto& r : w.ranges) sparse_len += r.body.size;
     if (w.xor_frame.size < sparse_len) w.encoding = Encoding::xor_bytes, w.frame = w.xor_frame;
   }
+}
+
+}  // namespace
+
+// The sparse engine ("sparse" and "auto"): one pass over both inputs per
+// tensor, in parallel over tensors and over chunk ranges of large tensors.
+static void sparse_pass(std::vector<Work>& works, const std::vector<File>& base_files, const std::vector<File>& new_files,
+                        std::vector<Worker>& workers, const fs::path& tmp, const DiffOptions& opts, int threads) {
+  const bool autochoice = !opts.encoding;
+  const std::vector<Unit> units = sparse_units(works, threads);
+  parallel_for(units.size(), threads, [&](std::size_t u, std::size_t tid) {
+    const Unit& unit = units[u];
+    Work& w = works[unit.work];
+    ensure_worker(workers[tid], tid, tmp, opts.level, autochoice);
+    run_sparse_unit(unit, w, base_files[w.bfile], new_files[w.nfile], workers[tid], tid, autochoice);
+  });
+  sum_ranges(works, autochoice);
 }
 
 // The slime encodings, one frame per tensor over mapped views.
@@ -348,6 +368,165 @@ static std::string header_prefix(const SafetensorsHeader& h) {
   return p + h.header;
 }
 
+namespace {
+
+// What plan_shards decides, as it goes.
+struct ShardPlan {
+  const Checkpoint& base;
+  const Checkpoint& target;
+  std::vector<Work>& works;
+  std::vector<ShardOp> ops;
+};
+
+using GoneTensor = std::pair<std::string, TensorRef>;  // a base tensor NEW does not have
+
+// Pairs tensor `t` of NEW's file `nfile` with its base bytes at `src` (none:
+// zeros). `build`: the file is built, so its tensors' checksums go in its list.
+void add_work(ShardPlan& sp, std::size_t nfile, const TensorInfo& t, const TensorRef* src, bool build) {
+  const auto& hdr = sp.target.shards[nfile].header;
+  Work w;
+  w.nfile = nfile;
+  w.t = &t;
+  w.noff = hdr.file_offset(t);
+  w.nbytes = t.nbytes();
+  w.es = sparse_elem_size(dtype_size(t.dtype) ? dtype_size(t.dtype) : 1, w.nbytes);
+  w.chunks = sparse_chunk_count(w.nbytes, w.es);
+  w.need_hash = build;
+  if (src) {
+    w.bfile = src->shard;
+    w.boff = sp.base.shards[src->shard].header.file_offset(sp.base.info(*src));
+    w.from = &sp.base.info(*src).name;
+  } else {
+    w.fresh = true;
+  }
+  sp.works.push_back(std::move(w));
+}
+
+// NEW's file `s` patched in place, if BASE's file of that name has the same
+// header or the same tensor byte ranges (then its header is rewritten).
+bool plan_in_place(ShardPlan& sp, std::size_t s) {
+  const Shard& ns = sp.target.shards[s];
+  const Shard* bs = sp.base.find_shard(ns.file);
+  if (!bs || (bs->header.header != ns.header.header && !same_tensor_ranges(bs->header, ns.header))) return false;
+  const std::size_t b = static_cast<std::size_t>(bs - sp.base.shards.data());
+  if (bs->header.header != ns.header.header) {
+    ShardOp op;
+    op.file = ns.file;
+    op.op = ShardOp::Op::header;
+    for (std::size_t i = 0; i < ns.header.tensors.size(); ++i)
+      if (ns.header.tensors[i].name != bs->header.tensors[i].name)
+        op.renamed[ns.header.tensors[i].name] = bs->header.tensors[i].name;
+    sp.ops.push_back(std::move(op));
+  }
+  for (std::size_t i = 0; i < ns.header.tensors.size(); ++i) {
+    const TensorRef ref{b, i};
+    add_work(sp, s, ns.header.tensors[i], &ref, false);
+  }
+  return true;
+}
+
+// NEW's file `s` built: each tensor's source is decided here and below; the
+// list is filled in from the works once their checksums are known.
+void plan_build(ShardPlan& sp, std::size_t s) {
+  const Shard& ns = sp.target.shards[s];
+  ShardOp op;
+  op.file = ns.file;
+  op.op = ShardOp::Op::build;
+  op.size = ns.header.file_size;
+  op.replaces = sp.base.find_shard(ns.file) != nullptr;
+  for (const auto& t : ns.header.tensors) {
+    const auto b = sp.base.tensors.find(t.name);
+    add_work(sp, s, t, b != sp.base.tensors.end() && sp.base.info(b->second).nbytes() == t.nbytes() ? &b->second : nullptr, true);
+  }
+  sp.ops.push_back(std::move(op));
+}
+
+void plan_removes(ShardPlan& sp) {
+  for (const auto& bs : sp.base.shards)
+    if (!sp.target.find_shard(bs.file)) {
+      ShardOp op;
+      op.file = bs.file;
+      op.op = ShardOp::Op::remove;
+      sp.ops.push_back(std::move(op));
+    }
+}
+
+// Base tensors gone from NEW of the length of some new tensor without a source.
+std::vector<GoneTensor> gone_tensors(const ShardPlan& sp) {
+  std::set<std::uint64_t> new_lengths;
+  for (const auto& w : sp.works)
+    if (w.fresh && w.nbytes > 0) new_lengths.insert(w.nbytes);
+  std::vector<GoneTensor> gone;
+  for (const auto& [name, ref] : sp.base.tensors)
+    if (!sp.target.tensors.count(name) && new_lengths.count(sp.base.info(ref).nbytes())) gone.emplace_back(name, ref);
+  return gone;
+}
+
+// A vanished base tensor becomes the source of a new one.
+void take_source(const Checkpoint& base, Work& w, const GoneTensor& g) {
+  w.fresh = false;
+  w.bfile = g.second.shard;
+  w.boff = base.shards[g.second.shard].header.file_offset(base.info(g.second));
+  w.from = &base.info(g.second).name;
+}
+
+// Renames and moves: new tensors without a source that have the bytes of a
+// base tensor gone from NEW, of the same length. Only those candidates are
+// read an extra time.
+void pair_by_checksum(ShardPlan& sp, const std::vector<GoneTensor>& gone, const std::vector<File>& base_files,
+                      const std::vector<File>& new_files, int threads) {
+  const Checkpoint& base = sp.base;
+  std::set<std::uint64_t> gone_lengths;
+  for (const auto& g : gone) gone_lengths.insert(base.info(g.second).nbytes());
+  std::vector<std::size_t> orphans;
+  for (std::size_t i = 0; i < sp.works.size(); ++i)
+    if (sp.works[i].fresh && gone_lengths.count(sp.works[i].nbytes)) orphans.push_back(i);
+  if (orphans.empty()) return;
+  std::vector<Hash128> orphan_hash(orphans.size()), gone_hash(gone.size());
+  parallel_for(orphans.size() + gone.size(), threads, [&](std::size_t k, std::size_t) {
+    std::vector<std::uint8_t> buf;
+    if (k < orphans.size()) {
+      const Work& w = sp.works[orphans[k]];
+      orphan_hash[k] = hash_file_range(new_files[w.nfile], w.noff, w.nbytes, buf);
+    } else {
+      const TensorRef& r = gone[k - orphans.size()].second;
+      gone_hash[k - orphans.size()] =
+          hash_file_range(base_files[r.shard], base.shards[r.shard].header.file_offset(base.info(r)), base.info(r).nbytes(), buf);
+    }
+  });
+  using Key = std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>;  // length, checksum
+  std::map<Key, std::size_t> by_content;  // first by name wins
+  for (std::size_t g = 0; g < gone.size(); ++g)
+    by_content.emplace(Key{base.info(gone[g].second).nbytes(), gone_hash[g].high, gone_hash[g].low}, g);
+  for (std::size_t k = 0; k < orphans.size(); ++k) {
+    Work& w = sp.works[orphans[k]];
+    auto m = by_content.find(Key{w.nbytes, orphan_hash[k].high, orphan_hash[k].low});
+    if (m != by_content.end()) take_source(base, w, gone[m->second]);
+  }
+}
+
+// Renames whose bytes changed too: a new tensor and a vanished one that are
+// the only ones of their dtype and shape are paired, so the entry carries
+// their difference rather than every byte.
+void pair_lone_renames(ShardPlan& sp, const std::vector<GoneTensor>& gone) {
+  using Kind = std::pair<std::string, std::vector<std::uint64_t>>;
+  std::map<Kind, std::vector<std::size_t>> new_of, gone_of;
+  std::set<std::string> used;  // vanished tensors already taken by checksum
+  for (std::size_t i = 0; i < sp.works.size(); ++i) {
+    const Work& w = sp.works[i];
+    if (w.fresh && w.nbytes > 0) new_of[{w.t->dtype, w.t->shape}].push_back(i);
+    if (w.from) used.insert(*w.from);
+  }
+  for (std::size_t g = 0; g < gone.size(); ++g)
+    if (!used.count(gone[g].first)) gone_of[{sp.base.info(gone[g].second).dtype, sp.base.info(gone[g].second).shape}].push_back(g);
+  for (const auto& [kind, ws] : new_of) {
+    auto it = gone_of.find(kind);
+    if (ws.size() == 1 && it != gone_of.end() && it->second.size() == 1) take_source(sp.base, sp.works[ws[0]], gone[it->second[0]]);
+  }
+}
+
+}  // namespace
+
 // Decides, per weight file of NEW, how it is reached from BASE, and pairs
 // every tensor of NEW with its base bytes (the `works`):
 // - a file of BASE with the same name and header bytes: patched in place,
@@ -360,131 +539,15 @@ static std::string header_prefix(const SafetensorsHeader& h) {
 // and base files NEW does not have are removed.
 static std::vector<ShardOp> plan_shards(const Checkpoint& base, const Checkpoint& target, const std::vector<File>& base_files,
                                         const std::vector<File>& new_files, int threads, std::vector<Work>& works) {
-  std::vector<ShardOp> ops;
-  // `build`: the file is built, so its tensors' checksums go in its list.
-  auto add = [&](std::size_t nfile, const TensorInfo& t, const TensorRef* src, bool build) {
-    const auto& hdr = target.shards[nfile].header;
-    Work w;
-    w.nfile = nfile;
-    w.t = &t;
-    w.noff = hdr.file_offset(t);
-    w.nbytes = t.nbytes();
-    w.es = sparse_elem_size(dtype_size(t.dtype) ? dtype_size(t.dtype) : 1, w.nbytes);
-    w.chunks = sparse_chunk_count(w.nbytes, w.es);
-    w.need_hash = build;
-    if (src) {
-      w.bfile = src->shard;
-      w.boff = base.shards[src->shard].header.file_offset(base.info(*src));
-      w.from = &base.info(*src).name;
-    } else {
-      w.fresh = true;
-    }
-    works.push_back(std::move(w));
-  };
-  for (std::size_t s = 0; s < target.shards.size(); ++s) {
-    const Shard& ns = target.shards[s];
-    const Shard* bs = base.find_shard(ns.file);
-    if (bs && (bs->header.header == ns.header.header || same_tensor_ranges(bs->header, ns.header))) {
-      const std::size_t b = static_cast<std::size_t>(bs - base.shards.data());
-      if (bs->header.header != ns.header.header) {
-        ShardOp op;
-        op.file = ns.file;
-        op.op = ShardOp::Op::header;
-        for (std::size_t i = 0; i < ns.header.tensors.size(); ++i)
-          if (ns.header.tensors[i].name != bs->header.tensors[i].name)
-            op.renamed[ns.header.tensors[i].name] = bs->header.tensors[i].name;
-        ops.push_back(std::move(op));
-      }
-      for (std::size_t i = 0; i < ns.header.tensors.size(); ++i) {
-        const TensorRef ref{b, i};
-        add(s, ns.header.tensors[i], &ref, false);
-      }
-      continue;
-    }
-    // Built: each tensor's source is decided below; the list is filled in
-    // from the works once their checksums are known.
-    ShardOp op;
-    op.file = ns.file;
-    op.op = ShardOp::Op::build;
-    op.size = ns.header.file_size;
-    op.replaces = bs != nullptr;
-    for (const auto& t : ns.header.tensors) {
-      const auto b = base.tensors.find(t.name);
-      add(s, t, b != base.tensors.end() && base.info(b->second).nbytes() == t.nbytes() ? &b->second : nullptr, true);
-    }
-    ops.push_back(std::move(op));
-  }
-  for (const auto& bs : base.shards)
-    if (!target.find_shard(bs.file)) {
-      ShardOp op;
-      op.file = bs.file;
-      op.op = ShardOp::Op::remove;
-      ops.push_back(std::move(op));
-    }
-
-  // Renames and moves: new tensors without a source that have the bytes of a
-  // base tensor gone from NEW, of the same length. Only those candidates are
-  // read an extra time.
-  std::vector<std::pair<std::string, TensorRef>> gone;
-  std::set<std::uint64_t> new_lengths, gone_lengths;
-  for (const auto& w : works)
-    if (w.fresh && w.nbytes > 0) new_lengths.insert(w.nbytes);
-  for (const auto& [name, ref] : base.tensors)
-    if (!target.tensors.count(name) && new_lengths.count(base.info(ref).nbytes()))
-      gone.emplace_back(name, ref), gone_lengths.insert(base.info(ref).nbytes());
-  std::vector<std::size_t> orphans;
-  for (std::size_t i = 0; i < works.size(); ++i)
-    if (works[i].fresh && gone_lengths.count(works[i].nbytes)) orphans.push_back(i);
-  // A vanished base tensor becomes the source of a new one.
-  auto take_source = [&](Work& w, const std::pair<std::string, TensorRef>& g) {
-    w.fresh = false;
-    w.bfile = g.second.shard;
-    w.boff = base.shards[g.second.shard].header.file_offset(base.info(g.second));
-    w.from = &base.info(g.second).name;
-  };
-  if (!orphans.empty()) {
-    std::vector<Hash128> orphan_hash(orphans.size()), gone_hash(gone.size());
-    parallel_for(orphans.size() + gone.size(), threads, [&](std::size_t k, std::size_t) {
-      std::vector<std::uint8_t> buf;
-      if (k < orphans.size()) {
-        const Work& w = works[orphans[k]];
-        orphan_hash[k] = hash_file_range(new_files[w.nfile], w.noff, w.nbytes, buf);
-      } else {
-        const TensorRef& r = gone[k - orphans.size()].second;
-        gone_hash[k - orphans.size()] = hash_file_range(base_files[r.shard], base.shards[r.shard].header.file_offset(base.info(r)),
-                                                   base.info(r).nbytes(), buf);
-      }
-    });
-    using Key = std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>;  // length, checksum
-    std::map<Key, std::size_t> by_content;  // first by name wins
-    for (std::size_t g = 0; g < gone.size(); ++g)
-      by_content.emplace(Key{base.info(gone[g].second).nbytes(), gone_hash[g].high, gone_hash[g].low}, g);
-    for (std::size_t k = 0; k < orphans.size(); ++k) {
-      Work& w = works[orphans[k]];
-      auto m = by_content.find(Key{w.nbytes, orphan_hash[k].high, orphan_hash[k].low});
-      if (m != by_content.end()) take_source(w, gone[m->second]);
-    }
-  }
-  // Renames whose bytes changed too: a new tensor and a vanished one that are
-  // the only ones of their dtype and shape are paired, so the entry carries
-  // their difference rather than every byte.
-  {
-    using Kind = std::pair<std::string, std::vector<std::uint64_t>>;
-    std::map<Kind, std::vector<std::size_t>> new_of, gone_of;
-    std::set<std::string> used;  // vanished tensors already taken by checksum
-    for (std::size_t i = 0; i < works.size(); ++i) {
-      if (works[i].fresh && works[i].nbytes > 0) new_of[{works[i].t->dtype, works[i].t->shape}].push_back(i);
-      if (works[i].from) used.insert(*works[i].from);
-    }
-    for (std::size_t g = 0; g < gone.size(); ++g)
-      if (!used.count(gone[g].first)) gone_of[{base.info(gone[g].second).dtype, base.info(gone[g].second).shape}].push_back(g);
-    for (const auto& [kind, ws] : new_of) {
-      auto it = gone_of.find(kind);
-      if (ws.size() == 1 && it != gone_of.end() && it->second.size() == 1) take_source(works[ws[0]], gone[it->second[0]]);
-    }
-  }
-  std::sort(ops.begin(), ops.end(), [](const ShardOp& a, const ShardOp& b) { return a.file < b.file; });
-  return ops;
+  ShardPlan sp{base, target, works, {}};
+  for (std::size_t s = 0; s < target.shards.size(); ++s)
+    if (!plan_in_place(sp, s)) plan_build(sp, s);
+  plan_removes(sp);
+  const std::vector<GoneTensor> gone = gone_tensors(sp);
+  pair_by_checksum(sp, gone, base_files, new_files, threads);
+  pair_lone_renames(sp, gone);
+  std::sort(sp.ops.begin(), sp.ops.end(), [](const ShardOp& a, const ShardOp& b) { return a.file < b.file; });
+  return std::move(sp.ops);
 }
 
 namespace {
