@@ -335,13 +335,15 @@ std::vector<fs::path> chain_between(const fs::path& first, const fs::path& last)
 
 namespace {
 
+using Traces = std::map<std::string, Trace>;
+
 // One --squash: the chain, what happened to each tensor and weight file
 // along it, and OUT as it is made.
 struct Squash {
   const SquashOptions& opts;
   SquashSummary sum;
   std::vector<Link> links;
-  std::map<std::string, Trace> traces;  // tensors something happened to, by current name
+  Traces traces;  // tensors something happened to, by current name
   std::map<std::string, FileState> files;
   std::map<std::string, std::pair<std::size_t, FileChange>> file_ops;  // path -> (link, last operation)
   DeltaIndex idx;
@@ -349,8 +351,6 @@ struct Squash {
   std::vector<OutEntry> entries;
   std::vector<const Trace*> of;  // entries[i]'s trace
 };
-
-using Traces = std::map<std::string, Trace>;
 
 // A tensor's trace so far: untouched ones come from the first base's tensor of that name.
 Trace trace_of(const Traces& from, const std::string& name) {
