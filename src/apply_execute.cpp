@@ -45,7 +45,7 @@ void check_split_bases(Exec& e) {
     const Patch& p = e.plan.patches[e.plan.split[k]];
     if (!p.base_hash) return;
     std::vector<std::uint8_t> buf;
-    const Hash128 h = hash_tensor(e.files[p.local_shard], p, buf);
+    const Hash128 h = hash_file_range(e.files[p.local_shard], p.offset, p.nbytes, buf);
     if (h != *p.base_hash)
       fail(Exit::verify_failed, e.shard_path(p.local_shard) + ": tensor '" + p.tensor + "' is not the base of delta " +
                                     format_version(e.version()) + " (checksum " + h.hex() + ", the delta expects " +
@@ -60,7 +60,7 @@ void check_split_results(Exec& e) {
   parallel_for(e.plan.split.size(), e.threads, [&](std::size_t k, std::size_t) {
     const Patch& p = e.plan.patches[e.plan.split[k]];
     std::vector<std::uint8_t> buf;
-    const Hash128 h = hash_tensor(e.files[p.local_shard], p, buf);
+    const Hash128 h = hash_file_range(e.files[p.local_shard], p.offset, p.nbytes, buf);
     std::lock_guard<std::mutex> g(mu);
     if (h != p.new_hash)
       bad.push_back("tensor '" + p.tensor + "' in " + e.shard_path(p.local_shard) + " reads back with checksum " + h.hex() +
@@ -96,9 +96,7 @@ void build_file(const Exec& e, const Build& bd, const std::vector<File>& src) {
       else journal_patch(p, out, nullptr, buf, name, e.version(), &out);
       continue;
     }
-    Patch whole;
-    whole.offset = t.dst, whole.nbytes = t.nbytes;
-    const Hash128 h = hash_tensor(out, whole, buf);
+    const Hash128 h = hash_file_range(out, t.dst, t.nbytes, buf);
     if (h != t.hash)
       fail(Exit::verify_failed, name + ": tensor '" + t.name + "' has checksum " + h.hex() + " when built, the delta records " +
                                     t.hash.hex() + "; LOCAL is not this delta's base, nothing was changed");

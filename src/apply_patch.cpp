@@ -330,15 +330,4 @@ void journal_range(const Patch& p, std::uint64_t c0, std::uint64_t c1, const Fil
   jw.end_tensor();
 }
 
-Hash128 hash_tensor(const File& f, const Patch& p, std::vector<std::uint8_t>& buf) {
-  Hasher h;
-  buf.resize(kWindow);
-  for (std::uint64_t at = 0; at < p.nbytes; at += kWindow) {
-    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(kWindow, p.nbytes - at));
-    f.pread_exact(buf.data(), n, p.offset + at);
-    h.update({buf.data(), n});
-  }
-  return h.digest();
-}
-
 }  // namespace hfdelta

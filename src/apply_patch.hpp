@@ -71,7 +71,4 @@ void journal_stack(const Patch& p, const File& f, const boost::filesystem::path&
 void journal_range(const Patch& p, std::uint64_t c0, std::uint64_t c1, const File& f, JournalWriter& jw,
                    std::vector<std::uint8_t>& buf, File* out);
 
-// XXH3-128 of the tensor's bytes [p.offset, p.offset + p.nbytes) of `f`.
-Hash128 hash_tensor(const File& f, const Patch& p, std::vector<std::uint8_t>& buf);
-
 }  // namespace hfdelta

@@ -13,6 +13,7 @@
 #include "hfdelta/local_store.hpp"
 #include "hfdelta/safetensors.hpp"
 #include "hfdelta/version.hpp"
+#include "parallel.hpp"
 
 namespace hfdelta {
 
@@ -261,12 +262,10 @@ void plan_file_ops(Planner& c) {
   }
 }
 
-// Chunks of a sparse entry worth cutting into ranges: larger than its share
-// of the work, so that one tensor can keep every core busy. 0: not split.
-std::uint64_t split_chunks(Patch& p, std::uint64_t total, int threads) {
-  if (threads <= 1 || !p.replace.empty() || p.encoding != Encoding::sparse || p.frame.size() < kSparseHeadSize ||
-      p.nbytes <= total / static_cast<std::uint64_t>(threads))
-    return 0;
+// Chunks of a sparse entry that can be cut into ranges (of
+// p.chunk_bytes): 0 where it cannot.
+std::uint64_t sparse_chunks(Patch& p) {
+  if (!p.replace.empty() || p.encoding != Encoding::sparse || p.frame.size() < kSparseHeadSize) return 0;
   std::uint32_t es = 0;
   std::memcpy(&es, p.frame.data() + 4, 4);  // checked again by the decoder
   if (es != sparse_elem_size(es, p.nbytes)) return 0;
@@ -281,18 +280,15 @@ void plan_units(ApplyPlan& plan, int threads) {
   for (const Patch& p : plan.patches) total += p.nbytes;
   for (std::size_t i = 0; i < plan.patches.size(); ++i) {
     Patch& p = plan.patches[i];
-    const std::uint64_t chunks = split_chunks(p, total, threads);
-    if (chunks < 2) {
+    const std::uint64_t chunks = sparse_chunks(p);
+    const std::vector<ChunkRange> ranges = split_chunk_ranges(p.nbytes, chunks, p.chunk_bytes, total, threads);
+    if (ranges.empty()) {
       plan.units.push_back({i, 0, 0, p.nbytes});
       continue;
     }
     p.split = true;
     plan.split.push_back(i);
-    const std::uint64_t per = std::max<std::uint64_t>(1, chunks / (4 * static_cast<std::uint64_t>(threads)));
-    for (std::uint64_t c0 = 0; c0 < chunks; c0 += per) {
-      const std::uint64_t c1 = std::min(chunks, c0 + per);
-      plan.units.push_back({i, c0, c1, std::min(p.nbytes, c1 * p.chunk_bytes) - c0 * p.chunk_bytes});
-    }
+    for (const ChunkRange& r : ranges) plan.units.push_back({i, r.c0, r.c1, r.bytes});
   }
   std::stable_sort(plan.units.begin(), plan.units.end(), [](const Unit& a, const Unit& b) { return a.bytes > b.bytes; });
 }

@@ -9,6 +9,7 @@
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/delta_format.hpp"  // parse_hash_hex
 #include "hfdelta/error.hpp"
+#include "hfdelta/hash.hpp"
 #include "hfdelta/io.hpp"
 #include "hfdelta/local_store.hpp"
 #include "hfdelta/version.hpp"
@@ -22,26 +23,11 @@ using nlohmann::json;
 
 namespace {
 
-constexpr std::size_t kWindow = 1 << 20;
-
 // --init rewrites a damaged record even when LOCAL's bytes are in place.
 constexpr const char* kRecordHint = "; delta-apply --init SRC LOCAL rewrites it";
 
 fs::path records_dir(const fs::path& local) { return local / kStateDir / "checksums"; }
 fs::path record_path(const fs::path& local, std::uint64_t v) { return records_dir(local) / (format_version(v) + ".json"); }
-
-Hash128 hash_file_range(const File& f, std::uint64_t off, std::uint64_t n, std::vector<std::uint8_t>& buf) {
-  Hasher h;
-  buf.resize(kWindow);
-  while (n > 0) {
-    const std::size_t k = static_cast<std::size_t>(std::min<std::uint64_t>(n, kWindow));
-    f.pread_exact(buf.data(), k, off);
-    h.update({buf.data(), k});
-    off += k, n -= k;
-  }
-  return h.digest();
-}
-
 
 // One thing to hash: a weight file's header, one of its tensors, or a whole file.
 struct Item {

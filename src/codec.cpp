@@ -498,97 +498,164 @@ void decode_sparse(std::span<const std::uint8_t> entry, std::uint64_t nbytes, co
   decode_sparse_chunks(entry, nbytes, 0, ~0ull, what, patch);
 }
 
-void decode_sparse_chunks(std::span<const std::uint8_t> entry, std::uint64_t nbytes, std::uint64_t first,
-                          std::uint64_t last, const std::string& what, const SparsePatch& patch) {
-  auto bad = [&](const std::string& msg) -> void { fail(Exit::bad_input, what + ": sparse entry " + msg); };
+namespace {
+
+// A sparse entry read front to back; every read is checked against its end.
+struct EntryCursor {
+  std::span<const std::uint8_t> entry;
+  const std::string& what;
   std::uint64_t at = 0;
-  auto take = [&](std::uint64_t k) {
+
+  [[noreturn]] void bad(const std::string& msg) const { fail(Exit::bad_input, what + ": sparse entry " + msg); }
+  const std::uint8_t* take(std::uint64_t k) {
     if (k > entry.size() - at) bad("is truncated");
     const std::uint8_t* p = entry.data() + at;
     at += k;
     return p;
-  };
-  const SparseHead head = read_sparse_head(entry, what);
-  take(kSparseHeadSize);
-  const SparseOp op = head.op;
+  }
+};
+
+// The entry's head, taken and checked against a tensor of `nbytes` bytes.
+SparseHead take_sparse_head(EntryCursor& in, std::uint64_t nbytes) {
+  const SparseHead head = read_sparse_head(in.entry, in.what);
+  in.take(kSparseHeadSize);
   const std::uint32_t es = head.es;
   if (es != sparse_elem_size(es, nbytes) || (es != 1 && es != 2 && es != 4 && es != 8))
-    bad("has element size " + std::to_string(es) + ", which does not fit a " + std::to_string(nbytes) + "-byte tensor");
+    in.bad("has element size " + std::to_string(es) + ", which does not fit a " + std::to_string(nbytes) + "-byte tensor");
   if (head.nbytes != nbytes)
-    bad("is for a " + std::to_string(head.nbytes) + "-byte tensor, the target has " + std::to_string(nbytes));
+    in.bad("is for a " + std::to_string(head.nbytes) + "-byte tensor, the target has " + std::to_string(nbytes));
   const std::uint64_t chunk_elems = head.chunk_elements, chunks = head.chunks;
   const std::uint64_t n = nbytes / es;
   // Revision 2 fixes the chunk size; a hostile one could make every element
   // a chunk of its own, or the chunk count wrap around.
-  if (chunk_elems != kSparseChunkElements) bad("has chunks of " + std::to_string(chunk_elems) + " elements, not " + std::to_string(kSparseChunkElements));
-  if (chunks != (n == 0 ? 0 : (n - 1) / chunk_elems + 1)) bad("has an inconsistent chunk table");
+  if (chunk_elems != kSparseChunkElements) in.bad("has chunks of " + std::to_string(chunk_elems) + " elements, not " + std::to_string(kSparseChunkElements));
+  if (chunks != (n == 0 ? 0 : (n - 1) / chunk_elems + 1)) in.bad("has an inconsistent chunk table");
+  return head;
+}
 
-  constexpr std::size_t kBatch = 16 * 1024;
-  std::vector<std::uint64_t> offs(kBatch);
-  std::vector<std::uint8_t> xors(kBatch * es), plane(kBatch);
-  // Contexts are kept per thread: making one costs more than decoding the
-  // entry of a small tensor.
-  thread_local Decompressor dg;
-  thread_local std::vector<std::unique_ptr<Decompressor>> dp;
-  while (dp.size() < es) dp.push_back(std::make_unique<Decompressor>());
-  for (std::uint64_t ch = 0; ch < chunks; ++ch) {
-    const std::uint64_t e0 = ch * chunk_elems, e1 = std::min(n, e0 + chunk_elems);
-    const std::uint8_t* ch_head = take(16 + 8 * es);
-    const std::uint64_t count = get_le64(ch_head);
-    if (count > e1 - e0) bad("chunk " + std::to_string(ch) + " declares more changes than it has elements");
-    const std::uint64_t gaps_len = get_le64(ch_head + 8);
-    const std::span<const std::uint8_t> gaps_frame(take(gaps_len), gaps_len);
+// One chunk of the entry: elements [e0, e1), `count` of them changed.
+struct SparseChunk {
+  std::uint64_t index = 0, e0 = 0, e1 = 0, count = 0;
+  const std::uint8_t* head = nullptr;  // count, gaps length, one length per plane
+  std::span<const std::uint8_t> gaps;  // the gaps frame
+  std::uint64_t plane_len(std::uint32_t k) const { return get_le64(head + 16 + 8 * k); }
+};
+
+// Takes chunk `ch`'s head and gaps frame; its planes come next.
+SparseChunk take_chunk(EntryCursor& in, std::uint64_t ch, std::uint64_t n, std::uint32_t es) {
+  SparseChunk c;
+  c.index = ch;
+  c.e0 = ch * kSparseChunkElements, c.e1 = std::min(n, c.e0 + kSparseChunkElements);
+  c.head = in.take(16 + 8 * es);
+  c.count = get_le64(c.head);
+  if (c.count > c.e1 - c.e0) in.bad("chunk " + std::to_string(ch) + " declares more changes than it has elements");
+  const std::uint64_t gaps_len = get_le64(c.head + 8);
+  c.gaps = {in.take(gaps_len), gaps_len};
+  return c;
+}
+
+// The positions of a chunk's changes: LEB128 gaps, read a byte at a time
+// from the decoded pieces of the gaps frame.
+struct GapReader {
+  FrameReader fr;
+  std::uint64_t count = 0;
+  std::span<const std::uint8_t> piece;
+  std::size_t pp = 0;
+
+  std::uint8_t byte() {
+    if (pp == piece.size()) {
+      piece = fr.next();
+      pp = 0;
+      if (piece.empty()) fr.bad("ends before its " + std::to_string(count) + " positions");
+    }
+    return piece[pp++];
+  }
+  std::uint64_t gap() {
+    std::uint64_t v = 0;
+    for (int shift = 0;; shift += 7) {
+      if (shift > 63) fr.bad("has an overlong position");
+      const std::uint8_t b = byte();
+      v |= std::uint64_t(b & 0x7f) << shift;
+      if (!(b & 0x80)) return v;
+    }
+  }
+};
+
+// Decompression contexts and buffers of one decoding call. The contexts are
+// kept per thread: making one costs more than decoding the entry of a small tensor.
+struct SparseScratch {
+  static constexpr std::size_t kBatch = 16 * 1024;
+  std::vector<std::uint64_t> offs;
+  std::vector<std::uint8_t> values, plane;
+  Decompressor& dg;
+  std::vector<std::unique_ptr<Decompressor>>& dp;
+
+  explicit SparseScratch(std::uint32_t es) : offs(kBatch), values(kBatch * es), plane(kBatch), dg(gaps_context()), dp(plane_contexts()) {
+    while (dp.size() < es) dp.push_back(std::make_unique<Decompressor>());
+  }
+  static Decompressor& gaps_context() {
+    thread_local Decompressor d;
+    return d;
+  }
+  static std::vector<std::unique_ptr<Decompressor>>& plane_contexts() {
+    thread_local std::vector<std::unique_ptr<Decompressor>> d;
+    return d;
+  }
+};
+
+// Decodes chunk `c` (its planes next in `in`) and hands its changes to
+// `patch` a batch at a time.
+void decode_chunk(EntryCursor& in, const SparseChunk& c, std::uint32_t es, SparseOp op, SparseScratch& s,
+                  const SparsePatch& patch) {
+  const std::string& what = in.what;
+  std::optional<FrameReader> pr[8];  // one per plane, in place: no allocation per chunk
+  for (std::uint32_t k = 0; k < es; ++k) {
+    const std::uint64_t len = c.plane_len(k);
+    const std::span<const std::uint8_t> f(in.take(len), len);
+    check_declared_size(f, c.count, what);
+    pr[k].emplace(*s.dp[k], f, what);
+  }
+  GapReader gr{FrameReader(s.dg, c.gaps, what), c.count, {}, 0};
+  std::uint64_t next = c.e0;
+  for (std::uint64_t done = 0; done < c.count;) {
+    const std::size_t m = static_cast<std::size_t>(std::min<std::uint64_t>(SparseScratch::kBatch, c.count - done));
+    for (std::size_t i = 0; i < m; ++i) {
+      const std::uint64_t v = gr.gap();
+      if (v >= c.e1 - next) gr.fr.bad("has a position outside chunk " + std::to_string(c.index));
+      const std::uint64_t e = next + v;
+      s.offs[i] = e * es;
+      next = e + 1;
+    }
+    for (std::uint32_t k = 0; k < es; ++k) {
+      pr[k]->read(s.plane.data(), m);
+      for (std::size_t i = 0; i < m; ++i) s.values[i * es + k] = s.plane[i];
+    }
+    patch({s.offs.data(), m}, {s.values.data(), m * es}, es, op);
+    done += m;
+  }
+  if (gr.pp != gr.piece.size()) gr.fr.bad("has bytes after its positions");
+  gr.fr.expect_end();
+  for (std::uint32_t k = 0; k < es; ++k) pr[k]->expect_end();
+}
+
+}  // namespace
+
+void decode_sparse_chunks(std::span<const std::uint8_t> entry, std::uint64_t nbytes, std::uint64_t first,
+                          std::uint64_t last, const std::string& what, const SparsePatch& patch) {
+  EntryCursor in{entry, what};
+  const SparseHead head = take_sparse_head(in, nbytes);
+  const std::uint32_t es = head.es;
+  const std::uint64_t n = nbytes / es;
+  SparseScratch scratch(es);
+  for (std::uint64_t ch = 0; ch < head.chunks; ++ch) {
+    const SparseChunk c = take_chunk(in, ch, n, es);
     if (ch < first || ch >= last) {  // another caller's chunk: step over it
-      for (std::uint32_t k = 0; k < es; ++k) take(get_le64(ch_head + 16 + 8 * k));
+      for (std::uint32_t k = 0; k < es; ++k) in.take(c.plane_len(k));
       continue;
     }
-    std::optional<FrameReader> pr[8];  // one per plane, in place: no allocation per chunk
-    for (std::uint32_t k = 0; k < es; ++k) {
-      const std::uint64_t len = get_le64(ch_head + 16 + 8 * k);
-      const std::span<const std::uint8_t> f(take(len), len);
-      check_declared_size(f, count, what);
-      pr[k].emplace(*dp[k], f, what);
-    }
-    FrameReader gr(dg, gaps_frame, what);
-    std::span<const std::uint8_t> piece;
-    std::size_t pp = 0;
-    auto gap_byte = [&]() -> std::uint8_t {
-      if (pp == piece.size()) {
-        piece = gr.next();
-        pp = 0;
-        if (piece.empty()) gr.bad("ends before its " + std::to_string(count) + " positions");
-      }
-      return piece[pp++];
-    };
-    std::uint64_t next = e0;
-    for (std::uint64_t done = 0; done < count;) {
-      const std::size_t m = static_cast<std::size_t>(std::min<std::uint64_t>(kBatch, count - done));
-      for (std::size_t i = 0; i < m; ++i) {
-        std::uint64_t v = 0;
-        int shift = 0;
-        for (;; shift += 7) {
-          if (shift > 63) gr.bad("has an overlong position");
-          const std::uint8_t byte = gap_byte();
-          v |= std::uint64_t(byte & 0x7f) << shift;
-          if (!(byte & 0x80)) break;
-        }
-        if (v >= e1 - next) gr.bad("has a position outside chunk " + std::to_string(ch));
-        const std::uint64_t e = next + v;
-        offs[i] = e * es;
-        next = e + 1;
-      }
-      for (std::uint32_t k = 0; k < es; ++k) {
-        pr[k]->read(plane.data(), m);
-        for (std::size_t i = 0; i < m; ++i) xors[i * es + k] = plane[i];
-      }
-      patch({offs.data(), m}, {xors.data(), m * es}, es, op);
-      done += m;
-    }
-    if (pp != piece.size()) gr.bad("has bytes after its positions");
-    gr.expect_end();
-    for (std::uint32_t k = 0; k < es; ++k) pr[k]->expect_end();
+    decode_chunk(in, c, es, head.op, scratch, patch);
   }
-  if (at != entry.size()) bad("is followed by " + std::to_string(entry.size() - at) + " extra bytes");
+  if (in.at != entry.size()) in.bad("is followed by " + std::to_string(entry.size() - in.at) + " extra bytes");
 }
 
 // ---- Decompressor -------------------------------------------------------------

@@ -102,199 +102,270 @@ DeltaIndex parse_delta_index(std::string_view text, const std::string& w) {
 
 namespace {
 
-DeltaIndex delta_index_from_json(json j, const std::string& w) {
-  if (!j.is_object()) fail(Exit::bad_input, w + ": not a JSON object");
-  if (!j.contains("metadata") || !j["metadata"].is_object()) fail(Exit::bad_input, w + ": no \"metadata\" object");
-  const json& m = j["metadata"];
+// An index being converted: the parsed document (its large objects are
+// erased entry by entry as they are converted, so the parsed document and
+// the index are not both held in full), its metadata, and the name of the
+// file for errors.
+struct IndexJson {
+  json& j;
+  const json& m;  // j["metadata"]
+  const std::string& w;
   DeltaIndex d;
-  // hfdelta's indexes carry a checksum of themselves, so no damaged byte of
-  // the index (a key name, a checksum, a file entry) can go unnoticed.
-  if (m.contains(key::format) || m.contains(key::index_checksum)) {
-    if (!m.contains(key::format) || !m.contains(key::index_checksum) || !m[key::index_checksum].is_string())
-      fail(Exit::bad_input, w + ": needs both metadata.hfdelta_format and metadata.hfdelta_index_checksum");
-    const Hash128 want = parse_hash_hex(m[key::index_checksum].get<std::string>(), w + ": metadata.hfdelta_index_checksum");
-    j["metadata"].erase(key::index_checksum);  // the checksum covers the index without itself
-    if (xxh3_128_of_dump(j) != want) fail(Exit::bad_input, w + ": index does not match its hfdelta_index_checksum (damaged)");
-    d.index_checksum = want;
-  }
-  if (!m.contains(key::delta_encoding)) fail(Exit::bad_input, w + ": not a delta (no metadata.delta_encoding)");
+  std::uint64_t revision = 0;  // metadata.hfdelta_format; 0: a plain slime-layout delta
+};
 
-  std::uint64_t revision = 0;  // none: a plain slime-layout delta
-  if (m.contains(key::format)) {
-    const json& f = m[key::format];
-    if (!f.is_number_unsigned()) fail(Exit::bad_input, w + ": metadata.hfdelta_format must be an integer");
-    revision = f.get<std::uint64_t>();
-    d.format_revision = revision;
-    if (revision > static_cast<std::uint64_t>(kFormatRevision))
-      fail(Exit::unsupported, w + ": written by a newer hfdelta (format revision " + f.dump() +
-                                  "; this build reads up to " + std::to_string(kFormatRevision) + ")");
-  }
-  if (!m[key::delta_encoding].is_string()) fail(Exit::bad_input, w + ": metadata.delta_encoding must be a string");
-  const std::string enc_name = m[key::delta_encoding].get<std::string>();
-  d.encoding_name = enc_name;
-  if (enc_name == "auto") {
-    d.per_tensor = true;
-    if (!m.contains(key::encodings) || !m[key::encodings].is_object())
-      fail(Exit::bad_input, w + ": delta_encoding \"auto\" needs metadata.hfdelta_encodings");
-    json& es = j["metadata"][key::encodings];
-    for (auto it = es.begin(); it != es.end(); it = es.erase(it)) {
-      const auto e = it->is_string() ? parse_encoding(it->get<std::string>()) : std::nullopt;
-      if (!e) fail(Exit::unsupported, w + ": hfdelta_encodings[\"" + it.key() + "\"] is " + it->dump() + ", not an encoding this build knows");
-      if (*e == Encoding::stack && revision < 4)
-        fail(Exit::bad_input, w + ": hfdelta_encodings[\"" + it.key() + "\"] is \"stack\", which needs hfdelta_format 4 or later");
-      d.encodings.emplace(it.key(), *e);
-    }
-  } else {
-    const auto enc = parse_encoding(enc_name);
-    if (!enc) fail(Exit::unsupported, w + ": unknown delta_encoding \"" + enc_name + "\"");
-    if (*enc == Encoding::stack) fail(Exit::bad_input, w + ": delta_encoding \"stack\" is only valid per tensor, in hfdelta_encodings");
-    d.encoding = *enc;
-  }
-  auto expect_text = [&](const char* k, const char* want) {
-    if (!m.contains(k)) return;  // the format names these; absent means the only value there is
-    if (!m[k].is_string() || m[k].get<std::string>() != want)
-      fail(Exit::unsupported, w + ": metadata." + k + " is " + m[k].dump() + ", this build supports only \"" + want + "\"");
-  };
-  expect_text(key::compression_format, "zstd");
-  expect_text(key::checksum_format, "xxh3-128");
-  if (!m.contains(key::version) || !m.contains(key::base_version))
-    fail(Exit::bad_input, w + ": metadata needs \"version\" and \"base_version\"");
-  d.version = version_of(m[key::version], w + ": metadata.version");
-  d.base_version = version_of(m[key::base_version], w + ": metadata.base_version");
+// hfdelta's indexes carry a checksum of themselves, so no damaged byte of
+// the index (a key name, a checksum, a file entry) can go unnoticed.
+void check_index_checksum(IndexJson& x) {
+  const json& m = x.m;
+  if (!m.contains(key::format) && !m.contains(key::index_checksum)) return;
+  if (!m.contains(key::format) || !m.contains(key::index_checksum) || !m[key::index_checksum].is_string())
+    fail(Exit::bad_input, x.w + ": needs both metadata.hfdelta_format and metadata.hfdelta_index_checksum");
+  const Hash128 want = parse_hash_hex(m[key::index_checksum].get<std::string>(), x.w + ": metadata.hfdelta_index_checksum");
+  x.j["metadata"].erase(key::index_checksum);  // the checksum covers the index without itself
+  if (xxh3_128_of_dump(x.j) != want) fail(Exit::bad_input, x.w + ": index does not match its hfdelta_index_checksum (damaged)");
+  x.d.index_checksum = want;
+}
 
-  if (!j.contains("weight_map") || !j["weight_map"].is_object()) fail(Exit::bad_input, w + ": no \"weight_map\" object");
-  // The large objects are erased entry by entry as they are converted, so
-  // the parsed document and the index are not both held in full.
-  json& wm = j["weight_map"];
+void read_revision(IndexJson& x) {
+  if (!x.m.contains(key::format)) return;
+  const json& f = x.m[key::format];
+  if (!f.is_number_unsigned()) fail(Exit::bad_input, x.w + ": metadata.hfdelta_format must be an integer");
+  x.revision = f.get<std::uint64_t>();
+  x.d.format_revision = x.revision;
+  if (x.revision > static_cast<std::uint64_t>(kFormatRevision))
+    fail(Exit::unsupported, x.w + ": written by a newer hfdelta (format revision " + f.dump() +
+                                "; this build reads up to " + std::to_string(kFormatRevision) + ")");
+}
+
+// delta_encoding "auto": hfdelta_encodings gives each tensor's.
+void read_tensor_encodings(IndexJson& x) {
+  const std::string& w = x.w;
+  x.d.per_tensor = true;
+  if (!x.m.contains(key::encodings) || !x.m[key::encodings].is_object())
+    fail(Exit::bad_input, w + ": delta_encoding \"auto\" needs metadata.hfdelta_encodings");
+  json& es = x.j["metadata"][key::encodings];
+  for (auto it = es.begin(); it != es.end(); it = es.erase(it)) {
+    const auto e = it->is_string() ? parse_encoding(it->get<std::string>()) : std::nullopt;
+    if (!e) fail(Exit::unsupported, w + ": hfdelta_encodings[\"" + it.key() + "\"] is " + it->dump() + ", not an encoding this build knows");
+    if (*e == Encoding::stack && x.revision < 4)
+      fail(Exit::bad_input, w + ": hfdelta_encodings[\"" + it.key() + "\"] is \"stack\", which needs hfdelta_format 4 or later");
+    x.d.encodings.emplace(it.key(), *e);
+  }
+}
+
+void read_encoding(IndexJson& x) {
+  const std::string& w = x.w;
+  if (!x.m[key::delta_encoding].is_string()) fail(Exit::bad_input, w + ": metadata.delta_encoding must be a string");
+  const std::string enc_name = x.m[key::delta_encoding].get<std::string>();
+  x.d.encoding_name = enc_name;
+  if (enc_name == "auto") return read_tensor_encodings(x);
+  const auto enc = parse_encoding(enc_name);
+  if (!enc) fail(Exit::unsupported, w + ": unknown delta_encoding \"" + enc_name + "\"");
+  if (*enc == Encoding::stack) fail(Exit::bad_input, w + ": delta_encoding \"stack\" is only valid per tensor, in hfdelta_encodings");
+  x.d.encoding = *enc;
+}
+
+// The format names these; absent means the only value there is.
+void expect_text(const IndexJson& x, const char* k, const char* want) {
+  if (!x.m.contains(k)) return;
+  if (!x.m[k].is_string() || x.m[k].get<std::string>() != want)
+    fail(Exit::unsupported, x.w + ": metadata." + k + " is " + x.m[k].dump() + ", this build supports only \"" + want + "\"");
+}
+
+void read_versions(IndexJson& x) {
+  if (!x.m.contains(key::version) || !x.m.contains(key::base_version))
+    fail(Exit::bad_input, x.w + ": metadata needs \"version\" and \"base_version\"");
+  x.d.version = version_of(x.m[key::version], x.w + ": metadata.version");
+  x.d.base_version = version_of(x.m[key::base_version], x.w + ": metadata.base_version");
+}
+
+void read_weight_map(IndexJson& x) {
+  const std::string& w = x.w;
+  if (!x.j.contains("weight_map") || !x.j["weight_map"].is_object()) fail(Exit::bad_input, w + ": no \"weight_map\" object");
+  json& wm = x.j["weight_map"];
   for (auto it = wm.begin(); it != wm.end(); it = wm.erase(it)) {
     if (!it->is_string()) fail(Exit::bad_input, w + ": weight_map[\"" + it.key() + "\"] is not a file name");
     const std::string& file = it->get_ref<const std::string&>();
     check_relative_path(file, w + ": weight_map[\"" + it.key() + "\"]");
     if (file.find('/') != std::string::npos)
       fail(Exit::bad_input, w + ": weight_map[\"" + it.key() + "\"] names a file outside the delta directory's top level");
-    d.weight_map.emplace(it.key(), file);
+    x.d.weight_map.emplace(it.key(), file);
   }
-  if (m.contains(key::base_checksums)) {
-    json& b = j["metadata"][key::base_checksums];
-    if (!b.is_object()) fail(Exit::bad_input, w + ": metadata.hfdelta_base_checksums must be an object");
-    for (auto it = b.begin(); it != b.end(); it = b.erase(it)) {
-      if (!it->is_string()) fail(Exit::bad_input, w + ": hfdelta_base_checksums[\"" + it.key() + "\"] is not a string");
-      d.base_checksums.emplace(it.key(), parse_hash_hex(it->get<std::string>(), w + ": hfdelta_base_checksums[\"" + it.key() + "\"]"));
+}
+
+void read_base_checksums(IndexJson& x) {
+  const std::string& w = x.w;
+  if (!x.m.contains(key::base_checksums)) return;
+  json& b = x.j["metadata"][key::base_checksums];
+  if (!b.is_object()) fail(Exit::bad_input, w + ": metadata.hfdelta_base_checksums must be an object");
+  for (auto it = b.begin(); it != b.end(); it = b.erase(it)) {
+    if (!it->is_string()) fail(Exit::bad_input, w + ": hfdelta_base_checksums[\"" + it.key() + "\"] is not a string");
+    x.d.base_checksums.emplace(it.key(), parse_hash_hex(it->get<std::string>(), w + ": hfdelta_base_checksums[\"" + it.key() + "\"]"));
+  }
+}
+
+FileChange file_change_of(const json& e, const std::string& w) {
+  if (!e.is_object() || !e.contains("path") || !e["path"].is_string() || !e.contains("op") || !e["op"].is_string())
+    fail(Exit::bad_input, w + ": hfdelta_files entry " + e.dump() + " needs \"path\" and \"op\"");
+  FileChange fc;
+  fc.path = e["path"].get<std::string>();
+  check_relative_path(fc.path, w + ": hfdelta_files");
+  const std::string op = e["op"].get<std::string>();
+  if (op == "remove") {
+    fc.op = FileChange::Op::remove;
+  } else if (op == "put") {
+    fc.op = FileChange::Op::put;
+    if (!e.contains("size") || !e["size"].is_number_unsigned() || !e.contains("xxh3-128") || !e["xxh3-128"].is_string())
+      fail(Exit::bad_input, w + ": hfdelta_files entry for \"" + fc.path + "\" needs \"size\" and \"xxh3-128\"");
+    fc.size = e["size"].get<std::uint64_t>();
+    fc.hash = parse_hash_hex(e["xxh3-128"].get<std::string>(), w + ": hfdelta_files \"" + fc.path + "\"");
+  } else {
+    fail(Exit::unsupported, w + ": hfdelta_files entry for \"" + fc.path + "\" has unknown op \"" + op + "\"");
+  }
+  return fc;
+}
+
+void read_files(IndexJson& x) {
+  if (!x.m.contains(key::files)) return;
+  const json& fl = x.m[key::files];
+  if (!fl.is_array()) fail(Exit::bad_input, x.w + ": metadata.hfdelta_files must be a list");
+  for (const json& e : fl) {
+    FileChange fc = file_change_of(e, x.w);
+    for (const auto& other : x.d.files)
+      if (other.path == fc.path) fail(Exit::bad_input, x.w + ": hfdelta_files lists \"" + fc.path + "\" twice");
+    x.d.files.push_back(std::move(fc));
+  }
+}
+
+// One hfdelta_shards entry `e`, `what` naming it in errors.
+struct ShardJson {
+  const json& e;
+  const std::string& what;
+
+  Hash128 hash_at(const json& o, const char* k) const {
+    if (!o.contains(k) || !o[k].is_string()) fail(Exit::bad_input, what + ": needs \"" + std::string(k) + "\"");
+    return parse_hash_hex(o[k].get<std::string>(), what + " " + k);
+  }
+  std::uint64_t u64_at(const json& o, const char* k) const {
+    if (!o.contains(k) || !o[k].is_number_unsigned()) fail(Exit::bad_input, what + ": needs an integer \"" + std::string(k) + "\"");
+    return o[k].get<std::uint64_t>();
+  }
+  void read_header(ShardOp& so) const {
+    if (!e.contains("header") || !e["header"].is_object()) fail(Exit::bad_input, what + ": needs a \"header\" object");
+    so.header_size = u64_at(e["header"], "size");
+    so.header_hash = hash_at(e["header"], "xxh3-128");
+    if (so.header_size < 8 || so.header_size > 8 + kMaxHeaderSize)
+      fail(Exit::bad_input, what + ": header size " + std::to_string(so.header_size) + " is out of range");
+  }
+};
+
+void read_header_op(const ShardJson& s, ShardOp& so) {
+  const json& e = s.e;
+  so.op = ShardOp::Op::header;
+  s.read_header(so);
+  so.base_header_hash = s.hash_at(e, "base_header");
+  if (!e.contains("renamed")) return;
+  if (!e["renamed"].is_object()) fail(Exit::bad_input, s.what + ": \"renamed\" must be an object of names");
+  for (auto it = e["renamed"].begin(); it != e["renamed"].end(); ++it) {
+    if (!it->is_string()) fail(Exit::bad_input, s.what + ": renamed[\"" + it.key() + "\"] is not a name");
+    so.renamed.emplace(it.key(), it->get<std::string>());
+  }
+}
+
+// `seen`: tensors built by the entries before, which may not be built twice.
+void read_build_op(const ShardJson& s, ShardOp& so, std::set<std::string>& seen) {
+  const json& e = s.e;
+  const std::string& what = s.what;
+  so.op = ShardOp::Op::build;
+  s.read_header(so);
+  so.size = s.u64_at(e, "size");
+  if (e.contains("replaces")) {
+    if (!e["replaces"].is_boolean()) fail(Exit::bad_input, what + ": \"replaces\" must be true or false");
+    so.replaces = e["replaces"].get<bool>();
+  }
+  if (!e.contains("tensors") || !e["tensors"].is_array()) fail(Exit::bad_input, what + ": needs a \"tensors\" list");
+  for (const json& t : e["tensors"]) {
+    if (!t.is_object() || !t.contains("name") || !t["name"].is_string())
+      fail(Exit::bad_input, what + ": tensor entry " + t.dump().substr(0, 200) + " needs a \"name\"");
+    ShardOp::Tensor st;
+    st.name = t["name"].get<std::string>();
+    if (!seen.insert(st.name).second) fail(Exit::bad_input, what + ": tensor '" + st.name + "' is built twice");
+    if (t.contains("from")) {
+      if (!t["from"].is_string()) fail(Exit::bad_input, what + ": tensor '" + st.name + "' has a \"from\" that is not a name");
+      st.from = t["from"].get<std::string>();
     }
+    st.hash = s.hash_at(t, "xxh3-128");
+    so.tensors.push_back(std::move(st));
   }
-  if (m.contains(key::files)) {
-    const json& fl = m[key::files];
-    if (!fl.is_array()) fail(Exit::bad_input, w + ": metadata.hfdelta_files must be a list");
-    for (const json& e : fl) {
-      if (!e.is_object() || !e.contains("path") || !e["path"].is_string() || !e.contains("op") || !e["op"].is_string())
-        fail(Exit::bad_input, w + ": hfdelta_files entry " + e.dump() + " needs \"path\" and \"op\"");
-      FileChange fc;
-      fc.path = e["path"].get<std::string>();
-      check_relative_path(fc.path, w + ": hfdelta_files");
-      const std::string op = e["op"].get<std::string>();
-      if (op == "remove") {
-        fc.op = FileChange::Op::remove;
-      } else if (op == "put") {
-        fc.op = FileChange::Op::put;
-        if (!e.contains("size") || !e["size"].is_number_unsigned() || !e.contains("xxh3-128") || !e["xxh3-128"].is_string())
-          fail(Exit::bad_input, w + ": hfdelta_files entry for \"" + fc.path + "\" needs \"size\" and \"xxh3-128\"");
-        fc.size = e["size"].get<std::uint64_t>();
-        fc.hash = parse_hash_hex(e["xxh3-128"].get<std::string>(), w + ": hfdelta_files \"" + fc.path + "\"");
-      } else {
-        fail(Exit::unsupported, w + ": hfdelta_files entry for \"" + fc.path + "\" has unknown op \"" + op + "\"");
-      }
-      for (const auto& other : d.files)
-        if (other.path == fc.path) fail(Exit::bad_input, w + ": hfdelta_files lists \"" + fc.path + "\" twice");
-      d.files.push_back(std::move(fc));
-    }
+}
+
+ShardOp shard_op_of(const json& e, const std::string& w, std::set<std::string>& seen_files, std::set<std::string>& seen_tensors) {
+  if (!e.is_object() || !e.contains("file") || !e["file"].is_string() || !e.contains("op") || !e["op"].is_string())
+    fail(Exit::bad_input, w + ": hfdelta_shards entry " + e.dump().substr(0, 200) + " needs \"file\" and \"op\"");
+  ShardOp so;
+  so.file = e["file"].get<std::string>();
+  const std::string what = w + ": hfdelta_shards \"" + so.file + "\"";
+  check_relative_path(so.file, what);
+  // hfdelta's own state lives there (the lock, state.json, the journal).
+  if (so.file == kStateDir || so.file.rfind(std::string(kStateDir) + "/", 0) == 0)
+    fail(Exit::bad_input, what + ": hfdelta_shards may not touch " + kStateDir);
+  if (!seen_files.insert(so.file).second) fail(Exit::bad_input, what + " is listed twice");
+  const std::string op = e["op"].get<std::string>();
+  const ShardJson s{e, what};
+  if (op == "remove")
+    so.op = ShardOp::Op::remove;
+  else if (op == "header")
+    read_header_op(s, so);
+  else if (op == "build")
+    read_build_op(s, so, seen_tensors);
+  else
+    fail(Exit::unsupported, what + " has unknown op \"" + op + "\"");
+  return so;
+}
+
+void read_shards(IndexJson& x) {
+  if (!x.m.contains(key::shards)) return;
+  const json& sl = x.m[key::shards];
+  if (!sl.is_array()) fail(Exit::bad_input, x.w + ": metadata.hfdelta_shards must be a list");
+  if (x.revision < 3)
+    fail(Exit::bad_input, x.w + ": hfdelta_shards needs hfdelta_format 3 or later (an older reader would ignore it)");
+  std::set<std::string> seen_files, seen_tensors;
+  for (const json& e : sl) x.d.shards.push_back(shard_op_of(e, x.w, seen_files, seen_tensors));
+}
+
+void read_targets(IndexJson& x) {
+  const std::string& w = x.w;
+  if (!x.m.contains(key::targets)) return;
+  const json& t = x.m[key::targets];
+  if (!t.is_object()) fail(Exit::bad_input, w + ": metadata.hfdelta_targets must be an object");
+  for (auto it = t.begin(); it != t.end(); ++it) {
+    if (!it->is_string()) fail(Exit::bad_input, w + ": hfdelta_targets[\"" + it.key() + "\"] is not a file name");
+    check_relative_path(it->get<std::string>(), w + ": hfdelta_targets[\"" + it.key() + "\"]");
+    x.d.targets.emplace(it.key(), it->get<std::string>());
   }
-  if (m.contains(key::shards)) {
-    const json& sl = m[key::shards];
-    if (!sl.is_array()) fail(Exit::bad_input, w + ": metadata.hfdelta_shards must be a list");
-    if (revision < 3)
-      fail(Exit::bad_input, w + ": hfdelta_shards needs hfdelta_format 3 or later (an older reader would ignore it)");
-    std::set<std::string> seen_files, seen_tensors;
-    for (const json& e : sl) {
-      if (!e.is_object() || !e.contains("file") || !e["file"].is_string() || !e.contains("op") || !e["op"].is_string())
-        fail(Exit::bad_input, w + ": hfdelta_shards entry " + e.dump().substr(0, 200) + " needs \"file\" and \"op\"");
-      ShardOp so;
-      so.file = e["file"].get<std::string>();
-      const std::string what = w + ": hfdelta_shards \"" + so.file + "\"";
-      check_relative_path(so.file, what);
-      // hfdelta's own state lives there (the lock, state.json, the journal).
-      if (so.file == kStateDir || so.file.rfind(std::string(kStateDir) + "/", 0) == 0)
-        fail(Exit::bad_input, what + ": hfdelta_shards may not touch " + kStateDir);
-      if (!seen_files.insert(so.file).second) fail(Exit::bad_input, what + " is listed twice");
-      const std::string op = e["op"].get<std::string>();
-      auto hash_at = [&](const json& o, const char* k) {
-        if (!o.contains(k) || !o[k].is_string()) fail(Exit::bad_input, what + ": needs \"" + std::string(k) + "\"");
-        return parse_hash_hex(o[k].get<std::string>(), what + " " + k);
-      };
-      auto u64_at = [&](const json& o, const char* k) {
-        if (!o.contains(k) || !o[k].is_number_unsigned()) fail(Exit::bad_input, what + ": needs an integer \"" + std::string(k) + "\"");
-        return o[k].get<std::uint64_t>();
-      };
-      auto header_at = [&] {
-        if (!e.contains("header") || !e["header"].is_object()) fail(Exit::bad_input, what + ": needs a \"header\" object");
-        so.header_size = u64_at(e["header"], "size");
-        so.header_hash = hash_at(e["header"], "xxh3-128");
-        if (so.header_size < 8 || so.header_size > 8 + kMaxHeaderSize)
-          fail(Exit::bad_input, what + ": header size " + std::to_string(so.header_size) + " is out of range");
-      };
-      if (op == "remove") {
-        so.op = ShardOp::Op::remove;
-      } else if (op == "header") {
-        so.op = ShardOp::Op::header;
-        header_at();
-        so.base_header_hash = hash_at(e, "base_header");
-        if (e.contains("renamed")) {
-          if (!e["renamed"].is_object()) fail(Exit::bad_input, what + ": \"renamed\" must be an object of names");
-          for (auto it = e["renamed"].begin(); it != e["renamed"].end(); ++it) {
-            if (!it->is_string()) fail(Exit::bad_input, what + ": renamed[\"" + it.key() + "\"] is not a name");
-            so.renamed.emplace(it.key(), it->get<std::string>());
-          }
-        }
-      } else if (op == "build") {
-        so.op = ShardOp::Op::build;
-        header_at();
-        so.size = u64_at(e, "size");
-        if (e.contains("replaces")) {
-          if (!e["replaces"].is_boolean()) fail(Exit::bad_input, what + ": \"replaces\" must be true or false");
-          so.replaces = e["replaces"].get<bool>();
-        }
-        if (!e.contains("tensors") || !e["tensors"].is_array()) fail(Exit::bad_input, what + ": needs a \"tensors\" list");
-        for (const json& t : e["tensors"]) {
-          if (!t.is_object() || !t.contains("name") || !t["name"].is_string())
-            fail(Exit::bad_input, what + ": tensor entry " + t.dump().substr(0, 200) + " needs a \"name\"");
-          ShardOp::Tensor st;
-          st.name = t["name"].get<std::string>();
-          if (!seen_tensors.insert(st.name).second) fail(Exit::bad_input, what + ": tensor '" + st.name + "' is built twice");
-          if (t.contains("from")) {
-            if (!t["from"].is_string()) fail(Exit::bad_input, what + ": tensor '" + st.name + "' has a \"from\" that is not a name");
-            st.from = t["from"].get<std::string>();
-          }
-          st.hash = hash_at(t, "xxh3-128");
-          so.tensors.push_back(std::move(st));
-        }
-      } else {
-        fail(Exit::unsupported, what + " has unknown op \"" + op + "\"");
-      }
-      d.shards.push_back(std::move(so));
-    }
-  }
-  if (m.contains(key::targets)) {
-    const json& t = m[key::targets];
-    if (!t.is_object()) fail(Exit::bad_input, w + ": metadata.hfdelta_targets must be an object");
-    for (auto it = t.begin(); it != t.end(); ++it) {
-      if (!it->is_string()) fail(Exit::bad_input, w + ": hfdelta_targets[\"" + it.key() + "\"] is not a file name");
-      check_relative_path(it->get<std::string>(), w + ": hfdelta_targets[\"" + it.key() + "\"]");
-      d.targets.emplace(it.key(), it->get<std::string>());
-    }
-  }
-  if (d.per_tensor)
-    for (const auto& [tensor, file] : d.weight_map)
-      if (!d.encodings.count(tensor)) fail(Exit::bad_input, w + ": hfdelta_encodings has no entry for '" + tensor + "'");
-  return d;
+}
+
+DeltaIndex delta_index_from_json(json j, const std::string& w) {
+  if (!j.is_object()) fail(Exit::bad_input, w + ": not a JSON object");
+  if (!j.contains("metadata") || !j["metadata"].is_object()) fail(Exit::bad_input, w + ": no \"metadata\" object");
+  IndexJson x{j, j["metadata"], w, {}, 0};
+  check_index_checksum(x);
+  if (!x.m.contains(key::delta_encoding)) fail(Exit::bad_input, w + ": not a delta (no metadata.delta_encoding)");
+  read_revision(x);
+  read_encoding(x);
+  expect_text(x, key::compression_format, "zstd");
+  expect_text(x, key::checksum_format, "xxh3-128");
+  read_versions(x);
+  read_weight_map(x);
+  read_base_checksums(x);
+  read_files(x);
+  read_shards(x);
+  read_targets(x);
+  if (x.d.per_tensor)
+    for (const auto& [tensor, file] : x.d.weight_map)
+      if (!x.d.encodings.count(tensor)) fail(Exit::bad_input, w + ": hfdelta_encodings has no entry for '" + tensor + "'");
+  return std::move(x.d);
 }
 
 }  // namespace

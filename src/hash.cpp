@@ -1,5 +1,9 @@
 #include "hfdelta/hash.hpp"
 
+#include <algorithm>
+
+#include "hfdelta/io.hpp"
+
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t inside Hasher::State
 #include <xxhash.h>
 #if defined(__x86_64__) || defined(__i386__)
@@ -44,6 +48,18 @@ void Hasher::update(std::span<const std::uint8_t> bytes) { HFDELTA_XXH3_128_UPDA
 Hash128 Hasher::digest() const {
   const XXH128_hash_t h = XXH3_128bits_digest(&s_->st);
   return {h.high64, h.low64};
+}
+
+Hash128 hash_file_range(const File& f, std::uint64_t offset, std::uint64_t n, std::vector<std::uint8_t>& buf) {
+  constexpr std::uint64_t kWindow = 1 << 20;  // large reads; the checksum does not depend on it
+  Hasher h;
+  buf.resize(kWindow);
+  for (std::uint64_t at = 0; at < n; at += kWindow) {
+    const std::size_t k = static_cast<std::size_t>(std::min(kWindow, n - at));
+    f.pread_exact(buf.data(), k, offset + at);
+    h.update({buf.data(), k});
+  }
+  return h.digest();
 }
 
 }  // namespace hfdelta

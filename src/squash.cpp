@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "codec_internal.hpp"
+#include "delta_writer.hpp"
 #include "hfdelta/codec.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/delta_reader.hpp"
@@ -332,16 +333,34 @@ std::vector<fs::path> chain_between(const fs::path& first, const fs::path& last)
   return chain;
 }
 
-SquashSummary squash_deltas(const std::vector<fs::path>& chain, const fs::path& out_arg, const SquashOptions& opts) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const fs::path out = fs::absolute(out_arg);
-  boost::system::error_code ec;
-  if (fs::exists(fs::symlink_status(out, ec))) fail(Exit::exists, out.string() + ": already exists; refusing to overwrite");
-  if (!fs::is_directory(out.parent_path(), ec)) fail(Exit::bad_input, out.parent_path().string() + ": not a directory");
-  if (chain.size() < 2) fail(Exit::usage, "--squash needs at least two deltas");
+namespace {
 
+using Traces = std::map<std::string, Trace>;
+
+// One --squash: the chain, what happened to each tensor and weight file
+// along it, and OUT as it is made.
+struct Squash {
+  const SquashOptions& opts;
   SquashSummary sum;
   std::vector<Link> links;
+  Traces traces;  // tensors something happened to, by current name
+  std::map<std::string, FileState> files;
+  std::map<std::string, std::pair<std::size_t, FileChange>> file_ops;  // path -> (link, last operation)
+  DeltaIndex idx;
+  std::map<std::string, std::vector<std::pair<std::string, std::uint64_t>>> built;  // file -> tensors
+  std::vector<OutEntry> entries;
+  std::vector<const Trace*> of;  // entries[i]'s trace
+};
+
+// A tensor's trace so far: untouched ones come from the first base's tensor of that name.
+Trace trace_of(const Traces& from, const std::string& name) {
+  if (auto it = from.find(name); it != from.end()) return it->second;
+  Trace t;
+  t.origin = name;
+  return t;
+}
+
+void open_links(Squash& sq, const std::vector<fs::path>& chain) {
   for (const fs::path& d : chain) {
     std::optional<DeltaIndex> index = read_index_if_delta(d);
     if (!index) fail(Exit::bad_input, d.string() + ": is not a delta version (a full version cannot be squashed)");
@@ -353,293 +372,322 @@ SquashSummary squash_deltas(const std::vector<fs::path>& chain, const fs::path& 
     l.idx = std::move(v.index);
     l.maps = std::move(v.maps);
     l.headers = std::move(v.headers);
-    if (!links.empty() && l.idx.base_version != links.back().idx.version)
+    if (!sq.links.empty() && l.idx.base_version != sq.links.back().idx.version)
       fail(Exit::bad_input, d.string() + ": applies on top of version " + format_version(l.idx.base_version) + ", not " +
-                                format_version(links.back().idx.version) + " (" + links.back().dir.string() + ")");
-    sum.input_bytes += tree_bytes(d);
-    links.push_back(std::move(l));
+                                format_version(sq.links.back().idx.version) + " (" + sq.links.back().dir.string() + ")");
+    sq.sum.input_bytes += tree_bytes(d);
+    sq.links.push_back(std::move(l));
   }
+}
 
-  std::map<std::string, Trace> traces;  // tensors something happened to, by current name
-  std::map<std::string, FileState> files;
-  auto trace_of = [](const std::map<std::string, Trace>& from, const std::string& name) {
-    if (auto it = from.find(name); it != from.end()) return it->second;
-    Trace t;
-    t.origin = name;  // untouched so far: the first base's tensor of that name
-    return t;
-  };
-  std::map<std::string, std::pair<std::size_t, FileChange>> file_ops;  // path -> (link, last operation)
+// A delta that changes the layout needs to know which weight file every
+// tensor patched so far is in.
+void check_files_known(const Squash& sq, const Link& l) {
+  if (!l.idx.structural()) return;
+  for (const auto& [name, t] : sq.traces)
+    if (!t.file)
+      fail(Exit::unsupported, "cannot squash: " + l.dir.string() + " changes the weight files' layout, and tensor '" + name +
+                                  "' was patched by an earlier delta that does not record which weight file its entries patch "
+                                  "(hfdelta_targets; written by newer builds)");
+}
 
-  for (std::size_t k = 0; k < links.size(); ++k) {
-    const Link& l = links[k];
-    const std::string iw = (l.dir / kIndexFile).string();
-    if (l.idx.structural())
-      for (const auto& [name, t] : traces)
-        if (!t.file)
-          fail(Exit::unsupported, "cannot squash: " + l.dir.string() + " changes the weight files' layout, and tensor '" + name +
-                                      "' was patched by an earlier delta that does not record which weight file its entries patch "
-                                      "(hfdelta_targets; written by newer builds)");
-    const std::map<std::string, Trace> prev = traces;
-    for (const ShardOp& so : l.idx.shards) {
-      const std::string what = iw + ": hfdelta_shards \"" + so.file + "\"";
-      std::erase_if(traces, [&](const auto& kv) { return kv.second.file == so.file; });
-      auto [it, fresh] = files.try_emplace(so.file);
-      FileState& st = it->second;
-      if (fresh) {
-        st.existed = so.op != ShardOp::Op::build || so.replaces;
-        st.kind = FileState::Kind::removed;  // set below
-      }
-      if (so.op == ShardOp::Op::remove) {
-        st.kind = FileState::Kind::removed;
-        continue;
-      }
-      st.header = l.dir / kHeadersDir / so.file;
-      st.header_size = so.header_size;
-      st.header_hash = so.header_hash;
-      if (so.op == ShardOp::Op::header) {
-        if (fresh) st.kind = FileState::Kind::header, st.base_header = so.base_header_hash;
-        if (st.kind == FileState::Kind::removed && !fresh) fail(Exit::bad_input, what + ": rewrites the header of a removed file");
-        for (const auto& [name, len] : header_tensors(st.header)) {
-          auto r = so.renamed.find(name);
-          const std::string src = r != so.renamed.end() ? r->second : name;
-          if (src == name && !prev.count(src)) continue;  // untouched, under its own name
-          Trace t = trace_of(prev, src);
-          t.file = so.file;
-          traces[name] = std::move(t);
-        }
-        continue;
-      }
-      st.kind = FileState::Kind::built;
-      st.size = so.size;
-      for (const auto& t : so.tensors) {
-        Trace tr;
-        if (t.from) tr = trace_of(prev, *t.from);
-        tr.file = so.file;
-        tr.hash = t.hash;
-        traces[t.name] = std::move(tr);
-      }
-    }
-    for (const auto& [file, hdr] : l.headers) {
-      const std::string w = (l.dir / file).string();
-      const auto target = l.idx.targets.find(file);
-      for (const auto& ti : hdr.tensors) {
-        const Hash128 checksum = check_delta_entry(l.idx, file, hdr, ti, w);
-        Op op;
-        op.link = k;
-        op.name = ti.name;
-        op.enc = encoding_of(l.idx, ti.name);
-        op.frame = l.maps.at(file).bytes(hdr.file_offset(ti), ti.nbytes());
-        op.new_hash = checksum;
-        if (auto b = l.idx.base_checksums.find(ti.name); b != l.idx.base_checksums.end()) op.base_hash = b->second;
-        Trace& tr = traces.try_emplace(ti.name, trace_of(prev, ti.name)).first->second;
-        if (target != l.idx.targets.end()) {
-          if (tr.file && *tr.file != target->second)
-            fail(Exit::bad_input, w + ": entry '" + ti.name + "' patches " + target->second + ", but the tensor is in " + *tr.file);
-          tr.file = target->second;
-        }
-        if (op.enc == Encoding::stack) {  // a squashed delta in the chain: its parts, in order
-          const std::vector<StackPart> parts = read_stack(op.frame, checksum, w + ": entry '" + ti.name + "'");
-          for (std::size_t i = 0; i < parts.size(); ++i) {
-            Op po = op;
-            po.enc = parts[i].enc;
-            po.frame = parts[i].bytes;
-            po.new_hash = parts[i].hash;
-            if (i) po.base_hash.reset();
-            tr.ops.push_back(std::move(po));
-          }
-        } else {
-          tr.ops.push_back(std::move(op));
-        }
-        tr.hash = checksum;
-      }
-    }
-    for (const FileChange& fc : l.idx.files) file_ops[fc.path] = {k, fc};
+// A header rewritten in place: its tensors keep their bytes, under new names.
+void trace_header_op(Squash& sq, const ShardOp& so, const FileState& st, const Traces& prev) {
+  for (const auto& [name, len] : header_tensors(st.header)) {
+    auto r = so.renamed.find(name);
+    const std::string src = r != so.renamed.end() ? r->second : name;
+    if (src == name && !prev.count(src)) continue;  // untouched, under its own name
+    Trace t = trace_of(prev, src);
+    t.file = so.file;
+    sq.traces[name] = std::move(t);
   }
+}
 
-  // ---- OUT's weight-file operations ----
-  DeltaIndex idx;
-  idx.base_version = links.front().idx.base_version;
-  idx.version = links.back().idx.version;
-  std::map<std::string, std::vector<std::pair<std::string, std::uint64_t>>> built;  // file -> tensors
-  for (const auto& [file, st] : files) {
-    ShardOp so;
-    so.file = file;
-    if (st.kind == FileState::Kind::removed) {
-      if (!st.existed) continue;  // created and removed within the chain
-      so.op = ShardOp::Op::remove;
-    } else {
-      so.header_size = st.header_size;
-      so.header_hash = st.header_hash;
-      if (st.kind == FileState::Kind::header) {
-        so.op = ShardOp::Op::header;
-        so.base_header_hash = st.base_header;
-        for (const auto& [name, t] : traces)
-          if (t.file == file && t.origin && *t.origin != name) so.renamed[name] = *t.origin;
-      } else {
-        so.op = ShardOp::Op::build;
-        so.size = st.size;
-        so.replaces = st.existed;
-        auto& ts = built[file] = header_tensors(st.header);
-        for (const auto& [name, len] : ts) {
-          auto it = traces.find(name);
-          if (it == traces.end() || !it->second.hash || it->second.file != file)
-            fail(Exit::bad_input, st.header.string() + ": tensor '" + name + "' is not accounted for by the chain's hfdelta_shards");
-          so.tensors.push_back({name, it->second.origin, *it->second.hash});
-        }
-      }
-    }
-    idx.shards.push_back(std::move(so));
+// A file built: each tensor from a base tensor (its trace so far) or zeros.
+void trace_build_op(Squash& sq, const ShardOp& so, const Traces& prev) {
+  for (const auto& t : so.tensors) {
+    Trace tr;
+    if (t.from) tr = trace_of(prev, *t.from);
+    tr.file = so.file;
+    tr.hash = t.hash;
+    sq.traces[t.name] = std::move(tr);
   }
+}
 
-  // ---- OUT's entries: one per traced tensor with entries ----
-  std::map<std::string, std::uint64_t> lengths;  // tensors of built and rewritten files
-  for (const auto& [file, ts] : built)
-    for (const auto& [name, len] : ts) lengths[name] = len;
-  for (const auto& [file, st] : files)
-    if (st.kind == FileState::Kind::header)
-      for (const auto& [name, len] : header_tensors(st.header)) lengths[name] = len;
-  std::vector<OutEntry> entries;
-  std::vector<const Trace*> of;
-  for (const auto& [name, t] : traces) {
+void trace_shard_op(Squash& sq, const Link& l, const ShardOp& so, const Traces& prev) {
+  const std::string what = (l.dir / kIndexFile).string() + ": hfdelta_shards \"" + so.file + "\"";
+  std::erase_if(sq.traces, [&](const auto& kv) { return kv.second.file == so.file; });
+  auto [it, fresh] = sq.files.try_emplace(so.file);
+  FileState& st = it->second;
+  if (fresh) {
+    st.existed = so.op != ShardOp::Op::build || so.replaces;
+    st.kind = FileState::Kind::removed;  // set below
+  }
+  if (so.op == ShardOp::Op::remove) {
+    st.kind = FileState::Kind::removed;
+    return;
+  }
+  st.header = l.dir / kHeadersDir / so.file;
+  st.header_size = so.header_size;
+  st.header_hash = so.header_hash;
+  if (so.op == ShardOp::Op::header) {
+    if (fresh) st.kind = FileState::Kind::header, st.base_header = so.base_header_hash;
+    if (st.kind == FileState::Kind::removed && !fresh) fail(Exit::bad_input, what + ": rewrites the header of a removed file");
+    return trace_header_op(sq, so, st, prev);
+  }
+  st.kind = FileState::Kind::built;
+  st.size = so.size;
+  trace_build_op(sq, so, prev);
+}
+
+// Entry `ti` of delta file `file` of link `k`, laid over its tensor's trace
+// (a stacked entry as its parts, in order).
+void trace_entry(Squash& sq, std::size_t k, const std::string& file, const SafetensorsHeader& hdr, const TensorInfo& ti,
+                 const Traces& prev) {
+  const Link& l = sq.links[k];
+  const std::string w = (l.dir / file).string();
+  const Hash128 checksum = check_delta_entry(l.idx, file, hdr, ti, w);
+  Op op;
+  op.link = k;
+  op.name = ti.name;
+  op.enc = encoding_of(l.idx, ti.name);
+  op.frame = l.maps.at(file).bytes(hdr.file_offset(ti), ti.nbytes());
+  op.new_hash = checksum;
+  if (auto b = l.idx.base_checksums.find(ti.name); b != l.idx.base_checksums.end()) op.base_hash = b->second;
+  Trace& tr = sq.traces.try_emplace(ti.name, trace_of(prev, ti.name)).first->second;
+  if (const auto target = l.idx.targets.find(file); target != l.idx.targets.end()) {
+    if (tr.file && *tr.file != target->second)
+      fail(Exit::bad_input, w + ": entry '" + ti.name + "' patches " + target->second + ", but the tensor is in " + *tr.file);
+    tr.file = target->second;
+  }
+  if (op.enc == Encoding::stack) {  // a squashed delta in the chain: its parts, in order
+    const std::vector<StackPart> parts = read_stack(op.frame, checksum, w + ": entry '" + ti.name + "'");
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      Op po = op;
+      po.enc = parts[i].enc;
+      po.frame = parts[i].bytes;
+      po.new_hash = parts[i].hash;
+      if (i) po.base_hash.reset();
+      tr.ops.push_back(std::move(po));
+    }
+  } else {
+    tr.ops.push_back(std::move(op));
+  }
+  tr.hash = checksum;
+}
+
+// What delta `k` of the chain does to each tensor and file.
+void trace_link(Squash& sq, std::size_t k) {
+  const Link& l = sq.links[k];
+  check_files_known(sq, l);
+  const Traces prev = sq.traces;
+  for (const ShardOp& so : l.idx.shards) trace_shard_op(sq, l, so, prev);
+  for (const auto& [file, hdr] : l.headers)
+    for (const auto& ti : hdr.tensors) trace_entry(sq, k, file, hdr, ti, prev);
+  for (const FileChange& fc : l.idx.files) sq.file_ops[fc.path] = {k, fc};
+}
+
+// OUT's operation on a weight file the chain changed; none where it was
+// created and removed within the chain.
+std::optional<ShardOp> out_shard_op(Squash& sq, const std::string& file, const FileState& st) {
+  ShardOp so;
+  so.file = file;
+  if (st.kind == FileState::Kind::removed) {
+    if (!st.existed) return std::nullopt;
+    so.op = ShardOp::Op::remove;
+    return so;
+  }
+  so.header_size = st.header_size;
+  so.header_hash = st.header_hash;
+  if (st.kind == FileState::Kind::header) {
+    so.op = ShardOp::Op::header;
+    so.base_header_hash = st.base_header;
+    for (const auto& [name, t] : sq.traces)
+      if (t.file == file && t.origin && *t.origin != name) so.renamed[name] = *t.origin;
+    return so;
+  }
+  so.op = ShardOp::Op::build;
+  so.size = st.size;
+  so.replaces = st.existed;
+  auto& ts = sq.built[file] = header_tensors(st.header);
+  for (const auto& [name, len] : ts) {
+    auto it = sq.traces.find(name);
+    if (it == sq.traces.end() || !it->second.hash || it->second.file != file)
+      fail(Exit::bad_input, st.header.string() + ": tensor '" + name + "' is not accounted for by the chain's hfdelta_shards");
+    so.tensors.push_back({name, it->second.origin, *it->second.hash});
+  }
+  return so;
+}
+
+void out_shard_ops(Squash& sq) {
+  for (const auto& [file, st] : sq.files)
+    if (auto so = out_shard_op(sq, file, st)) sq.idx.shards.push_back(std::move(*so));
+}
+
+// OUT's entries: one per traced tensor with entries, in a file that stays.
+void out_entries(Squash& sq) {
+  for (const auto& [name, t] : sq.traces) {
     if (t.ops.empty()) continue;
     if (t.file) {
-      auto fs_it = files.find(*t.file);
-      if (fs_it != files.end() && fs_it->second.kind == FileState::Kind::removed) continue;
+      auto fs_it = sq.files.find(*t.file);
+      if (fs_it != sq.files.end() && fs_it->second.kind == FileState::Kind::removed) continue;
     }
     OutEntry e;
     e.name = name;
     e.file = t.file.value_or("");
     e.new_hash = *t.hash;
     if (t.origin) e.base_hash = t.ops.front().base_hash;
-    entries.push_back(std::move(e));
-    of.push_back(&t);
+    sq.entries.push_back(std::move(e));
+    sq.of.push_back(&t);
   }
-  const fs::path tmp = temp_path_beside(out);
-  if (!fs::create_directory(tmp, ec) || ec) fail(Exit::failure, tmp.string() + ": cannot create: " + ec.message());
+}
+
+// Tensor lengths the headers of built and rewritten files give.
+std::map<std::string, std::uint64_t> known_lengths(const Squash& sq) {
+  std::map<std::string, std::uint64_t> lengths;
+  for (const auto& [file, ts] : sq.built)
+    for (const auto& [name, len] : ts) lengths[name] = len;
+  for (const auto& [file, st] : sq.files)
+    if (st.kind == FileState::Kind::header)
+      for (const auto& [name, len] : header_tensors(st.header)) lengths[name] = len;
+  return lengths;
+}
+
+// The length of the tensor `t` composes: from a header, else from an entry
+// that reveals it, else (only overwrites) their largest position.
+std::uint64_t tensor_length(const Squash& sq, const Trace& t, const std::string& name,
+                            const std::map<std::string, std::uint64_t>& lengths) {
+  if (auto it = lengths.find(name); it != lengths.end()) return it->second;
+  for (const Op& op : t.ops)
+    if (auto n = length_of(op, sq.links[op.link].dir.string() + ": entry '" + op.name + "'")) return *n;
+  std::uint64_t end = 0;
+  for (const Op& op : t.ops) {
+    Decompressor d1, d2;
+    decode_overwrite(d1, d2, op.frame, std::uint64_t{1} << 32, sq.links[op.link].dir.string() + ": entry '" + op.name + "'",
+                     [&](std::span<const std::uint64_t> pos, std::span<const std::uint8_t>) {
+                       if (!pos.empty()) end = std::max(end, pos.back() + 1);
+                     });
+  }
+  return end;
+}
+
+// Each entry's pieces, composed in parallel into spool files in `tmp`;
+// entries whose changes cancel out are dropped.
+void compose_entries(Squash& sq, const std::map<std::string, std::uint64_t>& lengths, const fs::path& tmp) {
+  parallel_for(sq.entries.size(), default_threads(sq.opts.threads), [&](std::size_t i, std::size_t) {
+    OutEntry& e = sq.entries[i];
+    const Trace& t = *sq.of[i];
+    if (t.ops.size() == 1) {  // one entry: as it is
+      e.pieces.push_back(as_is(t.ops[0]));
+      return;
+    }
+    compose_trace(t, tensor_length(sq, t, e.name, lengths), e, tmp / (".compose-" + std::to_string(i)), sq.opts.level, sq.links);
+  });
+  for (const auto& e : sq.entries) {
+    if (e.pieces.empty()) {
+      ++sq.sum.entries_dropped;
+      continue;
+    }
+    sq.sum.entries_composed += std::any_of(e.pieces.begin(), e.pieces.end(), [](const Piece& p) { return !p.composed.empty(); });
+    sq.sum.entries_stacked += e.pieces.size() > 1;
+  }
+  std::erase_if(sq.entries, [](const OutEntry& e) { return e.pieces.empty(); });
+}
+
+// One encoding for OUT if its entries have one, else "auto".
+void choose_encoding(Squash& sq) {
+  std::set<Encoding> encs;
+  for (const auto& e : sq.entries) encs.insert(e.enc());
+  sq.idx.per_tensor = sq.idx.structural() || encs.size() > 1 || encs.count(Encoding::stack);  // "stack" is per tensor only
+  sq.idx.encoding = encs.empty() ? sq.links.back().idx.encoding : *encs.begin();
+}
+
+// An entry's bytes: its one piece, or the stack head and every piece.
+void write_pieces(const OutEntry& e, File& f, std::uint64_t at) {
+  if (e.pieces.size() > 1) {
+    std::vector<StackPart> parts;
+    for (const Piece& p : e.pieces) parts.push_back({p.enc, p.size, p.hash, {}});
+    const std::vector<std::uint8_t> head = stack_head(parts);
+    f.pwrite_all(head.data(), head.size(), at);
+    at += head.size();
+  }
+  for (const Piece& p : e.pieces) {
+    if (p.composed.empty()) {
+      f.pwrite_all(p.bytes.data(), p.bytes.size(), at);
+    } else {
+      const File in(p.composed, File::Mode::read);
+      copy_range(in, 0, p.size, f, at);
+    }
+    at += p.size;
+  }
+}
+
+void write_out_entries(Squash& sq, DeltaWriter& out) {
+  std::vector<NewDeltaEntry> des;
+  for (const OutEntry& e : sq.entries) des.push_back({e.name, e.file, e.size(), e.new_hash, e.base_hash, e.enc()});
+  // One delta file per weight file patched, entries by name.
+  out.write_entries(sq.idx, des, [&](std::size_t i, File& f, std::uint64_t at) { write_pieces(sq.entries[i], f, at); });
+  sq.sum.entries += des.size();
+  boost::system::error_code ec;
+  for (const auto& e : sq.entries)
+    for (const Piece& p : e.pieces)
+      if (!p.composed.empty()) fs::remove(p.composed, ec);
+}
+
+// The newest headers of rewritten and built files, and the last version of
+// every carried file.
+void place_carried(Squash& sq, DeltaWriter& out) {
+  for (const auto& so : sq.idx.shards) {
+    if (so.op == ShardOp::Op::remove) {
+      ++sq.sum.shards_removed;
+      continue;
+    }
+    ++(so.op == ShardOp::Op::header ? sq.sum.shards_rewritten : sq.sum.shards_built);
+    out.copy_header(so.file, sq.files.at(so.file).header);
+  }
+  for (const auto& [path, lf] : sq.file_ops) {
+    const auto& [k, fc] = lf;
+    sq.idx.files.push_back(fc);
+    if (fc.op != FileChange::Op::put) {
+      ++sq.sum.files_removed;
+      continue;
+    }
+    out.copy_file(fc.path, sq.links[k].dir / kFilesDir / fc.path);
+    ++sq.sum.files_changed;
+  }
+}
+
+}  // namespace
+
+SquashSummary squash_deltas(const std::vector<fs::path>& chain, const fs::path& out_arg, const SquashOptions& opts) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const fs::path out = fs::absolute(out_arg);
+  check_delta_out(out);
+  if (chain.size() < 2) fail(Exit::usage, "--squash needs at least two deltas");
+  Squash sq{opts, {}, {}, {}, {}, {}, {}, {}, {}, {}};
+  open_links(sq, chain);
+  for (std::size_t k = 0; k < sq.links.size(); ++k) trace_link(sq, k);
+  sq.idx.base_version = sq.links.front().idx.base_version;
+  sq.idx.version = sq.links.back().idx.version;
+  out_shard_ops(sq);
+  const std::map<std::string, std::uint64_t> lengths = known_lengths(sq);
+  out_entries(sq);
+  DeltaWriter writer(out, opts.sync);
   try {
-    const int threads = default_threads(opts.threads);
-    parallel_for(entries.size(), threads, [&](std::size_t i, std::size_t) {
-      OutEntry& e = entries[i];
-      const Trace& t = *of[i];
-      if (t.ops.size() == 1) {  // one entry: as it is
-        e.pieces.push_back(as_is(t.ops[0]));
-        return;
-      }
-      std::optional<std::uint64_t> n;
-      if (auto it = lengths.find(e.name); it != lengths.end()) n = it->second;
-      for (const Op& op : t.ops)
-        if (!n) n = length_of(op, links[op.link].dir.string() + ": entry '" + op.name + "'");
-      if (!n) {  // only overwrites: their largest position bounds what they touch
-        std::uint64_t end = 0;
-        for (const Op& op : t.ops) {
-          Decompressor d1, d2;
-          decode_overwrite(d1, d2, op.frame, std::uint64_t{1} << 32, links[op.link].dir.string() + ": entry '" + op.name + "'",
-                           [&](std::span<const std::uint64_t> pos, std::span<const std::uint8_t>) {
-                             if (!pos.empty()) end = std::max(end, pos.back() + 1);
-                           });
-        }
-        n = end;
-      }
-      compose_trace(t, *n, e, tmp / (".compose-" + std::to_string(i)), opts.level, links);
-    });
-    for (const auto& e : entries) {
-      if (e.pieces.empty()) {
-        ++sum.entries_dropped;
-        continue;
-      }
-      sum.entries_composed += std::any_of(e.pieces.begin(), e.pieces.end(), [](const Piece& p) { return !p.composed.empty(); });
-      sum.entries_stacked += e.pieces.size() > 1;
-    }
-    std::erase_if(entries, [](const OutEntry& e) { return e.pieces.empty(); });
-
-    // One delta file per weight file patched, entries by name.
-    std::sort(entries.begin(), entries.end(), [](const OutEntry& a, const OutEntry& b) {
-      return a.file != b.file ? a.file < b.file : a.name < b.name;
-    });
-    std::vector<std::pair<std::size_t, std::size_t>> groups;
-    for (std::size_t i = 0; i < entries.size();) {
-      std::size_t j = i;
-      while (j < entries.size() && entries[j].file == entries[i].file) ++j;
-      groups.emplace_back(i, j);
-      i = j;
-    }
-    std::set<Encoding> encs;
-    for (const auto& e : entries) encs.insert(e.enc());
-    idx.per_tensor = idx.structural() || encs.size() > 1 || encs.count(Encoding::stack);  // "stack" is per tensor only
-    idx.encoding = encs.empty() ? links.back().idx.encoding : *encs.begin();
-    std::uint64_t total = 0;
-    for (std::size_t g = 0; g < groups.size(); ++g) {
-      const std::string name = delta_file_name(g, groups.size());
-      std::vector<DeltaFileEntry> des;
-      for (std::size_t i = groups[g].first; i < groups[g].second; ++i) {
-        const OutEntry& e = entries[i];
-        des.push_back({e.name, e.size(), e.new_hash});
-        idx.weight_map[e.name] = name;
-        if (e.base_hash) idx.base_checksums[e.name] = *e.base_hash;
-        if (idx.per_tensor) idx.encodings[e.name] = e.enc();
-        if (!e.file.empty()) idx.targets[name] = e.file;
-        total += e.size();
-      }
-      write_delta_file(tmp / name, des, [&](std::size_t k, File& f, std::uint64_t at) {
-        const OutEntry& e = entries[groups[g].first + k];
-        if (e.pieces.size() > 1) {
-          std::vector<StackPart> parts;
-          for (const Piece& p : e.pieces) parts.push_back({p.enc, p.size, p.hash, {}});
-          const std::vector<std::uint8_t> head = stack_head(parts);
-          f.pwrite_all(head.data(), head.size(), at);
-          at += head.size();
-        }
-        for (const Piece& p : e.pieces) {
-          if (p.composed.empty()) {
-            f.pwrite_all(p.bytes.data(), p.bytes.size(), at);
-          } else {
-            const File in(p.composed, File::Mode::read);
-            copy_range(in, 0, p.size, f, at);
-          }
-          at += p.size;
-        }
-      }, opts.sync);
-      sum.entries += groups[g].second - groups[g].first;
-    }
-    for (const auto& e : entries)
-      for (const Piece& p : e.pieces)
-        if (!p.composed.empty()) fs::remove(p.composed, ec);
-
-    std::set<fs::path> dirs{tmp};
-    for (const auto& so : idx.shards) {
-      if (so.op == ShardOp::Op::remove) {
-        ++sum.shards_removed;
-        continue;
-      }
-      ++(so.op == ShardOp::Op::header ? sum.shards_rewritten : sum.shards_built);
-      const fs::path dst = tmp / kHeadersDir / so.file;
-      fs::create_directories(dst.parent_path());
-      for (fs::path d = dst.parent_path(); d != tmp; d = d.parent_path()) dirs.insert(d);
-      copy_file_atomic(files.at(so.file).header, dst, opts.sync);
-    }
-    for (const auto& [path, lf] : file_ops) {
-      const auto& [k, fc] = lf;
-      idx.files.push_back(fc);
-      if (fc.op != FileChange::Op::put) {
-        ++sum.files_removed;
-        continue;
-      }
-      const fs::path dst = tmp / kFilesDir / fc.path;
-      fs::create_directories(dst.parent_path());
-      for (fs::path d = dst.parent_path(); d != tmp; d = d.parent_path()) dirs.insert(d);
-      copy_file_atomic(links[k].dir / kFilesDir / fc.path, dst, opts.sync);
-      ++sum.files_changed;
-    }
-    sum.delta_bytes = publish_delta(tmp, out, write_delta_index_json(idx, total), dirs, opts.sync);
+    compose_entries(sq, lengths, writer.tmp);
+    choose_encoding(sq);
+    write_out_entries(sq, writer);
+    place_carried(sq, writer);
+    sq.sum.delta_bytes = writer.publish(sq.idx);
   } catch (...) {
-    fs::remove_all(tmp, ec);
+    writer.abandon();
     throw;
   }
-  sum.version = idx.version;
-  sum.base_version = idx.base_version;
-  sum.deltas = links.size();
-  sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return sum;
+  sq.sum.version = sq.idx.version;
+  sq.sum.base_version = sq.idx.base_version;
+  sq.sum.deltas = sq.links.size();
+  sq.sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return sq.sum;
 }
 
 }  // namespace hfdelta

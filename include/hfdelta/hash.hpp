@@ -6,8 +6,11 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace hfdelta {
+
+class File;
 
 struct Hash128 {
   std::uint64_t high = 0;
@@ -33,5 +36,9 @@ class Hasher {
   struct State;
   std::unique_ptr<State> s_;
 };
+
+// XXH3-128 of `n` bytes of `f` at `offset`, read a window at a time into
+// `buf` (the caller's, reused across calls).
+Hash128 hash_file_range(const File& f, std::uint64_t offset, std::uint64_t n, std::vector<std::uint8_t>& buf);
 
 }  // namespace hfdelta
