@@ -68,11 +68,7 @@ void remove_empty_parents(const fs::path& local, fs::path d) {
   }
 }
 
-void make_parents(const fs::path& p) {
-  boost::system::error_code ec;
-  fs::create_directories(p.parent_path(), ec);
-  if (ec) fail(Exit::failure, p.parent_path().string() + ": cannot create: " + ec.message());
-}
+void make_parents(const fs::path& p) { make_dirs(p.parent_path()); }
 
 }  // namespace
 
