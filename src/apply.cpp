@@ -134,7 +134,12 @@ void check_replaceable(const fs::path& local, const ApplyOptions& opts) {
 template <class Op>
 ApplyResult locked(const fs::path& local, const ApplyOptions& opts, Op&& op, bool create = true) {
   LocalLock lock(local, opts.lock_timeout, create);
-  const auto undone = recover(local, opts.sync);
+  std::optional<std::uint64_t> undone;
+  try {
+    undone = recover(local, opts.sync);  // outside the operation's own transaction: nothing of it to undo yet
+  } catch (const Error& e) {
+    fail_recover(local, e);
+  }
   Txn txn(local, opts.sync);
   ApplyResult r;
   try {

@@ -14,6 +14,7 @@
 #include "hfdelta/apply.hpp"
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/delta_reader.hpp"
+#include "hfdelta/error.hpp"
 #include "hfdelta/journal.hpp"
 
 namespace hfdelta {
@@ -24,6 +25,10 @@ double seconds_since(Clock::time_point t0);
 // The operation failed (`cause`) and undoing it failed too (`undo`): the
 // journal is kept, so the next run finishes the rollback. Says so, with both.
 [[noreturn]] void fail_rollback(const boost::filesystem::path& local, const std::exception_ptr& cause, const std::exception& undo);
+
+// The next run's recover() failed (`e`): whatever it undid stays undone, and
+// the rest waits for the run after. Says so, and what LOCAL reads as now.
+[[noreturn]] void fail_recover(const boost::filesystem::path& local, const Error& e);
 
 // Records the step's journal as complete and LOCAL as pending, runs `body`,
 // records the new version; on any error rolls the step back and rethrows.

@@ -1,5 +1,6 @@
 // The transaction step every write of delta-apply runs in (see journal.hpp
 // for what is recorded, apply_internal.hpp for the contract).
+#include <optional>
 #include <set>
 #include <string>
 
@@ -32,6 +33,25 @@ void fail_rollback(const fs::path& local, const std::exception_ptr& cause, const
          "/txn; once the cause is fixed (free space?), the next delta-apply on it, or delta-apply --recover, "
          "finishes the rollback";
   fail(Exit::failure, msg);  // whatever stopped the operation, LOCAL now waits on an I/O failure
+}
+
+void fail_recover(const fs::path& local, const Error& e) {
+  std::optional<std::uint64_t> pending;
+  try {
+    pending = interrupted_version(local);
+  } catch (const Error&) {  // a damaged state or manifest: `e` says so already
+  }
+  std::string msg = std::string(e.what()) + "\nundoing the apply an earlier run left interrupted on " + local.string() +
+                    " failed, so nothing else was done; ";
+  if (pending) {
+    msg += local.string() + " is left interrupted (--status exits 10)";
+    if (exists_nofollow(txn_root(local))) msg += " with its undo journal in " + std::string(kStateDir) + "/txn";
+    msg += "; once the cause is fixed (free space?), the next delta-apply on it, or delta-apply --recover, "
+           "finishes the rollback";
+  } else {
+    msg += "once the cause is fixed, the next delta-apply on it, or delta-apply --recover, tries again";
+  }
+  fail(e.code(), msg);
 }
 
 void run_step(Txn& txn, const fs::path& local, const Manifest& m, const ApplyOptions& opts, const std::function<void()>& body) {

@@ -48,6 +48,14 @@ bool remove_path(const fs::path& p) {
   sys_fail(p, "remove");
 }
 
+void make_dirs(const fs::path& dir) {
+  boost::system::error_code ec;
+  if (fs::is_directory(dir, ec)) return;
+  fault_point("mkdir");
+  fs::create_directories(dir, ec);
+  if (ec) fail(Exit::failure, dir.string() + ": cannot create: " + ec.message());
+}
+
 bool exists_nofollow(const fs::path& p) {
   boost::system::error_code ec;
   return fs::exists(fs::symlink_status(p, ec));

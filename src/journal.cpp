@@ -68,10 +68,44 @@ void remove_empty_parents(const fs::path& local, fs::path d) {
   }
 }
 
-void make_parents(const fs::path& p) {
+void make_parents(const fs::path& p) { make_dirs(p.parent_path()); }
+
+bool is_empty_dir(const fs::path& p) {
   boost::system::error_code ec;
-  fs::create_directories(p.parent_path(), ec);
-  if (ec) fail(Exit::failure, p.parent_path().string() + ": cannot create: " + ec.message());
+  return fs::is_directory(fs::symlink_status(p, ec)) && fs::is_empty(p, ec) && !ec;
+}
+
+// `dir` holds `name` and nothing else.
+bool holds_only(const fs::path& dir, const fs::path& name) {
+  boost::system::error_code ec;
+  fs::directory_iterator it(dir, ec), end;
+  if (ec || it == end || it->path().filename() != name) return false;
+  it.increment(ec);
+  return !ec && it == end;
+}
+
+std::size_t depth_of(const std::string& rel) { return static_cast<std::size_t>(std::count(rel.begin(), rel.end(), '/')) + 1; }
+
+fs::path up_from(fs::path p, std::size_t up) {
+  while (up-- > 0) p = p.parent_path();
+  return p;
+}
+
+// Where removal `op` set LOCAL's entry aside: the file itself (up 0), or the
+// directory `up` levels above it that the removal emptied, with the file in it.
+fs::path txn_aside(const fs::path& step, std::size_t op, std::size_t up) {
+  return up == 0 ? txn_undo(step, op) : step / "undo" / (std::to_string(op) + "+" + std::to_string(up));
+}
+
+// How many levels above `rel`'s file a removal empties: the directories that
+// hold nothing but the path down to it. They go into the journal with the
+// file, so a rollback puts them back with one rename: re-creating a
+// directory needs a free block, which a full disk lacks.
+std::size_t levels_emptied(const fs::path& local, const std::string& rel) {
+  const std::size_t depth = depth_of(rel);
+  std::size_t up = 0;
+  for (fs::path p = local / rel; up + 1 < depth && holds_only(p.parent_path(), p.filename()); p = p.parent_path()) ++up;
+  return up;
 }
 
 }  // namespace
@@ -264,9 +298,9 @@ void run_file_ops(const fs::path& local, const fs::path& step, const Manifest& m
     if (f.op != TxnFile::Op::remove || !f.existed) continue;
     const fs::path dst = local / f.path;
     if (!exists_nofollow(dst)) continue;
-    make_parents(txn_undo(step, i));
-    rename_path(dst, txn_undo(step, i));
-    remove_empty_parents(local, dst.parent_path());
+    const std::size_t up = levels_emptied(local, f.path);
+    make_parents(txn_aside(step, i, up));
+    rename_path(up_from(dst, up), txn_aside(step, i, up));
   }
   for (std::size_t i = 0; i < m.files.size(); ++i) {
     const TxnFile& f = m.files[i];
@@ -275,8 +309,11 @@ void run_file_ops(const fs::path& local, const fs::path& step, const Manifest& m
     if (f.existed) {
       make_parents(txn_undo(step, i));
       rename_path(dst, txn_undo(step, i));
-    } else if (exists_nofollow(dst)) {  // an empty directory left where a file now goes
-      remove_path(dst);
+    } else if (is_empty_dir(dst)) {  // an empty directory where a file now goes: set aside too
+      make_parents(txn_undo(step, i));
+      rename_path(dst, txn_undo(step, i));
+    } else if (exists_nofollow(dst)) {
+      remove_path(dst);  // a directory with files in it: fails, and the step rolls back
     }
     make_parents(dst);
     rename_path(txn_stage(step, i), dst);
@@ -287,7 +324,8 @@ void rollback(const fs::path& local, const fs::path& step, const Manifest& m, bo
   const StopDeferred defer;  // a stop signal waits for the rollback to finish
   // Pending first: if this is cut short, the next run knows to finish it.
   // Nothing below allocates space (patches in place, renames, links of the
-  // reserved state files), so a full disk cannot stop a rollback.
+  // reserved state files; the directories a removal emptied were set aside,
+  // not deleted), so a full disk cannot stop a rollback.
   install_state(local, {m.base, m.version}, txn_state(step, true), sync);
   std::vector<File> shards;
   for (const auto& s : m.shards) shards.emplace_back(local / s, File::Mode::read_write);
@@ -313,9 +351,14 @@ void rollback(const fs::path& local, const fs::path& step, const Manifest& m, bo
     const TxnFile& f = m.files[k];
     if (f.op != TxnFile::Op::put) continue;
     const fs::path dst = local / f.path;
+    boost::system::error_code ec;
+    // A put's own file is always a regular file: a directory at dst is one a
+    // removal put back in a rollback cut short, which is not ours to remove.
+    const bool ours = !f.existed && !exists_nofollow(txn_stage(step, k)) && fs::is_regular_file(fs::symlink_status(dst, ec));
     if (exists_nofollow(txn_undo(step, k))) {
+      if (ours) remove_path(dst);  // over the empty directory set aside for it
       rename_path(txn_undo(step, k), dst);
-    } else if (!f.existed && !exists_nofollow(txn_stage(step, k)) && exists_nofollow(dst)) {
+    } else if (ours) {
       remove_path(dst);
     }
     remove_empty_parents(local, dst.parent_path());
@@ -323,13 +366,18 @@ void rollback(const fs::path& local, const fs::path& step, const Manifest& m, bo
   }
   for (std::size_t k = m.files.size(); k-- > 0;) {
     const TxnFile& f = m.files[k];
-    if (f.op != TxnFile::Op::remove || !exists_nofollow(txn_undo(step, k))) continue;
-    const fs::path dst = local / f.path;
-    boost::system::error_code ec;
-    if (fs::is_directory(fs::symlink_status(dst, ec)) && fs::is_empty(dst, ec)) remove_path(dst);
-    make_parents(dst);
-    rename_path(txn_undo(step, k), dst);
-    dirs.insert(dst.parent_path());
+    if (f.op != TxnFile::Op::remove) continue;
+    for (std::size_t up = 0; up < depth_of(f.path); ++up) {
+      const fs::path aside = txn_aside(step, k, up);
+      if (!exists_nofollow(aside)) continue;
+      const fs::path dst = up_from(local / f.path, up);
+      if (is_empty_dir(dst)) remove_path(dst);
+      // Only a journal of an older hfdelta, which deleted emptied directories, lacks the parent.
+      make_parents(dst);
+      rename_path(aside, dst);
+      dirs.insert(dst.parent_path());
+      break;
+    }
   }
   // The step may have recorded checksums of the version it was applying; a
   // step that re-installed LOCAL's own version number saved the old record.

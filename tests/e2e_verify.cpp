@@ -2,6 +2,8 @@
 // version, after every way of reaching a version, and every way of breaking it.
 #include <doctest/doctest.h>
 
+#include <signal.h>
+
 #include <functional>
 
 #include "e2e_util.hpp"
@@ -45,6 +47,14 @@ struct Setup {
     E2E_REQUIRE_CODE(apply({"-q", "--init", save_dir(series, 0).string(), local.string()}), 0);
   }
 };
+
+// delta-apply ARGS with write steps failing from the N-th on in `mode`
+// (HFDELTA_FAULT_MODE: kill, error, persist).
+RunResult apply_faulty(const std::vector<std::string>& args, long at, const char* mode) {
+  ScopedEnv a("HFDELTA_FAULT_AT", std::to_string(at));
+  ScopedEnv m("HFDELTA_FAULT_MODE", mode);
+  return apply(args);
+}
 
 }  // namespace
 
@@ -177,4 +187,96 @@ TEST_CASE("--verify: interrupted, uninitialised, and no record") {
   // The next apply records them again, from LOCAL itself.
   E2E_REQUIRE_CODE(apply({"-q", version_dir(s.root, 2).string(), s.local.string()}), 0);
   CHECK(verify(s.local).code == 0);
+}
+
+TEST_CASE("an interrupted LOCAL whose rollback fails again: journal kept and said so, --status 10, a clean run converges") {
+  // A killed run left LOCAL interrupted; the next run (the delta again, or
+  // --recover) meets a disk on which every write from some step on fails, so
+  // its rollback of the interrupted apply fails part way. It must do nothing
+  // else, say the journal is kept and what to do, leave --status at 10, and
+  // once the disk is healed a plain run must converge. The delta turns a
+  // directory into a file, so a rollback cut short leaves files and
+  // directories half put back.
+  const std::unique_ptr<TempDir> scratch = scratch_dir();  // thousands of flushes: in memory where it can
+  const TempDir& t = *scratch;
+  const fs::path series = gen_series(t / "series", 1, {"--max-shard-size", "600KB"});
+  const fs::path base = t / "base", next = t / "next", root = t / "root", start = t / "start", local = t / "local";
+  copy_tree(save_dir(series, 0), base);
+  write_file(base / "layout" / "deep" / "readme.txt", "a directory that becomes a file\n");
+  copy_tree(save_dir(series, 1), next);
+  write_file(next / "layout", "now a file\n");
+  fs::create_directories(root);
+  require_diff(base, next, version_dir(root, 1), "xor");
+  REQUIRE(require_init(base, start) == "000000");
+  const std::vector<std::string> args{"-q", "--threads", "1", version_dir(root, 1).string(), local.string()};
+  auto reset = [&](const fs::path& from) {
+    fs::remove_all(local);
+    copy_tree(from, local);
+  };
+
+  // The write steps at which a kill leaves a journal: the first and the last
+  // (the apply done, its commit not) are the two ends of what there is to undo.
+  std::vector<long> journaled;
+  for (long step = 1;; ++step) {
+    REQUIRE(step < 1000);
+    reset(start);
+    const RunResult r = apply_faulty(args, step, "kill");
+    if (r.code == 0) break;
+    REQUIRE(r.code == 128 + SIGKILL);
+    if (has_journal(local)) journaled.push_back(step);
+  }
+  REQUIRE_FALSE(journaled.empty());
+
+  // A run whose rollback of the interrupted apply failed: says so, keeps the
+  // journal; the disk healed, the delta converges and reports what it undid.
+  auto check_kept = [&](const RunResult& r) {
+    CHECK(r.code == 1);
+    CHECK(contains(r.err, "injected fault"));
+    CHECK(contains(r.err, "undoing the apply an earlier run left interrupted"));
+    CHECK(has_journal(local));
+    CHECK(contains(r.err, "is left interrupted (--status exits 10) with its undo journal in .weight_sync/txn"));
+    CHECK(contains(r.err, "the next delta-apply on it, or delta-apply --recover, finishes the rollback"));
+    CHECK(apply({"--status", local.string()}).code == 10);
+    const RunResult again = apply({"--json", "--threads", "1", version_dir(root, 1).string(), local.string()});
+    E2E_CHECK_CODE(again, 0);
+    if (again.code == 0) CHECK(parse_json(again.out).value("rolled_back", json()) == json("000001"));
+    E2E_CHECK_TREE_EQUAL(local, next);
+    CHECK(state_json(local) == json{{"version", "000001"}});
+    CHECK_FALSE(has_txn(local));
+  };
+  int failed = 0;
+  for (const long kill_at : {journaled.front(), journaled.back()}) {
+    const fs::path interrupted = t / ("interrupted-" + std::to_string(kill_at));
+    reset(start);
+    REQUIRE(apply_faulty(args, kill_at, "kill").code == 128 + SIGKILL);
+    copy_tree(local, interrupted);
+    // --recover does nothing but the rollback: the first step at which its
+    // faults come too late to stop it counts the rollback's write steps.
+    long steps = 0;
+    for (long n = 1;; ++n) {
+      REQUIRE(n < 1000);
+      reset(interrupted);
+      const RunResult r = apply_faulty({"--recover", local.string()}, n, "persist");
+      INFO("killed at write step " << kill_at << ", then --recover with every write failing from step " << n
+                                   << " on: exit " << r.code << "\n" << r.err);
+      if (r.code == 0) {
+        steps = n - 1;
+        break;
+      }
+      ++failed;
+      check_kept(r);
+    }
+    // The delta again: its rollback of the interrupted apply comes first.
+    for (long n = 1; n <= steps; n += 2) {
+      reset(interrupted);
+      const RunResult r = apply_faulty(args, n, "persist");
+      INFO("killed at write step " << kill_at << ", then the delta again with every write failing from step " << n
+                                   << " on: exit " << r.code << "\n" << r.err);
+      ++failed;
+      check_kept(r);
+    }
+  }
+  MESSAGE("interrupted LOCAL (killed at write steps " << journaled.front() << " and " << journaled.back() << "): "
+                                                     << failed << " runs whose rollback of it failed part way");
+  CHECK(failed >= 4);
 }

@@ -74,6 +74,8 @@ void rename_path(const boost::filesystem::path& from, const boost::filesystem::p
 bool remove_path(const boost::filesystem::path& p);  // false if it did not exist
 // link(2) as a write step; false where the filesystem has no hard links.
 bool link_path(const boost::filesystem::path& from, const boost::filesystem::path& to);
+// mkdir of `dir` and its missing parents, as a write step (none if it exists).
+void make_dirs(const boost::filesystem::path& dir);
 
 // True if anything (a dangling symlink too) is at `p`.
 bool exists_nofollow(const boost::filesystem::path& p);

@@ -102,8 +102,9 @@ void reserve_rollback(const boost::filesystem::path& step, const Manifest& m, bo
 void write_manifest(const boost::filesystem::path& step, const Manifest& m, bool sync);
 std::optional<Manifest> read_manifest(const boost::filesystem::path& step);
 
-// Runs a step's whole-file operations: removals (old files moved aside), then
-// puts (old moved aside, staged contents renamed in).
+// Runs a step's whole-file operations: removals (old files moved aside, with
+// the directories they empty, so that nothing a rollback puts back needs a
+// new block), then puts (old moved aside, staged contents renamed in).
 void run_file_ops(const boost::filesystem::path& local, const boost::filesystem::path& step, const Manifest& m);
 
 // Undoes one step: marks the state pending again, puts the old bytes and old
