@@ -8,6 +8,7 @@ packages=(
   nlohmann-json3-dev libxxhash-dev libzstd-dev libboost-filesystem-dev
   libcli11-dev doctest-dev
   zstd xxhash
+  xfsprogs  # tests: copy-on-write clones on a loop-mounted XFS
 )
 
 missing=()

@@ -40,13 +40,6 @@ constexpr std::uint64_t kPage = 4096;
 // blocks too and ENOSPC can surface at write, fallocate, fdatasync or close.
 enum class FsKind { tmpfs, ext4 };
 
-// argv[0] for a system tool, or "" when it is in none of the usual places.
-std::string system_tool(const std::string& name) {
-  for (const char* dir : {"/usr/sbin/", "/sbin/", "/usr/bin/", "/bin/"})
-    if (::access((dir + name).c_str(), X_OK) == 0) return dir + name;
-  return "";
-}
-
 // A filesystem of `size` bytes mounted at `dir` for the object's lifetime.
 class SmallFs {
  public:

@@ -466,6 +466,12 @@ std::string state_version(const fs::path& local) {
 
 json delta_index(const fs::path& delta) { return read_json(delta / "model.safetensors.index.json"); }
 
+std::string system_tool(const std::string& name) {
+  for (const char* dir : {"/usr/sbin/", "/sbin/", "/usr/bin/", "/bin/"})
+    if (::access((dir + name).c_str(), X_OK) == 0) return dir + name;
+  return "";
+}
+
 std::string first_line(const std::string& s) {
   const std::size_t nl = s.find('\n');
   return nl == std::string::npos ? s : s.substr(0, nl);

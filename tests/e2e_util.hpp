@@ -215,6 +215,10 @@ json delta_index(const fs::path& delta);
 // First line of a command's output, for short messages.
 std::string first_line(const std::string& s);
 
+// argv[0] for a system tool (mkfs.ext4, mount, ...), or "" when it is in none
+// of the usual places.
+std::string system_tool(const std::string& name);
+
 // Sets an environment variable for the commands started while it lives (the
 // tests run one at a time, so the process environment is theirs).
 class ScopedEnv {
