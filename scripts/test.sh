@@ -15,6 +15,10 @@ for a in "$@"; do
   if [ "$a" = --quick ]; then quick=1; else args+=("$a"); fi
 done
 
+# Twice as many tests at a time as cores: the end-to-end tests spend much of
+# their time waiting on fsync and on the commands they start.
+export MESON_TESTTHREADS=${MESON_TESTTHREADS:-$((2 * $(nproc)))}
+
 t0=$SECONDS
 scripts/setup.sh || exit 1
 echo "==== setup: $((SECONDS - t0)) s"
