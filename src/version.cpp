@@ -101,7 +101,7 @@ PublishTarget next_in_root(const fs::path& root, std::optional<std::uint64_t> gi
     fail(Exit::out_of_order, root.string() + ": --version " + format_version(*given) + " is not the next version (" +
                                  (newest ? "newest published is " + format_version(*newest) : "nothing published yet") +
                                  ", so the next is " + format_version(next) + ")");
-  return {root / version_dirname(next), next, true};
+  return {root / version_dirname(next), next};
 }
 
 // OUT named weight_v...: canonical, agreeing with --version, unused, next in its parent.
@@ -123,7 +123,7 @@ PublishTarget named_version(const fs::path& out, std::optional<std::uint64_t> gi
     fail(Exit::out_of_order, out.string() + ": version " + format_version(*v) + " is not the next version of " +
                                  parent.string() + " (newest published is " + format_version(*newest) + ", so the next is " +
                                  format_version(*newest + 1) + ")");
-  return {out, *v, false};
+  return {out, *v};
 }
 
 }  // namespace
@@ -135,7 +135,7 @@ PublishTarget publish_target(const fs::path& arg, std::optional<std::uint64_t> g
   if (!versionish && fs::is_directory(arg, ec)) return next_in_root(arg, given);
   if (versionish) return named_version(arg, given);
   if (!given) fail(Exit::usage, arg.string() + ": OUT is not named weight_vNNNNNN; give --version");
-  return {arg, *given, false};
+  return {arg, *given};
 }
 
 }  // namespace hfdelta

@@ -38,7 +38,6 @@ boost::filesystem::path strip_trailing_slashes(const std::string& p);
 struct PublishTarget {
   boost::filesystem::path out;
   std::uint64_t version = 0;
-  bool numbered = false;  // `arg` was a publication root: the version is its newest + 1
 };
 
 // Resolves delta-diff's OUT argument `arg` and --version `given`, reading

@@ -111,7 +111,9 @@ struct Given {
 void add_diff_options(CLI::App& app, Options& o, Given& g) {
   g.base = app.add_option("BASE", o.base, "Previous save (HF checkpoint directory)");
   g.target = app.add_option("NEW", o.target, "New save (HF checkpoint directory)");
-  g.out = app.add_option("OUT", o.out, "Version directory to create, ROOT/weight_vNNNNNN (the newest version in ROOT + 1; must not exist), or ROOT itself to publish its newest version + 1");
+  g.out = app.add_option("OUT", o.out,
+                         "Version directory to create, ROOT/weight_vNNNNNN (ROOT's newest version + 1; must not "
+                         "exist), or ROOT itself to publish its newest version + 1");
   g.diff_only.push_back(
       app.add_option("--encoding", o.encoding,
                      "Delta encoding: sparse (hfdelta's: changed positions and values, about half of xor), "
@@ -122,7 +124,8 @@ void add_diff_options(CLI::App& app, Options& o, Given& g) {
   g.diff_only.push_back(
       app.add_option("--level", o.diff.level, "zstd compression level")->check(CLI::Range(1, 19))->capture_default_str());
   g.diff_only.push_back(
-      app.add_option("--version", o.version, "Version number of OUT (default: from OUT's name, or ROOT's newest + 1; must agree with them)"));
+      app.add_option("--version", o.version,
+                     "Version number of OUT (default: from OUT's name, or ROOT's newest + 1; must agree with them)"));
   g.diff_only.push_back(app.add_option("--base-version", o.base_version, "Version of BASE (default: version - 1)"));
   g.diff_only.push_back(
       app.add_option("--threads", o.diff.threads, "Worker threads (default: all cores)")->check(CLI::NonNegativeNumber));
