@@ -9,6 +9,7 @@ packages=(
   libcli11-dev doctest-dev
   zstd xxhash
   xfsprogs  # tests: copy-on-write clones on a loop-mounted XFS
+  bindfs fuse3  # tests/e2e_publish.cpp: a FUSE filesystem without rename flags, as NFS
 )
 
 missing=()

@@ -165,7 +165,7 @@ ApplyResult locked(const fs::path& local, const ApplyOptions& opts, Op&& op, boo
   }
   r.rolled_back = undone;
   if (!r.noop) prune_records(local, r.to_version);  // older versions' checksums are of no use any more
-  if (opts.then) opts.then(r.to_version);
+  if (opts.then && !r.no_version) opts.then(r.to_version);
   return r;
 }
 
@@ -262,14 +262,21 @@ ApplyResult pull_locked(Txn& txn, const fs::path& root, const fs::path& local, s
                         const ApplyOptions& opts) {
   const auto t0 = Clock::now();
   const std::vector<VersionDir> versions = scan_root(root);
-  if (versions.empty()) fail(Exit::out_of_order, root.string() + ": no published versions (weight_vNNNNNN)");
-  const std::uint64_t want = target ? *target : versions.back().version;
-  if (std::none_of(versions.begin(), versions.end(), [&](const VersionDir& d) { return d.version == want; }))
-    fail(Exit::out_of_order, root.string() + ": version " + format_version(want) + " is not published");
-
   const LocalState st = read_state(local);
   ApplyResult r;
   r.from_version = st.version;
+  r.published = versions.size();
+  if (!versions.empty()) r.newest = versions.back().version;
+  if (versions.empty() && !target) {  // a root the trainer has not published to yet: nothing to do
+    r.noop = true;
+    r.no_version = !st.version;
+    r.to_version = st.version.value_or(0);
+    r.seconds = seconds_since(t0);
+    return r;
+  }
+  const std::uint64_t want = target ? *target : versions.back().version;
+  if (std::none_of(versions.begin(), versions.end(), [&](const VersionDir& d) { return d.version == want; }))
+    fail(Exit::out_of_order, root.string() + ": version " + format_version(want) + " is not published");
   r.to_version = want;
   if (st.version && *st.version > want)
     fail(Exit::out_of_order, local.string() + ": is at version " + format_version(*st.version) + ", newer than the target " +

@@ -201,11 +201,41 @@ void File::write_all(const void* buf, std::size_t n) {
   }
 }
 
+namespace {
+
+[[noreturn]] void fail_published(const fs::path& out) {
+  fail(Exit::exists, out.string() + ": already exists; refusing to overwrite");
+}
+
+[[noreturn]] void fail_rename(const fs::path& tmp, const fs::path& out, int e) {
+  fail(Exit::failure, out.string() + ": rename from " + tmp.filename().string() + ": " + std::strerror(e));
+}
+
+// Where the filesystem takes no rename flags (the NFS and CephFS clients and
+// many FUSE filesystems answer EINVAL): plain rename(2) is atomic as well,
+// and refuses to replace a non-empty directory (EEXIST, ENOTEMPTY) or a
+// non-directory (ENOTDIR). A published version always holds its index, so of
+// two publishers exactly one wins. Anything at OUT before we start is refused
+// as with RENAME_NOREPLACE; only an empty directory made at OUT between that
+// check and the rename can be replaced, and it held nothing.
+void publish_dir_portable(const fs::path& tmp, const fs::path& out) {
+  struct stat st{};
+  if (::lstat(out.c_str(), &st) == 0) fail_published(out);
+  if (errno != ENOENT) fail_rename(tmp, out, errno);
+  if (::rename(tmp.c_str(), out.c_str()) == 0) return;
+  const int e = errno;
+  if (e == EEXIST || e == ENOTEMPTY || e == ENOTDIR || e == EISDIR) fail_published(out);
+  fail_rename(tmp, out, e);
+}
+
+}  // namespace
+
 void publish_dir(const fs::path& tmp, const fs::path& out) {
-  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, out.c_str(), RENAME_NOREPLACE) != 0) {
-    if (errno == EEXIST) fail(Exit::exists, out.string() + ": already exists; refusing to overwrite");
-    fail(Exit::failure, out.string() + ": rename from " + tmp.filename().string() + ": " + std::strerror(errno));
-  }
+  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, out.c_str(), RENAME_NOREPLACE) == 0) return;
+  const int e = errno;
+  if (e == EEXIST) fail_published(out);
+  if (e == EINVAL || e == ENOSYS) return publish_dir_portable(tmp, out);
+  fail_rename(tmp, out, e);
 }
 
 void File::truncate(std::uint64_t n) {

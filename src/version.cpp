@@ -65,4 +65,77 @@ std::vector<VersionDir> scan_root(const fs::path& root) {
   return out;
 }
 
+fs::path strip_trailing_slashes(const std::string& p) {
+  std::string s = p;
+  while (s.size() > 1 && s.back() == '/') s.pop_back();
+  return s;
+}
+
+namespace {
+
+// A directory that holds nothing but hidden entries (temporary directories
+// of publications, leftovers of a prune).
+bool only_hidden(const fs::path& dir) {
+  boost::system::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; it != end && !ec; it.increment(ec))
+    if (it->path().filename().string().front() != '.') return false;
+  if (ec) fail(Exit::failure, dir.string() + ": cannot list directory: " + ec.message());
+  return true;
+}
+
+std::optional<std::uint64_t> newest_version(const fs::path& root) {
+  const std::vector<VersionDir> versions = scan_root(root);
+  if (versions.empty()) return std::nullopt;
+  return versions.back().version;
+}
+
+// ROOT given instead of OUT: the next version in it.
+PublishTarget next_in_root(const fs::path& root, std::optional<std::uint64_t> given) {
+  const auto newest = newest_version(root);
+  if (!newest && !only_hidden(root))
+    fail(Exit::bad_input, root.string() + ": is an existing directory but not a publication root (it holds no "
+                              "weight_vNNNNNN version and is not empty); to publish into it, name the version: " +
+                              (root / version_dirname(given.value_or(1))).string());
+  const std::uint64_t next = newest ? *newest + 1 : 1;
+  if (given && *given != next)
+    fail(Exit::out_of_order, root.string() + ": --version " + format_version(*given) + " is not the next version (" +
+                                 (newest ? "newest published is " + format_version(*newest) : "nothing published yet") +
+                                 ", so the next is " + format_version(next) + ")");
+  return {root / version_dirname(next), next};
+}
+
+// OUT named weight_v...: canonical, agreeing with --version, unused, next in its parent.
+PublishTarget named_version(const fs::path& out, std::optional<std::uint64_t> given) {
+  const std::string name = out.filename().string();
+  const auto v = version_from_dirname(name);
+  if (!v || version_dirname(*v) != name)
+    fail(Exit::usage, out.string() + ": \"" + name + "\" is not a version name: weight_v and six digits, zero-padded "
+                          "(e.g. weight_v000001)");
+  if (given && *given != *v)
+    fail(Exit::usage, out.string() + ": --version " + format_version(*given) + " disagrees with the name (version " +
+                          format_version(*v) + ")");
+  boost::system::error_code ec;
+  if (fs::exists(fs::symlink_status(out, ec))) fail(Exit::exists, out.string() + ": already exists; refusing to overwrite");
+  const fs::path parent = out.parent_path().empty() ? fs::path(".") : out.parent_path();
+  if (!fs::is_directory(parent, ec)) fail(Exit::bad_input, parent.string() + ": not a directory");
+  const auto newest = newest_version(parent);
+  if (newest && *v != *newest + 1)
+    fail(Exit::out_of_order, out.string() + ": version " + format_version(*v) + " is not the next version of " +
+                                 parent.string() + " (newest published is " + format_version(*newest) + ", so the next is " +
+                                 format_version(*newest + 1) + ")");
+  return {out, *v};
+}
+
+}  // namespace
+
+PublishTarget publish_target(const fs::path& arg, std::optional<std::uint64_t> given) {
+  const std::string name = arg.filename().string();
+  boost::system::error_code ec;
+  const bool versionish = name.rfind(kPrefix, 0) == 0;
+  if (!versionish && fs::is_directory(arg, ec)) return next_in_root(arg, given);
+  if (versionish) return named_version(arg, given);
+  if (!given) fail(Exit::usage, arg.string() + ": OUT is not named weight_vNNNNNN; give --version");
+  return {arg, *given};
+}
+
 }  // namespace hfdelta

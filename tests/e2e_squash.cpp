@@ -1029,11 +1029,15 @@ TEST_CASE("squash: FIRST and LAST that do not name a chain of deltas are refused
     check_refused(squash_args(v1, v3, out), 3, {(v2 / "files" / "extra.json").string()}, out, root);
   }
   SUBCASE("a delta whose base version does not follow the previous one") {
-    // weight_v000002 from version 0: a valid delta, but not on top of weight_v000001.
+    // weight_v000002 from version 0: a valid delta, but not on top of weight_v000001
+    // (written aside and moved in: delta-diff publishes only a root's next version).
     fs::remove_all(v2);
+    const fs::path aside = t / "aside" / v2.filename().string();
+    fs::create_directories(aside.parent_path());
     E2E_REQUIRE_CODE(diff({"-q", "--no-sync", "--version", "2", "--base-version", "0", ckpts[0].string(), ckpts[2].string(),
-                           v2.string()}),
+                           aside.string()}),
                      0);
+    fs::rename(aside, v2);
     check_refused(squash_args(v1, v3, out), 3, {v2.string()}, out, root);
   }
 }

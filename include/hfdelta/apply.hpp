@@ -33,6 +33,12 @@ struct ApplyResult {
   std::uint64_t delta_bytes = 0;     // bytes of delta entries read
   std::uint64_t files_written = 0, files_removed = 0;
   double seconds = 0;
+  // pull only: how many versions ROOT publishes, and the newest (none:
+  // nothing published yet, which is a no-op, not an error).
+  std::optional<std::uint64_t> published, newest;
+  // Nothing published and LOCAL never initialised: to_version means nothing,
+  // and the `then` hook does not run (there is no version to reload).
+  bool no_version = false;
 };
 
 // Every operation below first checks its paths, creating nothing: LOCAL must
@@ -57,6 +63,7 @@ ApplyResult apply_delta(const boost::filesystem::path& delta, const boost::files
 
 // Brings LOCAL to `target` (default: newest version under ROOT) following the
 // pull rules: the newest full version above LOCAL's resets it, deltas follow.
+// A ROOT with nothing published, without `target`, is a no-op.
 ApplyResult pull(const boost::filesystem::path& root, const boost::filesystem::path& local,
                  std::optional<std::uint64_t> target, const ApplyOptions& opts);
 

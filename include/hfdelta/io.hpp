@@ -102,7 +102,11 @@ void write_file_atomic(const boost::filesystem::path& path, std::string_view con
 
 // Renames the finished directory `tmp` to `out` with RENAME_NOREPLACE: a
 // publication never replaces a version someone else published meanwhile, not
-// even an empty directory (Error(exists)).
+// even an empty directory (Error(exists)). Where the filesystem rejects rename
+// flags (EINVAL, ENOSYS: NFS, CephFS, FUSE), it checks that nothing is at
+// `out` and renames with plain rename(2), which never replaces a file or a
+// non-empty directory: the same guarantees, except that an empty directory
+// made at `out` in between may be replaced.
 void publish_dir(const boost::filesystem::path& tmp, const boost::filesystem::path& out);
 
 // Reads a whole small file (configs, indexes, state); refuses files over max_bytes.

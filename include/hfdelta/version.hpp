@@ -30,4 +30,28 @@ struct VersionDir {
 // delta format's to tell (is_delta_dir, read_index_if_delta).
 std::vector<VersionDir> scan_root(const boost::filesystem::path& root);
 
+// `p` without trailing slashes ("/" stays "/"), so that "ROOT/" and
+// "ROOT/weight_v000001/" name what "ROOT" and "ROOT/weight_v000001" name.
+boost::filesystem::path strip_trailing_slashes(const std::string& p);
+
+// Where delta-diff publishes, and as which version.
+struct PublishTarget {
+  boost::filesystem::path out;
+  std::uint64_t version = 0;
+};
+
+// Resolves delta-diff's OUT argument `arg` and --version `given`, reading
+// only names, and keeps a publication root consistent:
+// - an existing directory not named weight_v*: a publication root if it holds
+//   a published version or nothing but hidden entries (Error(bad_input)
+//   otherwise: a checkpoint or a typo is no root); OUT is ROOT/weight_vNNNNNN
+//   for its newest version + 1 (1 in an empty root);
+// - a name starting with "weight_v": it must be exactly version_dirname of
+//   its number (six digits, zero-padded; Error(usage)), agree with `given`
+//   (Error(usage)) and, when OUT's parent already publishes versions, be the
+//   newest of them + 1 (Error(out_of_order)); OUT must not exist
+//   (Error(exists), checked before the order);
+// - any other name: a delta outside any root; `given` is required (Error(usage)).
+PublishTarget publish_target(const boost::filesystem::path& arg, std::optional<std::uint64_t> given);
+
 }  // namespace hfdelta

@@ -1,4 +1,5 @@
 // delta-apply: thin command over hfdelta's apply functions.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 
@@ -180,6 +181,15 @@ void print_change_json(const std::string& local, const ApplyResult& r) {
                       {"files_written", r.files_written},
                       {"files_removed", r.files_removed},
                       {"seconds", r.seconds}};
+  if (r.no_version) j["to_version"] = nullptr;
+  if (r.published) {  // --root: what ROOT publishes, and how far LOCAL is behind its newest
+    j["versions_published"] = *r.published;
+    j["newest_version"] = version_json(r.newest);
+    j["behind"] = r.newest && !r.no_version ? *r.newest - std::min(*r.newest, r.to_version) : 0;
+    j["was_behind"] = !r.from_version ? nlohmann::json()
+                      : r.newest      ? nlohmann::json(*r.newest - std::min(*r.newest, *r.from_version))
+                                      : nlohmann::json(0);
+  }
   std::cout << j.dump() << std::endl;
 }
 
@@ -194,8 +204,11 @@ void print_change_human(const std::string& local, const ApplyResult& r, bool rec
   } else if (r.record_rewritten) {
     std::printf("%s: files already at version %s; its missing or damaged checksum record was rewritten\n",
                 local.c_str(), to.c_str());
+  } else if (r.published && !r.newest) {
+    std::printf("%s: nothing published yet; %s\n", local.c_str(),
+                r.from_version ? ("stays at version " + from).c_str() : "no version yet");
   } else if (r.noop) {
-    std::printf("%s: already at version %s\n", local.c_str(), to.c_str());
+    std::printf("%s: already at %sversion %s\n", local.c_str(), r.newest == r.to_version ? "the newest " : "", to.c_str());
   } else {
     std::printf("%s: version %s -> %s (%zu step%s), %llu tensors patched from %s of deltas, %llu files written, "
                 "%llu removed, %.3f s\n",
@@ -208,6 +221,8 @@ void print_change_human(const std::string& local, const ApplyResult& r, bool rec
 // The body of every form, once the command line has parsed.
 void run_command(Options& o) {
   o.apply.sync = !o.no_sync;
+  for (std::string& p : o.paths) p = strip_trailing_slashes(p).string();  // "LOCAL/" names LOCAL
+  if (!o.root.empty()) o.root = strip_trailing_slashes(o.root).string();
   const std::string local = local_path(o);
   if (o.status) return run_status(o, local);
   if (o.verify) return run_verify(o, local);

@@ -111,7 +111,9 @@ struct Given {
 void add_diff_options(CLI::App& app, Options& o, Given& g) {
   g.base = app.add_option("BASE", o.base, "Previous save (HF checkpoint directory)");
   g.target = app.add_option("NEW", o.target, "New save (HF checkpoint directory)");
-  g.out = app.add_option("OUT", o.out, "Delta version directory to create (must not exist)");
+  g.out = app.add_option("OUT", o.out,
+                         "Version directory to create, ROOT/weight_vNNNNNN (ROOT's newest version + 1; must not "
+                         "exist), or ROOT itself to publish its newest version + 1");
   g.diff_only.push_back(
       app.add_option("--encoding", o.encoding,
                      "Delta encoding: sparse (hfdelta's: changed positions and values, about half of xor), "
@@ -122,7 +124,8 @@ void add_diff_options(CLI::App& app, Options& o, Given& g) {
   g.diff_only.push_back(
       app.add_option("--level", o.diff.level, "zstd compression level")->check(CLI::Range(1, 19))->capture_default_str());
   g.diff_only.push_back(
-      app.add_option("--version", o.version, "Version number of OUT (default: from an OUT named weight_vNNNNNN)"));
+      app.add_option("--version", o.version,
+                     "Version number of OUT (default: from OUT's name, or ROOT's newest + 1; must agree with them)"));
   g.diff_only.push_back(app.add_option("--base-version", o.base_version, "Version of BASE (default: version - 1)"));
   g.diff_only.push_back(
       app.add_option("--threads", o.diff.threads, "Worker threads (default: all cores)")->check(CLI::NonNegativeNumber));
@@ -277,18 +280,15 @@ void run_squash(const Options& o) {
 // ---- writing a delta ---------------------------------------------------------------
 
 // DiffOptions from the command line: encoding, sync, and the versions of OUT
-// and BASE (OUT's from its name unless --version gives it).
-DiffOptions diff_options(const Options& o) {
+// (publish_target: from its name, --version, or its root) and BASE.
+DiffOptions diff_options(const Options& o, std::uint64_t version) {
   DiffOptions d = o.diff;
   d.encoding = o.encoding == "auto" ? std::nullopt : parse_encoding(o.encoding);
   d.sync = !o.no_sync;
-  std::optional<std::uint64_t> version = o.version;
-  if (!version) version = version_from_dirname(boost::filesystem::path(o.out).filename().string());
-  if (!version) throw CLI::ValidationError("--version", "OUT is not named weight_vNNNNNN; give --version");
-  if (!o.base_version && *version == 0)
+  if (!o.base_version && version == 0)
     throw CLI::ValidationError("--base-version", "version 0 has no base; give --base-version");
-  d.version = *version;
-  d.base_version = o.base_version ? *o.base_version : *version - 1;
+  d.version = version;
+  d.base_version = o.base_version ? *o.base_version : version - 1;
   if (d.base_version >= d.version) throw CLI::ValidationError("--base-version", "must be lower than the version");
   return d;
 }
@@ -324,8 +324,10 @@ void print_diff_human(const Options& o, const DiffSummary& s, double density) {
   std::printf("  time             %.3f s\n", s.seconds);
 }
 
-void run_diff(const Options& o) {
-  const DiffSummary s = diff_checkpoints(o.base, o.target, o.out, diff_options(o));
+void run_diff(Options o) {
+  const PublishTarget t = publish_target(o.out, o.version);
+  o.out = t.out.string();  // ROOT given: the version directory chosen in it
+  const DiffSummary s = diff_checkpoints(o.base, o.target, o.out, diff_options(o, t.version));
   for (const auto& w : diff_warnings(s)) std::cerr << "delta-diff: warning: " << o.out << ": " << w << "\n";
   const double density = s.elements ? double(s.elements_changed) / double(s.elements) : 0.0;
   if (o.json_out)
@@ -334,8 +336,15 @@ void run_diff(const Options& o) {
     print_diff_human(o, s, density);
 }
 
+// Trailing slashes on path arguments are harmless ("ROOT/", "OUT/").
+void strip_slashes(Options& o) {
+  for (std::string* p : {&o.base, &o.target, &o.out, &o.inspect, &o.prune})
+    if (!p->empty()) *p = strip_trailing_slashes(*p).string();
+}
+
 // The body of every form, once the command line has parsed.
-void run_command(const Given& g, const Options& o) {
+void run_command(const Given& g, Options& o) {
+  strip_slashes(o);
   switch (choose_form(g, o)) {
     case Form::inspect: return run_inspect(o);
     case Form::prune: return run_prune(o);
@@ -353,7 +362,8 @@ int main(int argc, char** argv) {
                "delta-diff"};
   app.footer(
       "Forms:\n"
-      "  delta-diff [options] BASE NEW OUT             write a delta\n"
+      "  delta-diff [options] BASE NEW OUT             write a delta (OUT: ROOT/weight_vNNNNNN)\n"
+      "  delta-diff [options] BASE NEW ROOT            the same, as ROOT's newest version + 1\n"
       "  delta-diff --inspect DELTA [--json]           describe and check a delta version directory\n"
       "  delta-diff --squash FIRST LAST OUT            one delta equal to the versions FIRST..LAST of a root\n"
       "  delta-diff --prune ROOT [--keep-from N] [--dry-run] [--json]\n"
