@@ -198,46 +198,6 @@ int run_with_free(SmallFs& small, const Case& c, std::uint64_t free_bytes, Outco
   return r.code;
 }
 
-// delta-apply ARGS stopped (HFDELTA_FAULT_MODE=pause) at write step `step`;
-// there `at_stop` runs, then the process gets SIGTERM and goes on.
-struct Stopped {
-  bool paused = false;  // it reached the step (else it ran to the end)
-  int code = -1;
-  std::string err;
-};
-
-Stopped stop_at_step(const std::vector<std::string>& args, long step, const std::function<void()>& at_stop) {
-  ScopedEnv at("HFDELTA_FAULT_AT", std::to_string(step));
-  ScopedEnv mode("HFDELTA_FAULT_MODE", "pause");
-  const TempDir t;
-  const fs::path err = t / "err";
-  const int fd = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  REQUIRE(fd >= 0);
-  std::vector<std::string> argv{apply_bin()};
-  argv.insert(argv.end(), args.begin(), args.end());
-  const pid_t pid = spawn(argv, -1, fd);
-  ::close(fd);
-  Stopped s;
-  int status = 0;
-  REQUIRE(::waitpid(pid, &status, WUNTRACED) == pid);
-  if (WIFSTOPPED(status)) {
-    s.paused = true;
-    try {
-      at_stop();
-    } catch (...) {  // no stopped process left behind
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      throw;
-    }
-    ::kill(pid, SIGTERM);
-    ::kill(pid, SIGCONT);
-    REQUIRE(::waitpid(pid, &status, 0) == pid);
-  }
-  s.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  s.err = read_file(err);
-  return s;
-}
-
 // Runs one command with a given number of bytes free on the small
 // filesystem; checks what it leaves and that it converges once the space is
 // back. Returns its exit code.
@@ -507,7 +467,9 @@ TEST_CASE("full disk: ext4 with not one block free, an apply stopped at any writ
     fs::remove_all(local);
     copy_tree(in.dir_start, local);
     bool gone = false;
-    const Stopped r = stop_at_step(args, step, [&] {
+    std::vector<std::string> argv{apply_bin()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const Signalled r = signal_at_step(argv, step, SIGTERM, [&] {
       gone = !fs::is_directory(local / "layout");  // set aside already: the rollback must bring it back
       small.leave_free(0);
     });

@@ -32,37 +32,10 @@ constexpr int kSignals[] = {SIGTERM, SIGINT, SIGHUP};
 
 std::string signame(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP"; }
 
-struct Signalled {
-  bool paused = false;  // the process reached the step (else it finished first)
-  int sig = 0;
-  int code = -1;
-  std::string err;
-};
-
 // Runs argv paused at write step `step`, sends it there one of the three
 // signals (in turn by step), continues it and waits for it to exit.
-Signalled signal_at_step(const std::vector<std::string>& argv, int step) {
-  const int sig = kSignals[step % 3];
-  ScopedEnv at("HFDELTA_FAULT_AT", std::to_string(step));
-  ScopedEnv mode("HFDELTA_FAULT_MODE", "pause");
-  const TempDir t;
-  const fs::path err = t / "err";
-  const int fd = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  REQUIRE(fd >= 0);
-  const pid_t pid = spawn(argv, -1, fd);
-  ::close(fd);
-  Signalled s;
-  s.sig = sig;
-  int status = 0;
-  REQUIRE(::waitpid(pid, &status, WUNTRACED) == pid);
-  if (WIFSTOPPED(status)) {
-    s.paused = true;
-    ::kill(pid, sig);
-    ::kill(pid, SIGCONT);
-    REQUIRE(::waitpid(pid, &status, 0) == pid);
-  }
-  s.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  s.err = read_file(err);
+Signalled signal_in_turn(const std::vector<std::string>& argv, int step) {
+  const Signalled s = signal_at_step(argv, step, kSignals[step % 3]);
   if (!s.paused) REQUIRE_MESSAGE(s.code == 0, "not stopped at write step " << step << ", exit " << s.code << ": " << s.err);
   return s;
 }
@@ -104,8 +77,8 @@ void sweep_apply(Setup& s, const std::string& name, const std::vector<std::strin
     std::vector<std::string> argv{apply_bin()};
     argv.insert(argv.end(), opts.begin(), opts.end());
     argv.push_back(local.string());
-    const Signalled r = signal_at_step(argv, step);
-    const int sig = r.sig;
+    const Signalled r = signal_in_turn(argv, step);
+    const int sig = kSignals[step % 3];
     INFO(name << ", " << signame(sig) << " at write step " << step << ": exit " << r.code << "\n" << r.err);
     if (!r.paused) break;  // fewer steps: it ran to the end
     if (r.code == 0) {  // the signal came after the commit: the version is applied
@@ -139,8 +112,8 @@ void sweep_publish(const std::string& name, const fs::path& seed, const fs::path
     const Snapshot before = snapshot(root, false);
     std::vector<std::string> argv{diff_bin()};
     for (const auto& a : args(root)) argv.push_back(a);
-    const Signalled r = signal_at_step(argv, step);
-    const int sig = r.sig;
+    const Signalled r = signal_in_turn(argv, step);
+    const int sig = kSignals[step % 3];
     INFO(name << ", " << signame(sig) << " at write step " << step << ": exit " << r.code << "\n" << r.err);
     if (!r.paused) break;  // fewer steps: it ran to the end
     if (r.code == 0) {

@@ -6,6 +6,7 @@
 #include "hfdelta/delta_format.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -465,6 +466,37 @@ std::string state_version(const fs::path& local) {
 }
 
 json delta_index(const fs::path& delta) { return read_json(delta / "model.safetensors.index.json"); }
+
+Signalled signal_at_step(const std::vector<std::string>& argv, long step, int sig,
+                         const std::function<void()>& at_stop) {
+  ScopedEnv at("HFDELTA_FAULT_AT", std::to_string(step));
+  ScopedEnv mode("HFDELTA_FAULT_MODE", "pause");
+  const TempDir t;
+  const fs::path err = t / "err";
+  const int fd = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  REQUIRE(fd >= 0);
+  const pid_t pid = spawn(argv, -1, fd);
+  ::close(fd);
+  Signalled s;
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, WUNTRACED) == pid);
+  if (WIFSTOPPED(status)) {
+    s.paused = true;
+    try {
+      if (at_stop) at_stop();
+    } catch (...) {  // no stopped process left behind
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      throw;
+    }
+    ::kill(pid, sig);
+    ::kill(pid, SIGCONT);
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+  }
+  s.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  s.err = read_file(err);
+  return s;
+}
 
 std::string system_tool(const std::string& name) {
   for (const char* dir : {"/usr/sbin/", "/sbin/", "/usr/bin/", "/bin/"})

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <boost/filesystem.hpp>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -41,6 +42,17 @@ RunResult run(const std::vector<std::string>& argv);
 // Starts argv[0] with stdin from /dev/null and stdout, stderr on the given
 // descriptors (-1: /dev/null), without waiting. Throws if it cannot start.
 pid_t spawn(const std::vector<std::string>& argv, int out_fd = -1, int err_fd = -1);
+
+// ARGV run with HFDELTA_FAULT_MODE=pause at write step `step`: stopped there,
+// `at_stop` runs (a test looks at or changes the files meanwhile), then the
+// process gets `sig`, is continued and goes on to its end.
+struct Signalled {
+  bool paused = false;  // it reached the step (else it ran to the end first)
+  int code = -1;        // its exit code, 128 + N if a signal ended it
+  std::string err;      // its stderr
+};
+Signalled signal_at_step(const std::vector<std::string>& argv, long step, int sig,
+                         const std::function<void()>& at_stop = {});
 
 // Paths of the binaries, from HFDELTA_DIFF / HFDELTA_APPLY / HFDELTA_GEN.
 // Throws std::runtime_error naming the variable when unset.
