@@ -98,7 +98,6 @@ void stage_copies(const fs::path& step, const Manifest& m, const fs::path& src, 
 
 ApplyResult init_locked(Txn& txn, const fs::path& src, const fs::path& local, std::uint64_t version, const ApplyOptions& opts) {
   const auto t0 = Clock::now();
-  if (is_delta_dir(src)) fail(Exit::bad_input, src.string() + ": is a delta version, not a full checkpoint");
   const Checkpoint c = open_checkpoint(src);  // validates every weight file before LOCAL is touched
   check_has_weights(c, src);
   refuse_local_symlinks(local);  // a link is not LOCAL's own: not replaced, not taken for its target

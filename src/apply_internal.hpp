@@ -43,7 +43,9 @@ void sync_dirs_of(const boost::filesystem::path& local, const std::vector<TxnFil
 void check_has_weights(const Checkpoint& c, const boost::filesystem::path& src);
 
 // Makes LOCAL an exact copy of the full checkpoint SRC at `version` (--init,
-// or a full version pulled), in a step of `txn`.
+// or a full version pulled), in a step of `txn`. Every caller has already
+// told SRC from a delta version (is_delta_dir, read_index_if_delta), so its
+// index is not read again here.
 ApplyResult init_locked(Txn& txn, const boost::filesystem::path& src, const boost::filesystem::path& local,
                         std::uint64_t version, const ApplyOptions& opts);
 
