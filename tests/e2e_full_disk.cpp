@@ -49,7 +49,7 @@ class SmallFs {
     else mount_ext4(size);
   }
   ~SmallFs() {
-    if (why_.empty() && ::umount2(dir_.c_str(), 0) != 0) ::umount2(dir_.c_str(), MNT_DETACH);
+    if (why_.empty()) unmount(dir_);
   }
   SmallFs(const SmallFs&) = delete;
   SmallFs& operator=(const SmallFs&) = delete;
@@ -97,17 +97,8 @@ class SmallFs {
     if (::mount("tmpfs", dir_.c_str(), "tmpfs", 0, opts.c_str()) != 0) why_ = std::strerror(errno);
   }
   void mount_ext4(std::uint64_t size) {
-    const std::string mkfs = system_tool("mkfs.ext4"), mount = system_tool("mount");
-    if (mkfs.empty() || mount.empty()) {
-      why_ = "mkfs.ext4 or mount is not installed";
-      return;
-    }
-    const fs::path image = dir_.string() + ".img";
-    write_file(image, "");
-    fs::resize_file(image, size);
-    RunResult r = run({mkfs, "-q", "-F", "-b", "4096", "-m", "0", "-E", "lazy_itable_init=0,lazy_journal_init=0", image.string()});
-    if (r.code == 0) r = run({mount, "-o", "loop", image.string(), dir_.string()});
-    if (r.code != 0) why_ = r.cmdline + ": exit " + std::to_string(r.code) + ": " + first_line(r.err);
+    why_ = mount_loop_image(dir_, size, {"mkfs.ext4", "-q", "-F", "-b", "4096", "-m", "0", "-E",
+                                         "lazy_itable_init=0,lazy_journal_init=0"});
   }
   void sync_fs() const {
     const int fd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY);

@@ -6,7 +6,6 @@
 // allowed: they are tested on XFS in a loop-mounted image.
 #include <doctest/doctest.h>
 
-#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -393,22 +392,11 @@ namespace {
 // blocks but not inodes. why() says what stopped it.
 class ReflinkFs {
  public:
-  explicit ReflinkFs(const fs::path& dir) : dir_(dir) {
-    const std::string mkfs = system_tool("mkfs.xfs"), mount = system_tool("mount");
-    if (mkfs.empty() || mount.empty()) {
-      why_ = "mkfs.xfs (xfsprogs) or mount is not installed";
-      return;
-    }
-    fs::create_directories(dir);
-    const fs::path image = dir.string() + ".img";
-    write_file(image, "");
-    fs::resize_file(image, std::uint64_t{512} << 20);  // sparse; XFS wants 300 MB at least
-    RunResult r = run({mkfs, "-q", "-f", "-m", "reflink=1", image.string()});
-    if (r.code == 0) r = run({mount, "-o", "loop", image.string(), dir.string()});
-    if (r.code != 0) why_ = r.cmdline + ": exit " + std::to_string(r.code) + ": " + first_line(r.err);
-  }
+  // 512 MB, sparse: XFS wants 300 MB at least.
+  explicit ReflinkFs(const fs::path& dir)
+      : dir_(dir), why_(mount_loop_image(dir, std::uint64_t{512} << 20, {"mkfs.xfs", "-q", "-f", "-m", "reflink=1"})) {}
   ~ReflinkFs() {
-    if (why_.empty() && ::umount2(dir_.c_str(), 0) != 0) ::umount2(dir_.c_str(), MNT_DETACH);
+    if (why_.empty()) unmount(dir_);
   }
   ReflinkFs(const ReflinkFs&) = delete;
   ReflinkFs& operator=(const ReflinkFs&) = delete;

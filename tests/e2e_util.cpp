@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -502,6 +503,25 @@ std::string system_tool(const std::string& name) {
   for (const char* dir : {"/usr/sbin/", "/sbin/", "/usr/bin/", "/bin/"})
     if (::access((dir + name).c_str(), X_OK) == 0) return dir + name;
   return "";
+}
+
+std::string mount_loop_image(const fs::path& dir, std::uint64_t size, const std::vector<std::string>& mkfs) {
+  std::vector<std::string> argv{system_tool(mkfs.at(0))};
+  const std::string mount = system_tool("mount");
+  if (argv[0].empty() || mount.empty()) return mkfs[0] + " or mount is not installed";
+  fs::create_directories(dir);
+  const fs::path image = dir.string() + ".img";
+  write_file(image, "");
+  fs::resize_file(image, size);
+  argv.insert(argv.end(), mkfs.begin() + 1, mkfs.end());
+  argv.push_back(image.string());
+  RunResult r = run(argv);
+  if (r.code == 0) r = run({mount, "-o", "loop", image.string(), dir.string()});
+  return r.code == 0 ? "" : r.cmdline + ": exit " + std::to_string(r.code) + ": " + first_line(r.err);
+}
+
+void unmount(const fs::path& dir) {
+  if (::umount2(dir.c_str(), 0) != 0) ::umount2(dir.c_str(), MNT_DETACH);
 }
 
 std::string first_line(const std::string& s) {

@@ -231,6 +231,13 @@ std::string first_line(const std::string& s);
 // of the usual places.
 std::string system_tool(const std::string& name);
 
+// Makes a sparse image of `size` bytes beside `dir`, formats it with `mkfs`
+// (a tool name then its options; the image path is appended) and loop-mounts
+// it at `dir`. Returns "" when mounted, otherwise why not (a test then says so
+// and skips). unmount() takes it down again.
+std::string mount_loop_image(const fs::path& dir, std::uint64_t size, const std::vector<std::string>& mkfs);
+void unmount(const fs::path& dir);
+
 // Sets an environment variable for the commands started while it lives (the
 // tests run one at a time, so the process environment is theirs).
 class ScopedEnv {
