@@ -20,6 +20,7 @@
 #include "hfdelta/journal.hpp"
 #include "hfdelta/local_store.hpp"
 #include "hfdelta/checksum_record.hpp"
+#include "hfdelta/publication.hpp"
 #include "hfdelta/version.hpp"
 #include "parallel.hpp"
 
@@ -219,77 +220,175 @@ LocalStatus local_status(const fs::path& local, const ApplyOptions& opts) {
 
 namespace {
 
-// What a pull does: the newest full version at or below the target that is
-// newer than LOCAL (if any), then each delta after it, opened and checked.
-struct PullPlan {
-  const VersionDir* full = nullptr;
-  std::vector<OpenDelta> chain;
+// What ROOT offers a pull: the versions a reader may take (complete, up to
+// the first one still arriving), and the deltas beside full versions.
+struct RootView {
+  std::vector<VersionDir> versions;  // ascending, complete
+  std::map<std::uint64_t, CompletionMarker> markers;
+  std::map<std::uint64_t, fs::path> sidecars;
+  bool markers_required = false;  // for sidecars: the root's publisher writes markers
+  std::optional<std::uint64_t> incomplete;  // the first version above LOCAL not completely there
+  std::string waiting_for;
 };
 
-// Versions from `want` down to LOCAL's are told apart by reading each index
-// once, and kept for the chain: the search stops at the first full one.
-PullPlan plan_pull(const fs::path& root, const std::vector<VersionDir>& versions, std::optional<std::uint64_t> local_version,
-                   std::uint64_t want, const fs::path& local) {
-  PullPlan p;
-  std::map<std::uint64_t, DeltaIndex> deltas;
-  for (auto it = versions.rbegin(); it != versions.rend() && !p.full; ++it) {
+// Versions at or below LOCAL's are not looked at: a pull never reads them.
+RootView view_root(const fs::path& root, std::optional<std::uint64_t> local_version, const ApplyOptions& opts) {
+  RootView v;
+  const std::vector<VersionDir> all = scan_root(root);
+  const std::optional<std::uint64_t> marked = newest_marked(all);
+  v.markers_required = opts.require_marker || marked;
+  for (const VersionDir& d : all) {
+    if (local_version && d.version <= *local_version) continue;
+    Completeness c = check_complete(d.path, opts.require_marker || (marked && d.version > *marked));
+    if (!c.complete) {
+      v.incomplete = d.version;
+      v.waiting_for = d.path.string() + ": " + c.missing + " is not there yet";
+      break;
+    }
+    if (c.marker) v.markers.emplace(d.version, std::move(*c.marker));
+    v.versions.push_back(d);
+  }
+  v.sidecars = scan_sidecars(root);
+  return v;
+}
+
+// What a pull does: the full version to copy (if any), then each delta
+// after it, opened and checked.
+struct PullPlan {
+  const VersionDir* full = nullptr;
+  const CompletionMarker* full_marker = nullptr;
+  std::vector<OpenDelta> chain;
+  std::uint64_t sidecars = 0;
+  std::uint64_t bytes = 0;  // of the directories it reads from ROOT
+};
+
+// The bytes a host reads to take version directory `dir`.
+std::uint64_t cost_of(const RootView& v, std::uint64_t version, const fs::path& dir) {
+  if (auto m = v.markers.find(version); m != v.markers.end() && m->second.version == version) return m->second.bytes;
+  return tree_bytes(dir);
+}
+
+// A complete sidecar delta for version `ver`, if any.
+std::optional<fs::path> sidecar_for(const RootView& v, std::uint64_t ver) {
+  auto s = v.sidecars.find(ver);
+  if (s == v.sidecars.end() || !check_complete(s->second, v.markers_required).complete) return std::nullopt;
+  return s->second;
+}
+
+// Checks delta directory `dir` is version `ver` on `ver - 1` (and, with a
+// marker, holds the bytes it lists) and opens it whole.
+OpenDelta open_link(const fs::path& dir, std::uint64_t ver, DeltaIndex idx, int threads) {
+  Completeness c = check_complete(dir, false);
+  if (c.marker) check_against_marker(dir, *c.marker, dir.string(), threads);
+  OpenDelta od = open_delta(dir, std::move(idx));
+  if (od.index.version != ver || od.index.base_version != ver - 1)
+    fail(Exit::out_of_order, od.index_path() + ": records version " + format_version(od.index.version) + " on base " +
+                                 format_version(od.index.base_version) + ", expected " + format_version(ver) + " on base " +
+                                 format_version(ver - 1));
+  return od;
+}
+
+// The pull that reads fewer bytes: the deltas from LOCAL's version on (taking
+// the delta beside each full version on the way), or the newest full
+// version at or below `want` and the deltas after it. Every delta of the
+// chosen path is checked whole before LOCAL is touched.
+PullPlan plan_pull(const fs::path& root, const RootView& v, std::optional<std::uint64_t> local_version, std::uint64_t want,
+                   const fs::path& local, int threads) {
+  struct Link { std::uint64_t version; fs::path dir; std::optional<DeltaIndex> idx; bool sidecar = false; };
+  std::vector<Link> links;  // every version in (LOCAL, want], or from the newest full one
+  const VersionDir* full = nullptr;
+  for (auto it = v.versions.rbegin(); it != v.versions.rend(); ++it) {
     if (it->version > want) continue;
     if (local_version && it->version <= *local_version) break;
-    if (std::optional<DeltaIndex> idx = read_index_if_delta(it->path)) deltas.emplace(it->version, std::move(*idx));
-    else p.full = &*it;
+    std::optional<DeltaIndex> idx = read_index_if_delta(it->path);
+    if (!idx && !full) full = &*it;
+    if (!idx && !local_version) break;  // a new host starts from it: nothing older matters
+    links.push_back({it->version, it->path, std::move(idx)});
   }
-  if (!p.full && !local_version)
+  std::reverse(links.begin(), links.end());
+  if (!full && !local_version)
     fail(Exit::out_of_order, local.string() + ": has no version, and " + root.string() + " has no full version at or below " +
                                  format_version(want) + "; initialise it with --init");
-  const std::uint64_t cur = p.full ? p.full->version : *local_version;
-  // The whole chain must be there and link up, every delta checked whole, before LOCAL is touched.
-  for (std::uint64_t v = cur + 1; v <= want; ++v) {
-    auto d = deltas.find(v);
-    if (d == deltas.end())
-      fail(Exit::out_of_order, root.string() + ": version " + format_version(v) + " is missing; cannot reach " + format_version(want));
-    const fs::path dir = std::find_if(versions.begin(), versions.end(), [&](const VersionDir& x) { return x.version == v; })->path;
-    OpenDelta od = open_delta(dir, std::move(d->second));
-    if (od.index.version != v || od.index.base_version != v - 1)
-      fail(Exit::out_of_order, od.index_path() + ": records version " + format_version(od.index.version) + " on base " +
-                                   format_version(od.index.base_version) + ", expected " + format_version(v) + " on base " +
-                                   format_version(v - 1));
-    p.chain.push_back(std::move(od));
+  // Deltas only: every full version on the way replaced by the delta beside it.
+  bool deltas_only = local_version.has_value();
+  std::uint64_t cost_deltas = 0, cost_full = full ? cost_of(v, full->version, full->path) : 0;
+  for (Link& l : links) {
+    if (!l.idx) {
+      std::optional<fs::path> side = deltas_only ? sidecar_for(v, l.version) : std::nullopt;
+      std::optional<DeltaIndex> idx = side ? read_index_if_delta(*side) : std::nullopt;
+      if (!idx) {
+        deltas_only = false;
+        continue;
+      }
+      l = {l.version, *side, std::move(idx), true};
+    }
+    const std::uint64_t c = tree_bytes(l.dir);
+    cost_deltas += c;
+    if (full && l.version > full->version) cost_full += c;
+  }
+  if (full && (!deltas_only || cost_full < cost_deltas)) deltas_only = false;
+  PullPlan p;
+  p.bytes = deltas_only ? cost_deltas : cost_full;
+  std::uint64_t cur = local_version.value_or(0);
+  if (!deltas_only && full) {
+    p.full = full;
+    if (auto m = v.markers.find(full->version); m != v.markers.end() && m->second.full) p.full_marker = &m->second;
+    cur = full->version;
+  }
+  for (std::uint64_t ver = cur + 1; ver <= want; ++ver) {
+    auto l = std::find_if(links.begin(), links.end(), [&](const Link& x) { return x.version == ver; });
+    if (l == links.end() || !l->idx)
+      fail(Exit::out_of_order, root.string() + ": version " + format_version(ver) + " is missing; cannot reach " + format_version(want));
+    p.sidecars += l->sidecar;
+    p.chain.push_back(open_link(l->dir, ver, std::move(*l->idx), threads));
   }
   return p;
+}
+
+// Nothing to do: `r` says why (LOCAL at `want`, nothing published, or the
+// next version still arriving).
+ApplyResult& nothing_to_do(ApplyResult& r, const LocalState& st, Clock::time_point t0) {
+  r.noop = true;
+  r.no_version = !st.version;
+  r.to_version = st.version.value_or(0);
+  r.seconds = seconds_since(t0);
+  return r;
 }
 
 ApplyResult pull_locked(Txn& txn, const fs::path& root, const fs::path& local, std::optional<std::uint64_t> target,
                         const ApplyOptions& opts) {
   const auto t0 = Clock::now();
-  const std::vector<VersionDir> versions = scan_root(root);
   const LocalState st = read_state(local);
+  const RootView v = view_root(root, st.version, opts);
+  const std::vector<VersionDir> all = scan_root(root);
   ApplyResult r;
   r.from_version = st.version;
-  r.published = versions.size();
-  if (!versions.empty()) r.newest = versions.back().version;
-  if (versions.empty() && !target) {  // a root the trainer has not published to yet: nothing to do
-    r.noop = true;
-    r.no_version = !st.version;
-    r.to_version = st.version.value_or(0);
-    r.seconds = seconds_since(t0);
-    return r;
-  }
-  const std::uint64_t want = target ? *target : versions.back().version;
-  if (std::none_of(versions.begin(), versions.end(), [&](const VersionDir& d) { return d.version == want; }))
+  r.published = all.size();
+  if (!all.empty()) r.newest = all.back().version;
+  r.not_published_yet = v.incomplete;
+  r.waiting_for = v.waiting_for;
+  if (target && v.incomplete && *target >= *v.incomplete && (!st.version || *target > *st.version))
+    return nothing_to_do(r, st, t0);  // the target, or a version below it, is still arriving
+  if (!target && (v.versions.empty() || (st.version && v.versions.back().version <= *st.version)))
+    return nothing_to_do(r, st, t0);  // nothing published, nothing newer, or the next still arriving
+  const std::uint64_t want = target ? *target : v.versions.back().version;
+  if (std::none_of(all.begin(), all.end(), [&](const VersionDir& d) { return d.version == want; }))
     fail(Exit::out_of_order, root.string() + ": version " + format_version(want) + " is not published");
   r.to_version = want;
   if (st.version && *st.version > want)
     fail(Exit::out_of_order, local.string() + ": is at version " + format_version(*st.version) + ", newer than the target " +
                                  format_version(want));
-  if (st.version == want) {
-    r.noop = true;
-    r.seconds = seconds_since(t0);
-    return r;
-  }
-  const PullPlan p = plan_pull(root, versions, st.version, want, local);
+  if (st.version == want) return nothing_to_do(r, st, t0);
+  const PullPlan p = plan_pull(root, v, st.version, want, local, opts.threads);
   txn.set_final(want);
-  if (p.full) merge(r, init_locked(txn, p.full->path, local, p.full->version, opts));
+  if (p.full) {
+    merge(r, init_locked(txn, p.full->path, local, p.full->version, opts, p.full_marker));
+    r.full_copied = p.full->version;
+  }
   for (const OpenDelta& d : p.chain) merge(r, apply_opened(txn, d, local, opts));
+  r.sidecars_applied = p.sidecars;
+  r.root_bytes = p.bytes;
+  r.to_version = want;
   r.seconds = seconds_since(t0);
   return r;
 }

@@ -1,6 +1,7 @@
 // --init, and a full version pulled: LOCAL made an exact copy of a full
 // checkpoint in one transaction step, files that already match kept.
 #include <algorithm>
+#include <map>
 
 #include <boost/filesystem/operations.hpp>
 
@@ -9,8 +10,10 @@
 #include "hfdelta/checksum_record.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
+#include "hfdelta/hash.hpp"
 #include "hfdelta/io.hpp"
 #include "hfdelta/local_store.hpp"
+#include "hfdelta/publication.hpp"
 #include "parallel.hpp"
 
 namespace hfdelta {
@@ -94,18 +97,42 @@ void stage_copies(const fs::path& step, const Manifest& m, const fs::path& src, 
   });
 }
 
+// The bytes LOCAL is to hold (staged copies, and LOCAL's own files that
+// already matched SRC) against the checksums the publisher recorded: what
+// was copied from shared storage is what was published.
+void check_copies(const fs::path& step, const Manifest& m, const fs::path& local, const std::vector<std::string>& want,
+                  const CompletionMarker& expect, const fs::path& src, const ApplyOptions& opts) {
+  std::map<std::string, fs::path> at;
+  for (const auto& rel : want) at[rel] = local / rel;
+  for (std::size_t i = 0; i < m.files.size(); ++i)
+    if (m.files[i].op == TxnFile::Op::put) at[m.files[i].path] = txn_stage(step, i);
+  for (const auto& [rel, p] : at)
+    if (!expect.files.count(rel))
+      fail(Exit::bad_input, (src / rel).string() + ": is not listed in the version's completion marker " + kCompleteFile);
+  parallel_for(want.size(), default_threads(opts.threads), [&](std::size_t i, std::size_t) {
+    const MarkedFile& f = expect.files.at(want[i]);
+    std::vector<std::uint8_t> buf;
+    const File in(at.at(want[i]), File::Mode::read);
+    if (in.size() != f.size || hash_file_range(in, 0, in.size(), buf) != f.hash)
+      fail(Exit::bad_input, (src / want[i]).string() + ": its copy does not match the size and checksum the version's "
+                                                       "completion marker records; the published version is damaged");
+  });
+}
+
 }  // namespace
 
-ApplyResult init_locked(Txn& txn, const fs::path& src, const fs::path& local, std::uint64_t version, const ApplyOptions& opts) {
+ApplyResult init_locked(Txn& txn, const fs::path& src, const fs::path& local, std::uint64_t version, const ApplyOptions& opts,
+                        const CompletionMarker* expect) {
   const auto t0 = Clock::now();
   const Checkpoint c = open_checkpoint(src);  // validates every weight file before LOCAL is touched
+  const std::vector<std::string> want = files_of(c);
   check_has_weights(c, src);
   refuse_local_symlinks(local);  // a link is not LOCAL's own: not replaced, not taken for its target
   const LocalState st = read_state(local);
   ApplyResult r;
   r.from_version = st.version;
   r.to_version = version;
-  Manifest m = init_manifest(src, local, files_of(c), opts);
+  Manifest m = init_manifest(src, local, want, opts);
   m.base = st.version;
   m.version = version;
   if (m.files.empty() && st.version == version) {
@@ -117,6 +144,7 @@ ApplyResult init_locked(Txn& txn, const fs::path& src, const fs::path& local, st
   const fs::path step = txn.begin_step();
   try {
     stage_copies(step, m, src, opts);
+    if (expect) check_copies(step, m, local, want, *expect, src, opts);
   } catch (...) {
     txn.abandon_step();
     throw;

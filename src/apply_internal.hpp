@@ -19,6 +19,8 @@
 
 namespace hfdelta {
 
+struct CompletionMarker;
+
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0);
 
@@ -45,9 +47,11 @@ void check_has_weights(const Checkpoint& c, const boost::filesystem::path& src);
 // Makes LOCAL an exact copy of the full checkpoint SRC at `version` (--init,
 // or a full version pulled), in a step of `txn`. Every caller has already
 // told SRC from a delta version (is_delta_dir, read_index_if_delta), so its
-// index is not read again here.
+// index is not read again here. With `expect` (a published full version's
+// completion marker), every file LOCAL is to hold is checked against it
+// before LOCAL is changed: a damaged copy is Error(bad_input).
 ApplyResult init_locked(Txn& txn, const boost::filesystem::path& src, const boost::filesystem::path& local,
-                        std::uint64_t version, const ApplyOptions& opts);
+                        std::uint64_t version, const ApplyOptions& opts, const CompletionMarker* expect = nullptr);
 
 // Stages, executes and records `plan` of delta `d` in a step of `txn`:
 // journaled first and then written (opts.sync), or in one pass.

@@ -8,6 +8,7 @@
 
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
+#include "hfdelta/publication.hpp"
 #include "json_text.hpp"
 
 namespace hfdelta {
@@ -39,6 +40,10 @@ std::vector<std::string> list_files(const fs::path& dir) {
     const fs::path& p = it->path();
     const std::string rel = relative_name(p, dir);  // a hub snapshot's file, not its blob
     if (it.depth() == 0 && p.filename() == kStateDir) {
+      it.disable_recursion_pending();
+      continue;
+    }
+    if (it.depth() == 0 && p.filename() == kCompleteFile) {  // a published version's marker, not a file of the model
       it.disable_recursion_pending();
       continue;
     }

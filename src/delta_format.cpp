@@ -9,6 +9,7 @@
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
+#include "hfdelta/publication.hpp"
 #include "hfdelta/signals.hpp"
 #include "hfdelta/version.hpp"
 #include "json_text.hpp"
@@ -394,9 +395,10 @@ void write_delta_file(const fs::path& path, const std::vector<DeltaFileEntry>& e
   f.close();
 }
 
-std::uint64_t publish_delta(const fs::path& tmp, const fs::path& out, const std::string& index, const std::set<fs::path>& dirs,
-                            bool sync) {
+std::uint64_t publish_delta(const fs::path& tmp, const fs::path& out, const std::string& index, std::uint64_t version,
+                            const std::set<fs::path>& dirs, bool sync) {
   write_file_atomic(tmp / kIndexFile, index, sync);
+  write_marker(tmp, version, false, sync, 0);  // last: lists every file above
   if (sync)
     for (const auto& d : dirs) sync_dir(d);
   const std::uint64_t bytes = tree_bytes(tmp);

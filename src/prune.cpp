@@ -10,6 +10,7 @@
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
+#include "hfdelta/publication.hpp"
 
 namespace hfdelta {
 
@@ -67,7 +68,13 @@ PruneResult prune_root(const fs::path& root, const PruneOptions& opts) {
   r.keep_from = opts.keep_from;
   r.dry_run = opts.dry_run;
   std::vector<PrunedVersion> versions;
-  for (const VersionDir& d : scan_root(root)) versions.push_back({d.version, d.path, !is_delta_dir(d.path)});
+  const std::vector<VersionDir> published = scan_root(root);
+  const std::optional<std::uint64_t> marked = newest_marked(published);
+  for (const VersionDir& d : published) {
+    // A full version still arriving (no marker yet, or files missing) is no base to prune onto.
+    const bool full = !is_delta_dir(d.path) && check_complete(d.path, marked && d.version > *marked).complete;
+    versions.push_back({d.version, d.path, full});
+  }
 
   {
     boost::system::error_code ec;
@@ -91,6 +98,10 @@ PruneResult prune_root(const fs::path& root, const PruneOptions& opts) {
     open_checkpoint(full->path);
   }
   for (const auto& d : versions) (full && d.version < full->version ? r.removed : r.kept).push_back(d);
+  // The delta beside a full version goes with it: a host one version behind
+  // a kept full version still needs it, one behind a removed one cannot exist.
+  for (const auto& [v, path] : scan_sidecars(root))
+    (full && v < full->version ? r.removed : r.kept).push_back({v, path, false, true});
   for (const auto& d : r.removed) r.bytes_removed += reported_bytes(d.path);
   for (const auto& p : r.leftovers) r.bytes_removed += reported_bytes(p);
   if (opts.dry_run) return r;
@@ -126,7 +137,8 @@ PruneResult prune_root(const fs::path& root, const PruneOptions& opts) {
 json prune_json(const PruneResult& r) {
   auto versions = [](const std::vector<PrunedVersion>& v) {
     json a = json::array();
-    for (const auto& d : v) a.push_back({{"version", format_version(d.version)}, {"full", d.full}, {"path", d.path.string()}});
+    for (const auto& d : v)
+      a.push_back({{"version", format_version(d.version)}, {"full", d.full}, {"sidecar", d.sidecar}, {"path", d.path.string()}});
     return a;
   };
   json left = json::array();

@@ -152,8 +152,10 @@ TEST_CASE("mixed dtypes built by hand: only changed tensors travel, as U8 [L] wi
   CHECK(s["files_changed"] == 0);
   CHECK(s["files_removed"] == 0);
 
-  // The delta: one file, only the changed tensors, U8 [L], checksum per tensor.
-  CHECK(list_files(out) == std::vector<std::string>{"model-00000-of-00001.safetensors", "model.safetensors.index.json"});
+  // The delta: one file, only the changed tensors, U8 [L], checksum per tensor;
+  // its index; and its completion marker, listing both.
+  CHECK(list_files(out) == std::vector<std::string>{"hfdelta_complete.json", "model-00000-of-00001.safetensors",
+                                                    "model.safetensors.index.json"});
   const StFile df = read_st(out / "model-00000-of-00001.safetensors");
   const auto names = df.tensor_names();
   CHECK(std::set<std::string>(names.begin(), names.end()) == changed);
@@ -228,7 +230,7 @@ TEST_CASE("no change at all: a delta with an empty weight_map that applies as a 
   CHECK(s["files_removed"] == 0);
   CHECK(s["tensors"].get<std::uint64_t>() > 0);
 
-  CHECK(list_files(out) == std::vector<std::string>{"model.safetensors.index.json"});
+  CHECK(list_files(out) == std::vector<std::string>{"hfdelta_complete.json", "model.safetensors.index.json"});
   const json idx = delta_index(out);
   CHECK(idx["weight_map"].is_object());
   CHECK(idx["weight_map"].empty());

@@ -20,6 +20,11 @@ struct ApplyOptions {
   // Run after a successful operation (no-op included) while the lock is
   // still held, e.g. to have the engine reload before another apply starts.
   std::function<void(std::uint64_t version)> then;
+  // --root: a version directory without a completion marker is not published
+  // yet, even in a root where no version has one (an object store's first
+  // upload). Without it, that holds for versions after the newest that has
+  // one (see newest_marked).
+  bool require_marker = false;
 };
 
 struct ApplyResult {
@@ -39,6 +44,16 @@ struct ApplyResult {
   // Nothing published and LOCAL never initialised: to_version means nothing,
   // and the `then` hook does not run (there is no version to reload).
   bool no_version = false;
+  // pull only: the first version above LOCAL that is not completely there
+  // yet (its marker or a file it lists still missing: `waiting_for`); the
+  // pull stops below it.
+  std::optional<std::uint64_t> not_published_yet;
+  std::string waiting_for;
+  // pull only: the full version copied (none: deltas only), and the deltas
+  // taken from beside a full version (ROOT/delta_vNNNNNN) instead of copying it.
+  std::optional<std::uint64_t> full_copied;
+  std::uint64_t sidecars_applied = 0;
+  std::uint64_t root_bytes = 0;  // size of the version directories the pull read
 };
 
 // Every operation below first checks its paths, creating nothing: LOCAL must

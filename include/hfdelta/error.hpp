@@ -22,6 +22,8 @@ enum class Exit : int {
   interrupted = 10,   // --status: an apply was interrupted; the next run rolls it back
   uninitialised = 11, // --status: LOCAL has no recorded version
   corrupt = 12,       // --verify: LOCAL's bytes differ from its version's recorded checksums
+  hook_published = 13,  // delta-diff --post-publish failed (the version stays published)
+  hook_pre_read = 14,   // delta-apply --pre-read failed (LOCAL untouched)
 };
 
 // Every error carries the exit code it maps to and a message that names the

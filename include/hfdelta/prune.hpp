@@ -27,6 +27,7 @@ struct PrunedVersion {
   std::uint64_t version = 0;
   boost::filesystem::path path;
   bool full = false;  // an ordinary checkpoint, not a delta
+  bool sidecar = false;  // ROOT/delta_vNNNNNN, the delta beside full version NNNNNN
 };
 
 struct PruneResult {

@@ -45,7 +45,8 @@ int run(CLI::App& app, int argc, char** argv, const std::function<void()>& body)
   }
 }
 
-void run_shell(const std::string& command, const std::vector<std::pair<std::string, std::string>>& env) {
+void run_shell(const std::string& command, const std::vector<std::pair<std::string, std::string>>& env, Exit code,
+               const std::string& option) {
   std::vector<std::string> vars;
   for (char** e = environ; *e; ++e) vars.emplace_back(*e);
   for (const auto& [k, v] : env) vars.push_back(k + "=" + v);
@@ -65,12 +66,12 @@ void run_shell(const std::string& command, const std::vector<std::pair<std::stri
   pid_t pid;
   const int e = posix_spawn(&pid, "/bin/sh", nullptr, &attr, argv, envp.data());
   posix_spawnattr_destroy(&attr);
-  if (e != 0) fail(Exit::then_failed, "--then: cannot start /bin/sh: " + std::string(std::strerror(e)));
+  if (e != 0) fail(code, option + ": cannot start /bin/sh: " + std::string(std::strerror(e)));
   int status = 0;
   while (waitpid(pid, &status, 0) < 0)
-    if (errno != EINTR) fail(Exit::then_failed, "--then: waitpid: " + std::string(std::strerror(errno)));
+    if (errno != EINTR) fail(code, option + ": waitpid: " + std::string(std::strerror(errno)));
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
-  fail(Exit::then_failed, "--then command failed (" +
+  fail(code, option + " command failed (" +
                               (WIFEXITED(status) ? "exit status " + std::to_string(WEXITSTATUS(status))
                                                  : "signal " + std::to_string(WTERMSIG(status))) +
                               "): " + command);

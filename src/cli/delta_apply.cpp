@@ -21,7 +21,7 @@ using ull = unsigned long long;
 // What the command line asks for.
 struct Options {
   std::vector<std::string> paths;
-  std::string root, then;
+  std::string root, then, pre_read;
   bool init = false, status = false, recover = false, verify = false, no_sync = false, json_out = false, quiet = false;
   std::optional<std::uint64_t> target, version;
   ApplyOptions apply;
@@ -49,6 +49,14 @@ void add_options(CLI::App& app, Options& o) {
                                   "Shell command to run after success while LOCAL is still locked "
                                   "(HFDELTA_LOCAL and HFDELTA_VERSION are set)");
   then_opt->excludes(status_opt, recover_opt, verify_opt);
+  app.add_option("--pre-read", o.pre_read,
+                 "With --root: shell command to run before ROOT is read (HFDELTA_ROOT and HFDELTA_LOCAL are set), "
+                 "e.g. to refresh a view of an object store; failure exits 14, LOCAL untouched")
+      ->needs(root_opt);
+  app.add_flag("--require-marker", o.apply.require_marker,
+               "With --root: take a version only once its completion marker (hfdelta_complete.json) and every file "
+               "it lists are there, even in a root where no version has one yet")
+      ->needs(root_opt);
   app.add_flag("--force", o.apply.force,
                "Let --init replace a non-empty directory that is not a LOCAL (no .weight_sync/state.json), "
                "deleting its files")
@@ -158,11 +166,16 @@ void run_verify(const Options& o, const std::string& local) {
 ApplyResult run_change(Options& o, const std::string& local) {
   if (!o.then.empty())
     o.apply.then = [command = o.then, local](std::uint64_t v) {
-      cli::run_shell(command, {{"HFDELTA_LOCAL", local}, {"HFDELTA_VERSION", format_version(v)}});
+      cli::run_shell(command, {{"HFDELTA_LOCAL", local}, {"HFDELTA_VERSION", format_version(v)}}, Exit::then_failed,
+                     "--then");
     };
   if (o.recover) return recover_local(local, o.apply);
   if (o.init) return init_local(o.paths[0], local, o.version.value_or(0), o.apply);
-  if (!o.root.empty()) return pull(o.root, local, o.target, o.apply);
+  if (!o.root.empty()) {
+    if (!o.pre_read.empty())
+      cli::run_shell(o.pre_read, {{"HFDELTA_ROOT", o.root}, {"HFDELTA_LOCAL", local}}, Exit::hook_pre_read, "--pre-read");
+    return pull(o.root, local, o.target, o.apply);
+  }
   return apply_delta(o.paths[0], local, o.apply);
 }
 
@@ -189,6 +202,11 @@ void print_change_json(const std::string& local, const ApplyResult& r) {
     j["was_behind"] = !r.from_version ? nlohmann::json()
                       : r.newest      ? nlohmann::json(*r.newest - std::min(*r.newest, *r.from_version))
                                       : nlohmann::json(0);
+    j["not_published_yet"] = version_json(r.not_published_yet);
+    j["waiting_for"] = r.not_published_yet ? nlohmann::json(r.waiting_for) : nlohmann::json();
+    j["full_copied"] = version_json(r.full_copied);
+    j["sidecars_applied"] = r.sidecars_applied;
+    j["root_bytes"] = r.root_bytes;
   }
   std::cout << j.dump() << std::endl;
 }
@@ -204,6 +222,10 @@ void print_change_human(const std::string& local, const ApplyResult& r, bool rec
   } else if (r.record_rewritten) {
     std::printf("%s: files already at version %s; its missing or damaged checksum record was rewritten\n",
                 local.c_str(), to.c_str());
+  } else if (r.noop && r.not_published_yet) {
+    std::printf("%s: version %s is not published yet (%s); %s\n", local.c_str(),
+                format_version(*r.not_published_yet).c_str(), r.waiting_for.c_str(),
+                r.no_version ? "no version yet" : ("stays at version " + to).c_str());
   } else if (r.published && !r.newest) {
     std::printf("%s: nothing published yet; %s\n", local.c_str(),
                 r.from_version ? ("stays at version " + from).c_str() : "no version yet");
@@ -238,7 +260,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Bring a host-local checkpoint to a new version, in place.\n"
                "  delta-apply [OPTIONS] DELTA LOCAL\n"
                "  delta-apply --init [--version N] [--force] SRC LOCAL\n"
-               "  delta-apply --root ROOT [--target N] LOCAL\n"
+               "  delta-apply --root ROOT [--target N] [--pre-read CMD] LOCAL\n"
                "  delta-apply --status LOCAL | --recover LOCAL | --verify LOCAL",
                "delta-apply"};
   Options o;

@@ -1,4 +1,5 @@
 // delta-diff: thin command over hfdelta::diff_checkpoints, inspect_delta and prune_root.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 
@@ -11,6 +12,7 @@
 #include "hfdelta/error.hpp"
 #include "hfdelta/inspect.hpp"
 #include "hfdelta/prune.hpp"
+#include "hfdelta/publication.hpp"
 #include "hfdelta/squash.hpp"
 #include "hfdelta/version.hpp"
 
@@ -79,11 +81,12 @@ void print_prune(const PruneResult& r) {
     std::printf("%s: keeping full version %s%s and the %zu version(s) after it\n", root.c_str(),
                 format_version(*r.base_full).c_str(),
                 r.keep_from ? (" (the newest at or below " + format_version(*r.keep_from) + ")").c_str() : " (the newest)",
-                r.kept.size() - 1);
+                std::size_t(std::count_if(r.kept.begin(), r.kept.end(), [](const PrunedVersion& d) { return !d.sidecar; })) - 1);
   }
   const char* verb = r.dry_run ? "would remove" : "removed";
   for (const auto& d : r.removed)
-    std::printf("  %s  %s  (%s)\n", verb, d.path.filename().string().c_str(), d.full ? "full" : "delta");
+    std::printf("  %s  %s  (%s)\n", verb, d.path.filename().string().c_str(),
+                d.full ? "full" : d.sidecar ? "delta beside a full version" : "delta");
   for (const auto& p : r.leftovers)
     std::printf("  %s  %s  (left by an interrupted prune)\n", verb, p.filename().string().c_str());
   std::printf("  %s %zu version(s) and %zu leftover(s), %s%s\n", verb, r.removed.size(), r.leftovers.size(),
@@ -94,16 +97,17 @@ void print_prune(const PruneResult& r) {
 
 // What the command line asks for.
 struct Options {
-  std::string base, target, out, encoding = "sparse", inspect, prune;
+  std::string base, target, out, encoding = "sparse", inspect, prune, post_publish;
   std::optional<std::uint64_t> version, base_version, keep_from;
   DiffOptions diff;
-  bool no_sync = false, json_out = false, quiet = false, dry_run = false, squash = false;
+  bool no_sync = false, json_out = false, quiet = false, dry_run = false, squash = false, full = false;
 };
 
 // The options whose presence decides the form, as CLI11 records them.
 struct Given {
   CLI::Option *base = nullptr, *target = nullptr, *out = nullptr;
   CLI::Option *inspect = nullptr, *squash = nullptr, *prune = nullptr, *keep_from = nullptr, *dry_run = nullptr;
+  CLI::Option *full = nullptr, *post_publish = nullptr;
   std::vector<CLI::Option*> diff_only;  // options of the diff form only
 };
 
@@ -129,6 +133,10 @@ void add_diff_options(CLI::App& app, Options& o, Given& g) {
   g.diff_only.push_back(app.add_option("--base-version", o.base_version, "Version of BASE (default: version - 1)"));
   g.diff_only.push_back(
       app.add_option("--threads", o.diff.threads, "Worker threads (default: all cores)")->check(CLI::NonNegativeNumber));
+  g.post_publish = app.add_option("--post-publish", o.post_publish,
+                                  "Shell command to run after each version directory is published and durable "
+                                  "(HFDELTA_VERSION, HFDELTA_VERSION_PATH, HFDELTA_NAME and HFDELTA_ROOT are set), "
+                                  "e.g. to upload it to an object store; failure exits 13");
   app.add_flag("--no-sync", o.no_sync, "Do not flush the delta (with --prune: ROOT) to disk before publishing it");
   app.add_flag("--json", o.json_out, "Print the summary (or the --inspect or --prune report) as one JSON object on stdout");
   app.add_flag("-q,--quiet", o.quiet, "Print no summary (or report)");
@@ -148,6 +156,11 @@ void add_form_options(CLI::App& app, Options& o, Given& g) {
                           "(given as BASE and NEW; every version between them must be beside them), "
                           "composed from the deltas alone")
                  ->group("Squash a chain of deltas (instead of diffing checkpoints)");
+  g.full = app.add_flag("--full", o.full,
+                        "Publish checkpoint NEW itself as full version OUT (given as NEW OUT); given BASE NEW OUT, "
+                        "first publish the delta BASE -> NEW beside it as ROOT/delta_vNNNNNN, so that a host one "
+                        "version behind fetches only that")
+               ->group("Publish a full version (instead of only a delta)");
   const std::string prune_group = "Prune a publication root (instead of writing a delta)";
   g.prune = app.add_option("--prune", o.prune,
                            "Remove the version directories of ROOT older than its newest full version "
@@ -161,7 +174,7 @@ void add_form_options(CLI::App& app, Options& o, Given& g) {
   g.dry_run = app.add_flag("--dry-run", o.dry_run, "Print what --prune would remove; remove nothing")->group(prune_group);
 }
 
-enum class Form { diff, inspect, squash, prune };
+enum class Form { diff, inspect, squash, prune, full };
 
 // The forms are checked here rather than with CLI11's excludes/needs, which
 // would list every pairing in --help.
@@ -169,6 +182,10 @@ void check_exclusive(const Given& g) {
   if (*g.inspect && *g.prune) throw CLI::ValidationError("--inspect", "cannot be combined with --prune");
   if (*g.squash && (*g.inspect || *g.prune))
     throw CLI::ValidationError("--squash", "cannot be combined with --inspect or --prune");
+  if (*g.full && (*g.inspect || *g.prune || *g.squash))
+    throw CLI::ValidationError("--full", "cannot be combined with --inspect, --prune or --squash");
+  if (*g.post_publish && (*g.inspect || *g.prune))
+    throw CLI::ValidationError("--post-publish", "only publishing takes it, not --inspect or --prune");
   for (const auto* opt : {g.keep_from, g.dry_run})
     if (*opt && !*g.prune) throw CLI::ValidationError(opt->get_name(), "needs --prune ROOT");
 }
@@ -196,6 +213,10 @@ Form choose_form(const Given& g, const Options& o) {
   if (*g.inspect || *g.prune) {
     check_inspect_or_prune(g, o);
     return *g.inspect ? Form::inspect : Form::prune;
+  }
+  if (*g.full) {
+    if (!*g.base || !*g.target) throw CLI::RequiredError("--full: NEW OUT, or BASE NEW OUT");
+    return Form::full;
   }
   if (!*g.base || !*g.target || !*g.out) throw CLI::RequiredError("BASE NEW OUT (or --inspect DELTA, or --prune ROOT)");
   if (*g.squash) {
@@ -225,6 +246,20 @@ void run_prune(const Options& o) {
     std::cout << prune_json(r).dump() << std::endl;
   else if (!o.quiet)
     print_prune(r);
+}
+
+// ---- publishing ----
+
+// --post-publish, run for each directory once it is published and durable.
+void post_publish(const Options& o, const boost::filesystem::path& dir, std::uint64_t version) {
+  if (o.post_publish.empty()) return;
+  const boost::filesystem::path parent = dir.parent_path().empty() ? boost::filesystem::path(".") : dir.parent_path();
+  cli::run_shell(o.post_publish,
+                 {{"HFDELTA_VERSION", format_version(version)},
+                  {"HFDELTA_VERSION_PATH", dir.string()},
+                  {"HFDELTA_NAME", dir.filename().string()},
+                  {"HFDELTA_ROOT", parent.string()}},
+                 Exit::hook_published, "--post-publish");
 }
 
 // ---- --squash ----------------------------------------------------------------------
@@ -271,6 +306,7 @@ void run_squash(const Options& o) {
   so.threads = o.diff.threads;
   so.sync = !o.no_sync;
   const SquashSummary s = squash_deltas(chain_between(o.base, o.target), o.out, so);
+  post_publish(o, o.out, s.version);
   if (o.json_out)
     print_squash_json(o.out, s);
   else if (!o.quiet)
@@ -328,12 +364,58 @@ void run_diff(Options o) {
   const PublishTarget t = publish_target(o.out, o.version);
   o.out = t.out.string();  // ROOT given: the version directory chosen in it
   const DiffSummary s = diff_checkpoints(o.base, o.target, o.out, diff_options(o, t.version));
+  post_publish(o, t.out, t.version);
   for (const auto& w : diff_warnings(s)) std::cerr << "delta-diff: warning: " << o.out << ": " << w << "\n";
   const double density = s.elements ? double(s.elements_changed) / double(s.elements) : 0.0;
   if (o.json_out)
     print_diff_json(o, s, density);
   else if (!o.quiet)
     print_diff_human(o, s, density);
+}
+
+// ---- --full --------------------------------------------------------------------------
+
+void print_full(const Options& o, const PublishTarget& t, const FullSummary& f, const std::string& side,
+                const DiffSummary* s) {
+  if (o.json_out) {
+    nlohmann::json j = {{"out", t.out.string()}, {"version", format_version(f.version)}, {"full", true},
+                        {"files", f.files},      {"bytes", f.bytes},                    {"seconds", f.seconds},
+                        {"sidecar", nullptr}};
+    if (s)
+      j["sidecar"] = {{"out", side},
+                      {"base_version", format_version(s->base_version)},
+                      {"delta_bytes", s->delta_bytes},
+                      {"tensors_changed", s->tensors_changed},
+                      {"seconds", s->seconds}};
+    std::cout << j.dump() << std::endl;
+  } else if (!o.quiet) {
+    if (s)
+      std::printf("%s: delta beside the full version, version %s on base %s, %s\n", side.c_str(),
+                  format_version(s->version).c_str(), format_version(s->base_version).c_str(),
+                  cli::human_bytes(double(s->delta_bytes)).c_str());
+    std::printf("%s: full version %s, %llu files, %s, %.3f s\n", t.out.string().c_str(), format_version(f.version).c_str(),
+                ull(f.files), cli::human_bytes(double(f.bytes)).c_str(), f.seconds);
+  }
+}
+
+// --full [BASE] NEW OUT: the delta beside it first (if BASE is given), then the full version.
+void run_full(Options o) {
+  if (o.out.empty()) {  // NEW OUT
+    o.out = o.target;
+    o.target = o.base;
+    o.base.clear();
+  }
+  const PublishTarget t = publish_target(o.out, o.version);
+  DiffSummary s;
+  std::string side;
+  if (!o.base.empty()) {
+    side = publish_sidecar(o.base, o.target, t.out, diff_options(o, t.version), s).string();
+    for (const auto& w : diff_warnings(s)) std::cerr << "delta-diff: warning: " << side << ": " << w << "\n";
+    post_publish(o, side, t.version);
+  }
+  const FullSummary f = publish_full(o.target, t.out, t.version, !o.no_sync, o.diff.threads);
+  post_publish(o, t.out, t.version);
+  print_full(o, t, f, side, o.base.empty() ? nullptr : &s);
 }
 
 // Trailing slashes on path arguments are harmless ("ROOT/", "OUT/").
@@ -350,6 +432,7 @@ void run_command(const Given& g, Options& o) {
     case Form::prune: return run_prune(o);
     case Form::squash: return run_squash(o);
     case Form::diff: return run_diff(o);
+    case Form::full: return run_full(o);
   }
 }
 
@@ -364,6 +447,7 @@ int main(int argc, char** argv) {
       "Forms:\n"
       "  delta-diff [options] BASE NEW OUT             write a delta (OUT: ROOT/weight_vNNNNNN)\n"
       "  delta-diff [options] BASE NEW ROOT            the same, as ROOT's newest version + 1\n"
+      "  delta-diff --full [BASE] NEW ROOT             publish NEW as a full version (and the delta beside it)\n"
       "  delta-diff --inspect DELTA [--json]           describe and check a delta version directory\n"
       "  delta-diff --squash FIRST LAST OUT            one delta equal to the versions FIRST..LAST of a root\n"
       "  delta-diff --prune ROOT [--keep-from N] [--dry-run] [--json]\n"
