@@ -262,12 +262,6 @@ struct PullPlan {
   std::uint64_t bytes = 0;  // of the directories it reads from ROOT
 };
 
-// The bytes a host reads to take version directory `dir`.
-std::uint64_t cost_of(const RootView& v, std::uint64_t version, const fs::path& dir) {
-  if (auto m = v.markers.find(version); m != v.markers.end() && m->second.version == version) return m->second.bytes;
-  return tree_bytes(dir);
-}
-
 // A complete sidecar delta for version `ver`, if any.
 std::optional<fs::path> sidecar_for(const RootView& v, std::uint64_t ver) {
   auto s = v.sidecars.find(ver);
@@ -275,11 +269,11 @@ std::optional<fs::path> sidecar_for(const RootView& v, std::uint64_t ver) {
   return s->second;
 }
 
-// Checks delta directory `dir` is version `ver` on `ver - 1` (and, with a
-// marker, holds the bytes it lists) and opens it whole.
-OpenDelta open_link(const fs::path& dir, std::uint64_t ver, DeltaIndex idx, int threads) {
-  Completeness c = check_complete(dir, false);
-  if (c.marker) check_against_marker(dir, *c.marker, dir.string(), threads);
+// Opens delta directory `dir` whole and checks it is version `ver` on
+// `ver - 1`. Its own checks find damage (index checksum, headers, frames and
+// their checksums), as for a delta applied by hand and --inspect: its marker
+// only tells whether it has arrived.
+OpenDelta open_link(const fs::path& dir, std::uint64_t ver, DeltaIndex idx) {
   OpenDelta od = open_delta(dir, std::move(idx));
   if (od.index.version != ver || od.index.base_version != ver - 1)
     fail(Exit::out_of_order, od.index_path() + ": records version " + format_version(od.index.version) + " on base " +
@@ -293,7 +287,7 @@ OpenDelta open_link(const fs::path& dir, std::uint64_t ver, DeltaIndex idx, int 
 // version at or below `want` and the deltas after it. Every delta of the
 // chosen path is checked whole before LOCAL is touched.
 PullPlan plan_pull(const fs::path& root, const RootView& v, std::optional<std::uint64_t> local_version, std::uint64_t want,
-                   const fs::path& local, int threads) {
+                   const fs::path& local) {
   struct Link { std::uint64_t version; fs::path dir; std::optional<DeltaIndex> idx; bool sidecar = false; };
   std::vector<Link> links;  // every version in (LOCAL, want], or from the newest full one
   const VersionDir* full = nullptr;
@@ -311,7 +305,7 @@ PullPlan plan_pull(const fs::path& root, const RootView& v, std::optional<std::u
                                  format_version(want) + "; initialise it with --init");
   // Deltas only: every full version on the way replaced by the delta beside it.
   bool deltas_only = local_version.has_value();
-  std::uint64_t cost_deltas = 0, cost_full = full ? cost_of(v, full->version, full->path) : 0;
+  std::uint64_t cost_deltas = 0, cost_full = full ? tree_bytes(full->path) : 0;
   for (Link& l : links) {
     if (!l.idx) {
       std::optional<fs::path> side = deltas_only ? sidecar_for(v, l.version) : std::nullopt;
@@ -340,7 +334,7 @@ PullPlan plan_pull(const fs::path& root, const RootView& v, std::optional<std::u
     if (l == links.end() || !l->idx)
       fail(Exit::out_of_order, root.string() + ": version " + format_version(ver) + " is missing; cannot reach " + format_version(want));
     p.sidecars += l->sidecar;
-    p.chain.push_back(open_link(l->dir, ver, std::move(*l->idx), threads));
+    p.chain.push_back(open_link(l->dir, ver, std::move(*l->idx)));
   }
   return p;
 }
@@ -379,7 +373,7 @@ ApplyResult pull_locked(Txn& txn, const fs::path& root, const fs::path& local, s
     fail(Exit::out_of_order, local.string() + ": is at version " + format_version(*st.version) + ", newer than the target " +
                                  format_version(want));
   if (st.version == want) return nothing_to_do(r, st, t0);
-  const PullPlan p = plan_pull(root, v, st.version, want, local, opts.threads);
+  const PullPlan p = plan_pull(root, v, st.version, want, local);
   txn.set_final(want);
   if (p.full) {
     merge(r, init_locked(txn, p.full->path, local, p.full->version, opts, p.full_marker));

@@ -128,22 +128,6 @@ Completeness check_complete(const fs::path& dir, bool required) {
   return c;
 }
 
-void check_against_marker(const fs::path& dir, const CompletionMarker& m, const std::string& what, int threads) {
-  std::vector<std::string> rels;
-  for (const auto& [rel, f] : m.files) rels.push_back(rel);
-  std::vector<char> bad(rels.size(), 0);
-  parallel_for(rels.size(), default_threads(threads), [&](std::size_t i, std::size_t) {
-    const fs::path p = dir / rels[i];
-    boost::system::error_code ec;
-    const MarkedFile& want = m.files.at(rels[i]);
-    bad[i] = fs::file_size(p, ec) != want.size || ec || hash_whole_file(p) != want.hash;
-  });
-  for (std::size_t i = 0; i < rels.size(); ++i)
-    if (bad[i])
-      fail(Exit::bad_input, (dir / rels[i]).string() + ": does not match the size and checksum " + what +
-                                "'s completion marker records; the published version is damaged");
-}
-
 std::optional<std::uint64_t> newest_marked(const std::vector<VersionDir>& versions) {
   for (auto it = versions.rbegin(); it != versions.rend(); ++it)
     if (exists_nofollow(it->path / kCompleteFile)) return it->version;

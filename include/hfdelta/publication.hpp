@@ -55,11 +55,6 @@ struct Completeness {
 // taken as it is: a root of the plain slime layout, or of an older hfdelta).
 Completeness check_complete(const boost::filesystem::path& dir, bool required);
 
-// Checks `dir`'s files against `m`'s checksums (the bytes a host copied);
-// Error(bad_input) naming the first file that differs.
-void check_against_marker(const boost::filesystem::path& dir, const CompletionMarker& m, const std::string& what,
-                          int threads);
-
 // The newest of `versions` (ascending) that has a completion marker. Its
 // publisher writes them, so a version after it without one is still
 // arriving; one before it was published before markers were (by hand, or by
