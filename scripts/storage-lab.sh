@@ -277,17 +277,18 @@ lab_netns() {
 # lab_link_bytes LINK rx|tx: the byte counter of a link of this namespace.
 lab_link_bytes() { cat "/sys/class/net/$1/statistics/${2}_bytes"; }
 
-# lab_stop_pid PID NAME: SIGTERM, up to 15 s, then SIGKILL.
+# lab_stop_pid PID NAME [GRACE]: SIGTERM, up to GRACE seconds (default 10),
+# then SIGKILL.
 lab_stop_pid() {
-  local pid=$1 name=$2 i
+  local pid=$1 name=$2 grace=${3:-10} i
   kill -0 "$pid" 2>/dev/null || return 0
   lab_say "stopping $name (pid $pid)"
   kill -TERM "$pid" 2>/dev/null || return 0
-  for ((i = 0; i < 150; i++)); do
-    kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null || true; return 0; }
+  for ((i = 0; i < grace * 10; i++)); do
+    kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null || true; lab_say "$name stopped after $((i / 10)).$((i % 10)) s"; return 0; }
     sleep 0.1
   done
-  lab_say "$name (pid $pid) still running after 15 s: SIGKILL"
+  lab_say "$name (pid $pid) still running after $grace s: SIGKILL"
   kill -KILL "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
 }
@@ -300,7 +301,9 @@ lab_cleanup() {
   set +e
   for m in "${LAB_MOUNTS[@]}"; do lab_umount "$m"; done
   for p in "${LAB_PIDS[@]}"; do lab_stop_pid "$p" "weed mount"; done
-  [ -z "$LAB_SERVER_PID" ] || lab_stop_pid "$LAB_SERVER_PID" "weed server"
+  # weed server 4.48 hangs for tens of seconds in its graceful gRPC stop; its
+  # data is thrown away, so it gets 3 s before SIGKILL.
+  [ -z "$LAB_SERVER_PID" ] || lab_stop_pid "$LAB_SERVER_PID" "weed server" 3
   for ns in "${LAB_NETNS[@]}"; do lab_say "deleting network namespace $ns"; ip netns del "$ns" 2>/dev/null; done
   for l in "${LAB_LINKS[@]}"; do
     ip link show "$l" >/dev/null 2>&1 && { lab_say "deleting link $l"; ip link del "$l"; }
