@@ -35,6 +35,7 @@ LAB_PIDS=()      # processes to stop, in order (mounts first, server last)
 LAB_MOUNTS=()    # mount points to unmount
 LAB_NETNS=()     # network namespaces to delete
 LAB_LINKS=()     # links to delete (bridge, host ends of veth pairs)
+LAB_ON_CLEANUP=() # commands lab_cleanup runs first (lab_on_cleanup)
 LAB_CLEANED=0
 
 lab_say() { echo "lab: $*" >&2; }
@@ -293,12 +294,18 @@ lab_stop_pid() {
   wait "$pid" 2>/dev/null || true
 }
 
+# lab_on_cleanup CMD: run CMD (with eval) at the start of lab_cleanup, before
+# anything is unmounted: to stop a caller's own processes that use the mounts.
+# The last registered runs first.
+lab_on_cleanup() { LAB_ON_CLEANUP=("$1" "${LAB_ON_CLEANUP[@]}"); }
+
 # lab_cleanup: everything the helpers started or created, in reverse order.
 lab_cleanup() {
-  local rc=$? m p ns l
+  local rc=$? m p ns l c
   [ "$LAB_CLEANED" = 0 ] || return $rc
   LAB_CLEANED=1
   set +e
+  for c in "${LAB_ON_CLEANUP[@]}"; do eval "$c"; done
   for m in "${LAB_MOUNTS[@]}"; do lab_umount "$m"; done
   for p in "${LAB_PIDS[@]}"; do lab_stop_pid "$p" "weed mount"; done
   # weed server 4.48 hangs for tens of seconds in its graceful gRPC stop; its
