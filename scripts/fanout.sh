@@ -202,7 +202,7 @@ for ((i = 1; i <= hosts; i++)); do
   tx0[i]=$(lab_link_bytes "${veth[i]}" rx)
 done
 volume_gets() {
-  curl -s "http://$subnet.1:$LAB_METRICS_PORT/metrics" |
+  lab_http GET "http://$subnet.1:$LAB_METRICS_PORT/metrics" |
     awk '/^SeaweedFS_volumeServer_request_total\{code="2[0-9][0-9]",type="GET"\}/ { s += $2 } END { printf "%d\n", s }'
 }
 gets0=$(volume_gets)

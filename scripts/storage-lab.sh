@@ -113,8 +113,36 @@ for s in socks:
 EOF
 }
 
-# lab_http_code URL: the HTTP status of a GET (000 if nothing answers).
-lab_http_code() { curl -s -o /dev/null -m 2 -w '%{http_code}' "$1" 2>/dev/null || true; }
+# lab_http METHOD URL [FILE]: one HTTP request (python3, as meson needs it,
+# where curl may be missing); prints the status (000 if nothing answers) and,
+# for GET, the body after it on the following lines. POST sends FILE as the
+# multipart form field "file" (how the filer takes an upload).
+lab_http() {
+  python3 - "$@" <<'EOF' 2>/dev/null || echo 000
+import sys, urllib.request, urllib.error
+method, url = sys.argv[1], sys.argv[2]
+data, headers = None, {}
+if method == "POST":
+    b = "hfdelta-lab-boundary"
+    body = open(sys.argv[3], "rb").read()
+    data = (f"--{b}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"probe\"\r\n"
+            f"Content-Type: application/octet-stream\r\n\r\n").encode() + body + f"\r\n--{b}--\r\n".encode()
+    headers["Content-Type"] = f"multipart/form-data; boundary={b}"
+req = urllib.request.Request(url, data=data, method=method, headers=headers)
+try:
+    with urllib.request.urlopen(req, timeout=5) as r:
+        code, text = r.status, r.read()
+except urllib.error.HTTPError as e:
+    code, text = e.code, b""
+except Exception:
+    code, text = 0, b""
+print(f"{code:03d}")
+if method == "GET":
+    sys.stdout.write(text.decode(errors="replace"))
+EOF
+}
+# lab_http_code URL: the HTTP status of a GET.
+lab_http_code() { lab_http GET "$1" | head -1; }
 
 # lab_server_start [IP]: one `weed server` with master, volume server, filer
 # and S3 gateway listening on IP (default 127.0.0.1; for network namespaces,
@@ -175,11 +203,11 @@ EOF
   done
   # A first write through the filer: fails with "no writable volumes" until the
   # master has grown some.
-  while ! curl -sf -m 5 -o /dev/null -F file=@"$LAB_DIR/seaweed/s3.json" "http://$LAB_FILER/.lab-probe/probe" 2>/dev/null; do
+  while [[ $(lab_http POST "http://$LAB_FILER/.lab-probe/probe" "$LAB_DIR/seaweed/s3.json") != 2* ]]; do
     if [ $((SECONDS - t0)) -ge 90 ]; then lab_say "filer does not accept writes after 90 s"; tail -20 "$LAB_SERVER_LOG" >&2; return 1; fi
     sleep 0.5
   done
-  curl -sf -m 5 -o /dev/null -X DELETE "http://$LAB_FILER/.lab-probe/?recursive=true" || true
+  lab_http DELETE "http://$LAB_FILER/.lab-probe/?recursive=true" > /dev/null
   lab_say "weed server up (pid $LAB_SERVER_PID) after $((SECONDS - t0)) s"
 }
 

@@ -15,9 +15,11 @@
 # the view is a snapshot that does not change while delta-apply reads it, so an
 # upload, an overwrite or a prune in the bucket during an apply cannot make it
 # read half of one state and half of another; reading it is plain local I/O,
-# with no FUSE daemon per host that can hang a read or serve a stale listing
-# (a mount's directory cache has to be flushed before each pull, and a read of
-# an object replaced after the listing can fail or mix). An upload still in
+# with no FUSE daemon per host that can hang a read or serve a stale listing.
+# (Seen with rclone 1.60 on this gateway: a read-only mount does not show a new
+# version for its --dir-cache-time, 5 minutes by default, unless `rclone rc
+# vfs/refresh` is run first, and an object overwritten after the listing is
+# read with its new bytes under the listing's old size.) An upload still in
 # progress when the view is refreshed leaves a version without its marker, or
 # without some of its files: delta-apply takes it as "not published yet" and
 # the next pull takes it whole (the marker is uploaded last, but a reader is
