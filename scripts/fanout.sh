@@ -102,6 +102,7 @@ say() { echo "fanout: [$(since "$t_wall") s] $*"; }
 lab_init hfdelta-fanout
 T=$LAB_DIR
 out=${out:-$repo/$builddir/fanout-results.md}
+mkdir -p "$(dirname "$out")"
 br=hfdfan0
 lab_bridge "$br" "$subnet.1/24"
 lab_server_start "$subnet.1"
