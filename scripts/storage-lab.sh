@@ -31,6 +31,7 @@ LAB_DIR=
 LAB_IP=127.0.0.1
 LAB_WEED=
 LAB_SERVER_PID=
+LAB_SERVER_SOCKETS=()
 LAB_PIDS=()      # processes to stop, in order (mounts first, server last)
 LAB_MOUNTS=()    # mount points to unmount
 LAB_NETNS=()     # network namespaces to delete
@@ -173,8 +174,9 @@ EOF
   LAB_S3_ENDPOINT=http://$LAB_IP:${p[3]}
   LAB_SERVER_LOG=$LAB_DIR/seaweed/server.log
   LAB_METRICS_PORT=${p[7]}
+  # -logdir: weed's own log files (weed.INFO, ...) would otherwise go to /tmp.
   local args=(
-    server -dir="$LAB_DIR/seaweed/data" -ip="$LAB_IP" -ip.bind="$LAB_IP"
+    -logdir="$LAB_DIR/seaweed" server -dir="$LAB_DIR/seaweed/data" -ip="$LAB_IP" -ip.bind="$LAB_IP"
     -master.port="${p[0]}" -master.port.grpc="${p[4]}" -master.telemetry=false
     -master.volumeSizeLimitMB=256
     -volume.port="${p[1]}" -volume.port.grpc="${p[5]}" -volume.max=0 -volume.preStopSeconds=0
@@ -183,6 +185,11 @@ EOF
     -s3.localSocket="$LAB_DIR/seaweed/s3.sock" -s3.port.iceberg=0 -s3.port.lance=0
     -metricsPort="$LAB_METRICS_PORT"
   )
+  # weed 4.48 makes a gRPC socket per service in /tmp whatever TMPDIR says
+  # (/tmp/seaweedfs-SERVICE-grpc-PORT.sock), left behind when it is killed:
+  # lab_cleanup removes them.
+  LAB_SERVER_SOCKETS=(/tmp/seaweedfs-master-grpc-"${p[4]}".sock /tmp/seaweedfs-volume-grpc-"${p[5]}".sock
+    /tmp/seaweedfs-filer-grpc-"${p[6]}".sock /tmp/seaweedfs-s3-grpc-"${p[8]}".sock)
   lab_say "starting weed server: master $LAB_MASTER, filer $LAB_FILER, S3 $LAB_S3_ENDPOINT, data in $LAB_DIR/seaweed (log $LAB_SERVER_LOG)"
   "$LAB_WEED" "${args[@]}" > "$LAB_SERVER_LOG" 2>&1 &
   LAB_SERVER_PID=$!
@@ -254,7 +261,7 @@ lab_mount() {
   local pre=()
   [ -z "$ns" ] || pre=(nsenter --net="/run/netns/$ns")
   lab_say "weed mount $LAB_FILER on $dir${ns:+ in network namespace $ns} (log $LAB_DIR/mounts/$tag/log)"
-  "${pre[@]}" "$LAB_WEED" mount -filer="$LAB_FILER_WEED" -dir="$dir" -cacheDir="$LAB_DIR/mounts/$tag/cache" \
+  "${pre[@]}" "$LAB_WEED" -logdir="$LAB_DIR/mounts/$tag" mount -filer="$LAB_FILER_WEED" -dir="$dir" -cacheDir="$LAB_DIR/mounts/$tag/cache" \
     -localSocket="$LAB_DIR/mounts/$tag/sock" > "$LAB_DIR/mounts/$tag/log" 2>&1 &
   local pid=$!
   LAB_PIDS=("$pid" "${LAB_PIDS[@]}")
@@ -339,6 +346,7 @@ lab_cleanup() {
   # weed server 4.48 hangs for tens of seconds in its graceful gRPC stop; its
   # data is thrown away, so it gets 3 s before SIGKILL.
   [ -z "$LAB_SERVER_PID" ] || lab_stop_pid "$LAB_SERVER_PID" "weed server" 3
+  for l in "${LAB_SERVER_SOCKETS[@]}"; do [ ! -S "$l" ] || rm -f "$l"; done
   for ns in "${LAB_NETNS[@]}"; do lab_say "deleting network namespace $ns"; ip netns del "$ns" 2>/dev/null; done
   for l in "${LAB_LINKS[@]}"; do
     ip link show "$l" >/dev/null 2>&1 && { lab_say "deleting link $l"; ip link del "$l"; }
