@@ -69,10 +69,9 @@ PruneResult prune_root(const fs::path& root, const PruneOptions& opts) {
   r.dry_run = opts.dry_run;
   std::vector<PrunedVersion> versions;
   const std::vector<VersionDir> published = scan_root(root);
-  const std::optional<std::uint64_t> marked = newest_marked(published);
   for (const VersionDir& d : published) {
-    // A full version still arriving (no marker yet, or files missing) is no base to prune onto.
-    const bool full = !is_delta_dir(d.path) && check_complete(d.path, marked && d.version > *marked).complete;
+    // A full version still arriving (files its marker lists missing) is no base to prune onto.
+    const bool full = !is_delta_dir(d.path) && check_complete(d.path, false).complete;
     versions.push_back({d.version, d.path, full});
   }
 

@@ -128,12 +128,6 @@ Completeness check_complete(const fs::path& dir, bool required) {
   return c;
 }
 
-std::optional<std::uint64_t> newest_marked(const std::vector<VersionDir>& versions) {
-  for (auto it = versions.rbegin(); it != versions.rend(); ++it)
-    if (exists_nofollow(it->path / kCompleteFile)) return it->version;
-  return std::nullopt;
-}
-
 std::string sidecar_dirname(std::uint64_t v) { return std::string(kSidecarPrefix) + format_version(v); }
 
 std::map<std::uint64_t, fs::path> scan_sidecars(const fs::path& root) {

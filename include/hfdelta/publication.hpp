@@ -55,12 +55,6 @@ struct Completeness {
 // taken as it is: a root of the plain slime layout, or of an older hfdelta).
 Completeness check_complete(const boost::filesystem::path& dir, bool required);
 
-// The newest of `versions` (ascending) that has a completion marker. Its
-// publisher writes them, so a version after it without one is still
-// arriving; one before it was published before markers were (by hand, or by
-// an older hfdelta) and is taken as it is.
-std::optional<std::uint64_t> newest_marked(const std::vector<VersionDir>& versions);
-
 // The delta beside full version N: ROOT/delta_vNNNNNN (version N on base
 // N - 1). Named apart from weight_v* so that readers of the plain slime
 // layout never see it.
