@@ -215,13 +215,13 @@ hfdelta_pair() {
     for ((rep = 1; rep <= repeat; rep++)); do
       rm -rf "$d"
       settle "$base" "$new"
-      measure "hfdelta-$enc" diff "$rep" "$B/delta-diff" -q --encoding "$enc" --version 1 --base-version 0 "$base" "$new" "$d"
+      measure "hfdelta-$enc" diff "$rep" "$B/delta-diff" -q --encoding "$enc" --delta-version 1 --base-version 0 "$base" "$new" "$d"
     done
     if [ "$detail" = 1 ]; then
       for ((rep = 1; rep <= repeat; rep++)); do
         rm -rf "$d.1t"
         settle "$base" "$new"
-        measure "hfdelta-$enc" diff_1t "$rep" "$B/delta-diff" -q --encoding "$enc" --threads 1 --version 1 --base-version 0 "$base" "$new" "$d.1t"
+        measure "hfdelta-$enc" diff_1t "$rep" "$B/delta-diff" -q --encoding "$enc" --threads 1 --delta-version 1 --base-version 0 "$base" "$new" "$d.1t"
       done
       rm -rf "$d.1t"
     fi
@@ -360,7 +360,7 @@ squash_chain() {
   for ((k = 1; k <= saves; k++)); do
     enc=sparse
     [ "$kind" = mixed ] && [ $((k % 2)) = 1 ] && enc=xor
-    "$B/delta-diff" -q --encoding "$enc" --version "$k" --base-version $((k - 1)) \
+    "$B/delta-diff" -q --encoding "$enc" --delta-version "$k" --base-version $((k - 1)) \
       "$series/$(saven $((k - 1)))" "$series/$(saven "$k")" "$root/$(printf 'weight_v%06d' "$k")" ||
       die "delta-diff of pair $((k - 1))→$k failed"
   done
@@ -372,7 +372,7 @@ squash_chain() {
   done
   bench size "$sq/$last_v" --append "$rec" "${ctx[@]}" --label tool=squashed >/dev/null
   rm -rf "$work/squash-direct"
-  "$B/delta-diff" -q --version "$saves" --base-version 0 "$series/$(saven 0)" "$last" "$work/squash-direct" ||
+  "$B/delta-diff" -q --delta-version "$saves" --base-version 0 "$series/$(saven 0)" "$last" "$work/squash-direct" ||
     die "delta-diff of pair 0→$saves failed"
   bench size "$work/squash-direct" --append "$rec" "${ctx[@]}" --label tool=direct >/dev/null
   rm -rf "$work/squash-direct"

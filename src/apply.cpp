@@ -32,7 +32,7 @@ namespace {
 
 std::uint64_t full_version_of(const fs::path& dir) {
   if (auto v = version_from_dirname(fs::absolute(dir).filename().string())) return *v;
-  fail(Exit::usage, dir.string() + ": a full version must be named weight_vNNNNNN (or use --init with --version)");
+  fail(Exit::usage, dir.string() + ": a full version must be named weight_vNNNNNN (or use --init with --init-version)");
 }
 
 // LOCAL's recorded version against the delta's: none (exit 6), the delta's
@@ -134,7 +134,7 @@ void check_replaceable(const fs::path& local, const ApplyOptions& opts) {
 // (without it, a LOCAL that has no .weight_sync/ runs `op` unlocked).
 template <class Op>
 ApplyResult locked(const fs::path& local, const ApplyOptions& opts, Op&& op, bool create = true) {
-  LocalLock lock(local, opts.lock_timeout, create);
+  LocalLock lock(local, opts.lock_timeout, create ? LocalLock::Mode::create : LocalLock::Mode::existing);
   std::optional<std::uint64_t> undone;
   try {
     undone = recover(local, opts.sync);  // outside the operation's own transaction: nothing of it to undo yet
@@ -166,13 +166,20 @@ ApplyResult locked(const fs::path& local, const ApplyOptions& opts, Op&& op, boo
   }
   r.rolled_back = undone;
   if (!r.noop) prune_records(local, r.to_version);  // older versions' checksums are of no use any more
-  if (opts.then && !r.no_version) opts.then(r.to_version);
+  if (opts.then && !r.no_version) {
+    try {
+      opts.then(r.to_version);
+    } catch (const Error& e) {  // the version is applied: the caller still reports it
+      if (e.code() != Exit::then_failed) throw;
+      r.then_error = e.what();
+    }
+  }
   return r;
 }
 
 ApplyResult init_local(const fs::path& src, const fs::path& local, std::uint64_t version, const ApplyOptions& opts) {
   check_local_path(local, std::nullopt);
-  if (!is_dir(src)) fail(Exit::bad_input, src.string() + ": not a directory");
+  require_dir(src, "give the checkpoint directory to copy");
   if (is_delta_dir(src)) fail(Exit::bad_input, src.string() + ": is a delta version, not a full checkpoint");
   check_src(src, local);
   check_replaceable(local, opts);
@@ -181,7 +188,7 @@ ApplyResult init_local(const fs::path& src, const fs::path& local, std::uint64_t
 
 ApplyResult apply_delta(const fs::path& delta, const fs::path& local, const ApplyOptions& opts) {
   check_local_path(local, Exit::out_of_order);
-  if (!is_dir(delta)) fail(Exit::bad_input, delta.string() + ": not a directory");
+  require_dir(delta, "give a published version directory (ROOT/weight_vNNNNNN)");
   check_not_local(delta, "a published version", "delta-apply DELTA LOCAL");
   std::optional<DeltaIndex> idx = read_index_if_delta(delta);  // the one read of its index
   if (!idx) {                                                   // a full version: as --init
@@ -211,7 +218,7 @@ ApplyResult recover_local(const fs::path& local, const ApplyOptions& opts) {
 
 LocalStatus local_status(const fs::path& local, const ApplyOptions& opts) {
   check_local_path(local, Exit::uninitialised);
-  LocalLock lock(local, opts.lock_timeout, false);
+  LocalLock lock(local, opts.lock_timeout, LocalLock::Mode::shared);  // read-only LOCALs and other users too
   const LocalState st = read_state(local);
   LocalStatus s{st.version, st.pending};
   if (const auto v = interrupted_version(local)) s.pending = v;
@@ -226,7 +233,7 @@ struct RootView {
   std::vector<VersionDir> versions;  // ascending, complete
   std::map<std::uint64_t, CompletionMarker> markers;
   std::map<std::uint64_t, fs::path> sidecars;
-  bool markers_required = false;  // for sidecars: the root's publisher writes markers
+  bool markers_required = false;  // --require-marker
   std::optional<std::uint64_t> incomplete;  // the first version above LOCAL not completely there
   std::string waiting_for;
 };
@@ -235,11 +242,10 @@ struct RootView {
 RootView view_root(const fs::path& root, std::optional<std::uint64_t> local_version, const ApplyOptions& opts) {
   RootView v;
   const std::vector<VersionDir> all = scan_root(root);
-  const std::optional<std::uint64_t> marked = newest_marked(all);
-  v.markers_required = opts.require_marker || marked;
+  v.markers_required = opts.require_marker;
   for (const VersionDir& d : all) {
     if (local_version && d.version <= *local_version) continue;
-    Completeness c = check_complete(d.path, opts.require_marker || (marked && d.version > *marked));
+    Completeness c = check_complete(d.path, opts.require_marker);
     if (!c.complete) {
       v.incomplete = d.version;
       v.waiting_for = d.path.string() + ": " + c.missing + " is not there yet";
@@ -391,7 +397,7 @@ ApplyResult pull_locked(Txn& txn, const fs::path& root, const fs::path& local, s
 
 ApplyResult pull(const fs::path& root, const fs::path& local, std::optional<std::uint64_t> target, const ApplyOptions& opts) {
   check_local_path(local, Exit::out_of_order);
-  if (!is_dir(root)) fail(Exit::bad_input, root.string() + ": not a directory");
+  require_dir(root, "give the publication root (is the share mounted?)");
   check_not_local(root, "a publication root", "delta-apply --root ROOT LOCAL");
   return locked(local, opts, [&](Txn& txn) { return pull_locked(txn, root, local, target, opts); });
 }

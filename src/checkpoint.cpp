@@ -85,7 +85,7 @@ std::uint64_t Checkpoint::tensor_bytes() const {
 
 Checkpoint open_checkpoint(const fs::path& dir) {
   boost::system::error_code ec;
-  if (!fs::is_directory(dir, ec)) fail(Exit::bad_input, dir.string() + ": not a directory");
+  require_dir(dir, "give a checkpoint directory");
   Checkpoint c;
   c.dir = dir;
   const std::vector<std::string> files = list_files(dir);

@@ -146,7 +146,7 @@ OpenDelta open_checked(const fs::path& dir, DeltaIndex index) {
 
 OpenDelta open_delta(const fs::path& dir) {
   boost::system::error_code ec;
-  if (!fs::is_directory(dir, ec)) fail(Exit::bad_input, dir.string() + ": not a directory");
+  require_dir(dir, "give a delta version directory");
   check_no_symlinks(dir);  // before the index is read: it may be a link
   check_index_file(dir);
   return open_checked(dir, read_delta_index(dir));

@@ -44,7 +44,7 @@ std::vector<std::pair<std::size_t, std::size_t>> groups_of(const std::vector<New
 void check_delta_out(const fs::path& out) {
   boost::system::error_code ec;
   if (fs::exists(fs::symlink_status(out, ec))) fail(Exit::exists, out.string() + ": already exists; refusing to overwrite");
-  if (!fs::is_directory(out.parent_path(), ec)) fail(Exit::bad_input, out.parent_path().string() + ": not a directory");
+  require_dir(out.parent_path(), "create it first (mkdir -p " + out.parent_path().string() + ")");
 }
 
 DeltaWriter::DeltaWriter(const fs::path& out_path, bool sync_writes) : out(out_path), tmp(temp_path_beside(out_path)), sync(sync_writes) {

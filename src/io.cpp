@@ -61,6 +61,13 @@ bool exists_nofollow(const fs::path& p) {
   return fs::exists(fs::symlink_status(p, ec));
 }
 
+void require_dir(const fs::path& dir, const std::string& what_to_do) {
+  boost::system::error_code ec;
+  if (fs::is_directory(dir, ec)) return;
+  if (!exists_nofollow(dir)) fail(Exit::usage, dir.string() + ": does not exist; " + what_to_do);
+  fail(Exit::bad_input, dir.string() + ": not a directory");
+}
+
 std::string relative_name(const fs::path& p, const fs::path& dir) {
   std::string rel = p.generic_string().substr(dir.generic_string().size());
   rel.erase(0, rel.find_first_not_of('/'));

@@ -31,19 +31,25 @@ fs::path state_dir(const fs::path& local) { return local / kStateDir; }
 fs::path state_file(const fs::path& local) { return state_dir(local) / "state.json"; }
 }  // namespace
 
-LocalLock::LocalLock(const fs::path& local, double timeout_s, bool create) {
-  if (!create && !exists_nofollow(state_dir(local))) return;
-  boost::system::error_code ec;
-  fs::create_directories(state_dir(local), ec);
-  if (ec) fail(Exit::failure, state_dir(local).string() + ": cannot create: " + ec.message());
+LocalLock::LocalLock(const fs::path& local, double timeout_s, Mode mode) {
   const fs::path lock = state_dir(local) / "lock";
-  fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0) fail(Exit::failure, lock.string() + ": open: " + std::strerror(errno));
+  if (mode == Mode::shared) {
+    fd_ = ::open(lock.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) return;  // never locked by a run (or not readable to us): nothing to wait for
+  } else {
+    if (mode == Mode::existing && !exists_nofollow(state_dir(local))) return;
+    boost::system::error_code ec;
+    fs::create_directories(state_dir(local), ec);
+    if (ec) fail(Exit::failure, state_dir(local).string() + ": cannot create: " + ec.message());
+    fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) fail(Exit::failure, lock.string() + ": open: " + std::strerror(errno));
+  }
+  const int how = mode == Mode::shared ? LOCK_SH : LOCK_EX;
   // flock has no timeout of its own, and a blocked flock would not see a
   // stop signal: poll with a short back-off.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(std::max(timeout_s, 0.0));
   for (;;) {
-    if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return;
+    if (::flock(fd_, how | LOCK_NB) == 0) return;
     if (errno != EWOULDBLOCK && errno != EINTR) {
       const int e = errno;
       ::close(fd_);

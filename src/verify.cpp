@@ -15,7 +15,7 @@ namespace fs = boost::filesystem;
 
 VerifyReport verify_local(const fs::path& local, double lock_timeout, int threads) {
   check_local_path(local, Exit::uninitialised);
-  LocalLock lock(local, lock_timeout, false);  // creates nothing in a directory never initialised
+  LocalLock lock(local, lock_timeout, LocalLock::Mode::shared);  // creates nothing; read-only LOCALs too
   VerifyReport rep;
   const LocalState st = read_state(local);
   rep.version = st.version;

@@ -6,6 +6,7 @@
 #include <boost/filesystem/operations.hpp>
 
 #include "hfdelta/error.hpp"
+#include "hfdelta/io.hpp"
 
 namespace hfdelta {
 
@@ -49,7 +50,7 @@ std::string version_dirname(std::uint64_t v) { return std::string(kPrefix) + for
 
 std::vector<VersionDir> scan_root(const fs::path& root) {
   boost::system::error_code ec;
-  if (!fs::is_directory(root, ec)) fail(Exit::bad_input, root.string() + ": not a directory");
+  require_dir(root, "give the publication root (is the share mounted?)");
   std::vector<VersionDir> out;
   for (fs::directory_iterator it(root, ec), end; it != end && !ec; it.increment(ec)) {
     const auto v = version_from_dirname(it->path().filename().string());
@@ -98,13 +99,13 @@ PublishTarget next_in_root(const fs::path& root, std::optional<std::uint64_t> gi
                               (root / version_dirname(given.value_or(1))).string());
   const std::uint64_t next = newest ? *newest + 1 : 1;
   if (given && *given != next)
-    fail(Exit::out_of_order, root.string() + ": --version " + format_version(*given) + " is not the next version (" +
+    fail(Exit::out_of_order, root.string() + ": --delta-version " + format_version(*given) + " is not the next version (" +
                                  (newest ? "newest published is " + format_version(*newest) : "nothing published yet") +
                                  ", so the next is " + format_version(next) + ")");
   return {root / version_dirname(next), next};
 }
 
-// OUT named weight_v...: canonical, agreeing with --version, unused, next in its parent.
+// OUT named weight_v...: canonical, agreeing with --delta-version, unused, next in its parent.
 PublishTarget named_version(const fs::path& out, std::optional<std::uint64_t> given) {
   const std::string name = out.filename().string();
   const auto v = version_from_dirname(name);
@@ -112,12 +113,12 @@ PublishTarget named_version(const fs::path& out, std::optional<std::uint64_t> gi
     fail(Exit::usage, out.string() + ": \"" + name + "\" is not a version name: weight_v and six digits, zero-padded "
                           "(e.g. weight_v000001)");
   if (given && *given != *v)
-    fail(Exit::usage, out.string() + ": --version " + format_version(*given) + " disagrees with the name (version " +
+    fail(Exit::usage, out.string() + ": --delta-version " + format_version(*given) + " disagrees with the name (version " +
                           format_version(*v) + ")");
   boost::system::error_code ec;
   if (fs::exists(fs::symlink_status(out, ec))) fail(Exit::exists, out.string() + ": already exists; refusing to overwrite");
   const fs::path parent = out.parent_path().empty() ? fs::path(".") : out.parent_path();
-  if (!fs::is_directory(parent, ec)) fail(Exit::bad_input, parent.string() + ": not a directory");
+  require_dir(parent, "create the publication root first (mkdir -p " + parent.string() + ")");
   const auto newest = newest_version(parent);
   if (newest && *v != *newest + 1)
     fail(Exit::out_of_order, out.string() + ": version " + format_version(*v) + " is not the next version of " +
@@ -134,7 +135,7 @@ PublishTarget publish_target(const fs::path& arg, std::optional<std::uint64_t> g
   const bool versionish = name.rfind(kPrefix, 0) == 0;
   if (!versionish && fs::is_directory(arg, ec)) return next_in_root(arg, given);
   if (versionish) return named_version(arg, given);
-  if (!given) fail(Exit::usage, arg.string() + ": OUT is not named weight_vNNNNNN; give --version");
+  if (!given) fail(Exit::usage, arg.string() + ": OUT is not named weight_vNNNNNN; give --delta-version");
   return {arg, *given};
 }
 

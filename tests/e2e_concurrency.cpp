@@ -192,7 +192,7 @@ TEST_CASE("concurrency: --then runs under the lock with HFDELTA_LOCAL and HFDELT
   }
   {  // and after --init
     fs::remove(out);
-    const RunResult r = apply({"-q", "--then", hook, "--init", "--version", "5", save_dir(s.series, 1).string(), s.local.string()});
+    const RunResult r = apply({"-q", "--then", hook, "--init", "--init-version", "5", save_dir(s.series, 1).string(), s.local.string()});
     E2E_REQUIRE_CODE(r, 0);
     CHECK(read_file(out) == "000005\n" + s.local.string() + "\n8\n");
   }

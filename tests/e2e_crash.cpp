@@ -706,7 +706,7 @@ TEST_CASE("crash: --init into an empty LOCAL, a fault at every write step") {
 TEST_CASE("crash: --init over a different LOCAL, a fault at every write step") {
   const Inputs& in = inputs();
   run_scenario({.name = "--init over a different LOCAL",
-                .args = {"--threads", "1", "--init", "--version", "7", in.next.string(), in.local.string()},
+                .args = {"--threads", "1", "--init", "--init-version", "7", in.next.string(), in.local.string()},
                 .local = in.local,
                 .start = in.other_start,
                 .old_version = "000000",

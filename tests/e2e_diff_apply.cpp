@@ -477,8 +477,8 @@ TEST_CASE("--init removes the files LOCAL has and SRC lacks, and keeps .weight_s
   CHECK(read_file(local / ".weight_sync" / "keep.txt") == "hfdelta's own directory");
   CHECK(state_json(local) == json{{"version", "000000"}});
 
-  // --version records another version.
-  E2E_REQUIRE_CODE(apply({"-q", "--init", "--version", "7", save_dir(single, 0).string(), local.string()}), 0);
+  // --init-version records another version.
+  E2E_REQUIRE_CODE(apply({"-q", "--init", "--init-version", "7", save_dir(single, 0).string(), local.string()}), 0);
   CHECK(state_json(local) == json{{"version", "000007"}});
 }
 
@@ -554,9 +554,9 @@ TEST_CASE("delta index metadata: version, base_version, delta_encoding, compress
   CHECK(m["hfdelta_base_checksums"].is_object());
   CHECK(m["hfdelta_files"] == json::array());
 
-  // --version / --base-version for an OUT not named weight_vNNNNNN.
+  // --delta-version / --base-version for an OUT not named weight_vNNNNNN.
   const fs::path custom = t / "root" / "custom-name";
-  E2E_REQUIRE_CODE(diff({"-q", "--encoding", encoding, "--version", "7", "--base-version", "5",
+  E2E_REQUIRE_CODE(diff({"-q", "--encoding", encoding, "--delta-version", "7", "--base-version", "5",
                          save_dir(series, 0).string(), save_dir(series, 1).string(), custom.string()}),
                    0);
   const json c = delta_index(custom)["metadata"];

@@ -437,7 +437,7 @@ TEST_CASE("usage errors: exit 2, nothing created or changed") {
   SUBCASE("delta-apply --target without --root") { args = {"--target", "1", d1, L}; }
   SUBCASE("delta-apply --root with two paths") { args = {"--root", R, d1, L}; }
   SUBCASE("delta-apply --root with --init") { args = {"--root", R, "--init", L}; }
-  SUBCASE("delta-apply --version without --init") { args = {"--version", "3", d1, L}; }
+  SUBCASE("delta-apply --init-version without --init") { args = {"--init-version", "3", d1, L}; }
   SUBCASE("delta-apply --init with one path") { args = {"--init", L}; }
   SUBCASE("delta-apply negative --lock-timeout") { args = {"--lock-timeout", "-1", d1, L}; }
   SUBCASE("delta-apply unknown option") { args = {"--frobnicate", d1, L}; }
@@ -446,7 +446,7 @@ TEST_CASE("usage errors: exit 2, nothing created or changed") {
   SUBCASE("delta-diff bad --encoding") { is_diff = true, args = {"--encoding", "rle", S0, S1, out.string()}; }
   SUBCASE("delta-diff --level 0") { is_diff = true, args = {"--level", "0", S0, S1, out.string()}; }
   SUBCASE("delta-diff --level 20") { is_diff = true, args = {"--level", "20", S0, S1, out.string()}; }
-  SUBCASE("delta-diff OUT not named weight_vNNNNNN and no --version") {
+  SUBCASE("delta-diff OUT not named weight_vNNNNNN and no --delta-version") {
     is_diff = true, args = {S0, S1, (c.t / "out" / "latest").string()};
   }
   SUBCASE("delta-diff version 0 without --base-version") {

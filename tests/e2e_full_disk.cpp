@@ -417,7 +417,7 @@ TEST_CASE("full disk: --init into an empty LOCAL and over another model, synced 
            }});
     sweep({"--init over another model" + mode, in.other_start, in.other_start, save_dir(in.series, 1), "000000", "000005",
            [&in, with_mode](const fs::path& local) {
-             return with_mode({"--init", "--version", "5", save_dir(in.series, 1).string(), local.string()});
+             return with_mode({"--init", "--init-version", "5", save_dir(in.series, 1).string(), local.string()});
            }});
   }
 }

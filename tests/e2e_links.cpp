@@ -262,7 +262,7 @@ TEST_CASE("symbolic links: a Hugging Face hub cache snapshot as SRC of --init, a
   CHECK(snapshot_diff(cache_before, snapshot(cache, false), "cache before", "cache now").empty());
 
   // --init into LOCAL again from the next snapshot: still files of its own.
-  E2E_REQUIRE_CODE(apply({"-q", "--init", "--version", "2", snaps[1].string(), local.string()}), 0);
+  E2E_REQUIRE_CODE(apply({"-q", "--init", "--init-version", "2", snaps[1].string(), local.string()}), 0);
   for (const auto& rel : list_files(local)) CHECK_MESSAGE(!fs::is_symlink(fs::symlink_status(local / rel)), rel);
 
   // A symlinked directory inside a source is refused, naming it.
@@ -328,7 +328,7 @@ TEST_CASE("symbolic links: a link anywhere inside LOCAL is refused by every form
         {"a delta", {"-q", version_dir(root, 1).string(), local.string()}},
         {"a delta, --no-sync", {"-q", "--no-sync", version_dir(root, 1).string(), local.string()}},
         {"--root", {"-q", "--root", root.string(), local.string()}},
-        {"--init of the next save", {"-q", "--init", "--version", "1", save_dir(series, 1).string(), local.string()}},
+        {"--init of the next save", {"-q", "--init", "--init-version", "1", save_dir(series, 1).string(), local.string()}},
         {"--init of the same save", {"-q", "--init", save_dir(series, 0).string(), local.string()}},
     };
     for (const auto& [what, args] : forms) {

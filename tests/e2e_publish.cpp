@@ -1,7 +1,7 @@
 // Publishing into a root: atomic and never replacing a version, also on a
 // filesystem that rejects rename flags (a bindfs FUSE mount the test makes
 // itself, which answers EINVAL to RENAME_NOREPLACE as the NFS and CephFS
-// clients do); the root kept consistent (version names, --version, newest + 1,
+// clients do); the root kept consistent (version names, --delta-version, newest + 1,
 // ROOT given as OUT); and an empty or current root is no error for a pull.
 #include <fcntl.h>
 #include <stdio.h>
@@ -193,8 +193,8 @@ TEST_CASE("delta-diff refuses an OUT that would make the root inconsistent: its 
   SUBCASE("letters after the digits") {
     args = {S1, S2, (R / "weight_v000002x").string()}, want = 2, mention = "is not a version name";
   }
-  SUBCASE("--version disagreeing with the name") {
-    args = {"--version", "3", S1, S2, (R / "weight_v000002").string()}, want = 2, mention = "disagrees with the name";
+  SUBCASE("--delta-version disagreeing with the name") {
+    args = {"--delta-version", "3", S1, S2, (R / "weight_v000002").string()}, want = 2, mention = "disagrees with the name";
   }
   SUBCASE("a version that skips one") {
     args = {S1, S2, (R / "weight_v000003").string()}, want = 4, mention = "newest published is 000001, so the next is 000002";
@@ -207,14 +207,14 @@ TEST_CASE("delta-diff refuses an OUT that would make the root inconsistent: its 
   SUBCASE("the version published already") {
     args = {p.save(0), S1, (R / "weight_v000001").string()}, want = 7, mention = "already exists";
   }
-  SUBCASE("ROOT with a --version that is not its next") {
-    args = {"--version", "5", S1, S2, R.string()}, want = 4, mention = "is not the next version";
+  SUBCASE("ROOT with a --delta-version that is not its next") {
+    args = {"--delta-version", "5", S1, S2, R.string()}, want = 4, mention = "is not the next version";
   }
   SUBCASE("an existing directory that is no root (a checkpoint)") {
     args = {p.save(0), S1, S2}, want = 3, mention = "not a publication root";
   }
   SUBCASE("a path that does not exist and is no version name") {
-    args = {S1, S2, (p.t / "roots-typo").string()}, want = 2, mention = "give --version";
+    args = {S1, S2, (p.t / "roots-typo").string()}, want = 2, mention = "give --delta-version";
   }
   INFO("delta-diff " << [&] {
     std::string s;

@@ -132,7 +132,7 @@ TEST_CASE("--full NEW ROOT: a full version alone; refused sources create nothing
   check_full_version(version_dir(root, 2), save_dir(s, 2));
   const Snapshot before = snapshot(root);
   E2E_CHECK_CODE(diff({"--full", version_dir(root, 1).string(), root.string()}), 3);          // a delta
-  E2E_CHECK_CODE(diff({"--full", (t / "missing").string(), root.string()}), 3);             // no checkpoint
+  E2E_CHECK_CODE(diff({"--full", (t / "missing").string(), root.string()}), 2);             // no such path
   E2E_CHECK_CODE(diff({"--full", save_dir(s, 2).string(), version_dir(root, 2).string()}), 7);  // exists
   E2E_CHECK_CODE(diff({"--full", save_dir(s, 2).string(), version_dir(root, 4).string()}), 4);  // not next
   CHECK(snapshot(root) == before);
@@ -175,17 +175,17 @@ TEST_CASE("a version still arriving is not published yet; a damaged complete one
       not_yet(weights + " (100 of");
     }
   }
-  SUBCASE("every file there but the marker, after versions that have one") {
+  SUBCASE("every file there but the marker, with --require-marker") {
     copy_tree(staged / "weight_v000003", v3);
     fs::remove(v3 / "hfdelta_complete.json");
-    not_yet("hfdelta_complete.json");
+    not_yet("hfdelta_complete.json", {"--require-marker"});
   }
-  SUBCASE("--require-marker: even in a root whose versions have none") {
+  SUBCASE("--require-marker in a root whose versions have none") {
     for (int v = 1; v <= 2; ++v) fs::remove(version_dir(root, v) / "hfdelta_complete.json");
     copy_tree(staged / "weight_v000003", v3);
     fs::remove(v3 / "hfdelta_complete.json");
     not_yet("hfdelta_complete.json", {"--require-marker"});
-    // Without the flag, a root without markers is read as before (the plain slime layout).
+    // Without the flag, versions without markers are taken as they are (the plain slime layout).
     CHECK(pull(root, local)["to_version"] == "000003");
     return;
   }
@@ -261,7 +261,7 @@ TEST_CASE("hooks: --post-publish failure exits 13 with the version published; --
   }
   SUBCASE("a delta beside version N from another publisher: exit 7, nothing replaced") {
     E2E_REQUIRE_CODE(diff({"-q", save_dir(s, 0).string(), save_dir(s, 2).string(), sidecar_dir(root, 2).string(),
-                           "--version", "2", "--base-version", "1"}),
+                           "--delta-version", "2", "--base-version", "1"}),
                      0);
     const Snapshot before = snapshot(root);
     const RunResult r = diff({"--full", save_dir(s, 1).string(), save_dir(s, 2).string(), root.string()});

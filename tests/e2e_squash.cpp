@@ -110,7 +110,7 @@ void check_squash_applies(const fs::path& delta, const std::vector<fs::path>& ck
                           bool no_sync = true) {
   CAPTURE(no_sync);
   fs::remove_all(local);
-  E2E_REQUIRE_CODE(apply({"-q", "--no-sync", "--init", ckpts[a - 1].string(), "--version", std::to_string(a - 1), local.string()}),
+  E2E_REQUIRE_CODE(apply({"-q", "--no-sync", "--init", ckpts[a - 1].string(), "--init-version", std::to_string(a - 1), local.string()}),
                    0);
   REQUIRE(state_version(local) == v6(a - 1));
   std::vector<std::string> args{"-q"};
@@ -781,7 +781,7 @@ TEST_CASE("squash: a tensor patched by entries of different kinds gets a stacked
     // A LOCAL that is not the base: keep.a's base checksum is checked before
     // the stack is laid over it, and LOCAL is left as it was.
     const fs::path wrong = t / "wrong";
-    E2E_REQUIRE_CODE(apply({"-q", "--no-sync", "--init", ckpts[1].string(), "--version", "0", wrong.string()}), 0);
+    E2E_REQUIRE_CODE(apply({"-q", "--no-sync", "--init", ckpts[1].string(), "--init-version", "0", wrong.string()}), 0);
     for (const bool no_sync : {true, false}) {
       CAPTURE(no_sync);
       const LocalSnapshot before(wrong);
@@ -1034,7 +1034,7 @@ TEST_CASE("squash: FIRST and LAST that do not name a chain of deltas are refused
     fs::remove_all(v2);
     const fs::path aside = t / "aside" / v2.filename().string();
     fs::create_directories(aside.parent_path());
-    E2E_REQUIRE_CODE(diff({"-q", "--no-sync", "--version", "2", "--base-version", "0", ckpts[0].string(), ckpts[2].string(),
+    E2E_REQUIRE_CODE(diff({"-q", "--no-sync", "--delta-version", "2", "--base-version", "0", ckpts[0].string(), ckpts[2].string(),
                            aside.string()}),
                      0);
     fs::rename(aside, v2);
@@ -1067,7 +1067,7 @@ TEST_CASE("squash: an existing OUT is refused (exit 7) and left as it was") {
   CHECK_FALSE(fs::exists(t / "nowhere"));
 }
 
-TEST_CASE("squash: --encoding, --version and --base-version are refused with --squash (exit 2)") {
+TEST_CASE("squash: --encoding, --delta-version and --base-version are refused with --squash (exit 2)") {
   TempDir t;
   const std::vector<fs::path> ckpts = refusal_checkpoints(t / "ckpt");
   const fs::path root = t / "root";
@@ -1076,7 +1076,7 @@ TEST_CASE("squash: --encoding, --version and --base-version are refused with --s
   std::vector<std::string> opt;
   SUBCASE("--encoding") { opt = {"--encoding", "xor"}; }
   SUBCASE("--encoding sparse (the default, given)") { opt = {"--encoding", "sparse"}; }
-  SUBCASE("--version") { opt = {"--version", "3"}; }
+  SUBCASE("--delta-version") { opt = {"--delta-version", "3"}; }
   SUBCASE("--base-version") { opt = {"--base-version", "0"}; }
   CAPTURE(opt[0]);
   std::vector<std::string> args = opt;

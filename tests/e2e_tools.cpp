@@ -163,7 +163,7 @@ TEST_CASE("--inspect: per-tensor changed counts, lengths and checksums match the
   const json j = inspect_json(delta);
   CAPTURE(j.dump(2));
   CHECK(keys_of(j) == std::set<std::string>{"delta", "version", "base_version", "format", "encoding", "index_checksum",
-                                             "tensors", "files", "weight_files", "totals"});
+                                             "tensors", "files", "weight_files", "totals", "schema", "ok"});
   CHECK(j["weight_files"] == json::array());  // the same layout: no weight-file operations
   CHECK(j["delta"] == delta.string());
   CHECK(j["version"] == "000001");
@@ -418,7 +418,13 @@ TEST_CASE("--inspect: a damaged delta exits 3 with a message naming the file and
       const RunResult r = diff(args);
       E2E_CHECK_CODE(r, 3);
       CHECK_ERR_MENTIONS(r, names);
-      CHECK_MESSAGE(r.out.empty(), r.describe());
+      if (as_json) {  // one object saying so (schema 1)
+        const json j = parse_json(r.out);
+        CHECK(j["ok"] == false);
+        CHECK(j["error"]["kind"] == "bad_input");
+      } else {
+        CHECK_MESSAGE(r.out.empty(), r.describe());
+      }
     }
     CHECK(snapshot(delta) == before);
     // delta-apply refuses the same delta: inspect finds nothing the applier would accept.
@@ -444,7 +450,7 @@ TEST_CASE("--inspect refuses what is not a delta (exit 3), and bad command lines
   }
   SUBCASE("a path that does not exist") {
     const RunResult r = diff({"--inspect", (t / "nothing").string()});
-    E2E_CHECK_CODE(r, 3);
+    E2E_CHECK_CODE(r, 2);
     CHECK_ERR_MENTIONS(r, (t / "nothing").string());
   }
   SUBCASE("usage errors") {
@@ -625,7 +631,7 @@ TEST_CASE("--prune refusals: exit 3 for a root or kept full version it cannot re
   }
   SUBCASE("ROOT is not a directory") {
     const RunResult r = diff({"--prune", (p.t / "nothing").string()});
-    E2E_CHECK_CODE(r, 3);
+    E2E_CHECK_CODE(r, 2);
     CHECK_ERR_MENTIONS(r, (p.t / "nothing").string());
   }
 }

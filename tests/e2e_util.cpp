@@ -539,7 +539,7 @@ std::unique_ptr<TempDir> scratch_dir() {
 }
 
 std::string require_init(const fs::path& src, const fs::path& local, const std::string& version) {
-  const RunResult r = apply({"-q", "--init", "--version", version, src.string(), local.string()});
+  const RunResult r = apply({"-q", "--init", "--init-version", version, src.string(), local.string()});
   E2E_REQUIRE_CODE(r, 0);
   return state_version(local);
 }

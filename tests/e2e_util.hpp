@@ -196,7 +196,7 @@ void write_json(const fs::path& p, const json& j);
 
 // ---- series -----------------------------------------------------------------
 
-// delta-apply -q --init --version VERSION SRC LOCAL, required to succeed;
+// delta-apply -q --init --init-version VERSION SRC LOCAL, required to succeed;
 // the version LOCAL then records.
 std::string require_init(const fs::path& src, const fs::path& local, const std::string& version = "0");
 // delta-diff -q --encoding ENCODING A B OUT, required to succeed.

@@ -148,7 +148,7 @@ TEST_CASE("--verify: every kind of damage is exit 12 and named") {
     for (const auto& p : v.j["problems"]) all += p.get<std::string>() + "\n";
     CHECK_MESSAGE(all.find(d.expect) != std::string::npos, all);
     // Re-initialising from the version's full checkpoint repairs it.
-    E2E_REQUIRE_CODE(apply({"-q", "--init", "--version", "1", save_dir(s.series, 1).string(), s.local.string()}), 0);
+    E2E_REQUIRE_CODE(apply({"-q", "--init", "--init-version", "1", save_dir(s.series, 1).string(), s.local.string()}), 0);
     CHECK(verify(s.local).code == 0);
   }
 }

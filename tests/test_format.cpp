@@ -781,7 +781,7 @@ TEST_CASE("format: scan_root") {
   }
   SUBCASE("root not a directory") {
     expect_error(error_of([&] { scan_root(root / "README"); }), Exit::bad_input, {(root / "README").string()});
-    expect_error(error_of([&] { scan_root(root / "missing"); }), Exit::bad_input, {"missing"});
+    expect_error(error_of([&] { scan_root(root / "missing"); }), Exit::usage, {"missing", "does not exist"});
   }
 }
 
@@ -871,6 +871,22 @@ TEST_CASE("format: LocalLock") {
   CHECK(::flock(fd, LOCK_UN) == 0);
   ::close(fd);
   { LocalLock wait_forever(local, -1); }
+
+  // Readers share the lock with each other, not with a writer.
+  {
+    LocalLock r1(local, 0.2, LocalLock::Mode::shared);
+    LocalLock r2(local, 0.2, LocalLock::Mode::shared);
+    expect_error(error_of([&] { LocalLock w(local, 0.05); }), Exit::lock_timeout, {"lock"});
+  }
+  {
+    LocalLock w(local, 0.2);
+    expect_error(error_of([&] { LocalLock r(local, 0.05, LocalLock::Mode::shared); }), Exit::lock_timeout, {"lock"});
+  }
+  // A reader creates nothing and locks nothing where no run ever wrote.
+  TempDir fresh;
+  { LocalLock r(fresh.path(), 0.2, LocalLock::Mode::shared); }
+  { LocalLock e(fresh.path(), 0.2, LocalLock::Mode::existing); }
+  CHECK_FALSE(bfs::exists(fresh.path() / kStateDir));
 }
 
 // ---- checkpoints ---------------------------------------------------------------
@@ -1007,7 +1023,7 @@ TEST_CASE("format: open_checkpoint without an index") {
   }
   SUBCASE("not a directory") {
     expect_error(error_of([&] { open_checkpoint(d / "adapter_model.safetensors"); }), Exit::bad_input, {"not a directory"});
-    expect_error(error_of([&] { open_checkpoint(d / "missing"); }), Exit::bad_input, {"missing"});
+    expect_error(error_of([&] { open_checkpoint(d / "missing"); }), Exit::usage, {"missing", "does not exist"});
   }
 }
 

@@ -19,11 +19,14 @@ struct ApplyOptions {
   bool force = false;
   // Run after a successful operation (no-op included) while the lock is
   // still held, e.g. to have the engine reload before another apply starts.
+  // An Error(then_failed) it throws is not thrown on: it is kept in
+  // ApplyResult::then_error, with the result of the operation it followed.
   std::function<void(std::uint64_t version)> then;
   // --root: a version directory without a completion marker is not published
-  // yet, even in a root where no version has one (an object store's first
-  // upload). Without it, that holds for versions after the newest that has
-  // one (see newest_marked).
+  // yet (storage where files arrive one by one: an object store). Without it,
+  // a version without a marker is taken as it is (a filesystem's rename
+  // publishes it whole; the plain slime layout has none); one with a marker
+  // is always checked against it.
   bool require_marker = false;
 };
 
@@ -54,6 +57,8 @@ struct ApplyResult {
   std::optional<std::uint64_t> full_copied;
   std::uint64_t sidecars_applied = 0;
   std::uint64_t root_bytes = 0;  // size of the version directories the pull read
+  // The `then` hook failed (its message); the operation itself succeeded.
+  std::optional<std::string> then_error;
 };
 
 // Every operation below first checks its paths, creating nothing: LOCAL must

@@ -80,6 +80,11 @@ void make_dirs(const boost::filesystem::path& dir);
 // True if anything (a dangling symlink too) is at `p`.
 bool exists_nofollow(const boost::filesystem::path& p);
 
+// `dir` must be a directory: a path that does not exist is a usage error
+// (Error(usage): it says so, and `what_to_do`); anything else that is not a
+// directory is Error(bad_input).
+void require_dir(const boost::filesystem::path& dir, const std::string& what_to_do);
+
 // `p`, a path below `dir` as a directory iterator gives it, relative to `dir`
 // by name with '/' separators. Not boost::filesystem::relative, which
 // resolves symlinks: it would give a link's target ("../../blobs/<hash>")

@@ -21,14 +21,19 @@ struct LocalState {
   bool operator==(const LocalState&) const = default;
 };
 
-// Exclusive flock on LOCAL/.weight_sync/lock for the object's lifetime.
-// timeout_s < 0 waits forever; otherwise throws Error(lock_timeout) after it.
-// `create`: make .weight_sync/ if it is missing (forms that write). Without
-// it, a LOCAL that has no .weight_sync/ is left as it is and nothing is
-// locked: no run ever wrote there, so none can be under way.
+// flock on LOCAL/.weight_sync/lock for the object's lifetime. timeout_s < 0
+// waits forever; otherwise throws Error(lock_timeout) after it.
+// - create: exclusive; makes .weight_sync/ if it is missing (forms that write);
+// - existing: exclusive, but a LOCAL without .weight_sync/ is left as it is
+//   and nothing is locked: no run ever wrote there, so none can be under way;
+// - shared: for readers (--status, --verify), which must work on a read-only
+//   LOCAL and for a user who cannot write it: the lock file opened read-only,
+//   a shared flock, which waits for an apply and lets other readers in. Where
+//   the file is missing or cannot be opened, nothing is locked.
 class LocalLock {
  public:
-  LocalLock(const boost::filesystem::path& local, double timeout_s, bool create = true);
+  enum class Mode { create, existing, shared };
+  LocalLock(const boost::filesystem::path& local, double timeout_s, Mode mode = Mode::create);
   ~LocalLock();
   LocalLock(const LocalLock&) = delete;
   LocalLock& operator=(const LocalLock&) = delete;

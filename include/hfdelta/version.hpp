@@ -40,7 +40,7 @@ struct PublishTarget {
   std::uint64_t version = 0;
 };
 
-// Resolves delta-diff's OUT argument `arg` and --version `given`, reading
+// Resolves delta-diff's OUT argument `arg` and --delta-version `given`, reading
 // only names, and keeps a publication root consistent:
 // - an existing directory not named weight_v*: a publication root if it holds
 //   a published version or nothing but hidden entries (Error(bad_input)

@@ -1,6 +1,7 @@
 #include "cli_common.hpp"
 
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,35 +15,150 @@
 
 namespace hfdelta::cli {
 
-int run(CLI::App& app, int argc, char** argv, const std::function<void()>& body) {
+namespace {
+
+bool json_printed = false;  // this process printed its one JSON object
+
+// The path a message is about: the text before its first ": " (after a role
+// word such as "BASE "), when that names something on disk or in an existing
+// directory (most messages start so).
+std::string path_of(const std::string& msg) {
+  const std::size_t colon = msg.find(": ");
+  if (colon == std::string::npos || colon == 0) return "";
+  std::string p = msg.substr(0, colon);
+  if (const std::size_t sp = p.rfind(' '); sp != std::string::npos) p = p.substr(sp + 1);  // "BASE /x: ..."
+  if (p.empty()) return "";
+  struct stat st;
+  const std::string parent = p.find('/') == std::string::npos ? "." : p.substr(0, p.rfind('/') + 1);
+  return ::lstat(p.c_str(), &st) == 0 || ::stat(parent.c_str(), &st) == 0 ? p : "";
+}
+
+// --json given on a command line that did not parse.
+bool json_in_argv(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--json") == 0) return true;
+  return false;
+}
+
+int report(const std::string& prog, int code, const std::string& msg, bool json) {
+  if (!msg.empty()) std::cerr << prog << ": error: " << msg << "\n";
+  if (json && !json_printed) {
+    nlohmann::json err = {{"kind", error_kind(code)}, {"message", msg}, {"path", nullptr}};
+    if (const std::string p = path_of(msg); !p.empty()) err["path"] = p;
+    print_json({{"ok", false}, {"exit_code", code}, {"error", std::move(err)}});
+  }
+  return code;
+}
+
+// A report that could not be written is a failure, not a silent success.
+int check_stdout(const std::string& prog, int code) {
+  std::cout.flush();
+  if (std::fflush(stdout) == 0 && !std::ferror(stdout) && std::cout.good()) return code;
+  std::cerr << prog << ": error: cannot write to standard output: " << std::strerror(errno ? errno : EIO) << "\n";
+  return code ? code : static_cast<int>(Exit::failure);
+}
+
+}  // namespace
+
+namespace {
+
+class FormsFormatter : public CLI::Formatter {
+ public:
+  explicit FormsFormatter(std::string forms) : forms_(std::move(forms)) {}
+  std::string make_usage(const CLI::App*, std::string) const override { return "Usage:\n" + forms_ + "\n"; }
+
+ private:
+  std::string forms_;
+};
+
+}  // namespace
+
+void set_usage(CLI::App& app, std::string forms) { app.formatter(std::make_shared<FormsFormatter>(std::move(forms))); }
+
+const char* error_kind(int code) {
+  switch (static_cast<Exit>(code)) {
+    case Exit::ok: return "ok";
+    case Exit::failure: return "failure";
+    case Exit::usage: return "usage";
+    case Exit::bad_input: return "bad_input";
+    case Exit::out_of_order: return "out_of_order";
+    case Exit::verify_failed: return "verify_failed";
+    case Exit::unsupported: return "unsupported";
+    case Exit::exists: return "exists";
+    case Exit::lock_timeout: return "lock_timeout";
+    case Exit::then_failed: return "then_failed";
+    case Exit::interrupted: return "interrupted";
+    case Exit::uninitialised: return "uninitialised";
+    case Exit::corrupt: return "corrupt";
+    case Exit::hook_published: return "post_publish_failed";
+    case Exit::hook_pre_read: return "pre_read_failed";
+  }
+  return code > 128 ? "stopped" : "failure";
+}
+
+void print_json(nlohmann::json j) {
+  j["schema"] = kJsonSchema;
+  if (!j.contains("ok")) j["ok"] = true;
+  std::cout << j.dump() << std::endl;
+  json_printed = true;
+}
+
+namespace {
+
+// --version: the program's version, alone on the command line. Given with
+// anything else it is refused: before 0.2 it was the delta's number
+// (now --delta-version, --init-version), and a script still passing it must
+// not get "exit 0" for a command that did nothing.
+int version_flag(const std::string& prog, int argc, char** argv, bool& handled) {
+  bool given = false;
+  for (int i = 1; i < argc; ++i) given |= std::strcmp(argv[i], "--version") == 0;
+  handled = given;
+  if (!given) return 0;
+  if (argc == 2) {
+    std::cout << prog << " (hfdelta) " << HFDELTA_PROGRAM_VERSION << std::endl;
+    return check_stdout(prog, 0);
+  }
+  const std::string what = prog == "delta-apply" ? "--init-version N" : "--delta-version N";
+  return check_stdout(prog, report(prog, static_cast<int>(Exit::usage),
+                                   "--version prints the program's version and takes nothing else; the version "
+                                   "number to write is " + what,
+                                   json_in_argv(argc, argv)));
+}
+
+}  // namespace
+
+int run(CLI::App& app, int argc, char** argv, const std::function<void()>& body, const bool* json_out) {
+  const std::string prog = app.get_name();
+  app.add_flag("--version")->description("Print the program's version and exit");
+  bool handled = false;
+  if (const int code = version_flag(prog, argc, argv, handled); handled) return code;
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
+    return check_stdout(prog, app.exit(e));
   } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
+    return check_stdout(prog, app.exit(e));
   } catch (const CLI::ParseError& e) {
-    std::cerr << app.get_name() << ": error: " << e.what() << "\n";
+    const int code = report(prog, static_cast<int>(Exit::usage), e.what(), json_in_argv(argc, argv));
     std::cerr << "Run with --help for more information.\n";
-    return static_cast<int>(Exit::usage);
+    return check_stdout(prog, code);
   }
+  const bool json = json_out && *json_out;
+  int code = 0;
   try {
     body();
-    return 0;
   } catch (const Error& e) {
     std::string msg = e.what();
     if (static_cast<int>(e.code()) > 128)  // a stop signal (hfdelta/signals.hpp): say what it left
-      msg += app.get_name() == "delta-apply" ? "; LOCAL is as it was (rolled back)"
-                                             : "; stopped at a safe point, no temporary directory left";
-    if (!msg.empty()) std::cerr << app.get_name() << ": error: " << msg << "\n";
-    return static_cast<int>(e.code());
+      msg += prog == "delta-apply" ? "; LOCAL is as it was (rolled back)"
+                                   : "; stopped at a safe point, no temporary directory left";
+    code = report(prog, static_cast<int>(e.code()), msg, json);
   } catch (const CLI::ParseError& e) {  // semantic usage errors raised after parsing
-    std::cerr << app.get_name() << ": error: " << e.what() << "\n";
-    return static_cast<int>(Exit::usage);
+    code = report(prog, static_cast<int>(Exit::usage), e.what(), json);
   } catch (const std::exception& e) {
-    std::cerr << app.get_name() << ": error: " << e.what() << "\n";
-    return static_cast<int>(Exit::failure);
+    code = report(prog, static_cast<int>(Exit::failure), e.what(), json);
   }
+  return check_stdout(prog, code);
 }
 
 void run_shell(const std::string& command, const std::vector<std::pair<std::string, std::string>>& env, Exit code,
@@ -63,8 +179,12 @@ void run_shell(const std::string& command, const std::vector<std::pair<std::stri
   const sigset_t none = unblocked_mask();
   posix_spawnattr_setsigmask(&attr, &none);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
+  posix_spawn_file_actions_t files;
+  posix_spawn_file_actions_init(&files);
+  posix_spawn_file_actions_adddup2(&files, STDERR_FILENO, STDOUT_FILENO);
   pid_t pid;
-  const int e = posix_spawn(&pid, "/bin/sh", nullptr, &attr, argv, envp.data());
+  const int e = posix_spawn(&pid, "/bin/sh", &files, &attr, argv, envp.data());
+  posix_spawn_file_actions_destroy(&files);
   posix_spawnattr_destroy(&attr);
   if (e != 0) fail(code, option + ": cannot start /bin/sh: " + std::string(std::strerror(e)));
   int status = 0;

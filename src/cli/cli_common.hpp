@@ -7,17 +7,38 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "hfdelta/error.hpp"
 
 namespace hfdelta::cli {
 
+// The version of the --json objects' layout (the "schema" field of each):
+// raised when a field changes meaning or goes away, not when one is added.
+inline constexpr int kJsonSchema = 1;
+
+// Prints `j` as the command's one JSON object on stdout, with "schema" and
+// "ok" (true unless `j` says otherwise) added.
+void print_json(nlohmann::json j);
+
 // Parses argv with `app`, runs `body`, and turns every failure into a one-line
-// message on stderr ("PROG: error: ...") and the documented exit code.
-int run(CLI::App& app, int argc, char** argv, const std::function<void()>& body);
+// message on stderr ("PROG: error: ...") and the documented exit code; with
+// `*json_out` (--json), also into one JSON object on stdout (unless `body`
+// printed one already): {"schema", "ok": false, "exit_code", "error": {"kind",
+// "message", "path"}}. Output that cannot be written to stdout (a full disk,
+// a closed pipe) is an error too.
+int run(CLI::App& app, int argc, char** argv, const std::function<void()>& body, const bool* json_out = nullptr);
+
+// --help's usage lines: `forms`, one command line per form, instead of
+// CLI11's "PROG [OPTIONS] [PATHS...]".
+void set_usage(CLI::App& app, std::string forms);
+
+// The stable name of an exit code in --json ("bad_input", "out_of_order", ...).
+const char* error_kind(int code);
 
 // Runs `command` (given as `option`) with /bin/sh -c, extra environment
-// variables added; throws Error(code) unless it exits 0.
+// variables added, its standard output sent to our standard error (stdout
+// carries only the command's own report); throws Error(code) unless it exits 0.
 void run_shell(const std::string& command, const std::vector<std::pair<std::string, std::string>>& env, Exit code,
                const std::string& option);
 

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include <boost/filesystem/operations.hpp>
 #include <nlohmann/json.hpp>
 
 #include "cli_common.hpp"
@@ -30,7 +31,8 @@ struct Options {
 // The options of every form, written into `o` when `app` parses.
 void add_options(CLI::App& app, Options& o) {
   app.add_option("PATHS", o.paths, "DELTA LOCAL, SRC LOCAL (--init), or LOCAL (--root, --status, --recover, --verify)")
-      ->expected(1, 2);
+      ->expected(1, 2)
+      ->group("");  // the usage lines name them per form
   auto* init_opt = app.add_flag("--init", o.init, "Make LOCAL an exact copy of the full checkpoint SRC");
   auto* root_opt = app.add_option("--root", o.root, "Publication root holding weight_vNNNNNN version directories");
   auto* status_opt =
@@ -40,7 +42,7 @@ void add_options(CLI::App& app, Options& o) {
                                   "Re-hash LOCAL against the checksums recorded for its version: exit 0 clean, "
                                   "10 interrupted, 11 uninitialised, 12 corrupt");
   app.add_option("--target", o.target, "Version to bring LOCAL to with --root (default: newest)")->needs(root_opt);
-  app.add_option("--version", o.version, "Version recorded by --init (default 0)")->needs(init_opt);
+  app.add_option("--init-version", o.version, "Version recorded by --init (default 0)")->type_name("N")->needs(init_opt);
   root_opt->excludes(init_opt, status_opt, recover_opt, verify_opt);
   init_opt->excludes(status_opt, recover_opt, verify_opt);
   status_opt->excludes(recover_opt, verify_opt);
@@ -72,9 +74,12 @@ void add_options(CLI::App& app, Options& o) {
 // LOCAL, once the number of paths fits the form.
 std::string local_path(const Options& o) {
   const std::size_t want = (o.root.empty() && !o.status && !o.recover && !o.verify) ? 2 : 1;
-  if (o.paths.size() != want)
-    throw CLI::ValidationError("PATHS", want == 1 ? "expected LOCAL only"
-                                                  : (o.init ? "expected SRC LOCAL" : "expected DELTA LOCAL"));
+  if (o.paths.size() != want) {
+    const std::string form = !o.root.empty() ? "--root ROOT LOCAL" : o.status ? "--status LOCAL" : o.recover ? "--recover LOCAL"
+                             : o.verify ? "--verify LOCAL" : o.init ? "--init SRC LOCAL" : "DELTA LOCAL";
+    throw CLI::ValidationError("delta-apply " + form + " takes " + std::to_string(want) + " path" + (want == 1 ? "" : "s") +
+                               ", not " + std::to_string(o.paths.size()));
+  }
   return o.paths.back();
 }
 
@@ -91,11 +96,15 @@ void print_pending(const std::optional<std::uint64_t>& pending) {
 
 // ---- --status ------------------------------------------------------------------
 
-void print_status_json(const std::string& local, const LocalStatus& s, const char* state) {
-  std::cout << nlohmann::json{{"local", local}, {"state", state}, {"version", version_json(s.version)},
-                              {"pending", version_json(s.pending)}}
-                   .dump()
-            << std::endl;
+// The state's exit code: 0 clean, else what the state says (ok: false).
+nlohmann::json state_outcome(Exit code) {
+  return {{"ok", code == Exit::ok}, {"exit_code", static_cast<int>(code)}};
+}
+
+void print_status_json(const std::string& local, const LocalStatus& s, const char* state, Exit code) {
+  nlohmann::json j{{"local", local}, {"state", state}, {"version", version_json(s.version)}, {"pending", version_json(s.pending)}};
+  j.update(state_outcome(code));
+  cli::print_json(std::move(j));
 }
 
 void print_status_human(const std::string& local, const LocalStatus& s, const char* state) {
@@ -108,10 +117,10 @@ void print_status_human(const std::string& local, const LocalStatus& s, const ch
 void run_status(const Options& o, const std::string& local) {
   const LocalStatus s = local_status(local, o.apply);
   const char* state = s.pending ? "interrupted" : s.version ? "clean" : "uninitialised";
-  if (o.json_out) print_status_json(local, s, state);
+  const Exit code = s.pending ? Exit::interrupted : s.version ? Exit::ok : Exit::uninitialised;
+  if (o.json_out) print_status_json(local, s, state, code);
   else if (!o.quiet) print_status_human(local, s, state);
-  if (s.pending) throw Error(Exit::interrupted, "");
-  if (!s.version) throw Error(Exit::uninitialised, "");
+  if (code != Exit::ok) throw Error(code, "");
 }
 
 // ---- --verify ------------------------------------------------------------------
@@ -123,8 +132,8 @@ const char* state_name(VerifyReport::State s) {
                                                    : "corrupt";
 }
 
-void print_verify_json(const std::string& local, const VerifyReport& v) {
-  std::cout << nlohmann::json{{"local", local},
+void print_verify_json(const std::string& local, const VerifyReport& v, Exit code) {
+  nlohmann::json j{{"local", local},
                               {"state", state_name(v.state)},
                               {"version", version_json(v.version)},
                               {"pending", version_json(v.pending)},
@@ -132,9 +141,9 @@ void print_verify_json(const std::string& local, const VerifyReport& v) {
                               {"tensors", v.tensors},
                               {"files", v.files},
                               {"bytes", v.bytes},
-                              {"problems", v.problems}}
-                   .dump()
-            << std::endl;
+                              {"problems", v.problems}};
+  j.update(state_outcome(code));
+  cli::print_json(std::move(j));
 }
 
 void print_verify_human(const std::string& local, const VerifyReport& v) {
@@ -150,14 +159,13 @@ void print_verify_human(const std::string& local, const VerifyReport& v) {
 // Re-hashes LOCAL; its exit code tells clean, interrupted, uninitialised or corrupt.
 void run_verify(const Options& o, const std::string& local) {
   const VerifyReport v = verify_local(local, o.apply.lock_timeout, o.apply.threads);
-  if (o.json_out) print_verify_json(local, v);
+  const Exit code = v.state == VerifyReport::State::clean         ? Exit::ok
+                    : v.state == VerifyReport::State::interrupted ? Exit::interrupted
+                    : v.state == VerifyReport::State::uninitialised ? Exit::uninitialised
+                                                                    : Exit::corrupt;
+  if (o.json_out) print_verify_json(local, v, code);
   else if (!o.quiet || v.state != VerifyReport::State::clean) print_verify_human(local, v);
-  switch (v.state) {
-    case VerifyReport::State::clean: return;
-    case VerifyReport::State::interrupted: throw Error(Exit::interrupted, "");
-    case VerifyReport::State::uninitialised: throw Error(Exit::uninitialised, "");
-    case VerifyReport::State::corrupt: throw Error(Exit::corrupt, "");
-  }
+  if (code != Exit::ok) throw Error(code, "");
 }
 
 // ---- apply, --init, --root, --recover ------------------------------------------------
@@ -165,15 +173,18 @@ void run_verify(const Options& o, const std::string& local) {
 // Runs the form that changes LOCAL, with --then's command hooked in.
 ApplyResult run_change(Options& o, const std::string& local) {
   if (!o.then.empty())
-    o.apply.then = [command = o.then, local](std::uint64_t v) {
-      cli::run_shell(command, {{"HFDELTA_LOCAL", local}, {"HFDELTA_VERSION", format_version(v)}}, Exit::then_failed,
+    o.apply.then = [command = o.then, abs = boost::filesystem::absolute(local).lexically_normal().string()](std::uint64_t v) {
+      cli::run_shell(command, {{"HFDELTA_LOCAL", abs}, {"HFDELTA_VERSION", format_version(v)}}, Exit::then_failed,
                      "--then");
     };
   if (o.recover) return recover_local(local, o.apply);
   if (o.init) return init_local(o.paths[0], local, o.version.value_or(0), o.apply);
   if (!o.root.empty()) {
     if (!o.pre_read.empty())
-      cli::run_shell(o.pre_read, {{"HFDELTA_ROOT", o.root}, {"HFDELTA_LOCAL", local}}, Exit::hook_pre_read, "--pre-read");
+      cli::run_shell(o.pre_read,
+                     {{"HFDELTA_ROOT", boost::filesystem::absolute(o.root).lexically_normal().string()},
+                      {"HFDELTA_LOCAL", boost::filesystem::absolute(local).lexically_normal().string()}},
+                     Exit::hook_pre_read, "--pre-read");
     return pull(o.root, local, o.target, o.apply);
   }
   return apply_delta(o.paths[0], local, o.apply);
@@ -195,6 +206,12 @@ void print_change_json(const std::string& local, const ApplyResult& r) {
                       {"files_removed", r.files_removed},
                       {"seconds", r.seconds}};
   if (r.no_version) j["to_version"] = nullptr;
+  if (r.then_error)  // applied, then the --then command failed: exit 9, said here, in the one object
+    j.update({{"ok", false},
+              {"exit_code", static_cast<int>(Exit::then_failed)},
+              {"error", {{"kind", cli::error_kind(static_cast<int>(Exit::then_failed))},
+                         {"message", *r.then_error},
+                         {"path", boost::filesystem::absolute(local).string()}}}});
   if (r.published) {  // --root: what ROOT publishes, and how far LOCAL is behind its newest
     j["versions_published"] = *r.published;
     j["newest_version"] = version_json(r.newest);
@@ -208,7 +225,7 @@ void print_change_json(const std::string& local, const ApplyResult& r) {
     j["sidecars_applied"] = r.sidecars_applied;
     j["root_bytes"] = r.root_bytes;
   }
-  std::cout << j.dump() << std::endl;
+  cli::print_json(std::move(j));
 }
 
 void print_change_human(const std::string& local, const ApplyResult& r, bool recover) {
@@ -251,19 +268,23 @@ void run_command(Options& o) {
   const ApplyResult r = run_change(o, local);
   if (o.json_out) print_change_json(local, r);
   else if (!o.quiet) print_change_human(local, r, o.recover);
+  if (r.then_error) throw Error(Exit::then_failed, *r.then_error);  // after the summary: the version is applied
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   hfdelta::handle_stop_signals();  // first: every thread started later inherits the mask
-  CLI::App app{"Bring a host-local checkpoint to a new version, in place.\n"
-               "  delta-apply [OPTIONS] DELTA LOCAL\n"
-               "  delta-apply --init [--version N] [--force] SRC LOCAL\n"
-               "  delta-apply --root ROOT [--target N] [--pre-read CMD] LOCAL\n"
-               "  delta-apply --status LOCAL | --recover LOCAL | --verify LOCAL",
-               "delta-apply"};
+  CLI::App app{"Bring a host-local checkpoint to a new version, in place. See delta-apply(1).", "delta-apply"};
+  cli::set_usage(app,
+                 "  delta-apply [OPTIONS] [--then CMD] DELTA LOCAL\n"
+                 "  delta-apply --init [--init-version N] [--force] [OPTIONS] SRC LOCAL\n"
+                 "  delta-apply --root ROOT [--target N] [--pre-read CMD] [--require-marker] [--then CMD] [OPTIONS] LOCAL\n"
+                 "  delta-apply --status [--json] [--lock-timeout S] LOCAL\n"
+                 "  delta-apply --verify [--json] [--lock-timeout S] LOCAL\n"
+                 "  delta-apply --recover LOCAL\n"
+                 "  delta-apply --version");
   Options o;
   add_options(app, o);
-  return cli::run(app, argc, argv, [&] { run_command(o); });
+  return cli::run(app, argc, argv, [&] { run_command(o); }, &o.json_out);
 }

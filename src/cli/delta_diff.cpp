@@ -128,9 +128,10 @@ void add_diff_options(CLI::App& app, Options& o, Given& g) {
   g.diff_only.push_back(
       app.add_option("--level", o.diff.level, "zstd compression level")->check(CLI::Range(1, 19))->capture_default_str());
   g.diff_only.push_back(
-      app.add_option("--version", o.version,
-                     "Version number of OUT (default: from OUT's name, or ROOT's newest + 1; must agree with them)"));
-  g.diff_only.push_back(app.add_option("--base-version", o.base_version, "Version of BASE (default: version - 1)"));
+      app.add_option("--delta-version", o.version,
+                     "Version number of OUT (default: from OUT's name, or ROOT's newest + 1; must agree with them)")
+          ->type_name("N"));
+  g.diff_only.push_back(app.add_option("--base-version", o.base_version, "Version of BASE (default: version - 1)")->type_name("M"));
   g.diff_only.push_back(
       app.add_option("--threads", o.diff.threads, "Worker threads (default: all cores)")->check(CLI::NonNegativeNumber));
   g.post_publish = app.add_option("--post-publish", o.post_publish,
@@ -231,7 +232,7 @@ Form choose_form(const Given& g, const Options& o) {
 void run_inspect(const Options& o) {
   const DeltaInspection d = inspect_delta(o.inspect);
   if (o.json_out)
-    std::cout << inspection_json(d).dump() << std::endl;
+    cli::print_json(inspection_json(d));
   else if (!o.quiet)
     print_inspection(d);
 }
@@ -243,7 +244,7 @@ void run_prune(const Options& o) {
   po.sync = !o.no_sync;
   const PruneResult r = prune_root(o.prune, po);
   if (o.json_out)
-    std::cout << prune_json(r).dump() << std::endl;
+    cli::print_json(prune_json(r));
   else if (!o.quiet)
     print_prune(r);
 }
@@ -265,7 +266,7 @@ void post_publish(const Options& o, const boost::filesystem::path& dir, std::uin
 // ---- --squash ----------------------------------------------------------------------
 
 void print_squash_json(const std::string& out, const SquashSummary& s) {
-  std::cout << nlohmann::json{{"out", out},
+  cli::print_json(nlohmann::json{{"out", out},
                               {"version", format_version(s.version)},
                               {"base_version", format_version(s.base_version)},
                               {"deltas", s.deltas},
@@ -281,9 +282,7 @@ void print_squash_json(const std::string& out, const SquashSummary& s) {
                               {"files_removed", s.files_removed},
                               {"input_bytes", s.input_bytes},
                               {"delta_bytes", s.delta_bytes},
-                              {"seconds", s.seconds}}
-                   .dump()
-            << std::endl;
+                              {"seconds", s.seconds}});
 }
 
 void print_squash_human(const std::string& out, const SquashSummary& s) {
@@ -340,7 +339,7 @@ void print_diff_json(const Options& o, const DiffSummary& s, double density) {
       {"structure", {{"weight_files_built", s.shards_built}, {"headers_rewritten", s.shards_rewritten},
                      {"weight_files_removed", s.shards_removed}, {"tensors_new", s.tensors_new}}},
       {"seconds", s.seconds}};
-  std::cout << j.dump() << std::endl;
+  cli::print_json(std::move(j));
 }
 
 void print_diff_human(const Options& o, const DiffSummary& s, double density) {
@@ -387,7 +386,7 @@ void print_full(const Options& o, const PublishTarget& t, const FullSummary& f, 
                       {"delta_bytes", s->delta_bytes},
                       {"tensors_changed", s->tensors_changed},
                       {"seconds", s->seconds}};
-    std::cout << j.dump() << std::endl;
+    cli::print_json(std::move(j));
   } else if (!o.quiet) {
     if (s)
       std::printf("%s: delta beside the full version, version %s on base %s, %s\n", side.c_str(),
@@ -443,19 +442,19 @@ int main(int argc, char** argv) {
   CLI::App app{"Write the delta version directory OUT that turns checkpoint BASE into NEW; "
                "or describe a delta (--inspect); or remove the versions of a publication root no host can need (--prune).",
                "delta-diff"};
-  app.footer(
-      "Forms:\n"
-      "  delta-diff [options] BASE NEW OUT             write a delta (OUT: ROOT/weight_vNNNNNN)\n"
-      "  delta-diff [options] BASE NEW ROOT            the same, as ROOT's newest version + 1\n"
-      "  delta-diff --full [BASE] NEW ROOT             publish NEW as a full version (and the delta beside it)\n"
-      "  delta-diff --inspect DELTA [--json]           describe and check a delta version directory\n"
-      "  delta-diff --squash FIRST LAST OUT            one delta equal to the versions FIRST..LAST of a root\n"
-      "  delta-diff --prune ROOT [--keep-from N] [--dry-run] [--json]\n"
-      "                                                remove versions no delta-apply --root pull to N or later needs\n"
-      "See delta-diff(1).");
+  cli::set_usage(app,
+                 "  delta-diff [OPTIONS] BASE NEW OUT             write a delta (OUT: ROOT/weight_vNNNNNN)\n"
+                 "  delta-diff [OPTIONS] BASE NEW ROOT            the same, as ROOT's newest version + 1\n"
+                 "  delta-diff --full [OPTIONS] [BASE] NEW ROOT   publish NEW as a full version (and the delta beside it)\n"
+                 "  delta-diff --inspect DELTA [--json]           describe and check a delta version directory\n"
+                 "  delta-diff --squash [OPTIONS] FIRST LAST OUT  one delta equal to the versions FIRST..LAST of a root\n"
+                 "  delta-diff --prune ROOT [--keep-from N] [--dry-run] [--json]\n"
+                 "                                                remove versions no delta-apply --root pull to N or later needs\n"
+                 "  delta-diff --version");
+  app.footer("See delta-diff(1).");
   Options o;
   Given g;
   add_diff_options(app, o, g);
   add_form_options(app, o, g);
-  return cli::run(app, argc, argv, [&] { run_command(g, o); });
+  return cli::run(app, argc, argv, [&] { run_command(g, o); }, &o.json_out);
 }

@@ -58,7 +58,7 @@ class HF:
         return self.run([self.apply_bin, "-q", *args], expect)
 
     def init(self, src, local, version=0, expect=0):
-        return self.apply("--init", "--version", str(version), src, local, expect=expect)
+        return self.apply("--init", "--init-version", str(version), src, local, expect=expect)
 
 
 @pytest.fixture(scope="session")
