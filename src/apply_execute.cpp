@@ -9,6 +9,7 @@
 
 #include "apply_internal.hpp"
 #include "apply_patch.hpp"
+#include "hfdelta/progress.hpp"
 #include "hfdelta/checksum_record.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/local_store.hpp"
@@ -135,9 +136,13 @@ void run_unit(Exec& e, const Unit& u, JournalWriter& jw, std::vector<std::uint8_
 // worker's own journal part (and with `write`, written as it goes).
 void journal_units(Exec& e, Writers& writers, bool write) {
   Buffers bufs(static_cast<std::size_t>(e.threads));
+  std::uint64_t total = 0;
+  for (const auto& u : e.plan.units) total += u.bytes;
+  progress::begin("apply", total);
   parallel_for(e.plan.units.size(), e.threads, [&](std::size_t k, std::size_t tid) {
     if (!writers[tid]) writers[tid] = std::make_unique<JournalWriter>(txn_part(e.step, tid), 1);
     run_unit(e, e.plan.units[k], *writers[tid], bufs[tid], write);
+    progress::add(e.plan.units[k].bytes);
   });
 }
 

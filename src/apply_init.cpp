@@ -6,6 +6,7 @@
 #include <boost/filesystem/operations.hpp>
 
 #include "apply_internal.hpp"
+#include "hfdelta/progress.hpp"
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/checksum_record.hpp"
 #include "hfdelta/delta_format.hpp"
@@ -88,12 +89,16 @@ void stage_copies(const fs::path& step, const Manifest& m, const fs::path& src, 
   std::vector<std::size_t> puts;
   for (std::size_t i = 0; i < m.files.size(); ++i)
     if (m.files[i].op == TxnFile::Op::put) puts.push_back(i);
+  std::uint64_t total = 0;
+  for (std::size_t i : puts) total += fs::file_size(src / m.files[i].path);
+  progress::begin("copy", total);
   parallel_for(puts.size(), default_threads(opts.threads), [&](std::size_t k, std::size_t) {
     const fs::path staged = txn_stage(step, puts[k]);
     boost::system::error_code ec;
     fs::create_directories(staged.parent_path(), ec);
     if (ec) fail(Exit::failure, staged.parent_path().string() + ": cannot create: " + ec.message());
     copy_file_atomic(src / m.files[puts[k]].path, staged, opts.sync);
+    progress::add(fs::file_size(staged));
   });
 }
 

@@ -1,3 +1,4 @@
+#include "hfdelta/progress.hpp"
 #include "hfdelta/checksum_record.hpp"
 
 #include <algorithm>
@@ -50,11 +51,15 @@ void hash_items(const fs::path& dir, std::vector<Item>& items, int threads) {
   std::vector<std::size_t> order(items.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return items[a].size > items[b].size; });
+  std::uint64_t total = 0;
+  for (const Item& it : items) total += it.size;
+  progress::begin("hash", total);
   parallel_for(order.size(), default_threads(threads), [&](std::size_t k, std::size_t) {
     Item& it = items[order[k]];
     const File f(dir / it.file, File::Mode::read);
     std::vector<std::uint8_t> buf;
     it.hash = hash_file_range(f, it.offset, it.size, buf);
+    progress::add(it.size);
   });
 }
 

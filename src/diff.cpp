@@ -1,3 +1,4 @@
+#include "hfdelta/progress.hpp"
 #include "hfdelta/diff.hpp"
 
 #include <fcntl.h>
@@ -320,11 +321,15 @@ static void sparse_pass(std::vector<Work>& works, const std::vector<File>& base_
                         std::vector<Worker>& workers, const fs::path& tmp, const DiffOptions& opts, int threads) {
   const bool autochoice = !opts.encoding;
   const std::vector<Unit> units = sparse_units(works, threads);
+  std::uint64_t total = 0;
+  for (const Unit& u : units) total += u.bytes;
+  progress::begin("diff", total);
   parallel_for(units.size(), threads, [&](std::size_t u, std::size_t tid) {
     const Unit& unit = units[u];
     Work& w = works[unit.work];
     ensure_worker(workers[tid], tid, tmp, opts.level, autochoice);
     run_sparse_unit(unit, w, base_files[w.bfile], new_files[w.nfile], workers[tid], tid, autochoice);
+    progress::add(unit.bytes);
   });
   sum_ranges(works, autochoice);
 }
@@ -338,8 +343,12 @@ static void frame_pass(std::vector<Work>& works, const std::vector<File>& base_f
   std::vector<std::size_t> order(works.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return works[x].nbytes > works[y].nbytes; });
+  std::uint64_t total = 0;
+  for (const Work& w : works) total += w.nbytes;
+  progress::begin("diff", total);
   parallel_for(order.size(), threads, [&](std::size_t k, std::size_t tid) {
     Work& w = works[order[k]];
+    progress::add(w.nbytes);  // counted as it starts: the frame is one step
     Worker& wk = workers[tid];
     ensure_worker(wk, tid, tmp, opts.level, false);
     if (w.fresh) return encode_fresh(w, new_files[w.nfile], wk, tid);

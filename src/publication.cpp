@@ -12,6 +12,7 @@
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
+#include "hfdelta/progress.hpp"
 #include "hfdelta/signals.hpp"
 #include "parallel.hpp"
 
@@ -163,8 +164,12 @@ FullSummary publish_full(const fs::path& src, const fs::path& out, std::uint64_t
     for (const auto& rel : rels)
       for (fs::path d = (tmp / rel).parent_path(); d != tmp; d = d.parent_path()) dirs.insert(d);
     for (const auto& d : dirs) make_dirs(d);
+    std::uint64_t total = 0;
+    for (const auto& rel : rels) total += fs::file_size(src / rel);
+    progress::begin("copy", total);
     parallel_for(rels.size(), default_threads(threads), [&](std::size_t i, std::size_t) {
       copy_file_atomic(src / rels[i], tmp / rels[i], sync);
+      progress::add(fs::file_size(tmp / rels[i]));
     });
     const CompletionMarker m = write_marker(tmp, version, true, sync, threads);
     if (sync)

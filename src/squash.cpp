@@ -1,3 +1,4 @@
+#include "hfdelta/progress.hpp"
 #include "hfdelta/squash.hpp"
 
 #include <sys/mman.h>
@@ -574,7 +575,11 @@ std::uint64_t tensor_length(const Squash& sq, const Trace& t, const std::string&
 // Each entry's pieces, composed in parallel into spool files in `tmp`;
 // entries whose changes cancel out are dropped.
 void compose_entries(Squash& sq, const std::map<std::string, std::uint64_t>& lengths, const fs::path& tmp) {
+  progress::begin("squash", sq.entries.size(), false);
   parallel_for(sq.entries.size(), default_threads(sq.opts.threads), [&](std::size_t i, std::size_t) {
+    const struct Counted {
+      ~Counted() { progress::add(1); }
+    } counted;
     OutEntry& e = sq.entries[i];
     const Trace& t = *sq.of[i];
     if (t.ops.size() == 1) {  // one entry: as it is

@@ -5,12 +5,19 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
 
 #include "hfdelta/error.hpp"
+#include "hfdelta/progress.hpp"
 #include "hfdelta/signals.hpp"
 
 namespace hfdelta::cli {
@@ -73,6 +80,86 @@ class FormsFormatter : public CLI::Formatter {
 
 }  // namespace
 
+// ---- progress ----------------------------------------------------------------
+
+namespace {
+std::atomic<ProgressLine*> g_current{nullptr};  // the one showing, for stop_current
+}  // namespace
+
+struct ProgressLine::State {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stop = false, tty = false, drawn = false;
+  std::thread thread;
+};
+
+namespace {
+
+std::string progress_text(const progress::Snapshot& s, double rate, bool tty) {
+  char line[200];
+  const double pct = s.total ? 100.0 * double(std::min(s.done, s.total)) / double(s.total) : 0.0;
+  const double left = rate > 0 && s.total > s.done ? double(s.total - s.done) / rate : 0;
+  if (!s.bytes)
+    std::snprintf(line, sizeof line, "%s: %llu of %llu entries (%.0f%%), %.0f s left", s.what,
+                  static_cast<unsigned long long>(s.done), static_cast<unsigned long long>(s.total), pct, left);
+  else
+    std::snprintf(line, sizeof line, "%s: %s of %s (%.0f%%), %s/s, %.0f s left", s.what, human_bytes(double(s.done)).c_str(),
+                  human_bytes(double(s.total)).c_str(), pct, human_bytes(rate).c_str(), left);
+  return tty ? std::string("\r\033[K") + line : std::string(line) + "\n";
+}
+
+}  // namespace
+
+bool progress_wanted(bool asked, bool quiet, bool json) { return !quiet && !json && (asked || ::isatty(STDERR_FILENO)); }
+
+ProgressLine::ProgressLine(bool enabled) {
+  if (!enabled) return;
+  s_ = std::make_unique<State>();
+  s_->tty = ::isatty(STDERR_FILENO);
+  g_current = this;
+  s_->thread = std::thread([st = s_.get()] {
+    using namespace std::chrono;
+    const auto period = st->tty ? milliseconds(200) : milliseconds(2000);
+    std::uint64_t phase = 0, last_done = 0;
+    bool shown = false;  // the current phase's state as last printed
+    auto last_t = steady_clock::now();
+    double rate = 0;
+    std::unique_lock lock(st->mu);
+    while (!st->cv.wait_for(lock, period, [&] { return st->stop; })) {
+      const progress::Snapshot s = progress::snapshot();
+      if (!s.what) continue;
+      const auto now = steady_clock::now();
+      if (s.phase != phase) phase = s.phase, last_done = 0, rate = 0, last_t = now, shown = false;
+      if (shown && s.done == last_done) continue;  // nothing moved (a --then command may be writing)
+      shown = true;
+      const double dt = duration<double>(now - last_t).count();
+      if (dt > 0) rate = rate ? 0.7 * rate + 0.3 * double(s.done - last_done) / dt : double(s.done - last_done) / dt;
+      last_done = s.done, last_t = now;
+      std::fputs(progress_text(s, rate, st->tty).c_str(), stderr);
+      st->drawn = true;
+    }
+    if (st->tty && st->drawn) std::fputs("\r\033[K", stderr);  // the summary follows on a clean line
+  });
+}
+
+ProgressLine::~ProgressLine() { stop(); }
+
+void ProgressLine::stop() {
+  ProgressLine* self = this;
+  g_current.compare_exchange_strong(self, nullptr);
+  if (!s_ || !s_->thread.joinable()) return;
+  {
+    std::lock_guard lock(s_->mu);
+    s_->stop = true;
+  }
+  s_->cv.notify_all();
+  s_->thread.join();
+}
+
+void ProgressLine::stop_current() {
+  if (ProgressLine* p = g_current.exchange(nullptr)) p->stop();
+}
+
 void set_usage(CLI::App& app, std::string forms) { app.formatter(std::make_shared<FormsFormatter>(std::move(forms))); }
 
 const char* error_kind(int code) {
@@ -97,6 +184,7 @@ const char* error_kind(int code) {
 }
 
 void print_json(nlohmann::json j) {
+  ProgressLine::stop_current();
   j["schema"] = kJsonSchema;
   if (!j.contains("ok")) j["ok"] = true;
   std::cout << j.dump() << std::endl;
@@ -169,6 +257,7 @@ void run_shell(const std::string& command, const std::vector<std::pair<std::stri
   std::vector<char*> envp;
   for (auto& v : vars) envp.push_back(v.data());
   envp.push_back(nullptr);
+  ProgressLine::stop_current();  // the command writes to stderr too
   std::string sh = "/bin/sh", dash_c = "-c", cmd = command;
   char* argv[] = {sh.data(), dash_c.data(), cmd.data(), nullptr};
   std::fflush(stdout);

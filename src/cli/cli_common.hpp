@@ -2,6 +2,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,6 +33,30 @@ int run(CLI::App& app, int argc, char** argv, const std::function<void()>& body,
 // --help's usage lines: `forms`, one command line per form, instead of
 // CLI11's "PROG [OPTIONS] [PATHS...]".
 void set_usage(CLI::App& app, std::string forms);
+
+// Shows hfdelta::progress on stderr while it lives, from a thread of its
+// own: redrawn in place about 5 times a second on a terminal, a line every
+// 2 s otherwise (a log). `enabled`: --progress, or stderr is a terminal;
+// never with -q or --json (the caller decides).
+class ProgressLine {
+ public:
+  explicit ProgressLine(bool enabled);
+  ~ProgressLine();
+  // Clears the line and stops showing: before a summary or a --then command
+  // writes to the terminal. Called for the live one by run_shell and print_json.
+  void stop();
+  static void stop_current();
+  ProgressLine(const ProgressLine&) = delete;
+  ProgressLine& operator=(const ProgressLine&) = delete;
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+// Whether to show progress: asked for, or stderr is a terminal; never
+// quiet or with --json.
+bool progress_wanted(bool asked, bool quiet, bool json);
 
 // The stable name of an exit code in --json ("bad_input", "out_of_order", ...).
 const char* error_kind(int code);

@@ -23,7 +23,8 @@ using ull = unsigned long long;
 struct Options {
   std::vector<std::string> paths;
   std::string root, then, pre_read;
-  bool init = false, status = false, recover = false, verify = false, no_sync = false, json_out = false, quiet = false;
+  bool init = false, status = false, recover = false, verify = false, no_sync = false, json_out = false, quiet = false,
+       progress = false;
   std::optional<std::uint64_t> target, version;
   ApplyOptions apply;
 };
@@ -67,6 +68,8 @@ void add_options(CLI::App& app, Options& o) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--threads", o.apply.threads, "Worker threads (default: all cores)")->check(CLI::NonNegativeNumber);
   app.add_flag("--no-sync", o.no_sync, "Do not flush data before recording the version");
+  app.add_flag("--progress", o.progress,
+               "Show progress on stderr (bytes done, rate, time left); the default on a terminal, never with -q or --json");
   app.add_flag("--json", o.json_out, "Print the result as one JSON object on stdout");
   app.add_flag("-q,--quiet", o.quiet, "Print nothing on success");
 }
@@ -159,6 +162,7 @@ void print_verify_human(const std::string& local, const VerifyReport& v) {
 // Re-hashes LOCAL; its exit code tells clean, interrupted, uninitialised or corrupt.
 void run_verify(const Options& o, const std::string& local) {
   const VerifyReport v = verify_local(local, o.apply.lock_timeout, o.apply.threads);
+  cli::ProgressLine::stop_current();
   const Exit code = v.state == VerifyReport::State::clean         ? Exit::ok
                     : v.state == VerifyReport::State::interrupted ? Exit::interrupted
                     : v.state == VerifyReport::State::uninitialised ? Exit::uninitialised
@@ -260,12 +264,14 @@ void print_change_human(const std::string& local, const ApplyResult& r, bool rec
 // The body of every form, once the command line has parsed.
 void run_command(Options& o) {
   o.apply.sync = !o.no_sync;
+  const cli::ProgressLine progress_line(cli::progress_wanted(o.progress, o.quiet, o.json_out));
   for (std::string& p : o.paths) p = strip_trailing_slashes(p).string();  // "LOCAL/" names LOCAL
   if (!o.root.empty()) o.root = strip_trailing_slashes(o.root).string();
   const std::string local = local_path(o);
   if (o.status) return run_status(o, local);
   if (o.verify) return run_verify(o, local);
   const ApplyResult r = run_change(o, local);
+  cli::ProgressLine::stop_current();
   if (o.json_out) print_change_json(local, r);
   else if (!o.quiet) print_change_human(local, r, o.recover);
   if (r.then_error) throw Error(Exit::then_failed, *r.then_error);  // after the summary: the version is applied

@@ -100,7 +100,7 @@ struct Options {
   std::string base, target, out, encoding = "sparse", inspect, prune, post_publish;
   std::optional<std::uint64_t> version, base_version, keep_from;
   DiffOptions diff;
-  bool no_sync = false, json_out = false, quiet = false, dry_run = false, squash = false, full = false;
+  bool no_sync = false, json_out = false, quiet = false, dry_run = false, squash = false, full = false, progress = false;
 };
 
 // The options whose presence decides the form, as CLI11 records them.
@@ -139,6 +139,8 @@ void add_diff_options(CLI::App& app, Options& o, Given& g) {
                                   "(HFDELTA_VERSION, HFDELTA_VERSION_PATH, HFDELTA_NAME and HFDELTA_ROOT are set), "
                                   "e.g. to upload it to an object store; failure exits 13");
   app.add_flag("--no-sync", o.no_sync, "Do not flush the delta (with --prune: ROOT) to disk before publishing it");
+  app.add_flag("--progress", o.progress,
+               "Show progress on stderr (bytes done, rate, time left); the default on a terminal, never with -q or --json");
   app.add_flag("--json", o.json_out, "Print the summary (or the --inspect or --prune report) as one JSON object on stdout");
   app.add_flag("-q,--quiet", o.quiet, "Print no summary (or report)");
 }
@@ -231,6 +233,7 @@ Form choose_form(const Given& g, const Options& o) {
 
 void run_inspect(const Options& o) {
   const DeltaInspection d = inspect_delta(o.inspect);
+  cli::ProgressLine::stop_current();
   if (o.json_out)
     cli::print_json(inspection_json(d));
   else if (!o.quiet)
@@ -243,6 +246,7 @@ void run_prune(const Options& o) {
   po.dry_run = o.dry_run;
   po.sync = !o.no_sync;
   const PruneResult r = prune_root(o.prune, po);
+  cli::ProgressLine::stop_current();
   if (o.json_out)
     cli::print_json(prune_json(r));
   else if (!o.quiet)
@@ -305,6 +309,7 @@ void run_squash(const Options& o) {
   so.threads = o.diff.threads;
   so.sync = !o.no_sync;
   const SquashSummary s = squash_deltas(chain_between(o.base, o.target), o.out, so);
+  cli::ProgressLine::stop_current();
   post_publish(o, o.out, s.version);
   if (o.json_out)
     print_squash_json(o.out, s);
@@ -363,6 +368,7 @@ void run_diff(Options o) {
   const PublishTarget t = publish_target(o.out, o.version);
   o.out = t.out.string();  // ROOT given: the version directory chosen in it
   const DiffSummary s = diff_checkpoints(o.base, o.target, o.out, diff_options(o, t.version));
+  cli::ProgressLine::stop_current();
   post_publish(o, t.out, t.version);
   for (const auto& w : diff_warnings(s)) std::cerr << "delta-diff: warning: " << o.out << ": " << w << "\n";
   const double density = s.elements ? double(s.elements_changed) / double(s.elements) : 0.0;
@@ -413,6 +419,7 @@ void run_full(Options o) {
     post_publish(o, side, t.version);
   }
   const FullSummary f = publish_full(o.target, t.out, t.version, !o.no_sync, o.diff.threads);
+  cli::ProgressLine::stop_current();
   post_publish(o, t.out, t.version);
   print_full(o, t, f, side, o.base.empty() ? nullptr : &s);
 }
@@ -426,6 +433,7 @@ void strip_slashes(Options& o) {
 // The body of every form, once the command line has parsed.
 void run_command(const Given& g, Options& o) {
   strip_slashes(o);
+  const cli::ProgressLine progress_line(cli::progress_wanted(o.progress, o.quiet, o.json_out));
   switch (choose_form(g, o)) {
     case Form::inspect: return run_inspect(o);
     case Form::prune: return run_prune(o);
