@@ -182,3 +182,43 @@ TEST_CASE("--status and --verify on a read-only LOCAL and as a user who cannot w
   ::kill(held, SIGTERM);
   ::waitpid(held, nullptr, 0);
 }
+
+TEST_CASE("progress: on a terminal by default, with --progress in a log; never with -q or --json") {
+  const std::string script = system_tool("script");
+  if (script.empty()) {
+    MESSAGE("skipped: script(1) is not installed (util-linux), so no terminal to run under");
+    return;
+  }
+  TempDir t;
+  // Large enough that a one-thread diff outlasts a redraw (200 ms).
+  const fs::path s = t / "series";
+  E2E_REQUIRE_CODE(run({gen_bin(), "--preset", "small", "--saves", "1", s.string()}), 0);
+  auto diff_cmd = [&](const std::string& out, const std::string& extra) {
+    return diff_bin() + " --threads 1 --encoding auto " + extra + " " + save_dir(s, 0).string() + " " + save_dir(s, 1).string() +
+           " " + (t / out).string() + " --delta-version 1";
+  };
+  // Under script(1) stderr is a terminal: progress redrawn in place, cleared before the summary.
+  const RunResult tty = run({script, "-qec", diff_cmd("d1", ""), "/dev/null"});
+  E2E_REQUIRE_CODE(tty, 0);
+  CHECK(contains(tty.out, "\r\033[Kdiff: "));
+  CHECK(contains(tty.out, " of 110."));
+  CHECK(contains(tty.out, "/s, "));
+  CHECK(contains(tty.out, " s left"));
+  CHECK(contains(tty.out, "tensors changed"));
+  for (const char* quiet : {"-q", "--json"}) {
+    const RunResult r = run({script, "-qec", diff_cmd(std::string("d-") + (quiet + 2), quiet), "/dev/null"});
+    E2E_CHECK_CODE(r, 0);
+    CHECK_FALSE(contains(r.out, "diff: "));
+  }
+  // Not a terminal: nothing unless asked.
+  const RunResult plain = diff({"--threads", "1", save_dir(s, 0).string(), save_dir(s, 1).string(), (t / "d2").string(),
+                                "--delta-version", "1"});
+  E2E_CHECK_CODE(plain, 0);
+  CHECK_FALSE(contains(plain.err, "diff: "));
+  // --verify with --progress into a log: at most a line every 2 s, so a short run may print none; it must not break the summary.
+  const fs::path local = t / "local";
+  require_init(save_dir(s, 0), local);
+  const RunResult v = apply({"--verify", "--progress", local.string()});
+  E2E_CHECK_CODE(v, 0);
+  CHECK(contains(v.out, "clean"));
+}
