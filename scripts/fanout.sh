@@ -88,11 +88,11 @@ LAB_KEEP=$keep
 
 if ! reasons=$(lab_require root weed fuse netns); then echo "$reasons"; exit 77; fi
 for b in "$DIFF" "$APPLY" "$GEN"; do [ -x "$b" ] || { echo "fanout: $b is not built"; exit 1; }; done
-if ip -4 -o addr show | grep -q " $subnet\."; then
+if ip -4 -o addr show | grep " $subnet\." > /dev/null; then
   echo "skip: $subnet.0/24 is already in use here; pick another with --subnet"; exit 77
 fi
 has_full=0
-"$DIFF" --help | grep -q -- '--full' && has_full=1
+"$DIFF" --help | grep -- '--full' > /dev/null && has_full=1
 
 t_wall=$(date +%s.%N)
 now() { date +%s.%N; }

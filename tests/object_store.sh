@@ -77,8 +77,8 @@ for b in "$DIFF" "$APPLY" "$GEN"; do
   [ -x "$b" ] || { echo "object_store: $b is not built"; exit 1; }
 done
 new_cli=1
-for f in --post-publish --full; do "$DIFF" --help | grep -q -- "$f" || new_cli=0; done
-for f in --pre-read --require-marker; do "$APPLY" --help | grep -q -- "$f" || new_cli=0; done
+for f in --post-publish --full; do "$DIFF" --help | grep -- "$f" > /dev/null || new_cli=0; done
+for f in --pre-read --require-marker; do "$APPLY" --help | grep -- "$f" > /dev/null || new_cli=0; done
 
 lab_init hfdelta-object-store
 T=$LAB_DIR
@@ -184,8 +184,8 @@ done
 publish --full "$(save 2)" "$(save 3)" "$STAGING"
 check "v3: delta-diff --full BASE NEW --post-publish exits 0" test "$rc" = 0
 check "v3: the bucket holds delta_v000003 and weight_v000003, each with its marker" eval '
-  rclone lsf "s3:$BUCKET/root/delta_v000003" | grep -qx hfdelta_complete.json &&
-  rclone lsf "s3:$BUCKET/root/weight_v000003" | grep -qx hfdelta_complete.json'
+  rclone lsf "s3:$BUCKET/root/delta_v000003" | grep -x hfdelta_complete.json > /dev/null &&
+  rclone lsf "s3:$BUCKET/root/weight_v000003" | grep -x hfdelta_complete.json > /dev/null'
 full3=$(du -sb "$(save 3)" | cut -f1)
 pull h1
 h1_bytes=$(jfield delta_bytes <<<"$out"); h1_side=$(jfield sidecars_applied <<<"$out")
