@@ -17,7 +17,8 @@
 #
 # The reload is skipped (exit 0) when the state file holds HFDELTA_VERSION
 # from the last successful reload, unless GET /model_info reports another
-# weight_version (an engine that restarted). delta-apply runs its --then
+# weight_version (an engine that restarted) or gets no answer at all (exit 1).
+# A server without /model_info is trusted to serve what the state file says. delta-apply runs its --then
 # command after a no-op too, so a failed reload is retried by the next run.
 #
 # Environment:
@@ -75,8 +76,9 @@ esac
 now() { date +%s.%N 2>/dev/null | sed 's/\.N*$//; s/\.$//'; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.3f", b - a }'; }
 
-# request METHOD PATH TIMEOUT [JSON]: the response body on standard output;
-# fails (with the status and body on standard error) unless the status is 2xx.
+# request METHOD PATH TIMEOUT [JSON]: the response body on standard output.
+# Returns 0 on a 2xx status, 3 on another status, 1 when no answer came
+# (refused, timed out); the status and body go to standard error.
 request() {
     if [ "$http" = curl ]; then
         _body=$(mktemp) || return 1
@@ -92,7 +94,7 @@ request() {
             || { _rc=$?; rm -f "$_body"; say "$_m $_p: curl failed (exit $_rc)"; return 1; }
         case $_code in
             2??) cat "$_body"; rm -f "$_body"; return 0 ;;
-            *) say "$_m $_p: HTTP $_code: $(head -c 500 "$_body")"; rm -f "$_body"; return 1 ;;
+            *) say "$_m $_p: HTTP $_code: $(head -c 500 "$_body")"; rm -f "$_body"; return 3 ;;
         esac
     else
         python3 - "$1" "$url$2" "$3" "${4-}" <<'EOF'
@@ -107,7 +109,7 @@ try:
 except urllib.error.HTTPError as e:
     body = e.read().decode("utf-8", "replace")[:500]
     print(f"reload-sglang: {method} {url}: HTTP {e.code}: {body}", file=sys.stderr)
-    sys.exit(1)
+    sys.exit(3)
 except Exception as e:
     print(f"reload-sglang: {method} {url}: {e}", file=sys.stderr)
     sys.exit(1)
@@ -118,8 +120,16 @@ EOF
 json_string() { sed -n "s/.*\"$1\"[[:space:]]*:[[:space:]]*\"\([^\"]*\)\".*/\1/p" | head -n 1; }
 
 if [ "$(cat "$state" 2>/dev/null)" = "$HFDELTA_VERSION" ]; then
-    served=$(request GET /model_info 10 2>/dev/null | json_string weight_version)
-    if [ -z "$served" ] || [ "$served" = "$HFDELTA_VERSION" ]; then
+    # A server without /model_info (an error status) cannot say: trust the
+    # state file. One that does not answer at all is a failure.
+    rc=0
+    info=$(request GET /model_info 10 2>/dev/null) || rc=$?
+    if [ "$rc" -eq 1 ]; then
+        say "$url does not answer"
+        exit 1
+    fi
+    served=$(printf '%s\n' "$info" | json_string weight_version)
+    if [ "$rc" -ne 0 ] || [ -z "$served" ] || [ "$served" = "$HFDELTA_VERSION" ]; then
         say "$url already serves version $HFDELTA_VERSION"
         exit 0
     fi

@@ -85,8 +85,9 @@ esac
 now() { date +%s.%N 2>/dev/null | sed 's/\.N*$//; s/\.$//'; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.3f", b - a }'; }
 
-# request METHOD PATH TIMEOUT [JSON]: the response body on standard output;
-# fails (with the status and body on standard error) unless the status is 2xx.
+# request METHOD PATH TIMEOUT [JSON]: the response body on standard output.
+# Returns 0 on a 2xx status, 3 on another status, 1 when no answer came
+# (refused, timed out); the status and body go to standard error.
 request() {
     if [ "$http" = curl ]; then
         _body=$(mktemp) || return 1
@@ -102,7 +103,7 @@ request() {
             || { _rc=$?; rm -f "$_body"; say "$_m $_p: curl failed (exit $_rc)"; return 1; }
         case $_code in
             2??) cat "$_body"; rm -f "$_body"; return 0 ;;
-            *) say "$_m $_p: HTTP $_code: $(head -c 500 "$_body")"; rm -f "$_body"; return 1 ;;
+            *) say "$_m $_p: HTTP $_code: $(head -c 500 "$_body")"; rm -f "$_body"; return 3 ;;
         esac
     else
         python3 - "$1" "$url$2" "$3" "${4-}" <<'EOF'
@@ -117,7 +118,7 @@ try:
 except urllib.error.HTTPError as e:
     body = e.read().decode("utf-8", "replace")[:500]
     print(f"reload-vllm: {method} {url}: HTTP {e.code}: {body}", file=sys.stderr)
-    sys.exit(1)
+    sys.exit(3)
 except Exception as e:
     print(f"reload-vllm: {method} {url}: {e}", file=sys.stderr)
     sys.exit(1)

@@ -7,7 +7,8 @@ Serves the vLLM 0.32 dev-mode endpoints the vLLM script uses (/pause,
 checks each request the way the engines' handlers would (query parameters,
 JSON body fields and types, an absolute model path that is a directory),
 answers 422 when a request is wrong, keeps the engine state (paused,
-weight_version), and appends every request to a JSON-lines log.
+weight_version), and appends every request but its own controls to a
+JSON-lines log.
 
 Test controls, on the command line:
   --fail PATH=STATUS     answer PATH with STATUS (repeatable)
@@ -69,9 +70,10 @@ class Handler(BaseHTTPRequestHandler):
         entry = {"t": time.time(), "method": method, "path": u.path, "query": query,
                  "content_type": self.headers.get("Content-Type"),
                  "body": body if body_error is None else raw.decode("utf-8", "replace")}
-        with lock:
-            with open(self.server.args.log, "a") as f:
-                f.write(json.dumps(entry) + "\n")
+        if not u.path.startswith("/_"):  # the test's own controls stay out of the log
+            with lock:
+                with open(self.server.args.log, "a") as f:
+                    f.write(json.dumps(entry) + "\n")
         delay = self.server.delays.get(u.path)
         if delay:
             time.sleep(delay)
