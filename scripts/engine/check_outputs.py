@@ -14,7 +14,8 @@
       same (default): the greedy tokens of every request are identical and
       every logprob (sampled and top-5) is within --tol; exit 1 otherwise.
       different: at least one request's tokens differ; exit 1 otherwise.
-      Prints one JSON line: tokens_equal, max_logprob_diff, differing requests.
+      Prints one JSON line: tokens_equal, max_logprob_diff, differing requests,
+      and the prompt tokens each request of either side took from the prefix cache.
 
 Only the standard library: it runs with any python3.
 """
@@ -75,7 +76,9 @@ def cmd_query(a):
                        "return_tokens_as_token_ids": True, "seed": 0})
         c = r["choices"][0]
         lp = c["logprobs"]
+        details = r["usage"].get("prompt_tokens_details") or {}
         results.append({"request": i, "prompt_tokens": r["usage"]["prompt_tokens"],
+                        "cached_tokens": details.get("cached_tokens"),
                         "tokens": lp["tokens"], "token_logprobs": lp["token_logprobs"],
                         "top_logprobs": lp["top_logprobs"], "text": c["text"]})
     with open(a.out, "w") as f:
@@ -128,7 +131,9 @@ def cmd_compare(a):
     max_diff, differing, top_set_differs = compare(got, want)
     tokens_equal = not differing
     out = {"tokens_equal": tokens_equal, "max_logprob_diff": max_diff,
-           "differing_requests": differing, "top5_sets_differ": top_set_differs}
+           "differing_requests": differing, "top5_sets_differ": top_set_differs,
+           "cached_tokens": [r.get("cached_tokens") for r in got["results"]],
+           "want_cached_tokens": [r.get("cached_tokens") for r in want["results"]]}
     print(json.dumps(out))
     if a.expect == "same":
         return 0 if tokens_equal and not top_set_differs and max_diff <= a.tol else 1
