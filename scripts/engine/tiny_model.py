@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Write a tiny Qwen2-style model and a few "training" saves of it.
+
+  tiny_model.py OUTDIR [--saves 4] [--seed 0] [--density 0.05] [--scale 0.1]
+
+OUTDIR/save_000 is a randomly initialised Qwen2ForCausalLM (bf16, hidden 128,
+2 layers, 4 heads of 32, 2 KV heads) with a byte-level BPE tokenizer trained
+here on a few sentences (no download), written with save_pretrained
+(model.safetensors, config.json, tokenizer files). Each later save changes
+about DENSITY of the elements of every tensor by a random step of SCALE times
+the tensor's standard deviation, like an optimizer step, and must change the
+greedy output (16 tokens, transformers) of at least one of check_outputs.py's
+prompts; if it does not, the step is doubled and tried again. Prints one JSON
+line per save.
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from check_outputs import MAX_TOKENS, PROMPTS  # noqa: E402
+
+EOS = "<|endoftext|>"
+CORPUS = PROMPTS + [
+    "Weights change a little at every optimizer step, and most of them do not change at all.",
+    "A delta holds the changed elements of each tensor and the checksum of the result.",
+    "The inference engine serves requests while the next version is prepared on disk.",
+    "Greedy decoding picks the token with the highest probability at every position.",
+    "The prefix cache keeps keys and values of earlier prompts to skip recomputing them.",
+    "Shared storage publishes each version as a directory that hosts pull in order.",
+]
+
+
+def make_tokenizer(vocab_size):
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(CORPUS * 4, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS)
+
+
+def greedy(model, tok):
+    outs = []
+    for p in PROMPTS:
+        ids = tok(p, return_tensors="pt").input_ids
+        with torch.no_grad():
+            g = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                               max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS,
+                               pad_token_id=tok.eos_token_id)
+        outs.append(g[0, ids.shape[1]:].tolist())
+    return outs
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("outdir")
+    ap.add_argument("--saves", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--density", type=float, default=0.05)
+    ap.add_argument("--scale", type=float, default=0.1)
+    a = ap.parse_args()
+    torch.manual_seed(a.seed)
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+    tok = make_tokenizer(512)
+    vocab = len(tok)
+    cfg = Qwen2Config(vocab_size=vocab, hidden_size=128, intermediate_size=256,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=32, max_position_embeddings=512, initializer_range=0.1,
+                      tie_word_embeddings=False, bos_token_id=tok.eos_token_id,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
+    model = Qwen2ForCausalLM(cfg).to(torch.bfloat16).eval()
+    model.generation_config.do_sample = False
+
+    def save(i, extra):
+        d = os.path.join(a.outdir, f"save_{i:03d}")
+        model.save_pretrained(d, safe_serialization=True)
+        tok.save_pretrained(d)
+        print(json.dumps({"save": d, **extra}), flush=True)
+
+    prompt_tokens = [len(tok(p).input_ids) for p in PROMPTS]
+    prev = greedy(model, tok)
+    save(0, {"vocab": vocab, "params": sum(p.numel() for p in model.parameters()),
+             "prompt_tokens": prompt_tokens})
+    gen = torch.Generator().manual_seed(a.seed + 1)
+    for i in range(1, a.saves + 1):
+        base = {n: p.detach().clone() for n, p in model.named_parameters()}
+        scale = a.scale
+        for attempt in range(6):
+            changed = total = 0
+            with torch.no_grad():
+                for n, p in model.named_parameters():
+                    w = base[n].float()
+                    mask = torch.rand(w.shape, generator=gen) < a.density
+                    step = torch.randn(w.shape, generator=gen) * (scale * w.std().item())
+                    new = torch.where(mask, w + step, w).to(torch.bfloat16)
+                    p.copy_(new)
+                    changed += int((new != base[n]).sum())
+                    total += new.numel()
+            outs = greedy(model, tok)
+            differ = [j for j, (x, y) in enumerate(zip(outs, prev)) if x != y]
+            if differ:
+                break
+            scale *= 2
+        else:
+            print(f"save {i}: greedy outputs unchanged even at scale {scale}", file=sys.stderr)
+            return 1
+        prev = outs
+        save(i, {"changed_fraction": round(changed / total, 4), "scale": scale,
+                 "prompts_changed": differ})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
