@@ -20,9 +20,13 @@
 #   HFDELTA_ENGINE_VENV  the venv (default $HFDELTA_BUILDDIR/engine-venv)
 #   HFDELTA_TORCH_INDEX_URL  index to take torch 2.13.0 from instead of PyPI
 #   ENGINE_TEST_DIR      work directory (default $HFDELTA_BUILDDIR/engine-test)
-#   ENGINE_TEST_VERSIONS versions to publish after save 0 (default 4)
-#   ENGINE_TEST_NEGATIVE 1 (default): also check that a reload without the
-#                        prefix-cache reset serves stale outputs; 0: skip it
+#   ENGINE_TEST_VERSIONS versions pulled with the script (default 4)
+#   ENGINE_TEST_NEGATIVE 1 (default): two more versions for the controls: a
+#                        reload without the prefix-cache reset must serve
+#                        stale outputs (checked), and one relying on /pause's
+#                        default cache clearing (reported); 0: no controls
+# Results: a markdown table (apply, reload and pause seconds, output
+# comparison) in $ENGINE_TEST_DIR/results.md, printed at the end.
 # Exit: 0 all outputs matched, 1 a mismatch or failure, 77 cannot run here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
