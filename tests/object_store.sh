@@ -91,8 +91,8 @@ dead_port=$(lab_free_ports 1)
 export RCLONE_CONFIG_DEAD_TYPE=s3 RCLONE_CONFIG_DEAD_PROVIDER=Other RCLONE_CONFIG_DEAD_ENV_AUTH=false
 export RCLONE_CONFIG_DEAD_ENDPOINT=http://127.0.0.1:$dead_port
 export RCLONE_CONFIG_DEAD_ACCESS_KEY_ID=x RCLONE_CONFIG_DEAD_SECRET_ACCESS_KEY=y
-# Fail fast rather than retry for minutes (rclone's defaults suit real networks).
-export RCLONE_RETRIES=1 RCLONE_LOW_LEVEL_RETRIES=1 RCLONE_CONTIMEOUT=5s RCLONE_TIMEOUT=30s
+# A few quick retries (a loaded gateway drops a request now and then), not rclone's minutes.
+export RCLONE_RETRIES=3 RCLONE_LOW_LEVEL_RETRIES=3 RCLONE_CONTIMEOUT=5s RCLONE_TIMEOUT=30s
 
 # The hooks, as a trainer and a host would write them. delta-diff and
 # delta-apply run them with /bin/sh; their output goes to stderr so that stdout
