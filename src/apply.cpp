@@ -230,6 +230,7 @@ namespace {
 // What ROOT offers a pull: the versions a reader may take (complete, up to
 // the first one still arriving), and the deltas beside full versions.
 struct RootView {
+  std::vector<VersionDir> all;       // every published version, ascending
   std::vector<VersionDir> versions;  // ascending, complete
   std::map<std::uint64_t, CompletionMarker> markers;
   std::map<std::uint64_t, fs::path> sidecars;
@@ -241,9 +242,9 @@ struct RootView {
 // Versions at or below LOCAL's are not looked at: a pull never reads them.
 RootView view_root(const fs::path& root, std::optional<std::uint64_t> local_version, const ApplyOptions& opts) {
   RootView v;
-  const std::vector<VersionDir> all = scan_root(root);
+  v.all = scan_root(root);
   v.markers_required = opts.require_marker;
-  for (const VersionDir& d : all) {
+  for (const VersionDir& d : v.all) {
     if (local_version && d.version <= *local_version) continue;
     Completeness c = check_complete(d.path, opts.require_marker);
     if (!c.complete) {
@@ -360,7 +361,7 @@ ApplyResult pull_locked(Txn& txn, const fs::path& root, const fs::path& local, s
   const auto t0 = Clock::now();
   const LocalState st = read_state(local);
   const RootView v = view_root(root, st.version, opts);
-  const std::vector<VersionDir> all = scan_root(root);
+  const std::vector<VersionDir>& all = v.all;
   ApplyResult r;
   r.from_version = st.version;
   r.published = all.size();
