@@ -40,9 +40,8 @@ std::vector<std::string> marked_files(const fs::path& dir) {
   return out;
 }
 
-Hash128 hash_whole_file(const fs::path& p) {
+Hash128 hash_whole_file(const File& f) {
   std::vector<std::uint8_t> buf;
-  const File f(p, File::Mode::read);
   return hash_file_range(f, 0, f.size(), buf);
 }
 
@@ -84,8 +83,8 @@ CompletionMarker write_marker(const fs::path& dir, std::uint64_t version, bool f
   const std::vector<std::string> rels = marked_files(dir);
   std::vector<MarkedFile> files(rels.size());
   parallel_for(rels.size(), default_threads(threads), [&](std::size_t i, std::size_t) {
-    const fs::path p = dir / rels[i];
-    files[i] = {fs::file_size(p), hash_whole_file(p)};
+    const File f(dir / rels[i], File::Mode::read);
+    files[i] = {f.size(), hash_whole_file(f)};
   });
   CompletionMarker m{version, full, {}, 0};
   for (std::size_t i = 0; i < rels.size(); ++i) {
@@ -94,6 +93,11 @@ CompletionMarker write_marker(const fs::path& dir, std::uint64_t version, bool f
   }
   write_file_atomic(dir / kCompleteFile, marker_json(m).dump(1) + "\n", sync);
   return m;
+}
+
+bool matches_marker(const fs::path& p, const MarkedFile& want) {
+  const File f(p, File::Mode::read);
+  return f.size() == want.size && hash_whole_file(f) == want.hash;
 }
 
 Completeness check_complete(const fs::path& dir, bool required) {
@@ -136,12 +140,8 @@ std::map<std::uint64_t, fs::path> scan_sidecars(const fs::path& root) {
   boost::system::error_code ec;
   for (fs::directory_iterator it(root, ec), end; it != end && !ec; it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (name.rfind(kSidecarPrefix, 0) != 0 || !fs::is_directory(it->symlink_status())) continue;
-    const std::string digits = name.substr(kSidecarPrefix.size());
-    if (digits.size() < 6 || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
-      continue;
-    const std::uint64_t v = parse_version(digits, (root / name).string());
-    if (sidecar_dirname(v) == name) out.emplace(v, it->path());
+    const auto v = version_from_name(name, kSidecarPrefix);
+    if (v && sidecar_dirname(*v) == name && fs::is_directory(it->symlink_status())) out.emplace(*v, it->path());
   }
   if (ec) fail(Exit::failure, root.string() + ": cannot list directory: " + ec.message());
   return out;

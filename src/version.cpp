@@ -41,10 +41,12 @@ std::uint64_t parse_version(std::string_view s, const std::string& what) {
   fail(Exit::bad_input, what + ": version \"" + std::string(s) + "\" is not a decimal number");
 }
 
-std::optional<std::uint64_t> version_from_dirname(std::string_view name) {
-  if (name.size() < kPrefix.size() + 6 || name.substr(0, kPrefix.size()) != kPrefix) return std::nullopt;
-  return parse_digits(name.substr(kPrefix.size()));
+std::optional<std::uint64_t> version_from_name(std::string_view name, std::string_view prefix) {
+  if (name.size() < prefix.size() + 6 || name.substr(0, prefix.size()) != prefix) return std::nullopt;
+  return parse_digits(name.substr(prefix.size()));
 }
+
+std::optional<std::uint64_t> version_from_dirname(std::string_view name) { return version_from_name(name, kPrefix); }
 
 std::string version_dirname(std::uint64_t v) { return std::string(kPrefix) + format_version(v); }
 

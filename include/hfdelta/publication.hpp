@@ -42,6 +42,9 @@ struct CompletionMarker {
 CompletionMarker write_marker(const boost::filesystem::path& dir, std::uint64_t version, bool full, bool sync,
                               int threads);
 
+// File `p` has the size and checksum its marker entry records.
+bool matches_marker(const boost::filesystem::path& p, const MarkedFile& want);
+
 // Whether a reader may take a version directory: complete (marker present,
 // every file it lists present at its full size), or not published yet (the
 // reason says what is missing). A marker that does not parse is damage

@@ -17,6 +17,9 @@ std::string format_version(std::uint64_t v);
 std::uint64_t parse_version(std::string_view s, const std::string& what);
 // "weight_v000007" -> 7; anything else -> nullopt.
 std::optional<std::uint64_t> version_from_dirname(std::string_view name);
+// The same for another prefix ("delta_v000007" with "delta_v"): at least six
+// digits after `prefix`, nothing else.
+std::optional<std::uint64_t> version_from_name(std::string_view name, std::string_view prefix);
 std::string version_dirname(std::uint64_t v);
 
 struct VersionDir {
