@@ -31,8 +31,8 @@ fs::path state_dir(const fs::path& local) { return local / kStateDir; }
 fs::path state_file(const fs::path& local) { return state_dir(local) / "state.json"; }
 }  // namespace
 
-LocalLock::LocalLock(const fs::path& local, double timeout_s, Mode mode) {
-  const fs::path lock = state_dir(local) / "lock";
+LocalLock::LocalLock(const fs::path& local, double timeout_s, Mode mode, const char* file) {
+  const fs::path lock = state_dir(local) / file;
   if (mode == Mode::shared) {
     fd_ = ::open(lock.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0) return;  // never locked by a run (or not readable to us): nothing to wait for

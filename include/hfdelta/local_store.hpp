@@ -30,10 +30,12 @@ struct LocalState {
 //   LOCAL and for a user who cannot write it: the lock file opened read-only,
 //   a shared flock, which waits for an apply and lets other readers in. Where
 //   the file is missing or cannot be opened, nothing is locked.
+//   `file`: the lock file in .weight_sync/ ("publisher.lock": one
+//   MemoryPublisher per mirror, apart from the applies it runs there).
 class LocalLock {
  public:
   enum class Mode { create, existing, shared };
-  LocalLock(const boost::filesystem::path& local, double timeout_s, Mode mode = Mode::create);
+  LocalLock(const boost::filesystem::path& local, double timeout_s, Mode mode = Mode::create, const char* file = "lock");
   ~LocalLock();
   LocalLock(const LocalLock&) = delete;
   LocalLock& operator=(const LocalLock&) = delete;

@@ -1,0 +1,368 @@
+#include "diff_engine.hpp"
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include <boost/filesystem/operations.hpp>
+
+#include "hfdelta/progress.hpp"
+#include "parallel.hpp"
+
+namespace hfdelta {
+
+namespace fs = boost::filesystem;
+
+namespace {
+
+// Bytes of each input read at a time by the sparse engine: small enough to
+// stay in the core's cache while they are hashed, compared and scanned.
+constexpr std::uint64_t kBlock = 256 * 1024;
+
+// A unit of parallel work: a whole tensor, or for a tensor large enough to
+// keep the other cores waiting, its hashes or one range of its chunks.
+struct Unit {
+  enum class Kind { whole, hash, range, fresh } kind;
+  std::size_t work = 0, range = 0;
+  std::uint64_t c0 = 0, c1 = 0;  // chunks
+  std::uint64_t bytes = 0;       // for scheduling, largest first
+};
+
+// One append-only scratch file per thread: frames are streamed there while
+// tensors are compressed in parallel, then gathered into the delta files.
+struct Spool {
+  File file;
+  std::uint64_t size = 0;
+  void put(std::span<const std::uint8_t> s) {
+    file.pwrite_all(s.data(), s.size(), size);
+    size += s.size();
+  }
+};
+
+}  // namespace
+
+// Per-thread state, made on first use.
+struct Worker {
+  Spool spool, xspool;  // xspool: "auto"'s xor frames
+  std::unique_ptr<Compressor> comp, xcomp;
+  SparseChunkEncoder enc;
+  std::vector<std::uint8_t> a, b, x;
+};
+
+namespace {
+
+// Compresses the XOR of blocks streamed in order into one xor frame (the
+// "auto" encoding's alternative), from blocks already in cache.
+struct XorStream {
+  Worker& wk;
+  Seg seg;
+  ByteSink sink;
+  XorStream(Worker& w, int tid, std::uint64_t nbytes) : wk(w), seg{tid, w.xspool.size, 0, true} {
+    sink = [this](std::span<const std::uint8_t> s) { wk.xspool.put(s); };
+    wk.xcomp->begin(nbytes);
+  }
+  void block(const std::uint8_t* a, const std::uint8_t* b, std::size_t n) {
+    // Word at a time through local pointers: the compiler cannot prove the
+    // buffers apart, and would go byte by byte.
+    std::uint8_t* x = wk.x.data();
+    std::size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      std::uint64_t u, v;
+      std::memcpy(&u, a + i, 8);
+      std::memcpy(&v, b + i, 8);
+      u ^= v;
+      std::memcpy(x + i, &u, 8);
+    }
+    for (; i < n; ++i) x[i] = a[i] ^ b[i];
+    wk.xcomp->put({x, n}, sink);
+  }
+  Seg end() {
+    wk.xcomp->end(sink);
+    seg.size = wk.xspool.size - seg.offset;
+    return seg;
+  }
+};
+
+// Scans chunks [c0, c1) of one tensor in blocks: each block of both inputs is
+// read once, hashed (if `hashers`), compared and turned into sparse changes
+// while it is in cache; each finished chunk goes to the thread's spool.
+RangeOut scan_range(const Work& w, std::uint64_t c0, std::uint64_t c1, Worker& wk, XorStream* xs, Hasher* hb, Hasher* hn) {
+  RangeOut out;
+  const std::uint64_t chunk_bytes = kSparseChunkElements * w.es;
+  const ByteSink to_spool = [&](std::span<const std::uint8_t> s) { wk.spool.put(s); };
+  out.body = {-1, wk.spool.size, 0};
+  for (std::uint64_t ch = c0; ch < c1; ++ch) {
+    const std::uint64_t cs = ch * chunk_bytes, ce = std::min(w.nbytes, cs + chunk_bytes);
+    wk.enc.begin(w.es);
+    for (std::uint64_t at = cs; at < ce; at += kBlock) {
+      const std::size_t n = static_cast<std::size_t>(std::min(kBlock, ce - at));
+      const std::uint8_t* a = w.bsrc->read(wk.a.data(), n, w.boff + at);
+      const std::uint8_t* b = w.nsrc->read(wk.b.data(), n, w.noff + at);
+      if (hb) hb->update({a, n}), hn->update({b, n});
+      if (xs) xs->block(a, b, n);
+      if (std::memcmp(a, b, n) == 0) continue;
+      wk.enc.scan(a, b, n / w.es, (at - cs) / w.es);
+    }
+    out.elements_changed += wk.enc.changed_elements();
+    out.bytes_changed += wk.enc.changed_bytes();
+    wk.enc.end(*wk.comp, to_spool);
+  }
+  out.body.size = wk.spool.size - out.body.offset;
+  return out;
+}
+
+// Makes a thread's scratch state on first use.
+void ensure_worker(Worker& wk, std::size_t tid, const fs::path& tmp, int level, bool autochoice) {
+  if (wk.comp) return;
+  wk.comp = std::make_unique<Compressor>(level);
+  wk.spool.file = File(tmp / (".spool-" + std::to_string(tid)), File::Mode::create_exclusive);
+  wk.a.resize(kBlock), wk.b.resize(kBlock), wk.x.resize(kBlock);
+  if (autochoice) {
+    wk.xcomp = std::make_unique<Compressor>(level);
+    wk.xspool.file = File(tmp / (".xspool-" + std::to_string(tid)), File::Mode::create_exclusive);
+  }
+}
+
+// A tensor without base bytes (new, or of another length than before): its
+// entry is an xor frame against zeros, i.e. its bytes compressed. An all-zero
+// tensor needs none.
+void encode_fresh(Work& w, Worker& wk, std::size_t tid) {
+  const ByteSink sink = [&](std::span<const std::uint8_t> s) { wk.spool.put(s); };
+  Hasher hn;
+  bool nonzero = false;
+  w.encoding = Encoding::xor_bytes;
+  w.frame = {static_cast<int>(tid), wk.spool.size, 0};
+  wk.comp->begin(w.nbytes);
+  for (std::uint64_t at = 0; at < w.nbytes; at += kBlock) {
+    const std::size_t n = static_cast<std::size_t>(std::min(kBlock, w.nbytes - at));
+    const std::uint8_t* b = w.nsrc->read(wk.b.data(), n, w.noff + at);
+    hn.update({b, n});
+    if (!nonzero) nonzero = std::any_of(b, b + n, [](std::uint8_t c) { return c != 0; });
+    wk.comp->put({b, n}, sink);
+  }
+  wk.comp->end(sink);
+  w.new_hash = hn.digest();
+  if (!nonzero) {
+    wk.spool.size = w.frame.offset;
+    w.frame = {};
+    return;
+  }
+  w.frame.size = wk.spool.size - w.frame.offset;
+  w.elements_changed = dtype_size(w.t->dtype) ? w.t->elements() : w.nbytes;
+  w.bytes_changed = w.nbytes;
+}
+
+// The units of the sparse engine, largest first. A tensor larger than its
+// share of the work is cut into ranges of chunks so that it does not keep
+// the other cores waiting; its hashes (which run front to back) become a
+// unit of their own.
+std::vector<Unit> sparse_units(std::span<Work> works, int threads) {
+  std::uint64_t total = 0;
+  for (const auto& w : works) total += w.nbytes;
+  std::vector<Unit> units;
+  for (std::size_t i = 0; i < works.size(); ++i) {
+    Work& w = works[i];
+    if (w.fresh) {
+      units.push_back({Unit::Kind::fresh, i, 0, 0, 0, w.nbytes});
+      continue;
+    }
+    const std::vector<ChunkRange> ranges = split_chunk_ranges(w.nbytes, w.chunks, kSparseChunkElements * w.es, total, threads);
+    if (ranges.empty()) {
+      w.ranges.resize(1);
+      units.push_back({Unit::Kind::whole, i, 0, 0, w.chunks, w.nbytes});
+      continue;
+    }
+    units.push_back({Unit::Kind::hash, i, 0, 0, 0, w.nbytes});
+    for (const ChunkRange& r : ranges) {
+      units.push_back({Unit::Kind::range, i, w.ranges.size(), r.c0, r.c1, r.bytes});
+      w.ranges.emplace_back();
+    }
+  }
+  std::stable_sort(units.begin(), units.end(), [](const Unit& x, const Unit& y) { return x.bytes > y.bytes; });
+  return units;
+}
+
+// A split tensor's checksums (and with `xs`, its xor frame), front to back.
+void hash_unit(Work& w, Worker& wk, XorStream* xs) {
+  Hasher hb, hn;
+  for (std::uint64_t at = 0; at < w.nbytes; at += kBlock) {
+    const std::size_t n = static_cast<std::size_t>(std::min(kBlock, w.nbytes - at));
+    const std::uint8_t* a = w.bsrc->read(wk.a.data(), n, w.boff + at);
+    const std::uint8_t* b = w.nsrc->read(wk.b.data(), n, w.noff + at);
+    hb.update({a, n});
+    hn.update({b, n});
+    if (xs) xs->block(a, b, n);
+  }
+  w.base_hash = hb.digest(), w.new_hash = hn.digest();
+  if (xs) w.xor_frame = xs->end();
+}
+
+// "auto" of a tensor scanned whole: only the smaller of its sparse entry
+// and its xor frame stays in the spools.
+void keep_smaller(Work& w, RangeOut& r, Worker& wk, XorStream& xs) {
+  w.xor_frame = xs.end();
+  if (r.elements_changed == 0 || kSparseHeadSize + r.body.size <= w.xor_frame.size) {
+    wk.xspool.size = w.xor_frame.offset;
+    w.xor_frame = {};
+  } else {
+    wk.spool.size = r.body.offset;
+    r.body.size = 0;
+    w.encoding = Encoding::xor_bytes;
+    w.frame = w.xor_frame;
+    w.xor_frame = {};  // decided
+  }
+}
+
+// A tensor in one unit: hashed, scanned and (with `xs`) decided in one pass.
+void scan_whole(Work& w, const Unit& unit, Worker& wk, std::size_t tid, XorStream* xs) {
+  Hasher hb, hn;
+  RangeOut r = scan_range(w, unit.c0, unit.c1, wk, xs, &hb, &hn);
+  w.base_hash = hb.digest(), w.new_hash = hn.digest();
+  r.body.spool = static_cast<int>(tid);
+  if (xs) keep_smaller(w, r, wk, *xs);
+  if (r.elements_changed == 0) wk.spool.size = r.body.offset, r.body.size = 0;  // unchanged: nothing to keep
+  w.ranges[0] = r;
+}
+
+void run_sparse_unit(const Unit& unit, Work& w, Worker& wk, std::size_t tid, bool autochoice) {
+  if (unit.kind == Unit::Kind::fresh) return encode_fresh(w, wk, tid);
+  // "auto" encodes xor too, in the same pass, and keeps the smaller entry
+  // of every tensor: never larger than xor, at the cost of compressing the
+  // XOR stream (mostly zeros, which zstd goes through fast).
+  std::optional<XorStream> xs;
+  if (autochoice && unit.kind != Unit::Kind::range) xs.emplace(wk, static_cast<int>(tid), w.nbytes);
+  XorStream* x = xs ? &*xs : nullptr;
+  if (unit.kind == Unit::Kind::hash) return hash_unit(w, wk, x);
+  if (unit.kind == Unit::Kind::whole) return scan_whole(w, unit, wk, tid, x);
+  RangeOut r = scan_range(w, unit.c0, unit.c1, wk, nullptr, nullptr, nullptr);
+  r.body.spool = static_cast<int>(tid);
+  w.ranges[unit.range] = r;
+}
+
+// Each tensor's totals over its ranges; "auto" keeps a split tensor's xor
+// frame where it is smaller than its sparse entry.
+void sum_ranges(std::span<Work> works, bool autochoice) {
+  for (Work& w : works) {
+    for (const auto& r : w.ranges) w.elements_changed += r.elements_changed, w.bytes_changed += r.bytes_changed;
+    if (!autochoice || w.fresh || !w.changed() || w.xor_frame.spool < 0) continue;
+    std::uint64_t sparse_len = kSparseHeadSize;
+    for (const auto& r : w.ranges) sparse_len += r.body.size;
+    if (w.xor_frame.size < sparse_len) w.encoding = Encoding::xor_bytes, w.frame = w.xor_frame;
+  }
+}
+
+}  // namespace
+
+Work make_work(std::size_t nfile, const TensorInfo& t) {
+  Work w;
+  w.nfile = nfile;
+  w.t = &t;
+  w.nbytes = t.nbytes();
+  w.es = sparse_elem_size(dtype_size(t.dtype) ? dtype_size(t.dtype) : 1, w.nbytes);
+  w.chunks = sparse_chunk_count(w.nbytes, w.es);
+  return w;
+}
+
+Encoder::Encoder(fs::path tmp, std::optional<Encoding> encoding, int level, int threads)
+    : tmp_(std::move(tmp)), encoding_(encoding), level_(level), threads_(default_threads(threads)) {
+  for (int t = 0; t < threads_; ++t) workers_.push_back(std::make_unique<Worker>());
+}
+
+Encoder::~Encoder() {
+  try {
+    close();
+  } catch (...) {  // the delta's temporary directory goes with them on failure
+  }
+}
+
+void Encoder::encode(std::span<Work> works) {
+  if (!encoding_ || *encoding_ == Encoding::sparse)
+    sparse_pass(works);
+  else
+    frame_pass(works);
+}
+
+// The sparse engine ("sparse" and "auto"): one pass over both inputs per
+// tensor, in parallel over tensors and over chunk ranges of large tensors.
+void Encoder::sparse_pass(std::span<Work> works) {
+  const bool autochoice = !encoding_;
+  const std::vector<Unit> units = sparse_units(works, threads_);
+  parallel_for(units.size(), threads_, [&](std::size_t u, std::size_t tid) {
+    const Unit& unit = units[u];
+    Work& w = works[unit.work];
+    Worker& wk = *workers_[tid];
+    ensure_worker(wk, tid, tmp_, level_, autochoice);
+    run_sparse_unit(unit, w, wk, tid, autochoice);
+    progress::add(unit.bytes);
+  });
+  sum_ranges(works, autochoice);
+}
+
+// The slime encodings, one frame per tensor over whole views.
+void Encoder::frame_pass(std::span<Work> works) {
+  std::vector<std::size_t> order(works.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return works[x].nbytes > works[y].nbytes; });
+  parallel_for(order.size(), threads_, [&](std::size_t k, std::size_t tid) {
+    Work& w = works[order[k]];
+    progress::add(w.nbytes);  // counted as it starts: the frame is one step
+    Worker& wk = *workers_[tid];
+    ensure_worker(wk, tid, tmp_, level_, false);
+    if (w.fresh) return encode_fresh(w, wk, tid);
+    const auto a = w.bsrc->view(w.boff, w.nbytes);
+    const auto b = w.nsrc->view(w.noff, w.nbytes);
+    if (std::memcmp(a.data(), b.data(), a.size()) == 0) {
+      if (w.need_hash) w.base_hash = w.new_hash = xxh3_128(b);
+      return;
+    }
+    const std::size_t es = dtype_size(w.t->dtype) ? dtype_size(w.t->dtype) : 1;
+    const ChangeCount cc = count_changes(a, b, es);
+    w.elements_changed = cc.elements, w.bytes_changed = cc.bytes;
+    w.base_hash = xxh3_128(a), w.new_hash = xxh3_128(b);
+    const ByteSink sink = [&](std::span<const std::uint8_t> s) { wk.spool.put(s); };
+    w.encoding = *encoding_;
+    w.frame = {static_cast<int>(tid), wk.spool.size, 0};
+    w.frame.size = w.encoding == Encoding::xor_bytes ? encode_xor(*wk.comp, a, b, sink)
+                                                     : encode_overwrite(*wk.comp, a, b, cc.bytes, sink);
+  });
+}
+
+std::uint64_t Encoder::entry_size(const Work& w) const {
+  if (w.encoding != Encoding::sparse) return w.frame.size;
+  std::uint64_t size = kSparseHeadSize;
+  for (const auto& rg : w.ranges) size += rg.body.size;
+  return size;
+}
+
+// An entry's bytes, gathered from the spools: the sparse entry head and its
+// ranges' chunks, or its one frame.
+void Encoder::write_entry(const Work& w, File& f, std::uint64_t at) const {
+  auto copy = [&](const Seg& sg) {
+    const Worker& from = *workers_[static_cast<std::size_t>(sg.spool)];
+    copy_range(sg.in_xspool ? from.xspool.file : from.spool.file, sg.offset, sg.size, f, at);
+    at += sg.size;
+  };
+  if (w.encoding != Encoding::sparse) return copy(w.frame);
+  std::uint8_t head[kSparseHeadSize];
+  sparse_entry_head(w.es, w.nbytes, head);
+  f.pwrite_all(head, sizeof head, at);
+  at += sizeof head;
+  for (const auto& rg : w.ranges) copy(rg.body);
+}
+
+void Encoder::close() {
+  for (std::size_t t = 0; t < workers_.size(); ++t) {
+    Worker& wk = *workers_[t];
+    if (wk.spool.file.fd() >= 0) {
+      wk.spool.file.close();
+      fs::remove(tmp_ / (".spool-" + std::to_string(t)));
+    }
+    if (wk.xspool.file.fd() >= 0) {
+      wk.xspool.file.close();
+      fs::remove(tmp_ / (".xspool-" + std::to_string(t)));
+    }
+  }
+}
+
+}  // namespace hfdelta

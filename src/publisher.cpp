@@ -1,0 +1,383 @@
+#include "hfdelta/publisher.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <map>
+#include <set>
+#include <thread>
+
+#include <boost/filesystem/operations.hpp>
+
+#include "delta_writer.hpp"
+#include "diff_engine.hpp"
+#include "hfdelta/checkpoint.hpp"
+#include "hfdelta/checksum_record.hpp"
+#include "hfdelta/delta_format.hpp"
+#include "hfdelta/delta_reader.hpp"
+#include "hfdelta/error.hpp"
+#include "hfdelta/io.hpp"
+#include "hfdelta/local_store.hpp"
+#include "hfdelta/progress.hpp"
+#include "hfdelta/version.hpp"
+
+namespace hfdelta {
+
+namespace fs = boost::filesystem;
+
+namespace {
+
+std::string shape_text(std::span<const std::uint64_t> shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// The version being written: the mirror's layout, one Work per tensor, the
+// delta's temporary directory and the encoder spooling into it.
+struct Step {
+  std::uint64_t version = 0;
+  fs::path out;
+  Checkpoint layout;  // the mirror's, at the step's base version
+  std::vector<File> files;
+  std::vector<MappedFile> maps;  // the whole-tensor encodings only
+  std::vector<Source> srcs;
+  std::vector<Work> works;
+  std::map<std::string, std::size_t, std::less<>> by_name;
+  std::vector<char> given, declared;  // per work
+  std::unique_ptr<DeltaWriter> writer;
+  std::unique_ptr<Encoder> encoder;
+  std::chrono::steady_clock::time_point t0;
+};
+
+}  // namespace
+
+struct MemoryPublisher::State {
+  fs::path root, mirror;
+  PublisherOptions opts;
+  std::unique_ptr<LocalLock> lock;
+  PublisherOpening opening;
+  std::uint64_t version = 0;
+  bool reconcile_needed = false;  // the last mirror advance failed
+  std::unique_ptr<Step> step;
+  // The mirror's advance in the background, and what it left.
+  std::thread advance;
+  std::optional<ApplyResult> advanced;
+  std::exception_ptr advance_error;
+};
+
+namespace {
+
+ApplyOptions mirror_apply_options(const PublisherOptions& o) {
+  ApplyOptions a;
+  a.sync = o.sync;
+  a.threads = o.threads;
+  a.lock_timeout = o.lock_timeout;
+  return a;
+}
+
+// ROOT's version `v` must hold the bytes the mirror records for `v`: the new
+// checksum of each of its entries against the mirror's record (a full
+// version, or a mirror without a record, is not checked).
+void check_same_version(const fs::path& root, const fs::path& mirror, std::uint64_t v) {
+  const fs::path dir = root / version_dirname(v);
+  std::optional<DeltaIndex> idx = read_index_if_delta(dir);
+  const std::optional<ChecksumRecord> rec = read_record(mirror, v);
+  if (!idx || !rec) return;
+  const OpenDelta d = open_delta(dir, std::move(*idx));
+  for (const DeltaEntry& e : d.entries) {
+    for (const auto& [file, w] : rec->weights) {
+      const auto t = w.tensors.find(e.tensor());
+      if (t == w.tensors.end() || t->second == e.new_hash) continue;
+      fail(Exit::verify_failed,
+           dir.string() + ": tensor '" + e.tensor() + "' is not the one mirror " + mirror.string() + " holds at version " +
+               format_version(v) + ": ROOT and MIRROR were published by different publishers. Use the mirror this "
+               "root was published from, or re-create the mirror from ROOT (delta-apply --init CHECKPOINT MIRROR, "
+               "then delta-apply --root ROOT MIRROR)");
+    }
+  }
+}
+
+// Brings the mirror and ROOT together (see publisher.hpp).
+void reconcile(const fs::path& root, const fs::path& mirror, const PublisherOptions& opts,
+               PublisherOpening& opening) {
+  const ApplyOptions ao = mirror_apply_options(opts);
+  const ApplyResult rec = recover_local(mirror, ao);
+  if (rec.rolled_back) opening.rolled_back = rec.rolled_back;
+  const LocalState st = read_state(mirror);
+  if (!st.version)
+    fail(Exit::uninitialised, mirror.string() + ": mirror has no recorded version; make it a copy of the version the "
+                              "hosts start from: delta-apply --init CHECKPOINT " + mirror.string());
+  const std::uint64_t m = *st.version;
+  const std::vector<VersionDir> versions = scan_root(root);
+  const std::uint64_t newest = versions.empty() ? 0 : versions.back().version;
+  if (versions.empty() && m != 0)
+    fail(Exit::out_of_order, root.string() + ": publishes no version, but mirror " + mirror.string() + " is at version " +
+                                 format_version(m) + ": open the publisher on the root the mirror was published to, "
+                                 "or publish the mirror's checkpoint there first (delta-diff --full)");
+  if (newest < m)
+    fail(Exit::out_of_order, root.string() + ": its newest version is " + format_version(newest) + ", but mirror " +
+                                 mirror.string() + " is at version " + format_version(m) +
+                                 ": the root lost versions or is another root; open the publisher on the root the "
+                                 "mirror was published to, or re-create the mirror from this root");
+  opening.version = m;
+  if (newest == m) {
+    if (!versions.empty()) check_same_version(root, mirror, m);
+    return;
+  }
+  // Published, but the mirror was not advanced (the process died in
+  // between): catch it up the way a host would.
+  try {
+    const ApplyResult r = pull(root, mirror, std::nullopt, ao);
+    opening.caught_up.insert(opening.caught_up.end(), r.applied.begin(), r.applied.end());
+    opening.version = r.to_version;
+  } catch (const Error& e) {
+    fail(e.code(), "mirror " + mirror.string() + " (version " + format_version(m) + ") cannot be caught up from " +
+                       root.string() + " (newest " + format_version(newest) + "): " + e.what() +
+                       "; if ROOT is right, re-create the mirror from it (delta-apply --init CHECKPOINT MIRROR, "
+                       "then delta-apply --root ROOT MIRROR)");
+  }
+}
+
+// The works of a step: every tensor of the mirror paired with itself (the
+// new bytes come from memory, one tensor at a time).
+void plan_step(Step& st, const PublisherOptions& opts) {
+  const bool frames = opts.encoding && *opts.encoding != Encoding::sparse;
+  for (const Shard& sh : st.layout.shards) {
+    st.files.emplace_back(st.layout.dir / sh.file, File::Mode::read);
+    if (frames) st.maps.emplace_back(st.layout.dir / sh.file);
+  }
+  for (std::size_t i = 0; i < st.files.size(); ++i) st.srcs.push_back({&st.files[i], frames ? &st.maps[i] : nullptr, nullptr});
+  for (std::size_t s = 0; s < st.layout.shards.size(); ++s) {
+    const SafetensorsHeader& h = st.layout.shards[s].header;
+    for (const TensorInfo& t : h.tensors) {
+      Work w = make_work(s, t);
+      w.bfile = s;
+      w.bsrc = &st.srcs[s];
+      w.boff = h.file_offset(t);
+      w.from = &t.name;
+      st.by_name.emplace(t.name, st.works.size());
+      st.works.push_back(std::move(w));
+    }
+  }
+  st.given.assign(st.works.size(), 0);
+  st.declared.assign(st.works.size(), 0);
+}
+
+std::size_t find_tensor(const Step& st, std::string_view name, const fs::path& mirror) {
+  const auto it = st.by_name.find(name);
+  if (it == st.by_name.end())
+    fail(Exit::unsupported, "tensor '" + std::string(name) + "': not in mirror " + mirror.string() + " (version " +
+                                format_version(st.version - 1) +
+                                "); a publisher from memory patches the mirror's tensors only: publish a new tensor set "
+                                "as a full version (delta-diff --full) and re-create the mirror from it");
+  return it->second;
+}
+
+void check_tensor(const Step& st, const Work& w, const TensorBytes& t, const fs::path& mirror) {
+  const std::string where = "tensor '" + std::string(t.name) + "'";
+  const bool same_shape = std::equal(t.shape.begin(), t.shape.end(), w.t->shape.begin(), w.t->shape.end());
+  if (t.dtype != w.t->dtype || !same_shape)
+    fail(Exit::unsupported, where + ": " + std::string(t.dtype) + " " + shape_text(t.shape) + ", but mirror " +
+                                mirror.string() + " (version " + format_version(st.version - 1) + ") holds it as " +
+                                w.t->dtype + " " + shape_text(w.t->shape) +
+                                "; a publisher from memory keeps every dtype and shape: publish a changed layout as a "
+                                "full version (delta-diff --full) and re-create the mirror from it");
+  if (t.bytes.size() != w.nbytes)
+    fail(Exit::bad_input, where + ": " + std::to_string(t.bytes.size()) + " bytes given, but " + w.t->dtype + " " +
+                              shape_text(w.t->shape) + " takes " + std::to_string(w.nbytes));
+}
+
+// The delta's index: as delta-diff writes it for a NEW of the mirror's layout.
+DeltaIndex step_index(const Step& st, const PublisherOptions& opts) {
+  DeltaIndex idx;
+  idx.version = st.version;
+  idx.base_version = st.version - 1;
+  idx.per_tensor = !opts.encoding;
+  idx.encoding = opts.encoding.value_or(Encoding::xor_bytes);
+  return idx;
+}
+
+// Every tensor not given must be declared unchanged.
+void check_complete(const Step& st, bool rest_unchanged) {
+  if (rest_unchanged) return;
+  std::vector<std::string> missing;
+  for (std::size_t i = 0; i < st.works.size(); ++i)
+    if (!st.given[i] && !st.declared[i]) missing.push_back(st.works[i].t->name);
+  if (missing.empty()) return;
+  std::string list;
+  for (std::size_t i = 0; i < std::min<std::size_t>(missing.size(), 5); ++i) list += (i ? ", '" : "'") + missing[i] + "'";
+  if (missing.size() > 5) list += ", ...";
+  fail(Exit::usage, std::to_string(missing.size()) + " tensor(s) of the mirror were neither given nor declared unchanged (" +
+                        list + "); give every tensor, or declare the others unchanged; version " +
+                        format_version(st.version) + " was not published");
+}
+
+// The summary delta-diff would print, counted over the mirror's tensors.
+void count_step(const Step& st, const std::vector<const Work*>& changed, PublishSummary& ps) {
+  DiffSummary& s = ps.diff;
+  s.version = st.version;
+  s.base_version = st.version - 1;
+  for (std::size_t i = 0; i < st.works.size(); ++i) {
+    const Work& w = st.works[i];
+    s.tensors += 1;
+    s.elements += dtype_size(w.t->dtype) ? w.t->elements() : w.nbytes;
+    s.tensor_bytes += w.nbytes;
+    ps.tensors_given += st.given[i] != 0;
+    ps.tensors_declared_unchanged += !st.given[i];
+  }
+  for (const Work* w : changed) {
+    (w->encoding == Encoding::sparse ? s.tensors_sparse : w->encoding == Encoding::xor_bytes ? s.tensors_xor
+                                                                                           : s.tensors_overwrite) += 1;
+    s.tensors_changed += 1, s.elements_changed += w->elements_changed, s.bytes_changed += w->bytes_changed;
+  }
+  for (const File& f : st.files) s.full_bytes += f.size();
+  for (const auto& f : st.layout.other_files) s.full_bytes += fs::file_size(st.layout.dir / f);
+}
+
+}  // namespace
+
+MemoryPublisher::MemoryPublisher(const fs::path& root, const fs::path& mirror, const PublisherOptions& opts)
+    : s_(std::make_unique<State>()) {
+  s_->root = fs::absolute(strip_trailing_slashes(root.string()));
+  s_->mirror = fs::absolute(strip_trailing_slashes(mirror.string()));
+  s_->opts = opts;
+  require_dir(s_->root, "create the publication root first (mkdir -p " + s_->root.string() + ")");
+  check_local_path(s_->mirror, Exit::uninitialised);
+  s_->lock = std::make_unique<LocalLock>(s_->mirror, opts.lock_timeout, LocalLock::Mode::create, "publisher.lock");
+  reconcile(s_->root, s_->mirror, opts, s_->opening);
+  s_->version = s_->opening.version;
+}
+
+MemoryPublisher::~MemoryPublisher() {
+  abort();
+  if (s_->advance.joinable()) s_->advance.join();
+}
+
+const PublisherOpening& MemoryPublisher::opening() const { return s_->opening; }
+
+std::uint64_t MemoryPublisher::version() const { return s_->version; }
+
+std::optional<ApplyResult> MemoryPublisher::wait() {
+  if (s_->advance.joinable()) s_->advance.join();
+  std::optional<ApplyResult> r = std::move(s_->advanced);
+  s_->advanced.reset();
+  if (std::exception_ptr e = std::exchange(s_->advance_error, nullptr)) {
+    s_->reconcile_needed = true;
+    std::rethrow_exception(e);
+  }
+  return r;
+}
+
+void MemoryPublisher::begin() {
+  if (s_->step) return;
+  wait();
+  if (s_->reconcile_needed) {
+    PublisherOpening o;
+    reconcile(s_->root, s_->mirror, s_->opts, o);
+    s_->version = o.version;
+    s_->reconcile_needed = false;
+  }
+  auto st = std::make_unique<Step>();
+  st->t0 = std::chrono::steady_clock::now();
+  st->version = s_->version + 1;
+  st->out = publish_target(s_->root / version_dirname(st->version), st->version).out;
+  check_delta_out(st->out);
+  st->layout = open_checkpoint(s_->mirror);
+  plan_step(*st, s_->opts);
+  std::uint64_t total = 0;
+  for (const Work& w : st->works) total += w.nbytes;
+  progress::begin("publish", total);
+  st->writer = std::make_unique<DeltaWriter>(st->out, s_->opts.sync);
+  st->encoder = std::make_unique<Encoder>(st->writer->tmp, s_->opts.encoding, s_->opts.level, s_->opts.threads);
+  s_->step = std::move(st);
+}
+
+void MemoryPublisher::put(const TensorBytes& t) {
+  begin();
+  Step& st = *s_->step;
+  const std::size_t i = find_tensor(st, t.name, s_->mirror);
+  Work& w = st.works[i];
+  if (st.given[i] || st.declared[i])
+    fail(Exit::usage, "tensor '" + std::string(t.name) + "': given twice for version " + format_version(st.version));
+  check_tensor(st, w, t, s_->mirror);
+  const Source memory{nullptr, nullptr, t.bytes.data()};
+  w.nsrc = &memory;
+  w.noff = 0;
+  try {
+    st.encoder->encode(std::span<Work>(&w, 1));
+  } catch (...) {
+    w.nsrc = nullptr;
+    abort();  // the spools may hold half an entry
+    throw;
+  }
+  w.nsrc = nullptr;  // the caller's bytes are not kept
+  st.given[i] = 1;
+}
+
+void MemoryPublisher::unchanged(std::string_view name) {
+  begin();
+  Step& st = *s_->step;
+  const std::size_t i = find_tensor(st, name, s_->mirror);
+  if (st.given[i]) fail(Exit::usage, "tensor '" + std::string(name) + "': given, then declared unchanged");
+  st.declared[i] = 1;
+}
+
+PublishSummary MemoryPublisher::publish(bool rest_unchanged) {
+  begin();
+  Step& st = *s_->step;
+  check_complete(st, rest_unchanged);
+  PublishSummary ps;
+  ps.out = st.out;
+  std::vector<NewDeltaEntry> entries;
+  std::vector<const Work*> changed;
+  for (std::size_t i = 0; i < st.works.size(); ++i) {
+    const Work& w = st.works[i];
+    if (!st.given[i] || !w.changed()) continue;
+    entries.push_back({w.t->name, st.layout.shards[w.nfile].file, st.encoder->entry_size(w), w.new_hash, w.base_hash,
+                       w.encoding});
+    changed.push_back(&w);
+  }
+  count_step(st, changed, ps);
+  DeltaIndex idx = step_index(st, s_->opts);
+  try {
+    st.writer->write_entries(idx, entries, [&](std::size_t i, File& f, std::uint64_t at) {
+      st.encoder->write_entry(*changed[i], f, at);
+    });
+    st.encoder->close();
+    ps.diff.delta_bytes = st.writer->publish(idx);
+  } catch (...) {
+    abort();
+    throw;
+  }
+  ps.diff.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - st.t0).count();
+  s_->version = st.version;  // published: from here on the mirror is behind until advanced
+  // The mirror follows through delta-apply's own path: journalled, checked
+  // against the checksums the delta carries, recorded.
+  s_->step.reset();
+  const fs::path delta = ps.out, mirror = s_->mirror;
+  const ApplyOptions ao = mirror_apply_options(s_->opts);
+  auto advance = [this, delta, mirror, ao] {
+    try {
+      s_->advanced = apply_delta(delta, mirror, ao);
+    } catch (...) {
+      s_->advance_error = std::current_exception();
+    }
+  };
+  if (s_->opts.background)
+    s_->advance = std::thread(advance);
+  else {
+    advance();
+    wait();
+  }
+  return ps;
+}
+
+void MemoryPublisher::abort() {
+  if (!s_->step) return;
+  std::unique_ptr<Step> st = std::move(s_->step);
+  st->encoder.reset();  // the spools closed before their directory goes
+  st->writer->abandon();
+}
+
+}  // namespace hfdelta

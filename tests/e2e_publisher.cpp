@@ -1,0 +1,126 @@
+// End-to-end: the publisher fed from memory (hfdelta/publisher.hpp), driven
+// through the library with the tensors of a real save mapped into memory,
+// against delta-diff on the same save. The Python tests drive it from numpy
+// arrays and kill it; these pin the library's contract.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <random>
+
+#include "e2e_util.hpp"
+#include "hfdelta/checkpoint.hpp"
+#include "hfdelta/error.hpp"
+#include "hfdelta/io.hpp"
+#include "hfdelta/publisher.hpp"
+
+using namespace e2e;
+
+namespace {
+
+hfdelta::PublisherOptions options(const std::string& encoding, bool background = false) {
+  hfdelta::PublisherOptions o;
+  o.encoding = encoding == "auto" ? std::nullopt : std::optional(hfdelta::parse_encoding(encoding));
+  o.sync = false;
+  o.background = background;
+  return o;
+}
+
+// Gives every tensor of checkpoint `dir`, in a shuffled order, from its mapping.
+void put_checkpoint(hfdelta::MemoryPublisher& p, const fs::path& dir, unsigned seed, std::size_t skip_last = 0) {
+  const hfdelta::Checkpoint c = hfdelta::open_checkpoint(dir);
+  std::vector<hfdelta::MappedFile> maps;
+  for (const auto& s : c.shards) maps.emplace_back(dir / s.file);
+  std::vector<std::pair<std::size_t, const hfdelta::TensorInfo*>> all;
+  for (std::size_t s = 0; s < c.shards.size(); ++s)
+    for (const auto& t : c.shards[s].header.tensors) all.emplace_back(s, &t);
+  std::shuffle(all.begin(), all.end(), std::mt19937(seed));
+  for (std::size_t i = 0; i + skip_last < all.size(); ++i) {
+    const auto& [s, t] = all[i];
+    p.put({t->name, t->dtype, t->shape, maps[s].bytes(c.shards[s].header.file_offset(*t), t->nbytes())});
+  }
+}
+
+int code_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const hfdelta::Error& e) {
+    return static_cast<int>(e.code());
+  }
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("publisher: the delta is byte for byte delta-diff's, for every encoding; the mirror advances") {
+  TempDir t;
+  const fs::path series = gen_series(t / "series", 2);
+  for (const std::string enc : {"sparse", "auto", "xor", "overwrite"}) {
+    CAPTURE(enc);
+    const fs::path root = t / ("root-" + enc), ref = t / ("ref-" + enc), mirror = t / ("mirror-" + enc);
+    fs::create_directories(root);
+    fs::create_directories(ref);
+    require_init(save_dir(series, 0), mirror);
+    {
+      hfdelta::MemoryPublisher p(root, mirror, options(enc, true));
+      CHECK(p.version() == 0);
+      put_checkpoint(p, save_dir(series, 1), 7);
+      const hfdelta::PublishSummary s = p.publish(false);
+      CHECK(s.out == version_dir(root, 1));
+      CHECK(s.diff.tensors_changed > 0);
+      CHECK(p.version() == 1);
+      REQUIRE(p.wait());
+    }
+    require_diff(save_dir(series, 0), save_dir(series, 1), version_dir(ref, 1), enc);
+    E2E_CHECK_TREE_EQUAL(version_dir(root, 1), version_dir(ref, 1));
+    E2E_CHECK_TREE_EQUAL(mirror, save_dir(series, 1));
+    CHECK(state_version(mirror) == "000001");
+    E2E_REQUIRE_CODE(apply({"--verify", mirror.string()}), 0);
+  }
+}
+
+TEST_CASE("publisher: tensors not given, unknown, reshaped or given twice are refused, nothing published") {
+  TempDir t;
+  const fs::path series = gen_series(t / "series", 1);
+  const fs::path root = t / "root", mirror = t / "mirror";
+  fs::create_directories(root);
+  require_init(save_dir(series, 0), mirror);
+  hfdelta::MemoryPublisher p(root, mirror, options("sparse"));
+  put_checkpoint(p, save_dir(series, 1), 1, 1);  // all but one
+  CHECK(code_of([&] { p.publish(false); }) == static_cast<int>(hfdelta::Exit::usage));
+  CHECK(list_names(root).empty() == false);  // the step's temporary directory, still open
+  const std::vector<std::uint8_t> two(2);
+  const std::vector<std::uint64_t> shape{1};
+  CHECK(code_of([&] { p.put({"no.such.tensor", "BF16", shape, two}); }) == static_cast<int>(hfdelta::Exit::unsupported));
+  p.abort();
+  CHECK(list_names(root).empty());
+  // all but one, the rest declared unchanged: published
+  put_checkpoint(p, save_dir(series, 1), 1, 1);
+  const hfdelta::PublishSummary s = p.publish(true);
+  CHECK(s.tensors_declared_unchanged == 1);
+  CHECK(list_names(root) == std::vector<std::string>{"weight_v000001"});
+}
+
+TEST_CASE("publisher: opening catches a mirror up from ROOT, and refuses a root behind it") {
+  TempDir t;
+  const fs::path series = gen_series(t / "series", 2);
+  const fs::path root = t / "root", mirror = t / "mirror";
+  fs::create_directories(root);
+  require_init(save_dir(series, 0), mirror);
+  require_diff(save_dir(series, 0), save_dir(series, 1), version_dir(root, 1), "sparse");
+  require_diff(save_dir(series, 1), save_dir(series, 2), version_dir(root, 2), "sparse");
+  {
+    hfdelta::MemoryPublisher p(root, mirror, options("sparse"));
+    CHECK(p.opening().caught_up == std::vector<std::uint64_t>{1, 2});
+    CHECK(p.version() == 2);
+  }
+  E2E_CHECK_TREE_EQUAL(mirror, save_dir(series, 2));
+  const fs::path empty = t / "empty";
+  fs::create_directories(empty);
+  CHECK(code_of([&] { hfdelta::MemoryPublisher p(empty, mirror, options("sparse")); }) ==
+        static_cast<int>(hfdelta::Exit::out_of_order));
+  // a second publisher on the same mirror waits, then gives up
+  hfdelta::MemoryPublisher p(root, mirror, options("sparse"));
+  hfdelta::PublisherOptions o = options("sparse");
+  o.lock_timeout = 0.1;
+  CHECK(code_of([&] { hfdelta::MemoryPublisher q(root, mirror, o); }) == static_cast<int>(hfdelta::Exit::lock_timeout));
+}
