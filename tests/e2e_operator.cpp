@@ -190,11 +190,12 @@ TEST_CASE("progress: on a terminal by default, with --progress in a log; never w
     return;
   }
   TempDir t;
-  // Large enough that a one-thread diff outlasts a redraw (200 ms).
+  // Large enough, at zstd level 12, that a one-thread diff outlasts a few
+  // redraws (200 ms each) on a fast machine too (about 1 s here).
   const fs::path s = t / "series";
   E2E_REQUIRE_CODE(run({gen_bin(), "--preset", "small", "--saves", "1", s.string()}), 0);
   auto diff_cmd = [&](const std::string& out, const std::string& extra) {
-    return diff_bin() + " --threads 1 --encoding auto " + extra + " " + save_dir(s, 0).string() + " " + save_dir(s, 1).string() +
+    return diff_bin() + " --threads 1 --encoding auto --level 12 " + extra + " " + save_dir(s, 0).string() + " " + save_dir(s, 1).string() +
            " " + (t / out).string() + " --delta-version 1";
   };
   // Under script(1) stderr is a terminal: progress redrawn in place, cleared before the summary.
