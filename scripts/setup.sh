@@ -13,6 +13,7 @@ packages=(
   bindfs fuse3  # tests/e2e_publish.cpp: a FUSE filesystem without rename flags, as NFS
   rclone  # tests/object_store.sh: publishing through S3
   python3-pip  # scripts/setup.sh installs SeaweedFS (weed) from PyPI
+  python3-venv python3-dev  # scripts/python-test.sh: the Python package, built in a virtual environment
 )
 
 missing=()

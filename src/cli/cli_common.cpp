@@ -1,7 +1,6 @@
 #include "cli_common.hpp"
 
 #include <spawn.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +17,7 @@
 
 #include "hfdelta/error.hpp"
 #include "hfdelta/progress.hpp"
+#include "hfdelta/report_json.hpp"
 #include "hfdelta/signals.hpp"
 
 namespace hfdelta::cli {
@@ -25,20 +25,6 @@ namespace hfdelta::cli {
 namespace {
 
 bool json_printed = false;  // this process printed its one JSON object
-
-// The path a message is about: the text before its first ": " (after a role
-// word such as "BASE "), when that names something on disk or in an existing
-// directory (most messages start so).
-std::string path_of(const std::string& msg) {
-  const std::size_t colon = msg.find(": ");
-  if (colon == std::string::npos || colon == 0) return "";
-  std::string p = msg.substr(0, colon);
-  if (const std::size_t sp = p.rfind(' '); sp != std::string::npos) p = p.substr(sp + 1);  // "BASE /x: ..."
-  if (p.empty()) return "";
-  struct stat st;
-  const std::string parent = p.find('/') == std::string::npos ? "." : p.substr(0, p.rfind('/') + 1);
-  return ::lstat(p.c_str(), &st) == 0 || ::stat(parent.c_str(), &st) == 0 ? p : "";
-}
 
 // --json given on a command line that did not parse.
 bool json_in_argv(int argc, char** argv) {
@@ -50,9 +36,7 @@ bool json_in_argv(int argc, char** argv) {
 int report(const std::string& prog, int code, const std::string& msg, bool json) {
   if (!msg.empty()) std::cerr << prog << ": error: " << msg << "\n";
   if (json && !json_printed) {
-    nlohmann::json err = {{"kind", error_kind(code)}, {"message", msg}, {"path", nullptr}};
-    if (const std::string p = path_of(msg); !p.empty()) err["path"] = p;
-    print_json({{"ok", false}, {"exit_code", code}, {"error", std::move(err)}});
+    print_json(error_json(code, msg));
   }
   return code;
 }
@@ -162,32 +146,9 @@ void ProgressLine::stop_current() {
 
 void set_usage(CLI::App& app, std::string forms) { app.formatter(std::make_shared<FormsFormatter>(std::move(forms))); }
 
-const char* error_kind(int code) {
-  switch (static_cast<Exit>(code)) {
-    case Exit::ok: return "ok";
-    case Exit::failure: return "failure";
-    case Exit::usage: return "usage";
-    case Exit::bad_input: return "bad_input";
-    case Exit::out_of_order: return "out_of_order";
-    case Exit::verify_failed: return "verify_failed";
-    case Exit::unsupported: return "unsupported";
-    case Exit::exists: return "exists";
-    case Exit::lock_timeout: return "lock_timeout";
-    case Exit::then_failed: return "then_failed";
-    case Exit::interrupted: return "interrupted";
-    case Exit::uninitialised: return "uninitialised";
-    case Exit::corrupt: return "corrupt";
-    case Exit::hook_published: return "post_publish_failed";
-    case Exit::hook_pre_read: return "pre_read_failed";
-  }
-  return code > 128 ? "stopped" : "failure";
-}
-
 void print_json(nlohmann::json j) {
   ProgressLine::stop_current();
-  j["schema"] = kJsonSchema;
-  if (!j.contains("ok")) j["ok"] = true;
-  std::cout << j.dump() << std::endl;
+  std::cout << json_report(std::move(j)).dump() << std::endl;
   json_printed = true;
 }
 

@@ -14,19 +14,15 @@
 
 namespace hfdelta::cli {
 
-// The version of the --json objects' layout (the "schema" field of each):
-// raised when a field changes meaning or goes away, not when one is added.
-inline constexpr int kJsonSchema = 1;
-
 // Prints `j` as the command's one JSON object on stdout, with "schema" and
-// "ok" (true unless `j` says otherwise) added.
+// "ok" (true unless `j` says otherwise) added (hfdelta::json_report).
 void print_json(nlohmann::json j);
 
 // Parses argv with `app`, runs `body`, and turns every failure into a one-line
 // message on stderr ("PROG: error: ...") and the documented exit code; with
 // `*json_out` (--json), also into one JSON object on stdout (unless `body`
 // printed one already): {"schema", "ok": false, "exit_code", "error": {"kind",
-// "message", "path"}}. Output that cannot be written to stdout (a full disk,
+// "message", "path"}} (hfdelta::error_json). Output that cannot be written to stdout (a full disk,
 // a closed pipe) is an error too.
 int run(CLI::App& app, int argc, char** argv, const std::function<void()>& body, const bool* json_out = nullptr);
 
@@ -57,9 +53,6 @@ class ProgressLine {
 // Whether to show progress: asked for, or stderr is a terminal; never
 // quiet or with --json.
 bool progress_wanted(bool asked, bool quiet, bool json);
-
-// The stable name of an exit code in --json ("bad_input", "out_of_order", ...).
-const char* error_kind(int code);
 
 // Runs `command` (given as `option`) with /bin/sh -c, extra environment
 // variables added, its standard output sent to our standard error (stdout

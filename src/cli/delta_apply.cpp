@@ -10,6 +10,7 @@
 #include "hfdelta/signals.hpp"
 #include "hfdelta/apply.hpp"
 #include "hfdelta/error.hpp"
+#include "hfdelta/report_json.hpp"
 #include "hfdelta/verify.hpp"
 #include "hfdelta/version.hpp"
 
@@ -86,10 +87,6 @@ std::string local_path(const Options& o) {
   return o.paths.back();
 }
 
-nlohmann::json version_json(const std::optional<std::uint64_t>& v) {
-  return v ? nlohmann::json(format_version(*v)) : nlohmann::json();
-}
-
 std::string version_or_none(const std::optional<std::uint64_t>& v) { return v ? format_version(*v) : "none"; }
 
 void print_pending(const std::optional<std::uint64_t>& pending) {
@@ -98,17 +95,6 @@ void print_pending(const std::optional<std::uint64_t>& pending) {
 }
 
 // ---- --status ------------------------------------------------------------------
-
-// The state's exit code: 0 clean, else what the state says (ok: false).
-nlohmann::json state_outcome(Exit code) {
-  return {{"ok", code == Exit::ok}, {"exit_code", static_cast<int>(code)}};
-}
-
-void print_status_json(const std::string& local, const LocalStatus& s, const char* state, Exit code) {
-  nlohmann::json j{{"local", local}, {"state", state}, {"version", version_json(s.version)}, {"pending", version_json(s.pending)}};
-  j.update(state_outcome(code));
-  cli::print_json(std::move(j));
-}
 
 void print_status_human(const std::string& local, const LocalStatus& s, const char* state) {
   std::printf("%s: %s, version %s", local.c_str(), state, version_or_none(s.version).c_str());
@@ -119,38 +105,16 @@ void print_status_human(const std::string& local, const LocalStatus& s, const ch
 // Reports LOCAL's state; its exit code tells clean, interrupted or uninitialised.
 void run_status(const Options& o, const std::string& local) {
   const LocalStatus s = local_status(local, o.apply);
-  const char* state = s.pending ? "interrupted" : s.version ? "clean" : "uninitialised";
-  const Exit code = s.pending ? Exit::interrupted : s.version ? Exit::ok : Exit::uninitialised;
-  if (o.json_out) print_status_json(local, s, state, code);
-  else if (!o.quiet) print_status_human(local, s, state);
+  const Exit code = status_exit(s);
+  if (o.json_out) cli::print_json(status_json(local, s));
+  else if (!o.quiet) print_status_human(local, s, status_state_name(s));
   if (code != Exit::ok) throw Error(code, "");
 }
 
 // ---- --verify ------------------------------------------------------------------
 
-const char* state_name(VerifyReport::State s) {
-  return s == VerifyReport::State::clean           ? "clean"
-         : s == VerifyReport::State::interrupted   ? "interrupted"
-         : s == VerifyReport::State::uninitialised ? "uninitialised"
-                                                   : "corrupt";
-}
-
-void print_verify_json(const std::string& local, const VerifyReport& v, Exit code) {
-  nlohmann::json j{{"local", local},
-                              {"state", state_name(v.state)},
-                              {"version", version_json(v.version)},
-                              {"pending", version_json(v.pending)},
-                              {"weight_files", v.weight_files},
-                              {"tensors", v.tensors},
-                              {"files", v.files},
-                              {"bytes", v.bytes},
-                              {"problems", v.problems}};
-  j.update(state_outcome(code));
-  cli::print_json(std::move(j));
-}
-
 void print_verify_human(const std::string& local, const VerifyReport& v) {
-  std::printf("%s: %s, version %s", local.c_str(), state_name(v.state), version_or_none(v.version).c_str());
+  std::printf("%s: %s, version %s", local.c_str(), verify_state_name(v.state), version_or_none(v.version).c_str());
   if (v.state == VerifyReport::State::clean || v.state == VerifyReport::State::corrupt)
     std::printf(" (%llu weight files, %llu tensors, %llu other files, %s checked)", ull(v.weight_files),
                 ull(v.tensors), ull(v.files), cli::human_bytes(double(v.bytes)).c_str());
@@ -163,11 +127,8 @@ void print_verify_human(const std::string& local, const VerifyReport& v) {
 void run_verify(const Options& o, const std::string& local) {
   const VerifyReport v = verify_local(local, o.apply.lock_timeout, o.apply.threads);
   cli::ProgressLine::stop_current();
-  const Exit code = v.state == VerifyReport::State::clean         ? Exit::ok
-                    : v.state == VerifyReport::State::interrupted ? Exit::interrupted
-                    : v.state == VerifyReport::State::uninitialised ? Exit::uninitialised
-                                                                    : Exit::corrupt;
-  if (o.json_out) print_verify_json(local, v, code);
+  const Exit code = verify_exit(v);
+  if (o.json_out) cli::print_json(verify_json(local, v));
   else if (!o.quiet || v.state != VerifyReport::State::clean) print_verify_human(local, v);
   if (code != Exit::ok) throw Error(code, "");
 }
@@ -192,44 +153,6 @@ ApplyResult run_change(Options& o, const std::string& local) {
     return pull(o.root, local, o.target, o.apply);
   }
   return apply_delta(o.paths[0], local, o.apply);
-}
-
-void print_change_json(const std::string& local, const ApplyResult& r) {
-  nlohmann::json applied = nlohmann::json::array();
-  for (auto a : r.applied) applied.push_back(format_version(a));
-  nlohmann::json j = {{"local", local},
-                      {"from_version", version_json(r.from_version)},
-                      {"to_version", format_version(r.to_version)},
-                      {"applied", applied},
-                      {"noop", r.noop},
-                      {"record_rewritten", r.record_rewritten},
-                      {"rolled_back", version_json(r.rolled_back)},
-                      {"tensors_patched", r.tensors_patched},
-                      {"delta_bytes", r.delta_bytes},
-                      {"files_written", r.files_written},
-                      {"files_removed", r.files_removed},
-                      {"seconds", r.seconds}};
-  if (r.no_version) j["to_version"] = nullptr;
-  if (r.then_error)  // applied, then the --then command failed: exit 9, said here, in the one object
-    j.update({{"ok", false},
-              {"exit_code", static_cast<int>(Exit::then_failed)},
-              {"error", {{"kind", cli::error_kind(static_cast<int>(Exit::then_failed))},
-                         {"message", *r.then_error},
-                         {"path", boost::filesystem::absolute(local).string()}}}});
-  if (r.published) {  // --root: what ROOT publishes, and how far LOCAL is behind its newest
-    j["versions_published"] = *r.published;
-    j["newest_version"] = version_json(r.newest);
-    j["behind"] = r.newest && !r.no_version ? *r.newest - std::min(*r.newest, r.to_version) : 0;
-    j["was_behind"] = !r.from_version ? nlohmann::json()
-                      : r.newest      ? nlohmann::json(*r.newest - std::min(*r.newest, *r.from_version))
-                                      : nlohmann::json(0);
-    j["not_published_yet"] = version_json(r.not_published_yet);
-    j["waiting_for"] = r.not_published_yet ? nlohmann::json(r.waiting_for) : nlohmann::json();
-    j["full_copied"] = version_json(r.full_copied);
-    j["sidecars_applied"] = r.sidecars_applied;
-    j["root_bytes"] = r.root_bytes;
-  }
-  cli::print_json(std::move(j));
 }
 
 void print_change_human(const std::string& local, const ApplyResult& r, bool recover) {
@@ -272,7 +195,7 @@ void run_command(Options& o) {
   if (o.verify) return run_verify(o, local);
   const ApplyResult r = run_change(o, local);
   cli::ProgressLine::stop_current();
-  if (o.json_out) print_change_json(local, r);
+  if (o.json_out) cli::print_json(change_json(local, r));
   else if (!o.quiet) print_change_human(local, r, o.recover);
   if (r.then_error) throw Error(Exit::then_failed, *r.then_error);  // after the summary: the version is applied
 }

@@ -13,6 +13,7 @@
 #include "hfdelta/inspect.hpp"
 #include "hfdelta/prune.hpp"
 #include "hfdelta/publication.hpp"
+#include "hfdelta/report_json.hpp"
 #include "hfdelta/squash.hpp"
 #include "hfdelta/version.hpp"
 
@@ -269,26 +270,6 @@ void post_publish(const Options& o, const boost::filesystem::path& dir, std::uin
 
 // ---- --squash ----------------------------------------------------------------------
 
-void print_squash_json(const std::string& out, const SquashSummary& s) {
-  cli::print_json(nlohmann::json{{"out", out},
-                              {"version", format_version(s.version)},
-                              {"base_version", format_version(s.base_version)},
-                              {"deltas", s.deltas},
-                              {"entries", s.entries},
-                              {"entries_composed", s.entries_composed},
-                              {"entries_dropped", s.entries_dropped},
-                              {"entries_stacked", s.entries_stacked},
-                              {"structure",
-                               {{"weight_files_built", s.shards_built},
-                                {"headers_rewritten", s.shards_rewritten},
-                                {"weight_files_removed", s.shards_removed}}},
-                              {"files_changed", s.files_changed},
-                              {"files_removed", s.files_removed},
-                              {"input_bytes", s.input_bytes},
-                              {"delta_bytes", s.delta_bytes},
-                              {"seconds", s.seconds}});
-}
-
 void print_squash_human(const std::string& out, const SquashSummary& s) {
   std::printf("%s: version %s on base %s, squashed from %llu deltas\n", out.c_str(), format_version(s.version).c_str(),
               format_version(s.base_version).c_str(), ull(s.deltas));
@@ -312,7 +293,7 @@ void run_squash(const Options& o) {
   cli::ProgressLine::stop_current();
   post_publish(o, o.out, s.version);
   if (o.json_out)
-    print_squash_json(o.out, s);
+    cli::print_json(squash_json(o.out, s));
   else if (!o.quiet)
     print_squash_human(o.out, s);
 }
@@ -333,21 +314,8 @@ DiffOptions diff_options(const Options& o, std::uint64_t version) {
   return d;
 }
 
-void print_diff_json(const Options& o, const DiffSummary& s, double density) {
-  nlohmann::json j = {
-      {"out", o.out}, {"version", format_version(s.version)}, {"base_version", format_version(s.base_version)},
-      {"encoding", o.encoding}, {"tensors", s.tensors}, {"tensors_changed", s.tensors_changed},
-      {"elements", s.elements}, {"elements_changed", s.elements_changed}, {"density", density},
-      {"tensor_bytes", s.tensor_bytes}, {"bytes_changed", s.bytes_changed}, {"full_bytes", s.full_bytes},
-      {"delta_bytes", s.delta_bytes}, {"files_changed", s.files_changed}, {"files_removed", s.files_removed},
-      {"entries", {{"sparse", s.tensors_sparse}, {"xor", s.tensors_xor}, {"overwrite", s.tensors_overwrite}}},
-      {"structure", {{"weight_files_built", s.shards_built}, {"headers_rewritten", s.shards_rewritten},
-                     {"weight_files_removed", s.shards_removed}, {"tensors_new", s.tensors_new}}},
-      {"seconds", s.seconds}};
-  cli::print_json(std::move(j));
-}
-
-void print_diff_human(const Options& o, const DiffSummary& s, double density) {
+void print_diff_human(const Options& o, const DiffSummary& s) {
+  const double density = s.elements ? double(s.elements_changed) / double(s.elements) : 0.0;
   std::printf("%s: version %s on base %s, %s\n", o.out.c_str(), format_version(s.version).c_str(),
               format_version(s.base_version).c_str(), o.encoding.c_str());
   std::printf("  tensors changed  %llu of %llu\n", ull(s.tensors_changed), ull(s.tensors));
@@ -371,11 +339,10 @@ void run_diff(Options o) {
   cli::ProgressLine::stop_current();
   post_publish(o, t.out, t.version);
   for (const auto& w : diff_warnings(s)) std::cerr << "delta-diff: warning: " << o.out << ": " << w << "\n";
-  const double density = s.elements ? double(s.elements_changed) / double(s.elements) : 0.0;
   if (o.json_out)
-    print_diff_json(o, s, density);
+    cli::print_json(diff_json(o.out, o.encoding, s));
   else if (!o.quiet)
-    print_diff_human(o, s, density);
+    print_diff_human(o, s);
 }
 
 // ---- --full --------------------------------------------------------------------------
@@ -383,16 +350,7 @@ void run_diff(Options o) {
 void print_full(const Options& o, const PublishTarget& t, const FullSummary& f, const std::string& side,
                 const DiffSummary* s) {
   if (o.json_out) {
-    nlohmann::json j = {{"out", t.out.string()}, {"version", format_version(f.version)}, {"full", true},
-                        {"files", f.files},      {"bytes", f.bytes},                    {"seconds", f.seconds},
-                        {"sidecar", nullptr}};
-    if (s)
-      j["sidecar"] = {{"out", side},
-                      {"base_version", format_version(s->base_version)},
-                      {"delta_bytes", s->delta_bytes},
-                      {"tensors_changed", s->tensors_changed},
-                      {"seconds", s->seconds}};
-    cli::print_json(std::move(j));
+    cli::print_json(full_json(t.out.string(), f, s, side));
   } else if (!o.quiet) {
     if (s)
       std::printf("%s: delta beside the full version, version %s on base %s, %s\n", side.c_str(),

@@ -1,0 +1,69 @@
+// The --json objects of delta-diff and delta-apply (man delta-diff, man
+// delta-apply: JSON OUTPUT), built in one place for the commands and the
+// Python package alike. inspection_json (inspect.hpp) and prune_json
+// (prune.hpp) are the other two.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "hfdelta/apply.hpp"
+#include "hfdelta/diff.hpp"
+#include "hfdelta/error.hpp"
+#include "hfdelta/publication.hpp"
+#include "hfdelta/squash.hpp"
+#include "hfdelta/verify.hpp"
+
+namespace hfdelta {
+
+// The version of the objects' layout (the "schema" field of each): raised
+// when a field changes meaning or goes away, not when one is added.
+inline constexpr int kJsonSchema = 1;
+
+// `j` as reported: "schema" added, and "ok" (true unless `j` says otherwise).
+nlohmann::json json_report(nlohmann::json j);
+
+// The stable name of an exit code ("bad_input", "out_of_order", ...; above
+// 128, a stop signal: "stopped").
+const char* error_kind(int code);
+
+// The path an error message is about: the text before its first ": " (after
+// a role word such as "BASE "), when that names something on disk or in an
+// existing directory (most messages start so); "" when it names none.
+std::string path_of_message(const std::string& message);
+
+// The error object of a failed command: {"ok": false, "exit_code", "error":
+// {"kind", "message", "path"}} (path null when the message names none).
+nlohmann::json error_json(int code, const std::string& message);
+
+// delta-diff BASE NEW OUT: `out` the version directory written, `encoding`
+// as asked ("sparse", "xor", "overwrite" or "auto").
+nlohmann::json diff_json(const std::string& out, const std::string& encoding, const DiffSummary& s);
+
+// delta-diff --squash FIRST LAST OUT.
+nlohmann::json squash_json(const std::string& out, const SquashSummary& s);
+
+// delta-diff --full [BASE] NEW OUT: `sidecar` and `sidecar_out`, the delta
+// published beside the full version (none without BASE).
+nlohmann::json full_json(const std::string& out, const FullSummary& f, const DiffSummary* sidecar,
+                         const std::string& sidecar_out);
+
+// delta-apply DELTA LOCAL, --init, --root and --recover: what changed. A
+// failed `then` hook makes it the error object of exit 9 too (ok false,
+// exit_code, error), with the result of the operation it followed.
+nlohmann::json change_json(const std::string& local, const ApplyResult& r);
+
+// delta-apply --status: LOCAL's state and the exit code it maps to (0 clean,
+// 10 interrupted, 11 uninitialised; ok only when clean).
+const char* status_state_name(const LocalStatus& s);  // clean, interrupted or uninitialised
+Exit status_exit(const LocalStatus& s);
+nlohmann::json status_json(const std::string& local, const LocalStatus& s);
+
+// delta-apply --verify: 0 clean, 10 interrupted, 11 uninitialised, 12 corrupt.
+const char* verify_state_name(VerifyReport::State s);
+Exit verify_exit(const VerifyReport& v);
+nlohmann::json verify_json(const std::string& local, const VerifyReport& v);
+
+}  // namespace hfdelta

@@ -1,0 +1,134 @@
+"""hfdelta: byte-level weight deltas between successive Hugging Face safetensors checkpoints.
+
+The CLIs' forms as functions, built from the same library (the ``hfdelta._core``
+extension module):
+
+==========================================  ============================================
+function                                    command line
+==========================================  ============================================
+``diff(base, new, out)``                    ``delta-diff BASE NEW OUT`` (OUT may be ROOT)
+``publish_full(new, root, base=None)``      ``delta-diff --full [BASE] NEW ROOT``
+``squash(first, last, out)``                ``delta-diff --squash FIRST LAST OUT``
+``inspect(delta)``                          ``delta-diff --inspect DELTA``
+``prune(root, keep_from=None)``             ``delta-diff --prune ROOT [--keep-from N]``
+``init(src, local, version=0)``             ``delta-apply --init SRC LOCAL``
+``apply(delta, local)``                     ``delta-apply DELTA LOCAL``
+``pull(root, local, target=None)``          ``delta-apply --root ROOT LOCAL``
+``status(local)``                           ``delta-apply --status LOCAL``
+``verify(local)``                           ``delta-apply --verify LOCAL``
+``recover(local)``                          ``delta-apply --recover LOCAL``
+==========================================  ============================================
+
+Keyword arguments mirror the CLI options (``encoding``, ``level``, ``delta_version``,
+``base_version``, ``threads``, ``sync`` for ``--no-sync``, ``lock_timeout``, ``force``,
+``require_marker``, ``keep_from``, ``dry_run``); paths are str or os.PathLike. Each returns a
+frozen dataclass (hfdelta.results) whose fields are the keys of the CLI's ``--json`` object;
+``to_dict()`` gives the object. Errors raise hfdelta.errors.HfdeltaError, one subclass per exit
+code. ``status`` and ``verify`` report every state of LOCAL in their result instead.
+
+Callbacks: ``then(version)`` (init, apply, pull) runs while LOCAL is still locked, as
+``--then``; if it raises, the operation still succeeded and ThenFailed (exit 9) is raised with
+``.result``. ``pre_read()`` (pull) runs before ROOT is read, as ``--pre-read``; if it raises,
+PreReadFailed (exit 14), LOCAL untouched. ``progress(phase, done, total)`` is called from a
+helper thread about every 0.2 s while the call runs (and once at its end), whenever a phase begun
+by the call has moved; a progress callback that raises is not called again, its exception goes to
+``sys.unraisablehook`` (printed by default) and the operation goes on. Progress is counted
+process-wide: two calls running at once in one process see each other's phases.
+
+Every function releases the GIL while the library works; the callbacks take it back.
+"""
+
+from __future__ import annotations
+
+from . import errors, results
+from ._api import (
+    DiffWarning,
+    PathLike,
+    ProgressCallback,
+    apply,
+    diff,
+    init,
+    inspect,
+    prune,
+    publish_full,
+    pull,
+    recover,
+    squash,
+    status,
+    verify,
+)
+from ._core import __version__
+from .errors import (
+    BadInput,
+    Corrupt,
+    Exists,
+    Failure,
+    HfdeltaError,
+    Interrupted,
+    LockTimeout,
+    OutOfOrder,
+    PostPublishFailed,
+    PreReadFailed,
+    Stopped,
+    ThenFailed,
+    Uninitialised,
+    Unsupported,
+    UsageError,
+    VerifyFailed,
+)
+from .results import (
+    ChangeResult,
+    DiffResult,
+    FullResult,
+    Inspection,
+    PruneResult,
+    PullResult,
+    SquashResult,
+    StatusResult,
+    VerifyResult,
+)
+
+__all__ = [
+    "__version__",
+    "errors",
+    "results",
+    "PathLike",
+    "ProgressCallback",
+    "DiffWarning",
+    "diff",
+    "publish_full",
+    "squash",
+    "inspect",
+    "prune",
+    "init",
+    "apply",
+    "pull",
+    "status",
+    "verify",
+    "recover",
+    "DiffResult",
+    "FullResult",
+    "SquashResult",
+    "Inspection",
+    "PruneResult",
+    "ChangeResult",
+    "PullResult",
+    "StatusResult",
+    "VerifyResult",
+    "HfdeltaError",
+    "Failure",
+    "UsageError",
+    "BadInput",
+    "OutOfOrder",
+    "VerifyFailed",
+    "Unsupported",
+    "Exists",
+    "LockTimeout",
+    "ThenFailed",
+    "Interrupted",
+    "Uninitialised",
+    "Corrupt",
+    "PostPublishFailed",
+    "PreReadFailed",
+    "Stopped",
+]

@@ -1,0 +1,175 @@
+"""The exceptions of hfdelta: one class per exit code of the CLIs.
+
+Every error the library reports is an :class:`HfdeltaError` carrying what the
+CLI's ``--json`` error object says: ``exit_code``, ``kind`` (its stable name),
+``message`` and ``path`` (the file or directory the message is about, None
+when it names none). The class tells the exit code: ``except BadInput`` is
+``exit 3``. Exit codes above 128 (a stop signal) are :class:`Stopped`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+from ._core import JSON_SCHEMA
+
+if TYPE_CHECKING:
+    from .results import ChangeResult
+
+__all__ = [
+    "HfdeltaError",
+    "Failure",
+    "UsageError",
+    "BadInput",
+    "OutOfOrder",
+    "VerifyFailed",
+    "Unsupported",
+    "Exists",
+    "LockTimeout",
+    "ThenFailed",
+    "Interrupted",
+    "Uninitialised",
+    "Corrupt",
+    "PostPublishFailed",
+    "PreReadFailed",
+    "Stopped",
+]
+
+
+class HfdeltaError(Exception):
+    """An operation failed; ``exit_code`` is the CLI's exit status for it."""
+
+    exit_code: int = 1
+    kind: str = "failure"
+    message: str
+    path: Optional[str]
+
+    def __init__(self, message: str, *, exit_code: Optional[int] = None, kind: Optional[str] = None,
+                 path: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if exit_code is not None:
+            self.exit_code = exit_code
+        if kind is not None:
+            self.kind = kind
+        self.path = path
+
+    def to_dict(self) -> dict[str, object]:
+        """The CLI's ``--json`` error object (``schema`` and ``ok`` included)."""
+        return {"schema": JSON_SCHEMA, "ok": False, "exit_code": self.exit_code,
+                "error": {"kind": self.kind, "message": self.message, "path": self.path}}
+
+
+class Failure(HfdeltaError):
+    """Exit 1: an I/O error or anything unexpected."""
+    exit_code = 1
+    kind = "failure"
+
+
+class UsageError(HfdeltaError, ValueError):
+    """Exit 2: a bad argument (an unknown encoding, a version name that does not parse, ...)."""
+    exit_code = 2
+    kind = "usage"
+
+
+class BadInput(HfdeltaError):
+    """Exit 3: malformed safetensors, index, delta or checkpoint; paths that look swapped."""
+    exit_code = 3
+    kind = "bad_input"
+
+
+class OutOfOrder(HfdeltaError):
+    """Exit 4: a delta's base is not LOCAL's version, or a version is missing."""
+    exit_code = 4
+    kind = "out_of_order"
+
+
+class VerifyFailed(HfdeltaError):
+    """Exit 5: a checksum mismatch after patching, or a base mismatch."""
+    exit_code = 5
+    kind = "verify_failed"
+
+
+class Unsupported(HfdeltaError):
+    """Exit 6: a change the delta format cannot express, or a delta this build cannot read."""
+    exit_code = 6
+    kind = "unsupported"
+
+
+class Exists(HfdeltaError):
+    """Exit 7: the output exists already (or --init would replace a directory that is no LOCAL)."""
+    exit_code = 7
+    kind = "exists"
+
+
+class LockTimeout(HfdeltaError):
+    """Exit 8: LOCAL's lock was not had within lock_timeout."""
+    exit_code = 8
+    kind = "lock_timeout"
+
+
+class ThenFailed(HfdeltaError):
+    """Exit 9: the ``then`` callback raised; the operation itself succeeded.
+
+    ``result`` is the operation's :class:`~hfdelta.results.ChangeResult` (its
+    ``ok`` false, ``exit_code`` 9 and ``error`` set, as the CLI prints it); the
+    callback's exception is the ``__cause__``.
+    """
+    exit_code = 9
+    kind = "then_failed"
+    result: Optional["ChangeResult"] = None
+
+
+class Interrupted(HfdeltaError):
+    """Exit 10: an apply was interrupted (status and verify report it in their result instead)."""
+    exit_code = 10
+    kind = "interrupted"
+
+
+class Uninitialised(HfdeltaError):
+    """Exit 11: LOCAL has no recorded version (status and verify report it in their result instead)."""
+    exit_code = 11
+    kind = "uninitialised"
+
+
+class Corrupt(HfdeltaError):
+    """Exit 12: LOCAL's bytes differ from its version's checksums (verify reports it in its result instead)."""
+    exit_code = 12
+    kind = "corrupt"
+
+
+class PostPublishFailed(HfdeltaError):
+    """Exit 13: a post-publish step failed (the version stays published)."""
+    exit_code = 13
+    kind = "post_publish_failed"
+
+
+class PreReadFailed(HfdeltaError):
+    """Exit 14: pull's ``pre_read`` callback raised; LOCAL is untouched (the exception is the ``__cause__``)."""
+    exit_code = 14
+    kind = "pre_read_failed"
+
+
+class Stopped(HfdeltaError):
+    """Exit 128 + N: stopped by signal N at a safe point."""
+    exit_code = 130
+    kind = "stopped"
+
+
+_BY_CODE: dict[int, type[HfdeltaError]] = {
+    c.exit_code: c
+    for c in (Failure, UsageError, BadInput, OutOfOrder, VerifyFailed, Unsupported, Exists, LockTimeout,
+              ThenFailed, Interrupted, Uninitialised, Corrupt, PostPublishFailed, PreReadFailed)
+}
+
+
+def error_class(exit_code: int) -> type[HfdeltaError]:
+    """The exception class of a CLI exit code (Failure for an unknown one, as the CLI's kind says)."""
+    if exit_code > 128:
+        return Stopped
+    return _BY_CODE.get(exit_code, Failure)
+
+
+def _from_code(exit_code: int, message: str, kind: str, path: Optional[str]) -> HfdeltaError:
+    """Called by hfdelta._core for a library error: the exception to raise."""
+    return error_class(exit_code)(message, exit_code=exit_code, kind=kind, path=path)

@@ -1,0 +1,21 @@
+// The parts of the extension module hfdelta._core, each binding one concern;
+// module.cpp's NB_MODULE calls them in order.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+namespace hfdelta::python {
+
+// hfdelta::Error (and any other C++ exception of the library) as the Python
+// exception of its exit code (hfdelta.errors), with kind, message and path as
+// the CLI's --json error object has them; error_kind and path_of_message.
+void bind_errors(nanobind::module_& m);
+
+// One function per CLI form: paths as str, options as the CLI's, the result
+// as the CLI's --json object (a JSON string). hfdelta/_api.py wraps them.
+void bind_forms(nanobind::module_& m);
+
+}  // namespace hfdelta::python
+
+// The publisher's binding (publisher_binding.cpp).
+void bind_publisher(nanobind::module_& m);

@@ -1,0 +1,285 @@
+// One function per form of delta-diff and delta-apply, doing what the form's
+// CLI body does (src/cli/delta_diff.cpp, delta_apply.cpp) and returning its
+// --json object (report_json.hpp) as a JSON string. The arguments are checked
+// as the CLI checks its options (a bad one is Error(usage)); paths arrive as
+// str (hfdelta/_api.py takes os.PathLike too). Each releases the GIL while
+// the library works; the callbacks take it back.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <boost/filesystem/path.hpp>
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "bindings.hpp"
+#include "hfdelta/apply.hpp"
+#include "hfdelta/diff.hpp"
+#include "hfdelta/error.hpp"
+#include "hfdelta/inspect.hpp"
+#include "hfdelta/prune.hpp"
+#include "hfdelta/publication.hpp"
+#include "hfdelta/report_json.hpp"
+#include "hfdelta/squash.hpp"
+#include "hfdelta/verify.hpp"
+#include "hfdelta/version.hpp"
+#include "progress_callback.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace hfdelta::python {
+
+namespace {
+
+using Version = std::optional<std::uint64_t>;
+
+// The one JSON object the CLI prints for the result (schema and ok added).
+std::string report(nlohmann::json j) { return json_report(std::move(j)).dump(); }
+
+// "LOCAL/" names LOCAL, as on the command line.
+std::string stripped(const std::string& p) { return strip_trailing_slashes(p).string(); }
+
+[[noreturn]] void usage(const std::string& message) { fail(Exit::usage, message); }
+
+// Runs `work` with the GIL released and `progress` (None or a callable) fed
+// while it runs; the feeder stops before the GIL is taken back.
+template <class Work>
+auto released(nb::handle progress, Work&& work) {
+  nb::gil_scoped_release release;
+  const ProgressCallback feed(progress);
+  return work();
+}
+
+void check_threads(int threads) {
+  if (threads < 0) usage("threads must be 0 (all cores) or more, not " + std::to_string(threads));
+}
+
+void check_level(int level) {
+  if (level < 1 || level > 19) usage("level (of zstd) must be 1 to 19, not " + std::to_string(level));
+}
+
+double lock_seconds(std::optional<double> lock_timeout) {
+  if (!lock_timeout) return -1;  // wait forever
+  if (!(*lock_timeout >= 0)) usage("lock_timeout must be a number of seconds >= 0 (None: wait)");
+  return *lock_timeout;
+}
+
+// What a Python exception was, for a message: "ValueError('boom')". Needs the GIL.
+std::string describe(nb::python_error& e) {
+  try {
+    return nb::repr(e.value()).c_str();
+  } catch (...) {
+    return "an exception";
+  }
+}
+
+// `then`: ApplyOptions::then calling a Python callable with the version; its
+// exception makes the operation's result carry then_error (exit 9).
+void set_then(ApplyOptions& o, nb::handle then) {
+  if (then.is_none()) return;
+  PyObject* callback = then.ptr();  // borrowed: the caller's argument outlives the call
+  o.then = [callback](std::uint64_t version) {
+    std::string what;
+    {
+      nb::gil_scoped_acquire gil;
+      try {
+        nb::handle{callback}(version);
+        return;
+      } catch (nb::python_error& e) {
+        what = describe(e);
+      }
+    }
+    fail(Exit::then_failed, "then raised " + what);
+  };
+}
+
+ApplyOptions apply_options(std::optional<double> lock_timeout, int threads, bool sync) {
+  check_threads(threads);
+  ApplyOptions o;
+  o.lock_timeout = lock_seconds(lock_timeout);
+  o.threads = threads;
+  o.sync = sync;
+  return o;
+}
+
+// DiffOptions as delta-diff's diff_options makes them: the encoding, and the
+// versions of OUT (publish_target's) and of BASE.
+DiffOptions diff_options(const std::string& encoding, int level, Version base_version, int threads, bool sync,
+                         std::uint64_t version) {
+  check_level(level);
+  check_threads(threads);
+  DiffOptions d;
+  if (encoding != "auto" && encoding != "sparse" && encoding != "xor" && encoding != "overwrite")
+    usage("encoding must be sparse, auto, xor or overwrite, not \"" + encoding + "\"");
+  d.encoding = encoding == "auto" ? std::nullopt : parse_encoding(encoding);
+  d.level = level;
+  d.threads = threads;
+  d.sync = sync;
+  if (!base_version && version == 0) usage("version 0 has no base; give base_version");
+  d.version = version;
+  d.base_version = base_version ? *base_version : version - 1;
+  if (d.base_version >= d.version) usage("base_version must be lower than the version");
+  return d;
+}
+
+// ---- delta-diff ----
+
+std::pair<std::string, std::vector<std::string>> diff(const std::string& base, const std::string& target,
+                                                      const std::string& out_arg, const std::string& encoding,
+                                                      int level, Version delta_version, Version base_version,
+                                                      int threads, bool sync, nb::handle progress) {
+  return released(progress, [&] {
+    const PublishTarget t = publish_target(stripped(out_arg), delta_version);
+    const std::string out = t.out.string();  // ROOT given: the version directory chosen in it
+    const DiffSummary s = diff_checkpoints(stripped(base), stripped(target), out,
+                                           diff_options(encoding, level, base_version, threads, sync, t.version));
+    return std::pair{report(diff_json(out, encoding, s)), diff_warnings(s)};
+  });
+}
+
+std::pair<std::string, std::vector<std::string>> full(const std::string& target, const std::string& out_arg,
+                                                      const std::optional<std::string>& base, const std::string& encoding,
+                                                      int level, Version delta_version, Version base_version,
+                                                      int threads, bool sync, nb::handle progress) {
+  return released(progress, [&] {
+    const PublishTarget t = publish_target(stripped(out_arg), delta_version);
+    DiffSummary s;
+    std::string side;
+    std::vector<std::string> warnings;
+    if (base) {
+      side = publish_sidecar(stripped(*base), stripped(target), t.out,
+                             diff_options(encoding, level, base_version, threads, sync, t.version), s)
+                 .string();
+      warnings = diff_warnings(s);
+    } else {
+      check_threads(threads);
+    }
+    const FullSummary f = publish_full(stripped(target), t.out, t.version, sync, threads);
+    return std::pair{report(full_json(t.out.string(), f, base ? &s : nullptr, side)), warnings};
+  });
+}
+
+std::string squash(const std::string& first, const std::string& last, const std::string& out_arg, int level,
+                   int threads, bool sync, nb::handle progress) {
+  check_level(level);
+  check_threads(threads);
+  return released(progress, [&] {
+    SquashOptions so;
+    so.level = level;
+    so.threads = threads;
+    so.sync = sync;
+    const std::string out = stripped(out_arg);
+    const SquashSummary s = squash_deltas(chain_between(stripped(first), stripped(last)), out, so);
+    return report(squash_json(out, s));
+  });
+}
+
+std::string inspect(const std::string& delta) {
+  return released(nb::none(), [&] { return report(inspection_json(inspect_delta(stripped(delta)))); });
+}
+
+std::string prune(const std::string& root, Version keep_from, bool dry_run, bool sync) {
+  return released(nb::none(), [&] {
+    PruneOptions po;
+    po.keep_from = keep_from;
+    po.dry_run = dry_run;
+    po.sync = sync;
+    return report(prune_json(prune_root(stripped(root), po)));
+  });
+}
+
+// ---- delta-apply ----
+
+std::string init(const std::string& src, const std::string& local_arg, std::uint64_t version, bool force,
+                 std::optional<double> lock_timeout, int threads, bool sync, nb::handle then, nb::handle progress) {
+  ApplyOptions o = apply_options(lock_timeout, threads, sync);
+  o.force = force;
+  set_then(o, then);
+  return released(progress, [&] {
+    const std::string local = stripped(local_arg);
+    return report(change_json(local, init_local(stripped(src), local, version, o)));
+  });
+}
+
+std::string apply(const std::string& delta, const std::string& local_arg, std::optional<double> lock_timeout,
+                  int threads, bool sync, nb::handle then, nb::handle progress) {
+  ApplyOptions o = apply_options(lock_timeout, threads, sync);
+  set_then(o, then);
+  return released(progress, [&] {
+    const std::string local = stripped(local_arg);
+    return report(change_json(local, apply_delta(stripped(delta), local, o)));
+  });
+}
+
+std::string pull_root(const std::string& root, const std::string& local_arg, Version target, bool require_marker,
+                      std::optional<double> lock_timeout, int threads, bool sync, nb::handle then,
+                      nb::handle progress) {
+  ApplyOptions o = apply_options(lock_timeout, threads, sync);
+  o.require_marker = require_marker;
+  set_then(o, then);
+  return released(progress, [&] {
+    const std::string local = stripped(local_arg);
+    return report(change_json(local, pull(stripped(root), local, target, o)));
+  });
+}
+
+std::string status(const std::string& local_arg, std::optional<double> lock_timeout) {
+  const ApplyOptions o = apply_options(lock_timeout, 0, true);
+  return released(nb::none(), [&] {
+    const std::string local = stripped(local_arg);
+    return report(status_json(local, local_status(local, o)));
+  });
+}
+
+std::string verify(const std::string& local_arg, std::optional<double> lock_timeout, int threads,
+                   nb::handle progress) {
+  const ApplyOptions o = apply_options(lock_timeout, threads, true);
+  return released(progress, [&] {
+    const std::string local = stripped(local_arg);
+    return report(verify_json(local, verify_local(local, o.lock_timeout, o.threads)));
+  });
+}
+
+std::string recover(const std::string& local_arg, std::optional<double> lock_timeout, bool sync) {
+  const ApplyOptions o = apply_options(lock_timeout, 0, sync);
+  return released(nb::none(), [&] {
+    const std::string local = stripped(local_arg);
+    return report(change_json(local, recover_local(local, o)));
+  });
+}
+
+}  // namespace
+
+void bind_forms(nb::module_& m) {
+  m.def("diff", &diff, "base"_a, "new"_a, "out"_a, "encoding"_a, "level"_a, "delta_version"_a.none(),
+        "base_version"_a.none(), "threads"_a, "sync"_a, "progress"_a.none(),
+        "delta-diff BASE NEW OUT: (--json object, warnings).");
+  m.def("publish_full", &full, "new"_a, "out"_a, "base"_a.none(), "encoding"_a, "level"_a, "delta_version"_a.none(),
+        "base_version"_a.none(), "threads"_a, "sync"_a, "progress"_a.none(),
+        "delta-diff --full [BASE] NEW OUT: (--json object, warnings).");
+  m.def("squash", &squash, "first"_a, "last"_a, "out"_a, "level"_a, "threads"_a, "sync"_a, "progress"_a.none(),
+        "delta-diff --squash FIRST LAST OUT: the --json object.");
+  m.def("inspect", &inspect, "delta"_a, "delta-diff --inspect DELTA: the --json object.");
+  m.def("prune", &prune, "root"_a, "keep_from"_a.none(), "dry_run"_a, "sync"_a,
+        "delta-diff --prune ROOT: the --json object.");
+  m.def("init", &init, "src"_a, "local"_a, "version"_a, "force"_a, "lock_timeout"_a.none(), "threads"_a, "sync"_a,
+        "then"_a.none(), "progress"_a.none(), "delta-apply --init SRC LOCAL: the --json object.");
+  m.def("apply", &apply, "delta"_a, "local"_a, "lock_timeout"_a.none(), "threads"_a, "sync"_a, "then"_a.none(),
+        "progress"_a.none(), "delta-apply DELTA LOCAL: the --json object.");
+  m.def("pull", &pull_root, "root"_a, "local"_a, "target"_a.none(), "require_marker"_a, "lock_timeout"_a.none(),
+        "threads"_a, "sync"_a, "then"_a.none(), "progress"_a.none(),
+        "delta-apply --root ROOT LOCAL: the --json object.");
+  m.def("status", &status, "local"_a, "lock_timeout"_a.none(), "delta-apply --status LOCAL: the --json object.");
+  m.def("verify", &verify, "local"_a, "lock_timeout"_a.none(), "threads"_a, "progress"_a.none(),
+        "delta-apply --verify LOCAL: the --json object.");
+  m.def("recover", &recover, "local"_a, "lock_timeout"_a.none(), "sync"_a,
+        "delta-apply --recover LOCAL: the --json object.");
+}
+
+}  // namespace hfdelta::python

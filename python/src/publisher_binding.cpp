@@ -1,0 +1,4 @@
+#include "bindings.hpp"
+
+// The publisher binding goes here.
+void bind_publisher(nanobind::module_&) {}

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The Python package (pyproject.toml, python/): installs it fresh into a virtual
+# environment, builds its wheel, and runs its tests (tests/python) against the
+# CLIs of the meson build, which must be built already (scripts/test.sh does).
+#   1. a virtual environment in BUILDDIR/py-venv, made with the python3 on PATH,
+#      with the tests' packages (numpy safetensors ml_dtypes pytest mypy)
+#   2. pip install . : meson-python builds the library, hfdelta._core and the CLIs
+#      from scratch (in BUILDDIR/py-build, emptied first)
+#   3. pip wheel . --no-deps into BUILDDIR/py-wheel (reusing that build): one .whl
+#   4. pytest tests/python, with HFDELTA_DIFF, HFDELTA_APPLY, HFDELTA_GEN set to
+#      BUILDDIR/src's binaries, as for the e2e tests
+# Usage: scripts/python-test.sh [extra pytest arguments]
+# Exit status: the first step that failed (pytest's 5, no test collected, included).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+builddir=${HFDELTA_BUILDDIR:-build}
+venv=$repo/$builddir/py-venv
+bin=$repo/$builddir/src
+
+step() {  # step NAME COMMAND...: runs it, says how long it took, stops the script if it failed
+  local name=$1
+  shift
+  local start=$SECONDS
+  echo "---- $name"
+  "$@"
+  local rc=$?
+  echo "---- $name: exit $rc, $((SECONDS - start)) s"
+  if [ "$rc" -ne 0 ]; then exit "$rc"; fi
+}
+
+for tool in delta-diff delta-apply hfdelta-gen; do
+  if [ ! -x "$bin/$tool" ]; then
+    echo "python-test: $bin/$tool is not built (meson setup $builddir && ninja -C $builddir)" >&2
+    exit 1
+  fi
+done
+
+make_venv() {
+  if [ ! -x "$venv/bin/python" ]; then python3 -m venv "$venv" || return 1; fi
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check numpy safetensors ml_dtypes pytest mypy
+}
+step "virtual environment ($venv, $(python3 --version 2>&1))" make_venv
+
+pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+install_fresh() {
+  rm -rf "$repo/$builddir/py-build"
+  "${pip[@]}" uninstall -q -y hfdelta >/dev/null 2>&1
+  "${pip[@]}" install -q . -Cbuild-dir="$repo/$builddir/py-build"
+}
+step "pip install ." install_fresh
+
+build_wheel() {
+  rm -rf "$repo/$builddir/py-wheel"
+  "${pip[@]}" wheel -q . --no-deps -w "$repo/$builddir/py-wheel" -Cbuild-dir="$repo/$builddir/py-build" || return 1
+  local wheels=("$repo/$builddir/py-wheel"/hfdelta-*.whl)
+  if [ ! -f "${wheels[0]}" ]; then
+    echo "python-test: pip wheel made no hfdelta-*.whl in $builddir/py-wheel" >&2
+    return 1
+  fi
+  echo "wheel: ${wheels[0]#"$repo/"} ($(du -k "${wheels[0]}" | cut -f1) KiB)"
+}
+step "pip wheel ." build_wheel
+
+run_pytest() {
+  HFDELTA_DIFF=$bin/delta-diff HFDELTA_APPLY=$bin/delta-apply HFDELTA_GEN=$bin/hfdelta-gen \
+    "$venv/bin/pytest" -p no:cacheprovider -rfEs "$repo/tests/python" "$@"
+  local rc=$?
+  if [ "$rc" -eq 5 ]; then echo "python-test: pytest collected no test" >&2; fi
+  return "$rc"
+}
+step "pytest tests/python" run_pytest "$@"

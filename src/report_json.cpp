@@ -1,0 +1,192 @@
+#include "hfdelta/report_json.hpp"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+
+#include <boost/filesystem/operations.hpp>
+
+#include "hfdelta/version.hpp"
+
+namespace hfdelta {
+
+using json = nlohmann::json;
+
+namespace {
+
+json version_json(const std::optional<std::uint64_t>& v) { return v ? json(format_version(*v)) : json(); }
+
+// The state's exit code: 0 clean, else what the state says (ok: false).
+json state_outcome(Exit code) { return {{"ok", code == Exit::ok}, {"exit_code", static_cast<int>(code)}}; }
+
+}  // namespace
+
+json json_report(json j) {
+  j["schema"] = kJsonSchema;
+  if (!j.contains("ok")) j["ok"] = true;
+  return j;
+}
+
+const char* error_kind(int code) {
+  switch (static_cast<Exit>(code)) {
+    case Exit::ok: return "ok";
+    case Exit::failure: return "failure";
+    case Exit::usage: return "usage";
+    case Exit::bad_input: return "bad_input";
+    case Exit::out_of_order: return "out_of_order";
+    case Exit::verify_failed: return "verify_failed";
+    case Exit::unsupported: return "unsupported";
+    case Exit::exists: return "exists";
+    case Exit::lock_timeout: return "lock_timeout";
+    case Exit::then_failed: return "then_failed";
+    case Exit::interrupted: return "interrupted";
+    case Exit::uninitialised: return "uninitialised";
+    case Exit::corrupt: return "corrupt";
+    case Exit::hook_published: return "post_publish_failed";
+    case Exit::hook_pre_read: return "pre_read_failed";
+  }
+  return code > 128 ? "stopped" : "failure";
+}
+
+std::string path_of_message(const std::string& msg) {
+  const std::size_t colon = msg.find(": ");
+  if (colon == std::string::npos || colon == 0) return "";
+  std::string p = msg.substr(0, colon);
+  if (const std::size_t sp = p.rfind(' '); sp != std::string::npos) p = p.substr(sp + 1);  // "BASE /x: ..."
+  if (p.empty()) return "";
+  struct stat st;
+  const std::string parent = p.find('/') == std::string::npos ? "." : p.substr(0, p.rfind('/') + 1);
+  return ::lstat(p.c_str(), &st) == 0 || ::stat(parent.c_str(), &st) == 0 ? p : "";
+}
+
+json error_json(int code, const std::string& msg) {
+  json err = {{"kind", error_kind(code)}, {"message", msg}, {"path", nullptr}};
+  if (const std::string p = path_of_message(msg); !p.empty()) err["path"] = p;
+  return {{"ok", false}, {"exit_code", code}, {"error", std::move(err)}};
+}
+
+json diff_json(const std::string& out, const std::string& encoding, const DiffSummary& s) {
+  const double density = s.elements ? double(s.elements_changed) / double(s.elements) : 0.0;
+  return {{"out", out}, {"version", format_version(s.version)}, {"base_version", format_version(s.base_version)},
+          {"encoding", encoding}, {"tensors", s.tensors}, {"tensors_changed", s.tensors_changed},
+          {"elements", s.elements}, {"elements_changed", s.elements_changed}, {"density", density},
+          {"tensor_bytes", s.tensor_bytes}, {"bytes_changed", s.bytes_changed}, {"full_bytes", s.full_bytes},
+          {"delta_bytes", s.delta_bytes}, {"files_changed", s.files_changed}, {"files_removed", s.files_removed},
+          {"entries", {{"sparse", s.tensors_sparse}, {"xor", s.tensors_xor}, {"overwrite", s.tensors_overwrite}}},
+          {"structure", {{"weight_files_built", s.shards_built}, {"headers_rewritten", s.shards_rewritten},
+                         {"weight_files_removed", s.shards_removed}, {"tensors_new", s.tensors_new}}},
+          {"seconds", s.seconds}};
+}
+
+json squash_json(const std::string& out, const SquashSummary& s) {
+  return {{"out", out},
+          {"version", format_version(s.version)},
+          {"base_version", format_version(s.base_version)},
+          {"deltas", s.deltas},
+          {"entries", s.entries},
+          {"entries_composed", s.entries_composed},
+          {"entries_dropped", s.entries_dropped},
+          {"entries_stacked", s.entries_stacked},
+          {"structure",
+           {{"weight_files_built", s.shards_built},
+            {"headers_rewritten", s.shards_rewritten},
+            {"weight_files_removed", s.shards_removed}}},
+          {"files_changed", s.files_changed},
+          {"files_removed", s.files_removed},
+          {"input_bytes", s.input_bytes},
+          {"delta_bytes", s.delta_bytes},
+          {"seconds", s.seconds}};
+}
+
+json full_json(const std::string& out, const FullSummary& f, const DiffSummary* sidecar, const std::string& sidecar_out) {
+  json j = {{"out", out},     {"version", format_version(f.version)}, {"full", true},      {"files", f.files},
+            {"bytes", f.bytes}, {"seconds", f.seconds},                 {"sidecar", nullptr}};
+  if (sidecar)
+    j["sidecar"] = {{"out", sidecar_out},
+                    {"base_version", format_version(sidecar->base_version)},
+                    {"delta_bytes", sidecar->delta_bytes},
+                    {"tensors_changed", sidecar->tensors_changed},
+                    {"seconds", sidecar->seconds}};
+  return j;
+}
+
+json change_json(const std::string& local, const ApplyResult& r) {
+  json applied = json::array();
+  for (auto a : r.applied) applied.push_back(format_version(a));
+  json j = {{"local", local},
+            {"from_version", version_json(r.from_version)},
+            {"to_version", format_version(r.to_version)},
+            {"applied", applied},
+            {"noop", r.noop},
+            {"record_rewritten", r.record_rewritten},
+            {"rolled_back", version_json(r.rolled_back)},
+            {"tensors_patched", r.tensors_patched},
+            {"delta_bytes", r.delta_bytes},
+            {"files_written", r.files_written},
+            {"files_removed", r.files_removed},
+            {"seconds", r.seconds}};
+  if (r.no_version) j["to_version"] = nullptr;
+  if (r.then_error)  // applied, then the `then` hook failed: exit 9, said here, in the one object
+    j.update({{"ok", false},
+              {"exit_code", static_cast<int>(Exit::then_failed)},
+              {"error", {{"kind", error_kind(static_cast<int>(Exit::then_failed))},
+                         {"message", *r.then_error},
+                         {"path", boost::filesystem::absolute(local).string()}}}});
+  if (r.published) {  // --root: what ROOT publishes, and how far LOCAL is behind its newest
+    j["versions_published"] = *r.published;
+    j["newest_version"] = version_json(r.newest);
+    j["behind"] = r.newest && !r.no_version ? *r.newest - std::min(*r.newest, r.to_version) : 0;
+    j["was_behind"] = !r.from_version ? json()
+                      : r.newest      ? json(*r.newest - std::min(*r.newest, *r.from_version))
+                                      : json(0);
+    j["not_published_yet"] = version_json(r.not_published_yet);
+    j["waiting_for"] = r.not_published_yet ? json(r.waiting_for) : json();
+    j["full_copied"] = version_json(r.full_copied);
+    j["sidecars_applied"] = r.sidecars_applied;
+    j["root_bytes"] = r.root_bytes;
+  }
+  return j;
+}
+
+const char* status_state_name(const LocalStatus& s) {
+  return s.pending ? "interrupted" : s.version ? "clean" : "uninitialised";
+}
+
+Exit status_exit(const LocalStatus& s) { return s.pending ? Exit::interrupted : s.version ? Exit::ok : Exit::uninitialised; }
+
+json status_json(const std::string& local, const LocalStatus& s) {
+  json j{{"local", local}, {"state", status_state_name(s)}, {"version", version_json(s.version)},
+         {"pending", version_json(s.pending)}};
+  j.update(state_outcome(status_exit(s)));
+  return j;
+}
+
+const char* verify_state_name(VerifyReport::State s) {
+  return s == VerifyReport::State::clean           ? "clean"
+         : s == VerifyReport::State::interrupted   ? "interrupted"
+         : s == VerifyReport::State::uninitialised ? "uninitialised"
+                                                   : "corrupt";
+}
+
+Exit verify_exit(const VerifyReport& v) {
+  return v.state == VerifyReport::State::clean           ? Exit::ok
+         : v.state == VerifyReport::State::interrupted   ? Exit::interrupted
+         : v.state == VerifyReport::State::uninitialised ? Exit::uninitialised
+                                                         : Exit::corrupt;
+}
+
+json verify_json(const std::string& local, const VerifyReport& v) {
+  json j{{"local", local},
+         {"state", verify_state_name(v.state)},
+         {"version", version_json(v.version)},
+         {"pending", version_json(v.pending)},
+         {"weight_files", v.weight_files},
+         {"tensors", v.tensors},
+         {"files", v.files},
+         {"bytes", v.bytes},
+         {"problems", v.problems}};
+  j.update(state_outcome(verify_exit(v)));
+  return j;
+}
+
+}  // namespace hfdelta

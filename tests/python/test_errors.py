@@ -1,0 +1,163 @@
+"""The exceptions: one class per exit code, raised where the CLI exits with that code,
+with the kind and path its --json error object has."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import hfdelta
+from hfdelta import errors
+
+from conftest import Tools, copy_tree
+
+
+def check_error(exc: hfdelta.HfdeltaError, cli_json: dict[str, Any], code: int) -> None:
+    """The exception says what the CLI's error object says."""
+    assert exc.exit_code == code == cli_json["exit_code"]
+    assert exc.kind == cli_json["error"]["kind"] == hfdelta._core.error_kind(code)
+    assert cli_json["ok"] is False
+    assert exc.to_dict()["error"]["kind"] == exc.kind
+
+
+def test_classes() -> None:
+    expected = {1: errors.Failure, 2: errors.UsageError, 3: errors.BadInput, 4: errors.OutOfOrder,
+                5: errors.VerifyFailed, 6: errors.Unsupported, 7: errors.Exists, 8: errors.LockTimeout,
+                9: errors.ThenFailed, 10: errors.Interrupted, 11: errors.Uninitialised, 12: errors.Corrupt,
+                13: errors.PostPublishFailed, 14: errors.PreReadFailed}
+    for code, cls in expected.items():
+        assert errors.error_class(code) is cls and issubclass(cls, hfdelta.HfdeltaError)
+        assert cls.exit_code == code and cls.kind == hfdelta._core.error_kind(code)
+    assert errors.error_class(130) is errors.Stopped and hfdelta._core.error_kind(130) == "stopped"
+
+
+def test_usage(tools: Tools, series: list[Path], tmp_path: Path) -> None:
+    with pytest.raises(hfdelta.UsageError) as e:
+        hfdelta.diff(series[0], series[1], tmp_path / "x", encoding="zip", delta_version=1)
+    assert e.value.exit_code == 2 and e.value.path is None and "encoding" in e.value.message
+    assert isinstance(e.value, ValueError)
+    with pytest.raises(hfdelta.UsageError):
+        hfdelta.diff(series[0], series[1], tmp_path / "x", level=40, delta_version=1)
+    with pytest.raises(hfdelta.UsageError):
+        hfdelta.apply(series[0], tmp_path, lock_timeout=-1)
+    with pytest.raises(hfdelta.UsageError):
+        hfdelta.inspect(42)  # type: ignore[arg-type]
+    # A misspelled version directory name: exit 2 in the CLI too.
+    root = tmp_path / "root"
+    root.mkdir()
+    with pytest.raises(hfdelta.UsageError) as e:
+        hfdelta.diff(series[0], series[1], root / "weight_v1")
+    cli = tools.diff_json(series[0], series[1], root / "weight_v1")
+    assert cli.code == 2
+    check_error(e.value, cli.json, 2)
+    assert e.value.message == cli.json["error"]["message"] and e.value.path == cli.json["error"]["path"]
+
+
+def test_bad_input(tools: Tools, series: list[Path]) -> None:
+    with pytest.raises(hfdelta.BadInput) as e:
+        hfdelta.inspect(series[0])  # a checkpoint, not a delta
+    cli = tools.diff_json("--inspect", series[0])
+    assert cli.code == 3
+    check_error(e.value, cli.json, 3)
+    assert e.value.message == cli.json["error"]["message"]
+    assert e.value.path == cli.json["error"]["path"] and e.value.path is not None
+
+
+def test_out_of_order(tools: Tools, series: list[Path], published: Path, tmp_path: Path) -> None:
+    local = tmp_path / "local"
+    hfdelta.init(series[0], local)
+    with pytest.raises(hfdelta.OutOfOrder) as e:
+        hfdelta.apply(published / "weight_v000002", local)  # LOCAL is at 0, not 1
+    cli = tools.apply_json(published / "weight_v000002", local)
+    assert cli.code == 4
+    check_error(e.value, cli.json, 4)
+    assert e.value.message == cli.json["error"]["message"]
+
+
+def test_exists(tools: Tools, series: list[Path], published: Path) -> None:
+    with pytest.raises(hfdelta.Exists) as e:
+        hfdelta.diff(series[0], series[1], published / "weight_v000001")
+    cli = tools.diff_json(series[0], series[1], published / "weight_v000001")
+    assert cli.code == 7
+    check_error(e.value, cli.json, 7)
+    assert e.value.path == cli.json["error"]["path"] == str(published / "weight_v000001")
+
+
+def test_lock_timeout(tools: Tools, series: list[Path], published: Path, tmp_path: Path) -> None:
+    local = tmp_path / "local"
+    hfdelta.init(series[0], local)
+    with open(local / ".weight_sync" / "lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(hfdelta.LockTimeout) as e:
+            hfdelta.apply(published / "weight_v000001", local, lock_timeout=0.2)
+        cli = tools.apply_json("--lock-timeout", 0.2, published / "weight_v000001", local)
+        assert cli.code == 8
+        check_error(e.value, cli.json, 8)
+        with pytest.raises(hfdelta.LockTimeout):
+            hfdelta.status(local, lock_timeout=0)
+    assert hfdelta.status(local).version == "000000"
+
+
+def test_then_failed(tools: Tools, series: list[Path], published: Path, tmp_path: Path) -> None:
+    py_local, cli_local = tmp_path / "py", tmp_path / "cli"
+    hfdelta.init(series[0], py_local)
+    assert tools.run("apply", "-q", "--init", series[0], cli_local).code == 0
+    seen: list[tuple[int, str]] = []
+
+    def reload(version: int) -> None:
+        # LOCAL is still locked: another taker times out.
+        try:
+            hfdelta.status(py_local, lock_timeout=0)
+            seen.append((version, "unlocked"))
+        except hfdelta.LockTimeout:
+            seen.append((version, "locked"))
+        raise RuntimeError("engine reload failed")
+
+    with pytest.raises(hfdelta.ThenFailed) as e:
+        hfdelta.apply(published / "weight_v000001", py_local, then=reload)
+    assert seen == [(1, "locked")]
+    assert isinstance(e.value.__cause__, RuntimeError)
+    result = e.value.result
+    assert result is not None and result.to_version == "000001"  # applied all the same
+    assert hfdelta.status(py_local).version == "000001"
+    cli = tools.apply_json("--then", "false", published / "weight_v000001", cli_local)
+    assert cli.code == 9
+    check_error(e.value, cli.json, 9)
+    d = result.to_dict()
+    assert set(d) == set(cli.json)
+    assert (d["ok"], d["exit_code"], d["error"]["kind"]) == (False, 9, "then_failed")
+    assert d["error"]["path"] == os.path.abspath(py_local) == e.value.path
+    assert "RuntimeError" in e.value.message
+
+
+def test_pre_read_failed(tools: Tools, series: list[Path], published: Path, tmp_path: Path) -> None:
+    local = tmp_path / "local"
+    hfdelta.init(series[0], local)
+
+    def refresh() -> None:
+        raise OSError("the object store is unreachable")
+
+    with pytest.raises(hfdelta.PreReadFailed) as e:
+        hfdelta.pull(published, local, pre_read=refresh)
+    assert isinstance(e.value.__cause__, OSError) and e.value.exit_code == 14
+    assert hfdelta.status(local).version == "000000"  # untouched
+    cli = tools.apply_json("--root", published, "--pre-read", "false", local)
+    assert cli.code == 14
+    check_error(e.value, cli.json, 14)
+
+
+def test_status_and_verify_raise_for_bad_paths(tools: Tools, tmp_path: Path) -> None:
+    # A LOCAL that does not exist is an error, not a state: the CLI prints its
+    # error object (exit 11) instead of a status object.
+    with pytest.raises(hfdelta.Uninitialised) as e:
+        hfdelta.status(tmp_path / "missing")
+    cli = tools.apply_json("--status", tmp_path / "missing")
+    assert cli.code == 11 and "error" in cli.json
+    check_error(e.value, cli.json, 11)
+    assert e.value.path == cli.json["error"]["path"] == str(tmp_path / "missing")
+    with pytest.raises(hfdelta.Uninitialised):
+        hfdelta.verify(tmp_path / "missing")
