@@ -36,6 +36,11 @@ by the call has moved; a progress callback that raises is not called again, its 
 process-wide: two calls running at once in one process see each other's phases.
 
 Every function releases the GIL while the library works; the callbacks take it back.
+
+Publishing from the trainer's memory: ``Publisher(root, mirror)`` diffs tensors given one at
+a time (numpy arrays, torch CPU tensors, anything speaking DLPack or the buffer protocol)
+against ``mirror``, a LOCAL holding the last published version, publishes version newest + 1
+into ``root`` (the delta delta-diff would write) and advances the mirror (hfdelta.publisher).
 """
 
 from __future__ import annotations
@@ -76,6 +81,7 @@ from .errors import (
     UsageError,
     VerifyFailed,
 )
+from .publisher import Opening, Publisher, PublishResult, TensorLike
 from .results import (
     ChangeResult,
     DiffResult,
@@ -106,6 +112,10 @@ __all__ = [
     "status",
     "verify",
     "recover",
+    "Publisher",
+    "PublishResult",
+    "Opening",
+    "TensorLike",
     "DiffResult",
     "FullResult",
     "SquashResult",

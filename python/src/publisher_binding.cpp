@@ -1,4 +1,224 @@
-#include "bindings.hpp"
+// hfdelta._core._Publisher: hfdelta::MemoryPublisher for hfdelta.Publisher
+// (hfdelta/publisher.py), which turns numpy arrays and torch tensors into
+// (name, array, dtype, shape) items. Tensors arrive as nanobind ndarrays:
+// from DLPack (torch CPU tensors, any __dlpack__ object) or the buffer
+// protocol; an ndarray is read in place, with the GIL released, and never
+// kept past the call that encodes it.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
 
-// The publisher binding goes here.
-void bind_publisher(nanobind::module_&) {}
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "bindings.hpp"
+#include "hfdelta/codec.hpp"
+#include "hfdelta/error.hpp"
+#include "hfdelta/publisher.hpp"
+#include "hfdelta/report_json.hpp"
+#include "progress_callback.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+using hfdelta::Exit;
+using hfdelta::fail;
+using Array = nb::ndarray<nb::ro, nb::device::cpu>;
+
+// The safetensors dtype of a DLPack dtype ("" when safetensors has none).
+std::string safetensors_dtype(nb::dlpack::dtype d) {
+  using Code = nb::dlpack::dtype_code;
+  if (d.lanes != 1) return "";
+  const auto code = static_cast<Code>(d.code);
+  const std::string bits = std::to_string(d.bits);
+  switch (code) {
+    case Code::Float: return d.bits == 16 || d.bits == 32 || d.bits == 64 ? "F" + bits : "";
+    case Code::Bfloat: return d.bits == 16 ? "BF16" : "";
+    case Code::Int: return d.bits == 8 || d.bits == 16 || d.bits == 32 || d.bits == 64 ? "I" + bits : "";
+    case Code::UInt: return d.bits == 8 || d.bits == 16 || d.bits == 32 || d.bits == 64 ? "U" + bits : "";
+    case Code::Bool: return d.bits == 8 ? "BOOL" : "";
+    default: return "";
+  }
+}
+
+// Row-major and dense: the bytes the safetensors file holds, in one piece.
+bool row_major(const Array& a) {
+  std::int64_t want = 1;
+  for (std::size_t i = a.ndim(); i-- > 0;) {
+    if (a.shape(i) != 1 && a.stride(i) != want) return false;
+    want *= static_cast<std::int64_t>(a.shape(i));
+  }
+  return true;
+}
+
+// One tensor as the library takes it. `dtype`, `shape`: given by the Python
+// side for arrays DLPack cannot describe (ml_dtypes' bfloat16 and float8
+// arrays arrive as their uint8 view).
+struct Tensor {
+  std::string name, dtype;
+  std::vector<std::uint64_t> shape;
+  const std::uint8_t* data = nullptr;
+  std::size_t nbytes = 0;
+  hfdelta::TensorBytes view() const { return {name, dtype, shape, {data, nbytes}}; }
+};
+
+Tensor tensor_of(std::string name, const Array& a, const std::optional<std::string>& dtype,
+                 const std::optional<std::vector<std::uint64_t>>& shape) {
+  Tensor t;
+  t.name = std::move(name);
+  const std::string where = "tensor '" + t.name + "'";
+  if (!row_major(a))
+    fail(Exit::usage, where + ": not contiguous in row-major order (give a contiguous copy: numpy.ascontiguousarray, "
+                              "Tensor.contiguous())");
+  t.dtype = dtype ? *dtype : safetensors_dtype(a.dtype());
+  if (t.dtype.empty())
+    fail(Exit::usage, where + ": a DLPack dtype (code " + std::to_string(a.dtype().code) + ", " +
+                          std::to_string(a.dtype().bits) + " bits) that safetensors has no name for");
+  if (shape)
+    t.shape = *shape;
+  else
+    for (std::size_t i = 0; i < a.ndim(); ++i) t.shape.push_back(a.shape(i));
+  t.data = static_cast<const std::uint8_t*>(a.data());
+  t.nbytes = a.nbytes();
+  return t;
+}
+
+std::optional<hfdelta::Encoding> encoding_of(const std::string& e) {
+  if (e == "auto") return std::nullopt;
+  if (e != "sparse" && e != "xor" && e != "overwrite")
+    fail(Exit::usage, "encoding: must be sparse, auto, xor or overwrite, not '" + e + "'");
+  return hfdelta::parse_encoding(e);
+}
+
+nlohmann::json opening_json(const hfdelta::PublisherOpening& o) {
+  return {{"version", o.version},
+          {"rolled_back", o.rolled_back ? nlohmann::json(*o.rolled_back) : nlohmann::json()},
+          {"caught_up", o.caught_up}};
+}
+
+// delta-diff's --json object for the version published, and what the
+// publisher adds: how the tensors came, and the mirror's apply (null while
+// it runs in the background).
+std::string publish_report(const hfdelta::PublishSummary& s, const std::string& encoding,
+                           const std::optional<hfdelta::ApplyResult>& mirror, const std::string& mirror_path) {
+  nlohmann::json j = hfdelta::diff_json(s.out.string(), encoding, s.diff);
+  j["tensors_given"] = s.tensors_given;
+  j["tensors_declared_unchanged"] = s.tensors_declared_unchanged;
+  j["mirror"] = mirror ? hfdelta::json_report(hfdelta::change_json(mirror_path, *mirror)) : nlohmann::json();
+  return hfdelta::json_report(std::move(j)).dump();
+}
+
+struct Publisher {
+  std::unique_ptr<hfdelta::MemoryPublisher> p;
+  std::string encoding, mirror;
+
+  hfdelta::MemoryPublisher& get() {
+    if (!p) fail(Exit::usage, "the publisher is closed");
+    return *p;
+  }
+
+  // Encodes items (name, array, dtype or None, shape or None) of an
+  // iterable as they come, the GIL released while each is encoded.
+  void put_all(nb::handle items) {
+    for (nb::handle item : items) {
+      const nb::tuple tup = nb::cast<nb::tuple>(item);
+      if (tup.size() != 4) fail(Exit::usage, "publisher items are (name, array, dtype, shape)");
+      const Array a = nb::cast<Array>(tup[1]);  // kept (and let go) with the GIL held
+      const Tensor t = tensor_of(nb::cast<std::string>(tup[0]), a, nb::cast<std::optional<std::string>>(tup[2]),
+                                 nb::cast<std::optional<std::vector<std::uint64_t>>>(tup[3]));
+      nb::gil_scoped_release release;
+      get().put(t.view());
+    }
+  }
+};
+
+}  // namespace
+
+void bind_publisher(nb::module_& m) {
+  nb::class_<Publisher>(m, "_Publisher")
+      .def(
+          "__init__",
+          [](Publisher* self, const std::string& root, const std::string& mirror, const std::string& encoding, int level,
+             int threads, bool sync, std::optional<double> lock_timeout, bool background) {
+            hfdelta::PublisherOptions o;
+            o.encoding = encoding_of(encoding);
+            if (level < 1 || level > 19) fail(Exit::usage, "level: must be 1 to 19, not " + std::to_string(level));
+            if (threads < 0) fail(Exit::usage, "threads: must be 0 (all cores) or more");
+            o.level = level;
+            o.threads = threads;
+            o.sync = sync;
+            o.lock_timeout = lock_timeout.value_or(-1);
+            o.background = background;
+            std::unique_ptr<hfdelta::MemoryPublisher> p;
+            {
+              nb::gil_scoped_release release;
+              p = std::make_unique<hfdelta::MemoryPublisher>(root, mirror, o);
+            }
+            new (self) Publisher{std::move(p), encoding, mirror};
+          },
+          "root"_a, "mirror"_a, "encoding"_a, "level"_a, "threads"_a, "sync"_a, "lock_timeout"_a.none(), "background"_a)
+      .def_prop_ro("version", [](Publisher& self) { return self.get().version(); })
+      .def("opening", [](Publisher& self) { return opening_json(self.get().opening()).dump(); })
+      .def("begin", [](Publisher& self) {
+        nb::gil_scoped_release release;
+        self.get().begin();
+      })
+      .def(
+          "put",
+          [](Publisher& self, const std::string& name, const Array& a, std::optional<std::string> dtype,
+             std::optional<std::vector<std::uint64_t>> shape) {
+            const Tensor t = tensor_of(name, a, dtype, shape);
+            nb::gil_scoped_release release;
+            self.get().put(t.view());
+          },
+          "name"_a, "array"_a, "dtype"_a.none(), "shape"_a.none())
+      .def(
+          "put_all",
+          [](Publisher& self, nb::handle items, nb::handle progress) {
+            nb::gil_scoped_release release;
+            const hfdelta::python::ProgressCallback feed(progress);
+            nb::gil_scoped_acquire gil;
+            self.put_all(items);
+          },
+          "items"_a, "progress"_a.none())
+      .def("unchanged", [](Publisher& self, const std::string& name) { self.get().unchanged(name); }, "name"_a)
+      .def(
+          "publish",
+          [](Publisher& self, bool rest_unchanged, bool wait) {
+            hfdelta::PublishSummary s;
+            std::optional<hfdelta::ApplyResult> mirror;
+            {
+              nb::gil_scoped_release release;
+              s = self.get().publish(rest_unchanged);
+              if (wait) mirror = self.get().wait();
+            }
+            return publish_report(s, self.encoding, mirror, self.mirror);
+          },
+          "rest_unchanged"_a, "wait"_a)
+      .def("abort", [](Publisher& self) {
+        nb::gil_scoped_release release;
+        if (self.p) self.p->abort();
+      })
+      .def("wait", [](Publisher& self) -> std::optional<std::string> {
+        std::optional<hfdelta::ApplyResult> r;
+        {
+          nb::gil_scoped_release release;
+          r = self.get().wait();
+        }
+        if (!r) return std::nullopt;
+        return hfdelta::json_report(hfdelta::change_json(self.mirror, *r)).dump();
+      })
+      .def("close", [](Publisher& self) {
+        nb::gil_scoped_release release;
+        std::unique_ptr<hfdelta::MemoryPublisher> p = std::move(self.p);
+        if (!p) return;
+        p->abort();
+        p->wait();  // its failure raised; the destructor then has nothing left to wait for
+      });
+}

@@ -1,0 +1,121 @@
+"""The README's Python examples, run as written: the trainer's loop that
+publishes after every optimizer step, and the host's pull that has the engine
+reload (contrib/reload-vllm.sh against the stand-in engine
+scripts/engine/fake_engine.py).
+
+Each ```python block of the README's "## Python" section runs in a process of
+its own, with the README's paths (/models/base, /shared/weights,
+/var/lib/hfdelta/mirror, /local/model) replaced by temporary ones and a
+prelude defining what a trainer has (`model`, `train_step`, `num_steps`):
+a tiny generated model as numpy arrays behind a torch-like state_dict().
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import hfdelta
+
+REPO = Path(__file__).resolve().parents[2]
+
+PRELUDE = textwrap.dedent("""
+    import glob as _glob
+    import ml_dtypes as _ml_dtypes  # noqa: F401
+    import numpy as _np
+    from safetensors.numpy import load_file as _load_file
+
+    class _Tensor:  # what torch's state_dict() holds, as far as the example goes
+        def __init__(self, a):
+            self.a = a
+        def detach(self):
+            return self
+        def cpu(self):
+            return self.a
+
+    class _Model:
+        def __init__(self, path):
+            self.params = {}
+            for f in sorted(_glob.glob(path + "/*.safetensors")):
+                self.params.update(_load_file(f))
+        def state_dict(self):
+            return {k: _Tensor(v) for k, v in self.params.items()}
+
+    def train_step(model):  # an optimizer step: about 1% of the elements move by one ulp
+        rng = _np.random.default_rng(len(_steps))
+        _steps.append(1)
+        for a in model.params.values():
+            u = a.reshape(-1).view(_np.uint16)
+            idx = rng.choice(u.size, max(1, u.size // 100), replace=False)
+            u[idx] += 1
+
+    _steps = []
+    model = _Model(BASE)
+    num_steps = 3
+""")
+
+
+def python_blocks() -> list[str]:
+    text = (REPO / "README.md").read_text()
+    section = re.search(r"^## Python\n(.*?)(?=^## )", text, re.S | re.M)
+    assert section, "README.md has no '## Python' section"
+    blocks = re.findall(r"^```python\n(.*?)^```", section.group(1), re.S | re.M)
+    assert blocks, "the README's Python section has no python block"
+    return blocks
+
+
+def run_block(block: str, paths: dict[str, Path], env: dict[str, str], cwd: Path) -> str:
+    code = block
+    for readme_path, real in paths.items():
+        code = code.replace(f'"{readme_path}"', repr(str(real)))
+    code = code.replace('"contrib/', repr(str(REPO / "contrib")) + ' + "/')
+    prelude = f"BASE = {str(paths['/models/base'])!r}\n" + PRELUDE
+    r = subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, env=env, cwd=cwd,
+                       timeout=300)
+    assert r.returncode == 0, f"README block failed:\n{code}\n--- stderr:\n{r.stderr}"
+    return r.stdout
+
+
+def test_readme_trainer_loop_and_host_pull(series: list[Path], tmp_path: Path) -> None:
+    base = tmp_path / "base"
+    shutil.copytree(series[0], base)
+    paths = {"/models/base": base, "/shared/weights": tmp_path / "weights",
+             "/var/lib/hfdelta/mirror": tmp_path / "mirror", "/local/model": tmp_path / "local"}
+    paths["/shared/weights"].mkdir()
+    hfdelta.init(base, paths["/local/model"], sync=False)  # the host, set up as the README's Usage says
+    log, port_file = tmp_path / "engine.jsonl", tmp_path / "engine.port"
+    engine = subprocess.Popen([sys.executable, str(REPO / "scripts" / "engine" / "fake_engine.py"),
+                               "--port-file", str(port_file), "--log", str(log)])
+    try:
+        for _ in range(100):
+            if port_file.exists() and port_file.read_text().strip():
+                break
+            time.sleep(0.1)
+        env = dict(os.environ, VLLM_URL=f"http://127.0.0.1:{port_file.read_text().strip()}",
+                   VLLM_STATE_FILE=str(tmp_path / "served.version"))
+        outputs = [run_block(b, paths, env, tmp_path) for b in python_blocks()]
+    finally:
+        engine.terminate()
+        engine.wait(timeout=30)
+    assert len(outputs) >= 2, "the README's Python section should show the trainer's loop and the host's pull"
+    # the trainer published a version per step, and its mirror holds the last
+    published = sorted(os.listdir(paths["/shared/weights"]))
+    assert published == ["weight_v000001", "weight_v000002", "weight_v000003"]
+    assert hfdelta.status(paths["/var/lib/hfdelta/mirror"]).version == "000003"
+    # the host pulled them and had the engine reload, under the lock
+    st = hfdelta.status(paths["/local/model"])
+    assert st.version == "000003" and st.state == "clean"
+    assert hfdelta.verify(paths["/local/model"]).state == "clean"
+    requests: list[dict[str, Any]] = [json.loads(line) for line in log.read_text().splitlines()]
+    reloads = [r for r in requests if r["path"] == "/collective_rpc"]
+    assert reloads and reloads[-1]["body"]["kwargs"]["weights_path"] == str(paths["/local/model"])
