@@ -319,7 +319,9 @@ void encode_tensors(DiffRun& r, const fs::path& tmp) {
   for (const Work& w : r.works) total += w.nbytes;
   progress::begin("diff", total);
   r.encoder = std::make_unique<Encoder>(tmp, r.opts.encoding, r.opts.level, r.opts.threads);
-  r.encoder->encode(r.works);
+  std::vector<Work*> all;
+  for (Work& w : r.works) all.push_back(&w);
+  r.encoder->encode(all);
 }
 
 // The changed tensors, as the delta's entries (`of`: their works), counted

@@ -99,7 +99,8 @@ RangeOut scan_range(const Work& w, std::uint64_t c0, std::uint64_t c1, Worker& w
       const std::size_t n = static_cast<std::size_t>(std::min(kBlock, ce - at));
       const std::uint8_t* a = w.bsrc->read(wk.a.data(), n, w.boff + at);
       const std::uint8_t* b = w.nsrc->read(wk.b.data(), n, w.noff + at);
-      if (hb) hb->update({a, n}), hn->update({b, n});
+      if (hb) hb->update({a, n});
+      if (hn) hn->update({b, n});
       if (xs) xs->block(a, b, n);
       if (std::memcmp(a, b, n) == 0) continue;
       wk.enc.scan(a, b, n / w.es, (at - cs) / w.es);
@@ -157,12 +158,12 @@ void encode_fresh(Work& w, Worker& wk, std::size_t tid) {
 // share of the work is cut into ranges of chunks so that it does not keep
 // the other cores waiting; its hashes (which run front to back) become a
 // unit of their own.
-std::vector<Unit> sparse_units(std::span<Work> works, int threads) {
+std::vector<Unit> sparse_units(std::span<Work* const> works, int threads) {
   std::uint64_t total = 0;
-  for (const auto& w : works) total += w.nbytes;
+  for (const Work* w : works) total += w->nbytes;
   std::vector<Unit> units;
   for (std::size_t i = 0; i < works.size(); ++i) {
-    Work& w = works[i];
+    Work& w = *works[i];
     if (w.fresh) {
       units.push_back({Unit::Kind::fresh, i, 0, 0, 0, w.nbytes});
       continue;
@@ -184,17 +185,21 @@ std::vector<Unit> sparse_units(std::span<Work> works, int threads) {
 }
 
 // A split tensor's checksums (and with `xs`, its xor frame), front to back.
+// A known base checksum leaves the base bytes unread unless `xs` needs them.
 void hash_unit(Work& w, Worker& wk, XorStream* xs) {
   Hasher hb, hn;
+  const bool read_base = !w.base_hash_known || xs;
   for (std::uint64_t at = 0; at < w.nbytes; at += kBlock) {
     const std::size_t n = static_cast<std::size_t>(std::min(kBlock, w.nbytes - at));
-    const std::uint8_t* a = w.bsrc->read(wk.a.data(), n, w.boff + at);
     const std::uint8_t* b = w.nsrc->read(wk.b.data(), n, w.noff + at);
-    hb.update({a, n});
     hn.update({b, n});
+    if (!read_base) continue;
+    const std::uint8_t* a = w.bsrc->read(wk.a.data(), n, w.boff + at);
+    if (!w.base_hash_known) hb.update({a, n});
     if (xs) xs->block(a, b, n);
   }
-  w.base_hash = hb.digest(), w.new_hash = hn.digest();
+  if (!w.base_hash_known) w.base_hash = hb.digest();
+  w.new_hash = hn.digest();
   if (xs) w.xor_frame = xs->end();
 }
 
@@ -217,8 +222,9 @@ void keep_smaller(Work& w, RangeOut& r, Worker& wk, XorStream& xs) {
 // A tensor in one unit: hashed, scanned and (with `xs`) decided in one pass.
 void scan_whole(Work& w, const Unit& unit, Worker& wk, std::size_t tid, XorStream* xs) {
   Hasher hb, hn;
-  RangeOut r = scan_range(w, unit.c0, unit.c1, wk, xs, &hb, &hn);
-  w.base_hash = hb.digest(), w.new_hash = hn.digest();
+  RangeOut r = scan_range(w, unit.c0, unit.c1, wk, xs, w.base_hash_known ? nullptr : &hb, &hn);
+  if (!w.base_hash_known) w.base_hash = hb.digest();
+  w.new_hash = hn.digest();
   r.body.spool = static_cast<int>(tid);
   if (xs) keep_smaller(w, r, wk, *xs);
   if (r.elements_changed == 0) wk.spool.size = r.body.offset, r.body.size = 0;  // unchanged: nothing to keep
@@ -242,8 +248,9 @@ void run_sparse_unit(const Unit& unit, Work& w, Worker& wk, std::size_t tid, boo
 
 // Each tensor's totals over its ranges; "auto" keeps a split tensor's xor
 // frame where it is smaller than its sparse entry.
-void sum_ranges(std::span<Work> works, bool autochoice) {
-  for (Work& w : works) {
+void sum_ranges(std::span<Work* const> works, bool autochoice) {
+  for (Work* wp : works) {
+    Work& w = *wp;
     for (const auto& r : w.ranges) w.elements_changed += r.elements_changed, w.bytes_changed += r.bytes_changed;
     if (!autochoice || w.fresh || !w.changed() || w.xor_frame.spool < 0) continue;
     std::uint64_t sparse_len = kSparseHeadSize;
@@ -276,7 +283,7 @@ Encoder::~Encoder() {
   }
 }
 
-void Encoder::encode(std::span<Work> works) {
+void Encoder::encode(std::span<Work* const> works) {
   if (!encoding_ || *encoding_ == Encoding::sparse)
     sparse_pass(works);
   else
@@ -285,12 +292,12 @@ void Encoder::encode(std::span<Work> works) {
 
 // The sparse engine ("sparse" and "auto"): one pass over both inputs per
 // tensor, in parallel over tensors and over chunk ranges of large tensors.
-void Encoder::sparse_pass(std::span<Work> works) {
+void Encoder::sparse_pass(std::span<Work* const> works) {
   const bool autochoice = !encoding_;
   const std::vector<Unit> units = sparse_units(works, threads_);
   parallel_for(units.size(), threads_, [&](std::size_t u, std::size_t tid) {
     const Unit& unit = units[u];
-    Work& w = works[unit.work];
+    Work& w = *works[unit.work];
     Worker& wk = *workers_[tid];
     ensure_worker(wk, tid, tmp_, level_, autochoice);
     run_sparse_unit(unit, w, wk, tid, autochoice);
@@ -300,12 +307,12 @@ void Encoder::sparse_pass(std::span<Work> works) {
 }
 
 // The slime encodings, one frame per tensor over whole views.
-void Encoder::frame_pass(std::span<Work> works) {
+void Encoder::frame_pass(std::span<Work* const> works) {
   std::vector<std::size_t> order(works.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return works[x].nbytes > works[y].nbytes; });
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return works[x]->nbytes > works[y]->nbytes; });
   parallel_for(order.size(), threads_, [&](std::size_t k, std::size_t tid) {
-    Work& w = works[order[k]];
+    Work& w = *works[order[k]];
     progress::add(w.nbytes);  // counted as it starts: the frame is one step
     Worker& wk = *workers_[tid];
     ensure_worker(wk, tid, tmp_, level_, false);
@@ -313,13 +320,14 @@ void Encoder::frame_pass(std::span<Work> works) {
     const auto a = w.bsrc->view(w.boff, w.nbytes);
     const auto b = w.nsrc->view(w.noff, w.nbytes);
     if (std::memcmp(a.data(), b.data(), a.size()) == 0) {
-      if (w.need_hash) w.base_hash = w.new_hash = xxh3_128(b);
+      if (w.need_hash) w.new_hash = xxh3_128(b), w.base_hash = w.new_hash;
       return;
     }
     const std::size_t es = dtype_size(w.t->dtype) ? dtype_size(w.t->dtype) : 1;
     const ChangeCount cc = count_changes(a, b, es);
     w.elements_changed = cc.elements, w.bytes_changed = cc.bytes;
-    w.base_hash = xxh3_128(a), w.new_hash = xxh3_128(b);
+    if (!w.base_hash_known) w.base_hash = xxh3_128(a);
+    w.new_hash = xxh3_128(b);
     const ByteSink sink = [&](std::span<const std::uint8_t> s) { wk.spool.put(s); };
     w.encoding = *encoding_;
     w.frame = {static_cast<int>(tid), wk.spool.size, 0};

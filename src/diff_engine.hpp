@@ -71,6 +71,9 @@ struct Work {
   std::uint64_t chunks = 0;
   std::vector<RangeOut> ranges;          // one per unit scanning it, in tensor order
   Hash128 base_hash, new_hash;
+  // base_hash is known already (the publisher's mirror records it): the
+  // base bytes are compared and encoded, not hashed.
+  bool base_hash_known = false;
   Encoding encoding = Encoding::sparse;
   Seg frame;                             // the entry, when it is not sparse
   Seg xor_frame;                         // "auto": the xor encoding, for the choice
@@ -99,7 +102,7 @@ class Encoder {
 
   // Hashes, compares and encodes `works` (their sources must be readable
   // until it returns); progress::add()s their bytes as they are done.
-  void encode(std::span<Work> works);
+  void encode(std::span<Work* const> works);
   // The size of a changed tensor's entry, and its bytes into `f` at `at`.
   std::uint64_t entry_size(const Work& w) const;
   void write_entry(const Work& w, File& f, std::uint64_t at) const;
@@ -107,8 +110,8 @@ class Encoder {
   void close();
 
  private:
-  void sparse_pass(std::span<Work> works);
-  void frame_pass(std::span<Work> works);
+  void sparse_pass(std::span<Work* const> works);
+  void frame_pass(std::span<Work* const> works);
   boost::filesystem::path tmp_;
   std::optional<Encoding> encoding_;
   int level_, threads_;

@@ -140,8 +140,11 @@ void reconcile(const fs::path& root, const fs::path& mirror, const PublisherOpti
 }
 
 // The works of a step: every tensor of the mirror paired with itself (the
-// new bytes come from memory, one tensor at a time).
-void plan_step(Step& st, const PublisherOptions& opts) {
+// new bytes come from memory, one tensor at a time). The base checksums come
+// from the mirror's record of its version, so the mirror's bytes are only
+// compared, not hashed: the mirror's advance checks them against the record
+// before it patches anything, so a mirror damaged since is caught there.
+void plan_step(Step& st, const PublisherOptions& opts, const std::optional<ChecksumRecord>& record) {
   const bool frames = opts.encoding && *opts.encoding != Encoding::sparse;
   for (const Shard& sh : st.layout.shards) {
     st.files.emplace_back(st.layout.dir / sh.file, File::Mode::read);
@@ -156,6 +159,10 @@ void plan_step(Step& st, const PublisherOptions& opts) {
       w.bsrc = &st.srcs[s];
       w.boff = h.file_offset(t);
       w.from = &t.name;
+      if (record)
+        if (const auto f = record->weights.find(st.layout.shards[s].file); f != record->weights.end())
+          if (const auto known = f->second.tensors.find(t.name); known != f->second.tensors.end())
+            w.base_hash = known->second, w.base_hash_known = true;
       st.by_name.emplace(t.name, st.works.size());
       st.works.push_back(std::move(w));
     }
@@ -284,7 +291,7 @@ void MemoryPublisher::begin() {
   st->out = publish_target(s_->root / version_dirname(st->version), st->version).out;
   check_delta_out(st->out);
   st->layout = open_checkpoint(s_->mirror);
-  plan_step(*st, s_->opts);
+  plan_step(*st, s_->opts, read_record(s_->mirror, s_->version));
   std::uint64_t total = 0;
   for (const Work& w : st->works) total += w.nbytes;
   progress::begin("publish", total);
@@ -293,26 +300,35 @@ void MemoryPublisher::begin() {
   s_->step = std::move(st);
 }
 
-void MemoryPublisher::put(const TensorBytes& t) {
+void MemoryPublisher::put(const TensorBytes& t) { put(std::span<const TensorBytes>(&t, 1)); }
+
+void MemoryPublisher::put(std::span<const TensorBytes> batch) {
   begin();
   Step& st = *s_->step;
-  const std::size_t i = find_tensor(st, t.name, s_->mirror);
-  Work& w = st.works[i];
-  if (st.given[i] || st.declared[i])
-    fail(Exit::usage, "tensor '" + std::string(t.name) + "': given twice for version " + format_version(st.version));
-  check_tensor(st, w, t, s_->mirror);
-  const Source memory{nullptr, nullptr, t.bytes.data()};
-  w.nsrc = &memory;
-  w.noff = 0;
+  std::vector<Work*> works;
+  std::vector<Source> memory(batch.size());
+  for (std::size_t k = 0; k < batch.size(); ++k) {
+    const TensorBytes& t = batch[k];
+    const std::size_t i = find_tensor(st, t.name, s_->mirror);
+    Work& w = st.works[i];
+    if (st.given[i] || st.declared[i] || std::find(works.begin(), works.end(), &w) != works.end())
+      fail(Exit::usage, "tensor '" + std::string(t.name) + "': given twice for version " + format_version(st.version));
+    check_tensor(st, w, t, s_->mirror);  // a mistake: no source was set yet for any
+    memory[k].memory = t.bytes.data();
+    works.push_back(&w);
+  }
+  for (std::size_t k = 0; k < works.size(); ++k) works[k]->nsrc = &memory[k], works[k]->noff = 0;
   try {
-    st.encoder->encode(std::span<Work>(&w, 1));
+    st.encoder->encode(works);
   } catch (...) {
-    w.nsrc = nullptr;
+    for (Work* w : works) w->nsrc = nullptr;
     abort();  // the spools may hold half an entry
     throw;
   }
-  w.nsrc = nullptr;  // the caller's bytes are not kept
-  st.given[i] = 1;
+  for (Work* w : works) {
+    w->nsrc = nullptr;  // the caller's bytes are not kept
+    st.given[static_cast<std::size_t>(w - st.works.data())] = 1;
+  }
 }
 
 void MemoryPublisher::unchanged(std::string_view name) {

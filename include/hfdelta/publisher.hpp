@@ -97,6 +97,10 @@ class MemoryPublisher {
   // Error(bad_input) for bytes of the wrong length, Error(usage) for a name
   // given twice.
   void put(const TensorBytes& t);
+  // The same for several tensors at once, encoded side by side (a batch of
+  // small tensors keeps every core busy; each is still read only during the
+  // call). A mistake in any of them fails the whole batch before any is read.
+  void put(std::span<const TensorBytes> batch);
   // Declares a tensor unchanged since the mirror's version: it is not read.
   void unchanged(std::string_view name);
   // Publishes the version begun: every tensor of the mirror must have been

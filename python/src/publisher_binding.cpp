@@ -124,17 +124,34 @@ struct Publisher {
   }
 
   // Encodes items (name, array, dtype or None, shape or None) of an
-  // iterable as they come, the GIL released while each is encoded.
+  // iterable as they come, in batches of up to kBatchBytes (or kBatchItems)
+  // encoded side by side with the GIL released: small tensors one by one
+  // would leave cores idle. A batch keeps its arrays alive until encoded, so
+  // at most a batch (or one larger tensor) of the caller's arrays is held.
+  static constexpr std::size_t kBatchBytes = 32u << 20, kBatchItems = 64;
   void put_all(nb::handle items) {
+    std::vector<Array> arrays;  // kept (and let go) with the GIL held
+    std::vector<Tensor> batch;
+    std::size_t bytes = 0;
+    auto flush = [&] {
+      std::vector<hfdelta::TensorBytes> views;
+      for (const Tensor& t : batch) views.push_back(t.view());
+      {
+        nb::gil_scoped_release release;
+        get().put(views);
+      }
+      batch.clear(), arrays.clear(), bytes = 0;
+    };
     for (nb::handle item : items) {
       const nb::tuple tup = nb::cast<nb::tuple>(item);
       if (tup.size() != 4) fail(Exit::usage, "publisher items are (name, array, dtype, shape)");
-      const Array a = nb::cast<Array>(tup[1]);  // kept (and let go) with the GIL held
-      const Tensor t = tensor_of(nb::cast<std::string>(tup[0]), a, nb::cast<std::optional<std::string>>(tup[2]),
-                                 nb::cast<std::optional<std::vector<std::uint64_t>>>(tup[3]));
-      nb::gil_scoped_release release;
-      get().put(t.view());
+      arrays.push_back(nb::cast<Array>(tup[1]));
+      batch.push_back(tensor_of(nb::cast<std::string>(tup[0]), arrays.back(), nb::cast<std::optional<std::string>>(tup[2]),
+                                nb::cast<std::optional<std::vector<std::uint64_t>>>(tup[3])));
+      bytes += batch.back().nbytes;
+      if (bytes >= kBatchBytes || batch.size() >= kBatchItems) flush();
     }
+    if (!batch.empty()) flush();
   }
 };
 
