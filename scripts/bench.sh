@@ -11,8 +11,13 @@
 # direct diff (bytes), and a --root pull of the chain against applying the
 # squash (wall, peak RSS). Results: OUT/results.md and OUT/results.json
 # (every raw figure, plus the machine); OUT/raw/records.jsonl holds the raw
-# records. A missed target is reported, not an error; the script fails only when
-# a tool fails or an applied result is not byte-identical to NEW.
+# records. Then publishing from the trainer's memory (hfdelta.Publisher, in
+# the Python package installed into BUILDDIR/py-venv) against saving with the
+# safetensors library and running delta-diff, and against delta-diff alone, on
+# a pair at the target lr, side by side (scripts/bench_publish.py; results in
+# OUT/publish.md and OUT/publish.json, appended to results.md). A missed target
+# is reported, not an error; the script fails only when a tool fails or an
+# applied result is not byte-identical to NEW.
 #
 # Usage: scripts/bench.sh [OPTIONS]
 #   --preset P         hfdelta-gen preset: tiny, small, qwen3-0.6b (default qwen3-0.6b)
@@ -29,12 +34,14 @@
 #   --out DIR          results directory (default BUILDDIR/bench)
 #   --work DIR         scratch directory for the series (default OUT/work; removed at the end)
 #   --keep             keep the scratch directory
+#   --sections "S ..." which parts to run: main squash mem publish (default all)
 # Each option has an environment variable: BENCH_PRESET, BENCH_SAVES, BENCH_LRS,
 # BENCH_TARGET_LR, BENCH_REPEAT, BENCH_PEER_PAIRS, BENCH_MEM_PRESETS,
-# BENCH_STEPS_PER_SAVE, BENCH_OUT, BENCH_WORK, BENCH_KEEP=1; HFDELTA_BUILDDIR
+# BENCH_STEPS_PER_SAVE, BENCH_OUT, BENCH_WORK, BENCH_KEEP=1, BENCH_SECTIONS; HFDELTA_BUILDDIR
 # picks the build directory (default build).
 #
 # Quick run: scripts/bench.sh --preset small --saves 2
+# Publishing from memory alone: scripts/bench.sh --sections publish
 set -euo pipefail
 { # read to the end before running, so an edit to this file cannot change a run under way
 cd "$(dirname "$0")/.."
@@ -52,6 +59,7 @@ steps=${BENCH_STEPS_PER_SAVE:-1}
 out=${BENCH_OUT:-}
 work=${BENCH_WORK:-}
 keep=${BENCH_KEEP:-0}
+sections=${BENCH_SECTIONS:-"main squash mem publish"}
 builddir=${HFDELTA_BUILDDIR:-build}
 interval_ms=5
 
@@ -70,10 +78,15 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift 2 ;;
     --work) work=$2; shift 2 ;;
     --keep) keep=1; shift ;;
+    --sections) sections=$2; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) usage >&2; die "unknown argument: $1" ;;
   esac
 done
+for sct in $sections; do
+  case $sct in main | squash | mem | publish) ;; *) die "unknown section $sct (main squash mem publish)" ;; esac
+done
+want() { [[ " $sections " == *" $1 "* ]]; }
 [[ $saves =~ ^[1-9][0-9]*$ ]] || die "--saves must be a positive integer"
 [[ $repeat =~ ^[1-9][0-9]*$ ]] || die "--repeat must be a positive integer"
 [ "$repeat" -ge 2 ] || echo "bench: warning: --repeat $repeat: timings from a single run" >&2
@@ -292,6 +305,7 @@ peers_pair() {
 # ---- main series: one per learning rate ----------------------------------------------
 
 saven() { printf 'save_%03d' "$1"; }
+want main || ordered_lrs=()
 for lr in "${ordered_lrs[@]}"; do
   series=$work/series-$lr
   log "generating $((saves + 1)) saves, preset $preset, lr $lr"
@@ -387,7 +401,9 @@ squash_chain() {
   rm -rf "$root" "$sq" "$lc"
 }
 
-if [ "$saves" -ge 2 ]; then
+if ! want squash; then
+  log "squash: skipped (--sections)"
+elif [ "$saves" -ge 2 ]; then
   series=$work/squash-series
   log "squash: a chain of $saves deltas, preset $preset, lr $target_lr"
   t0=$(date +%s.%N)
@@ -402,7 +418,8 @@ fi
 # ---- peak memory against model size ---------------------------------------------------
 
 have_target=0
-for lr in $lrs; do [ "$lr" = "$target_lr" ] && have_target=1; done
+for lr in $lrs; do [ "$lr" = "$target_lr" ] && want main && have_target=1; done
+want mem || mem_presets=""
 for p in $mem_presets; do
   [ "$p" = "$preset" ] && [ "$have_target" = 1 ] && continue  # the main series covers it
   series=$work/mem-$p
@@ -416,9 +433,40 @@ for p in $mem_presets; do
   [ "$keep" = 1 ] || rm -rf "$series"
 done
 
+# ---- publishing from the trainer's memory ------------------------------------------
+
+# The package in BUILDDIR/py-venv (as scripts/python-test.sh makes it), installed
+# from this tree unless it is already importable there.
+py_venv() {
+  local venv=$repo/$builddir/py-venv pip
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv" || return 1
+  pip=("$venv/bin/python" -m pip -q --disable-pip-version-check)
+  "${pip[@]}" install numpy safetensors ml_dtypes >&2 || return 1
+  "$venv/bin/python" -c 'import hfdelta.publisher' 2>/dev/null ||
+    "${pip[@]}" install "$repo" -Cbuild-dir="$repo/$builddir/py-build" >&2 || return 1
+  echo "$venv/bin/python"
+}
+
+if want publish; then
+  log "publishing from memory: preset $preset, lr $target_lr"
+  t0=$(date +%s.%N)
+  py=$(py_venv) || die "could not install the Python package into $builddir/py-venv"
+  series=$work/publish-series
+  "$B/hfdelta-gen" --preset "$preset" --saves 1 --lr "$target_lr" --steps-per-save "$steps" "$series" 2>&1 | sed 's/^/   /'
+  sync
+  "$py" "$repo/scripts/bench_publish.py" "$series" "$work/publish" "$B/delta-diff" "$out/publish.json" \
+    --repeat "$((repeat < 4 ? 4 : repeat))" >"$out/publish.md" || die "bench_publish.py failed"
+  sed 's/^/   /' "$out/publish.md"
+  note timing "what=publishing from memory" "seconds=$(elapsed "$t0")"
+  [ "$keep" = 1 ] || rm -rf "$series" "$work/publish"
+fi
+
 [ "$keep" = 1 ] || rm -rf "$work"
 note timing "what=whole run" "seconds=$(elapsed "$t_start")"
 bench report "$rec" --md "$out/results.md" --json "$out/results.json"
+if want publish; then
+  { echo; echo "## Publishing from the trainer's memory (preset $preset, lr $target_lr)"; echo; cat "$out/publish.md"; } >>"$out/results.md"
+fi
 log "done: $out/results.md, $out/results.json"
 echo
 cat "$out/results.md"
