@@ -57,6 +57,20 @@ def upkeep(root: Path, first: Path, last: Path) -> int:
     return len(p.removed) + len(i.tensors) + f.files + len(c.applied) + a.tensors_patched + len(rec.applied)
 
 
+def trainer(root: Path, mirror: Path, weights: dict[str, object]) -> int:
+    with hfdelta.Publisher(root, mirror, encoding="auto", lock_timeout=1.0) as pub:
+        start: int = pub.version + pub.opening.version + len(pub.opening.caught_up)
+        r: hfdelta.PublishResult = pub.publish(weights, unchanged=["lm_head.weight"], wait=True)
+        m: Optional[hfdelta.ChangeResult] = r.mirror
+        pub.begin()
+        for name, t in weights.items():
+            pub.put(name, t)
+        r2 = pub.commit(rest_unchanged=True)
+        w: Optional[hfdelta.ChangeResult] = pub.wait()
+        return start + r.tensors_given + r2.tensors_declared_unchanged + (m.tensors_patched if m else 0) + (
+            1 if w else 0)
+
+
 print(hfdelta.__version__.upper())
 '''
 
