@@ -6,7 +6,9 @@
 #
 # Usage: scripts/interop.sh [--light|--full] [extra pytest arguments]
 #   --light (default)  safetensors numpy ml_dtypes zstandard xxhash pytest huggingface_hub
-#   --full             also torch and transformers (a few GB from PyPI)
+#   --full             also torch and transformers (a few GB from PyPI), and the
+#                      hfdelta Python package built from this tree (its Publisher
+#                      fed torch tensors: tests/interop/test_torch_publisher.py)
 #
 # Makes a virtual environment under the build directory (reused when there),
 # installs the packages from PyPI, builds the project if needed, runs pytest on
@@ -164,6 +166,9 @@ if [ "$mode" = full ]; then
   fi
   mapfile -t need < <(missing "${full_pkgs[@]}")
   [ ${#need[@]} -eq 0 ] || { echo "interop: pip install ${need[*]}"; pip_install "${need[@]}"; }
+  # The package of this tree, rebuilt incrementally in a build directory of its own.
+  echo "interop: pip install . (the hfdelta package)"
+  pip_install . -Cbuild-dir="$PWD/$builddir/py-build-interop"
 fi
 t_tests=$(date +%s)
 
