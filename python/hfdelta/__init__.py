@@ -45,100 +45,16 @@ into ``root`` (the delta delta-diff would write) and advances the mirror (hfdelt
 
 from __future__ import annotations
 
-from . import errors, results
-from ._api import (
-    DiffWarning,
-    PathLike,
-    ProgressCallback,
-    apply,
-    diff,
-    init,
-    inspect,
-    prune,
-    publish_full,
-    pull,
-    recover,
-    squash,
-    status,
-    verify,
-)
+# Every public name of the modules below; each module's __all__ lists its own.
+from . import _api, errors, publisher, results
+from ._api import *  # noqa: F401,F403
 from ._core import __version__
-from .errors import (
-    BadInput,
-    Corrupt,
-    Exists,
-    Failure,
-    HfdeltaError,
-    Interrupted,
-    LockTimeout,
-    OutOfOrder,
-    PostPublishFailed,
-    PreReadFailed,
-    Stopped,
-    ThenFailed,
-    Uninitialised,
-    Unsupported,
-    UsageError,
-    VerifyFailed,
-)
-from .publisher import Opening, Publisher, PublishResult, TensorLike
-from .results import (
-    ChangeResult,
-    DiffResult,
-    FullResult,
-    Inspection,
-    PruneResult,
-    PullResult,
-    SquashResult,
-    StatusResult,
-    VerifyResult,
-)
+from .errors import *  # noqa: F401,F403
+from .publisher import *  # noqa: F401,F403
+from .results import *  # noqa: F401,F403
 
-__all__ = [
-    "__version__",
-    "errors",
-    "results",
-    "PathLike",
-    "ProgressCallback",
-    "DiffWarning",
-    "diff",
-    "publish_full",
-    "squash",
-    "inspect",
-    "prune",
-    "init",
-    "apply",
-    "pull",
-    "status",
-    "verify",
-    "recover",
-    "Publisher",
-    "PublishResult",
-    "Opening",
-    "TensorLike",
-    "DiffResult",
-    "FullResult",
-    "SquashResult",
-    "Inspection",
-    "PruneResult",
-    "ChangeResult",
-    "PullResult",
-    "StatusResult",
-    "VerifyResult",
-    "HfdeltaError",
-    "Failure",
-    "UsageError",
-    "BadInput",
-    "OutOfOrder",
-    "VerifyFailed",
-    "Unsupported",
-    "Exists",
-    "LockTimeout",
-    "ThenFailed",
-    "Interrupted",
-    "Uninitialised",
-    "Corrupt",
-    "PostPublishFailed",
-    "PreReadFailed",
-    "Stopped",
-]
+__all__ = ["__version__", "errors", "results", "publisher"]
+__all__ += _api.__all__
+__all__ += publisher.__all__
+__all__ += results.__all__
+__all__ += errors.__all__
