@@ -301,7 +301,8 @@ void Encoder::sparse_pass(std::span<Work* const> works) {
     Worker& wk = *workers_[tid];
     ensure_worker(wk, tid, tmp_, level_, autochoice);
     run_sparse_unit(unit, w, wk, tid, autochoice);
-    progress::add(unit.bytes);
+    // Each tensor's bytes count once: a split tensor's through its ranges.
+    if (unit.kind != Unit::Kind::hash) progress::add(unit.bytes);
   });
   sum_ranges(works, autochoice);
 }

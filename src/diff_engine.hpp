@@ -101,7 +101,8 @@ class Encoder {
   Encoder& operator=(const Encoder&) = delete;
 
   // Hashes, compares and encodes `works` (their sources must be readable
-  // until it returns); progress::add()s their bytes as they are done.
+  // until it returns); progress::add()s each one's bytes (nbytes) as they
+  // are done.
   void encode(std::span<Work* const> works);
   // The size of a changed tensor's entry, and its bytes into `f` at `at`.
   std::uint64_t entry_size(const Work& w) const;

@@ -376,6 +376,10 @@ PublishSummary MemoryPublisher::publish(bool rest_unchanged) {
   auto advance = [this, delta, mirror, ao] {
     try {
       s_->advanced = apply_delta(delta, mirror, ao);
+    } catch (const Error& e) {
+      s_->advance_error = std::make_exception_ptr(
+          Error(e.code(), delta.string() + ": published, but advancing mirror " + mirror.string() +
+                              " to it failed: " + e.what() + "; the next publish catches the mirror up from the root"));
     } catch (...) {
       s_->advance_error = std::current_exception();
     }

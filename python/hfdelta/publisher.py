@@ -140,9 +140,10 @@ class Publisher:
         those not given, with ``unchanged=True``). Nothing is published if anything fails (the iterable
         raising included). ``wait``: also wait for the mirror's advance (its result in ``mirror``)."""
         pairs: Iterable[Tuple[str, TensorLike]] = tensors.items() if isinstance(tensors, Mapping) else tensors
-        self._core.begin()
-        try:
+        try:  # the version begins with its first tensor, inside put_all (its "publish" progress phase too)
             self._core.put_all((_item(n, t) for n, t in pairs), progress)
+            if isinstance(unchanged, str):
+                unchanged = [unchanged]
             if unchanged is not True and unchanged is not False:
                 for name in unchanged:
                     self._core.unchanged(name)
@@ -162,7 +163,7 @@ class Publisher:
 
     def declare_unchanged(self, names: Iterable[str]) -> None:
         """Declares tensors unchanged since the mirror's version (they are not read)."""
-        for name in names:
+        for name in [names] if isinstance(names, str) else names:
             self._core.unchanged(name)
 
     def commit(self, *, rest_unchanged: bool = False, wait: bool = False) -> PublishResult:

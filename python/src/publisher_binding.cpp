@@ -4,6 +4,7 @@
 // from DLPack (torch CPU tensors, any __dlpack__ object) or the buffer
 // protocol; an ndarray is read in place, with the GIL released, and never
 // kept past the call that encodes it.
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -117,6 +118,9 @@ std::string publish_report(const hfdelta::PublishSummary& s, const std::string& 
 struct Publisher {
   std::unique_ptr<hfdelta::MemoryPublisher> p;
   std::string encoding, mirror;
+  // One call at a time: a call releases the GIL while it works, and the
+  // library's publisher is not for several threads at once.
+  std::atomic<bool> busy{false};
 
   hfdelta::MemoryPublisher& get() {
     if (!p) fail(Exit::usage, "the publisher is closed");
@@ -155,6 +159,20 @@ struct Publisher {
   }
 };
 
+// Held by every method for its whole call (taken with the GIL held).
+class Busy {
+ public:
+  explicit Busy(Publisher& p) : p_(p) {
+    if (p_.busy.exchange(true)) fail(Exit::usage, "the publisher is in use by another thread");
+  }
+  ~Busy() { p_.busy = false; }
+  Busy(const Busy&) = delete;
+  Busy& operator=(const Busy&) = delete;
+
+ private:
+  Publisher& p_;
+};
+
 }  // namespace
 
 void bind_publisher(nb::module_& m) {
@@ -183,6 +201,7 @@ void bind_publisher(nb::module_& m) {
       .def_prop_ro("version", [](Publisher& self) { return self.get().version(); })
       .def("opening", [](Publisher& self) { return opening_json(self.get().opening()).dump(); })
       .def("begin", [](Publisher& self) {
+        const Busy busy(self);
         nb::gil_scoped_release release;
         self.get().begin();
       })
@@ -190,6 +209,7 @@ void bind_publisher(nb::module_& m) {
           "put",
           [](Publisher& self, const std::string& name, const Array& a, std::optional<std::string> dtype,
              std::optional<std::vector<std::uint64_t>> shape) {
+            const Busy busy(self);
             const Tensor t = tensor_of(name, a, dtype, shape);
             nb::gil_scoped_release release;
             self.get().put(t.view());
@@ -198,16 +218,24 @@ void bind_publisher(nb::module_& m) {
       .def(
           "put_all",
           [](Publisher& self, nb::handle items, nb::handle progress) {
+            const Busy busy(self);
             nb::gil_scoped_release release;
             const hfdelta::python::ProgressCallback feed(progress);
             nb::gil_scoped_acquire gil;
             self.put_all(items);
           },
           "items"_a, "progress"_a.none())
-      .def("unchanged", [](Publisher& self, const std::string& name) { self.get().unchanged(name); }, "name"_a)
+      .def(
+          "unchanged",
+          [](Publisher& self, const std::string& name) {
+            const Busy busy(self);
+            self.get().unchanged(name);
+          },
+          "name"_a)
       .def(
           "publish",
           [](Publisher& self, bool rest_unchanged, bool wait) {
+            const Busy busy(self);
             hfdelta::PublishSummary s;
             std::optional<hfdelta::ApplyResult> mirror;
             {
@@ -219,10 +247,12 @@ void bind_publisher(nb::module_& m) {
           },
           "rest_unchanged"_a, "wait"_a)
       .def("abort", [](Publisher& self) {
+        const Busy busy(self);
         nb::gil_scoped_release release;
         if (self.p) self.p->abort();
       })
       .def("wait", [](Publisher& self) -> std::optional<std::string> {
+        const Busy busy(self);
         std::optional<hfdelta::ApplyResult> r;
         {
           nb::gil_scoped_release release;
@@ -232,6 +262,7 @@ void bind_publisher(nb::module_& m) {
         return hfdelta::json_report(hfdelta::change_json(self.mirror, *r)).dump();
       })
       .def("close", [](Publisher& self) {
+        const Busy busy(self);
         nb::gil_scoped_release release;
         std::unique_ptr<hfdelta::MemoryPublisher> p = std::move(self.p);
         if (!p) return;

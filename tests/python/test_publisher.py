@@ -125,6 +125,16 @@ def test_dlpack_and_buffer_protocol_inputs(tools: Any, tmp_path: Path) -> None:
         assert_same_tree(r_, ref / "weight_v000001")
 
 
+def test_progress_callback(series: list[Path], tmp_path: Path) -> None:
+    root, mirror = new_mirror(tmp_path, series[0])
+    seen: list[tuple[str, int, int]] = []
+    with Publisher(root, mirror, sync=False) as pub:
+        pub.publish(tensors_of(series[1]), progress=lambda phase, done, total: seen.append((phase, done, total)))
+    assert seen and all(p == "publish" for p, _, _ in seen)
+    dones = [d for _, d, _ in seen]
+    assert dones == sorted(dones) and seen[-1][1] == seen[-1][2] > 0, seen
+
+
 def test_mistakes_publish_nothing(series: list[Path], tmp_path: Path) -> None:
     root, mirror = new_mirror(tmp_path, series[0])
     new = tensors_of(series[1])
