@@ -91,6 +91,9 @@ def _item(name: str, tensor: TensorLike) -> Tuple[str, Any, Optional[str], Optio
 
     if not isinstance(name, str):
         raise UsageError(f"tensor names are str, not {type(name).__name__}")
+    if hasattr(tensor, "__dlpack_device__") and tensor.__dlpack_device__()[0] not in (1, 3):  # kDLCPU, kDLCUDAHost
+        raise UsageError(f"tensor '{name}': not in host memory (DLPack device {tuple(tensor.__dlpack_device__())}); "
+                         "the publisher reads tensors on the CPU: copy it there first (torch: .cpu())")
     if hasattr(tensor, "detach") and hasattr(tensor, "__dlpack__"):  # torch: no autograd history to export
         tensor = tensor.detach()
         if not tensor.is_contiguous():

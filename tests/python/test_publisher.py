@@ -157,6 +157,16 @@ def test_mistakes_publish_nothing(series: list[Path], tmp_path: Path) -> None:
 
         with pytest.raises(KeyboardInterrupt):
             pub.publish(failing())
+
+        class OnGPU:  # a DLPack object in CUDA memory
+            def __dlpack__(self, **kw: Any) -> Any:
+                raise AssertionError("not to be read")
+
+            def __dlpack_device__(self) -> tuple[int, int]:
+                return (2, 0)
+
+        with pytest.raises(hfdelta.UsageError, match="not in host memory"):
+            pub.publish([(name, OnGPU())])
         assert os.listdir(root) == [] and pub.version == 0
         # declared unchanged: not read, no entry
         r = pub.publish([(name, new[name])], unchanged=[k for k in new if k != name])
