@@ -2,7 +2,8 @@
 //
 // Subcommands (each can append its result as one JSON line to a records file,
 // with string labels added, so the script only has to name what it measured):
-//   bound BASE NEW     order-0 entropy bound of the change between two checkpoints
+//   bound BASE NEW     order-0 entropy bound of the change between two checkpoints, and
+//                      the bound given each base element's exponent (BF16, F16)
 //   readfloor DIR...   wall time of reading every shard of the checkpoints from the page cache
 //   warm PATH...       read every regular file once (fills the page cache)
 //   run -- CMD...      run a command: wall time, max RSS (GNU time -v and wait4), and the
@@ -181,6 +182,54 @@ TensorBound bound_wide(const std::uint8_t* a, const std::uint8_t* b, std::uint64
   return r;
 }
 
+// The same change coded in contexts both ends can derive from the base: the
+// base element's exponent bits (BF16: 8, F16: 5). Per context c: n_c·H(k_c/n_c)
+// bits for the positions, and the XOR values' entropy among that context's
+// changes. What a context-modelled encoding could reach at best (issue #17's
+// "conditioned bound"); 0 where the dtype has no such context.
+double conditioned_bits(const std::uint8_t* a, const std::uint8_t* b, std::uint64_t n, const std::string& dtype,
+                        int threads) {
+  int shift = 0, bits = 0;
+  if (dtype == "BF16") shift = 7, bits = 8;
+  else if (dtype == "F16") shift = 10, bits = 5;
+  else return 0;
+  const std::size_t contexts = std::size_t{1} << bits;
+  std::vector<std::uint64_t> per_n(contexts, 0);
+  std::vector<std::vector<std::uint32_t>> parts(static_cast<std::size_t>(threads));  // context << 16 | xor
+  std::vector<std::vector<std::uint64_t>> counts(static_cast<std::size_t>(threads), std::vector<std::uint64_t>(contexts, 0));
+#pragma omp parallel num_threads(threads)
+  {
+    const auto tid = static_cast<std::size_t>(omp_get_thread_num());
+    auto& out = parts[tid];
+    auto& cnt = counts[tid];
+#pragma omp for schedule(static)
+    for (std::uint64_t i = 0; i < n; ++i) {
+      const auto va = load<std::uint16_t>(a + 2 * i);
+      const std::uint32_t c = (va >> shift) & (contexts - 1);
+      ++cnt[c];
+      if (const std::uint16_t x = static_cast<std::uint16_t>(va ^ load<std::uint16_t>(b + 2 * i))) out.push_back(c << 16 | x);
+    }
+  }
+  std::vector<std::uint32_t> all;
+  for (std::size_t t = 0; t < parts.size(); ++t) {
+    all.insert(all.end(), parts[t].begin(), parts[t].end());
+    for (std::size_t c = 0; c < contexts; ++c) per_n[c] += counts[t][c];
+  }
+  std::sort(all.begin(), all.end());
+  std::vector<std::uint64_t> per_k(contexts, 0);
+  for (const std::uint32_t v : all) ++per_k[v >> 16];
+  double total = 0;
+  for (std::size_t c = 0; c < contexts; ++c) total += binary_entropy_bits(per_n[c], per_k[c]);
+  for (std::size_t i = 0; i < all.size();) {
+    std::size_t j = i;
+    while (j < all.size() && all[j] == all[i]) ++j;
+    const double cnt = static_cast<double>(j - i);
+    total += cnt * std::log2(static_cast<double>(per_k[all[i] >> 16]) / cnt);
+    i = j;
+  }
+  return total;
+}
+
 std::uint64_t dir_bytes(const fs::path& dir, std::uint64_t* files = nullptr) {
   std::uint64_t total = 0, count = 0;
   if (fs::is_regular_file(dir)) {
@@ -214,6 +263,7 @@ TensorBound bound_tensor(const std::uint8_t* pa, const std::uint8_t* pb, std::ui
 struct BoundTotals {
   std::uint64_t elements = 0, changed = 0, n_changed = 0, tensor_bytes = 0;
   double pos_bits = 0, val_bits = 0;
+  double cond_bits = 0;            // conditioned on the base exponent (BF16, F16; else the order-0 bits)
   json tensors = json::array();  // per tensor, with --per-tensor
 };
 
@@ -248,6 +298,8 @@ json cmd_bound(const fs::path& base, const fs::path& target, int threads_opt, bo
     sum.tensor_bytes += tb.nbytes();
     sum.pos_bits += t.position_bits;
     sum.val_bits += t.value_bits;
+    const double cond = w == 2 ? conditioned_bits(pa, pb, t.elements, tb.dtype, threads) : 0;
+    sum.cond_bits += w == 2 && (tb.dtype == "BF16" || tb.dtype == "F16") ? cond : t.position_bits + t.value_bits;
     if (per_tensor)
       sum.tensors.push_back({{"name", name}, {"dtype", tb.dtype}, {"width", w}, {"elements", t.elements},
                              {"changed", t.changed}, {"distinct_xor", t.distinct},
@@ -268,6 +320,7 @@ json cmd_bound(const fs::path& base, const fs::path& target, int threads_opt, bo
             {"position_bits", sum.pos_bits},
             {"value_bits", sum.val_bits},
             {"bound_bytes", (sum.pos_bits + sum.val_bits) / 8},
+            {"conditioned_bound_bytes", sum.cond_bits / 8},
             {"threads", threads},
             {"seconds", since(t0)}};
   if (per_tensor) r["per_tensor"] = sum.tensors;
@@ -914,12 +967,15 @@ void md_loads(Report& rep) {
 // ---- report: the tables of every pair -----------------------------------------------------
 
 void md_pairs(Report& rep) {
-  rep.md << "## Pairs\n\n| lr | pair | density | full checkpoint | order-0 bound | bound/full | read floor BASE+NEW | read floor LOCAL |\n"
-            "|---|---|---:|---:|---:|---:|---:|---:|\n";
+  rep.md << "## Pairs\n\n| lr | pair | density | full checkpoint | order-0 bound | bound/full | "
+            "bound given the base exponent | /order-0 | read floor BASE+NEW | read floor LOCAL |\n"
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const auto& p : rep.rs.pairs) {
     rep.md << "| " << p.lr << " | " << rep.pair_name(p) << " | " << fmt("%.3f%%", 100 * num(p.bound, "density")) << " | "
            << mib(num(p.bound, "full_bytes")) << " | " << mib(num(p.bound, "bound_bytes")) << " | "
            << fmt("%.2f%%", 100 * ratio(num(p.bound, "bound_bytes"), num(p.bound, "full_bytes"))) << " | "
+           << mib(num(p.bound, "conditioned_bound_bytes")) << " | "
+           << fmt("%.3f", ratio(num(p.bound, "conditioned_bound_bytes"), num(p.bound, "bound_bytes"))) << " | "
            << fmt("%.3f s", p.floor_inputs) << " | " << fmt("%.3f s", p.floor_local) << " |\n";
   }
   rep.md << "\n★ the marked pair: median density at lr " << rep.target_lr << ".\n\n";
