@@ -58,8 +58,12 @@ struct MemoryPublisher::State {
   std::unique_ptr<LocalLock> lock;
   PublisherOpening opening;
   std::uint64_t version = 0;
-  bool reconcile_needed = false;  // the last mirror advance failed
+  bool reconcile_needed = false;  // the last mirror advance failed, or never started
   std::unique_ptr<Step> step;
+  // A version abandoned after an error inside put() or publish(): the
+  // tensors given to it are gone, so nothing may silently go on in a new
+  // one; only begin() or abort() clears this.
+  std::string lost;
   // The mirror's advance in the background, and what it left.
   std::thread advance;
   std::optional<ApplyResult> advanced;
@@ -257,13 +261,15 @@ MemoryPublisher::MemoryPublisher(const fs::path& root, const fs::path& mirror, c
 }
 
 MemoryPublisher::~MemoryPublisher() {
-  abort();
+  abort_step();
   if (s_->advance.joinable()) s_->advance.join();
 }
 
 const PublisherOpening& MemoryPublisher::opening() const { return s_->opening; }
 
 std::uint64_t MemoryPublisher::version() const { return s_->version; }
+
+bool MemoryPublisher::in_progress() const { return s_->step != nullptr; }
 
 std::optional<ApplyResult> MemoryPublisher::wait() {
   if (s_->advance.joinable()) s_->advance.join();
@@ -277,9 +283,20 @@ std::optional<ApplyResult> MemoryPublisher::wait() {
 }
 
 void MemoryPublisher::begin() {
+  s_->lost.clear();
+  open_step();
+}
+
+// The version under way, begun if there is none (put, unchanged, publish);
+// refused after a version was lost.
+void MemoryPublisher::open_step() {
   if (s_->step) return;
+  if (!s_->lost.empty())
+    fail(Exit::usage, s_->lost + "; the tensors given to it are gone: begin() the version anew (or abort())");
   wait();
-  if (s_->reconcile_needed) {
+  // The mirror must be at the version published last: after a failed or
+  // never started advance, or a change by another process, reconcile first.
+  if (s_->reconcile_needed || read_state(s_->mirror) != LocalState{s_->version, std::nullopt}) {
     PublisherOpening o;
     reconcile(s_->root, s_->mirror, s_->opts, o);
     s_->version = o.version;
@@ -296,14 +313,26 @@ void MemoryPublisher::begin() {
   for (const Work& w : st->works) total += w.nbytes;
   progress::begin("publish", total);
   st->writer = std::make_unique<DeltaWriter>(st->out, s_->opts.sync);
-  st->encoder = std::make_unique<Encoder>(st->writer->tmp, s_->opts.encoding, s_->opts.level, s_->opts.threads);
+  try {
+    st->encoder = std::make_unique<Encoder>(st->writer->tmp, s_->opts.encoding, s_->opts.level, s_->opts.threads);
+  } catch (...) {
+    st->writer->abandon();
+    throw;
+  }
   s_->step = std::move(st);
+}
+
+// Abandons the version under way after an error, remembering it as lost.
+void MemoryPublisher::lose_step(const std::string& why) {
+  if (!s_->step) return;
+  s_->lost = "version " + format_version(s_->step->version) + " was abandoned after an error (" + why + ")";
+  abort_step();
 }
 
 void MemoryPublisher::put(const TensorBytes& t) { put(std::span<const TensorBytes>(&t, 1)); }
 
 void MemoryPublisher::put(std::span<const TensorBytes> batch) {
-  begin();
+  open_step();
   Step& st = *s_->step;
   std::vector<Work*> works;
   std::vector<Source> memory(batch.size());
@@ -320,9 +349,9 @@ void MemoryPublisher::put(std::span<const TensorBytes> batch) {
   for (std::size_t k = 0; k < works.size(); ++k) works[k]->nsrc = &memory[k], works[k]->noff = 0;
   try {
     st.encoder->encode(works);
-  } catch (...) {
+  } catch (const std::exception& e) {
     for (Work* w : works) w->nsrc = nullptr;
-    abort();  // the spools may hold half an entry
+    lose_step(e.what());  // the spools may hold half an entry
     throw;
   }
   for (Work* w : works) {
@@ -332,7 +361,7 @@ void MemoryPublisher::put(std::span<const TensorBytes> batch) {
 }
 
 void MemoryPublisher::unchanged(std::string_view name) {
-  begin();
+  open_step();
   Step& st = *s_->step;
   const std::size_t i = find_tensor(st, name, s_->mirror);
   if (st.given[i]) fail(Exit::usage, "tensor '" + std::string(name) + "': given, then declared unchanged");
@@ -340,7 +369,7 @@ void MemoryPublisher::unchanged(std::string_view name) {
 }
 
 PublishSummary MemoryPublisher::publish(bool rest_unchanged) {
-  begin();
+  open_step();
   Step& st = *s_->step;
   check_complete(st, rest_unchanged);
   PublishSummary ps;
@@ -362,20 +391,32 @@ PublishSummary MemoryPublisher::publish(bool rest_unchanged) {
     });
     st.encoder->close();
     ps.diff.delta_bytes = st.writer->publish(idx);
-  } catch (...) {
-    abort();
-    throw;
+  } catch (const std::exception& e) {
+    boost::system::error_code ec;
+    if (fs::exists(st.writer->tmp, ec) || !fs::exists(st.out, ec)) {  // not renamed into place
+      lose_step(e.what());
+      throw;
+    }
+    // Renamed into place, then a later step failed (flushing ROOT): the
+    // version is published all the same.
+    s_->version = st.version;
+    s_->reconcile_needed = true;
+    s_->step.reset();
+    fail(Exit::failure,
+         st.out.string() + ": published, but " + e.what() + "; the next publish advances the mirror to it first");
   }
   ps.diff.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - st.t0).count();
   s_->version = st.version;  // published: from here on the mirror is behind until advanced
   // The mirror follows through delta-apply's own path: journalled, checked
   // against the checksums the delta carries, recorded.
   s_->step.reset();
+  s_->reconcile_needed = true;  // until the advance has run: a thread that never starts leaves it so
   const fs::path delta = ps.out, mirror = s_->mirror;
   const ApplyOptions ao = mirror_apply_options(s_->opts);
   auto advance = [this, delta, mirror, ao] {
     try {
       s_->advanced = apply_delta(delta, mirror, ao);
+      s_->reconcile_needed = false;
     } catch (const Error& e) {
       s_->advance_error = std::make_exception_ptr(
           Error(e.code(), delta.string() + ": published, but advancing mirror " + mirror.string() +
@@ -394,6 +435,11 @@ PublishSummary MemoryPublisher::publish(bool rest_unchanged) {
 }
 
 void MemoryPublisher::abort() {
+  s_->lost.clear();
+  abort_step();
+}
+
+void MemoryPublisher::abort_step() {
   if (!s_->step) return;
   std::unique_ptr<Step> st = std::move(s_->step);
   st->encoder.reset();  // the spools closed before their directory goes

@@ -11,6 +11,7 @@
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
+#include "hfdelta/progress.hpp"
 #include "hfdelta/publisher.hpp"
 
 using namespace e2e;
@@ -123,4 +124,57 @@ TEST_CASE("publisher: opening catches a mirror up from ROOT, and refuses a root 
   hfdelta::PublisherOptions o = options("sparse");
   o.lock_timeout = 0.1;
   CHECK(code_of([&] { hfdelta::MemoryPublisher q(root, mirror, o); }) == static_cast<int>(hfdelta::Exit::lock_timeout));
+}
+
+TEST_CASE("publisher: tensors larger than a chunk, split over threads, across versions: delta-diff's bytes, progress whole") {
+  // The tiny preset's tensors are all below one sparse chunk (1M elements);
+  // these are cut into ranges of chunks and hashed in a unit of their own.
+  TempDir t;
+  auto make = [&](const fs::path& dir, unsigned seed) {
+    std::mt19937 rng(seed);
+    std::vector<TensorData> ts;
+    auto add = [&](const std::string& name, const std::string& dtype, std::vector<std::uint64_t> shape, std::size_t es) {
+      std::uint64_t n = 1;
+      for (auto d : shape) n *= d;
+      Bytes b(n * es);
+      std::mt19937 base_rng(7);  // the same base in every version, changed below
+      for (auto& x : b) x = static_cast<std::uint8_t>(base_rng());
+      for (std::uint64_t i = 0; i < n / 100; ++i) b[(rng() % n) * es] ^= 1;  // about 1% of the elements
+      ts.push_back({name, dtype, std::move(shape), std::move(b)});
+    };
+    add("big.bf16", "BF16", {4096, 1100}, 2);    // 4.5M elements, 5 chunks
+    add("big.f32", "F32", {3 * 1024 * 1024 + 17}, 4);  // odd length
+    add("small", "BF16", {1000}, 2);
+    write_safetensors(dir / "model.safetensors", ts);
+    write_file(dir / "config.json", "{}\n");
+  };
+  std::vector<fs::path> saves;
+  for (unsigned v = 0; v < 3; ++v) {
+    saves.push_back(t / ("save" + std::to_string(v)));
+    make(saves.back(), v);
+  }
+  for (const std::string enc : {"sparse", "auto"}) {
+    CAPTURE(enc);
+    const fs::path root = t / ("root-" + enc), ref = t / ("ref-" + enc), mirror = t / ("mirror-" + enc);
+    fs::create_directories(root);
+    fs::create_directories(ref);
+    require_init(saves[0], mirror);
+    hfdelta::PublisherOptions o = options(enc);
+    o.threads = 2;
+    hfdelta::MemoryPublisher p(root, mirror, o);
+    for (int v = 1; v <= 2; ++v) {
+      CAPTURE(v);
+      put_checkpoint(p, saves[static_cast<std::size_t>(v)], static_cast<unsigned>(v));
+      const hfdelta::progress::Snapshot s = hfdelta::progress::snapshot();
+      CHECK(std::string(s.what) == "publish");
+      CHECK(s.done == s.total);
+      p.publish(false);
+      E2E_REQUIRE_CODE(diff({"-q", "--no-sync", "--threads", "2", "--encoding", enc, saves[static_cast<std::size_t>(v - 1)].string(),
+                             saves[static_cast<std::size_t>(v)].string(), ref.string()}),
+                       0);
+      E2E_CHECK_TREE_EQUAL(version_dir(root, v), version_dir(ref, v));
+    }
+    p.wait();
+    E2E_CHECK_TREE_EQUAL(mirror, saves[2]);
+  }
 }

@@ -14,6 +14,15 @@
 // kept; the encoded entries wait in spool files in the version's temporary
 // directory under ROOT.
 //
+// The mirror's bytes are compared with the new ones, not hashed: the base
+// checksums the delta records come from the mirror's record of its version
+// (delta-apply --verify MIRROR checks the bytes against it). A mirror
+// damaged since shows when it is advanced, which checks them first: the
+// version is then published but the mirror cannot follow, and hosts refuse
+// it too (their patched bytes fail its checksums; nothing is left half
+// applied). Keep the mirror on storage you trust, and verify it after a crash
+// of the machine.
+//
 // Crash safety: the version appears in ROOT whole or not at all (written
 // under a hidden name, flushed, renamed); the mirror is advanced only after
 // that. Opening a publisher reconciles the two: an interrupted mirror
@@ -82,14 +91,22 @@ class MemoryPublisher {
   // the mirror's number holding other bytes (Error(verify_failed)).
   MemoryPublisher(const boost::filesystem::path& root, const boost::filesystem::path& mirror,
                   const PublisherOptions& opts);
-  ~MemoryPublisher();  // abandons an unfinished version; waits for the mirror
+  // Abandons an unfinished version and waits for the mirror's advance (its
+  // failure, if any, is not reported: call wait() first to see it).
+  ~MemoryPublisher();
   MemoryPublisher(const MemoryPublisher&) = delete;
   MemoryPublisher& operator=(const MemoryPublisher&) = delete;
 
   const PublisherOpening& opening() const;
   // The newest published version (the mirror's, once advanced).
   std::uint64_t version() const;
-  // Starts version() + 1; put() starts it when none is under way.
+  // Starts version() + 1; put(), unchanged() and publish() start it when
+  // none is under way, except after a version was lost: an error inside
+  // put() or publish() (not a refused tensor) abandons the version under way
+  // with the tensors given to it, and those calls then refuse to go on in a
+  // new one until begin() or abort() says so. Before it starts a version it
+  // waits for the mirror's advance, and reconciles mirror and root again
+  // when the mirror is not at the version published last.
   void begin();
   // Diffs one tensor of the new version against the mirror. Error(unsupported)
   // for a name the mirror does not have or another dtype or shape (the
@@ -110,12 +127,17 @@ class MemoryPublisher {
   PublishSummary publish(bool rest_unchanged);
   // Abandons the version begun, if any: nothing was published.
   void abort();
+  // A version is under way (begun, not yet published or abandoned).
+  bool in_progress() const;
   // Waits for the mirror's advance; rethrows its failure once (the version
   // stays published; the next begin() catches the mirror up from ROOT).
   // Returns the apply's result, if one ran since the last wait.
   std::optional<ApplyResult> wait();
 
  private:
+  void open_step();
+  void lose_step(const std::string& why);
+  void abort_step();
   struct State;
   std::unique_ptr<State> s_;
 };

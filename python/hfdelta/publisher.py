@@ -21,11 +21,13 @@ is caught up from it; any other disagreement is refused, saying what to do.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import threading
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Iterable, Mapping, Optional, Tuple, Union
+from typing import Any, Iterable, Iterator, Mapping, Optional, Tuple, Union
 
 from . import _core
 from ._api import PathLike, ProgressCallback, _path
@@ -91,7 +93,7 @@ def _item(name: str, tensor: TensorLike) -> Tuple[str, Any, Optional[str], Optio
 
     if not isinstance(name, str):
         raise UsageError(f"tensor names are str, not {type(name).__name__}")
-    if hasattr(tensor, "__dlpack_device__") and tensor.__dlpack_device__()[0] not in (1, 3):  # kDLCPU, kDLCUDAHost
+    if hasattr(tensor, "__dlpack_device__") and tensor.__dlpack_device__()[0] != 1:  # kDLCPU
         raise UsageError(f"tensor '{name}': not in host memory (DLPack device {tuple(tensor.__dlpack_device__())}); "
                          "the publisher reads tensors on the CPU: copy it there first (torch: .cpu())")
     if hasattr(tensor, "detach") and hasattr(tensor, "__dlpack__"):  # torch: no autograd history to export
@@ -106,6 +108,8 @@ def _item(name: str, tensor: TensorLike) -> Tuple[str, Any, Optional[str], Optio
     dtype = _NUMPY_DTYPES.get(tensor.dtype.name)
     if dtype is None:
         raise UsageError(f"tensor '{name}': numpy dtype {tensor.dtype.name} has no safetensors name")
+    if not tensor.dtype.isnative:  # safetensors is little-endian, like every host hfdelta runs on
+        tensor = tensor.astype(tensor.dtype.newbyteorder("="))
     if not tensor.flags.c_contiguous:
         tensor = np.ascontiguousarray(tensor)
     return name, tensor.reshape(-1).view(np.uint8), dtype, [int(d) for d in tensor.shape]
@@ -126,67 +130,92 @@ class Publisher:
         self.root = _path(root, "root")
         self.mirror = _path(mirror, "mirror")
         self.encoding = encoding
+        self._lock = threading.Lock()
         self._core = _core._Publisher(self.root, self.mirror, encoding, level, threads, sync, lock_timeout,
                                       background)
         o = json.loads(self._core.opening())
         self.opening = Opening(version=o["version"], rolled_back=o["rolled_back"], caught_up=list(o["caught_up"]))
 
+    @contextlib.contextmanager
+    def _alone(self) -> Iterator[None]:
+        """One call at a time: a call of another thread meanwhile raises UsageError and changes nothing."""
+        if not self._lock.acquire(blocking=False):
+            raise UsageError("the publisher is in use by another thread")
+        try:
+            yield
+        finally:
+            self._lock.release()
+
     @property
     def version(self) -> int:
         """The newest version published (the mirror's, once advanced)."""
-        return int(self._core.version)
+        with self._alone():
+            return int(self._core.version)
 
     def publish(self, tensors: Tensors, *, unchanged: Union[Iterable[str], bool] = (),
                 progress: Optional[ProgressCallback] = None, wait: bool = False) -> PublishResult:
         """Publishes version ``self.version + 1`` from ``tensors`` ((name, tensor) pairs, or a mapping), taken
         one at a time, in any order: every tensor of the mirror, except those named in ``unchanged`` (or all
         those not given, with ``unchanged=True``). Nothing is published if anything fails (the iterable
-        raising included). ``wait``: also wait for the mirror's advance (its result in ``mirror``)."""
+        raising included). ``wait``: also wait for the mirror's advance (its result in ``mirror``; if it fails,
+        the version is published all the same and the error says so)."""
         pairs: Iterable[Tuple[str, TensorLike]] = tensors.items() if isinstance(tensors, Mapping) else tensors
-        try:  # the version begins with its first tensor, inside put_all (its "publish" progress phase too)
-            self._core.put_all((_item(n, t) for n, t in pairs), progress)
-            if isinstance(unchanged, str):
-                unchanged = [unchanged]
-            if unchanged is not True and unchanged is not False:
-                for name in unchanged:
-                    self._core.unchanged(name)
-            return PublishResult._from_report(self._core.publish(unchanged is True, wait))
-        except BaseException:
-            self._core.abort()
-            raise
+        with self._alone():
+            owned = not self._core.in_progress  # a version begun with begin()/put() is the caller's to abort
+            try:  # the version begins inside put_all (and with it, its "publish" progress phase)
+                self._core.put_all((_item(n, t) for n, t in pairs), progress)
+                if isinstance(unchanged, str):
+                    unchanged = [unchanged]
+                if unchanged is not True and unchanged is not False:
+                    for name in unchanged:
+                        self._core.unchanged(name)
+                return PublishResult._from_report(self._core.publish(unchanged is True, wait))
+            except BaseException:
+                if owned:
+                    self._core.abort()
+                raise
 
     # The same in steps, for a trainer that hands tensors over from callbacks.
     def begin(self) -> None:
         """Starts version ``self.version + 1`` (put() starts it too)."""
-        self._core.begin()
+        with self._alone():
+            self._core.begin()
 
     def put(self, name: str, tensor: TensorLike) -> None:
         """Diffs one tensor of the version begun against the mirror."""
-        self._core.put(*_item(name, tensor))
+        with self._alone():
+            self._core.put(*_item(name, tensor))
 
     def declare_unchanged(self, names: Iterable[str]) -> None:
         """Declares tensors unchanged since the mirror's version (they are not read)."""
-        for name in [names] if isinstance(names, str) else names:
-            self._core.unchanged(name)
+        with self._alone():
+            for name in [names] if isinstance(names, str) else names:
+                self._core.unchanged(name)
 
     def commit(self, *, rest_unchanged: bool = False, wait: bool = False) -> PublishResult:
         """Publishes the version begun (every tensor given or declared unchanged; ``rest_unchanged``: those not
         given are). On a missing tensor it raises UsageError and keeps the version open."""
-        return PublishResult._from_report(self._core.publish(rest_unchanged, wait))
+        with self._alone():
+            return PublishResult._from_report(self._core.publish(rest_unchanged, wait))
 
     def abort(self) -> None:
         """Abandons the version begun: nothing is published."""
-        self._core.abort()
+        with self._alone():
+            self._core.abort()
 
     def wait(self) -> Optional[ChangeResult]:
         """Waits for the mirror's advance; its result, or None if none ran since the last wait. Its failure is
         raised once (the version stays published; the next publish catches the mirror up from the root)."""
-        text = self._core.wait()
+        with self._alone():
+            text = self._core.wait()
         return ChangeResult._from_json(text) if text is not None else None
 
     def close(self) -> None:
-        """Abandons a version begun, waits for the mirror, releases the mirror's publisher lock."""
-        self._core.close()
+        """Abandons a version begun, waits for the mirror, releases the mirror's publisher lock. Call it (or use
+        the publisher as a context manager): a publisher dropped without it waits for the mirror's advance with
+        the GIL held."""
+        with self._alone():
+            self._core.close()
 
     def __enter__(self) -> "Publisher":
         return self

@@ -50,6 +50,8 @@ std::string safetensors_dtype(nb::dlpack::dtype d) {
 
 // Row-major and dense: the bytes the safetensors file holds, in one piece.
 bool row_major(const Array& a) {
+  for (std::size_t i = 0; i < a.ndim(); ++i)
+    if (a.shape(i) == 0) return true;  // no bytes: any strides will do
   std::int64_t want = 1;
   for (std::size_t i = a.ndim(); i-- > 0;) {
     if (a.shape(i) != 1 && a.stride(i) != want) return false;
@@ -198,8 +200,21 @@ void bind_publisher(nb::module_& m) {
             new (self) Publisher{std::move(p), encoding, mirror};
           },
           "root"_a, "mirror"_a, "encoding"_a, "level"_a, "threads"_a, "sync"_a, "lock_timeout"_a.none(), "background"_a)
-      .def_prop_ro("version", [](Publisher& self) { return self.get().version(); })
-      .def("opening", [](Publisher& self) { return opening_json(self.get().opening()).dump(); })
+      .def_prop_ro("version",
+                   [](Publisher& self) {
+                     const Busy busy(self);
+                     return self.get().version();
+                   })
+      .def_prop_ro("in_progress",
+                   [](Publisher& self) {
+                     const Busy busy(self);
+                     return self.get().in_progress();
+                   })
+      .def("opening",
+           [](Publisher& self) {
+             const Busy busy(self);
+             return opening_json(self.get().opening()).dump();
+           })
       .def("begin", [](Publisher& self) {
         const Busy busy(self);
         nb::gil_scoped_release release;
@@ -220,6 +235,9 @@ void bind_publisher(nb::module_& m) {
           [](Publisher& self, nb::handle items, nb::handle progress) {
             const Busy busy(self);
             nb::gil_scoped_release release;
+            // The mirror's advance waited for first, so that the feed reports
+            // this call's phases, not the advance's.
+            self.get().wait();
             const hfdelta::python::ProgressCallback feed(progress);
             nb::gil_scoped_acquire gil;
             self.put_all(items);

@@ -103,7 +103,7 @@ def test_dlpack_and_buffer_protocol_inputs(tools: Any, tmp_path: Path) -> None:
             return self.a.__dlpack_device__()
 
     roots = []
-    for kind in ("numpy", "dlpack", "buffer", "strided"):
+    for kind in ("numpy", "dlpack", "buffer", "strided", "big-endian"):
         d = tmp_path / kind
         d.mkdir()
         root, mirror = new_mirror(d, s0)
@@ -114,8 +114,10 @@ def test_dlpack_and_buffer_protocol_inputs(tools: Any, tmp_path: Path) -> None:
                 items = [(k, DLPackOnly(a)) for k, a in new.items()]
             elif kind == "buffer":
                 items = [(k, memoryview(a)) for k, a in new.items()]
-            else:  # Fortran order: copied to row-major first, one tensor at a time
+            elif kind == "strided":  # Fortran order: copied to row-major first, one tensor at a time
                 items = [(k, np.asfortranarray(a)) for k, a in new.items()]
+            else:  # the same values, stored big-endian: converted first
+                items = [(k, a.astype(a.dtype.newbyteorder(">"))) for k, a in new.items()]
             pub.publish(items)
         roots.append(root / "weight_v000001")
     ref = tmp_path / "ref"
@@ -133,6 +135,35 @@ def test_progress_callback(series: list[Path], tmp_path: Path) -> None:
     assert seen and all(p == "publish" for p, _, _ in seen)
     dones = [d for _, d, _ in seen]
     assert dones == sorted(dones) and seen[-1][1] == seen[-1][2] > 0, seen
+
+
+def test_one_call_at_a_time(series: list[Path], tmp_path: Path) -> None:
+    """A call from another thread while a publish runs is refused, and leaves that publish alone."""
+    import threading
+
+    root, mirror = new_mirror(tmp_path, series[0])
+    new = tensors_of(series[1])
+    inside, go_on = threading.Event(), threading.Event()
+
+    def slow() -> Iterator[tuple[str, Any]]:
+        for i, item in enumerate(new.items()):
+            if i == 1:
+                inside.set()
+                assert go_on.wait(30)
+            yield item
+
+    with Publisher(root, mirror, sync=False) as pub:
+        result: list[Any] = []
+        t = threading.Thread(target=lambda: result.append(pub.publish(slow())))
+        t.start()
+        assert inside.wait(30)
+        name, first = next(iter(new.items()))
+        for call in (lambda: pub.put(name, first), lambda: pub.publish([]), pub.abort, lambda: pub.version):
+            with pytest.raises(hfdelta.UsageError, match="in use by another thread"):
+                call()
+        go_on.set()
+        t.join(30)
+        assert result and result[0].tensors_given == len(new) and result[0].version == "000001"
 
 
 def test_mistakes_publish_nothing(series: list[Path], tmp_path: Path) -> None:

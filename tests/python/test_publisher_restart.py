@@ -110,16 +110,30 @@ def test_killed_at_write_steps(tools: Any, series: list[Path], reference: Path, 
 
 
 def test_killed_at_random_instants(tools: Any, series: list[Path], reference: Path, tmp_path: Path) -> None:
-    """The loop publishing four versions, killed twelve times at random instants, then let finish."""
+    """The loop publishing four versions, killed twelve times at random instants after it opened (uniform over
+    the time an undisturbed run takes to publish them), then let finish."""
     last = 4
     root, mirror = fresh(tmp_path, series)
+    p = start(root, mirror, series, last)
+    assert p.stdout is not None and p.stdout.readline()  # opened
+    t0 = time.monotonic()
+    p.communicate(timeout=300)
+    took = time.monotonic() - t0  # an undisturbed run's publishing, after it opened
+    assert p.returncode == 0
     rng = random.Random(int(os.environ.get("HFDELTA_TEST_SEED", "1")))
+    mid = 0
     for _ in range(12):
+        root, mirror = fresh(tmp_path, series) if mid == 0 else (root, mirror)
         p = start(root, mirror, series, last)
-        time.sleep(rng.uniform(0.2, 1.5))
+        assert p.stdout is not None
+        if not p.stdout.readline():  # it died opening (never: a kill comes after this line)
+            pytest.fail(f"the publisher failed to open: {p.communicate()[1]}")
+        time.sleep(rng.uniform(0, took))
         p.kill()
-        p.communicate(timeout=60)
-        if p.returncode == 0:  # it finished first: start over, to be killed again
-            root, mirror = fresh(tmp_path, series)
+        out, _ = p.communicate(timeout=60)
+        if f"published {last:06d}" not in out:
+            mid += 1  # killed before the last version was out: a restart has work left
+    print(f"{mid} of 12 kills landed while versions were still being published (undisturbed: {took:.2f} s)")
+    assert mid >= 6
     finish(root, mirror, series, last)
     check_converged(tools, root, mirror, reference, series, last, tmp_path)
