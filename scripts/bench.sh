@@ -455,7 +455,7 @@ if want publish; then
   "$B/hfdelta-gen" --preset "$preset" --saves 1 --lr "$target_lr" --steps-per-save "$steps" "$series" 2>&1 | sed 's/^/   /'
   sync
   "$py" "$repo/scripts/bench_publish.py" "$series" "$work/publish" "$B/delta-diff" "$out/publish.json" \
-    --repeat "$((repeat < 4 ? 4 : repeat))" >"$out/publish.md" || die "bench_publish.py failed"
+    --repeat "$((repeat < 6 ? 6 : repeat))" >"$out/publish.md" || die "bench_publish.py failed"
   sed 's/^/   /' "$out/publish.md"
   note timing "what=publishing from memory" "seconds=$(elapsed "$t0")"
   [ "$keep" = 1 ] || rm -rf "$series" "$work/publish"
