@@ -246,6 +246,30 @@ void count_step(const Step& st, const std::vector<const Work*>& changed, Publish
   for (const auto& f : st.layout.other_files) s.full_bytes += fs::file_size(st.layout.dir / f);
 }
 
+// Version `v` begun: the mirror's layout and record, the delta's temporary
+// directory in ROOT and the encoder spooling into it.
+std::unique_ptr<Step> new_step(const fs::path& root, const fs::path& mirror, const PublisherOptions& opts,
+                               std::uint64_t v) {
+  auto st = std::make_unique<Step>();
+  st->t0 = std::chrono::steady_clock::now();
+  st->version = v;
+  st->out = publish_target(root / version_dirname(v), v).out;
+  check_delta_out(st->out);
+  st->layout = open_checkpoint(mirror);
+  plan_step(*st, opts, read_record(mirror, v - 1));
+  std::uint64_t total = 0;
+  for (const Work& w : st->works) total += w.nbytes;
+  progress::begin("publish", total);
+  st->writer = std::make_unique<DeltaWriter>(st->out, opts.sync);
+  try {
+    st->encoder = std::make_unique<Encoder>(st->writer->tmp, opts.encoding, opts.level, opts.threads);
+  } catch (...) {
+    st->writer->abandon();
+    throw;
+  }
+  return st;
+}
+
 }  // namespace
 
 MemoryPublisher::MemoryPublisher(const fs::path& root, const fs::path& mirror, const PublisherOptions& opts)
@@ -302,24 +326,7 @@ void MemoryPublisher::open_step() {
     s_->version = o.version;
     s_->reconcile_needed = false;
   }
-  auto st = std::make_unique<Step>();
-  st->t0 = std::chrono::steady_clock::now();
-  st->version = s_->version + 1;
-  st->out = publish_target(s_->root / version_dirname(st->version), st->version).out;
-  check_delta_out(st->out);
-  st->layout = open_checkpoint(s_->mirror);
-  plan_step(*st, s_->opts, read_record(s_->mirror, s_->version));
-  std::uint64_t total = 0;
-  for (const Work& w : st->works) total += w.nbytes;
-  progress::begin("publish", total);
-  st->writer = std::make_unique<DeltaWriter>(st->out, s_->opts.sync);
-  try {
-    st->encoder = std::make_unique<Encoder>(st->writer->tmp, s_->opts.encoding, s_->opts.level, s_->opts.threads);
-  } catch (...) {
-    st->writer->abandon();
-    throw;
-  }
-  s_->step = std::move(st);
+  s_->step = new_step(s_->root, s_->mirror, s_->opts, s_->version + 1);
 }
 
 // Abandons the version under way after an error, remembering it as lost.
