@@ -55,8 +55,13 @@ std::string path_of_message(const std::string& msg) {
   if (const std::size_t sp = p.rfind(' '); sp != std::string::npos) p = p.substr(sp + 1);  // "BASE /x: ..."
   if (p.empty()) return "";
   struct stat st;
-  const std::string parent = p.find('/') == std::string::npos ? "." : p.substr(0, p.rfind('/') + 1);
-  return ::lstat(p.c_str(), &st) == 0 || ::stat(parent.c_str(), &st) == 0 ? p : "";
+  if (::lstat(p.c_str(), &st) == 0) return p;
+  // Not there (yet): a path only if it names a directory to be in ("OUT/x"),
+  // not a word ("--base-version", "tensor 'x'") that the current directory
+  // would make look like a file name.
+  const std::size_t slash = p.rfind('/');
+  if (slash == std::string::npos) return "";
+  return ::stat(p.substr(0, slash + 1).c_str(), &st) == 0 ? p : "";
 }
 
 json error_json(int code, const std::string& msg) {

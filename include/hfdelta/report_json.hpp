@@ -30,8 +30,9 @@ nlohmann::json json_report(nlohmann::json j);
 const char* error_kind(int code);
 
 // The path an error message is about: the text before its first ": " (after
-// a role word such as "BASE "), when that names something on disk or in an
-// existing directory (most messages start so); "" when it names none.
+// a role word such as "BASE "), when that names something on disk, or a name
+// with a '/' in an existing directory (most messages start so); "" when it
+// names none (an option, "tensor 'x'").
 std::string path_of_message(const std::string& message);
 
 // The error object of a failed command: {"ok": false, "exit_code", "error":

@@ -171,8 +171,9 @@ def test_mistakes_publish_nothing(series: list[Path], tmp_path: Path) -> None:
     new = tensors_of(series[1])
     name, first = next(iter(new.items()))
     with Publisher(root, mirror, sync=False) as pub:
-        with pytest.raises(hfdelta.Unsupported, match="not in mirror"):
+        with pytest.raises(hfdelta.Unsupported, match="not in mirror") as e:
             pub.publish([("no.such.tensor", first)])
+        assert e.value.path is None  # "tensor '...': " names no file
         with pytest.raises(hfdelta.Unsupported, match="publish a changed layout as a full version"):
             pub.publish([(name, first.reshape(-1))])
         with pytest.raises(hfdelta.Unsupported, match="holds it as BF16"):
