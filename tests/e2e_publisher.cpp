@@ -41,6 +41,14 @@ void put_checkpoint(hfdelta::MemoryPublisher& p, const fs::path& dir, unsigned s
   }
 }
 
+// ROOT (empty) and MIRROR (save 0 of `series`) under `t`.
+std::pair<fs::path, fs::path> root_and_mirror(const TempDir& t, const fs::path& series) {
+  const fs::path root = t / "root", mirror = t / "mirror";
+  fs::create_directories(root);
+  require_init(save_dir(series, 0), mirror);
+  return {root, mirror};
+}
+
 int code_of(const std::function<void()>& f) {
   try {
     f();
@@ -79,12 +87,11 @@ TEST_CASE("publisher: the delta is byte for byte delta-diff's, for every encodin
   }
 }
 
-TEST_CASE("publisher: tensors not given, unknown, reshaped or given twice are refused, nothing published") {
+TEST_CASE("publisher: a version with tensors neither given nor declared unchanged, or unknown, is not published") {
   TempDir t;
   const fs::path series = gen_series(t / "series", 1);
-  const fs::path root = t / "root", mirror = t / "mirror";
-  fs::create_directories(root);
-  require_init(save_dir(series, 0), mirror);
+  const auto rm = root_and_mirror(t, series);  // not a structured binding: lambdas capture these
+  const fs::path &root = rm.first, &mirror = rm.second;
   hfdelta::MemoryPublisher p(root, mirror, options("sparse"));
   put_checkpoint(p, save_dir(series, 1), 1, 1);  // all but one
   CHECK(code_of([&] { p.publish(false); }) == static_cast<int>(hfdelta::Exit::usage));
@@ -104,9 +111,8 @@ TEST_CASE("publisher: tensors not given, unknown, reshaped or given twice are re
 TEST_CASE("publisher: opening catches a mirror up from ROOT, and refuses a root behind it") {
   TempDir t;
   const fs::path series = gen_series(t / "series", 2);
-  const fs::path root = t / "root", mirror = t / "mirror";
-  fs::create_directories(root);
-  require_init(save_dir(series, 0), mirror);
+  const auto rm = root_and_mirror(t, series);  // not a structured binding: lambdas capture these
+  const fs::path &root = rm.first, &mirror = rm.second;
   require_diff(save_dir(series, 0), save_dir(series, 1), version_dir(root, 1), "sparse");
   require_diff(save_dir(series, 1), save_dir(series, 2), version_dir(root, 2), "sparse");
   {
