@@ -19,6 +19,7 @@
 #include "hfdelta/io.hpp"
 #include "hfdelta/local_store.hpp"
 #include "hfdelta/progress.hpp"
+#include "hfdelta/safetensors.hpp"
 #include "hfdelta/version.hpp"
 
 namespace hfdelta {
@@ -26,12 +27,6 @@ namespace hfdelta {
 namespace fs = boost::filesystem;
 
 namespace {
-
-std::string shape_text(std::span<const std::uint64_t> shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
 
 // The version being written: the mirror's layout, one Work per tensor, the
 // delta's temporary directory and the encoder spooling into it.
@@ -189,14 +184,14 @@ void check_tensor(const Step& st, const Work& w, const TensorBytes& t, const fs:
   const std::string where = "tensor '" + std::string(t.name) + "'";
   const bool same_shape = std::equal(t.shape.begin(), t.shape.end(), w.t->shape.begin(), w.t->shape.end());
   if (t.dtype != w.t->dtype || !same_shape)
-    fail(Exit::unsupported, where + ": " + std::string(t.dtype) + " " + shape_text(t.shape) + ", but mirror " +
+    fail(Exit::unsupported, where + ": " + std::string(t.dtype) + " " + shape_string({t.shape.begin(), t.shape.end()}) + ", but mirror " +
                                 mirror.string() + " (version " + format_version(st.version - 1) + ") holds it as " +
-                                w.t->dtype + " " + shape_text(w.t->shape) +
+                                w.t->dtype + " " + shape_string(w.t->shape) +
                                 "; a publisher from memory keeps every dtype and shape: publish a changed layout as a "
                                 "full version (delta-diff --full) and re-create the mirror from it");
   if (t.bytes.size() != w.nbytes)
     fail(Exit::bad_input, where + ": " + std::to_string(t.bytes.size()) + " bytes given, but " + w.t->dtype + " " +
-                              shape_text(w.t->shape) + " takes " + std::to_string(w.nbytes));
+                              shape_string(w.t->shape) + " takes " + std::to_string(w.nbytes));
 }
 
 // The delta's index: as delta-diff writes it for a NEW of the mirror's layout.

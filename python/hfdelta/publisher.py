@@ -22,7 +22,6 @@ is caught up from it; any other disagreement is refused, saying what to do.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import threading
 from dataclasses import dataclass
@@ -74,11 +73,7 @@ class PublishResult(DiffResult):
     def _from_report(cls, text: str) -> "PublishResult":
         data = json.loads(text)
         mirror = data.pop("mirror")
-        base = DiffResult._from_json(json.dumps({k: v for k, v in data.items()
-                                                 if k not in ("tensors_given", "tensors_declared_unchanged")}))
-        return cls(**dataclasses.asdict(base), tensors_given=data["tensors_given"],
-                   tensors_declared_unchanged=data["tensors_declared_unchanged"],
-                   mirror=ChangeResult._from_json(json.dumps(mirror)) if mirror is not None else None)
+        return cls(**data, mirror=ChangeResult._from_json(json.dumps(mirror)) if mirror is not None else None)
 
     def to_dict(self) -> dict[str, Any]:
         out = super().to_dict()

@@ -2,7 +2,12 @@
 // module.cpp's NB_MODULE calls them in order.
 #pragma once
 
+#include <optional>
+#include <string>
+
 #include <nanobind/nanobind.h>
+
+#include "hfdelta/codec.hpp"
 
 namespace hfdelta::python {
 
@@ -14,6 +19,14 @@ void bind_errors(nanobind::module_& m);
 // One function per CLI form: paths as str, options as the CLI's, the result
 // as the CLI's --json object (a JSON string). hfdelta/_api.py wraps them.
 void bind_forms(nanobind::module_& m);
+
+// The options both the forms and the publisher take, checked as the CLI
+// checks them (Error(usage) otherwise): zstd level 1 to 19, threads 0 (all
+// cores) or more, and an encoding name (sparse, auto, xor, overwrite; none
+// is "auto").
+void check_level(int level);
+void check_threads(int threads);
+std::optional<Encoding> encoding_of(const std::string& name);
 
 }  // namespace hfdelta::python
 

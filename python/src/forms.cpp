@@ -35,6 +35,20 @@ using namespace nb::literals;
 
 namespace hfdelta::python {
 
+void check_threads(int threads) {
+  if (threads < 0) fail(Exit::usage, "threads must be 0 (all cores) or more, not " + std::to_string(threads));
+}
+
+void check_level(int level) {
+  if (level < 1 || level > 19) fail(Exit::usage, "level (of zstd) must be 1 to 19, not " + std::to_string(level));
+}
+
+std::optional<Encoding> encoding_of(const std::string& name) {
+  if (name != "auto" && name != "sparse" && name != "xor" && name != "overwrite")
+    fail(Exit::usage, "encoding must be sparse, auto, xor or overwrite, not \"" + name + "\"");
+  return name == "auto" ? std::nullopt : std::optional(parse_encoding(name));
+}
+
 namespace {
 
 using Version = std::optional<std::uint64_t>;
@@ -56,13 +70,6 @@ auto released(nb::handle progress, Work&& work) {
   return work();
 }
 
-void check_threads(int threads) {
-  if (threads < 0) usage("threads must be 0 (all cores) or more, not " + std::to_string(threads));
-}
-
-void check_level(int level) {
-  if (level < 1 || level > 19) usage("level (of zstd) must be 1 to 19, not " + std::to_string(level));
-}
 
 double lock_seconds(std::optional<double> lock_timeout) {
   if (!lock_timeout) return -1;  // wait forever
@@ -115,9 +122,7 @@ DiffOptions diff_options(const std::string& encoding, int level, Version base_ve
   check_level(level);
   check_threads(threads);
   DiffOptions d;
-  if (encoding != "auto" && encoding != "sparse" && encoding != "xor" && encoding != "overwrite")
-    usage("encoding must be sparse, auto, xor or overwrite, not \"" + encoding + "\"");
-  d.encoding = encoding == "auto" ? std::nullopt : parse_encoding(encoding);
+  d.encoding = encoding_of(encoding);
   d.level = level;
   d.threads = threads;
   d.sync = sync;

@@ -92,13 +92,6 @@ Tensor tensor_of(std::string name, const Array& a, const std::optional<std::stri
   return t;
 }
 
-std::optional<hfdelta::Encoding> encoding_of(const std::string& e) {
-  if (e == "auto") return std::nullopt;
-  if (e != "sparse" && e != "xor" && e != "overwrite")
-    fail(Exit::usage, "encoding: must be sparse, auto, xor or overwrite, not '" + e + "'");
-  return hfdelta::parse_encoding(e);
-}
-
 nlohmann::json opening_json(const hfdelta::PublisherOpening& o) {
   return {{"version", o.version},
           {"rolled_back", o.rolled_back ? nlohmann::json(*o.rolled_back) : nlohmann::json()},
@@ -183,10 +176,10 @@ void bind_publisher(nb::module_& m) {
           "__init__",
           [](Publisher* self, const std::string& root, const std::string& mirror, const std::string& encoding, int level,
              int threads, bool sync, std::optional<double> lock_timeout, bool background) {
+            hfdelta::python::check_level(level);
+            hfdelta::python::check_threads(threads);
             hfdelta::PublisherOptions o;
-            o.encoding = encoding_of(encoding);
-            if (level < 1 || level > 19) fail(Exit::usage, "level: must be 1 to 19, not " + std::to_string(level));
-            if (threads < 0) fail(Exit::usage, "threads: must be 0 (all cores) or more");
+            o.encoding = hfdelta::python::encoding_of(encoding);
             o.level = level;
             o.threads = threads;
             o.sync = sync;
