@@ -94,6 +94,12 @@ def published(tools: Tools, series: list[Path], tmp_path_factory: pytest.TempPat
     return root
 
 
+def files_of(d: Path) -> dict[str, bytes]:
+    """Every file below d but its .weight_sync/, by relative path, with its bytes."""
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*"))
+            if p.is_file() and ".weight_sync" not in p.parts}
+
+
 def copy_tree(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst, symlinks=True)
     return dst

@@ -8,7 +8,6 @@ published; memory must not grow with the model.
 
 from __future__ import annotations
 
-import filecmp
 import json
 import os
 import random
@@ -22,6 +21,8 @@ import ml_dtypes  # noqa: F401  (bfloat16 for safetensors' numpy loader)
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
+
+from conftest import files_of
 
 import hfdelta
 from hfdelta import Publisher
@@ -41,10 +42,6 @@ def shuffled(d: dict[str, Any], seed: int) -> list[tuple[str, Any]]:
     random.Random(seed).shuffle(items)
     return items
 
-
-def files_of(d: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*"))
-            if p.is_file() and ".weight_sync" not in p.parts}
 
 
 def assert_same_tree(a: Path, b: Path) -> None:

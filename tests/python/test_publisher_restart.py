@@ -23,14 +23,12 @@ from typing import Any, Optional
 
 import pytest
 
+from conftest import files_of
+
 import hfdelta
 
 CHILD = Path(__file__).with_name("publish_child.py")
 
-
-def files_of(d: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*"))
-            if p.is_file() and ".weight_sync" not in p.parts}
 
 
 @pytest.fixture(scope="module")
