@@ -26,13 +26,7 @@ constexpr std::size_t kChunk = 256 * 1024;
   fail(Exit::failure, std::string("zstd ") + op + ": " + ZSTD_getErrorName(code));
 }
 
-void put_le32(std::uint8_t* p, std::uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<std::uint8_t>(v >> (8 * i));
-}
-
-std::uint32_t get_le32(const std::uint8_t* p) {
-  return std::uint32_t(p[0]) | std::uint32_t(p[1]) << 8 | std::uint32_t(p[2]) << 16 | std::uint32_t(p[3]) << 24;
-}
+}  // namespace
 
 void check_declared_size(std::span<const std::uint8_t> frame, std::uint64_t expect, const std::string& what) {
   const unsigned long long cs = ZSTD_getFrameContentSize(frame.data(), frame.size());
@@ -41,14 +35,13 @@ void check_declared_size(std::span<const std::uint8_t> frame, std::uint64_t expe
     fail(Exit::bad_input, what + ": zstd frame declares " + std::to_string(cs) + " bytes, expected " + std::to_string(expect));
 }
 
-}  // namespace
-
 std::string_view encoding_name(Encoding e) {
   switch (e) {
     case Encoding::xor_bytes: return "xor";
     case Encoding::overwrite: return "overwrite";
     case Encoding::sparse: return "sparse";
     case Encoding::stack: return "stack";
+    case Encoding::context: return "context";
   }
   return "?";
 }
@@ -58,6 +51,7 @@ std::optional<Encoding> parse_encoding(std::string_view name) {
   if (name == "xor") return Encoding::xor_bytes;
   if (name == "overwrite") return Encoding::overwrite;
   if (name == "stack") return Encoding::stack;
+  if (name == "context") return Encoding::context;
   return std::nullopt;
 }
 
@@ -274,16 +268,6 @@ namespace {
 constexpr char kMagicXor[4] = {'H', 'F', 'S', '1'};
 constexpr char kMagicAdd[4] = {'H', 'F', 'S', '2'};
 
-void put_le64(std::uint8_t* p, std::uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<std::uint8_t>(v >> (8 * i));
-}
-
-std::uint64_t get_le64(const std::uint8_t* p) {
-  std::uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
-
 // Bit i of out[k] set where byte i of 64-byte block k of `a` and `b` differ.
 void diff_masks_generic(const std::uint8_t* a, const std::uint8_t* b, std::size_t blocks, std::uint64_t* out) {
   for (std::size_t k = 0; k < blocks; ++k, a += 64, b += 64) {
@@ -318,6 +302,8 @@ __attribute__((target("avx2"))) void diff_masks_avx2(const std::uint8_t* a, cons
 }
 #endif
 
+}  // namespace
+
 // Picked once: the widest byte comparison the CPU has.
 void diff_masks(const std::uint8_t* a, const std::uint8_t* b, std::size_t blocks, std::uint64_t* out) {
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -326,24 +312,6 @@ void diff_masks(const std::uint8_t* a, const std::uint8_t* b, std::size_t blocks
 #endif
   diff_masks_generic(a, b, blocks, out);
 }
-
-// From a mask of differing bytes, the lowest bit of each ES-byte element
-// that has any.
-template <std::size_t ES>
-inline std::uint64_t element_mask(std::uint64_t m) {
-  if constexpr (ES >= 2) m |= m >> 1;
-  if constexpr (ES >= 4) m |= m >> 2;
-  if constexpr (ES >= 8) m |= m >> 4;
-  constexpr std::uint64_t lanes = ES == 1 ? ~0ull : ES == 2 ? 0x5555555555555555ull : ES == 4 ? 0x1111111111111111ull : 0x0101010101010101ull;
-  return m & lanes;
-}
-
-template <std::size_t ES>
-constexpr std::uint64_t lane_mask() {
-  return ES == 8 ? ~0ull : (1ull << (8 * ES)) - 1;
-}
-
-}  // namespace
 
 std::size_t sparse_elem_size(std::size_t es, std::uint64_t nbytes) {
   return (es == 1 || es == 2 || es == 4 || es == 8) && nbytes % es == 0 ? es : 1;
@@ -734,7 +702,7 @@ std::vector<std::uint8_t> stack_head(const std::vector<StackPart>& parts) {
     std::uint8_t* r = h.data() + kStackHeadSize + i * kStackPartSize;
     const StackPart& p = parts[i];
     if (p.enc == Encoding::stack) fail(Exit::failure, "stack_head: a stacked entry cannot hold another");
-    put_le32(r, p.enc == Encoding::xor_bytes ? 0 : p.enc == Encoding::overwrite ? 1 : 2);
+    put_le32(r, p.enc == Encoding::xor_bytes ? 0 : p.enc == Encoding::overwrite ? 1 : p.enc == Encoding::sparse ? 2 : 3);
     put_le64(r + 8, p.size);
     put_le64(r + 16, p.hash.high);
     put_le64(r + 24, p.hash.low);
@@ -756,9 +724,9 @@ std::vector<StackPart> read_stack(std::span<const std::uint8_t> entry, const Has
     const std::uint8_t* r = entry.data() + kStackHeadSize + i * kStackPartSize;
     StackPart& p = parts[i];
     const std::uint32_t code = get_le32(r);
-    if (code > 2 || get_le32(r + 4) != 0)
+    if (code > 3 || get_le32(r + 4) != 0)
       fail(Exit::bad_input, what + ": part " + std::to_string(i) + " of the stacked entry has unknown encoding " + std::to_string(code));
-    p.enc = code == 0 ? Encoding::xor_bytes : code == 1 ? Encoding::overwrite : Encoding::sparse;
+    p.enc = code == 0 ? Encoding::xor_bytes : code == 1 ? Encoding::overwrite : code == 2 ? Encoding::sparse : Encoding::context;
     p.size = get_le64(r + 8);
     p.hash = {get_le64(r + 16), get_le64(r + 24)};
     if (p.size > entry.size() - at)

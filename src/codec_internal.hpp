@@ -13,6 +13,47 @@
 
 namespace hfdelta {
 
+// Little-endian fields of entry heads.
+inline void put_le32(std::uint8_t* p, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<std::uint8_t>(v >> (8 * i));
+}
+inline std::uint32_t get_le32(const std::uint8_t* p) {
+  return std::uint32_t(p[0]) | std::uint32_t(p[1]) << 8 | std::uint32_t(p[2]) << 16 | std::uint32_t(p[3]) << 24;
+}
+inline void put_le64(std::uint8_t* p, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<std::uint8_t>(v >> (8 * i));
+}
+inline std::uint64_t get_le64(const std::uint8_t* p) {
+  std::uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+// Throws Error(bad_input) naming `what` unless `frame` starts a zstd frame
+// whose declared content size (if any) is `expect`.
+void check_declared_size(std::span<const std::uint8_t> frame, std::uint64_t expect, const std::string& what);
+
+// Bit i of out[k] set where byte i of 64-byte block k of `a` and `b` differ
+// (the widest byte comparison the CPU has).
+void diff_masks(const std::uint8_t* a, const std::uint8_t* b, std::size_t blocks, std::uint64_t* out);
+
+// From a mask of differing bytes, the lowest bit of each ES-byte element
+// that has any.
+template <std::size_t ES>
+inline std::uint64_t element_mask(std::uint64_t m) {
+  if constexpr (ES >= 2) m |= m >> 1;
+  if constexpr (ES >= 4) m |= m >> 2;
+  if constexpr (ES >= 8) m |= m >> 4;
+  constexpr std::uint64_t lanes = ES == 1 ? ~0ull : ES == 2 ? 0x5555555555555555ull : ES == 4 ? 0x1111111111111111ull : 0x0101010101010101ull;
+  return m & lanes;
+}
+
+// The low 8*ES bits of a 64-bit word.
+template <std::size_t ES>
+constexpr std::uint64_t lane_mask() {
+  return ES == 8 ? ~0ull : (1ull << (8 * ES)) - 1;
+}
+
 // Pulls decoded bytes out of one untrusted zstd frame, a bounded buffer at a
 // time, and insists that the input is exactly one complete frame. Errors are
 // Error(bad_input) naming `what`.
@@ -69,5 +110,14 @@ inline void sparse_apply_value_t(std::uint8_t* elem, const std::uint8_t* v, Spar
 // chunk are checked by the call whose range reaches it.
 void decode_sparse_chunks(std::span<const std::uint8_t> entry, std::uint64_t nbytes, std::uint64_t first,
                           std::uint64_t last, const std::string& what, const SparsePatch& patch);
+
+// How many chunks of kContextChunkElements elements of `es` bytes a context
+// entry of a tensor of `nbytes` bytes has.
+std::uint64_t context_chunk_count(std::uint64_t nbytes, std::size_t es);
+
+// decode_context of only chunks [first, last) (as decode_sparse_chunks): the
+// base view is asked only for those chunks' bytes.
+void decode_context_chunks(std::span<const std::uint8_t> entry, std::uint64_t nbytes, std::uint64_t first,
+                           std::uint64_t last, const std::string& what, const BaseView& base, const SparsePatch& patch);
 
 }  // namespace hfdelta

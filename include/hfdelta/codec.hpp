@@ -34,6 +34,11 @@ enum class Encoding {
               // above laid one after another, each with the checksum of the
               // bytes it leaves. Squashing writes it where a tensor's entries
               // do not compose without its base bytes (xor, then sparse).
+  context,    // "context" (hfdelta's own, revision 5): like sparse, but each
+              // change is coded in a context both ends derive from the base
+              // element (its exponent bits): positions as gaps among the base
+              // elements of the same context group, values per group.
+              // Decoding needs the base bytes.
 };
 
 std::string_view encoding_name(Encoding e);
@@ -143,6 +148,57 @@ std::uint64_t encode_sparse(Compressor& c, std::span<const std::uint8_t> old_byt
                             std::span<const std::uint8_t> new_bytes, std::size_t elem_size,
                             const ByteSink& sink);
 
+// ---- context ---------------------------------------------------------------
+// The bits of a base element that pick its context: (element >> shift) &
+// (2^bits - 1), the element read as a little-endian integer. For float dtypes
+// the exponent field (its top 8 bits where it is wider); bits 0 (one context)
+// for the rest.
+struct ContextField {
+  std::uint8_t shift = 0, bits = 0;
+};
+ContextField context_field(std::string_view dtype, std::size_t elem_size);
+
+// Elements per independently coded chunk (as sparse) and most context groups
+// per chunk.
+inline constexpr std::uint64_t kContextChunkElements = 1u << 20;
+inline constexpr std::size_t kContextMaxGroups = 16;
+inline constexpr std::size_t kContextHeadSize = 40;
+// The entry's head: magic "HFC1", element size, tensor bytes, chunk size,
+// chunk count, the context field.
+void context_entry_head(std::size_t es, std::uint64_t nbytes, ContextField f, std::uint8_t out[kContextHeadSize]);
+
+// Builds one chunk of a context entry from views scanned in order (as
+// SparseChunkEncoder). Holds one context byte per element of the chunk and
+// the chunk's changes, in buffers reused from chunk to chunk.
+class ContextChunkEncoder {
+ public:
+  ContextChunkEncoder();
+  ~ContextChunkEncoder();
+  ContextChunkEncoder(const ContextChunkEncoder&) = delete;
+  ContextChunkEncoder& operator=(const ContextChunkEncoder&) = delete;
+
+  void begin(std::size_t es, ContextField f);
+  // `n` elements of the base `a` and the new `b` from element `first` of the
+  // chunk; successive calls cover the chunk front to back, without holes.
+  void scan(const std::uint8_t* a, const std::uint8_t* b, std::size_t n, std::uint64_t first);
+  std::uint64_t changed_elements() const { return count_; }
+  std::uint64_t changed_bytes() const { return bytes_; }
+  // Chooses the chunk's groups, compresses it and hands out its bytes;
+  // returns their size.
+  std::uint64_t end(Compressor& c, const ByteSink& sink);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::uint64_t count_ = 0, bytes_ = 0;
+};
+
+// Encodes one tensor in the context encoding (`elem_size` and `field` as for
+// sparse and context_field). Returns the entry's size in bytes.
+std::uint64_t encode_context(Compressor& c, std::span<const std::uint8_t> old_bytes,
+                             std::span<const std::uint8_t> new_bytes, std::size_t elem_size, ContextField field,
+                             const ByteSink& sink);
+
 class FrameReader;
 
 // A zstd decompression context reused across frames.
@@ -185,8 +241,32 @@ void decode_overwrite(Decompressor& positions, Decompressor& values,
 void decode_sparse(std::span<const std::uint8_t> entry, std::uint64_t nbytes, const std::string& what,
                    const SparsePatch& patch);
 
+// The base bytes [offset, offset + n) of the tensor a context entry is laid
+// over. The decoder asks front to back, at most kContextWindow bytes at a time
+// and never across a chunk, and hands `patch` the changes of each piece
+// before it asks for the next, so a caller may patch the piece in place.
+using BaseView = std::function<std::span<const std::uint8_t>(std::uint64_t offset, std::size_t n)>;
+inline constexpr std::size_t kContextWindow = 1 << 20;
+
+// Decodes a context entry against its base: changes come as sparse
+// differences (SparseOp::add_zigzag). Throws Error(bad_input) naming `what`
+// when the entry is damaged or does not fit the base bytes (a base whose
+// contexts hold fewer elements than the entry names).
+void decode_context(std::span<const std::uint8_t> entry, std::uint64_t nbytes, const std::string& what,
+                    const BaseView& base, const SparsePatch& patch);
+
+// What a context entry says without its base: its changes per chunk, after
+// every check that needs no base bytes (heads, frames, stream lengths,
+// positions that fit their chunk). Throws Error(bad_input) naming `what`.
+struct ContextSummary {
+  std::uint64_t chunks = 0, changes = 0;
+  std::uint32_t elem_size = 0;
+  ContextField field;
+};
+ContextSummary check_context(std::span<const std::uint8_t> entry, std::uint64_t nbytes, const std::string& what);
+
 // A stacked entry: magic "HFK1", a u32 part count N >= 1, N part records of
-// kStackPartSize bytes (u32 encoding: 0 xor, 1 overwrite, 2 sparse; u32 zero;
+// kStackPartSize bytes (u32 encoding: 0 xor, 1 overwrite, 2 sparse, 3 context; u32 zero;
 // u64 length; the XXH3-128 of the tensor's bytes after the part, high word
 // first), then the parts' bytes in order, filling the entry exactly.
 // Little-endian throughout.

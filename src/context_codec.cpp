@@ -1,0 +1,679 @@
+// The context encoding (hfdelta's own, format revision 5).
+//
+// An element's chance of changing in one optimizer step depends on its
+// magnitude: a step of about the learning rate crosses a rounding boundary of
+// a small element far more often than of a large one (it halves with every
+// step of the exponent). Both ends hold the base, so both can sort the
+// elements by their base exponent without sending it. Each chunk of elements
+// splits the exponent range into a few contiguous groups chosen for it; the
+// changes of each group are coded as gaps among that group's base elements
+// (Rice codes: quotients through zstd, remainder bits raw), and their values
+// as a magnitude (through zstd) and a sign bit, group by group.
+//
+// Entry: head (kContextHeadSize bytes: "HFC1", u32 element size, u64 tensor
+// bytes, u64 chunk elements, u64 chunks, u8 shift, u8 bits, 6 zero bytes),
+// then each chunk:
+//   varint K (changed elements); if K > 0:
+//   u8 G (groups, 1..16), G-1 u8 thresholds (ascending; group g holds the
+//   contexts from threshold g on), per group u8 Rice parameter and varint
+//   count (summing to K), varint lengths of the Q, M and X frames, then
+//   Q: zstd frame of K bytes, each gap's quotient (255: 255 + an X varint)
+//   R: each gap's low bits (the group's Rice parameter), LSB first, padded
+//   M: zstd frame of K bytes, magnitude - 1 (255: 256 + an X varint)
+//   S: K sign bits (1: the difference is negative), LSB first, padded
+//   X: zstd frame of the escapes' LEB128 varints, Q's then M's (absent: 0)
+// Q, R, M and S run group by group; within a group, in element order. A gap
+// is how many base elements of the group lie between two changes of it. The
+// value is the difference new - old of the elements as little-endian
+// integers, modulo 2^(8*element size), as a signed number.
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include <zstd.h>
+
+#include "codec_internal.hpp"
+#include "hfdelta/codec.hpp"
+#include "hfdelta/error.hpp"
+
+namespace hfdelta {
+
+namespace {
+
+constexpr char kMagicContext[4] = {'H', 'F', 'C', '1'};
+constexpr unsigned kMaxRice = 24;          // gaps are below 2^20
+constexpr double kGroupCostBits = 40;      // a group's own bytes in the chunk head, about
+constexpr std::uint64_t kNone = ~0ull;     // a group's countdown when it has no change left
+
+void put_varint(std::vector<std::uint8_t>& out, std::uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<std::uint8_t>(v | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<std::uint8_t>(v));
+}
+
+template <std::size_t ES>
+inline std::uint64_t load_elem(const std::uint8_t* p) {
+  std::uint64_t v = 0;
+  std::memcpy(&v, p, ES);
+  return v;
+}
+
+// n·H(k/n) in bits: the cost of k changes among n elements of one context.
+double position_bits(std::uint64_t n, std::uint64_t k) {
+  if (k == 0 || k == n) return 0;
+  const double p = static_cast<double>(k) / static_cast<double>(n);
+  return static_cast<double>(n) * (-p * std::log2(p) - (1 - p) * std::log2(1 - p));
+}
+
+// Packs values of up to 32 bits, LSB first.
+struct BitWriter {
+  std::vector<std::uint8_t>& out;
+  std::uint64_t acc = 0;
+  unsigned fill = 0;
+  void put(std::uint32_t v, unsigned bits) {
+    acc |= static_cast<std::uint64_t>(v) << fill;
+    fill += bits;
+    while (fill >= 8) {
+      out.push_back(static_cast<std::uint8_t>(acc));
+      acc >>= 8;
+      fill -= 8;
+    }
+  }
+  void end() {
+    if (fill) out.push_back(static_cast<std::uint8_t>(acc));
+    acc = 0, fill = 0;
+  }
+};
+
+}  // namespace
+
+// ---- context field ------------------------------------------------------------
+
+ContextField context_field(std::string_view dtype, std::size_t es) {
+  // Exponent fields: the context is the exponent, which sets the unit in the
+  // last place and with it how often a step of about the learning rate moves
+  // the element. Wider exponents keep their top 8 bits.
+  struct Row {
+    std::string_view dtype;
+    std::size_t es;
+    ContextField f;
+  };
+  static constexpr Row kRows[] = {
+      {"BF16", 2, {7, 8}},    {"F16", 2, {10, 5}},  {"F32", 4, {23, 8}},
+      {"F64", 8, {55, 8}},    {"F8_E4M3", 1, {3, 4}}, {"F8_E5M2", 1, {2, 5}},
+  };
+  for (const Row& r : kRows)
+    if (r.dtype == dtype && r.es == es) return r.f;
+  return {};
+}
+
+std::uint64_t context_chunk_count(std::uint64_t nbytes, std::size_t es) {
+  const std::uint64_t n = nbytes / es;
+  return n == 0 ? 0 : (n - 1) / kContextChunkElements + 1;
+}
+
+void context_entry_head(std::size_t es, std::uint64_t nbytes, ContextField f, std::uint8_t out[kContextHeadSize]) {
+  std::memset(out, 0, kContextHeadSize);
+  std::memcpy(out, kMagicContext, 4);
+  put_le32(out + 4, static_cast<std::uint32_t>(es));
+  put_le64(out + 8, nbytes);
+  put_le64(out + 16, kContextChunkElements);
+  put_le64(out + 24, context_chunk_count(nbytes, es));
+  out[32] = f.shift;
+  out[33] = f.bits;
+}
+
+// ---- encoder ------------------------------------------------------------------
+
+struct ContextChunkEncoder::Impl {
+  std::size_t es = 1;
+  ContextField field;
+  std::uint64_t mask = 0;
+  std::uint64_t n = 0;                              // elements scanned
+  std::unique_ptr<std::uint8_t[]> ctx;              // per element: its context
+  std::unique_ptr<std::uint32_t[]> pos;             // per change: its element
+  std::unique_ptr<std::uint64_t[]> diff;            // per change: new - old, modulo 2^(8 es)
+  std::unique_ptr<std::uint32_t[]> gaps;            // per change, group-major
+  std::unique_ptr<std::uint64_t[]> mags;            // per change, group-major
+  std::unique_ptr<std::uint8_t[]> signs;            // per change, group-major
+  std::size_t cap_es = 0;
+  std::vector<std::uint8_t> q, r, m, s, x, xm, frames, head;
+
+  void alloc(std::size_t e) {
+    if (cap_es) return;
+    // Uninitialised: pages a chunk never reaches cost nothing.
+    ctx.reset(new std::uint8_t[kContextChunkElements]);
+    pos.reset(new std::uint32_t[kContextChunkElements]);
+    diff.reset(new std::uint64_t[kContextChunkElements]);
+    gaps.reset(new std::uint32_t[kContextChunkElements]);
+    mags.reset(new std::uint64_t[kContextChunkElements]);
+    signs.reset(new std::uint8_t[kContextChunkElements]);
+    cap_es = e;
+  }
+
+  template <std::size_t ES>
+  void scan_t(const std::uint8_t* a, const std::uint8_t* b, std::size_t cnt, std::uint64_t first, std::uint64_t& count,
+              std::uint64_t& bytes) {
+    const unsigned sh = field.shift;
+    std::uint8_t* c = ctx.get() + first;
+    for (std::size_t i = 0; i < cnt; ++i) c[i] = static_cast<std::uint8_t>((load_elem<ES>(a + i * ES) >> sh) & mask);
+    constexpr std::size_t kBatch = 1024;
+    std::uint64_t masks[kBatch];
+    const std::size_t len = cnt * ES, blocks = len / 64;
+    auto add = [&](std::size_t off) {
+      const std::uint64_t va = load_elem<ES>(a + off), vb = load_elem<ES>(b + off);
+      for (std::size_t k = 0; k < ES; ++k) bytes += a[off + k] != b[off + k];
+      pos[count] = static_cast<std::uint32_t>(first + off / ES);
+      diff[count] = (vb - va) & lane_mask<ES>();
+      ++count;
+    };
+    for (std::size_t b0 = 0; b0 < blocks; b0 += kBatch) {
+      const std::size_t nb = std::min(kBatch, blocks - b0);
+      diff_masks(a + 64 * b0, b + 64 * b0, nb, masks);
+      for (std::size_t k = 0; k < nb; ++k)
+        for (std::uint64_t mk = element_mask<ES>(masks[k]); mk; mk &= mk - 1)
+          add(64 * (b0 + k) + static_cast<std::size_t>(std::countr_zero(mk)));
+    }
+    for (std::size_t off = 64 * blocks; off < len; off += ES)
+      if (std::memcmp(a + off, b + off, ES) != 0) add(off);
+    n = std::max(n, first + cnt);
+  }
+};
+
+ContextChunkEncoder::ContextChunkEncoder() : impl_(std::make_unique<Impl>()) {}
+ContextChunkEncoder::~ContextChunkEncoder() = default;
+
+void ContextChunkEncoder::begin(std::size_t es, ContextField f) {
+  impl_->alloc(es);
+  impl_->es = es;
+  impl_->field = f;
+  impl_->mask = (std::uint64_t{1} << f.bits) - 1;
+  impl_->n = 0;
+  count_ = bytes_ = 0;
+}
+
+void ContextChunkEncoder::scan(const std::uint8_t* a, const std::uint8_t* b, std::size_t n, std::uint64_t first) {
+  switch (impl_->es) {
+    case 1: return impl_->scan_t<1>(a, b, n, first, count_, bytes_);
+    case 2: return impl_->scan_t<2>(a, b, n, first, count_, bytes_);
+    case 4: return impl_->scan_t<4>(a, b, n, first, count_, bytes_);
+    case 8: return impl_->scan_t<8>(a, b, n, first, count_, bytes_);
+  }
+  fail(Exit::failure, "context encoder: element size " + std::to_string(impl_->es));
+}
+
+namespace {
+
+struct Group {
+  std::uint32_t lo = 0;  // first context
+  std::uint64_t n = 0, k = 0;
+};
+
+// Contiguous groups of contexts: start from one group per context present,
+// then merge the neighbours that lose the fewest bits, while there are more
+// than the format allows or a merge costs less than a group's own bytes.
+std::vector<Group> choose_groups(const std::uint64_t* hn, const std::uint64_t* hk, std::size_t contexts) {
+  std::vector<Group> gs;
+  for (std::size_t c = 0; c < contexts; ++c)
+    if (hn[c]) gs.push_back({static_cast<std::uint32_t>(c), hn[c], hk[c]});
+  if (gs.empty()) return {Group{}};
+  gs.front().lo = 0;
+  auto loss = [&](std::size_t i) {
+    const Group& a = gs[i];
+    const Group& b = gs[i + 1];
+    return position_bits(a.n + b.n, a.k + b.k) - position_bits(a.n, a.k) - position_bits(b.n, b.k);
+  };
+  std::vector<double> inc(gs.size() - 1);
+  for (std::size_t i = 0; i + 1 < gs.size(); ++i) inc[i] = loss(i);
+  while (gs.size() > 1) {
+    const std::size_t i = static_cast<std::size_t>(std::min_element(inc.begin(), inc.end()) - inc.begin());
+    if (gs.size() <= kContextMaxGroups && inc[i] >= kGroupCostBits) break;
+    gs[i].n += gs[i + 1].n;
+    gs[i].k += gs[i + 1].k;
+    gs.erase(gs.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+    inc.erase(inc.begin() + static_cast<std::ptrdiff_t>(i));
+    if (i < inc.size()) inc[i] = loss(i);
+    if (i > 0) inc[i - 1] = loss(i - 1);
+  }
+  return gs;
+}
+
+// The Rice parameter that codes `gaps` in the fewest bits: quotient symbols
+// at their order-0 entropy (zstd's Huffman stage comes close) plus the raw bits.
+unsigned choose_rice(const std::uint32_t* gaps, std::size_t cnt) {
+  if (cnt == 0) return 0;
+  std::uint64_t sum = 0;
+  for (std::size_t i = 0; i < cnt; ++i) sum += gaps[i];
+  const unsigned k0 = static_cast<unsigned>(std::bit_width(sum / cnt));
+  unsigned best_k = 0;
+  double best = 0;
+  std::uint32_t hist[256];
+  for (unsigned k = k0 > 2 ? k0 - 2 : 0; k <= std::min(k0 + 1, kMaxRice); ++k) {
+    std::fill(std::begin(hist), std::end(hist), 0u);
+    double escapes = 0;
+    for (std::size_t i = 0; i < cnt; ++i) {
+      const std::uint32_t q = gaps[i] >> k;
+      ++hist[std::min<std::uint32_t>(q, 255)];
+      if (q >= 255) escapes += 8 * (1 + std::bit_width(q - 255) / 7);
+    }
+    double bits = escapes + static_cast<double>(k) * static_cast<double>(cnt);
+    for (const std::uint32_t h : hist)
+      if (h) bits += h * std::log2(static_cast<double>(cnt) / h);
+    if (k == (k0 > 2 ? k0 - 2 : 0) || bits < best) best = bits, best_k = k;
+  }
+  return best_k;
+}
+
+}  // namespace
+
+std::uint64_t ContextChunkEncoder::end(Compressor& c, const ByteSink& sink) {
+  Impl& im = *impl_;
+  const std::uint64_t K = count_;
+  im.head.clear();
+  put_varint(im.head, K);
+  if (K == 0) {
+    sink(im.head);
+    return im.head.size();
+  }
+  const std::size_t contexts = std::size_t{1} << im.field.bits;
+  std::uint64_t hn[256] = {}, hk[256] = {};
+  for (std::uint64_t i = 0; i < im.n; ++i) ++hn[im.ctx[i]];
+  for (std::uint64_t j = 0; j < K; ++j) ++hk[im.ctx[im.pos[j]]];
+  const std::vector<Group> gs = choose_groups(hn, hk, contexts);
+  const std::size_t G = gs.size();
+
+  std::uint8_t gtab[256];
+  for (std::size_t g = 0, c2 = 0; c2 < 256; ++c2) {
+    while (g + 1 < G && c2 >= gs[g + 1].lo) ++g;
+    gtab[c2] = static_cast<std::uint8_t>(g);
+  }
+  // Slots group by group; gaps counted among each group's base elements.
+  std::uint64_t slot[kContextMaxGroups], start[kContextMaxGroups + 1], run[kContextMaxGroups] = {};
+  start[0] = 0;
+  for (std::size_t g = 0; g < G; ++g) start[g + 1] = start[g] + gs[g].k, slot[g] = start[g];
+  std::uint64_t at = 0;
+  for (std::uint64_t j = 0; j < K; ++j) {
+    const std::uint64_t p = im.pos[j];
+    for (; at < p; ++at) ++run[gtab[im.ctx[at]]];
+    const std::size_t g = gtab[im.ctx[p]];
+    const std::uint64_t s = slot[g]++;
+    im.gaps[s] = static_cast<std::uint32_t>(run[g]);
+    run[g] = 0;
+    ++at;
+    const std::uint64_t d = im.diff[j];
+    const bool neg = (d >> (8 * im.es - 1)) & 1;
+    const std::uint64_t lanes = im.es == 8 ? ~0ull : (std::uint64_t{1} << (8 * im.es)) - 1;
+    im.mags[s] = neg ? (0 - d) & lanes : d;
+    im.signs[s] = neg;
+  }
+
+  im.q.clear(), im.r.clear(), im.m.clear(), im.s.clear(), im.x.clear(), im.xm.clear();
+  im.head.push_back(static_cast<std::uint8_t>(G));
+  for (std::size_t g = 1; g < G; ++g) im.head.push_back(static_cast<std::uint8_t>(gs[g].lo));
+  BitWriter rw{im.r}, sw{im.s};
+  for (std::size_t g = 0; g < G; ++g) {
+    const std::uint32_t* gp = im.gaps.get() + start[g];
+    const std::size_t cnt = static_cast<std::size_t>(gs[g].k);
+    const unsigned k = choose_rice(gp, cnt);
+    im.head.push_back(static_cast<std::uint8_t>(k));
+    put_varint(im.head, cnt);
+    for (std::size_t i = 0; i < cnt; ++i) {
+      const std::uint32_t qv = gp[i] >> k;
+      im.q.push_back(static_cast<std::uint8_t>(std::min<std::uint32_t>(qv, 255)));
+      if (qv >= 255) put_varint(im.x, qv - 255);
+      if (k) rw.put(gp[i] & ((std::uint32_t{1} << k) - 1), k);
+    }
+  }
+  rw.end();
+  for (std::uint64_t s = 0; s < K; ++s) {
+    const std::uint64_t mv = im.mags[s] - 1;
+    im.m.push_back(static_cast<std::uint8_t>(std::min<std::uint64_t>(mv, 255)));
+    if (mv >= 255) put_varint(im.xm, mv - 255);
+    sw.put(im.signs[s], 1);
+  }
+  sw.end();
+  im.x.insert(im.x.end(), im.xm.begin(), im.xm.end());
+
+  im.frames.clear();
+  c.compress_frame(im.q, im.frames);
+  const std::size_t lq = im.frames.size();
+  im.frames.insert(im.frames.end(), im.r.begin(), im.r.end());
+  const std::size_t before_m = im.frames.size();
+  c.compress_frame(im.m, im.frames);
+  const std::size_t lm = im.frames.size() - before_m;
+  im.frames.insert(im.frames.end(), im.s.begin(), im.s.end());
+  const std::size_t before_x = im.frames.size();
+  if (!im.x.empty()) c.compress_frame(im.x, im.frames);
+  const std::size_t lx = im.frames.size() - before_x;
+  put_varint(im.head, lq);
+  put_varint(im.head, lm);
+  put_varint(im.head, lx);
+  sink(im.head);
+  sink(im.frames);
+  return im.head.size() + im.frames.size();
+}
+
+std::uint64_t encode_context(Compressor& c, std::span<const std::uint8_t> a, std::span<const std::uint8_t> b,
+                             std::size_t es, ContextField field, const ByteSink& sink) {
+  es = sparse_elem_size(es, b.size());
+  if (field.bits > 8 || field.shift + field.bits > 8 * es) field = {};
+  const std::uint64_t n = b.size() / es;
+  const std::uint64_t chunks = context_chunk_count(b.size(), es);
+  std::uint8_t head[kContextHeadSize];
+  context_entry_head(es, b.size(), field, head);
+  sink({head, sizeof head});
+  std::uint64_t total = sizeof head;
+  ContextChunkEncoder enc;
+  for (std::uint64_t ch = 0; ch < chunks; ++ch) {
+    const std::uint64_t e0 = ch * kContextChunkElements, e1 = std::min(n, e0 + kContextChunkElements);
+    enc.begin(es, field);
+    enc.scan(a.data() + e0 * es, b.data() + e0 * es, static_cast<std::size_t>(e1 - e0), 0);
+    total += enc.end(c, sink);
+  }
+  return total;
+}
+
+// ---- decoder ------------------------------------------------------------------
+
+namespace {
+
+// A context entry read front to back; every read is checked against its end.
+struct Cursor {
+  std::span<const std::uint8_t> entry;
+  const std::string& what;
+  std::uint64_t at = 0;
+
+  [[noreturn]] void bad(const std::string& msg) const { fail(Exit::bad_input, what + ": context entry " + msg); }
+  const std::uint8_t* take(std::uint64_t k) {
+    if (k > entry.size() - at) bad("is truncated");
+    const std::uint8_t* p = entry.data() + at;
+    at += k;
+    return p;
+  }
+  std::uint8_t byte() { return *take(1); }
+  std::uint64_t varint() {
+    std::uint64_t v = 0;
+    for (int shift = 0;; shift += 7) {
+      const std::uint8_t b = byte();
+      if (shift == 63 && b > 1) bad("has an overlong number");
+      v |= std::uint64_t(b & 0x7f) << shift;
+      if (!(b & 0x80)) return v;
+    }
+  }
+};
+
+struct Head {
+  std::uint32_t es = 0;
+  std::uint64_t n = 0, chunks = 0;
+  ContextField field;
+};
+
+Head take_head(Cursor& in, std::uint64_t nbytes) {
+  const std::uint8_t* h = in.take(kContextHeadSize);
+  if (std::memcmp(h, kMagicContext, 4) != 0) in.bad("does not start with HFC1");
+  Head r;
+  r.es = get_le32(h + 4);
+  const std::uint64_t tb = get_le64(h + 8), ce = get_le64(h + 16);
+  r.chunks = get_le64(h + 24);
+  r.field = {h[32], h[33]};
+  if ((r.es != 1 && r.es != 2 && r.es != 4 && r.es != 8) || sparse_elem_size(r.es, nbytes) != r.es)
+    in.bad("has element size " + std::to_string(r.es) + ", which does not fit a " + std::to_string(nbytes) + "-byte tensor");
+  if (tb != nbytes) in.bad("is for a " + std::to_string(tb) + "-byte tensor, the target has " + std::to_string(nbytes));
+  if (ce != kContextChunkElements)
+    in.bad("has chunks of " + std::to_string(ce) + " elements, not " + std::to_string(kContextChunkElements));
+  r.n = nbytes / r.es;
+  if (r.chunks != context_chunk_count(nbytes, r.es)) in.bad("has an inconsistent chunk table");
+  if (r.field.bits > 8 || r.field.shift + r.field.bits > 8 * r.es)
+    in.bad("takes its context from bits " + std::to_string(r.field.shift) + "+" + std::to_string(r.field.bits) +
+           ", outside a " + std::to_string(r.es) + "-byte element");
+  for (int i = 34; i < 40; ++i)
+    if (h[i]) in.bad("has nonzero reserved bytes");
+  return r;
+}
+
+// Decompression contexts and buffers, per thread (reused from chunk to chunk).
+struct Scratch {
+  Decompressor dq, dm, dx;
+  std::vector<std::uint8_t> q, m, x;
+  std::vector<std::uint32_t> gaps;
+  std::vector<std::uint64_t> escm;  // M's escapes, in slot order
+  std::vector<std::uint64_t> offs;
+  std::vector<std::uint8_t> vals;
+  static Scratch& get() {
+    thread_local Scratch s;
+    return s;
+  }
+};
+
+// One chunk, parsed and its streams decoded: everything but the walk over
+// the base.
+struct Chunk {
+  std::uint64_t index = 0, e0 = 0, e1 = 0, K = 0;
+  std::size_t G = 1;
+  std::uint8_t gtab[256] = {};
+  std::uint64_t count[kContextMaxGroups] = {}, start[kContextMaxGroups + 1] = {}, esc_start[kContextMaxGroups + 1] = {};
+  const std::uint8_t* signs = nullptr;
+};
+
+[[noreturn]] void bad_chunk(const Cursor& in, std::uint64_t ch, const std::string& msg) {
+  in.bad("chunk " + std::to_string(ch) + " " + msg);
+}
+
+// Decodes a zstd frame that must hold exactly `len` bytes into `out`.
+void read_frame(Decompressor& d, std::span<const std::uint8_t> f, std::uint64_t len, std::vector<std::uint8_t>& out,
+                const std::string& what) {
+  check_declared_size(f, len, what);
+  out.resize(static_cast<std::size_t>(len));
+  FrameReader fr(d, f, what);
+  fr.read(out.data(), out.size());
+  fr.expect_end();
+}
+
+// The padding bits after the last `bits` of a packed stream are zero.
+void check_padding(const Cursor& in, std::uint64_t ch, const std::uint8_t* p, std::uint64_t bits, const char* name) {
+  if (bits % 8 && (p[bits / 8] >> (bits % 8)))
+    bad_chunk(in, ch, std::string("has nonzero padding after its ") + name);
+}
+
+Chunk take_chunk(Cursor& in, const Head& h, std::uint64_t ch, Scratch& s, bool decode) {
+  Chunk c;
+  c.index = ch;
+  c.e0 = ch * kContextChunkElements, c.e1 = std::min(h.n, c.e0 + kContextChunkElements);
+  const std::uint64_t span = c.e1 - c.e0;
+  c.K = in.varint();
+  if (c.K > span) bad_chunk(in, ch, "declares more changes than it has elements");
+  if (c.K == 0) return c;
+  c.G = in.byte();
+  if (c.G < 1 || c.G > kContextMaxGroups) bad_chunk(in, ch, "has " + std::to_string(c.G) + " context groups (1 to 16)");
+  const std::uint32_t contexts = 1u << h.field.bits;
+  std::uint32_t lo[kContextMaxGroups] = {0};
+  for (std::size_t g = 1; g < c.G; ++g) {
+    lo[g] = in.byte();
+    if (lo[g] <= lo[g - 1] || lo[g] >= contexts) bad_chunk(in, ch, "has context thresholds out of order or range");
+  }
+  for (std::uint32_t v = 0, g = 0; v < 256; ++v) {
+    while (g + 1 < c.G && v >= lo[g + 1]) ++g;
+    c.gtab[v] = static_cast<std::uint8_t>(g);
+  }
+  unsigned rice[kContextMaxGroups];
+  std::uint64_t rbits = 0;
+  for (std::size_t g = 0; g < c.G; ++g) {
+    rice[g] = in.byte();
+    if (rice[g] > kMaxRice) bad_chunk(in, ch, "has Rice parameter " + std::to_string(rice[g]));
+    c.count[g] = in.varint();
+    if (c.count[g] > c.K - c.start[g]) bad_chunk(in, ch, "has group counts that exceed its changes");
+    c.start[g + 1] = c.start[g] + c.count[g];
+    rbits += rice[g] * c.count[g];
+  }
+  if (c.start[c.G] != c.K) bad_chunk(in, ch, "has group counts that do not sum to its changes");
+  const std::uint64_t lq = in.varint(), lm = in.varint(), lx = in.varint();
+  const std::span<const std::uint8_t> fq(in.take(lq), lq);
+  const std::uint8_t* r = in.take((rbits + 7) / 8);
+  const std::span<const std::uint8_t> fm(in.take(lm), lm);
+  c.signs = in.take((c.K + 7) / 8);
+  const std::span<const std::uint8_t> fx(in.take(lx), lx);
+  check_padding(in, ch, r, rbits, "gap bits");
+  check_padding(in, ch, c.signs, c.K, "sign bits");
+  if (!decode) {
+    // Stepping over another caller's chunk: its frames are checked by that caller.
+    return c;
+  }
+  const std::string cw = in.what + ": context chunk " + std::to_string(ch);
+  read_frame(s.dq, fq, c.K, s.q, cw + " quotients");
+  read_frame(s.dm, fm, c.K, s.m, cw + " magnitudes");
+  const std::uint64_t escapes = static_cast<std::uint64_t>(std::count(s.q.begin(), s.q.end(), 255)) +
+                                static_cast<std::uint64_t>(std::count(s.m.begin(), s.m.end(), 255));
+  s.x.clear();
+  if (escapes == 0) {
+    if (lx) bad_chunk(in, ch, "has an escape frame but no escapes");
+  } else {
+    if (!lx) bad_chunk(in, ch, "has escapes but no escape frame");
+    // An escape is a varint of at most 10 bytes: bounded by the chunk's own changes.
+    const std::uint64_t most = 10 * escapes;
+    const unsigned long long cs = ZSTD_getFrameContentSize(fx.data(), fx.size());
+    if (cs == ZSTD_CONTENTSIZE_ERROR) bad_chunk(in, ch, "has an escape frame that is not a zstd frame");
+    if (cs != ZSTD_CONTENTSIZE_UNKNOWN && cs > most) bad_chunk(in, ch, "has more escape bytes than its escapes need");
+    FrameReader fr(s.dx, fx, cw + " escapes");
+    for (std::span<const std::uint8_t> p; !(p = fr.next()).empty();) {
+      if (s.x.size() + p.size() > most) bad_chunk(in, ch, "has more escape bytes than its escapes need");
+      s.x.insert(s.x.end(), p.begin(), p.end());
+    }
+    fr.expect_end();
+  }
+  Cursor xs{s.x, cw + " escapes"};
+  // Gaps, group by group; each group's changes must fit the chunk.
+  s.gaps.resize(static_cast<std::size_t>(c.K));
+  std::uint64_t rb = 0;
+  for (std::size_t g = 0; g < c.G; ++g) {
+    std::uint64_t used = 0;
+    for (std::uint64_t i = c.start[g]; i < c.start[g + 1]; ++i) {
+      std::uint64_t qv = s.q[i];
+      if (qv == 255) {
+        const std::uint64_t e = xs.varint();
+        if (e > span) bad_chunk(in, ch, "has a gap longer than the chunk");
+        qv += e;
+      }
+      std::uint64_t low = 0;
+      for (unsigned b = 0; b < rice[g]; ++b, ++rb) low |= static_cast<std::uint64_t>((r[rb / 8] >> (rb % 8)) & 1) << b;
+      if (qv >= (span >> rice[g]) + 1) bad_chunk(in, ch, "has a gap longer than the chunk");
+      const std::uint64_t gap = qv << rice[g] | low;
+      used += gap + 1;
+      if (used > span) bad_chunk(in, ch, "names more elements in a context group than the chunk has");
+      s.gaps[static_cast<std::size_t>(i)] = static_cast<std::uint32_t>(gap);
+    }
+  }
+  // Magnitudes' escapes, and where each group's begin.
+  s.escm.clear();
+  const std::uint64_t top = h.es == 8 ? ~0ull : (std::uint64_t{1} << (8 * h.es)) - 1;
+  const std::uint64_t most_neg = top / 2 + 1;  // |most negative difference|
+  for (std::size_t g = 0; g < c.G; ++g) {
+    c.esc_start[g] = s.escm.size();
+    for (std::uint64_t i = c.start[g]; i < c.start[g + 1]; ++i) {
+      std::uint64_t mag = s.m[i] + std::uint64_t{1};
+      if (s.m[i] == 255) {
+        const std::uint64_t e = xs.varint();
+        if (e > top - 256) bad_chunk(in, ch, "has a value wider than its elements");
+        mag = 256 + e;
+        s.escm.push_back(mag);
+      }
+      const bool neg = (c.signs[i / 8] >> (i % 8)) & 1;
+      if (mag > (neg ? most_neg : most_neg - 1)) bad_chunk(in, ch, "has a value wider than its elements");
+    }
+  }
+  c.esc_start[c.G] = s.escm.size();
+  if (xs.at != s.x.size()) bad_chunk(in, ch, "has escape bytes left over");
+  return c;
+}
+
+// Walks chunk `c` over its base elements, handing `patch` the changes of each
+// piece of base before asking for the next.
+template <std::size_t ES>
+void walk_chunk(const Chunk& c, const Head& h, const std::string& what, Scratch& s, const BaseView& base,
+                const SparsePatch& patch) {
+  std::uint64_t rem[kContextMaxGroups], next[kContextMaxGroups], esc[kContextMaxGroups];
+  for (std::size_t g = 0; g < c.G; ++g) {
+    next[g] = c.start[g];
+    esc[g] = c.esc_start[g];
+    rem[g] = c.count[g] ? s.gaps[static_cast<std::size_t>(c.start[g])] : kNone;
+  }
+  const unsigned sh = h.field.shift;
+  const std::uint64_t mask = (std::uint64_t{1} << h.field.bits) - 1;
+  constexpr std::size_t kPiece = kContextWindow / ES;
+  s.offs.resize(kPiece);
+  s.vals.resize(kPiece * ES);
+  for (std::uint64_t e = c.e0; e < c.e1;) {
+    const std::size_t cnt = static_cast<std::size_t>(std::min<std::uint64_t>(kPiece, c.e1 - e));
+    const std::span<const std::uint8_t> piece = base(e * ES, cnt * ES);
+    if (piece.size() != cnt * ES) fail(Exit::failure, what + ": context decoder was given a short piece of base");
+    const std::uint8_t* p = piece.data();
+    std::size_t out = 0;
+    for (std::size_t i = 0; i < cnt; ++i) {
+      const std::size_t g = c.gtab[(load_elem<ES>(p + i * ES) >> sh) & mask];
+      if (rem[g]-- != 0) continue;
+      const std::uint64_t slot = next[g]++;
+      const std::uint64_t mag = s.m[static_cast<std::size_t>(slot)] == 255 ? s.escm[static_cast<std::size_t>(esc[g]++)]
+                                                                             : s.m[static_cast<std::size_t>(slot)] + std::uint64_t{1};
+      const std::uint64_t neg = (c.signs[slot / 8] >> (slot % 8)) & 1;
+      const std::uint64_t zz = 2 * mag - neg;  // zigzag of the signed difference
+      s.offs[out] = (e + i) * ES;
+      std::memcpy(s.vals.data() + out * ES, &zz, ES);
+      ++out;
+      rem[g] = next[g] < c.start[g + 1] ? s.gaps[static_cast<std::size_t>(next[g])] : kNone;
+    }
+    if (out) patch({s.offs.data(), out}, {s.vals.data(), out * ES}, ES, SparseOp::add_zigzag);
+    e += cnt;
+  }
+  for (std::size_t g = 0; g < c.G; ++g)
+    if (next[g] != c.start[g + 1])
+      fail(Exit::bad_input, what + ": context entry chunk " + std::to_string(c.index) + " names " +
+                                std::to_string(c.count[g]) + " changes in context group " + std::to_string(g) +
+                                ", but the base has room for " + std::to_string(next[g] - c.start[g]) +
+                                " there: these bytes are not the entry's base, or the entry is damaged");
+}
+
+}  // namespace
+
+void decode_context_chunks(std::span<const std::uint8_t> entry, std::uint64_t nbytes, std::uint64_t first,
+                           std::uint64_t last, const std::string& what, const BaseView& base, const SparsePatch& patch) {
+  Cursor in{entry, what};
+  const Head h = take_head(in, nbytes);
+  Scratch& s = Scratch::get();
+  for (std::uint64_t ch = 0; ch < h.chunks; ++ch) {
+    const bool mine = ch >= first && ch < last;
+    const Chunk c = take_chunk(in, h, ch, s, mine);
+    if (!mine || c.K == 0) continue;
+    switch (h.es) {
+      case 1: walk_chunk<1>(c, h, what, s, base, patch); break;
+      case 2: walk_chunk<2>(c, h, what, s, base, patch); break;
+      case 4: walk_chunk<4>(c, h, what, s, base, patch); break;
+      default: walk_chunk<8>(c, h, what, s, base, patch); break;
+    }
+  }
+  if (in.at != entry.size()) in.bad("is followed by " + std::to_string(entry.size() - in.at) + " extra bytes");
+}
+
+void decode_context(std::span<const std::uint8_t> entry, std::uint64_t nbytes, const std::string& what,
+                    const BaseView& base, const SparsePatch& patch) {
+  decode_context_chunks(entry, nbytes, 0, ~0ull, what, base, patch);
+}
+
+ContextSummary check_context(std::span<const std::uint8_t> entry, std::uint64_t nbytes, const std::string& what) {
+  Cursor in{entry, what};
+  const Head h = take_head(in, nbytes);
+  Scratch& s = Scratch::get();
+  ContextSummary r;
+  r.chunks = h.chunks;
+  r.elem_size = h.es;
+  r.field = h.field;
+  for (std::uint64_t ch = 0; ch < h.chunks; ++ch) r.changes += take_chunk(in, h, ch, s, true).K;
+  if (in.at != entry.size()) in.bad("is followed by " + std::to_string(entry.size() - in.at) + " extra bytes");
+  return r;
+}
+
+}  // namespace hfdelta

@@ -1,0 +1,266 @@
+// The context encoding: round trips on each context edge case (zero,
+// subnormal, inf/NaN bases, exponent changes, sign flips, every element size,
+// non-float dtypes), chunks decoded apart, a base that is not the entry's, and
+// hostile entries that must be refused without a crash.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "codec_internal.hpp"
+#include "hfdelta/codec.hpp"
+#include "hfdelta/error.hpp"
+
+using namespace hfdelta;
+using Bytes = std::vector<std::uint8_t>;
+
+namespace {
+
+Bytes encode(const Bytes& a, const Bytes& b, std::size_t es, ContextField f) {
+  Compressor c(3);
+  Bytes out;
+  const std::uint64_t n = encode_context(c, a, b, es, f, [&](std::span<const std::uint8_t> s) { out.insert(out.end(), s.begin(), s.end()); });
+  CHECK(n == out.size());
+  return out;
+}
+
+Bytes encode_sparse_entry(const Bytes& a, const Bytes& b, std::size_t es) {
+  Compressor c(3);
+  Bytes out;
+  encode_sparse(c, a, b, es, [&](std::span<const std::uint8_t> s) { out.insert(out.end(), s.begin(), s.end()); });
+  return out;
+}
+
+// Decodes chunks [c0, c1) of `entry` against `a` and applies them to a copy,
+// checking the base pieces asked for and the changes handed out.
+Bytes patched(const Bytes& a, const Bytes& entry, std::uint64_t c0 = 0, std::uint64_t c1 = ~0ull) {
+  Bytes r = a;
+  std::uint64_t asked = 0, piece_end = 0, last = 0;
+  bool first = true, ok = true;  // one check at the end: doctest's per-change checks would dominate
+  const BaseView base = [&](std::uint64_t off, std::size_t n) {
+    REQUIRE((off >= asked && n <= kContextWindow && off + n <= a.size()));
+    asked = off + n;
+    piece_end = off + n;
+    return std::span<const std::uint8_t>(a.data() + off, n);
+  };
+  decode_context_chunks(entry, a.size(), c0, c1, "test", base,
+                        [&](std::span<const std::uint64_t> offs, std::span<const std::uint8_t> x, std::size_t es, SparseOp op) {
+                          REQUIRE((op == SparseOp::add_zigzag && x.size() == offs.size() * es));
+                          for (std::size_t i = 0; i < offs.size(); ++i) {
+                            // within the piece just read, whole elements, ascending
+                            ok = ok && offs[i] + es <= piece_end && offs[i] % es == 0 && (first || offs[i] > last);
+                            if (offs[i] + es > r.size()) FAIL("change past the tensor's end");
+                            first = false;
+                            last = offs[i];
+                            sparse_apply_value(r.data() + offs[i], x.data() + i * es, es, op);
+                          }
+                        });
+  CHECK(ok);
+  return r;
+}
+
+void round_trip(const Bytes& a, const Bytes& b, std::size_t es, ContextField f) {
+  const Bytes e = encode(a, b, es, f);
+  CHECK(patched(a, e) == b);
+  const ContextSummary s = check_context(e, a.size(), "test");
+  CHECK(s.changes == count_changes(a, b, s.elem_size).elements);
+}
+
+std::uint16_t bf16(float v) {
+  std::uint32_t u;
+  std::memcpy(&u, &v, 4);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+
+template <class T>
+Bytes bytes_of(const std::vector<T>& v) {
+  Bytes r(v.size() * sizeof(T));
+  std::memcpy(r.data(), v.data(), r.size());
+  return r;
+}
+
+// A bf16 weight tensor and one optimizer-like step: small elements move by
+// one unit in the last place far more often than large ones.
+std::pair<Bytes, Bytes> bf16_step(std::size_t n, std::uint32_t seed, double lr = 2e-5) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> w(0, 0.02f);
+  std::uniform_real_distribution<double> u(0, 1);
+  std::vector<std::uint16_t> a(n), b(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    a[i] = bf16(w(rng));
+    const int ex = (a[i] >> 7) & 0xFF;
+    const double ulp = std::ldexp(1.0, ex - 127 - 7);
+    b[i] = a[i];
+    if (u(rng) < std::min(1.0, lr / ulp)) b[i] = static_cast<std::uint16_t>(a[i] + (u(rng) < 0.5 ? 1 : -1));
+  }
+  return {bytes_of(a), bytes_of(b)};
+}
+
+}  // namespace
+
+TEST_CASE("context: the field is the exponent of float dtypes, none for the rest") {
+  CHECK(context_field("BF16", 2).shift == 7);
+  CHECK(context_field("BF16", 2).bits == 8);
+  CHECK(context_field("F16", 2).bits == 5);
+  CHECK(context_field("F32", 4).shift == 23);
+  CHECK(context_field("F64", 8).shift == 55);
+  CHECK(context_field("F8_E4M3", 1).bits == 4);
+  CHECK(context_field("F8_E5M2", 1).bits == 5);
+  CHECK(context_field("I32", 4).bits == 0);
+  CHECK(context_field("U8", 1).bits == 0);
+  CHECK(context_field("BOOL", 1).bits == 0);
+  CHECK(context_field("BF16", 1).bits == 0);  // an element size that does not fit the dtype
+}
+
+TEST_CASE("context: a bf16 optimizer step round-trips and is smaller than sparse") {
+  auto [a, b] = bf16_step(300000, 1);
+  const Bytes e = encode(a, b, 2, context_field("BF16", 2));
+  CHECK(patched(a, e) == b);
+  const Bytes sp = encode_sparse_entry(a, b, 2);
+  INFO("context " << e.size() << " sparse " << sp.size());
+  CHECK(e.size() < sp.size() * 9 / 10);
+}
+
+TEST_CASE("context: unchanged, empty, one element, every element changed") {
+  const ContextField f = context_field("BF16", 2);
+  Bytes a(2000), b;
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<std::uint8_t>(i * 7);
+  round_trip(a, a, 2, f);
+  round_trip({}, {}, 2, f);
+  round_trip({1, 2}, {1, 3}, 2, f);
+  b = a;
+  for (auto& x : b) x = static_cast<std::uint8_t>(x + 1);
+  round_trip(a, b, 2, f);
+  const Bytes e = encode(a, a, 2, f);
+  CHECK(e.size() == kContextHeadSize + 1);  // one chunk, no changes: a single varint
+}
+
+TEST_CASE("context: zero, subnormal, inf and NaN bases, exponent changes and sign flips") {
+  const ContextField f = context_field("F32", 4);
+  std::vector<float> a, b;
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const float sub = std::numeric_limits<float>::denorm_min();
+  const std::vector<std::pair<float, float>> cases = {
+      {0.0f, 1e-30f}, {-0.0f, 0.0f}, {0.0f, -0.0f},            // zero bases, and a zero's sign flip
+      {sub, 2 * sub}, {sub * 3, 0.0f}, {1e-39f, 1e-38f},       // subnormal bases, into the normal range
+      {inf, 1.0f}, {-inf, inf}, {nan, 2.0f}, {1.0f, nan},      // inf and NaN bases and targets
+      {1.0f, 0.99999994f}, {0.5f, 1.0f}, {1.9999999f, 2.0f},  // exponent changes both ways
+      {1.5f, -1.5f}, {-3.0f, 3.0f}, {1e-20f, -1e20f},          // sign flips, near and far
+  };
+  for (int rep = 0; rep < 50; ++rep)
+    for (auto [x, y] : cases) {
+      a.push_back(x * (rep % 2 ? 1.0f : 1.0f));
+      b.push_back(rep % 3 ? y : x);  // some unchanged, so gaps are not all zero
+    }
+  round_trip(bytes_of(a), bytes_of(b), 4, f);
+}
+
+TEST_CASE("context: every element size, and non-float dtypes") {
+  std::mt19937_64 rng(7);
+  for (std::size_t es : {1u, 2u, 4u, 8u}) {
+    CAPTURE(es);
+    Bytes a(es * 50000), b;
+    for (auto& x : a) x = static_cast<std::uint8_t>(rng());
+    b = a;
+    for (std::size_t i = 0; i < 2000; ++i) {
+      const std::size_t e = (rng() % (a.size() / es)) * es;
+      for (std::size_t k = 0; k < es; ++k) b[e + k] = static_cast<std::uint8_t>(rng());  // any difference, wide ones too
+    }
+    // An exponent-like field of each size, and none (integers, bool).
+    const ContextField fields[] = {{}, {static_cast<std::uint8_t>(8 * es - (es == 1 ? 5 : 9)), static_cast<std::uint8_t>(es == 1 ? 4 : 8)}};
+    for (const ContextField f : fields) round_trip(a, b, es, f);
+  }
+}
+
+TEST_CASE("context: the most negative and most positive differences, and escapes") {
+  for (std::size_t es : {1u, 2u, 4u, 8u}) {
+    CAPTURE(es);
+    Bytes a(es * 4000, 0), b = a;
+    // new - old = -2^(8es-1) at element 0, 2^(8es-1) - 1 at element 1, and
+    // a lone change after a long unchanged run (a gap that escapes).
+    b[es - 1] = 0x80;
+    for (std::size_t k = 0; k < es; ++k) b[es + k] = k + 1 == es ? 0x7f : 0xff;
+    b[es * 3999] = 1;
+    round_trip(a, b, es, {});
+  }
+}
+
+TEST_CASE("context: tensors of several chunks, and chunks decoded apart") {
+  auto [a, b] = bf16_step(kContextChunkElements * 2 + 12345, 3);
+  const Bytes e = encode(a, b, 2, context_field("BF16", 2));
+  CHECK(patched(a, e) == b);
+  // Chunk by chunk, each decoded apart, gives the same bytes.
+  Bytes r = a;
+  for (std::uint64_t c = 0; c < 3; ++c) {
+    const Bytes part = patched(a, e, c, c + 1);
+    const std::uint64_t lo = c * kContextChunkElements * 2, hi = std::min<std::uint64_t>(a.size(), lo + kContextChunkElements * 2);
+    std::copy(part.begin() + static_cast<std::ptrdiff_t>(lo), part.begin() + static_cast<std::ptrdiff_t>(hi),
+              r.begin() + static_cast<std::ptrdiff_t>(lo));
+  }
+  CHECK(r == b);
+  // An odd byte count falls back to one-byte elements.
+  Bytes a3(a.begin(), a.begin() + 30001), b3(b.begin(), b.begin() + 30001);
+  round_trip(a3, b3, 2, context_field("BF16", 2));
+}
+
+TEST_CASE("context: a base that is not the entry's is refused or decodes to other bytes") {
+  auto [a, b] = bf16_step(200000, 5);
+  const Bytes e = encode(a, b, 2, context_field("BF16", 2));
+  // Another tensor as base: its contexts hold other counts, so the decoder
+  // runs out of elements in some group (refused) or patches other bytes
+  // (caught by the checksums that every apply checks).
+  auto [other, unused] = bf16_step(200000, 6);
+  try {
+    const Bytes r = patched(other, e);
+    CHECK(r != b);
+  } catch (const Error& err) {
+    CHECK(err.code() == Exit::bad_input);
+    CHECK(std::string(err.what()).find("not the entry's base") != std::string::npos);
+  }
+  // A base of all zeros: one context, fewer elements than the groups name.
+  const Bytes zeros(a.size(), 0);
+  CHECK_THROWS_AS(patched(zeros, e), Error);
+}
+
+TEST_CASE("context: hostile entries are refused with bad_input, never crash") {
+  auto [a, b] = bf16_step(20000, 9, 1e-4);
+  const Bytes e = encode(a, b, 2, context_field("BF16", 2));
+  REQUIRE(patched(a, e) == b);
+  // Truncated anywhere.
+  for (std::size_t len = 0; len < e.size(); len += 1 + len / 16) {
+    const Bytes t(e.begin(), e.begin() + static_cast<std::ptrdiff_t>(len));
+    CHECK_THROWS_AS(check_context(t, a.size(), "t"), Error);
+  }
+  // Every byte flipped in turn: refused with bad_input, or decoded to some
+  // bytes (which an apply's checksums then refuse); check and decode agree
+  // on what they refuse without the base.
+  std::size_t refused = 0;
+  for (std::size_t i = 0; i < e.size(); ++i) {
+    Bytes t = e;
+    t[i] ^= static_cast<std::uint8_t>(1 + i % 255);
+    bool check_ok = true;
+    try {
+      check_context(t, a.size(), "t");
+    } catch (const Error& err) {
+      CHECK(err.code() == Exit::bad_input);
+      check_ok = false;
+    }
+    try {
+      patched(a, t);
+      CHECK(check_ok);
+    } catch (const Error& err) {
+      CHECK(err.code() == Exit::bad_input);
+      ++refused;
+    }
+  }
+  CHECK(refused > e.size() / 4);  // flips in the raw gap and sign bits decode to other changes
+  // A head for another tensor size, or a field outside the element.
+  Bytes t = e;
+  put_le64(t.data() + 8, a.size() + 2);
+  CHECK_THROWS_AS(check_context(t, a.size(), "t"), Error);
+  t = e;
+  t[32] = 12;  // shift 12 + 8 bits > 16
+  CHECK_THROWS_AS(check_context(t, a.size(), "t"), Error);
+}
