@@ -74,6 +74,14 @@ class Walker {
         b[k] = t[k], dirty_ = true;
       }
   }
+  // The base bytes [pos, pos + n) of the window holding them, loaded as the
+  // changes' windows are (the context decoder asks for them front to back,
+  // one window at most, and patches each before it asks for the next).
+  std::span<const std::uint8_t> base(std::uint64_t pos, std::size_t n) {
+    if (pos >= we_) load(pos);
+    if (pos < ws_ || pos + n > we_) fail(Exit::failure, "context base view outside the window");
+    return {buf_.data() + (pos - ws_), n};
+  }
   void finish() {
     close();
     if (hash_)
@@ -252,6 +260,14 @@ Checksums lay_sparse(const Patch& p, const File& f, JournalWriter* jw, std::vect
   return checksums_of(w);
 }
 
+Checksums lay_context(const Patch& p, const File& f, JournalWriter* jw, std::vector<std::uint8_t>& buf, File* out,
+                       const std::string& what) {
+  Walker w(f, p, jw, buf, out);
+  decode_context(p.frame, p.nbytes, what, [&w](std::uint64_t off, std::size_t n) { return w.base(off, n); }, sparse_sink(w));
+  w.finish();
+  return checksums_of(w);
+}
+
 Checksums lay_overwrite(const Patch& p, const File& f, JournalWriter* jw, std::vector<std::uint8_t>& buf, File* out,
                         Decompressor& d1, Decompressor& d2, const std::string& what) {
   Walker w(f, p, jw, buf, out);
@@ -272,6 +288,7 @@ void journal_patch(const Patch& p, const File& f, JournalWriter* jw, std::vector
   const Checksums c = !p.replace.empty() || p.source      ? lay_bytes(p, f, jw, buf, out)
                       : p.encoding == Encoding::xor_bytes ? lay_xor(p, f, jw, buf, out, d1, what)
                       : p.encoding == Encoding::sparse    ? lay_sparse(p, f, jw, buf, out, what)
+                      : p.encoding == Encoding::context   ? lay_context(p, f, jw, buf, out, what)
                                                           : lay_overwrite(p, f, jw, buf, out, d1, d2, what);
   if (jw) jw->end_tensor();
   const std::string outcome = p.live ? "LOCAL was rolled back" : "nothing was changed";
@@ -325,7 +342,11 @@ void journal_range(const Patch& p, std::uint64_t c0, std::uint64_t c1, const Fil
   const std::string what = p.delta_file + ": entry '" + p.tensor + "'";
   jw.begin_tensor(p.local_shard, p.offset);
   Walker w(f, p, &jw, buf, out, c0 * p.chunk_bytes, std::min(p.nbytes, c1 * p.chunk_bytes));
-  decode_sparse_chunks(p.frame, p.nbytes, c0, c1, what, sparse_sink(w));
+  if (p.encoding == Encoding::context)
+    decode_context_chunks(p.frame, p.nbytes, c0, c1, what, [&w](std::uint64_t off, std::size_t n) { return w.base(off, n); },
+                          sparse_sink(w));
+  else
+    decode_sparse_chunks(p.frame, p.nbytes, c0, c1, what, sparse_sink(w));
   w.finish();
   jw.end_tensor();
 }

@@ -262,10 +262,14 @@ void plan_file_ops(Planner& c) {
   }
 }
 
-// Chunks of a sparse entry that can be cut into ranges (of
-// p.chunk_bytes): 0 where it cannot.
-std::uint64_t sparse_chunks(Patch& p) {
-  if (!p.replace.empty() || p.encoding != Encoding::sparse || p.frame.size() < kSparseHeadSize) return 0;
+// Chunks of a sparse or context entry that can be cut into ranges (of
+// p.chunk_bytes): 0 where it cannot. Both heads hold the element size at
+// byte 4, and both encodings chunk alike.
+std::uint64_t entry_chunks(Patch& p) {
+  static_assert(kSparseChunkElements == kContextChunkElements && kContextHeadSize >= kSparseHeadSize);
+  if (!p.replace.empty() || (p.encoding != Encoding::sparse && p.encoding != Encoding::context) ||
+      p.frame.size() < kSparseHeadSize)
+    return 0;
   std::uint32_t es = 0;
   std::memcpy(&es, p.frame.data() + 4, 4);  // checked again by the decoder
   if (es != sparse_elem_size(es, p.nbytes)) return 0;
@@ -280,7 +284,7 @@ void plan_units(ApplyPlan& plan, int threads) {
   for (const Patch& p : plan.patches) total += p.nbytes;
   for (std::size_t i = 0; i < plan.patches.size(); ++i) {
     Patch& p = plan.patches[i];
-    const std::uint64_t chunks = sparse_chunks(p);
+    const std::uint64_t chunks = entry_chunks(p);
     const std::vector<ChunkRange> ranges = split_chunk_ranges(p.nbytes, chunks, p.chunk_bytes, total, threads);
     if (ranges.empty()) {
       plan.units.push_back({i, 0, 0, p.nbytes});

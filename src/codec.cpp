@@ -94,6 +94,7 @@ void Compressor::begin(std::uint64_t pledged) {
   ZSTD_CCtx* c = cctx_;
   ZSTD_CCtx_reset(c, ZSTD_reset_session_only);
   if (auto r = ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, level_); ZSTD_isError(r)) zstd_fail("level", r);
+  if (auto r = ZSTD_CCtx_setParameter(c, ZSTD_c_minMatch, 0); ZSTD_isError(r)) zstd_fail("min match", r);
   // A frame checksum lets any zstd reader notice a damaged frame by itself.
   if (auto r = ZSTD_CCtx_setParameter(c, ZSTD_c_checksumFlag, 1); ZSTD_isError(r)) zstd_fail("checksum", r);
   if (auto r = ZSTD_CCtx_setPledgedSrcSize(c, pledged); ZSTD_isError(r)) zstd_fail("pledged size", r);
@@ -127,9 +128,13 @@ void Compressor::flush(const ByteSink& sink) { drain(cctx_, out_, ZSTD_e_flush, 
 
 void Compressor::end(const ByteSink& sink) { drain(cctx_, out_, ZSTD_e_end, sink); }
 
-void Compressor::compress_frame(std::span<const std::uint8_t> in, std::vector<std::uint8_t>& out) {
+void Compressor::compress_frame(std::span<const std::uint8_t> in, std::vector<std::uint8_t>& out, bool literals) {
   ZSTD_CCtx* c = cctx_;
   begin(in.size());
+  // Only the longest matches (7, zstd's most): on symbols without repeats, zstd's shorter
+  // matches cost more than the Huffman-coded literals they replace.
+  if (literals)
+    if (auto r = ZSTD_CCtx_setParameter(c, ZSTD_c_minMatch, 7); ZSTD_isError(r)) zstd_fail("min match", r);
   const std::size_t at = out.size();
   out.resize(at + ZSTD_compressBound(in.size()));
   const std::size_t r = ZSTD_compress2(c, out.data() + at, out.size() - at, in.data(), in.size());

@@ -341,7 +341,7 @@ std::uint64_t ContextChunkEncoder::end(Compressor& c, const ByteSink& sink) {
   im.x.insert(im.x.end(), im.xm.begin(), im.xm.end());
 
   im.frames.clear();
-  c.compress_frame(im.q, im.frames);
+  c.compress_frame(im.q, im.frames, true);
   const std::size_t lq = im.frames.size();
   im.frames.insert(im.frames.end(), im.r.begin(), im.r.end());
   const std::size_t before_m = im.frames.size();
@@ -631,10 +631,10 @@ void walk_chunk(const Chunk& c, const Head& h, const std::string& what, Scratch&
   }
   for (std::size_t g = 0; g < c.G; ++g)
     if (next[g] != c.start[g + 1])
-      fail(Exit::bad_input, what + ": context entry chunk " + std::to_string(c.index) + " names " +
+      fail(Exit::verify_failed, what + ": context entry chunk " + std::to_string(c.index) + " names " +
                                 std::to_string(c.count[g]) + " changes in context group " + std::to_string(g) +
-                                ", but the base has room for " + std::to_string(next[g] - c.start[g]) +
-                                " there: these bytes are not the entry's base, or the entry is damaged");
+                                    ", but the base has room for " + std::to_string(next[g] - c.start[g]) +
+                                    " there: these bytes are not the entry's base, or the entry is damaged");
 }
 
 }  // namespace

@@ -151,6 +151,8 @@ void read_tensor_encodings(IndexJson& x) {
     if (!e) fail(Exit::unsupported, w + ": hfdelta_encodings[\"" + it.key() + "\"] is " + it->dump() + ", not an encoding this build knows");
     if (*e == Encoding::stack && x.revision < 4)
       fail(Exit::bad_input, w + ": hfdelta_encodings[\"" + it.key() + "\"] is \"stack\", which needs hfdelta_format 4 or later");
+    if (*e == Encoding::context && x.revision < 5)
+      fail(Exit::bad_input, w + ": hfdelta_encodings[\"" + it.key() + "\"] is \"context\", which needs hfdelta_format 5 or later");
     x.d.encodings.emplace(it.key(), *e);
   }
 }
@@ -164,6 +166,8 @@ void read_encoding(IndexJson& x) {
   const auto enc = parse_encoding(enc_name);
   if (!enc) fail(Exit::unsupported, w + ": unknown delta_encoding \"" + enc_name + "\"");
   if (*enc == Encoding::stack) fail(Exit::bad_input, w + ": delta_encoding \"stack\" is only valid per tensor, in hfdelta_encodings");
+  if (*enc == Encoding::context && x.revision < 5)
+    fail(Exit::bad_input, w + ": delta_encoding \"context\" needs hfdelta_format 5 or later");
   x.d.encoding = *enc;
 }
 
@@ -456,10 +460,14 @@ std::string write_delta_index_json(const DeltaIndex& d, std::uint64_t total_size
   m[key::delta_encoding] = d.per_tensor ? std::string("auto") : std::string(encoding_name(d.encoding));
   m[key::compression_format] = "zstd";
   m[key::checksum_format] = "xxh3-128";
-  const bool plain = !d.per_tensor && d.encoding != Encoding::sparse;
-  bool stacked = false;
-  for (const auto& [name, enc] : d.encodings) stacked = stacked || (d.per_tensor && enc == Encoding::stack);
-  m[key::format] = stacked ? 4 : d.structural() ? 3 : plain ? 1 : 2;  // the lowest revision that can apply it
+  const bool plain = !d.per_tensor && d.encoding != Encoding::sparse && d.encoding != Encoding::context;
+  bool stacked = false, context = d.context_parts || (!d.per_tensor && d.encoding == Encoding::context);
+  for (const auto& [name, enc] : d.encodings) {
+    stacked = stacked || (d.per_tensor && enc == Encoding::stack);
+    context = context || (d.per_tensor && enc == Encoding::context);
+  }
+  // The lowest revision that can apply it.
+  m[key::format] = context ? 5 : stacked ? 4 : d.structural() ? 3 : plain ? 1 : 2;
   if (d.per_tensor) {
     json e = json::object();
     for (const auto& [name, enc] : d.encodings) e[name] = std::string(encoding_name(enc));

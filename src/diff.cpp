@@ -295,10 +295,10 @@ void plan_tensors(DiffRun& r) {
                                                                                          : r.sum.shards_built) += 1;
 }
 
-// Each work's sources: the weight files, read in blocks (sparse, auto) or
-// through their mappings (the slime encodings' whole-tensor frames).
+// Each work's sources: the weight files, read in blocks (sparse, context,
+// auto) or through their mappings (the slime encodings' whole-tensor frames).
 void bind_sources(DiffRun& r) {
-  const bool frames = r.opts.encoding && *r.opts.encoding != Encoding::sparse;
+  const bool frames = r.opts.encoding && *r.opts.encoding != Encoding::sparse && *r.opts.encoding != Encoding::context;
   for (const auto& f : r.base_files) r.base_srcs.push_back({&f});
   for (const auto& f : r.new_files) r.new_srcs.push_back({&f});
   if (frames) {
@@ -337,8 +337,7 @@ std::vector<NewDeltaEntry> entries_of(DiffRun& r, std::vector<const Work*>& of) 
     entries.push_back({w.t->name, r.target.shards[w.nfile].file, r.encoder->entry_size(w), w.new_hash,
                        w.fresh ? std::nullopt : std::optional<Hash128>(w.base_hash), w.encoding});
     of.push_back(&w);
-    (w.encoding == Encoding::sparse ? sum.tensors_sparse : w.encoding == Encoding::xor_bytes ? sum.tensors_xor
-                                                                                             : sum.tensors_overwrite) += 1;
+    sum.count_entry(w.encoding);
     sum.tensors_changed += 1, sum.elements_changed += w.elements_changed, sum.bytes_changed += w.bytes_changed;
   }
   return entries;

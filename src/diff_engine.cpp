@@ -16,7 +16,7 @@ namespace fs = boost::filesystem;
 
 namespace {
 
-// Bytes of each input read at a time by the sparse engine: small enough to
+// Bytes of each input read at a time by the chunk engine: small enough to
 // stay in the core's cache while they are hashed, compared and scanned.
 constexpr std::uint64_t kBlock = 256 * 1024;
 
@@ -47,6 +47,7 @@ struct Worker {
   Spool spool, xspool;  // xspool: "auto"'s xor frames
   std::unique_ptr<Compressor> comp, xcomp;
   SparseChunkEncoder enc;
+  ContextChunkEncoder cenc;
   std::vector<std::uint8_t> a, b, x;
 };
 
@@ -85,16 +86,22 @@ struct XorStream {
 };
 
 // Scans chunks [c0, c1) of one tensor in blocks: each block of both inputs is
-// read once, hashed (if `hashers`), compared and turned into sparse changes
-// while it is in cache; each finished chunk goes to the thread's spool.
+// read once, hashed (if `hashers`), compared and turned into sparse or
+// context changes while it is in cache; each finished chunk goes to the
+// thread's spool.
 RangeOut scan_range(const Work& w, std::uint64_t c0, std::uint64_t c1, Worker& wk, XorStream* xs, Hasher* hb, Hasher* hn) {
   RangeOut out;
+  static_assert(kSparseChunkElements == kContextChunkElements);
   const std::uint64_t chunk_bytes = kSparseChunkElements * w.es;
   const ByteSink to_spool = [&](std::span<const std::uint8_t> s) { wk.spool.put(s); };
+  const bool context = w.encoding == Encoding::context;
   out.body = {-1, wk.spool.size, 0};
   for (std::uint64_t ch = c0; ch < c1; ++ch) {
     const std::uint64_t cs = ch * chunk_bytes, ce = std::min(w.nbytes, cs + chunk_bytes);
-    wk.enc.begin(w.es);
+    if (context)
+      wk.cenc.begin(w.es, w.field);
+    else
+      wk.enc.begin(w.es);
     for (std::uint64_t at = cs; at < ce; at += kBlock) {
       const std::size_t n = static_cast<std::size_t>(std::min(kBlock, ce - at));
       const std::uint8_t* a = w.bsrc->read(wk.a.data(), n, w.boff + at);
@@ -102,12 +109,21 @@ RangeOut scan_range(const Work& w, std::uint64_t c0, std::uint64_t c1, Worker& w
       if (hb) hb->update({a, n});
       if (hn) hn->update({b, n});
       if (xs) xs->block(a, b, n);
-      if (std::memcmp(a, b, n) == 0) continue;
-      wk.enc.scan(a, b, n / w.es, (at - cs) / w.es);
+      // The context encoder sees every base element (it counts contexts).
+      if (context)
+        wk.cenc.scan(a, b, n / w.es, (at - cs) / w.es);
+      else if (std::memcmp(a, b, n) != 0)
+        wk.enc.scan(a, b, n / w.es, (at - cs) / w.es);
     }
-    out.elements_changed += wk.enc.changed_elements();
-    out.bytes_changed += wk.enc.changed_bytes();
-    wk.enc.end(*wk.comp, to_spool);
+    if (context) {
+      out.elements_changed += wk.cenc.changed_elements();
+      out.bytes_changed += wk.cenc.changed_bytes();
+      wk.cenc.end(*wk.comp, to_spool);
+    } else {
+      out.elements_changed += wk.enc.changed_elements();
+      out.bytes_changed += wk.enc.changed_bytes();
+      wk.enc.end(*wk.comp, to_spool);
+    }
   }
   out.body.size = wk.spool.size - out.body.offset;
   return out;
@@ -154,11 +170,14 @@ void encode_fresh(Work& w, Worker& wk, std::size_t tid) {
   w.bytes_changed = w.nbytes;
 }
 
-// The units of the sparse engine, largest first. A tensor larger than its
+// The head of a chunked entry.
+std::uint64_t head_size(const Work& w) { return w.encoding == Encoding::context ? kContextHeadSize : kSparseHeadSize; }
+
+// The units of the chunk engine, largest first. A tensor larger than its
 // share of the work is cut into ranges of chunks so that it does not keep
 // the other cores waiting; its hashes (which run front to back) become a
 // unit of their own.
-std::vector<Unit> sparse_units(std::span<Work* const> works, int threads) {
+std::vector<Unit> chunk_units(std::span<Work* const> works, int threads) {
   std::uint64_t total = 0;
   for (const Work* w : works) total += w->nbytes;
   std::vector<Unit> units;
@@ -203,11 +222,11 @@ void hash_unit(Work& w, Worker& wk, XorStream* xs) {
   if (xs) w.xor_frame = xs->end();
 }
 
-// "auto" of a tensor scanned whole: only the smaller of its sparse entry
+// "auto" of a tensor scanned whole: only the smaller of its chunked entry
 // and its xor frame stays in the spools.
 void keep_smaller(Work& w, RangeOut& r, Worker& wk, XorStream& xs) {
   w.xor_frame = xs.end();
-  if (r.elements_changed == 0 || kSparseHeadSize + r.body.size <= w.xor_frame.size) {
+  if (r.elements_changed == 0 || head_size(w) + r.body.size <= w.xor_frame.size) {
     wk.xspool.size = w.xor_frame.offset;
     w.xor_frame = {};
   } else {
@@ -231,7 +250,7 @@ void scan_whole(Work& w, const Unit& unit, Worker& wk, std::size_t tid, XorStrea
   w.ranges[0] = r;
 }
 
-void run_sparse_unit(const Unit& unit, Work& w, Worker& wk, std::size_t tid, bool autochoice) {
+void run_chunk_unit(const Unit& unit, Work& w, Worker& wk, std::size_t tid, bool autochoice) {
   if (unit.kind == Unit::Kind::fresh) return encode_fresh(w, wk, tid);
   // "auto" encodes xor too, in the same pass, and keeps the smaller entry
   // of every tensor: never larger than xor, at the cost of compressing the
@@ -247,15 +266,15 @@ void run_sparse_unit(const Unit& unit, Work& w, Worker& wk, std::size_t tid, boo
 }
 
 // Each tensor's totals over its ranges; "auto" keeps a split tensor's xor
-// frame where it is smaller than its sparse entry.
+// frame where it is smaller than its chunked entry.
 void sum_ranges(std::span<Work* const> works, bool autochoice) {
   for (Work* wp : works) {
     Work& w = *wp;
     for (const auto& r : w.ranges) w.elements_changed += r.elements_changed, w.bytes_changed += r.bytes_changed;
     if (!autochoice || w.fresh || !w.changed() || w.xor_frame.spool < 0) continue;
-    std::uint64_t sparse_len = kSparseHeadSize;
-    for (const auto& r : w.ranges) sparse_len += r.body.size;
-    if (w.xor_frame.size < sparse_len) w.encoding = Encoding::xor_bytes, w.frame = w.xor_frame;
+    std::uint64_t chunked_len = head_size(w);
+    for (const auto& r : w.ranges) chunked_len += r.body.size;
+    if (w.xor_frame.size < chunked_len) w.encoding = Encoding::xor_bytes, w.frame = w.xor_frame;
   }
 }
 
@@ -268,11 +287,16 @@ Work make_work(std::size_t nfile, const TensorInfo& t) {
   w.nbytes = t.nbytes();
   w.es = sparse_elem_size(dtype_size(t.dtype) ? dtype_size(t.dtype) : 1, w.nbytes);
   w.chunks = sparse_chunk_count(w.nbytes, w.es);
+  if (w.es == dtype_size(t.dtype)) w.field = context_field(t.dtype, w.es);
   return w;
 }
 
 Encoder::Encoder(fs::path tmp, std::optional<Encoding> encoding, int level, int threads)
-    : tmp_(std::move(tmp)), encoding_(encoding), level_(level), threads_(default_threads(threads)) {
+    : tmp_(std::move(tmp)),
+      encoding_(encoding),
+      chunked_(encoding == Encoding::sparse ? Encoding::sparse : Encoding::context),
+      level_(level),
+      threads_(default_threads(threads)) {
   for (int t = 0; t < threads_; ++t) workers_.push_back(std::make_unique<Worker>());
 }
 
@@ -284,23 +308,25 @@ Encoder::~Encoder() {
 }
 
 void Encoder::encode(std::span<Work* const> works) {
-  if (!encoding_ || *encoding_ == Encoding::sparse)
-    sparse_pass(works);
+  if (!encoding_ || *encoding_ == Encoding::sparse || *encoding_ == Encoding::context)
+    chunk_pass(works);
   else
     frame_pass(works);
 }
 
-// The sparse engine ("sparse" and "auto"): one pass over both inputs per
-// tensor, in parallel over tensors and over chunk ranges of large tensors.
-void Encoder::sparse_pass(std::span<Work* const> works) {
+// The chunk engine ("sparse", "context" and "auto"): one pass over both
+// inputs per tensor, in parallel over tensors and over chunk ranges of large
+// tensors.
+void Encoder::chunk_pass(std::span<Work* const> works) {
   const bool autochoice = !encoding_;
-  const std::vector<Unit> units = sparse_units(works, threads_);
+  for (Work* w : works) w->encoding = chunked_;
+  const std::vector<Unit> units = chunk_units(works, threads_);
   parallel_for(units.size(), threads_, [&](std::size_t u, std::size_t tid) {
     const Unit& unit = units[u];
     Work& w = *works[unit.work];
     Worker& wk = *workers_[tid];
     ensure_worker(wk, tid, tmp_, level_, autochoice);
-    run_sparse_unit(unit, w, wk, tid, autochoice);
+    run_chunk_unit(unit, w, wk, tid, autochoice);
     // Each tensor's bytes count once: a split tensor's through its ranges.
     if (unit.kind != Unit::Kind::hash) progress::add(unit.bytes);
   });
@@ -338,25 +364,33 @@ void Encoder::frame_pass(std::span<Work* const> works) {
 }
 
 std::uint64_t Encoder::entry_size(const Work& w) const {
-  if (w.encoding != Encoding::sparse) return w.frame.size;
-  std::uint64_t size = kSparseHeadSize;
+  if (w.encoding != Encoding::sparse && w.encoding != Encoding::context) return w.frame.size;
+  std::uint64_t size = head_size(w);
   for (const auto& rg : w.ranges) size += rg.body.size;
   return size;
 }
 
-// An entry's bytes, gathered from the spools: the sparse entry head and its
-// ranges' chunks, or its one frame.
+// An entry's bytes, gathered from the spools: the chunked entry's head and
+// its ranges' chunks, or its one frame.
 void Encoder::write_entry(const Work& w, File& f, std::uint64_t at) const {
   auto copy = [&](const Seg& sg) {
     const Worker& from = *workers_[static_cast<std::size_t>(sg.spool)];
     copy_range(sg.in_xspool ? from.xspool.file : from.spool.file, sg.offset, sg.size, f, at);
     at += sg.size;
   };
-  if (w.encoding != Encoding::sparse) return copy(w.frame);
-  std::uint8_t head[kSparseHeadSize];
-  sparse_entry_head(w.es, w.nbytes, head);
-  f.pwrite_all(head, sizeof head, at);
-  at += sizeof head;
+  if (w.encoding == Encoding::context) {
+    std::uint8_t head[kContextHeadSize];
+    context_entry_head(w.es, w.nbytes, w.field, head);
+    f.pwrite_all(head, sizeof head, at);
+    at += sizeof head;
+  } else if (w.encoding == Encoding::sparse) {
+    std::uint8_t head[kSparseHeadSize];
+    sparse_entry_head(w.es, w.nbytes, head);
+    f.pwrite_all(head, sizeof head, at);
+    at += sizeof head;
+  } else {
+    return copy(w.frame);
+  }
   for (const auto& rg : w.ranges) copy(rg.body);
 }
 

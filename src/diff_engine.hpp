@@ -67,15 +67,16 @@ struct Work {
   bool fresh = false;                    // no base bytes: its entry is its bytes (xor with zeros)
   bool need_hash = false;                // its checksum is needed even if it is unchanged
   const std::string* from = nullptr;     // the base tensor its bytes come from (not fresh)
-  std::size_t es = 1;                    // the sparse encoding's element size
+  std::size_t es = 1;                    // the chunked encodings' element size
+  ContextField field;                    // the context encoding's field (its dtype's exponent)
   std::uint64_t chunks = 0;
   std::vector<RangeOut> ranges;          // one per unit scanning it, in tensor order
   Hash128 base_hash, new_hash;
   // base_hash is known already (the publisher's mirror records it): the
   // base bytes are compared and encoded, not hashed.
   bool base_hash_known = false;
-  Encoding encoding = Encoding::sparse;
-  Seg frame;                             // the entry, when it is not sparse
+  Encoding encoding = Encoding::sparse;  // sparse or context: chunked, its ranges hold the chunks
+  Seg frame;                             // the entry, when it is not chunked
   Seg xor_frame;                         // "auto": the xor encoding, for the choice
   std::uint64_t elements_changed = 0, bytes_changed = 0;
   bool changed() const { return elements_changed != 0; }
@@ -94,7 +95,7 @@ struct Worker;
 // temporary directory) and are removed by close() or the destructor.
 class Encoder {
  public:
-  // `encoding`: none is "auto" (sparse or xor per tensor, the smaller).
+  // `encoding`: none is "auto" (context or xor per tensor, the smaller).
   Encoder(boost::filesystem::path tmp, std::optional<Encoding> encoding, int level, int threads);
   ~Encoder();
   Encoder(const Encoder&) = delete;
@@ -111,10 +112,11 @@ class Encoder {
   void close();
 
  private:
-  void sparse_pass(std::span<Work* const> works);
+  void chunk_pass(std::span<Work* const> works);
   void frame_pass(std::span<Work* const> works);
   boost::filesystem::path tmp_;
   std::optional<Encoding> encoding_;
+  Encoding chunked_;  // the chunked encoding of the chunk engine: sparse, or context (also "auto")
   int level_, threads_;
   std::vector<std::unique_ptr<Worker>> workers_;
 };

@@ -102,6 +102,19 @@ void inspect_sparse(std::span<const std::uint8_t> e, const std::string& what, In
   out.changed_elements = changed;
 }
 
+// context: everything but the walk over the base (check_context): heads,
+// group tables, every frame decoded, stream lengths and padding, positions
+// that fit their chunk, values that fit their elements.
+void inspect_context(std::span<const std::uint8_t> e, const std::string& what, InspectEntry& out) {
+  if (e.size() < kContextHeadSize) fail(Exit::bad_input, what + ": context entry is truncated");
+  const std::uint64_t nbytes = get_le64(e.data() + 8);
+  const ContextSummary s = check_context(e, nbytes, what);
+  out.tensor_bytes = nbytes;
+  out.element_size = s.elem_size;
+  out.changed_elements = s.changes;
+  out.needs_base = true;
+}
+
 // overwrite: K is the frame's first four decoded bytes; the target's length
 // is not in the entry, so positions are checked against the format's 4 GiB
 // limit (and for ascending order) as the whole frame is decoded.
@@ -152,6 +165,7 @@ void inspect_part(Encoding enc, std::span<const std::uint8_t> bytes, const std::
     case Encoding::sparse: return inspect_sparse(bytes, what, out);
     case Encoding::overwrite: return inspect_overwrite(bytes, what, out);
     case Encoding::xor_bytes: return inspect_xor(bytes, what, out);
+    case Encoding::context: return inspect_context(bytes, what, out);
     case Encoding::stack: break;
   }
   fail(Exit::bad_input, what + ": a stacked entry cannot hold another");
@@ -178,6 +192,7 @@ InspectEntry inspect_entry(const OpenDelta& v, const DeltaEntry& de) {
       fail(Exit::bad_input, what + ": stacked parts are for tensors of " + std::to_string(*e.tensor_bytes) + " and " +
                                 std::to_string(*pe.tensor_bytes) + " bytes");
     if (pe.tensor_bytes) e.tensor_bytes = pe.tensor_bytes;
+    e.needs_base = e.needs_base || pe.needs_base;
   }
   return e;
 }
@@ -240,6 +255,7 @@ DeltaInspection inspect_delta(const fs::path& dir) {
     if (e.changed_elements) r.changed_elements += *e.changed_elements;
     if (e.changed_bytes) r.changed_bytes += *e.changed_bytes;
     ++(e.encoding == Encoding::sparse      ? r.entries_sparse
+       : e.encoding == Encoding::context   ? r.entries_context
        : e.encoding == Encoding::overwrite ? r.entries_overwrite
        : e.encoding == Encoding::stack     ? r.entries_stacked
                                            : r.entries_xor);
@@ -264,7 +280,8 @@ json inspection_json(const DeltaInspection& d) {
                        {"changed_bytes", opt(e.changed_bytes)},
                        {"checksum", e.checksum.hex()},
                        {"base_checksum", e.base_checksum ? json(e.base_checksum->hex()) : json(nullptr)},
-                       {"stack_parts", e.parts ? json(e.parts) : json(nullptr)}});
+                       {"stack_parts", e.parts ? json(e.parts) : json(nullptr)},
+                       {"needs_base", e.needs_base}});
   }
   json files = json::array();
   for (const auto& f : d.files) {
@@ -300,7 +317,7 @@ json inspection_json(const DeltaInspection& d) {
           {"totals",
            {{"tensors", d.entries.size()},
             {"entries",
-             {{"sparse", d.entries_sparse}, {"xor", d.entries_xor}, {"overwrite", d.entries_overwrite}, {"stack", d.entries_stacked}}},
+             {{"sparse", d.entries_sparse}, {"xor", d.entries_xor}, {"overwrite", d.entries_overwrite}, {"stack", d.entries_stacked}, {"context", d.entries_context}}},
             {"entry_bytes", d.entry_bytes},
             // A sum over some entries only would read as the whole: null instead.
             {"tensor_bytes", all_lengths ? json(d.tensor_bytes) : json(nullptr)},

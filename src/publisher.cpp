@@ -144,7 +144,7 @@ void reconcile(const fs::path& root, const fs::path& mirror, const PublisherOpti
 // compared, not hashed: the mirror's advance checks them against the record
 // before it patches anything, so a mirror damaged since is caught there.
 void plan_step(Step& st, const PublisherOptions& opts, const std::optional<ChecksumRecord>& record) {
-  const bool frames = opts.encoding && *opts.encoding != Encoding::sparse;
+  const bool frames = opts.encoding && *opts.encoding != Encoding::sparse && *opts.encoding != Encoding::context;
   for (const Shard& sh : st.layout.shards) {
     st.files.emplace_back(st.layout.dir / sh.file, File::Mode::read);
     if (frames) st.maps.emplace_back(st.layout.dir / sh.file);
@@ -233,8 +233,7 @@ void count_step(const Step& st, const std::vector<const Work*>& changed, Publish
     ps.tensors_declared_unchanged += !st.given[i];
   }
   for (const Work* w : changed) {
-    (w->encoding == Encoding::sparse ? s.tensors_sparse : w->encoding == Encoding::xor_bytes ? s.tensors_xor
-                                                                                           : s.tensors_overwrite) += 1;
+    s.count_entry(w->encoding);
     s.tensors_changed += 1, s.elements_changed += w->elements_changed, s.bytes_changed += w->bytes_changed;
   }
   for (const File& f : st.files) s.full_bytes += f.size();

@@ -77,7 +77,7 @@ json diff_json(const std::string& out, const std::string& encoding, const DiffSu
           {"elements", s.elements}, {"elements_changed", s.elements_changed}, {"density", density},
           {"tensor_bytes", s.tensor_bytes}, {"bytes_changed", s.bytes_changed}, {"full_bytes", s.full_bytes},
           {"delta_bytes", s.delta_bytes}, {"files_changed", s.files_changed}, {"files_removed", s.files_removed},
-          {"entries", {{"sparse", s.tensors_sparse}, {"xor", s.tensors_xor}, {"overwrite", s.tensors_overwrite}}},
+          {"entries", {{"sparse", s.tensors_sparse}, {"xor", s.tensors_xor}, {"overwrite", s.tensors_overwrite}, {"context", s.tensors_context}}},
           {"structure", {{"weight_files_built", s.shards_built}, {"headers_rewritten", s.shards_rewritten},
                          {"weight_files_removed", s.shards_removed}, {"tensors_new", s.tensors_new}}},
           {"seconds", s.seconds}};

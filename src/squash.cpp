@@ -94,11 +94,14 @@ std::vector<std::pair<std::string, std::uint64_t>> header_tensors(const fs::path
   return out;
 }
 
-// What composing entries element by element means for an encoding.
-enum class Kind { mask, add, set };
+// What composing entries element by element means for an encoding. Context
+// entries compose with nothing: their positions count base elements, so
+// without the base bytes each stays a part of its own.
+enum class Kind { mask, add, set, context };
 Kind kind_of(const Op& op, const std::string& what) {
   if (op.enc == Encoding::xor_bytes) return Kind::mask;
   if (op.enc == Encoding::overwrite) return Kind::set;
+  if (op.enc == Encoding::context) return Kind::context;
   // Sparse: "HFS1" entries hold XOR values, "HFS2" differences.
   return read_sparse_head(op.frame, what).op == SparseOp::xor_bytes ? Kind::mask : Kind::add;
 }
@@ -174,6 +177,13 @@ void lay(const Op& op, std::span<std::uint8_t> buf, const std::string& what) {
         for (std::size_t i = 0; i < pos.size(); ++i) buf[pos[i]] = v[i];
       });
       break;
+    case Encoding::context:  // only over the tensor's own bytes (a tensor built from zeros)
+      decode_context(
+          op.frame, buf.size(), what, [&](std::uint64_t off, std::size_t n) { return std::span<const std::uint8_t>(buf.subspan(off, n)); },
+          [&](std::span<const std::uint64_t> offs, std::span<const std::uint8_t> v, std::size_t es, SparseOp sop) {
+            for (std::size_t i = 0; i < offs.size(); ++i) sparse_apply_value(buf.data() + offs[i], v.data() + i * es, es, sop);
+          });
+      break;
     case Encoding::stack:  // split into its parts when the chain is read
       fail(Exit::failure, what + ": a stacked entry reached the composer");
   }
@@ -182,6 +192,7 @@ void lay(const Op& op, std::span<std::uint8_t> buf, const std::string& what) {
 // The tensor length an entry reveals, if it does.
 std::optional<std::uint64_t> length_of(const Op& op, const std::string& what) {
   if (op.enc == Encoding::sparse) return read_sparse_head(op.frame, what).nbytes;
+  if (op.enc == Encoding::context && op.frame.size() >= kContextHeadSize) return get_le64(op.frame.data() + 8);
   if (op.enc == Encoding::xor_bytes) {
     const unsigned long long n = ZSTD_getFrameContentSize(op.frame.data(), op.frame.size());
     if (n != ZSTD_CONTENTSIZE_UNKNOWN && n != ZSTD_CONTENTSIZE_ERROR) return n;
@@ -295,7 +306,8 @@ void compose_trace(const Trace& tr, std::uint64_t n, OutEntry& out, const fs::pa
   if (tr.origin)
     for (const Op& op : tr.ops) {
       const Kind k = kind_of(op, what);
-      keys.emplace_back(k, k == Kind::add ? read_sparse_head(op.frame, what).es : 0u);
+      // A context entry's key is its own: a run of one.
+      keys.emplace_back(k, k == Kind::add ? read_sparse_head(op.frame, what).es : k == Kind::context ? static_cast<std::uint32_t>(keys.size()) : 0u);
     }
   std::vector<std::span<const Op>> runs;
   for (std::size_t i = 0; i < tr.ops.size();) {
@@ -605,6 +617,8 @@ void choose_encoding(Squash& sq) {
   for (const auto& e : sq.entries) encs.insert(e.enc());
   sq.idx.per_tensor = sq.idx.structural() || encs.size() > 1 || encs.count(Encoding::stack);  // "stack" is per tensor only
   sq.idx.encoding = encs.empty() ? sq.links.back().idx.encoding : *encs.begin();
+  for (const auto& e : sq.entries)
+    for (const Piece& p : e.pieces) sq.idx.context_parts = sq.idx.context_parts || p.enc == Encoding::context;
 }
 
 // An entry's bytes: its one piece, or the stack head and every piece.

@@ -67,7 +67,8 @@ class Compressor {
   static constexpr std::uint64_t kUnknownSize = ~0ull;  // zstd's "content size unknown"
   void begin(std::uint64_t pledged_size);
   // One whole frame of `in` appended to `out` (the streaming state is reset).
-  void compress_frame(std::span<const std::uint8_t> in, std::vector<std::uint8_t>& out);
+  // `literals`: symbols with few repeats, coded mostly by zstd's Huffman stage.
+  void compress_frame(std::span<const std::uint8_t> in, std::vector<std::uint8_t>& out, bool literals = false);
   void put(std::span<const std::uint8_t> in, const ByteSink& sink);
   void end(const ByteSink& sink);
   // Hands out everything put so far, the frame still open (ZSTD_e_flush).
@@ -250,8 +251,10 @@ inline constexpr std::size_t kContextWindow = 1 << 20;
 
 // Decodes a context entry against its base: changes come as sparse
 // differences (SparseOp::add_zigzag). Throws Error(bad_input) naming `what`
-// when the entry is damaged or does not fit the base bytes (a base whose
-// contexts hold fewer elements than the entry names).
+// when the entry is damaged (what check_context finds), and
+// Error(verify_failed) when it does not fit the base bytes (a base whose
+// contexts hold fewer elements than the entry names: not its base, or an
+// entry damaged in a way only the base shows).
 void decode_context(std::span<const std::uint8_t> entry, std::uint64_t nbytes, const std::string& what,
                     const BaseView& base, const SparsePatch& patch);
 

@@ -32,8 +32,9 @@ inline constexpr const char* kHeadersDir = "headers";
 // Format revision of hfdelta's extensions; readers refuse a newer one.
 // 1: base checksums and carried files; 2: the sparse encoding and per-tensor
 // encodings ("auto"); 3: structural changes (hfdelta_shards); 4: stacked
-// entries (encoding "stack"). A delta records the lowest revision it needs.
-inline constexpr int kFormatRevision = 4;
+// entries (encoding "stack"); 5: context entries (encoding "context", also
+// as stacked parts). A delta records the lowest revision it needs.
+inline constexpr int kFormatRevision = 5;
 
 // A non-weight file of the target that differs from the base.
 struct FileChange {
@@ -80,6 +81,7 @@ struct DeltaIndex {
   Encoding encoding = Encoding::xor_bytes;
   bool per_tensor = false;                           // delta_encoding "auto": see `encodings`
   std::map<std::string, Encoding> encodings;         // tensor -> its encoding (per_tensor only)
+  bool context_parts = false;                        // a stacked entry holds context parts (revision 5)
   std::map<std::string, std::string> weight_map;     // tensor -> delta file
   std::map<std::string, Hash128> base_checksums;     // tensor -> hash of its base bytes (hfdelta only)
   std::vector<FileChange> files;                     // hfdelta only

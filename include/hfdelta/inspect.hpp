@@ -25,8 +25,12 @@ struct InspectEntry {
   Encoding encoding = Encoding::xor_bytes;
   std::uint64_t entry_bytes = 0;               // L of the U8 [L] entry
   std::optional<std::uint64_t> tensor_bytes;   // target length: sparse head, xor frame; not overwrite
-  std::optional<std::uint64_t> element_size;   // sparse only: the element size its positions use
-  std::optional<std::uint64_t> changed_elements;  // sparse: sum of the chunks' K
+  std::optional<std::uint64_t> element_size;   // sparse, context: the element size its positions use
+  std::optional<std::uint64_t> changed_elements;  // sparse, context: sum of the chunks' K
+  // context (also as a stacked part): its positions count base elements of
+  // each context group, so whether they fit is known only against the base
+  // (delta-apply checks it, before the checksums).
+  bool needs_base = false;
   std::optional<std::uint64_t> changed_bytes;     // xor: non-zero bytes of the mask; overwrite: K
   // stack: its parts (each checked like an entry of its kind); the net
   // change of parts laid one after another is not known without the base.
@@ -65,7 +69,7 @@ struct DeltaInspection {
   std::vector<InspectShard> shards;   // by file name
   // Totals. Element and byte counts add up only the entries that know them.
   std::uint64_t entry_bytes = 0, tensor_bytes = 0, changed_elements = 0, changed_bytes = 0;
-  std::uint64_t entries_xor = 0, entries_overwrite = 0, entries_sparse = 0, entries_stacked = 0;
+  std::uint64_t entries_xor = 0, entries_overwrite = 0, entries_sparse = 0, entries_stacked = 0, entries_context = 0;
   std::uint64_t files_put = 0, files_removed = 0, file_bytes = 0;
   std::uint64_t shards_built = 0, shards_rewritten = 0, shards_removed = 0;
   std::uint64_t delta_bytes = 0;  // every regular file under the delta directory

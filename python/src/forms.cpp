@@ -44,8 +44,8 @@ void check_level(int level) {
 }
 
 std::optional<Encoding> encoding_of(const std::string& name) {
-  if (name != "auto" && name != "sparse" && name != "xor" && name != "overwrite")
-    fail(Exit::usage, "encoding must be sparse, auto, xor or overwrite, not \"" + name + "\"");
+  if (name != "auto" && name != "sparse" && name != "context" && name != "xor" && name != "overwrite")
+    fail(Exit::usage, "encoding must be sparse, context, auto, xor or overwrite, not \"" + name + "\"");
   return name == "auto" ? std::nullopt : std::optional(parse_encoding(name));
 }
 
