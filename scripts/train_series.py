@@ -31,7 +31,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-ENCODINGS = ("sparse", "auto", "xor", "overwrite")
+ENCODINGS = ("context", "sparse", "auto", "xor", "overwrite")
 STAGES = []
 
 
@@ -299,8 +299,8 @@ def main():
         f"{a.steps} AdamW steps on the fp32 master from that state, a bf16 save_pretrained after each.",
         "Sizes in bytes (delta directory totals); bounds from `hfdelta-bench bound`.",
         "",
-        "| lr | pair | density | order-0 bound | conditioned bound | conditioned/order-0 | sparse | sparse/order-0 | auto | xor | overwrite |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| lr | pair | density | order-0 bound | conditioned bound | conditioned/order-0 | context | context/order-0 | sparse | sparse/order-0 | auto | xor | overwrite |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         b = r["bound"]
@@ -309,9 +309,11 @@ def main():
         cb = g(b, "conditioned_bound_bytes")
         ratio = f"{cb / o0:.3f}" if (o0 and cb is not None) else "-"
         sp = f"{r['sparse'] / o0:.3f}" if o0 else "-"
+        cx = f"{r['context'] / o0:.3f}" if o0 else "-"
         lines.append(
             f"| {r['lr']:g} | {r['pair']} | {dens:.3e} | {fmt_bytes(int(o0))} | "
-            f"{fmt_bytes(int(cb)) if cb is not None else '-'} | {ratio} | {fmt_bytes(r['sparse'])} | {sp} | "
+            f"{fmt_bytes(int(cb)) if cb is not None else '-'} | {ratio} | {fmt_bytes(r['context'])} | {cx} | "
+            f"{fmt_bytes(r['sparse'])} | {sp} | "
             f"{fmt_bytes(r['auto'])} | {fmt_bytes(r['xor'])} | {fmt_bytes(r['overwrite'])} |")
     lines += ["", "## Changes per base exponent (all pairs of a series together)", ""]
     for lr, f in stats.items():

@@ -142,6 +142,11 @@ TEST_CASE("--inspect: per-tensor changed counts, lengths and checksums match the
     encoding = "sparse";
     gen.insert(gen.end(), {"--dtype", "f32"});
   }
+  SUBCASE("context, bf16") { encoding = "context"; }
+  SUBCASE("context, f32 (4-byte elements)") {
+    encoding = "context";
+    gen.insert(gen.end(), {"--dtype", "f32"});
+  }
   SUBCASE("auto, dense steps so that some tensors go xor") {
     // Large steps change most elements: auto then keeps xor where it is smaller.
     encoding = "auto";
@@ -172,7 +177,12 @@ TEST_CASE("--inspect: per-tensor changed counts, lengths and checksums match the
   CHECK(j["encoding"] == want_encoding);
   const json meta = delta_index(delta)["metadata"];
   CHECK(j["format"] == meta["hfdelta_format"]);
-  CHECK(j["format"] == (want_encoding == "xor" || want_encoding == "overwrite" ? 1 : 2));
+  // auto keeps context or xor entries: revision 5 (context) unless every one went xor.
+  const int want_format = want_encoding == "xor" || want_encoding == "overwrite" ? 1
+                          : want_encoding == "sparse"                           ? 2
+                          : want_encoding == "context"                          ? 5
+                                                                                : meta["hfdelta_format"].get<int>();
+  CHECK(j["format"] == want_format);
   CHECK(j["index_checksum"] == meta["hfdelta_index_checksum"]);
 
   const std::set<std::string> changed = changed_tensors(base, target);
@@ -185,7 +195,7 @@ TEST_CASE("--inspect: per-tensor changed counts, lengths and checksums match the
     INFO("tensor " << name);
     CHECK(keys_of(e) == std::set<std::string>{"name", "file", "encoding", "entry_bytes", "tensor_bytes", "element_size",
                                                "changed_elements", "changed_bytes", "checksum", "base_checksum",
-                                               "stack_parts"});
+                                               "stack_parts", "needs_base"});
     CHECK(e["stack_parts"].is_null());  // a diff never stacks; see e2e_squash
     listed.insert(name);
     const Expected x = expected(base, target, name);
@@ -193,7 +203,7 @@ TEST_CASE("--inspect: per-tensor changed counts, lengths and checksums match the
     ++per_encoding[enc];
     if (want_encoding == "auto") {
       CHECK(meta["hfdelta_encodings"][name] == enc);
-      CHECK((enc == "sparse" || enc == "xor"));
+      CHECK((enc == "context" || enc == "xor"));
     } else {
       CHECK(enc == want_encoding);
     }
@@ -203,7 +213,8 @@ TEST_CASE("--inspect: per-tensor changed counts, lengths and checksums match the
     CHECK(e["entry_bytes"] == en - b);
     CHECK(e["checksum"] == x.new_hash);
     CHECK(e["base_checksum"] == x.base_hash);
-    if (enc == "sparse") {
+    CHECK(e["needs_base"] == (enc == "context"));  // its positions count base elements
+    if (enc == "sparse" || enc == "context") {
       CHECK(e["changed_elements"] == x.elements);
       CHECK(e["changed_bytes"].is_null());
       CHECK(e["element_size"] == x.elem_size);
@@ -244,7 +255,7 @@ TEST_CASE("--inspect: per-tensor changed counts, lengths and checksums match the
   for (const char* k : {"weight_files_built", "headers_rewritten", "weight_files_removed"}) CHECK(tot[k] == 0);
   CHECK(tot["tensors"] == changed.size());
   CHECK(tot["entries"] == json{{"sparse", per_encoding["sparse"]}, {"xor", per_encoding["xor"]},
-                               {"overwrite", per_encoding["overwrite"]}, {"stack", 0}});
+                               {"overwrite", per_encoding["overwrite"]}, {"stack", 0}, {"context", per_encoding["context"]}});
   CHECK(tot["entry_bytes"] == sum_entry);
   CHECK(tot["changed_elements"] == sum_elements);
   CHECK(tot["changed_bytes"] == sum_bytes);

@@ -356,8 +356,8 @@ TEST_CASE("format: read_delta_index refusals") {
   }
   SUBCASE("newer hfdelta format revision") {
     json j = valid_delta_index();
-    j["metadata"]["hfdelta_format"] = 5;
-    expect_error(refused(j), Exit::unsupported, {w, "revision 5"});
+    j["metadata"]["hfdelta_format"] = 6;
+    expect_error(refused(j), Exit::unsupported, {w, "revision 6"});
     j["metadata"]["hfdelta_format"] = "1";
     expect_error(refused(j), Exit::bad_input, {w, "hfdelta_format"});
     j["metadata"]["hfdelta_format"] = -1;

@@ -1017,7 +1017,7 @@ TEST_CASE("diff: a tensor split into chunk ranges over threads gives the same de
     CHECK(sizes.count("mask") == 0);
     const DeltaIndex idx = read_delta_index(one);
     if (!enc) {
-      CHECK(encoding_of(idx, "big.weight") == Encoding::sparse);
+      CHECK(encoding_of(idx, "big.weight") == Encoding::context);
       CHECK(encoding_of(idx, "wide.weight") == Encoding::xor_bytes);
     }
     for (int threads : {2, 3, 4}) {
@@ -1043,7 +1043,7 @@ TEST_CASE("auto: every changed tensor's entry is no larger than its xor entry, o
   struct Pair {
     const char* name;
     std::vector<TensorData> v0, v1;
-    std::vector<std::string> want_xor, want_sparse;  // what auto must choose, where it is clear
+    std::vector<std::string> want_xor, want_sparse;  // what auto must choose, where it is clear (want_sparse: the chunked encoding, context)
   };
   std::vector<Pair> pairs;
   {
@@ -1103,25 +1103,26 @@ TEST_CASE("auto: every changed tensor's entry is no larger than its xor entry, o
     write_checkpoint(dir / "s0", p.v0);
     write_checkpoint(dir / "s1", p.v1);
     std::map<std::string, std::map<std::string, std::uint64_t>> sizes;  // mode -> tensor -> entry size
-    for (const char* mode : {"xor", "sparse", "auto"}) {
+    for (const char* mode : {"xor", "context", "auto"}) {
       const std::optional<Encoding> enc = std::string(mode) == "auto" ? std::nullopt : parse_encoding(mode);
       diff_to(dir / "s0", dir / "s1", dir / mode, enc, 0);
       sizes[mode] = entry_sizes(dir / mode);
     }
     REQUIRE(sizes["auto"].size() == p.v0.size());  // every tensor changed in these pairs
     REQUIRE(sizes["xor"].size() == p.v0.size());
-    REQUIRE(sizes["sparse"].size() == p.v0.size());
+    REQUIRE(sizes["context"].size() == p.v0.size());
     const DeltaIndex idx = read_delta_index(dir / "auto");
     for (const auto& t : p.v0) {
       CAPTURE(t.name);
-      const std::uint64_t a = sizes["auto"][t.name], x = sizes["xor"][t.name], s = sizes["sparse"][t.name];
+      // auto keeps the smaller of context and xor
+      const std::uint64_t a = sizes["auto"][t.name], x = sizes["xor"][t.name], s = sizes["context"][t.name];
       CAPTURE(a);
       CAPTURE(x);
       CAPTURE(s);
       CHECK(a <= x);
       CHECK(a <= s);
       CHECK((a == x || a == s));
-      CHECK(encoding_of(idx, t.name) == (a == s ? Encoding::sparse : Encoding::xor_bytes));
+      CHECK(encoding_of(idx, t.name) == (a == s ? Encoding::context : Encoding::xor_bytes));
       CHECK(a == std::min(x, s));
     }
     for (const auto& n : p.want_xor) {
@@ -1130,7 +1131,7 @@ TEST_CASE("auto: every changed tensor's entry is no larger than its xor entry, o
     }
     for (const auto& n : p.want_sparse) {
       CAPTURE(n);
-      CHECK(encoding_of(idx, n) == Encoding::sparse);
+      CHECK(encoding_of(idx, n) == Encoding::context);
     }
     check_applies(dir / "s0", dir / "auto", dir / "s1", dir / "L");
   }

@@ -80,6 +80,7 @@ class DiffEntries(TypedDict):
     sparse: int
     xor: int
     overwrite: int
+    context: int
 
 
 class DiffStructure(TypedDict):
@@ -169,6 +170,7 @@ class InspectTensor(TypedDict):
     checksum: str
     base_checksum: Optional[str]
     stack_parts: Optional[int]
+    needs_base: bool  # context entries: positions are checked against the base only when applied
 
 
 class InspectFile(TypedDict):
@@ -194,6 +196,7 @@ class InspectEntryCounts(TypedDict):
     xor: int
     overwrite: int
     stack: int
+    context: int
 
 
 class InspectTotals(TypedDict):
