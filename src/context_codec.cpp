@@ -31,10 +31,15 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 #include <optional>
 #include <vector>
 
 #include <zstd.h>
+
+#if defined(__x86_64__) || defined(__SSE2__)
+#include <immintrin.h>
+#endif
 
 #include "codec_internal.hpp"
 #include "hfdelta/codec.hpp"
@@ -47,6 +52,7 @@ namespace {
 constexpr char kMagicContext[4] = {'H', 'F', 'C', '1'};
 constexpr unsigned kMaxRice = 24;          // gaps are below 2^20
 constexpr double kGroupCostBits = 40;      // a group's own bytes in the chunk head, about
+constexpr std::size_t kEncoderGroups = 8;
 constexpr std::uint64_t kNone = ~0ull;     // a group's countdown when it has no change left
 
 void put_varint(std::vector<std::uint8_t>& out, std::uint64_t v) {
@@ -90,6 +96,167 @@ struct BitWriter {
     acc = 0, fill = 0;
   }
 };
+
+// The context of each of `n` elements: (element >> sh) & mask, one byte each.
+// Plain loops over fixed-width integers, which the compiler vectorises.
+template <std::size_t ES>
+void extract_contexts(const std::uint8_t* p, std::size_t n, unsigned sh, std::uint64_t mask, std::uint8_t* out) {
+  using U = std::conditional_t<ES == 1, std::uint8_t,
+                               std::conditional_t<ES == 2, std::uint16_t, std::conditional_t<ES == 4, std::uint32_t, std::uint64_t>>>;
+  const U m = static_cast<U>(mask);
+  for (std::size_t i = 0; i < n; ++i) {
+    U v;
+    std::memcpy(&v, p + i * ES, ES);
+    out[i] = static_cast<std::uint8_t>((v >> sh) & m);
+  }
+}
+
+// Masks of 64 contexts at or above each of a chunk's group thresholds: bit i
+// of out[j] is set where c[i] >= t[j]. A context's group is the number of
+// thresholds it reaches.
+struct Thresholds {
+  std::size_t n = 0;  // G - 1
+  std::uint8_t t[kContextMaxGroups] = {};
+};
+
+inline void threshold_masks_generic(const std::uint8_t* c, const Thresholds& th, std::uint64_t* out) {
+#if defined(__SSE2__)
+  __m128i v[4];
+  for (int k = 0; k < 4; ++k) v[k] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 16 * k));
+  for (std::size_t j = 0; j < th.n; ++j) {
+    const __m128i t = _mm_set1_epi8(static_cast<char>(th.t[j]));
+    std::uint64_t m = 0;
+    for (int k = 0; k < 4; ++k)  // unsigned c >= t: max(c, t) == c
+      m |= static_cast<std::uint64_t>(static_cast<std::uint16_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_max_epu8(v[k], t), v[k]))))
+           << (16 * k);
+    out[j] = m;
+  }
+#else
+  for (std::size_t j = 0; j < th.n; ++j) {
+    std::uint64_t m = 0;
+    for (int i = 0; i < 64; ++i) m |= static_cast<std::uint64_t>(c[i] >= th.t[j]) << i;
+    out[j] = m;
+  }
+#endif
+}
+
+// The walks over every element come in two builds: for x86-64-v3 (AVX2,
+// BMI2 and POPCNT, picked at run time where the CPU has them) and for the
+// baseline, where a popcount is a library call.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define HFDELTA_HAVE_V3 1
+#define HFDELTA_V3 __attribute__((target("avx2,bmi,bmi2,popcnt")))
+const bool kHaveV3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("popcnt");
+
+__attribute__((target("avx2"))) inline void threshold_masks_avx2(const std::uint8_t* c, const Thresholds& th, std::uint64_t* out) {
+  const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c));
+  const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 32));
+  for (std::size_t j = 0; j < th.n; ++j) {
+    const __m256i t = _mm256_set1_epi8(static_cast<char>(th.t[j]));
+    const std::uint64_t lo = static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_max_epu8(v0, t), v0)));
+    const std::uint64_t hi = static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_max_epu8(v1, t), v1)));
+    out[j] = lo | hi << 32;
+  }
+}
+#else
+#define HFDELTA_HAVE_V3 0
+const bool kHaveV3 = false;
+#endif
+
+// Each group's elements among 64 (`valid`: those that exist): group g is at
+// or above threshold g-1 and below threshold g.
+template <bool V3>
+[[gnu::always_inline]] inline void group_masks(const std::uint8_t* c, const Thresholds& th, std::uint64_t valid, std::uint64_t* gm) {
+  std::uint64_t m[kContextMaxGroups];
+#if HFDELTA_HAVE_V3
+  if constexpr (V3)
+    threshold_masks_avx2(c, th, m);
+  else
+#endif
+    threshold_masks_generic(c, th, m);
+  std::uint64_t above = valid;
+  for (std::size_t j = 0; j < th.n; ++j) {
+    const std::uint64_t next = m[j] & valid;
+    gm[j] = above & ~next;
+    above = next;
+  }
+  gm[th.n] = above;
+}
+
+#if HFDELTA_HAVE_V3
+HFDELTA_V3 inline unsigned select_bit_pdep(std::uint64_t x, std::uint64_t k) {
+  return static_cast<unsigned>(std::countr_zero(_pdep_u64(std::uint64_t{1} << k, x)));
+}
+#endif
+
+// The position of the k-th (from 0) set bit of x, which has more than k.
+template <bool V3>
+[[gnu::always_inline]] inline unsigned select_bit(std::uint64_t x, std::uint64_t k) {
+#if HFDELTA_HAVE_V3
+  if constexpr (V3) return select_bit_pdep(x, k);
+#endif
+  unsigned at = 0;
+  for (;;) {  // whole bytes at a time while they hold no more than k set bits
+    const auto c = static_cast<std::uint64_t>(std::popcount(x & 0xff));
+    if (c > k) break;
+    k -= c, x >>= 8, at += 8;
+  }
+  for (; k; --k) x &= x - 1;
+  return at + static_cast<unsigned>(std::countr_zero(x));
+}
+
+// Encoder: each change's rank among its group's base elements, 64 elements
+// at a time: each group's elements as a mask, its count so far (`seen`)
+// advanced by the masks' populations, a change's rank the count before its
+// bit. Writes each change's slot (group by group) and gap.
+struct RankJob {
+  const std::uint8_t* ctx;
+  std::uint64_t n;
+  const std::uint32_t* pos;
+  std::uint64_t K;
+  const std::uint8_t* gtab;
+  Thresholds th;
+  std::size_t G;
+  std::uint64_t* slot;      // per group: its next slot
+  std::uint32_t* gaps;      // per slot
+  std::uint32_t* slot_of;   // per change
+};
+
+template <bool V3>
+[[gnu::always_inline]] inline void rank_changes_body(const RankJob& r) {
+  std::uint64_t seen[kContextMaxGroups] = {}, next_rank[kContextMaxGroups] = {}, gm[kContextMaxGroups];
+  std::uint8_t tail[64];
+  std::uint64_t j = 0;
+  for (std::uint64_t b0 = 0; b0 < r.n && j < r.K; b0 += 64) {
+    const std::uint64_t len = std::min<std::uint64_t>(64, r.n - b0);
+    const std::uint8_t* cb = r.ctx + b0;
+    if (len < 64) cb = static_cast<const std::uint8_t*>(std::memcpy(tail, cb, len));
+    const std::uint64_t valid = len == 64 ? ~0ull : (std::uint64_t{1} << len) - 1;
+    group_masks<V3>(cb, r.th, valid, gm);
+    for (; j < r.K && r.pos[j] < b0 + 64; ++j) {
+      const unsigned bit = static_cast<unsigned>(r.pos[j] - b0);
+      const std::size_t g = r.gtab[cb[bit]];
+      const std::uint64_t rank = seen[g] + static_cast<std::uint64_t>(std::popcount(gm[g] & ((std::uint64_t{1} << bit) - 1)));
+      const std::uint64_t s = r.slot[g]++;
+      r.gaps[s] = static_cast<std::uint32_t>(rank - next_rank[g]);
+      r.slot_of[j] = static_cast<std::uint32_t>(s);
+      next_rank[g] = rank + 1;
+    }
+    for (std::size_t g = 0; g < r.G; ++g) seen[g] += static_cast<std::uint64_t>(std::popcount(gm[g]));
+  }
+}
+
+#if HFDELTA_HAVE_V3
+HFDELTA_V3 void rank_changes_v3(const RankJob& r) { rank_changes_body<true>(r); }
+#endif
+void rank_changes_base(const RankJob& r) { rank_changes_body<false>(r); }
+
+void rank_changes(const RankJob& r) {
+#if HFDELTA_HAVE_V3
+  if (kHaveV3) return rank_changes_v3(r);
+#endif
+  rank_changes_base(r);
+}
 
 }  // namespace
 
@@ -142,6 +309,7 @@ struct ContextChunkEncoder::Impl {
   std::unique_ptr<std::uint32_t[]> gaps;            // per change, group-major
   std::unique_ptr<std::uint64_t[]> mags;            // per change, group-major
   std::unique_ptr<std::uint8_t[]> signs;            // per change, group-major
+  std::unique_ptr<std::uint32_t[]> slot_of;         // per change: its slot
   std::size_t cap_es = 0;
   std::vector<std::uint8_t> q, r, m, s, x, xm, frames, head;
 
@@ -154,15 +322,14 @@ struct ContextChunkEncoder::Impl {
     gaps.reset(new std::uint32_t[kContextChunkElements]);
     mags.reset(new std::uint64_t[kContextChunkElements]);
     signs.reset(new std::uint8_t[kContextChunkElements]);
+    slot_of.reset(new std::uint32_t[kContextChunkElements]);
     cap_es = e;
   }
 
   template <std::size_t ES>
   void scan_t(const std::uint8_t* a, const std::uint8_t* b, std::size_t cnt, std::uint64_t first, std::uint64_t& count,
               std::uint64_t& bytes) {
-    const unsigned sh = field.shift;
-    std::uint8_t* c = ctx.get() + first;
-    for (std::size_t i = 0; i < cnt; ++i) c[i] = static_cast<std::uint8_t>((load_elem<ES>(a + i * ES) >> sh) & mask);
+    extract_contexts<ES>(a, cnt, field.shift, mask, ctx.get() + first);
     constexpr std::size_t kBatch = 1024;
     std::uint64_t masks[kBatch];
     const std::size_t len = cnt * ES, blocks = len / 64;
@@ -192,7 +359,9 @@ ContextChunkEncoder::~ContextChunkEncoder() = default;
 void ContextChunkEncoder::begin(std::size_t es, ContextField f) {
   impl_->alloc(es);
   impl_->es = es;
-  impl_->field = f;
+  // A field of no bits reads none: context 0 whatever its shift, which may be
+  // 8 * es (64 for 8-byte elements: too far to shift by).
+  impl_->field = f.bits ? f : ContextField{};
   impl_->mask = (std::uint64_t{1} << f.bits) - 1;
   impl_->n = 0;
   count_ = bytes_ = 0;
@@ -233,7 +402,7 @@ std::vector<Group> choose_groups(const std::uint64_t* hn, const std::uint64_t* h
   for (std::size_t i = 0; i + 1 < gs.size(); ++i) inc[i] = loss(i);
   while (gs.size() > 1) {
     const std::size_t i = static_cast<std::size_t>(std::min_element(inc.begin(), inc.end()) - inc.begin());
-    if (gs.size() <= kContextMaxGroups && inc[i] >= kGroupCostBits) break;
+    if (gs.size() <= kEncoderGroups && inc[i] >= kGroupCostBits) break;
     gs[i].n += gs[i + 1].n;
     gs[i].k += gs[i + 1].k;
     gs.erase(gs.begin() + static_cast<std::ptrdiff_t>(i) + 1);
@@ -244,28 +413,31 @@ std::vector<Group> choose_groups(const std::uint64_t* hn, const std::uint64_t* h
   return gs;
 }
 
-// The Rice parameter that codes `gaps` in the fewest bits: quotient symbols
-// at their order-0 entropy (zstd's Huffman stage comes close) plus the raw bits.
+// The Rice parameter that codes `gaps` in the fewest bits, counting the
+// quotients at their order-0 entropy (zstd's Huffman stage comes close) and
+// the low bits raw. For gaps spread geometrically the best is k or k + 1
+// with 2^k just below mean·ln 2 (the quotient then about as likely 0 as
+// not); those two are tried.
 unsigned choose_rice(const std::uint32_t* gaps, std::size_t cnt) {
   if (cnt == 0) return 0;
   std::uint64_t sum = 0;
   for (std::size_t i = 0; i < cnt; ++i) sum += gaps[i];
-  const unsigned k0 = static_cast<unsigned>(std::bit_width(sum / cnt));
-  unsigned best_k = 0;
+  const auto scaled = static_cast<std::uint64_t>(static_cast<double>(sum) / static_cast<double>(cnt) * 0.6931);
+  const unsigned k0 = scaled == 0 ? 0 : std::min<unsigned>(static_cast<unsigned>(std::bit_width(scaled)) - 1, kMaxRice - 1);
+  unsigned best_k = k0;
   double best = 0;
   std::uint32_t hist[256];
-  for (unsigned k = k0 > 2 ? k0 - 2 : 0; k <= std::min(k0 + 1, kMaxRice); ++k) {
+  for (unsigned k = k0 ? k0 - 1 : 0; k <= k0; ++k) {
     std::fill(std::begin(hist), std::end(hist), 0u);
-    double escapes = 0;
+    double bits = static_cast<double>(k) * static_cast<double>(cnt);
     for (std::size_t i = 0; i < cnt; ++i) {
       const std::uint32_t q = gaps[i] >> k;
       ++hist[std::min<std::uint32_t>(q, 255)];
-      if (q >= 255) escapes += 8 * (1 + std::bit_width(q - 255) / 7);
+      if (q >= 255) bits += 8.0 * (1 + std::bit_width(q - 255) / 7);
     }
-    double bits = escapes + static_cast<double>(k) * static_cast<double>(cnt);
     for (const std::uint32_t h : hist)
       if (h) bits += h * std::log2(static_cast<double>(cnt) / h);
-    if (k == (k0 > 2 ? k0 - 2 : 0) || bits < best) best = bits, best_k = k;
+    if (k == (k0 ? k0 - 1 : 0) || bits < best) best = bits, best_k = k;
   }
   return best_k;
 }
@@ -282,9 +454,14 @@ std::uint64_t ContextChunkEncoder::end(Compressor& c, const ByteSink& sink) {
     return im.head.size();
   }
   const std::size_t contexts = std::size_t{1} << im.field.bits;
+  // The groups are chosen from a sample of the contexts, 64 elements in every
+  // 1024 (they only steer the coding; the counts travel nowhere), and every
+  // change's.
   std::uint64_t hn[256] = {}, hk[256] = {};
-  for (std::uint64_t i = 0; i < im.n; ++i) ++hn[im.ctx[i]];
+  for (std::uint64_t b = 0; b < im.n; b += 1024)
+    for (std::uint64_t i = b, e = std::min(im.n, b + 64); i < e; ++i) hn[im.ctx[i]] += 16;
   for (std::uint64_t j = 0; j < K; ++j) ++hk[im.ctx[im.pos[j]]];
+  for (std::size_t c2 = 0; c2 < 256; ++c2) hn[c2] = std::max(hn[c2], hk[c2]);
   const std::vector<Group> gs = choose_groups(hn, hk, contexts);
   const std::size_t G = gs.size();
 
@@ -294,21 +471,17 @@ std::uint64_t ContextChunkEncoder::end(Compressor& c, const ByteSink& sink) {
     gtab[c2] = static_cast<std::uint8_t>(g);
   }
   // Slots group by group; gaps counted among each group's base elements.
-  std::uint64_t slot[kContextMaxGroups], start[kContextMaxGroups + 1], run[kContextMaxGroups] = {};
+  std::uint64_t slot[kContextMaxGroups], start[kContextMaxGroups + 1];
   start[0] = 0;
   for (std::size_t g = 0; g < G; ++g) start[g + 1] = start[g] + gs[g].k, slot[g] = start[g];
-  std::uint64_t at = 0;
+  RankJob job{im.ctx.get(), im.n, im.pos.get(), K, gtab, {}, G, slot, im.gaps.get(), im.slot_of.get()};
+  job.th.n = G - 1;
+  for (std::size_t g = 1; g < G; ++g) job.th.t[g - 1] = static_cast<std::uint8_t>(gs[g].lo);
+  rank_changes(job);
+  const std::uint64_t lanes = im.es == 8 ? ~0ull : (std::uint64_t{1} << (8 * im.es)) - 1;
   for (std::uint64_t j = 0; j < K; ++j) {
-    const std::uint64_t p = im.pos[j];
-    for (; at < p; ++at) ++run[gtab[im.ctx[at]]];
-    const std::size_t g = gtab[im.ctx[p]];
-    const std::uint64_t s = slot[g]++;
-    im.gaps[s] = static_cast<std::uint32_t>(run[g]);
-    run[g] = 0;
-    ++at;
-    const std::uint64_t d = im.diff[j];
+    const std::uint64_t s = im.slot_of[j], d = im.diff[j];
     const bool neg = (d >> (8 * im.es - 1)) & 1;
-    const std::uint64_t lanes = im.es == 8 ? ~0ull : (std::uint64_t{1} << (8 * im.es)) - 1;
     im.mags[s] = neg ? (0 - d) & lanes : d;
     im.signs[s] = neg;
   }
@@ -432,6 +605,7 @@ Head take_head(Cursor& in, std::uint64_t nbytes) {
   if (r.field.bits > 8 || r.field.shift + r.field.bits > 8 * r.es)
     in.bad("takes its context from bits " + std::to_string(r.field.shift) + "+" + std::to_string(r.field.bits) +
            ", outside a " + std::to_string(r.es) + "-byte element");
+  if (r.field.bits == 0) r.field = {};  // as the encoder: no bits, context 0, no shift (it may be 64)
   for (int i = 34; i < 40; ++i)
     if (h[i]) in.bad("has nonzero reserved bytes");
   return r;
@@ -444,7 +618,7 @@ struct Scratch {
   std::vector<std::uint32_t> gaps;
   std::vector<std::uint64_t> escm;  // M's escapes, in slot order
   std::vector<std::uint64_t> offs;
-  std::vector<std::uint8_t> vals;
+  std::vector<std::uint8_t> vals, ctx;
   static Scratch& get() {
     thread_local Scratch s;
     return s;
@@ -456,7 +630,7 @@ struct Scratch {
 struct Chunk {
   std::uint64_t index = 0, e0 = 0, e1 = 0, K = 0;
   std::size_t G = 1;
-  std::uint8_t gtab[256] = {};
+  std::uint8_t lo[kContextMaxGroups] = {};  // each group's first context
   std::uint64_t count[kContextMaxGroups] = {}, start[kContextMaxGroups + 1] = {}, esc_start[kContextMaxGroups + 1] = {};
   const std::uint8_t* signs = nullptr;
 };
@@ -492,14 +666,9 @@ Chunk take_chunk(Cursor& in, const Head& h, std::uint64_t ch, Scratch& s, bool d
   c.G = in.byte();
   if (c.G < 1 || c.G > kContextMaxGroups) bad_chunk(in, ch, "has " + std::to_string(c.G) + " context groups (1 to 16)");
   const std::uint32_t contexts = 1u << h.field.bits;
-  std::uint32_t lo[kContextMaxGroups] = {0};
   for (std::size_t g = 1; g < c.G; ++g) {
-    lo[g] = in.byte();
-    if (lo[g] <= lo[g - 1] || lo[g] >= contexts) bad_chunk(in, ch, "has context thresholds out of order or range");
-  }
-  for (std::uint32_t v = 0, g = 0; v < 256; ++v) {
-    while (g + 1 < c.G && v >= lo[g + 1]) ++g;
-    c.gtab[v] = static_cast<std::uint8_t>(g);
+    c.lo[g] = in.byte();
+    if (c.lo[g] <= c.lo[g - 1] || c.lo[g] >= contexts) bad_chunk(in, ch, "has context thresholds out of order or range");
   }
   unsigned rice[kContextMaxGroups];
   std::uint64_t rbits = 0;
@@ -578,7 +747,8 @@ Chunk take_chunk(Cursor& in, const Head& h, std::uint64_t ch, Scratch& s, bool d
       std::uint64_t mag = s.m[i] + std::uint64_t{1};
       if (s.m[i] == 255) {
         const std::uint64_t e = xs.varint();
-        if (e > top - 256) bad_chunk(in, ch, "has a value wider than its elements");
+        // (1-byte elements have no magnitudes of 256 or more: top - 256 would wrap.)
+        if (top < 256 || e > top - 256) bad_chunk(in, ch, "has a value wider than its elements");
         mag = 256 + e;
         s.escm.push_back(mag);
       }
@@ -592,49 +762,107 @@ Chunk take_chunk(Cursor& in, const Head& h, std::uint64_t ch, Scratch& s, bool d
 }
 
 // Walks chunk `c` over its base elements, handing `patch` the changes of each
-// piece of base before asking for the next.
-template <std::size_t ES>
-void walk_chunk(const Chunk& c, const Head& h, const std::string& what, Scratch& s, const BaseView& base,
-                const SparsePatch& patch) {
+// piece of base before asking for the next. 64 elements at a time: each
+// group's elements as a mask; a group whose next change lies beyond the
+// block only counts them down, one whose change lies inside finds its bit.
+struct Walk {
+  const Chunk& c;
+  const Head& h;
+  const std::string& what;
+  Scratch& s;
+  const BaseView& base;
+  const SparsePatch& patch;
+};
+
+template <std::size_t ES, bool V3>
+[[gnu::always_inline]] inline void walk_body(const Walk& w) {
+  const Chunk& c = w.c;
+  Scratch& s = w.s;
   std::uint64_t rem[kContextMaxGroups], next[kContextMaxGroups], esc[kContextMaxGroups];
   for (std::size_t g = 0; g < c.G; ++g) {
     next[g] = c.start[g];
     esc[g] = c.esc_start[g];
     rem[g] = c.count[g] ? s.gaps[static_cast<std::size_t>(c.start[g])] : kNone;
   }
-  const unsigned sh = h.field.shift;
-  const std::uint64_t mask = (std::uint64_t{1} << h.field.bits) - 1;
+  Thresholds th;
+  th.n = c.G - 1;
+  for (std::size_t g = 1; g < c.G; ++g) th.t[g - 1] = c.lo[g];
   constexpr std::size_t kPiece = kContextWindow / ES;
-  s.offs.resize(kPiece);
-  s.vals.resize(kPiece * ES);
+  struct Hit {
+    std::uint64_t bit, zz;
+  };
+  Hit hits[64];
+  std::uint64_t gm[kContextMaxGroups];
   for (std::uint64_t e = c.e0; e < c.e1;) {
     const std::size_t cnt = static_cast<std::size_t>(std::min<std::uint64_t>(kPiece, c.e1 - e));
-    const std::span<const std::uint8_t> piece = base(e * ES, cnt * ES);
-    if (piece.size() != cnt * ES) fail(Exit::failure, what + ": context decoder was given a short piece of base");
-    const std::uint8_t* p = piece.data();
+    const std::span<const std::uint8_t> piece = w.base(e * ES, cnt * ES);
+    if (piece.size() != cnt * ES) fail(Exit::failure, w.what + ": context decoder was given a short piece of base");
+    extract_contexts<ES>(piece.data(), cnt, w.h.field.shift, (std::uint64_t{1} << w.h.field.bits) - 1, s.ctx.data());
     std::size_t out = 0;
-    for (std::size_t i = 0; i < cnt; ++i) {
-      const std::size_t g = c.gtab[(load_elem<ES>(p + i * ES) >> sh) & mask];
-      if (rem[g]-- != 0) continue;
-      const std::uint64_t slot = next[g]++;
-      const std::uint64_t mag = s.m[static_cast<std::size_t>(slot)] == 255 ? s.escm[static_cast<std::size_t>(esc[g]++)]
-                                                                             : s.m[static_cast<std::size_t>(slot)] + std::uint64_t{1};
-      const std::uint64_t neg = (c.signs[slot / 8] >> (slot % 8)) & 1;
-      const std::uint64_t zz = 2 * mag - neg;  // zigzag of the signed difference
-      s.offs[out] = (e + i) * ES;
-      std::memcpy(s.vals.data() + out * ES, &zz, ES);
-      ++out;
-      rem[g] = next[g] < c.start[g + 1] ? s.gaps[static_cast<std::size_t>(next[g])] : kNone;
+    for (std::size_t b0 = 0; b0 < cnt; b0 += 64) {
+      const std::size_t len = std::min<std::size_t>(64, cnt - b0);
+      const std::uint64_t valid = len == 64 ? ~0ull : (std::uint64_t{1} << len) - 1;
+      group_masks<V3>(s.ctx.data() + b0, th, valid, gm);  // s.ctx has 64 bytes of slack
+      std::size_t nh = 0;
+      for (std::size_t g = 0; g < c.G; ++g) {
+        std::uint64_t m = gm[g];
+        auto pop = static_cast<std::uint64_t>(std::popcount(m));
+        while (rem[g] < pop) {  // its next change is in this block
+          const unsigned bit = select_bit<V3>(m, rem[g]);
+          const std::uint64_t slot = next[g]++;
+          const std::uint8_t sym = s.m[static_cast<std::size_t>(slot)];
+          const std::uint64_t mag = sym == 255 ? s.escm[static_cast<std::size_t>(esc[g]++)] : sym + std::uint64_t{1};
+          const std::uint64_t neg = (c.signs[slot / 8] >> (slot % 8)) & 1;
+          hits[nh++] = {bit, 2 * mag - neg};  // zigzag of the signed difference
+          m = bit == 63 ? 0 : m & (~std::uint64_t{0} << (bit + 1));
+          pop = static_cast<std::uint64_t>(std::popcount(m));
+          rem[g] = next[g] < c.start[g + 1] ? s.gaps[static_cast<std::size_t>(next[g])] : kNone;
+        }
+        rem[g] -= pop;
+      }
+      // Groups take turns: hand the block's changes out in element order.
+      for (std::size_t k = 1; k < nh; ++k)
+        for (std::size_t i = k; i > 0 && hits[i - 1].bit > hits[i].bit; --i) std::swap(hits[i - 1], hits[i]);
+      for (std::size_t k = 0; k < nh; ++k) {
+        s.offs[out] = (e + b0 + hits[k].bit) * ES;
+        std::memcpy(s.vals.data() + out * ES, &hits[k].zz, ES);
+        ++out;
+      }
     }
-    if (out) patch({s.offs.data(), out}, {s.vals.data(), out * ES}, ES, SparseOp::add_zigzag);
+    if (out) w.patch({s.offs.data(), out}, {s.vals.data(), out * ES}, ES, SparseOp::add_zigzag);
     e += cnt;
   }
   for (std::size_t g = 0; g < c.G; ++g)
     if (next[g] != c.start[g + 1])
-      fail(Exit::verify_failed, what + ": context entry chunk " + std::to_string(c.index) + " names " +
-                                std::to_string(c.count[g]) + " changes in context group " + std::to_string(g) +
+      fail(Exit::verify_failed, w.what + ": context entry chunk " + std::to_string(c.index) + " names " +
+                                    std::to_string(c.count[g]) + " changes in context group " + std::to_string(g) +
                                     ", but the base has room for " + std::to_string(next[g] - c.start[g]) +
                                     " there: these bytes are not the entry's base, or the entry is damaged");
+}
+
+#if HFDELTA_HAVE_V3
+template <std::size_t ES>
+HFDELTA_V3 void walk_v3(const Walk& w) {
+  walk_body<ES, true>(w);
+}
+#endif
+template <std::size_t ES>
+void walk_base(const Walk& w) {
+  walk_body<ES, false>(w);
+}
+
+template <std::size_t ES>
+void walk_chunk(const Chunk& c, const Head& h, const std::string& what, Scratch& s, const BaseView& base,
+                const SparsePatch& patch) {
+  constexpr std::size_t kPiece = kContextWindow / ES;
+  s.offs.resize(kPiece);
+  s.vals.resize(kPiece * ES);
+  s.ctx.resize(kPiece + 64);
+  const Walk w{c, h, what, s, base, patch};
+#if HFDELTA_HAVE_V3
+  if (kHaveV3) return walk_v3<ES>(w);
+#endif
+  walk_base<ES>(w);
 }
 
 }  // namespace
