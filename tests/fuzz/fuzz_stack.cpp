@@ -7,7 +7,9 @@
 // same parts, each a view inside the entry.
 // Each part of an accepted entry is then decoded by its own decoder, as
 // delta-apply lays it: any refusal must be Error(bad_input), and every change
-// must fall inside the tensor.
+// must fall inside the tensor. A context part, which decodes only against the
+// tensor's bytes before it, is checked by check_context (the context target
+// decodes such entries against a base).
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -28,7 +30,7 @@ struct RefPart {
 };
 
 // The reference reading. Layout, little-endian:
-//   "HFK1" | u32 N (>= 1) | N x (u32 encoding 0..2 | u32 0 | u64 length | u64 hash high | u64 hash low)
+//   "HFK1" | u32 N (>= 1) | N x (u32 encoding 0..3 | u32 0 | u64 length | u64 hash high | u64 hash low)
 //   | the N parts' bytes, exactly filling the entry; the last part's hash is the expected one
 bool reference(std::span<const std::uint8_t> e, std::vector<RefPart>& out) {
   if (e.size() < 8 || std::memcmp(e.data(), "HFK1", 4) != 0) return false;
@@ -39,7 +41,7 @@ bool reference(std::span<const std::uint8_t> e, std::vector<RefPart>& out) {
     const std::uint8_t* r = e.data() + 8 + 32 * i;
     RefPart p;
     p.code = le(r, 4);
-    if (p.code > 2 || le(r + 4, 4) != 0) return false;
+    if (p.code > 3 || le(r + 4, 4) != 0) return false;
     p.size = le(r + 8, 8);
     p.high = le(r + 16, 8);
     p.low = le(r + 24, 8);
@@ -71,7 +73,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   FUZZ_CHECK(parts.size() == want.size());
   for (std::size_t i = 0; i < parts.size(); ++i) {
     const hfdelta::StackPart& p = parts[i];
-    const hfdelta::Encoding enc[] = {hfdelta::Encoding::xor_bytes, hfdelta::Encoding::overwrite, hfdelta::Encoding::sparse};
+    const hfdelta::Encoding enc[] = {hfdelta::Encoding::xor_bytes, hfdelta::Encoding::overwrite, hfdelta::Encoding::sparse,
+                                     hfdelta::Encoding::context};
     FUZZ_CHECK(p.enc == enc[want[i].code]);
     FUZZ_CHECK(p.size == want[i].size && p.bytes.size() == p.size);
     FUZZ_CHECK(p.bytes.data() == entry.data() + want[i].offset);
@@ -103,6 +106,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                                    for (const std::uint64_t o : offs) FUZZ_CHECK(o < nbytes && es <= nbytes - o);
                                  });
           break;
+        case hfdelta::Encoding::context: {
+          const hfdelta::ContextSummary sum = hfdelta::check_context(p.bytes, nbytes, "fuzz");
+          FUZZ_CHECK(sum.elem_size == 1 || sum.elem_size == 2 || sum.elem_size == 4 || sum.elem_size == 8);
+          FUZZ_CHECK(sum.changes <= nbytes / sum.elem_size);
+          break;
+        }
         case hfdelta::Encoding::stack:
           FUZZ_CHECK(false);  // read_stack never hands out a stack
       }

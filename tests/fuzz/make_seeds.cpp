@@ -10,6 +10,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
 #include <random>
@@ -20,6 +21,7 @@
 
 #include <zstd.h>
 
+#include "context_base.hpp"
 #include "fuzz_check.hpp"
 #include "hfdelta/codec.hpp"
 #include "hfdelta/delta_format.hpp"
@@ -50,6 +52,13 @@ bool accepted(const std::string& target, std::span<const std::uint8_t> bytes) {
       hfdelta::decode_xor(d, frame, nbytes, "seed", [](std::uint64_t, std::span<const std::uint8_t>) {});
     } else if (target == "stack") {
       hfdelta::read_stack(frame, hfdelta::Hash128{fuzz::kStackHashHigh, fuzz::kStackHashLow}, "seed");
+    } else if (target == "context") {
+      const fuzz::ContextInput in = fuzz::context_input(bytes.data(), bytes.size());
+      const Bytes base = fuzz::context_base(in);
+      hfdelta::decode_context(
+          in.entry, in.nbytes, "seed",
+          [&](std::uint64_t off, std::size_t n) { return std::span<const std::uint8_t>(base).subspan(off, n); },
+          [](std::span<const std::uint64_t>, std::span<const std::uint8_t>, std::size_t, hfdelta::SparseOp) {});
     } else if (target == "sparse") {
       hfdelta::decode_sparse(frame, nbytes, "seed",
                              [](std::span<const std::uint64_t>, std::span<const std::uint8_t>, std::size_t,
@@ -543,6 +552,11 @@ void stack_seeds() {
         input(400, stacked({{Encoding::sparse, s}, {Encoding::overwrite, o}, {Encoding::xor_bytes, x}})));
   write("stack", "valid_one_part", input(400, stacked({{Encoding::overwrite, o}})));
   write("stack", "valid_empty_part", input(400, stacked({{Encoding::xor_bytes, x}, {Encoding::overwrite, {}}})));
+  Bytes ctx;  // revision 5
+  hfdelta::Compressor cc(1);
+  hfdelta::encode_context(cc, b, c, 2, hfdelta::context_field("BF16", 2),
+                          [&](std::span<const std::uint8_t> p) { ctx.insert(ctx.end(), p.begin(), p.end()); });
+  write("stack", "valid_xor_context", input(400, stacked({{Encoding::xor_bytes, x}, {Encoding::context, ctx}})));
   const Bytes good = stacked({{Encoding::xor_bytes, x}, {Encoding::sparse, s}});
   auto edit = [&](std::size_t at, std::uint8_t v) {
     Bytes e = good;
@@ -552,13 +566,562 @@ void stack_seeds() {
   write("stack", "bad_magic", edit(3, '2'));
   write("stack", "bad_no_parts", edit(4, 0));
   write("stack", "bad_more_parts_than_fit", edit(4, 200));
-  write("stack", "bad_encoding_3", edit(8, 3));
+  write("stack", "bad_encoding_4", edit(8, 4));
   write("stack", "bad_reserved", edit(12, 1));
   write("stack", "bad_part_past_end", edit(16 + 7, 0x40));
   write("stack", "bad_trailing_byte", input(400, cat(good, {0})));
   write("stack", "bad_short", input(400, Bytes(good.begin(), good.end() - 1)));
   write("stack", "bad_head_only", input(400, Bytes(good.begin(), good.begin() + 6)));
   write("stack", "bad_last_checksum", edit(8 + 32 + 31, 0));
+}
+
+// ---- context entries ----------------------------------------------------------
+
+// The context target's input for `entry` over the base that `kind`, `seed`
+// and `tile` name (context_base.hpp).
+struct CtxBase {
+  std::uint8_t kind = fuzz::base_zeros, seed = 0;
+  Bytes tile;
+  fuzz::ContextInput input(std::uint64_t nbytes) const {
+    fuzz::ContextInput in;
+    in.nbytes = nbytes;
+    in.kind = kind;
+    in.seed = seed;
+    in.tile = tile;
+    return in;
+  }
+};
+
+Bytes context_input(std::uint32_t nbytes, const CtxBase& b, const Bytes& entry) {
+  return fuzz::context_input_bytes(nbytes, b.kind, b.seed, b.tile, entry);
+}
+
+// The base with the changes of a context input applied; throws the decoder's
+// Error where it refuses it.
+Bytes context_decoded(const Bytes& bytes) {
+  const fuzz::ContextInput in = fuzz::context_input(bytes.data(), bytes.size());
+  Bytes out = fuzz::context_base(in);
+  const Bytes base = out;
+  hfdelta::decode_context(
+      in.entry, in.nbytes, "seed",
+      [&](std::uint64_t off, std::size_t n) { return std::span<const std::uint8_t>(base).subspan(off, n); },
+      [&](std::span<const std::uint64_t> offs, std::span<const std::uint8_t> v, std::size_t es, hfdelta::SparseOp op) {
+        for (std::size_t i = 0; i < offs.size(); ++i) hfdelta::sparse_apply_value(out.data() + offs[i], v.data() + i * es, es, op);
+      });
+  return out;
+}
+
+// An element as a little-endian number, and `d` added to it modulo 2^(8 es).
+std::uint64_t elem(const Bytes& b, std::size_t e, std::size_t es) {
+  std::uint64_t v = 0;
+  for (std::size_t k = 0; k < es; ++k) v |= std::uint64_t(b[e * es + k]) << (8 * k);
+  return v;
+}
+void add_elem(Bytes& b, std::size_t e, std::size_t es, std::uint64_t d) {
+  const std::uint64_t v = elem(b, e, es) + d;
+  for (std::size_t k = 0; k < es; ++k) b[e * es + k] = static_cast<std::uint8_t>(v >> (8 * k));
+}
+
+// An optimizer-like step: one unit in the last place up or down, now and then
+// a wider difference; elements change more often in odd contexts (the field
+// read from the base, as the entry does) than in even ones, so that the
+// encoder keeps them in groups of their own.
+Bytes step(const Bytes& base, std::size_t es, hfdelta::ContextField f, std::uint64_t seed, unsigned often = 2,
+           unsigned rarely = 40) {
+  std::mt19937_64 rng(seed);
+  Bytes b = base;
+  const std::uint64_t mask = (std::uint64_t{1} << f.bits) - 1;
+  for (std::size_t e = 0; e < base.size() / es; ++e) {
+    const std::uint64_t ctx = f.bits ? (elem(base, e, es) >> f.shift) & mask : 0;
+    if (rng() % (ctx & 1 ? often : rarely) != 0) continue;
+    const std::uint64_t r = rng();
+    const std::uint64_t d = r % 8 == 0 ? 1 + (r >> 8) % 5000 : 1;
+    add_elem(b, e, es, r & 16 ? d : 0 - d);
+  }
+  return b;
+}
+
+// The largest differences of `es`-byte elements at elements 0 and 1: -2^(8 es - 1)
+// and 2^(8 es - 1) - 1.
+void extremes(Bytes& b, std::size_t es) {
+  const std::uint64_t half = std::uint64_t{1} << (8 * es - 1);
+  add_elem(b, 0, es, half);         // modulo 2^(8 es): the most negative difference
+  add_elem(b, 1, es, half - 1);
+}
+
+// A context entry taken apart: the head, then per chunk its count, groups and
+// streams (Q, M and X decoded; R and S as they lie), to be changed one rule at
+// a time and put back together (frames compressed again, by zframe).
+struct CtxChunk {
+  std::uint64_t K = 0;
+  int G = -1;  // the group count written: -1, one more than the thresholds
+  Bytes lo, rice;
+  std::vector<std::uint64_t> counts;
+  Bytes q, r, m, s, x;
+  std::optional<Bytes> fx;  // X's frame as written (default: zframe(x), none for no escapes)
+};
+struct CtxEntry {
+  Bytes head;
+  std::vector<CtxChunk> chunks;
+  bool raw = false;  // frames of raw blocks (raw_zframe)
+};
+
+// A zstd frame of raw blocks, with its content size and no checksum: the
+// content lies in the seed as it is, so that the fuzzer's mutations of those
+// bytes are mutations of the stream, not a broken frame.
+Bytes raw_zframe(const Bytes& content) {
+  Bytes f{0x28, 0xb5, 0x2f, 0xfd, 0xa0};  // magic; single segment, 4-byte content size
+  f = cat(f, le32(static_cast<std::uint32_t>(content.size())));
+  std::size_t at = 0;
+  do {
+    const std::size_t n = std::min<std::size_t>(content.size() - at, 1u << 17);  // the largest block
+    const std::uint32_t h = static_cast<std::uint32_t>(n << 3 | (at + n == content.size()));  // raw, last or not
+    for (int i = 0; i < 3; ++i) f.push_back(static_cast<std::uint8_t>(h >> (8 * i)));
+    f.insert(f.end(), content.begin() + static_cast<std::ptrdiff_t>(at), content.begin() + static_cast<std::ptrdiff_t>(at + n));
+    at += n;
+  } while (at < content.size());
+  return f;
+}
+
+std::uint64_t get_varint(const Bytes& e, std::size_t& at) {
+  std::uint64_t v = 0;
+  for (int shift = 0;; shift += 7) {
+    const std::uint8_t b = e.at(at++);
+    v |= std::uint64_t(b & 0x7f) << shift;
+    if (!(b & 0x80)) return v;
+  }
+}
+
+Bytes unzstd(const Bytes& e, std::size_t at, std::size_t len) {
+  const unsigned long long cs = ZSTD_getFrameContentSize(e.data() + at, len);
+  if (cs == ZSTD_CONTENTSIZE_ERROR || cs == ZSTD_CONTENTSIZE_UNKNOWN) throw std::runtime_error("context frame without size");
+  Bytes out(static_cast<std::size_t>(cs));
+  const std::size_t r = ZSTD_decompress(out.data(), out.size(), e.data() + at, len);
+  if (ZSTD_isError(r) || r != out.size()) throw std::runtime_error("context frame does not decode");
+  return out;
+}
+
+CtxEntry parse_context(const Bytes& e) {
+  CtxEntry c;
+  c.head.assign(e.begin(), e.begin() + hfdelta::kContextHeadSize);
+  std::size_t at = hfdelta::kContextHeadSize;
+  for (std::uint64_t ch = fuzz::le(e.data() + 24, 8); ch > 0; --ch) {
+    CtxChunk k;
+    k.K = get_varint(e, at);
+    if (k.K) {
+      const std::size_t G = e.at(at++);
+      k.lo.assign(e.begin() + static_cast<std::ptrdiff_t>(at), e.begin() + static_cast<std::ptrdiff_t>(at + G - 1));
+      at += G - 1;
+      std::uint64_t rbits = 0;
+      for (std::size_t g = 0; g < G; ++g) {
+        k.rice.push_back(e.at(at++));
+        k.counts.push_back(get_varint(e, at));
+        rbits += k.rice.back() * k.counts.back();
+      }
+      const std::size_t lq = get_varint(e, at), lm = get_varint(e, at), lx = get_varint(e, at);
+      const auto raw = [&](std::size_t n) {
+        Bytes b(e.begin() + static_cast<std::ptrdiff_t>(at), e.begin() + static_cast<std::ptrdiff_t>(at + n));
+        at += n;
+        return b;
+      };
+      k.q = unzstd(e, at, lq), at += lq;
+      k.r = raw((rbits + 7) / 8);
+      k.m = unzstd(e, at, lm), at += lm;
+      k.s = raw((k.K + 7) / 8);
+      if (lx) k.x = unzstd(e, at, lx), at += lx;
+    }
+    c.chunks.push_back(k);
+  }
+  if (at != e.size()) throw std::runtime_error("parse_context: bytes left over");
+  return c;
+}
+
+Bytes unparse_context(const CtxEntry& c) {
+  Bytes out = c.head;
+  for (const CtxChunk& k : c.chunks) {
+    put_varint(out, k.K);
+    if (!k.K) continue;
+    out.push_back(static_cast<std::uint8_t>(k.G >= 0 ? k.G : static_cast<int>(k.lo.size()) + 1));
+    out = cat(out, k.lo);
+    for (std::size_t g = 0; g < k.rice.size(); ++g) {
+      out.push_back(k.rice[g]);
+      put_varint(out, k.counts[g]);
+    }
+    const auto frame = [&](const Bytes& b) { return c.raw ? raw_zframe(b) : zframe(b, true, true); };
+    const Bytes fq = frame(k.q), fm = frame(k.m);
+    const Bytes fx = k.fx ? *k.fx : k.x.empty() ? Bytes{} : frame(k.x);
+    put_varint(out, fq.size());
+    put_varint(out, fm.size());
+    put_varint(out, fx.size());
+    out = cat(cat(cat(cat(cat(out, fq), k.r), fm), k.s), fx);
+  }
+  return out;
+}
+
+// One chunk of a context entry written by hand from `base` and `next` (one
+// chunk of `es`-byte elements), with thresholds `lo` (1 + lo.size() groups)
+// and Rice parameter `rice` for every group: layouts the encoder does not
+// make.
+CtxChunk context_chunk_by_hand(const Bytes& base, const Bytes& next, std::size_t es, hfdelta::ContextField f,
+                               const Bytes& lo, unsigned rice) {
+  const std::size_t G = lo.size() + 1, n = base.size() / es;
+  const std::uint64_t mask = (std::uint64_t{1} << f.bits) - 1, top = es == 8 ? ~0ull : (std::uint64_t{1} << (8 * es)) - 1;
+  std::vector<std::vector<std::uint64_t>> gaps(G), mags(G);
+  std::vector<std::vector<bool>> negs(G);
+  std::vector<std::uint64_t> run(G);
+  for (std::size_t e = 0; e < n; ++e) {
+    const std::uint64_t ctx = f.bits ? (elem(base, e, es) >> f.shift) & mask : 0;
+    std::size_t g = 0;
+    while (g < lo.size() && ctx >= lo[g]) ++g;
+    const std::uint64_t d = (elem(next, e, es) - elem(base, e, es)) & top;
+    if (d == 0) {
+      ++run[g];
+      continue;
+    }
+    const bool neg = (d >> (8 * es - 1)) & 1;
+    gaps[g].push_back(run[g]);
+    run[g] = 0;
+    mags[g].push_back(neg ? (0 - d) & top : d);
+    negs[g].push_back(neg);
+  }
+  CtxChunk k;
+  k.lo = lo;
+  Bytes xm;
+  std::uint64_t rbits = 0, sbits = 0;
+  const auto put_bit = [](Bytes& out, std::uint64_t& at, bool v) {
+    if (at % 8 == 0) out.push_back(0);
+    out.back() = static_cast<std::uint8_t>(out.back() | v << (at % 8));
+    ++at;
+  };
+  for (std::size_t g = 0; g < G; ++g) {
+    k.rice.push_back(static_cast<std::uint8_t>(rice));
+    k.counts.push_back(gaps[g].size());
+    k.K += gaps[g].size();
+    for (const std::uint64_t gap : gaps[g]) {
+      const std::uint64_t q = gap >> rice;
+      k.q.push_back(static_cast<std::uint8_t>(std::min<std::uint64_t>(q, 255)));
+      if (q >= 255) put_varint(k.x, q - 255);
+      for (unsigned b = 0; b < rice; ++b) put_bit(k.r, rbits, (gap >> b) & 1);
+    }
+  }
+  for (std::size_t g = 0; g < G; ++g)
+    for (std::size_t i = 0; i < mags[g].size(); ++i) {
+      const std::uint64_t mv = mags[g][i] - 1;
+      k.m.push_back(static_cast<std::uint8_t>(std::min<std::uint64_t>(mv, 255)));
+      if (mv >= 255) put_varint(xm, mv - 255);
+      put_bit(k.s, sbits, negs[g][i]);
+    }
+  k.x = cat(k.x, xm);
+  return k;
+}
+
+// A context seed from encode_context: `next` encoded against the base `b`
+// names, checked to decode to `next`; returns the entry.
+Bytes context_seed(const std::string& name, std::uint32_t nbytes, const CtxBase& b,
+                   const std::function<Bytes(const Bytes&)>& change, std::size_t es, hfdelta::ContextField f) {
+  const Bytes base = fuzz::context_base(b.input(nbytes));
+  const Bytes next = change(base);
+  hfdelta::Compressor c(1);
+  Bytes entry;
+  hfdelta::encode_context(c, base, next, es, f, [&](std::span<const std::uint8_t> s) { entry.insert(entry.end(), s.begin(), s.end()); });
+  const Bytes bytes = context_input(nbytes, b, entry);
+  if (context_decoded(bytes) != next) throw std::runtime_error("context/" + name + ": does not decode to what was encoded");
+  write("context", name, bytes);
+  return entry;
+}
+
+// A broken context seed, refused with a message that says `why`.
+void bad_context(const std::string& name, const Bytes& bytes, const std::string& why) {
+  try {
+    context_decoded(bytes);
+  } catch (const hfdelta::Error& e) {
+    if (std::string(e.what()).find(why) == std::string::npos)
+      throw std::runtime_error("context/" + name + ": refused for another reason: " + e.what());
+  }
+  write("context", name, bytes);  // checks that it is refused
+}
+
+std::size_t max_groups(const CtxEntry& c) {
+  std::size_t g = 0;
+  for (const CtxChunk& k : c.chunks) g = std::max(g, k.rice.size());
+  return g;
+}
+
+void context_seeds() {
+  using hfdelta::context_field;
+  const CtxBase weights_base{fuzz::base_weights, 1, {}}, noise_base{fuzz::base_noise, 2, {}};
+  const auto require = [](bool cond, const std::string& what) {
+    if (!cond) throw std::runtime_error("context seeds: " + what);
+  };
+
+  // Every element size, with the context field of a float dtype of that size
+  // and without one (integers); the ones without one also hold the widest
+  // differences of their elements.
+  const struct {
+    const char* name;
+    std::size_t es;
+    hfdelta::ContextField f;
+  } sizes[] = {{"valid_f8_e4m3", 1, context_field("F8_E4M3", 1)}, {"valid_bf16", 2, context_field("BF16", 2)},
+               {"valid_f32", 4, context_field("F32", 4)},         {"valid_f64", 8, context_field("F64", 8)}};
+  constexpr std::size_t kElems = 3000;  // per seed of each size, one chunk
+  std::map<std::size_t, Bytes> with_field;
+  for (const auto& s : sizes) {
+    const std::uint32_t nbytes = static_cast<std::uint32_t>(kElems * s.es);
+    const std::size_t es = s.es;
+    const hfdelta::ContextField f = s.f;
+    with_field[es] = context_seed(s.name, nbytes, weights_base, [&](const Bytes& a) { return step(a, es, f, 40 + es); }, es, f);
+    require(max_groups(parse_context(with_field[es])) > 1, std::string(s.name) + " has one context group");
+    const Bytes plain = context_seed("valid_no_field_" + std::to_string(es), nbytes, weights_base,
+                                     [&](const Bytes& a) {
+                                       Bytes b = step(a, es, {}, 50 + es);
+                                       extremes(b, es);
+                                       return b;
+                                     },
+                                     es, {});
+    require(max_groups(parse_context(plain)) == 1, "no field, more than one group");
+  }
+  // A field of no bits at bit 64 of 8-byte elements: it fits and reads
+  // nothing (the encoder and the decoder once shifted by 64 for it).
+  context_seed("valid_no_bits_at_64", 8 * 500, weights_base, [](const Bytes& a) { return step(a, 8, {}, 70); }, 8, {64, 0});
+  // F16 (a 5-bit field) over noise.
+  context_seed("valid_f16_noise_base", 1000, noise_base, [](const Bytes& a) { return step(a, 2, context_field("F16", 2), 60); },
+               2, context_field("F16", 2));
+  // Many groups (16 allowed, the encoder makes up to 8): the context of a 1-byte element is all of it, and bands
+  // of 16 contexts alternate between changing often and rarely.
+  const hfdelta::ContextField whole_byte{0, 8};
+  const Bytes many = context_seed(
+      "valid_u8_many_groups", 6000, noise_base,
+      [&](const Bytes& a) {
+        std::mt19937_64 rng(61);
+        Bytes b = a;
+        for (auto& x : b)
+          if (rng() % ((x >> 4) & 1 ? 2 : 50) == 0) x = static_cast<std::uint8_t>(x + 1 + rng() % 3);
+        return b;
+      },
+      1, whole_byte);
+  require(max_groups(parse_context(many)) >= 8, "valid_u8_many_groups has fewer than 8 groups");
+  // The 16 groups the format allows, by hand (bands of 16 contexts, Rice
+  // parameter 2), in frames of raw blocks.
+  {
+    const Bytes a = fuzz::context_base(noise_base.input(6000));
+    Bytes next = a;
+    std::mt19937_64 rng(63);
+    for (std::size_t e = 0; e < next.size(); e += 1 + rng() % 9) next[e] = static_cast<std::uint8_t>(next[e] + 1 + rng() % 200);
+    next[5999] ^= 1;
+    Bytes lo;
+    for (int t = 16; t < 256; t += 16) lo.push_back(static_cast<std::uint8_t>(t));
+    CtxEntry sixteen;
+    sixteen.head.resize(hfdelta::kContextHeadSize);
+    hfdelta::context_entry_head(1, 6000, whole_byte, sixteen.head.data());
+    sixteen.chunks = {context_chunk_by_hand(a, next, 1, whole_byte, lo, 2)};
+    sixteen.raw = true;
+    const Bytes bytes = context_input(6000, noise_base, unparse_context(sixteen));
+    if (context_decoded(bytes) != next) throw std::runtime_error("context/valid_16_groups_by_hand: does not decode");
+    write("context", "valid_16_groups_by_hand", bytes);
+  }
+  // A base tiled from the input's own bytes.
+  const CtxBase tiled{fuzz::base_tile, 0, {0x12, 0x3c, 0x80, 0x3f, 0x00, 0x00, 0x40, 0xbf, 0xff}};
+  context_seed("valid_tiled_base", 900, tiled, [](const Bytes& a) { return step(a, 2, context_field("BF16", 2), 62, 2, 5); }, 2,
+               context_field("BF16", 2));
+  // Escapes: a run of changes then a long gap (a quotient of 255 or more),
+  // and differences of 256 and more (magnitudes of 256 and more).
+  const Bytes esc = context_seed(
+      "valid_escapes", 4 * 110000, CtxBase{},
+      [](const Bytes& a) {
+        Bytes b = a;
+        for (std::size_t e = 0; e < 2000; ++e) add_elem(b, e, 4, e % 3 ? 1 : 0 - std::uint64_t(1000 * e + 7));
+        add_elem(b, 109999, 4, 0x7fffffff);
+        return b;
+      },
+      4, {});
+  CtxEntry esc_parts = parse_context(esc);
+  require(!esc_parts.chunks[0].x.empty(), "valid_escapes has no escapes");
+  // Nothing, everything, one element of many changed; an empty tensor.
+  context_seed("valid_empty", 0, weights_base, [](const Bytes& a) { return a; }, 2, context_field("BF16", 2));
+  const Bytes unchanged =
+      context_seed("valid_unchanged", 1000, weights_base, [](const Bytes& a) { return a; }, 2, context_field("BF16", 2));
+  context_seed("valid_all_changed", 1000, weights_base,
+               [](const Bytes& a) {
+                 Bytes b = a;
+                 for (std::size_t e = 0; e < 500; ++e) add_elem(b, e, 2, e % 2 ? 1 : ~0ull);
+                 return b;
+               },
+               2, context_field("BF16", 2));
+  context_seed("valid_one_change", 2000, noise_base,
+               [](const Bytes& a) {
+                 Bytes b = a;
+                 add_elem(b, 999, 2, 3);
+                 return b;
+               },
+               2, context_field("BF16", 2));
+  // A 4-byte dtype in a 6-byte tensor: one-byte elements, and the F32 field,
+  // which does not fit them, replaced by none.
+  context_seed("valid_fallback_to_bytes", 6, noise_base,
+               [](const Bytes& a) {
+                 Bytes b = a;
+                 b[1] ^= 0x10, b[4] ^= 0x01;
+                 return b;
+               },
+               4, context_field("F32", 4));
+  // Three chunks of one-byte elements (the last of 16): changes on both sides
+  // of the first border and in the last element of the first chunk; none in
+  // the last chunk.
+  constexpr std::uint64_t kChunk = hfdelta::kContextChunkElements;
+  const std::uint32_t three = static_cast<std::uint32_t>(2 * kChunk + 16);
+  const Bytes chunks3 = context_seed(
+      "valid_three_chunks", three, weights_base,
+      [&](const Bytes& a) {
+        Bytes b = a;
+        for (std::uint64_t e : {std::uint64_t(5), std::uint64_t(77), kChunk - 1, kChunk, kChunk + 4000}) b[e] ^= 0x08;
+        return b;
+      },
+      1, context_field("F8_E4M3", 1));
+  require(parse_context(chunks3).chunks.size() == 3 && parse_context(chunks3).chunks[2].K == 0, "valid_three_chunks");
+
+  // Broken, one rule each, from the seeds above.
+  const Bytes bf16 = with_field[2];
+  const auto in_bf16 = [&](const Bytes& e) { return context_input(2 * kElems, weights_base, e); };
+  const auto edit = [&](std::size_t at, std::uint8_t v) {
+    Bytes e = bf16;
+    e.at(at) = v;
+    return in_bf16(e);
+  };
+  bad_context("bad_magic", edit(3, '2'), "does not start with HFC1");
+  bad_context("bad_elem_size", edit(4, 3), "element size");
+  // A head of 4-byte elements for a 6-byte tensor.
+  Bytes misfit = parse_context(unchanged).head;
+  misfit[4] = 4;
+  for (int i = 0; i < 8; ++i) misfit[8 + i] = static_cast<std::uint8_t>(i == 0 ? 6 : 0);
+  bad_context("bad_elem_size_misfit", context_input(6, noise_base, cat(misfit, {0})), "element size");
+  bad_context("bad_nbytes", context_input(2 * kElems + 2, weights_base, bf16), "-byte tensor");
+  bad_context("bad_chunk_size", edit(18, 0x08), "has chunks of");
+  bad_context("bad_chunk_table", edit(24, 2), "inconsistent chunk table");
+  bad_context("bad_field_outside", edit(32, 9), "outside a 2-byte element");
+  bad_context("bad_field_bits", edit(33, 9), "outside a 2-byte element");
+  bad_context("bad_reserved", edit(39, 1), "reserved");
+  bad_context("bad_truncated", in_bf16(Bytes(bf16.begin(), bf16.end() - 1)), "truncated");
+  bad_context("bad_trailing", in_bf16(cat(bf16, {0})), "extra bytes");
+
+  const CtxEntry ok = parse_context(bf16);
+  require(ok.chunks[0].rice.size() >= 3, "valid_bf16 has fewer than 3 groups");
+  const auto changed_chunk = [&](const std::function<void(CtxChunk&)>& f, const CtxEntry& from) {
+    CtxEntry e = from;
+    f(e.chunks[0]);
+    return unparse_context(e);
+  };
+  const auto bad_bf16 = [&](const std::string& name, const std::function<void(CtxChunk&)>& f, const std::string& why) {
+    bad_context(name, in_bf16(changed_chunk(f, ok)), why);
+  };
+  // Put back together unchanged, it is still the same entry; so it is with
+  // frames of raw blocks, which the fuzzer can change byte by byte.
+  write("context", "valid_bf16_rewritten", in_bf16(changed_chunk([](CtxChunk&) {}, ok)));
+  CtxEntry ok_raw = ok;
+  ok_raw.raw = true;
+  write("context", "valid_bf16_raw_frames", in_bf16(unparse_context(ok_raw)));
+  bad_bf16("bad_count_over_elements", [](CtxChunk& k) { k.K = kElems + 1; }, "more changes than it has elements");
+  bad_bf16("bad_groups_zero", [](CtxChunk& k) { k.G = 0; }, "context groups");
+  bad_bf16("bad_groups_17", [](CtxChunk& k) { k.G = 17; }, "context groups");
+  bad_bf16("bad_thresholds_order", [](CtxChunk& k) { k.lo[1] = k.lo[0]; }, "thresholds out of order");
+  bad_bf16("bad_rice", [](CtxChunk& k) { k.rice[0] = 25; }, "Rice parameter");
+  bad_bf16("bad_group_counts_exceed", [](CtxChunk& k) { ++k.counts.back(); }, "exceed its changes");
+  bad_bf16("bad_group_counts_short",
+           [](CtxChunk& k) {
+             std::size_t g = 0;
+             while (k.counts.at(g) == 0) ++g;
+             --k.counts[g];
+           },
+           "do not sum");
+  bad_bf16("bad_quotients_short", [](CtxChunk& k) { k.q.pop_back(); }, "quotients");
+  bad_bf16("bad_magnitudes_long", [](CtxChunk& k) { k.m.push_back(0); }, "magnitudes");
+  // The rest from the chunk without its escapes (quotients and magnitudes
+  // of 255 made 254), then one rule broken.
+  const auto no_escapes = [](CtxChunk& k) {
+    for (auto& v : k.q) v = std::min<std::uint8_t>(v, 254);
+    for (auto& v : k.m) v = std::min<std::uint8_t>(v, 254);
+    k.x.clear();
+  };
+  write("context", "valid_bf16_no_escapes", in_bf16(changed_chunk(no_escapes, ok)));
+  bad_bf16("bad_escape_unneeded", [&](CtxChunk& k) { no_escapes(k), k.x = {0}; }, "an escape frame but no escapes");
+  bad_bf16("bad_escape_missing", [&](CtxChunk& k) { no_escapes(k), k.q[0] = 255; }, "escapes but no escape frame");
+  bad_bf16("bad_gap_past_chunk",
+           [&](CtxChunk& k) {
+             no_escapes(k);
+             k.q[0] = 255;
+             put_varint(k.x, kElems + 1 - 255);
+           },
+           "gap longer than the chunk");
+  // Two gaps of 2/3 of the chunk or more in one group,
+  // each short enough by itself.
+  bad_bf16("bad_group_overfull",
+           [&](CtxChunk& k) {
+             no_escapes(k);
+             std::size_t g = 0, at = 0;
+             while (k.counts.at(g) < 2) at += k.counts[g++];
+             for (std::size_t i = at; i < at + 2; ++i) {
+               const std::uint64_t qv = (2 * kElems / 3) >> k.rice[g];
+               k.q[i] = static_cast<std::uint8_t>(std::min<std::uint64_t>(qv, 255));
+               if (qv >= 255) put_varint(k.x, qv - 255);
+             }
+           },
+           "names more elements in a context group");
+  bad_bf16("bad_sign_padding",
+           [](CtxChunk& k) {
+             if (k.K % 8 == 0) throw std::runtime_error("bad_sign_padding: no padding");
+             k.s.back() |= 0x80;
+           },
+           "padding after its sign bits");
+  bad_bf16("bad_value_too_wide",
+           [&](CtxChunk& k) {
+             no_escapes(k);
+             k.m[0] = 255;
+             put_varint(k.x, 65535);  // magnitude 256 + 65535
+           },
+           "wider than its elements");
+  // A threshold outside the field: 16 contexts of F8_E4M3.
+  CtxEntry e4m3 = parse_context(with_field[1]);
+  require(e4m3.chunks[0].lo.size() >= 1, "valid_f8_e4m3 has one group");
+  e4m3.chunks[0].lo.back() = 16;
+  bad_context("bad_threshold_range", context_input(kElems, weights_base, unparse_context(e4m3)), "out of order or range");
+  // Escapes: one left over, none where the quotients and magnitudes need
+  // them, a frame that is not zstd.
+  const auto in_esc = [&](const std::function<void(CtxChunk&)>& f) {
+    return context_input(4 * 110000, CtxBase{}, changed_chunk(f, esc_parts));
+  };
+  bad_context("bad_escape_left_over", in_esc([](CtxChunk& k) { k.x.push_back(0); }), "escape bytes left over");
+  bad_context("bad_escape_frame_missing", in_esc([](CtxChunk& k) { k.fx = Bytes{}; }), "escapes but no escape frame");
+  bad_context("bad_escape_not_zstd", in_esc([](CtxChunk& k) { k.fx = Bytes{'n', 'o', 't', ' ', 'z', 's', 't', 'd'}; }),
+              "not a zstd frame");
+  // One-byte elements with escapes (quotients only: a magnitude of 256 or more
+  // is wider than the element), also with frames of raw blocks.
+  const CtxBase zeros{};
+  const auto u8_run = [](const Bytes& a) {
+    Bytes b = a;
+    for (std::size_t e = 0; e < 300; ++e) b[e] = static_cast<std::uint8_t>(e % 5 ? 1 : 0x80);
+    b[60299] = 0x7f;
+    return b;
+  };
+  CtxEntry u8_esc = parse_context(context_seed("valid_u8_escapes", 60300, zeros, u8_run, 1, {}));
+  require(!u8_esc.chunks[0].x.empty(), "valid_u8_escapes has no escapes");
+  u8_esc.raw = true;
+  write("context", "valid_u8_escapes_raw_frames", context_input(60300, zeros, unparse_context(u8_esc)));
+  // A magnitude escape in one-byte elements whose 256 + escape wraps around
+  // 2^64 to 0: a change of nothing, which the decoder once handed out.
+  u8_esc.chunks[0].m[0] = 255;
+  put_varint(u8_esc.chunks[0].x, 0 - std::uint64_t{256});
+  bad_context("bad_u8_escape_wraps", context_input(60300, zeros, unparse_context(u8_esc)), "wider than its elements");
+  // Gap bits with their padding set.
+  CtxEntry gp = ok;
+  std::uint64_t rbits = 0;
+  for (std::size_t g = 0; g < gp.chunks[0].rice.size(); ++g) rbits += gp.chunks[0].rice[g] * gp.chunks[0].counts[g];
+  require(rbits % 8 != 0, "valid_bf16 has no gap-bit padding");
+  gp.chunks[0].r.back() |= 0x80;
+  bad_context("bad_gap_padding", in_bf16(unparse_context(gp)), "padding after its gap bits");
+  // Sound entries over a base that is not theirs: all zeros, one context.
+  bad_context("bad_wrong_base", context_input(2 * kElems, CtxBase{}, bf16), "not the entry's base");
+  // Eleven varint bytes for K.
+  Bytes overlong = parse_context(unchanged).head;
+  overlong = cat(overlong, {0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x00});
+  bad_context("bad_overlong_varint", context_input(1000, weights_base, overlong), "overlong number");
 }
 
 }  // namespace
@@ -576,6 +1139,7 @@ int main(int argc, char** argv) {
     sparse_seeds();
     index_seeds();
     stack_seeds();
+    context_seeds();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "make_fuzz_seeds: %s\n", e.what());
     return 1;
