@@ -19,6 +19,7 @@
 
 #include "codec_internal.hpp"
 #include "delta_writer.hpp"
+#include "hfdelta/checkpoint.hpp"
 #include "hfdelta/codec.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/delta_reader.hpp"
@@ -73,9 +74,8 @@ struct FileState {
   std::uint64_t size = 0;  // built
 };
 
-// Tensor names and lengths of a header file, in data order (the order the
-// safetensors reader gives, which delta-apply checks build lists against).
-std::vector<std::pair<std::string, std::uint64_t>> header_tensors(const fs::path& p) {
+// A header file of a delta (a weight file's header without its data).
+SafetensorsHeader header_of(const fs::path& p) {
   const std::string bytes = read_small_file(p, 8 + kHeaderJson.bytes);
   const std::string w = p.string();
   // The file size the header implies: where its last tensor ends.
@@ -88,7 +88,13 @@ std::vector<std::pair<std::string, std::uint64_t>> header_tensors(const fs::path
   } catch (const std::exception& e) {
     fail(Exit::bad_input, w + ": not a safetensors header: " + e.what());
   }
-  const SafetensorsHeader h = parse_safetensors(bytes, bytes.size() + end, w);
+  return parse_safetensors(bytes, bytes.size() + end, w);
+}
+
+// Tensor names and lengths of a header file, in data order (the order the
+// safetensors reader gives, which delta-apply checks build lists against).
+std::vector<std::pair<std::string, std::uint64_t>> header_tensors(const fs::path& p) {
+  const SafetensorsHeader h = header_of(p);
   std::vector<std::pair<std::string, std::uint64_t>> out;
   for (const auto& t : h.tensors) out.emplace_back(t.name, t.nbytes());
   return out;
@@ -96,7 +102,8 @@ std::vector<std::pair<std::string, std::uint64_t>> header_tensors(const fs::path
 
 // What composing entries element by element means for an encoding. Context
 // entries compose with nothing: their positions count base elements, so
-// without the base bytes each stays a part of its own.
+// without the base bytes each stays a part of its own (with them, see
+// compose_on_base).
 enum class Kind { mask, add, set, context };
 Kind kind_of(const Op& op, const std::string& what) {
   if (op.enc == Encoding::xor_bytes) return Kind::mask;
@@ -177,7 +184,7 @@ void lay(const Op& op, std::span<std::uint8_t> buf, const std::string& what) {
         for (std::size_t i = 0; i < pos.size(); ++i) buf[pos[i]] = v[i];
       });
       break;
-    case Encoding::context:  // only over the tensor's own bytes (a tensor built from zeros)
+    case Encoding::context:  // only over the tensor's own bytes (from zeros, or the base checkpoint's)
       decode_context(
           op.frame, buf.size(), what, [&](std::uint64_t off, std::size_t n) { return std::span<const std::uint8_t>(buf.subspan(off, n)); },
           [&](std::span<const std::uint64_t> offs, std::span<const std::uint8_t> v, std::size_t es, SparseOp sop) {
@@ -363,6 +370,7 @@ struct Squash {
   std::map<std::string, std::vector<std::pair<std::string, std::uint64_t>>> built;  // file -> tensors
   std::vector<OutEntry> entries;
   std::vector<const Trace*> of;  // entries[i]'s trace
+  std::optional<Checkpoint> base;  // SquashOptions::base, opened
 };
 
 // A tensor's trace so far: untouched ones come from the first base's tensor of that name.
@@ -584,6 +592,116 @@ std::uint64_t tensor_length(const Squash& sq, const Trace& t, const std::string&
   return end;
 }
 
+// ---- composing against the first base's checkpoint (SquashOptions::base) ----
+
+// The checkpoint --squash-base names.
+Checkpoint open_base(const fs::path& dir) {
+  require_dir(dir, "--squash-base takes the checkpoint of the chain's first base");
+  if (is_delta_dir(dir))
+    fail(Exit::bad_input, dir.string() + ": is a delta version; --squash-base takes the checkpoint of the chain's first base");
+  return open_checkpoint(dir);
+}
+
+// Whether a trace is composed against the base checkpoint's bytes: a tensor
+// of the first base with a context entry among its entries (the caller has
+// taken a single entry as it is).
+bool on_base(const Squash& sq, const Trace& t) {
+  return sq.base && t.origin &&
+         std::any_of(t.ops.begin(), t.ops.end(), [](const Op& op) { return op.enc == Encoding::context; });
+}
+
+// The dtype of tensor `name` in the last version: from the newest header the
+// chain gives its weight file, else (a file the chain never rewrote) its
+// origin's in the base checkpoint.
+std::string last_dtype(const Squash& sq, const Trace& t, const std::string& name, const TensorInfo& origin) {
+  if (!t.file) return origin.dtype;
+  const auto it = sq.files.find(*t.file);
+  if (it == sq.files.end() || it->second.kind == FileState::Kind::removed) return origin.dtype;
+  const SafetensorsHeader h = header_of(it->second.header);
+  const TensorInfo* ti = h.find(name);
+  return ti ? ti->dtype : origin.dtype;
+}
+
+// `dst.size()` bytes of `f` from `offset` into `dst`, and their checksum.
+Hash128 read_hashed(const File& f, std::uint64_t offset, std::span<std::uint8_t> dst) {
+  constexpr std::uint64_t kStep = 4u << 20;
+  Hasher h;
+  for (std::uint64_t at = 0; at < dst.size(); at += kStep) {
+    const std::size_t k = static_cast<std::size_t>(std::min<std::uint64_t>(kStep, dst.size() - at));
+    f.pread_exact(dst.data() + at, k, offset + at);
+    h.update(dst.subspan(at, k));
+  }
+  return h.digest();
+}
+
+// Entry `e` of trace `t` composed against its real base bytes: the origin
+// tensor read from the base checkpoint into a scratch file (its checksum
+// checked against the first entry's base checksum), every entry laid in
+// order over a scratch copy (each checked against the checksum its delta
+// records), and the result encoded as one context entry against the base
+// bytes, as `delta-diff --encoding context` encodes it; none where the
+// result is the base bytes. Scratch and spool files are named `spool`-*.
+void compose_on_base(const Squash& sq, const Trace& t, std::uint64_t len, OutEntry& e, const fs::path& spool) {
+  const Checkpoint& ck = *sq.base;
+  const std::string& origin = *t.origin;
+  const std::string not_base = "--squash-base " + ck.dir.string() + " is not the checkpoint of the chain's first base (version " +
+                               format_version(sq.idx.base_version) + ")";
+  const auto ref = ck.tensors.find(origin);
+  if (ref == ck.tensors.end())
+    fail(Exit::verify_failed, ck.dir.string() + ": has no tensor '" + origin + "', which the chain's entries for '" + e.name +
+                                  "' are laid over; " + not_base);
+  const TensorInfo& info = ck.info(ref->second);
+  const Shard& shard = ck.shards[ref->second.shard];
+  const std::string w = (ck.dir / shard.file).string();
+  const std::uint64_t n = info.nbytes();
+  if (n != len)
+    fail(Exit::verify_failed, w + ": tensor '" + origin + "' has " + std::to_string(n) + " bytes, the chain's entries for '" +
+                                  e.name + "' patch " + std::to_string(len) + "; " + not_base);
+  Scratch base(spool.string() + "-base", n, 0), cur(spool.string() + "-cur", n, 0);
+  const Hash128 h0 = read_hashed(File(w, File::Mode::read), shard.header.file_offset(info), base.bytes());
+  const Op& first = t.ops.front();
+  const std::string first_dir = sq.links[first.link].dir.string();
+  if (first.base_hash && h0 != *first.base_hash)
+    fail(Exit::verify_failed, w + ": tensor '" + origin + "' has checksum " + h0.hex() + ", " + first_dir +
+                                  " records " + first.base_hash->hex() + " as the base of its entry '" + first.name + "'; " +
+                                  not_base);
+  std::copy(base.bytes().begin(), base.bytes().end(), cur.bytes().begin());
+  for (std::size_t k = 0; k < t.ops.size(); ++k) {
+    const Op& op = t.ops[k];
+    const std::string what = sq.links[op.link].dir.string() + ": entry '" + op.name + "'";
+    if (k > 0 && op.base_hash && *op.base_hash != t.ops[k - 1].new_hash)
+      fail(Exit::verify_failed, what + ": its base checksum " + op.base_hash->hex() + " is not " + t.ops[k - 1].new_hash.hex() +
+                                    ", what the chain's entries before it leave (the chain is damaged)");
+    lay(op, cur.bytes(), what);
+    if (const Hash128 h = xxh3_128(cur.bytes()); h != op.new_hash)
+      fail(Exit::verify_failed, what + ", laid over " + w + "'s tensor '" + origin + "' and the entries before it, gives checksum " +
+                                    h.hex() + ", the delta records " + op.new_hash.hex() +
+                                    (k == 0 && !first.base_hash ? " (" + not_base + ", or the delta is damaged)"
+                                                                : " (the chain is damaged)"));
+  }
+  e.base_hash = h0;
+  if (std::equal(base.bytes().begin(), base.bytes().end(), cur.bytes().begin())) return;  // cancelled out
+  // The element size and context field of the diff engine (make_work).
+  const std::string dtype = last_dtype(sq, t, e.name, info);
+  const std::size_t ds = dtype_size(dtype);
+  const std::size_t es = sparse_elem_size(ds ? ds : 1, n);
+  const ContextField field = es == ds ? context_field(dtype, es) : ContextField{};
+  Compressor c(sq.opts.level);
+  File f(spool, File::Mode::create_exclusive);
+  std::uint64_t at = 0;
+  encode_context(c, base.bytes(), cur.bytes(), es, field, [&](std::span<const std::uint8_t> s) {
+    f.pwrite_all(s.data(), s.size(), at);
+    at += s.size();
+  });
+  Piece p;
+  p.enc = Encoding::context;
+  p.composed = f.path();
+  p.size = at;
+  p.hash = t.ops.back().new_hash;
+  f.close();
+  e.pieces.push_back(std::move(p));
+}
+
 // Each entry's pieces, composed in parallel into spool files in `tmp`;
 // entries whose changes cancel out are dropped.
 void compose_entries(Squash& sq, const std::map<std::string, std::uint64_t>& lengths, const fs::path& tmp) {
@@ -598,6 +716,8 @@ void compose_entries(Squash& sq, const std::map<std::string, std::uint64_t>& len
       e.pieces.push_back(as_is(t.ops[0]));
       return;
     }
+    if (on_base(sq, t))
+      return compose_on_base(sq, t, tensor_length(sq, t, e.name, lengths), e, tmp / (".compose-" + std::to_string(i)));
     compose_trace(t, tensor_length(sq, t, e.name, lengths), e, tmp / (".compose-" + std::to_string(i)), sq.opts.level, sq.links);
   });
   for (const auto& e : sq.entries) {
@@ -683,8 +803,9 @@ SquashSummary squash_deltas(const std::vector<fs::path>& chain, const fs::path& 
   const fs::path out = fs::absolute(out_arg);
   check_delta_out(out);
   if (chain.size() < 2) fail(Exit::usage, "--squash needs at least two deltas");
-  Squash sq{opts, {}, {}, {}, {}, {}, {}, {}, {}, {}};
+  Squash sq{opts, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};
   open_links(sq, chain);
+  if (opts.base) sq.base = open_base(*opts.base);
   for (std::size_t k = 0; k < sq.links.size(); ++k) trace_link(sq, k);
   sq.idx.base_version = sq.links.front().idx.base_version;
   sq.idx.version = sq.links.back().idx.version;

@@ -60,16 +60,18 @@ void check_chain(const std::vector<fs::path>& ckpts, const fs::path& root, const
   }
 }
 
-// delta-diff --json --squash ROOT/weight_a ROOT/weight_b OUT, required to
-// succeed; checks the summary against the chain and OUT (whose base is
-// version a-1 unless `base` says otherwise), and that nothing but OUT
-// appeared beside it.
-json squash_ok(const fs::path& root, int a, int b, const fs::path& out, bool no_sync = true, int base = -1) {
+// delta-diff --json --squash ROOT/weight_a ROOT/weight_b OUT (after the
+// options `extra`), required to succeed; checks the summary against the
+// chain and OUT (whose base is version a-1 unless `base` says otherwise), and
+// that nothing but OUT appeared beside it.
+json squash_ok(const fs::path& root, int a, int b, const fs::path& out, bool no_sync = true, int base = -1,
+               const std::vector<std::string>& extra = {}) {
   if (base < 0) base = a - 1;
   fs::create_directories(out.parent_path());
   std::vector<std::string> names = list_names(out.parent_path());
   std::vector<std::string> args{"--json"};
   if (no_sync) args.push_back("--no-sync");
+  args.insert(args.end(), extra.begin(), extra.end());
   for (const auto& s : {std::string("--squash"), version_dir(root, a).string(), version_dir(root, b).string(), out.string()})
     args.push_back(s);
   const RunResult r = diff(args);
@@ -1140,4 +1142,276 @@ TEST_CASE("squash: a built weight file with a 0-byte tensor at the offset of the
     squash_ok(root, 1, 2, out);
     check_squash_applies(out, ckpts, 1, 2, t / "local");
   }
+}
+
+// ---- 7. context entries, and --squash-base --------------------------------------
+
+namespace {
+
+// --squash-base CKPT, as squash_ok's extra options.
+std::vector<std::string> on_base(const fs::path& ckpt) { return {"--squash-base", ckpt.string()}; }
+
+// delta-diff --encoding context (and `extra`) A B OUT as one delta of versions base -> version:
+// what a squash with --squash-base A must write.
+void direct_context(const fs::path& a, const fs::path& b, const fs::path& out, int base, int version,
+                    const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> args{"-q", "--no-sync", "--encoding", "context", "--delta-version", std::to_string(version),
+                                "--base-version", std::to_string(base)};
+  args.insert(args.end(), extra.begin(), extra.end());
+  for (const auto& p : {a, b, out}) args.push_back(p.string());
+  fs::create_directories(out.parent_path());
+  E2E_REQUIRE_CODE(diff(args), 0);
+}
+
+// Every entry of `delta` has encoding `enc` (from hfdelta_encodings, or the
+// delta's one encoding).
+bool all_entries(const fs::path& delta, const std::string& enc) {
+  const json m = delta_index(delta)["metadata"];
+  const json wm = delta_index(delta)["weight_map"];
+  for (auto it = wm.begin(); it != wm.end(); ++it) {
+    const std::string e = m.contains("hfdelta_encodings") ? m["hfdelta_encodings"][it.key()].get<std::string>()
+                                                          : m["delta_encoding"].get<std::string>();
+    if (e != enc) return false;
+  }
+  return !wm.empty();
+}
+
+// Saves 0..n of a generated series, every tensor changing at every save.
+std::vector<fs::path> series_checkpoints(const fs::path& dir, int n) {
+  const fs::path series = gen_series(dir, n, {"--max-shard-size", "300kb"});
+  std::vector<fs::path> ckpts;
+  for (int k = 0; k <= n; ++k) ckpts.push_back(save_dir(series, k));
+  return ckpts;
+}
+
+}  // namespace
+
+TEST_CASE("squash: a chain of context deltas stays stacked, and with --squash-base is the direct context diff byte for byte") {
+  TempDir t;
+  const int n = 3;
+  const std::vector<fs::path> ckpts = series_checkpoints(t / "series", n);
+  const fs::path root = t / "root";
+  write_chain(ckpts, root, "context");
+  check_chain(ckpts, root, t / "chain_local");
+  const std::set<std::string> changed = entry_names(version_dir(root, 1));
+  REQUIRE(changed.size() >= 10);
+
+  // Without the base's checkpoint: each context entry a stacked part of its own.
+  const json plain = squash_ok(root, 1, n, t / "plain");
+  CHECK(plain["entries_stacked"] == changed.size());
+  CHECK(all_entries(t / "plain", "stack"));
+  CHECK(inspected(t / "plain", *changed.begin())["stack_parts"] == n);
+  check_squash_applies(t / "plain", ckpts, 1, n, t / "local");
+
+  // With it: one context entry per tensor, exactly what diffing the first
+  // base's checkpoint against the last one writes (the index, its
+  // checksums, every delta file and the completion marker), at any level.
+  for (const std::string level : {"", "7"}) {
+    CAPTURE(level);
+    const std::vector<std::string> lv = level.empty() ? std::vector<std::string>{} : std::vector<std::string>{"--level", level};
+    for (const auto& range : std::vector<std::pair<int, int>>{{1, n}, {2, n}}) {
+      const int a = range.first, b = range.second;
+      CAPTURE(a);
+      CAPTURE(b);
+      const fs::path out = t / ("sq" + level) / squash_name(a, b), direct = t / ("direct" + level) / squash_name(a, b);
+      std::vector<std::string> extra = on_base(ckpts[a - 1]);
+      extra.insert(extra.end(), lv.begin(), lv.end());
+      const json j = squash_ok(root, a, b, out, true, -1, extra);
+      CHECK(j["entries"] == changed.size());
+      CHECK(j["entries_composed"] == changed.size());
+      CHECK(j["entries_stacked"] == 0);
+      CHECK(delta_index(out)["metadata"]["delta_encoding"] == "context");
+      CHECK(all_entries(out, "context"));
+      direct_context(ckpts[a - 1], ckpts[b], direct, a - 1, b, lv);
+      E2E_CHECK_TREE_EQUAL(out, direct);
+      CHECK(j["delta_bytes"].get<std::uint64_t>() < plain["delta_bytes"].get<std::uint64_t>());
+      check_squash_applies(out, ckpts, a, b, t / "local");
+    }
+  }
+  // A trailing slash on CKPT is harmless.
+  squash_ok(root, 1, n, t / "slash", true, -1, {"--squash-base", ckpts[0].string() + "/"});
+  E2E_CHECK_TREE_EQUAL(t / "slash", t / "sq" / squash_name(1, n));
+}
+
+TEST_CASE("squash: --squash-base composes a mixed chain with context entries into one context entry per tensor") {
+  TempDir t;
+  const std::vector<fs::path> ckpts = series_checkpoints(t / "series", 3);
+  struct Case {
+    std::vector<std::string> encodings;
+  };
+  Case c;
+  SUBCASE("sparse, context") { c = {{"sparse", "context"}}; }
+  SUBCASE("context, xor, sparse") { c = {{"context", "xor", "sparse"}}; }
+  SUBCASE("auto, overwrite, context") { c = {{"auto", "overwrite", "context"}}; }
+  const std::string encodings = joined(c.encodings);
+  CAPTURE(encodings);
+  const int n = static_cast<int>(c.encodings.size());
+  const fs::path root = t / "root";
+  write_mixed_chain(ckpts, root, c.encodings);
+  check_chain({ckpts.begin(), ckpts.begin() + n + 1}, root, t / "chain_local");
+  const std::set<std::string> changed = entry_names(version_dir(root, 1));
+
+  // Without CKPT: a stack of parts for each tensor, which applies.
+  const json plain = squash_ok(root, 1, n, t / "plain");
+  CHECK(plain["entries_stacked"] == changed.size());
+  check_squash_applies(t / "plain", ckpts, 1, n, t / "local");
+
+  const json j = squash_ok(root, 1, n, t / "sq", true, -1, on_base(ckpts[0]));
+  CHECK(j["entries_stacked"] == 0);
+  CHECK(j["entries_composed"] == changed.size());
+  CHECK(all_entries(t / "sq", "context"));
+  direct_context(ckpts[0], ckpts[n], t / "direct", 0, n);
+  E2E_CHECK_TREE_EQUAL(t / "sq", t / "direct");
+  check_squash_applies(t / "sq", ckpts, 1, n, t / "local");
+}
+
+TEST_CASE("squash: --squash-base changes nothing for tensors without context entries") {
+  // Chains of other encodings (stacked or composed without CKPT) give the
+  // same bytes with the option as without.
+  TempDir t;
+  const std::vector<fs::path> ckpts = series_checkpoints(t / "series", 3);
+  std::vector<std::string> encs;
+  SUBCASE("xor, sparse, sparse") { encs = {"xor", "sparse", "sparse"}; }
+  SUBCASE("sparse") { encs = {"sparse", "sparse", "sparse"}; }
+  SUBCASE("overwrite, xor") { encs = {"overwrite", "xor"}; }
+  const std::string encodings = joined(encs);
+  CAPTURE(encodings);
+  const int n = static_cast<int>(encs.size());
+  const fs::path root = t / "root";
+  write_mixed_chain(ckpts, root, encs);
+  const json plain = squash_ok(root, 1, n, t / "plain");
+  const json with = squash_ok(root, 1, n, t / "with", true, -1, on_base(ckpts[0]));
+  E2E_CHECK_TREE_EQUAL(t / "with", t / "plain");
+  for (const char* k : {"entries", "entries_composed", "entries_stacked", "entries_dropped", "delta_bytes"})
+    CHECK_MESSAGE(with[k] == plain[k], k);
+}
+
+TEST_CASE("squash: a tensor created or changed once keeps its context entry, and changes that cancel out leave none") {
+  TempDir t;
+  std::vector<Ckpt> cs{three_tensors()};
+  cs.push_back(cs.back());  // 1: keep.a and flip.b change, a tensor is added (its file built)
+  poke(cs.back(), "keep.a", {3, 40}, 0x11);
+  poke(cs.back(), "flip.b", {0, 17, 200}, 0x5a);
+  cs.back().add("fresh.d", "F32", {16}, random_bytes(64, 31), "model-00002-of-00002.safetensors");
+  cs.push_back(cs.back());  // 2: flip.b back, keep.a and fresh.d change
+  cs.back().at("flip.b").bytes = cs[0].at("flip.b").bytes;
+  poke(cs.back(), "keep.a", {3, 100}, 0x22);
+  poke(cs.back(), "fresh.d", {0, 33}, 0x0f);
+  cs.push_back(cs.back());  // 3: still.c changes, once
+  poke(cs.back(), "still.c", {5}, 0x80);
+  const std::vector<fs::path> ckpts = save_all(cs, t / "ckpt");
+  const fs::path root = t / "root";
+  write_chain(ckpts, root, "context");
+  check_chain(ckpts, root, t / "chain_local");
+  const json j = squash_ok(root, 1, 3, t / "sq", true, -1, on_base(ckpts[0]));
+  CHECK(entry_names(t / "sq") == std::set<std::string>{"fresh.d", "keep.a", "still.c"});
+  CHECK(j["entries_dropped"] == 1);  // flip.b
+  CHECK(j["entries_stacked"] == 0);
+  const json m = delta_index(t / "sq")["metadata"];
+  CHECK(m["hfdelta_encodings"]["keep.a"] == "context");   // composed on the base
+  CHECK(m["hfdelta_encodings"]["still.c"] == "context");  // one entry, as it is
+  CHECK(m["hfdelta_encodings"]["fresh.d"] == "xor");      // from zeros: its bytes, as before
+  CHECK(m["hfdelta_base_checksums"]["keep.a"] == xxh3_hex(cs[0].at("keep.a").bytes));
+  check_squash_applies(t / "sq", ckpts, 1, 3, t / "local");
+}
+
+TEST_CASE("squash: every sub-range of a structural chain of context deltas applies, squashed with --squash-base") {
+  // Renames, retypes, reshards and built files around context entries: the
+  // origin tensor is read under its first name, and the encoded entry uses
+  // the last version's dtype. Each entry is the direct context diff's of the
+  // same tensor over the same base bytes (the weight-file operations around
+  // them may differ: the chain's, composed, against the direct diff's own).
+  const auto t = scratch_dir();
+  const int n = 6;
+  const fs::path series = gen_series(t->path() / "series", n, {"--max-shard-size", "300kb"});
+  const std::vector<fs::path> ckpts = structured_chain(series, t->path() / "ckpt", n);
+  const fs::path root = t->path() / "root";
+  write_chain(ckpts, root, "context");
+  check_chain(ckpts, root, t->path() / "chain_local");
+  for (int a = 1; a <= n; ++a)
+    for (int b = a + 1; b <= n; ++b) {
+      CAPTURE(a);
+      CAPTURE(b);
+      const fs::path out = t->path() / "squashed" / squash_name(a, b);
+      const json j = squash_ok(root, a, b, out, true, -1, on_base(ckpts[a - 1]));
+      CHECK(j["entries_composed"].get<int>() >= 1);
+      check_squash_applies(out, ckpts, a, b, t->path() / "local");
+      const fs::path direct = t->path() / "direct" / squash_name(a, b);
+      direct_context(ckpts[a - 1], ckpts[b], direct, a - 1, b);
+      const json is = delta_index(out), id = delta_index(direct);
+      int compared = 0;
+      for (auto it = is["weight_map"].begin(); it != is["weight_map"].end(); ++it) {
+        const std::string name = it.key();
+        CAPTURE(name);
+        const json& sb = is["metadata"]["hfdelta_base_checksums"];
+        const json& db = id["metadata"]["hfdelta_base_checksums"];
+        if (!id["weight_map"].contains(name) || !sb.contains(name) || !db.contains(name) || sb[name] != db[name]) continue;
+        CHECK(read_st(out / it->get<std::string>()).tensor(name) ==
+              read_st(direct / id["weight_map"][name].get<std::string>()).tensor(name));
+        ++compared;
+      }
+      CHECK(compared >= 10);
+    }
+}
+
+TEST_CASE("squash: --squash-base that is not the chain's first base is refused (exit 5), OUT not created") {
+  TempDir t;
+  const std::vector<fs::path> ckpts = series_checkpoints(t / "series", 3);
+  const fs::path root = t / "root";
+  write_chain(ckpts, root, "context");
+  const fs::path out = t / "out" / "squashed";
+  const auto args = [&](const fs::path& base) {
+    std::vector<std::string> a = on_base(base);
+    for (const auto& x : squash_args(version_dir(root, 1), version_dir(root, 3), out)) a.push_back(x);
+    return a;
+  };
+  SUBCASE("another save of the series") {
+    // Each tensor read from CKPT names CKPT's weight file and the tensor.
+    check_refused(args(ckpts[1]), 5, {ckpts[1].string() + "/model-0000", "tensor '", "not the checkpoint of the chain's first base"},
+                  out, root);
+  }
+  SUBCASE("the last save") { check_refused(args(ckpts[3]), 5, {ckpts[3].string(), "tensor '"}, out, root); }
+  SUBCASE("a checkpoint without the chain's tensors") {
+    Ckpt c = three_tensors();
+    c.save(t / "other");
+    check_refused(args(t / "other"), 5, {(t / "other").string(), "has no tensor '"}, out, root);
+  }
+  SUBCASE("a delta version") {
+    check_refused(args(version_dir(root, 1)), 3, {version_dir(root, 1).string(), "delta version"}, out, root);
+  }
+  SUBCASE("a directory that does not exist") { check_refused(args(t / "nowhere"), 2, {(t / "nowhere").string()}, out, root); }
+}
+
+TEST_CASE("squash: with --squash-base, an entry that does not give the checksum its delta records is refused (exit 5)") {
+  // weight_v000002's recorded checksum of one tensor, one hex digit changed
+  // (the header keeps its length): composed on the real bytes, the entry
+  // laid gives another checksum, and no squash is written.
+  TempDir t;
+  const std::vector<fs::path> ckpts = series_checkpoints(t / "series", 3);
+  const fs::path root = t / "root";
+  write_chain(ckpts, root, "context");
+  const fs::path v2 = version_dir(root, 2);
+  const json idx = delta_index(v2);
+  const std::string tensor = idx["weight_map"].begin().key(), file = idx["weight_map"].begin()->get<std::string>();
+  Bytes raw = read_bytes(v2 / file);
+  const StFile st = read_st(v2 / file);
+  const std::string hex = st.metadata()[tensor].get<std::string>();
+  const std::string text(raw.begin(), raw.begin() + static_cast<std::ptrdiff_t>(st.data_start()));
+  const std::size_t at = text.find("\"" + hex + "\"");
+  REQUIRE(at != std::string::npos);
+  raw[at + 1] = hex[0] == '0' ? '1' : '0';
+  write_bytes(v2 / file, raw);
+  const fs::path out = t / "out" / "squashed";
+  std::vector<std::string> args = on_base(ckpts[0]);
+  for (const auto& x : squash_args(version_dir(root, 1), version_dir(root, 3), out)) args.push_back(x);
+  check_refused(args, 5, {v2.string(), "'" + tensor + "'", "the delta records"}, out, root);
+}
+
+TEST_CASE("squash: --squash-base without --squash is refused (exit 2)") {
+  TempDir t;
+  const std::vector<fs::path> ckpts = refusal_checkpoints(t / "ckpt");
+  fs::create_directories(t / "root");
+  const fs::path out = t / "root" / "weight_v000001";
+  check_refused({"--no-sync", "--squash-base", ckpts[0].string(), ckpts[0].string(), ckpts[1].string(), out.string()}, 2,
+                {"--squash-base", "--squash"}, out, t / "root");
 }

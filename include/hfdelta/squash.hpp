@@ -1,5 +1,6 @@
 // delta-diff --squash: one delta equivalent to a chain of consecutive deltas,
-// composed from the deltas alone (neither checkpoint is read).
+// composed from the deltas alone (no checkpoint is read, unless
+// SquashOptions::base names the first base's, for context entries).
 //
 // Each tensor of the last version is traced back through the chain to where
 // its bytes come from in the first base (a tensor of some name, or zeros),
@@ -10,12 +11,21 @@
 // known. Entries of different kinds (xor, then sparse: chains of --encoding
 // auto, or of runs with different encodings) do not compose without the
 // base bytes: each run of one kind is composed, and the runs are stacked in
-// one entry (encoding "stack") that delta-apply lays in order. Weight-file
-// operations compose too: a file only ever rewritten in place keeps a header
-// operation, anything built at some step is built.
+// one entry (encoding "stack") that delta-apply lays in order. Context
+// entries (their positions count base elements) compose with nothing
+// without the base bytes: each stays a stacked part of its own, unless
+// SquashOptions::base gives the checkpoint of the chain's first base. Then a
+// tensor of that base with a context entry among several is composed against
+// its real bytes: read from the checkpoint (checked against the first
+// entry's base checksum), every entry laid over a scratch copy in order
+// (each checked against the checksum it records), and the result encoded as
+// one context entry, as `delta-diff --encoding context` would write it.
+// Weight-file operations compose too: a file only ever rewritten in place
+// keeps a header operation, anything built at some step is built.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include <boost/filesystem/path.hpp>
@@ -26,6 +36,11 @@ struct SquashOptions {
   int level = 3;    // zstd level of composed entries
   int threads = 0;  // 0: all cores
   bool sync = true;  // flush OUT before publishing it
+  // The checkpoint (HF directory) whose version is the first delta's base:
+  // context entries are then composed against its bytes (see above). A
+  // tensor whose bytes differ from what the chain records as its base is
+  // refused with Error(verify_failed).
+  std::optional<boost::filesystem::path> base;
 };
 
 struct SquashSummary {
@@ -49,7 +64,9 @@ std::vector<boost::filesystem::path> chain_between(const boost::filesystem::path
 
 // Writes OUT (which must not exist) atomically: the delta from the first
 // delta's base version to the last one's version. Throws Error(bad_input) for
-// a damaged delta or deltas that do not form a chain.
+// a damaged delta or deltas that do not form a chain; with opts.base,
+// Error(verify_failed) where that checkpoint is not the chain's first base, or
+// an entry laid over its bytes does not give the checksum its delta records.
 SquashSummary squash_deltas(const std::vector<boost::filesystem::path>& chain, const boost::filesystem::path& out,
                             const SquashOptions& opts);
 

@@ -103,7 +103,7 @@ void print_prune(const PruneResult& r) {
 
 // What the command line asks for.
 struct Options {
-  std::string base, target, out, encoding = "sparse", inspect, prune, post_publish;
+  std::string base, target, out, encoding = "sparse", inspect, prune, post_publish, squash_base;
   std::optional<std::uint64_t> version, base_version, keep_from;
   DiffOptions diff;
   bool no_sync = false, json_out = false, quiet = false, dry_run = false, squash = false, full = false, progress = false;
@@ -112,7 +112,8 @@ struct Options {
 // The options whose presence decides the form, as CLI11 records them.
 struct Given {
   CLI::Option *base = nullptr, *target = nullptr, *out = nullptr;
-  CLI::Option *inspect = nullptr, *squash = nullptr, *prune = nullptr, *keep_from = nullptr, *dry_run = nullptr;
+  CLI::Option *inspect = nullptr, *squash = nullptr, *squash_base = nullptr, *prune = nullptr, *keep_from = nullptr,
+              *dry_run = nullptr;
   CLI::Option *full = nullptr, *post_publish = nullptr;
   std::vector<CLI::Option*> diff_only;  // options of the diff form only
 };
@@ -162,11 +163,19 @@ void add_form_options(CLI::App& app, Options& o, Given& g) {
                              "delta-apply would (a damaged delta exits 3)")
                   ->type_name("DELTA")
                   ->group(inspect_group);
+  const std::string squash_group = "Squash a chain of deltas (instead of diffing checkpoints)";
   g.squash = app.add_flag("--squash", o.squash,
                           "Write OUT as one delta equal to applying the delta versions FIRST, ..., LAST "
                           "(given as BASE and NEW; every version between them must be beside them), "
-                          "composed from the deltas alone")
-                 ->group("Squash a chain of deltas (instead of diffing checkpoints)");
+                          "composed from the deltas alone (and --squash-base CKPT)")
+                 ->group(squash_group);
+  g.squash_base = app.add_option("--squash-base", o.squash_base,
+                                 "With --squash: the checkpoint of the chain's first base (FIRST's base version), "
+                                 "to compose context entries against its bytes into one context entry per tensor "
+                                 "(without it each stays a stacked part); a checkpoint whose bytes differ from "
+                                 "the chain's base exits 5")
+                      ->type_name("CKPT")
+                      ->group(squash_group);
   g.full = app.add_flag("--full", o.full,
                         "Publish checkpoint NEW itself as full version OUT (given as NEW OUT); given BASE NEW OUT, "
                         "first publish the delta BASE -> NEW beside it as ROOT/delta_vNNNNNN, so that a host one "
@@ -199,6 +208,7 @@ void check_exclusive(const Given& g) {
     throw CLI::ValidationError("--post-publish", "only publishing takes it, not --inspect or --prune");
   for (const auto* opt : {g.keep_from, g.dry_run})
     if (*opt && !*g.prune) throw CLI::ValidationError(opt->get_name(), "needs --prune ROOT");
+  if (*g.squash_base && !*g.squash) throw CLI::ValidationError("--squash-base", "needs --squash");
 }
 
 // --inspect and --prune take none of the diff form's arguments.
@@ -296,6 +306,7 @@ void run_squash(const Options& o) {
   so.level = o.diff.level;
   so.threads = o.diff.threads;
   so.sync = !o.no_sync;
+  if (!o.squash_base.empty()) so.base = o.squash_base;
   const SquashSummary s = squash_deltas(chain_between(o.base, o.target), o.out, so);
   cli::ProgressLine::stop_current();
   post_publish(o, o.out, s.version);
@@ -391,7 +402,7 @@ void run_full(Options o) {
 
 // Trailing slashes on path arguments are harmless ("ROOT/", "OUT/").
 void strip_slashes(Options& o) {
-  for (std::string* p : {&o.base, &o.target, &o.out, &o.inspect, &o.prune})
+  for (std::string* p : {&o.base, &o.target, &o.out, &o.inspect, &o.prune, &o.squash_base})
     if (!p->empty()) *p = strip_trailing_slashes(*p).string();
 }
 
