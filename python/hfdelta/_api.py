@@ -125,12 +125,16 @@ def publish_full(new: PathLike, root: PathLike, *, base: Optional[PathLike] = No
     return result
 
 
-def squash(first: PathLike, last: PathLike, out: PathLike, *, level: int = 3, threads: int = 0, sync: bool = True,
-           progress: Optional[ProgressCallback] = None) -> SquashResult:
+def squash(first: PathLike, last: PathLike, out: PathLike, *, base: Optional[PathLike] = None, level: int = 3,
+           threads: int = 0, sync: bool = True, progress: Optional[ProgressCallback] = None) -> SquashResult:
     """``delta-diff --squash FIRST LAST OUT``: one delta equal to the delta versions FIRST..LAST (every
-    version between them beside them), composed from the deltas alone."""
+    version between them beside them), composed from the deltas alone. With ``base`` (``--squash-base``:
+    the checkpoint of the chain's first base), context entries are composed against its bytes into one
+    context entry per tensor instead of staying stacked parts; a checkpoint that is not that base raises
+    VerifyFailed."""
     _callable(progress, "progress")
-    return SquashResult._from_json(_core.squash(_path(first, "first"), _path(last, "last"), _path(out, "out"), level,
+    return SquashResult._from_json(_core.squash(_path(first, "first"), _path(last, "last"), _path(out, "out"),
+                                                None if base is None else _path(base, "base"), level,
                                                 _count(threads, "threads") or 0, bool(sync), progress))
 
 

@@ -170,8 +170,8 @@ std::pair<std::string, std::vector<std::string>> full(const std::string& target,
   });
 }
 
-std::string squash(const std::string& first, const std::string& last, const std::string& out_arg, int level,
-                   int threads, bool sync, nb::handle progress) {
+std::string squash(const std::string& first, const std::string& last, const std::string& out_arg,
+                   const std::optional<std::string>& base, int level, int threads, bool sync, nb::handle progress) {
   check_level(level);
   check_threads(threads);
   return released(progress, [&] {
@@ -179,6 +179,7 @@ std::string squash(const std::string& first, const std::string& last, const std:
     so.level = level;
     so.threads = threads;
     so.sync = sync;
+    if (base) so.base = stripped(*base);
     const std::string out = stripped(out_arg);
     const SquashSummary s = squash_deltas(chain_between(stripped(first), stripped(last)), out, so);
     return report(squash_json(out, s));
@@ -268,8 +269,8 @@ void bind_forms(nb::module_& m) {
   m.def("publish_full", &full, "new"_a, "out"_a, "base"_a.none(), "encoding"_a, "level"_a, "delta_version"_a.none(),
         "base_version"_a.none(), "threads"_a, "sync"_a, "progress"_a.none(),
         "delta-diff --full [BASE] NEW OUT: (--json object, warnings).");
-  m.def("squash", &squash, "first"_a, "last"_a, "out"_a, "level"_a, "threads"_a, "sync"_a, "progress"_a.none(),
-        "delta-diff --squash FIRST LAST OUT: the --json object.");
+  m.def("squash", &squash, "first"_a, "last"_a, "out"_a, "base"_a.none(), "level"_a, "threads"_a, "sync"_a,
+        "progress"_a.none(), "delta-diff --squash [--squash-base BASE] FIRST LAST OUT: the --json object.");
   m.def("inspect", &inspect, "delta"_a, "delta-diff --inspect DELTA: the --json object.");
   m.def("prune", &prune, "root"_a, "keep_from"_a.none(), "dry_run"_a, "sync"_a,
         "delta-diff --prune ROOT: the --json object.");

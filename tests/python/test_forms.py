@@ -10,7 +10,7 @@ import pytest
 import hfdelta
 from hfdelta import results
 
-from conftest import Tools, copy_tree, replace_paths, strip_seconds
+from conftest import Tools, copy_tree, files_of, replace_paths, strip_seconds
 
 
 def same(py: Any, cli: dict[str, Any], cli_base: Path | None = None, py_base: Path | None = None) -> None:
@@ -79,6 +79,30 @@ def test_squash(tools: Tools, published: Path, tmp_path: Path) -> None:
     assert cli.code == 0, cli.err
     same(r, cli.json, tmp_path / "cli", tmp_path / "py")
     assert (r.version, r.base_version, r.deltas) == ("000003", "000000", 3)
+
+
+def test_squash_base(tools: Tools, series: list[Path], tmp_path: Path) -> None:
+    # A chain of context deltas: its entries stay stacked parts, or with base (--squash-base) compose into one
+    # context entry per tensor.
+    root = tmp_path / "root"
+    root.mkdir()
+    for v in range(1, 4):
+        assert tools.run("diff", "-q", "--no-sync", "--encoding", "context", series[v - 1], series[v], root).code == 0
+    first, last = root / "weight_v000001", root / "weight_v000003"
+    plain = hfdelta.squash(first, last, tmp_path / "plain", sync=False)
+    assert plain.entries_stacked == plain.entries > 0
+    r = hfdelta.squash(first, last, tmp_path / "py", base=series[0], level=5, sync=False)
+    cli = tools.diff_json("--squash", "--squash-base", series[0], "--level", 5, "--no-sync", first, last, tmp_path / "cli")
+    assert cli.code == 0, cli.err
+    same(r, cli.json, tmp_path / "cli", tmp_path / "py")
+    assert r.entries_stacked == 0 and r.entries_composed == r.entries == plain.entries
+    assert r.delta_bytes < plain.delta_bytes
+    assert files_of(tmp_path / "py") == files_of(tmp_path / "cli")
+    # Not the chain's first base: VerifyFailed, nothing written.
+    with pytest.raises(hfdelta.VerifyFailed) as e:
+        hfdelta.squash(first, last, tmp_path / "wrong", base=series[1])
+    assert e.value.exit_code == 5 and str(series[1]) in e.value.message
+    assert not (tmp_path / "wrong").exists()
 
 
 def test_inspect(tools: Tools, published: Path) -> None:

@@ -47,7 +47,7 @@ def host(root: str, local: Path) -> Optional[str]:
 
 
 def upkeep(root: Path, first: Path, last: Path) -> int:
-    q = hfdelta.squash(first, last, root / "squashed")
+    q = hfdelta.squash(first, last, root / "squashed", base=Path("/models/base"))
     p = hfdelta.prune(root, keep_from=3, dry_run=True)
     i = hfdelta.inspect(q.out)
     f = hfdelta.publish_full(last, root, base=first)
