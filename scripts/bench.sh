@@ -361,12 +361,15 @@ squash_apply() {
 }
 
 # The chain of `saves` deltas of one series, in the default encoding at every
-# step (entries compose) and alternating xor and sparse (entries of one tensor
-# stack), against its squash and against a direct diff of the first and last
-# saves; then a --root pull of the chain against applying the squash.
+# step (entries compose), alternating xor and sparse (entries of one tensor
+# stack), and context at every step (composed against the first save, given
+# with --squash-base), against its squash and against a direct diff of the
+# first and last saves; then a --root pull of the chain against applying the
+# squash.
 squash_chain() {
   local series=$1 kind=$2 root=$work/squash-root sq=$work/squash-out lc=$work/local k enc rep mode flags
-  local last=$series/$(saven "$saves") first_v last_v
+  local last=$series/$(saven "$saves") first_v last_v sqflags=() direct_enc=sparse
+  [ "$kind" = context ] && sqflags=(--squash-base "$series/$(saven 0)") && direct_enc=context
   first_v=$(printf 'weight_v%06d' 1)
   last_v=$(printf 'weight_v%06d' "$saves")
   ctx=(--label series=squash --label "chain=$kind")
@@ -374,6 +377,7 @@ squash_chain() {
   for ((k = 1; k <= saves; k++)); do
     enc=sparse
     [ "$kind" = mixed ] && [ $((k % 2)) = 1 ] && enc=xor
+    [ "$kind" = context ] && enc=context
     "$B/delta-diff" -q --encoding "$enc" --delta-version "$k" --base-version $((k - 1)) \
       "$series/$(saven $((k - 1)))" "$series/$(saven "$k")" "$root/$(printf 'weight_v%06d' "$k")" ||
       die "delta-diff of pair $((k - 1))→$k failed"
@@ -382,11 +386,11 @@ squash_chain() {
   for ((rep = 1; rep <= repeat; rep++)); do
     rm -rf "${sq:?}/$last_v"
     settle "$root"
-    measure squashed squash "$rep" "$B/delta-diff" -q --squash "$root/$first_v" "$root/$last_v" "$sq/$last_v"
+    measure squashed squash "$rep" "$B/delta-diff" -q --squash "${sqflags[@]}" "$root/$first_v" "$root/$last_v" "$sq/$last_v"
   done
   bench size "$sq/$last_v" --append "$rec" "${ctx[@]}" --label tool=squashed >/dev/null
   rm -rf "$work/squash-direct"
-  "$B/delta-diff" -q --delta-version "$saves" --base-version 0 "$series/$(saven 0)" "$last" "$work/squash-direct" ||
+  "$B/delta-diff" -q --encoding "$direct_enc" --delta-version "$saves" --base-version 0 "$series/$(saven 0)" "$last" "$work/squash-direct" ||
     die "delta-diff of pair 0→$saves failed"
   bench size "$work/squash-direct" --append "$rec" "${ctx[@]}" --label tool=direct >/dev/null
   rm -rf "$work/squash-direct"
@@ -408,7 +412,7 @@ elif [ "$saves" -ge 2 ]; then
   log "squash: a chain of $saves deltas, preset $preset, lr $target_lr"
   t0=$(date +%s.%N)
   "$B/hfdelta-gen" --preset "$preset" --saves "$saves" --lr "$target_lr" --steps-per-save "$steps" "$series" 2>&1 | sed 's/^/   /'
-  for kind in sparse mixed; do squash_chain "$series" "$kind"; done
+  for kind in sparse mixed context; do squash_chain "$series" "$kind"; done
   note timing "what=squash series" "seconds=$(elapsed "$t0")"
   [ "$keep" = 1 ] || rm -rf "$series"
 else

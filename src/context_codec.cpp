@@ -788,46 +788,58 @@ template <std::size_t ES, bool V3>
   th.n = c.G - 1;
   for (std::size_t g = 1; g < c.G; ++g) th.t[g - 1] = c.lo[g];
   constexpr std::size_t kPiece = kContextWindow / ES;
-  struct Hit {
-    std::uint64_t bit, zz;
-  };
-  Hit hits[64];
-  std::uint64_t gm[kContextMaxGroups];
+  constexpr std::size_t kWords = 4;
+  std::uint64_t gm[kWords][kContextMaxGroups];
+  std::uint64_t zz[64 * kWords];
   for (std::uint64_t e = c.e0; e < c.e1;) {
     const std::size_t cnt = static_cast<std::size_t>(std::min<std::uint64_t>(kPiece, c.e1 - e));
     const std::span<const std::uint8_t> piece = w.base(e * ES, cnt * ES);
     if (piece.size() != cnt * ES) fail(Exit::failure, w.what + ": context decoder was given a short piece of base");
     extract_contexts<ES>(piece.data(), cnt, w.h.field.shift, (std::uint64_t{1} << w.h.field.bits) - 1, s.ctx.data());
     std::size_t out = 0;
-    for (std::size_t b0 = 0; b0 < cnt; b0 += 64) {
-      const std::size_t len = std::min<std::size_t>(64, cnt - b0);
-      const std::uint64_t valid = len == 64 ? ~0ull : (std::uint64_t{1} << len) - 1;
-      group_masks<V3>(s.ctx.data() + b0, th, valid, gm);  // s.ctx has 64 bytes of slack
-      std::size_t nh = 0;
+    // Super-blocks of kWords masks: a group with no change in one costs a
+    // few popcounts; the changes found are marked by position, then handed
+    // out in element order (groups take turns).
+    for (std::size_t b0 = 0; b0 < cnt; b0 += 64 * kWords) {
+      const std::size_t words = std::min<std::size_t>(kWords, (cnt - b0 + 63) / 64);
+      for (std::size_t wd = 0; wd < words; ++wd) {
+        const std::size_t len = std::min<std::size_t>(64, cnt - b0 - 64 * wd);
+        const std::uint64_t valid = len == 64 ? ~0ull : (std::uint64_t{1} << len) - 1;
+        group_masks<V3>(s.ctx.data() + b0 + 64 * wd, th, valid, gm[wd]);  // s.ctx has 64 bytes of slack
+      }
+      std::uint64_t hit[kWords] = {};
       for (std::size_t g = 0; g < c.G; ++g) {
-        std::uint64_t m = gm[g];
-        auto pop = static_cast<std::uint64_t>(std::popcount(m));
-        while (rem[g] < pop) {  // its next change is in this block
-          const unsigned bit = select_bit<V3>(m, rem[g]);
-          const std::uint64_t slot = next[g]++;
-          const std::uint8_t sym = s.m[static_cast<std::size_t>(slot)];
-          const std::uint64_t mag = sym == 255 ? s.escm[static_cast<std::size_t>(esc[g]++)] : sym + std::uint64_t{1};
-          const std::uint64_t neg = (c.signs[slot / 8] >> (slot % 8)) & 1;
-          hits[nh++] = {bit, 2 * mag - neg};  // zigzag of the signed difference
-          m = bit == 63 ? 0 : m & (~std::uint64_t{0} << (bit + 1));
-          pop = static_cast<std::uint64_t>(std::popcount(m));
-          rem[g] = next[g] < c.start[g + 1] ? s.gaps[static_cast<std::size_t>(next[g])] : kNone;
+        std::uint64_t total = 0;
+        for (std::size_t wd = 0; wd < words; ++wd) total += static_cast<std::uint64_t>(std::popcount(gm[wd][g]));
+        if (rem[g] >= total) {  // no change of this group here
+          rem[g] -= total;
+          continue;
         }
-        rem[g] -= pop;
+        for (std::size_t wd = 0; wd < words; ++wd) {
+          std::uint64_t m = gm[wd][g];
+          auto pop = static_cast<std::uint64_t>(std::popcount(m));
+          while (rem[g] < pop) {  // its next change is in this word
+            const unsigned bit = select_bit<V3>(m, rem[g]);
+            const std::uint64_t slot = next[g]++;
+            const std::uint8_t sym = s.m[static_cast<std::size_t>(slot)];
+            const std::uint64_t mag = sym == 255 ? s.escm[static_cast<std::size_t>(esc[g]++)] : sym + std::uint64_t{1};
+            const std::uint64_t neg = (c.signs[slot / 8] >> (slot % 8)) & 1;
+            zz[64 * wd + bit] = 2 * mag - neg;  // zigzag of the signed difference
+            hit[wd] |= std::uint64_t{1} << bit;
+            m = bit == 63 ? 0 : m & (~std::uint64_t{0} << (bit + 1));
+            pop = static_cast<std::uint64_t>(std::popcount(m));
+            rem[g] = next[g] < c.start[g + 1] ? s.gaps[static_cast<std::size_t>(next[g])] : kNone;
+          }
+          rem[g] -= pop;
+        }
       }
-      // Groups take turns: hand the block's changes out in element order.
-      for (std::size_t k = 1; k < nh; ++k)
-        for (std::size_t i = k; i > 0 && hits[i - 1].bit > hits[i].bit; --i) std::swap(hits[i - 1], hits[i]);
-      for (std::size_t k = 0; k < nh; ++k) {
-        s.offs[out] = (e + b0 + hits[k].bit) * ES;
-        std::memcpy(s.vals.data() + out * ES, &hits[k].zz, ES);
-        ++out;
-      }
+      for (std::size_t wd = 0; wd < words; ++wd)
+        for (std::uint64_t h = hit[wd]; h; h &= h - 1) {
+          const std::size_t at = 64 * wd + static_cast<std::size_t>(std::countr_zero(h));
+          s.offs[out] = (e + b0 + at) * ES;
+          std::memcpy(s.vals.data() + out * ES, &zz[at], ES);
+          ++out;
+        }
     }
     if (out) w.patch({s.offs.data(), out}, {s.vals.data(), out * ES}, ES, SparseOp::add_zigzag);
     e += cnt;

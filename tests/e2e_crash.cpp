@@ -411,7 +411,7 @@ struct Inputs {
   // The same without a file turned into a directory.
   fs::path plain_base, plain_next, plain_start, root_plain;
   // A directory turned into a file.
-  fs::path dir_base, dir_next, dir_start, root_dir, root_auto;
+  fs::path dir_base, dir_next, dir_start, root_dir, root_auto, root_sparse;
   // A chain: 1 a delta, 2 a full version with a file of its own, 3 a delta on it.
   fs::path chain, v2_full, v3_new, s0_start;
   // LOCAL holding another model with stray files.
@@ -468,8 +468,16 @@ struct Inputs {
     root_plain = d / "root-plain";
     root_dir = d / "root-dir";
     root_auto = d / "root-auto";
-    for (const fs::path& r : {root_xor, root_overwrite, root_plain, root_dir, root_auto}) fs::create_directories(r);
-    require_diff(plain_base, plain_next, version_dir(root_auto, 1), "auto");
+    root_sparse = d / "root-sparse";
+    for (const fs::path& r : {root_xor, root_overwrite, root_plain, root_dir, root_auto, root_sparse}) fs::create_directories(r);
+    require_diff(plain_base, plain_next, version_dir(root_auto, 1), "auto");  // context entries (and xor where smaller)
+    require_diff(plain_base, plain_next, version_dir(root_sparse, 1), "sparse");
+    {
+      bool context = false;  // the auto delta is meant to cover context entries
+      const json idx = delta_index(version_dir(root_auto, 1));
+      for (const auto& [name, enc] : idx["metadata"]["hfdelta_encodings"].items()) context = context || enc == "context";
+      REQUIRE(context);
+    }
     require_diff(base, next, version_dir(root_xor, 1), "xor");
     require_diff(base, next, version_dir(root_overwrite, 1), "overwrite");
     require_diff(plain_base, plain_next, version_dir(root_plain, 1), "xor");
@@ -601,12 +609,23 @@ TEST_CASE("crash: xor delta, no file turned into a directory, 2 threads, a fault
 
 TEST_CASE("crash: default (sparse) delta, 2 threads, a fault at every write step") {
   const Inputs& in = inputs();
+  run_scenario(single_delta("sparse delta, 2 threads", in.root_sparse, in.plain_start, in.plain_base, in.plain_next, "2"));
+}
+
+TEST_CASE("crash: auto (context) delta, 2 threads, a fault at every write step") {
+  const Inputs& in = inputs();
   run_scenario(single_delta("auto delta, 2 threads", in.root_auto, in.plain_start, in.plain_base, in.plain_next, "2"));
 }
 
 // Without flushing, apply patches in one pass with a live journal: every
 // write of LOCAL must still be undone after a kill or an error.
 TEST_CASE("crash: --no-sync one-pass apply of a default (sparse) delta, 2 threads, a fault at every write step") {
+  const Inputs& in = inputs();
+  run_scenario(single_delta("sparse delta, --no-sync, 2 threads", in.root_sparse, in.plain_start, in.plain_base,
+                            in.plain_next, "2", true));
+}
+
+TEST_CASE("crash: --no-sync one-pass apply of an auto (context) delta, 2 threads, a fault at every write step") {
   const Inputs& in = inputs();
   run_scenario(single_delta("auto delta, --no-sync, 2 threads", in.root_auto, in.plain_start, in.plain_base,
                             in.plain_next, "2", true));

@@ -150,7 +150,9 @@ struct Bench {
 // changed config.json, LOCAL at version 0, and a delta of another model.
 struct Inputs {
   std::unique_ptr<TempDir> t = scratch_dir();
-  fs::path series, next, start, other, root_xor, root_overwrite, root_auto, other_xor, other_overwrite, other_auto;
+  // root_auto: context entries (and xor where smaller); root_sparse: the default.
+  fs::path series, next, start, other, root_xor, root_overwrite, root_auto, root_sparse, other_xor, other_overwrite, other_auto,
+      other_context;  // other_auto: the default encoding (sparse)
   // A structural delta (weight files built, rewritten in place, removed and
   // patched, files carried), LOCAL at its base, and the same delta of another
   // model of the same layouts.
@@ -167,8 +169,9 @@ struct Inputs {
     root_xor = d / "root-xor";
     root_overwrite = d / "root-overwrite";
     root_auto = d / "root-auto";
-    for (const auto& [root, enc] :
-         {std::pair{root_xor, "xor"}, std::pair{root_overwrite, "overwrite"}, std::pair{root_auto, "auto"}}) {
+    root_sparse = d / "root-sparse";
+    for (const auto& [root, enc] : {std::pair{root_xor, "xor"}, std::pair{root_overwrite, "overwrite"},
+                                    std::pair{root_auto, "auto"}, std::pair{root_sparse, "sparse"}}) {
       fs::create_directories(root);
       E2E_REQUIRE_CODE(diff({"-q", "--encoding", enc, save_dir(series, 0).string(), next.string(),
                              version_dir(root, 1).string()}),
@@ -191,6 +194,10 @@ struct Inputs {
     other_auto = version_dir(d / "other-auto", 1);
     fs::create_directories(other_auto.parent_path());
     E2E_REQUIRE_CODE(diff({"-q", save_dir(os, 0).string(), save_dir(os, 1).string(), other_auto.string()}), 0);
+    other_context = version_dir(d / "other-context", 1);
+    fs::create_directories(other_context.parent_path());
+    E2E_REQUIRE_CODE(
+        diff({"-q", "--encoding", "context", save_dir(os, 0).string(), save_dir(os, 1).string(), other_context.string()}), 0);
     E2E_REQUIRE_CODE(diff({"-q", "--encoding", "overwrite", save_dir(os, 0).string(), save_dir(os, 1).string(),
                            other_overwrite.string()}),
                      0);
@@ -511,9 +518,9 @@ void run_truncations(Attack& a) {
 
 }  // namespace
 
-TEST_CASE("hostile: one flipped bit anywhere in an xor, overwrite or default (sparse) delta is refused, LOCAL untouched") {
+TEST_CASE("hostile: one flipped bit anywhere in an xor, overwrite, default (sparse) or auto (context) delta is refused, LOCAL untouched") {
   for (const auto& [name, root] : {std::pair{"xor", inputs().root_xor}, std::pair{"overwrite", inputs().root_overwrite},
-                                   std::pair{"auto", inputs().root_auto}}) {
+                                   std::pair{"sparse", inputs().root_sparse}, std::pair{"auto", inputs().root_auto}}) {
     Attack a(root);
     const std::string per_file = run_flips(a, true);
     CHECK(a.b.attempts >= 300);
@@ -524,7 +531,7 @@ TEST_CASE("hostile: one flipped bit anywhere in an xor, overwrite or default (sp
 
 TEST_CASE("hostile: every delta file truncated at 20+ lengths is refused, LOCAL untouched") {
   for (const auto& [name, root] : {std::pair{"xor", inputs().root_xor}, std::pair{"overwrite", inputs().root_overwrite},
-                                   std::pair{"auto", inputs().root_auto}}) {
+                                   std::pair{"sparse", inputs().root_sparse}, std::pair{"auto", inputs().root_auto}}) {
     Attack a(root);
     run_truncations(a);
     a.b.report(std::string("truncations of the ") + name + " delta");
@@ -606,7 +613,8 @@ TEST_CASE("hostile: frames of the wrong size, decompression bombs, wrong checksu
 TEST_CASE("hostile: a delta of another base, with and without base checksums, is refused with exit 5") {
   const Inputs& in = inputs();
   for (const auto& [name, src] :
-       {std::pair{"xor", in.other_xor}, std::pair{"overwrite", in.other_overwrite}, std::pair{"auto", in.other_auto}}) {
+       {std::pair{"xor", in.other_xor}, std::pair{"overwrite", in.other_overwrite}, std::pair{"auto", in.other_auto},
+        std::pair{"context", in.other_context}}) {
     Attack a(in.root_xor);
     fs::remove_all(a.delta);
     copy_tree(src, a.delta);
@@ -618,7 +626,7 @@ TEST_CASE("hostile: a delta of another base, with and without base checksums, is
     no_sync.insert(no_sync.begin(), "--no-sync");
     code = a.b.attempt(no_sync, {5}, "delta made against another base, --no-sync", name);
     CHECK(code == 5);
-    if (std::string(name) == "auto") {  // sparse entries exist only with hfdelta's keys
+    if (std::string(name) == "auto" || std::string(name) == "context") {  // sparse and context entries exist only with hfdelta's keys
       a.b.report("deltas of another base (auto)");
       continue;
     }
@@ -1292,7 +1300,8 @@ TEST_CASE("hostile: --inspect and delta-apply refuse every listed hostile delta 
 TEST_CASE("hostile: --inspect and delta-apply both accept the valid deltas the hostile ones are made from") {
   const Inputs& in = inputs();
   for (const auto& [kind, root] : {std::pair{"xor", in.root_xor}, std::pair{"overwrite", in.root_overwrite},
-                                   std::pair{"auto", in.root_auto}, std::pair{"structural", in.root_struct}}) {
+                                   std::pair{"auto", in.root_auto}, std::pair{"sparse", in.root_sparse},
+                                   std::pair{"structural", in.root_struct}}) {
     const char* name = kind;  // clang 14 cannot capture a structured binding (CAPTURE)
     CAPTURE(name);
     const bool st = std::string(name) == "structural";

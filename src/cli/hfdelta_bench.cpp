@@ -1134,6 +1134,15 @@ void own_targets(TargetRows& rows, const PairData& p, const ToolData& d) {
            apn ? ratio(apn->min(), p.floor_local) : NAN, 2, "≤ 2");
   const double anon = d.peak_anon();
   rows.row("peak RssAnon ≤ 256 MiB (diff and apply)", kib_mib(anon), ratio(anon, 256.0 * 1024), 1, "≤ 1");
+  if (rows.encoding == "hfdelta-context") {  // issue #17's targets for the context encoding
+    rows.row("total wire ≤ 0.75 × order-0 bound", mib(d.wire) + " vs " + mib(bound), ratio(d.wire, bound), 0.75, "≤ 0.75");
+    const double cond = num(p.bound, "conditioned_bound_bytes");
+    rows.row("total wire ≤ 1.05 × bound given the base exponent", mib(d.wire) + " vs " + mib(cond), ratio(d.wire, cond), 1.05,
+             "≤ 1.05");
+    rows.row("delta-apply --no-sync wall ≤ 2.5 × read floor (LOCAL)",
+             fmt("%.3f s", apn ? apn->min() : NAN) + " vs " + fmt("%.3f s", p.floor_local),
+             apn ? ratio(apn->min(), p.floor_local) : NAN, 2.5, "≤ 2.5");
+  }
 }
 
 // Strictly better than every peer: a ratio below 1.
@@ -1197,7 +1206,8 @@ json md_squash_bytes(Report& rep) {
   const std::string saves = rep.rs.config.value("saves", std::string("?"));
   rep.md << "\n## Squash (a chain of " << saves << " deltas, lr " << rep.target_lr << ")\n\n"
          << "`sparse`: the default encoding at every step; `mixed`: xor and sparse in turn, so the entries of one "
-            "tensor stack. Chain: the " << saves << " deltas together; direct: one diff of the first and last saves.\n\n"
+            "tensor stack; `context`: the context encoding at every step, squashed against the first save "
+            "(`--squash-base`; the direct diff is `--encoding context` too). Chain: the " << saves << " deltas together; direct: one diff of the first and last saves.\n\n"
          << "| chain | chain bytes | squashed | direct diff | squashed/direct | squashed/chain | squash wall | squash peak RSS |\n"
             "|---|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const std::string& kind : rep.rs.squash_order) {
