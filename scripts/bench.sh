@@ -231,12 +231,14 @@ hfdelta_pair() {
       measure "hfdelta-$enc" diff "$rep" "$B/delta-diff" -q --encoding "$enc" --delta-version 1 --base-version 0 "$base" "$new" "$d"
     done
     if [ "$detail" = 1 ]; then
+      # delta-diff takes only version names (weight_vNNNNNN) for OUT.
+      mkdir -p "$work/delta-$enc-1t"
       for ((rep = 1; rep <= repeat; rep++)); do
-        rm -rf "$d.1t"
+        rm -rf "$work/delta-$enc-1t/weight_v000001"
         settle "$base" "$new"
-        measure "hfdelta-$enc" diff_1t "$rep" "$B/delta-diff" -q --encoding "$enc" --threads 1 --delta-version 1 --base-version 0 "$base" "$new" "$d.1t"
+        measure "hfdelta-$enc" diff_1t "$rep" "$B/delta-diff" -q --encoding "$enc" --threads 1 --delta-version 1 --base-version 0 "$base" "$new" "$work/delta-$enc-1t/weight_v000001"
       done
-      rm -rf "$d.1t"
+      rm -rf "$work/delta-$enc-1t"
     fi
     bench size "$d" --append "$rec" "${ctx[@]}" --label "tool=hfdelta-$enc" >/dev/null
     for mode in apply apply_nosync apply_nosync_1t; do
@@ -389,10 +391,10 @@ squash_chain() {
     measure squashed squash "$rep" "$B/delta-diff" -q --squash "${sqflags[@]}" "$root/$first_v" "$root/$last_v" "$sq/$last_v"
   done
   bench size "$sq/$last_v" --append "$rec" "${ctx[@]}" --label tool=squashed >/dev/null
-  rm -rf "$work/squash-direct"
-  "$B/delta-diff" -q --encoding "$direct_enc" --delta-version "$saves" --base-version 0 "$series/$(saven 0)" "$last" "$work/squash-direct" ||
+  rm -rf "$work/squash-direct" && mkdir -p "$work/squash-direct"
+  "$B/delta-diff" -q --encoding "$direct_enc" --delta-version "$saves" --base-version 0 "$series/$(saven 0)" "$last" "$work/squash-direct/$last_v" ||
     die "delta-diff of pair 0→$saves failed"
-  bench size "$work/squash-direct" --append "$rec" "${ctx[@]}" --label tool=direct >/dev/null
+  bench size "$work/squash-direct/$last_v" --append "$rec" "${ctx[@]}" --label tool=direct >/dev/null
   rm -rf "$work/squash-direct"
   for mode in apply apply_nosync; do
     flags=()

@@ -318,6 +318,25 @@ void diff_masks(const std::uint8_t* a, const std::uint8_t* b, std::size_t blocks
   diff_masks_generic(a, b, blocks, out);
 }
 
+void EntryCursor::bad(const std::string& msg) const { fail(Exit::bad_input, what + ": " + kind + " " + msg); }
+
+const std::uint8_t* EntryCursor::take(std::uint64_t k) {
+  if (k > entry.size() - at) bad("is truncated");
+  const std::uint8_t* p = entry.data() + at;
+  at += k;
+  return p;
+}
+
+std::uint64_t EntryCursor::varint() {
+  std::uint64_t v = 0;
+  for (int shift = 0;; shift += 7) {
+    const std::uint8_t b = byte();
+    if (shift == 63 && b > 1) bad("has an overlong number");
+    v |= std::uint64_t(b & 0x7f) << shift;
+    if (!(b & 0x80)) return v;
+  }
+}
+
 std::size_t sparse_elem_size(std::size_t es, std::uint64_t nbytes) {
   return (es == 1 || es == 2 || es == 4 || es == 8) && nbytes % es == 0 ? es : 1;
 }
@@ -473,20 +492,6 @@ void decode_sparse(std::span<const std::uint8_t> entry, std::uint64_t nbytes, co
 
 namespace {
 
-// A sparse entry read front to back; every read is checked against its end.
-struct EntryCursor {
-  std::span<const std::uint8_t> entry;
-  const std::string& what;
-  std::uint64_t at = 0;
-
-  [[noreturn]] void bad(const std::string& msg) const { fail(Exit::bad_input, what + ": sparse entry " + msg); }
-  const std::uint8_t* take(std::uint64_t k) {
-    if (k > entry.size() - at) bad("is truncated");
-    const std::uint8_t* p = entry.data() + at;
-    at += k;
-    return p;
-  }
-};
 
 // The entry's head, taken and checked against a tensor of `nbytes` bytes.
 SparseHead take_sparse_head(EntryCursor& in, std::uint64_t nbytes) {
@@ -615,7 +620,7 @@ void decode_chunk(EntryCursor& in, const SparseChunk& c, std::uint32_t es, Spars
 
 void decode_sparse_chunks(std::span<const std::uint8_t> entry, std::uint64_t nbytes, std::uint64_t first,
                           std::uint64_t last, const std::string& what, const SparsePatch& patch) {
-  EntryCursor in{entry, what};
+  EntryCursor in{entry, what, "sparse entry"};
   const SparseHead head = take_sparse_head(in, nbytes);
   const std::uint32_t es = head.es;
   const std::uint64_t n = nbytes / es;

@@ -79,6 +79,20 @@ class FrameReader {
   bool ended_ = false;
 };
 
+// An entry (or a decoded stream) read front to back; every read is checked
+// against its end. Errors are Error(bad_input): "<what>: <kind> <rule>".
+struct EntryCursor {
+  std::span<const std::uint8_t> entry;
+  const std::string& what;
+  const char* kind;  // "sparse entry", "context entry"
+  std::uint64_t at = 0;
+
+  [[noreturn]] void bad(const std::string& msg) const;
+  const std::uint8_t* take(std::uint64_t k);
+  std::uint8_t byte() { return *take(1); }
+  std::uint64_t varint();  // LEB128, at most 64 bits
+};
+
 // How many chunks of kSparseChunkElements elements of `sparse_es` bytes a
 // sparse entry of a tensor of `nbytes` bytes has.
 std::uint64_t sparse_chunk_count(std::uint64_t nbytes, std::size_t sparse_es);

@@ -556,38 +556,13 @@ std::uint64_t encode_context(Compressor& c, std::span<const std::uint8_t> a, std
 
 namespace {
 
-// A context entry read front to back; every read is checked against its end.
-struct Cursor {
-  std::span<const std::uint8_t> entry;
-  const std::string& what;
-  std::uint64_t at = 0;
-
-  [[noreturn]] void bad(const std::string& msg) const { fail(Exit::bad_input, what + ": context entry " + msg); }
-  const std::uint8_t* take(std::uint64_t k) {
-    if (k > entry.size() - at) bad("is truncated");
-    const std::uint8_t* p = entry.data() + at;
-    at += k;
-    return p;
-  }
-  std::uint8_t byte() { return *take(1); }
-  std::uint64_t varint() {
-    std::uint64_t v = 0;
-    for (int shift = 0;; shift += 7) {
-      const std::uint8_t b = byte();
-      if (shift == 63 && b > 1) bad("has an overlong number");
-      v |= std::uint64_t(b & 0x7f) << shift;
-      if (!(b & 0x80)) return v;
-    }
-  }
-};
-
 struct Head {
   std::uint32_t es = 0;
   std::uint64_t n = 0, chunks = 0;
   ContextField field;
 };
 
-Head take_head(Cursor& in, std::uint64_t nbytes) {
+Head take_head(EntryCursor& in, std::uint64_t nbytes) {
   const std::uint8_t* h = in.take(kContextHeadSize);
   if (std::memcmp(h, kMagicContext, 4) != 0) in.bad("does not start with HFC1");
   Head r;
@@ -635,7 +610,7 @@ struct Chunk {
   const std::uint8_t* signs = nullptr;
 };
 
-[[noreturn]] void bad_chunk(const Cursor& in, std::uint64_t ch, const std::string& msg) {
+[[noreturn]] void bad_chunk(const EntryCursor& in, std::uint64_t ch, const std::string& msg) {
   in.bad("chunk " + std::to_string(ch) + " " + msg);
 }
 
@@ -650,12 +625,12 @@ void read_frame(Decompressor& d, std::span<const std::uint8_t> f, std::uint64_t 
 }
 
 // The padding bits after the last `bits` of a packed stream are zero.
-void check_padding(const Cursor& in, std::uint64_t ch, const std::uint8_t* p, std::uint64_t bits, const char* name) {
+void check_padding(const EntryCursor& in, std::uint64_t ch, const std::uint8_t* p, std::uint64_t bits, const char* name) {
   if (bits % 8 && (p[bits / 8] >> (bits % 8)))
     bad_chunk(in, ch, std::string("has nonzero padding after its ") + name);
 }
 
-Chunk take_chunk(Cursor& in, const Head& h, std::uint64_t ch, Scratch& s, bool decode) {
+Chunk take_chunk(EntryCursor& in, const Head& h, std::uint64_t ch, Scratch& s, bool decode) {
   Chunk c;
   c.index = ch;
   c.e0 = ch * kContextChunkElements, c.e1 = std::min(h.n, c.e0 + kContextChunkElements);
@@ -715,7 +690,8 @@ Chunk take_chunk(Cursor& in, const Head& h, std::uint64_t ch, Scratch& s, bool d
     }
     fr.expect_end();
   }
-  Cursor xs{s.x, cw + " escapes"};
+  const std::string xw = cw + " escapes";
+  EntryCursor xs{s.x, xw, "context entry"};
   // Gaps, group by group; each group's changes must fit the chunk.
   s.gaps.resize(static_cast<std::size_t>(c.K));
   std::uint64_t rb = 0;
@@ -881,7 +857,7 @@ void walk_chunk(const Chunk& c, const Head& h, const std::string& what, Scratch&
 
 void decode_context_chunks(std::span<const std::uint8_t> entry, std::uint64_t nbytes, std::uint64_t first,
                            std::uint64_t last, const std::string& what, const BaseView& base, const SparsePatch& patch) {
-  Cursor in{entry, what};
+  EntryCursor in{entry, what, "context entry"};
   const Head h = take_head(in, nbytes);
   Scratch& s = Scratch::get();
   for (std::uint64_t ch = 0; ch < h.chunks; ++ch) {
@@ -904,7 +880,7 @@ void decode_context(std::span<const std::uint8_t> entry, std::uint64_t nbytes, c
 }
 
 ContextSummary check_context(std::span<const std::uint8_t> entry, std::uint64_t nbytes, const std::string& what) {
-  Cursor in{entry, what};
+  EntryCursor in{entry, what, "context entry"};
   const Head h = take_head(in, nbytes);
   Scratch& s = Scratch::get();
   ContextSummary r;

@@ -63,7 +63,7 @@ int code_of(const std::function<void()>& f) {
 TEST_CASE("publisher: the delta is byte for byte delta-diff's, for every encoding; the mirror advances") {
   TempDir t;
   const fs::path series = gen_series(t / "series", 2);
-  for (const std::string enc : {"sparse", "auto", "xor", "overwrite"}) {
+  for (const std::string enc : {"sparse", "context", "auto", "xor", "overwrite"}) {
     CAPTURE(enc);
     const fs::path root = t / ("root-" + enc), ref = t / ("ref-" + enc), mirror = t / ("mirror-" + enc);
     fs::create_directories(root);
@@ -159,7 +159,7 @@ TEST_CASE("publisher: tensors larger than a chunk, split over threads, across ve
     saves.push_back(t / ("save" + std::to_string(v)));
     make(saves.back(), v);
   }
-  for (const std::string enc : {"sparse", "auto"}) {
+  for (const std::string enc : {"sparse", "context", "auto"}) {
     CAPTURE(enc);
     const fs::path root = t / ("root-" + enc), ref = t / ("ref-" + enc), mirror = t / ("mirror-" + enc);
     fs::create_directories(root);

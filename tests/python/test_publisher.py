@@ -27,7 +27,7 @@ from conftest import files_of
 import hfdelta
 from hfdelta import Publisher
 
-ENCODINGS = ["sparse", "auto", "xor", "overwrite"]
+ENCODINGS = ["sparse", "context", "auto", "xor", "overwrite"]
 
 
 def tensors_of(save: Path) -> dict[str, Any]:
