@@ -586,6 +586,9 @@ Head take_head(EntryCursor& in, std::uint64_t nbytes) {
   return r;
 }
 
+// Changes handed to the patch callback per call, at most.
+constexpr std::size_t kHandOut = 16 * 1024;
+
 // Decompression contexts and buffers, per thread (reused from chunk to chunk).
 struct Scratch {
   Decompressor dq, dm, dx;
@@ -809,6 +812,10 @@ template <std::size_t ES, bool V3>
           rem[g] -= pop;
         }
       }
+      if (out + 64 * kWords > kHandOut) {  // a batch at a time: the piece is still the caller's to patch
+        w.patch({s.offs.data(), out}, {s.vals.data(), out * ES}, ES, SparseOp::add_zigzag);
+        out = 0;
+      }
       for (std::size_t wd = 0; wd < words; ++wd)
         for (std::uint64_t h = hit[wd]; h; h &= h - 1) {
           const std::size_t at = 64 * wd + static_cast<std::size_t>(std::countr_zero(h));
@@ -843,8 +850,8 @@ template <std::size_t ES>
 void walk_chunk(const Chunk& c, const Head& h, const std::string& what, Scratch& s, const BaseView& base,
                 const SparsePatch& patch) {
   constexpr std::size_t kPiece = kContextWindow / ES;
-  s.offs.resize(kPiece);
-  s.vals.resize(kPiece * ES);
+  s.offs.resize(kHandOut);
+  s.vals.resize(kHandOut * ES);
   s.ctx.resize(kPiece + 64);
   const Walk w{c, h, what, s, base, patch};
 #if HFDELTA_HAVE_V3
