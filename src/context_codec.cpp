@@ -14,12 +14,12 @@
 // bytes, u64 chunk elements, u64 chunks, u8 shift, u8 bits, 6 zero bytes),
 // then each chunk:
 //   varint K (changed elements); if K > 0:
-//   u8 G (groups, 1..16), G-1 u8 thresholds (ascending; group g holds the
+//   u8 G (groups, 1..16; the encoder writes at most 8), G-1 u8 thresholds (ascending; group g holds the
 //   contexts from threshold g on), per group u8 Rice parameter and varint
 //   count (summing to K), varint lengths of the Q, M and X frames, then
 //   Q: zstd frame of K bytes, each gap's quotient (255: 255 + an X varint)
 //   R: each gap's low bits (the group's Rice parameter), LSB first, padded
-//   M: zstd frame of K bytes, magnitude - 1 (255: 256 + an X varint)
+//   M: zstd frame of K bytes, magnitude - 1 (255: the magnitude is 256 + an X varint)
 //   S: K sign bits (1: the difference is negative), LSB first, padded
 //   X: zstd frame of the escapes' LEB128 varints, Q's then M's (absent: 0)
 // Q, R, M and S run group by group; within a group, in element order. A gap
@@ -31,8 +31,8 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
-#include <type_traits>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 #include <zstd.h>
