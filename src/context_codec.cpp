@@ -219,7 +219,7 @@ struct RankJob {
   std::size_t G;
   std::uint64_t* slot;      // per group: its next slot
   std::uint32_t* gaps;      // per slot
-  std::uint32_t* slot_of;   // per change
+  std::uint32_t* change_of;  // per slot: the change it holds
 };
 
 template <bool V3>
@@ -239,7 +239,7 @@ template <bool V3>
       const std::uint64_t rank = seen[g] + static_cast<std::uint64_t>(std::popcount(gm[g] & ((std::uint64_t{1} << bit) - 1)));
       const std::uint64_t s = r.slot[g]++;
       r.gaps[s] = static_cast<std::uint32_t>(rank - next_rank[g]);
-      r.slot_of[j] = static_cast<std::uint32_t>(s);
+      r.change_of[s] = static_cast<std::uint32_t>(j);
       next_rank[g] = rank + 1;
     }
     for (std::size_t g = 0; g < r.G; ++g) seen[g] += static_cast<std::uint64_t>(std::popcount(gm[g]));
@@ -306,10 +306,8 @@ struct ContextChunkEncoder::Impl {
   std::unique_ptr<std::uint8_t[]> ctx;              // per element: its context
   std::unique_ptr<std::uint32_t[]> pos;             // per change: its element
   std::unique_ptr<std::uint64_t[]> diff;            // per change: new - old, modulo 2^(8 es)
-  std::unique_ptr<std::uint32_t[]> gaps;            // per change, group-major
-  std::unique_ptr<std::uint64_t[]> mags;            // per change, group-major
-  std::unique_ptr<std::uint8_t[]> signs;            // per change, group-major
-  std::unique_ptr<std::uint32_t[]> slot_of;         // per change: its slot
+  std::unique_ptr<std::uint32_t[]> gaps;            // per slot (changes group-major)
+  std::unique_ptr<std::uint32_t[]> change_of;       // per slot: the change it holds
   std::size_t cap_es = 0;
   std::vector<std::uint8_t> q, r, m, s, x, xm, frames, head;
 
@@ -320,9 +318,7 @@ struct ContextChunkEncoder::Impl {
     pos.reset(new std::uint32_t[kContextChunkElements]);
     diff.reset(new std::uint64_t[kContextChunkElements]);
     gaps.reset(new std::uint32_t[kContextChunkElements]);
-    mags.reset(new std::uint64_t[kContextChunkElements]);
-    signs.reset(new std::uint8_t[kContextChunkElements]);
-    slot_of.reset(new std::uint32_t[kContextChunkElements]);
+    change_of.reset(new std::uint32_t[kContextChunkElements]);
     cap_es = e;
   }
 
@@ -475,17 +471,10 @@ std::uint64_t ContextChunkEncoder::end(Compressor& c, const ByteSink& sink) {
   std::uint64_t slot[kContextMaxGroups], start[kContextMaxGroups + 1];
   start[0] = 0;
   for (std::size_t g = 0; g < G; ++g) start[g + 1] = start[g] + gs[g].k, slot[g] = start[g];
-  RankJob job{im.ctx.get(), im.n, im.pos.get(), K, gtab, {}, G, slot, im.gaps.get(), im.slot_of.get()};
+  RankJob job{im.ctx.get(), im.n, im.pos.get(), K, gtab, {}, G, slot, im.gaps.get(), im.change_of.get()};
   job.th.n = G - 1;
   for (std::size_t g = 1; g < G; ++g) job.th.t[g - 1] = static_cast<std::uint8_t>(gs[g].lo);
   rank_changes(job);
-  const std::uint64_t lanes = im.es == 8 ? ~0ull : (std::uint64_t{1} << (8 * im.es)) - 1;
-  for (std::uint64_t j = 0; j < K; ++j) {
-    const std::uint64_t s = im.slot_of[j], d = im.diff[j];
-    const bool neg = (d >> (8 * im.es - 1)) & 1;
-    im.mags[s] = neg ? (0 - d) & lanes : d;
-    im.signs[s] = neg;
-  }
 
   im.q.clear(), im.r.clear(), im.m.clear(), im.s.clear(), im.x.clear(), im.xm.clear();
   im.head.push_back(static_cast<std::uint8_t>(G));
@@ -505,11 +494,15 @@ std::uint64_t ContextChunkEncoder::end(Compressor& c, const ByteSink& sink) {
     }
   }
   rw.end();
+  // Each slot's value from its change's difference: a magnitude and a sign.
+  const std::uint64_t lanes = im.es == 8 ? ~0ull : (std::uint64_t{1} << (8 * im.es)) - 1;
   for (std::uint64_t s = 0; s < K; ++s) {
-    const std::uint64_t mv = im.mags[s] - 1;
+    const std::uint64_t d = im.diff[im.change_of[s]];
+    const bool neg = (d >> (8 * im.es - 1)) & 1;
+    const std::uint64_t mv = (neg ? (0 - d) & lanes : d) - 1;
     im.m.push_back(static_cast<std::uint8_t>(std::min<std::uint64_t>(mv, 255)));
     if (mv >= 255) put_varint(im.xm, mv - 255);
-    sw.put(im.signs[s], 1);
+    sw.put(neg, 1);
   }
   sw.end();
   im.x.insert(im.x.end(), im.xm.begin(), im.xm.end());
