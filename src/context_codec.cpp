@@ -97,6 +97,23 @@ struct BitWriter {
   }
 };
 
+// Reads what BitWriter packs: values of up to 32 bits, LSB first, from `n`
+// bytes, a byte at a time into a 64-bit accumulator.
+struct BitReader {
+  const std::uint8_t* p;
+  std::size_t n;
+  std::size_t at = 0;
+  std::uint64_t acc = 0;
+  unsigned fill = 0;
+  std::uint32_t get(unsigned bits) {
+    for (; fill < bits; fill += 8, ++at) acc |= static_cast<std::uint64_t>(at < n ? p[at] : 0) << fill;
+    const auto v = static_cast<std::uint32_t>(acc & ((std::uint64_t{1} << bits) - 1));
+    acc >>= bits;
+    fill -= bits;
+    return v;
+  }
+};
+
 // The context of each of `n` elements: (element >> sh) & mask, one byte each.
 // Plain loops over fixed-width integers, which the compiler vectorises.
 template <std::size_t ES>
@@ -691,7 +708,7 @@ Chunk take_chunk(EntryCursor& in, const Head& h, std::uint64_t ch, Scratch& s, b
   EntryCursor xs{s.x, xw, "context entry"};
   // Gaps, group by group; each group's changes must fit the chunk.
   s.gaps.resize(static_cast<std::size_t>(c.K));
-  std::uint64_t rb = 0;
+  BitReader rb{r, static_cast<std::size_t>((rbits + 7) / 8)};
   for (std::size_t g = 0; g < c.G; ++g) {
     std::uint64_t used = 0;
     for (std::uint64_t i = c.start[g]; i < c.start[g + 1]; ++i) {
@@ -701,8 +718,7 @@ Chunk take_chunk(EntryCursor& in, const Head& h, std::uint64_t ch, Scratch& s, b
         if (e > span) bad_chunk(in, ch, "has a gap longer than the chunk");
         qv += e;
       }
-      std::uint64_t low = 0;
-      for (unsigned b = 0; b < rice[g]; ++b, ++rb) low |= static_cast<std::uint64_t>((r[rb / 8] >> (rb % 8)) & 1) << b;
+      const std::uint64_t low = rb.get(rice[g]);
       if (qv >= (span >> rice[g]) + 1) bad_chunk(in, ch, "has a gap longer than the chunk");
       const std::uint64_t gap = qv << rice[g] | low;
       used += gap + 1;
