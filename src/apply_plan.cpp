@@ -266,7 +266,7 @@ void plan_file_ops(Planner& c) {
 // p.chunk_bytes): 0 where it cannot. Both heads hold the element size at
 // byte 4, and both encodings chunk alike.
 std::uint64_t entry_chunks(Patch& p) {
-  static_assert(kSparseChunkElements == kContextChunkElements && kContextHeadSize >= kSparseHeadSize);
+  static_assert(kContextHeadSize >= kSparseHeadSize);
   if (!p.replace.empty() || (p.encoding != Encoding::sparse && p.encoding != Encoding::context) ||
       p.frame.size() < kSparseHeadSize)
     return 0;

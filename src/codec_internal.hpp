@@ -125,10 +125,6 @@ inline void sparse_apply_value_t(std::uint8_t* elem, const std::uint8_t* v, Spar
 void decode_sparse_chunks(std::span<const std::uint8_t> entry, std::uint64_t nbytes, std::uint64_t first,
                           std::uint64_t last, const std::string& what, const SparsePatch& patch);
 
-// How many chunks of kContextChunkElements elements of `es` bytes a context
-// entry of a tensor of `nbytes` bytes has.
-std::uint64_t context_chunk_count(std::uint64_t nbytes, std::size_t es);
-
 // decode_context of only chunks [first, last) (as decode_sparse_chunks): the
 // base view is asked only for those chunks' bytes.
 void decode_context_chunks(std::span<const std::uint8_t> entry, std::uint64_t nbytes, std::uint64_t first,

@@ -297,18 +297,13 @@ ContextField context_field(std::string_view dtype, std::size_t es) {
   return {};
 }
 
-std::uint64_t context_chunk_count(std::uint64_t nbytes, std::size_t es) {
-  const std::uint64_t n = nbytes / es;
-  return n == 0 ? 0 : (n - 1) / kContextChunkElements + 1;
-}
-
 void context_entry_head(std::size_t es, std::uint64_t nbytes, ContextField f, std::uint8_t out[kContextHeadSize]) {
   std::memset(out, 0, kContextHeadSize);
   std::memcpy(out, kMagicContext, 4);
   put_le32(out + 4, static_cast<std::uint32_t>(es));
   put_le64(out + 8, nbytes);
   put_le64(out + 16, kContextChunkElements);
-  put_le64(out + 24, context_chunk_count(nbytes, es));
+  put_le64(out + 24, sparse_chunk_count(nbytes, es));
   out[32] = f.shift;
   out[33] = f.bits;
 }
@@ -548,7 +543,7 @@ std::uint64_t encode_context(Compressor& c, std::span<const std::uint8_t> a, std
   es = sparse_elem_size(es, b.size());
   if (field.bits > 8 || field.shift + field.bits > 8 * es) field = {};
   const std::uint64_t n = b.size() / es;
-  const std::uint64_t chunks = context_chunk_count(b.size(), es);
+  const std::uint64_t chunks = sparse_chunk_count(b.size(), es);
   std::uint8_t head[kContextHeadSize];
   context_entry_head(es, b.size(), field, head);
   sink({head, sizeof head});
@@ -587,7 +582,7 @@ Head take_head(EntryCursor& in, std::uint64_t nbytes) {
   if (ce != kContextChunkElements)
     in.bad("has chunks of " + std::to_string(ce) + " elements, not " + std::to_string(kContextChunkElements));
   r.n = nbytes / r.es;
-  if (r.chunks != context_chunk_count(nbytes, r.es)) in.bad("has an inconsistent chunk table");
+  if (r.chunks != sparse_chunk_count(nbytes, r.es)) in.bad("has an inconsistent chunk table");
   if (r.field.bits > 8 || r.field.shift + r.field.bits > 8 * r.es)
     in.bad("takes its context from bits " + std::to_string(r.field.shift) + "+" + std::to_string(r.field.bits) +
            ", outside a " + std::to_string(r.es) + "-byte element");

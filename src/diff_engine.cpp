@@ -91,7 +91,6 @@ struct XorStream {
 // thread's spool.
 RangeOut scan_range(const Work& w, std::uint64_t c0, std::uint64_t c1, Worker& wk, XorStream* xs, Hasher* hb, Hasher* hn) {
   RangeOut out;
-  static_assert(kSparseChunkElements == kContextChunkElements);
   const std::uint64_t chunk_bytes = kSparseChunkElements * w.es;
   const ByteSink to_spool = [&](std::span<const std::uint8_t> s) { wk.spool.put(s); };
   const bool context = w.encoding == Encoding::context;

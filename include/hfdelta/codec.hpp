@@ -159,9 +159,10 @@ struct ContextField {
 };
 ContextField context_field(std::string_view dtype, std::size_t elem_size);
 
-// Elements per independently coded chunk (as sparse) and most context groups
-// per chunk.
-inline constexpr std::uint64_t kContextChunkElements = 1u << 20;
+// Elements per independently coded chunk: sparse's, so the two chunked
+// encodings share their chunk arithmetic (sparse_chunk_count) and their split
+// over threads; and most context groups per chunk.
+inline constexpr std::uint64_t kContextChunkElements = kSparseChunkElements;
 inline constexpr std::size_t kContextMaxGroups = 16;
 inline constexpr std::size_t kContextHeadSize = 40;
 // The entry's head: magic "HFC1", element size, tensor bytes, chunk size,

@@ -194,7 +194,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   } else {
     FUZZ_CHECK(sum->changes == got.offs.size());
     FUZZ_CHECK(sum->elem_size == fuzz::le(entry.data() + 4, 4));
-    FUZZ_CHECK(sum->chunks == hfdelta::context_chunk_count(in.nbytes, sum->elem_size));
+    FUZZ_CHECK(sum->chunks == hfdelta::sparse_chunk_count(in.nbytes, sum->elem_size));
     FUZZ_CHECK(got.offs.empty() || got.es == sum->elem_size);
   }
 
