@@ -133,6 +133,11 @@ class Walker {
   std::uint64_t ws_ = 0, we_ = 0, done_ = 0;
 };
 
+// LOCAL's bytes as the context decoder's base: the windows `w` walks.
+BaseView base_view(Walker& w) {
+  return [&w](std::uint64_t off, std::size_t n) { return w.base(off, n); };
+}
+
 // The decoder's batches of sparse changes, laid over LOCAL by `w` (one
 // element size per entry, so the loop is specialised for it).
 SparsePatch sparse_sink(Walker& w) {
@@ -263,7 +268,7 @@ Checksums lay_sparse(const Patch& p, const File& f, JournalWriter* jw, std::vect
 Checksums lay_context(const Patch& p, const File& f, JournalWriter* jw, std::vector<std::uint8_t>& buf, File* out,
                        const std::string& what) {
   Walker w(f, p, jw, buf, out);
-  decode_context(p.frame, p.nbytes, what, [&w](std::uint64_t off, std::size_t n) { return w.base(off, n); }, sparse_sink(w));
+  decode_context(p.frame, p.nbytes, what, base_view(w), sparse_sink(w));
   w.finish();
   return checksums_of(w);
 }
@@ -343,8 +348,7 @@ void journal_range(const Patch& p, std::uint64_t c0, std::uint64_t c1, const Fil
   jw.begin_tensor(p.local_shard, p.offset);
   Walker w(f, p, &jw, buf, out, c0 * p.chunk_bytes, std::min(p.nbytes, c1 * p.chunk_bytes));
   if (p.encoding == Encoding::context)
-    decode_context_chunks(p.frame, p.nbytes, c0, c1, what, [&w](std::uint64_t off, std::size_t n) { return w.base(off, n); },
-                          sparse_sink(w));
+    decode_context_chunks(p.frame, p.nbytes, c0, c1, what, base_view(w), sparse_sink(w));
   else
     decode_sparse_chunks(p.frame, p.nbytes, c0, c1, what, sparse_sink(w));
   w.finish();
