@@ -130,4 +130,10 @@ void decode_sparse_chunks(std::span<const std::uint8_t> entry, std::uint64_t nby
 void decode_context_chunks(std::span<const std::uint8_t> entry, std::uint64_t nbytes, std::uint64_t first,
                            std::uint64_t last, const std::string& what, const BaseView& base, const SparsePatch& patch);
 
+// Which build of the context codec's loops over every element runs: 0 the
+// baseline, 1 x86-64-v3 (AVX2, BMI2), 2 AVX-512BW; the widest the CPU has.
+// `cap` >= 0 lowers it (never above the CPU's) so that tests can run every
+// build on one machine; not for use while a tensor is being coded.
+int context_isa_level(int cap = -1);
+
 }  // namespace hfdelta

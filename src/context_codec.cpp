@@ -157,13 +157,39 @@ inline void threshold_masks_generic(const std::uint8_t* c, const Thresholds& th,
 #endif
 }
 
-// The walks over every element come in two builds: for x86-64-v3 (AVX2,
-// BMI2 and POPCNT, picked at run time where the CPU has them) and for the
-// baseline, where a popcount is a library call.
+// The walks over every element come in three builds, picked at run time:
+// for x86-64-v4's AVX-512BW (a byte comparison of 64 contexts gives their
+// mask in one instruction), for x86-64-v3 (AVX2, BMI2 and POPCNT) and for
+// the baseline, where a popcount is a library call. Level: 0, 1 (v3), 2 (v4).
 #if defined(__x86_64__) && defined(__GNUC__)
 #define HFDELTA_HAVE_V3 1
 #define HFDELTA_V3 __attribute__((target("avx2,bmi,bmi2,popcnt")))
-const bool kHaveV3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("popcnt");
+#define HFDELTA_V4 __attribute__((target("avx2,avx512f,avx512bw,bmi,bmi2,popcnt")))
+int cpu_level() {
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("bmi2") || !__builtin_cpu_supports("popcnt")) return 0;
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") ? 2 : 1;
+}
+
+__attribute__((target("avx512f,avx512bw"))) inline void threshold_masks_avx512(const std::uint8_t* c, const Thresholds& th,
+                                                                              std::uint64_t* out) {
+  const __m512i v = _mm512_loadu_si512(c);
+  for (std::size_t j = 0; j < th.n; ++j) out[j] = _mm512_cmpge_epu8_mask(v, _mm512_set1_epi8(static_cast<char>(th.t[j])));
+}
+
+// extract_contexts for 2-byte elements, 32 at a time in 16-bit lanes.
+__attribute__((target("avx2"))) inline void extract_contexts_avx2(const std::uint8_t* p, std::size_t n, unsigned sh,
+                                                                 std::uint64_t mask, std::uint8_t* out) {
+  const __m128i count = _mm_cvtsi32_si128(static_cast<int>(sh));
+  const __m256i m = _mm256_set1_epi16(static_cast<short>(mask));
+  std::size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m256i x0 = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * i)), count), m);
+    const __m256i x1 = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * i + 32)), count), m);
+    // packus interleaves the 128-bit lanes: the permute puts them back in order.
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_permute4x64_epi64(_mm256_packus_epi16(x0, x1), 0xd8));
+  }
+  extract_contexts<2>(p + 2 * i, n - i, sh, mask, out + i);
+}
 
 __attribute__((target("avx2"))) inline void threshold_masks_avx2(const std::uint8_t* c, const Thresholds& th, std::uint64_t* out) {
   const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c));
@@ -177,16 +203,30 @@ __attribute__((target("avx2"))) inline void threshold_masks_avx2(const std::uint
 }
 #else
 #define HFDELTA_HAVE_V3 0
-const bool kHaveV3 = false;
+int cpu_level() { return 0; }
 #endif
+const int kCpuLevel = cpu_level();
+int g_level = kCpuLevel;  // the build in use: the CPU's widest, unless a test caps it
+
+// The context of each of `n` elements (extract_contexts), at the widest
+// level the caller is built for.
+template <std::size_t ES, int L>
+[[gnu::always_inline]] inline void contexts_of(const std::uint8_t* p, std::size_t n, unsigned sh, std::uint64_t mask, std::uint8_t* out) {
+#if HFDELTA_HAVE_V3
+  if constexpr (ES == 2 && L >= 1) return extract_contexts_avx2(p, n, sh, mask, out);
+#endif
+  extract_contexts<ES>(p, n, sh, mask, out);
+}
 
 // Each group's elements among 64 (`valid`: those that exist): group g is at
 // or above threshold g-1 and below threshold g.
-template <bool V3>
+template <int L>
 [[gnu::always_inline]] inline void group_masks(const std::uint8_t* c, const Thresholds& th, std::uint64_t valid, std::uint64_t* gm) {
   std::uint64_t m[kContextMaxGroups];
 #if HFDELTA_HAVE_V3
-  if constexpr (V3)
+  if constexpr (L >= 2)
+    threshold_masks_avx512(c, th, m);
+  else if constexpr (L == 1)
     threshold_masks_avx2(c, th, m);
   else
 #endif
@@ -207,10 +247,10 @@ HFDELTA_V3 inline unsigned select_bit_pdep(std::uint64_t x, std::uint64_t k) {
 #endif
 
 // The position of the k-th (from 0) set bit of x, which has more than k.
-template <bool V3>
+template <int L>
 [[gnu::always_inline]] inline unsigned select_bit(std::uint64_t x, std::uint64_t k) {
 #if HFDELTA_HAVE_V3
-  if constexpr (V3) return select_bit_pdep(x, k);
+  if constexpr (L >= 1) return select_bit_pdep(x, k);
 #endif
   unsigned at = 0;
   for (;;) {  // whole bytes at a time while they hold no more than k set bits
@@ -239,7 +279,7 @@ struct RankJob {
   std::uint32_t* change_of;  // per slot: the change it holds
 };
 
-template <bool V3>
+template <int L>
 [[gnu::always_inline]] inline void rank_changes_body(const RankJob& r) {
   std::uint64_t seen[kContextMaxGroups] = {}, next_rank[kContextMaxGroups] = {}, gm[kContextMaxGroups];
   std::uint8_t tail[64];
@@ -249,7 +289,7 @@ template <bool V3>
     const std::uint8_t* cb = r.ctx + b0;
     if (len < 64) cb = static_cast<const std::uint8_t*>(std::memcpy(tail, cb, len));
     const std::uint64_t valid = len == 64 ? ~0ull : (std::uint64_t{1} << len) - 1;
-    group_masks<V3>(cb, r.th, valid, gm);
+    group_masks<L>(cb, r.th, valid, gm);
     for (; j < r.K && r.pos[j] < b0 + 64; ++j) {
       const unsigned bit = static_cast<unsigned>(r.pos[j] - b0);
       const std::size_t g = r.gtab[cb[bit]];
@@ -264,18 +304,25 @@ template <bool V3>
 }
 
 #if HFDELTA_HAVE_V3
-HFDELTA_V3 void rank_changes_v3(const RankJob& r) { rank_changes_body<true>(r); }
+HFDELTA_V3 void rank_changes_v3(const RankJob& r) { rank_changes_body<1>(r); }
+HFDELTA_V4 void rank_changes_v4(const RankJob& r) { rank_changes_body<2>(r); }
 #endif
-void rank_changes_base(const RankJob& r) { rank_changes_body<false>(r); }
+void rank_changes_base(const RankJob& r) { rank_changes_body<0>(r); }
 
 void rank_changes(const RankJob& r) {
 #if HFDELTA_HAVE_V3
-  if (kHaveV3) return rank_changes_v3(r);
+  if (g_level >= 2) return rank_changes_v4(r);
+  if (g_level == 1) return rank_changes_v3(r);
 #endif
   rank_changes_base(r);
 }
 
 }  // namespace
+
+int context_isa_level(int cap) {
+  if (cap >= 0) g_level = std::min(cap, kCpuLevel);
+  return g_level;
+}
 
 // ---- context field ------------------------------------------------------------
 
@@ -337,7 +384,12 @@ struct ContextChunkEncoder::Impl {
   template <std::size_t ES>
   void scan_t(const std::uint8_t* a, const std::uint8_t* b, std::size_t cnt, std::uint64_t first, std::uint64_t& count,
               std::uint64_t& bytes) {
-    extract_contexts<ES>(a, cnt, field.shift, mask, ctx.get() + first);
+#if HFDELTA_HAVE_V3
+    if (ES == 2 && g_level >= 1)
+      extract_contexts_avx2(a, cnt, field.shift, mask, ctx.get() + first);
+    else
+#endif
+      extract_contexts<ES>(a, cnt, field.shift, mask, ctx.get() + first);
     constexpr std::size_t kBatch = 1024;
     std::uint64_t masks[kBatch];
     const std::size_t len = cnt * ES, blocks = len / 64;
@@ -758,7 +810,7 @@ struct Walk {
   const SparsePatch& patch;
 };
 
-template <std::size_t ES, bool V3>
+template <std::size_t ES, int L>
 [[gnu::always_inline]] inline void walk_body(const Walk& w) {
   const Chunk& c = w.c;
   Scratch& s = w.s;
@@ -779,7 +831,7 @@ template <std::size_t ES, bool V3>
     const std::size_t cnt = static_cast<std::size_t>(std::min<std::uint64_t>(kPiece, c.e1 - e));
     const std::span<const std::uint8_t> piece = w.base(e * ES, cnt * ES);
     if (piece.size() != cnt * ES) fail(Exit::failure, w.what + ": context decoder was given a short piece of base");
-    extract_contexts<ES>(piece.data(), cnt, w.h.field.shift, (std::uint64_t{1} << w.h.field.bits) - 1, s.ctx.data());
+    contexts_of<ES, L>(piece.data(), cnt, w.h.field.shift, (std::uint64_t{1} << w.h.field.bits) - 1, s.ctx.data());
     std::size_t out = 0;
     // Super-blocks of kWords masks: a group with no change in one costs a
     // few popcounts; the changes found are marked by position, then handed
@@ -789,7 +841,7 @@ template <std::size_t ES, bool V3>
       for (std::size_t wd = 0; wd < words; ++wd) {
         const std::size_t len = std::min<std::size_t>(64, cnt - b0 - 64 * wd);
         const std::uint64_t valid = len == 64 ? ~0ull : (std::uint64_t{1} << len) - 1;
-        group_masks<V3>(s.ctx.data() + b0 + 64 * wd, th, valid, gm[wd]);  // s.ctx has 64 bytes of slack
+        group_masks<L>(s.ctx.data() + b0 + 64 * wd, th, valid, gm[wd]);  // s.ctx has 64 bytes of slack
       }
       std::uint64_t hit[kWords] = {};
       for (std::size_t g = 0; g < c.G; ++g) {
@@ -803,7 +855,7 @@ template <std::size_t ES, bool V3>
           std::uint64_t m = gm[wd][g];
           auto pop = static_cast<std::uint64_t>(std::popcount(m));
           while (rem[g] < pop) {  // its next change is in this word
-            const unsigned bit = select_bit<V3>(m, rem[g]);
+            const unsigned bit = select_bit<L>(m, rem[g]);
             const std::uint64_t slot = next[g]++;
             const std::uint8_t sym = s.m[static_cast<std::size_t>(slot)];
             const std::uint64_t mag = sym == 255 ? s.escm[static_cast<std::size_t>(esc[g]++)] : sym + std::uint64_t{1};
@@ -843,12 +895,16 @@ template <std::size_t ES, bool V3>
 #if HFDELTA_HAVE_V3
 template <std::size_t ES>
 HFDELTA_V3 void walk_v3(const Walk& w) {
-  walk_body<ES, true>(w);
+  walk_body<ES, 1>(w);
+}
+template <std::size_t ES>
+HFDELTA_V4 void walk_v4(const Walk& w) {
+  walk_body<ES, 2>(w);
 }
 #endif
 template <std::size_t ES>
 void walk_base(const Walk& w) {
-  walk_body<ES, false>(w);
+  walk_body<ES, 0>(w);
 }
 
 template <std::size_t ES>
@@ -860,7 +916,8 @@ void walk_chunk(const Chunk& c, const Head& h, const std::string& what, Scratch&
   s.ctx.resize(kPiece + 64);
   const Walk w{c, h, what, s, base, patch};
 #if HFDELTA_HAVE_V3
-  if (kHaveV3) return walk_v3<ES>(w);
+  if (g_level >= 2) return walk_v4<ES>(w);
+  if (g_level == 1) return walk_v3<ES>(w);
 #endif
   walk_base<ES>(w);
 }

@@ -123,6 +123,37 @@ TEST_CASE("context: a bf16 optimizer step round-trips and is smaller than sparse
   CHECK(e.size() < sp.size() * 9 / 10);
 }
 
+TEST_CASE("context: every build of the loops (baseline, x86-64-v3, AVX-512BW) writes and reads the same bytes") {
+  const int widest = context_isa_level();
+  INFO("widest build on this CPU: " << widest);
+  // Two chunks and a tail that is not a whole block of 64, steps dense enough
+  // for several groups, and every element size with a field.
+  auto [a, b] = bf16_step(kContextChunkElements + 1000 + 37, 7, 2e-4);
+  std::vector<float> fa(70001), fb(70001);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> w(0, 0.02f);
+  for (std::size_t i = 0; i < fa.size(); ++i) fa[i] = w(rng), fb[i] = i % 7 ? fa[i] : fa[i] * 1.0001f;
+  const Bytes a4 = bytes_of(fa), b4 = bytes_of(fb);
+  Bytes a1(5000), b1(5000);
+  for (std::size_t i = 0; i < a1.size(); ++i) a1[i] = static_cast<std::uint8_t>(rng()), b1[i] = i % 5 ? a1[i] : static_cast<std::uint8_t>(a1[i] + 1);
+  std::vector<Bytes> first;
+  for (int level = 0; level <= widest; ++level) {
+    CAPTURE(level);
+    REQUIRE(context_isa_level(level) == level);
+    const std::vector<Bytes> entries = {encode(a, b, 2, context_field("BF16", 2)), encode(a4, b4, 4, context_field("F32", 4)),
+                                        encode(a1, b1, 1, context_field("F8_E4M3", 1))};
+    CHECK(patched(a, entries[0]) == b);
+    CHECK(patched(a4, entries[1]) == b4);
+    CHECK(patched(a1, entries[2]) == b1);
+    if (level == 0)
+      first = entries;
+    else
+      CHECK(entries == first);
+  }
+  context_isa_level(widest);
+  CHECK(context_isa_level() == widest);
+}
+
 TEST_CASE("context: unchanged, empty, one element, every element changed") {
   const ContextField f = context_field("BF16", 2);
   Bytes a(2000), b;
