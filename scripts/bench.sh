@@ -6,7 +6,8 @@
 # rate with hfdelta-gen, and for each consecutive pair of saves measures:
 # density, the order-0 entropy bound of the change, wire bytes, diff and apply
 # wall time, peak RSS and peak RssAnon of every tool, and the read floor (one
-# warm pass reading the inputs). With 2 saves or more, a series at the target
+# warm pass reading the inputs), beside the floors of checked work (reading
+# and hashing BASE+NEW; reading LOCAL, hashing it twice and writing it back). With 2 saves or more, a series at the target
 # lr also measures squash: the chain of its deltas against their squash and a
 # direct diff (bytes), and a --root pull of the chain against applying the
 # squash (wall, peak RSS). Results: OUT/results.md and OUT/results.json
@@ -253,6 +254,8 @@ hfdelta_pair() {
           first=0
           settle "$lc"
           bench readfloor --repeat 3 "$lc" --append "$rec" "${ctx[@]}" --label what=local >/dev/null
+          # What a checked in-place apply cannot go below: read, hash as base and result, write back.
+          bench readfloor --repeat 3 --hash --write-back "$lc" --append "$rec" "${ctx[@]}" --label what=local_rewrite >/dev/null
         fi
         settle "$d" "$lc"
         measure "hfdelta-$enc" "$mode" "$rep" "$B/delta-apply" -q "${flags[@]}" "$d" "$lc"
@@ -340,6 +343,7 @@ for lr in "${ordered_lrs[@]}"; do
     log "lr $lr, pair $((k - 1))→$k$([ "$k" = "$median" ] && echo ' (median)'): hfdelta$([ $detail = 1 ] && echo ', 1 thread, peers')"
     settle "$base" "$new"
     bench readfloor --repeat 3 "$base" "$new" --append "$rec" "${ctx[@]}" --label what=inputs >/dev/null
+    bench readfloor --repeat 3 --hash "$base" "$new" --append "$rec" "${ctx[@]}" --label what=inputs_hashed >/dev/null
     hfdelta_pair "$base" "$new" "$detail" 1
     [ "$detail" = 1 ] && peers_pair "$base" "$new"
     note timing "what=lr $lr, pair $((k - 1))→$k" "seconds=$(elapsed "$t0")"

@@ -646,3 +646,27 @@ TEST_CASE("--prune refusals: exit 3 for a root or kept full version it cannot re
     CHECK_ERR_MENTIONS(r, (p.t / "nothing").string());
   }
 }
+
+TEST_CASE("hfdelta-bench readfloor: plain, --hash and --hash --write-back read every shard byte and leave the files as they were") {
+  TempDir t;
+  const fs::path ck = save_dir(gen_series(t / "series", 0), 0);
+  std::uint64_t shard_bytes = 0;
+  for (const auto& f : list_files(ck))
+    if (f.size() > 12 && f.substr(f.size() - 12) == ".safetensors") shard_bytes += fs::file_size(ck / f);
+  const Snapshot before = snapshot(ck);
+  const std::vector<std::vector<std::string>> variants{{}, {"--hash"}, {"--hash", "--write-back"}};
+  for (const auto& flags : variants) {
+    std::vector<std::string> argv{bench_bin(), "readfloor", "--repeat", "2", "--threads", "2"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    argv.push_back(ck.string());
+    const RunResult r = run(argv);
+    E2E_CHECK_CODE(r, 0);
+    const json j = json::parse(r.out);
+    CHECK(j["bytes"] == shard_bytes);
+    CHECK(j["hash"] == (flags.size() >= 1));
+    CHECK(j["write_back"] == (flags.size() == 2));
+    CHECK(j["seconds"].size() == 2);
+    CHECK(j["min_s"].get<double>() > 0);
+    CHECK(snapshot(ck) == before);
+  }
+}

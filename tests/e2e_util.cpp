@@ -133,6 +133,7 @@ RunResult run(const std::vector<std::string>& argv) {
 std::string diff_bin() { return env_or_throw("HFDELTA_DIFF"); }
 std::string apply_bin() { return env_or_throw("HFDELTA_APPLY"); }
 std::string gen_bin() { return env_or_throw("HFDELTA_GEN"); }
+std::string bench_bin() { return env_or_throw("HFDELTA_BENCH"); }
 
 RunResult diff(const std::vector<std::string>& args) {
   std::vector<std::string> v{diff_bin()};

@@ -54,11 +54,12 @@ struct Signalled {
 Signalled signal_at_step(const std::vector<std::string>& argv, long step, int sig,
                          const std::function<void()>& at_stop = {});
 
-// Paths of the binaries, from HFDELTA_DIFF / HFDELTA_APPLY / HFDELTA_GEN.
-// Throws std::runtime_error naming the variable when unset.
+// Paths of the binaries, from HFDELTA_DIFF / HFDELTA_APPLY / HFDELTA_GEN /
+// HFDELTA_BENCH. Throws std::runtime_error naming the variable when unset.
 std::string diff_bin();
 std::string apply_bin();
 std::string gen_bin();
+std::string bench_bin();
 
 // delta-diff ARGS..., delta-apply ARGS... (argv[0] added).
 RunResult diff(const std::vector<std::string>& args);

@@ -4,7 +4,11 @@
 // with string labels added, so the script only has to name what it measured):
 //   bound BASE NEW     order-0 entropy bound of the change between two checkpoints, and
 //                      the bound given each base element's exponent (BF16, F16)
-//   readfloor DIR...   wall time of reading every shard of the checkpoints from the page cache
+//   readfloor DIR...   wall time of reading every shard of the checkpoints from the page cache;
+//                      --hash also checksums every byte (XXH3-128, as hfdelta does), --write-back
+//                      also writes every buffer back where it was read (the same bytes; with
+//                      --hash, hashed again as a checked patch hashes its result): the floors
+//                      of a verified diff and of a verified in-place apply
 //   warm PATH...       read every regular file once (fills the page cache)
 //   run -- CMD...      run a command: wall time, max RSS (GNU time -v and wait4), and the
 //                      peak VmRSS / RssAnon of its process tree, sampled from /proc
@@ -52,6 +56,7 @@
 
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/error.hpp"
+#include "hfdelta/hash.hpp"
 #include "hfdelta/io.hpp"
 #include "hfdelta/safetensors.hpp"
 
@@ -335,23 +340,36 @@ struct Piece {
 };
 
 // One pass reading every piece through pread into a 1 MiB buffer per thread.
-double read_pass(const std::vector<hfdelta::File>& files, const std::vector<Piece>& pieces, int threads,
-                 std::uint64_t* sink) {
+// What a floor pass does besides reading.
+struct PassKind {
+  bool hash = false;        // XXH3-128 of every byte read (per piece)
+  bool write_back = false;  // every buffer written back where it was read; with `hash`, hashed
+                            // twice: as the base and as the result of a checked patch
+};
+
+double read_pass(std::vector<hfdelta::File>& files, const std::vector<Piece>& pieces, int threads,
+                 std::uint64_t* sink, PassKind kind = {}) {
   constexpr std::size_t kBuf = 1u << 20;
   std::uint64_t acc = 0;
   const auto t0 = Clock::now();
 #pragma omp parallel num_threads(threads) reduction(^ : acc)
   {
     std::vector<std::uint64_t> buf(kBuf / sizeof(std::uint64_t));
+    const auto* bytes = reinterpret_cast<const std::uint8_t*>(buf.data());
 #pragma omp for schedule(dynamic, 1)
     for (std::size_t i = 0; i < pieces.size(); ++i) {
       const Piece& p = pieces[i];
+      hfdelta::Hasher h, h2;
       for (std::uint64_t off = 0; off < p.len; off += kBuf) {
         const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(kBuf, p.len - off));
         files[p.file].pread_exact(buf.data(), n, p.offset + off);
+        if (kind.hash) h.update({bytes, n});
         // Touch one word per page so the copy cannot be skipped.
         for (std::size_t w = 0; w < n / 8; w += 512) acc ^= buf[w];
+        if (kind.write_back && kind.hash) h2.update({bytes, n});
+        if (kind.write_back) files[p.file].pwrite_all(buf.data(), n, p.offset + off);
       }
+      if (kind.hash) acc ^= h.digest().low ^ h2.digest().low;
     }
   }
   *sink ^= acc;
@@ -375,26 +393,28 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-json cmd_readfloor(const std::vector<std::string>& dirs, int repeat, int threads_opt) {
+json cmd_readfloor(const std::vector<std::string>& dirs, int repeat, int threads_opt, PassKind kind) {
   const int threads = threads_or_all(threads_opt);
+  const auto mode = kind.write_back ? hfdelta::File::Mode::read_write : hfdelta::File::Mode::read;
   std::vector<hfdelta::File> files;
   std::uint64_t bytes = 0;
   for (const auto& d : dirs) {
     if (fs::is_regular_file(d)) {
-      files.emplace_back(d, hfdelta::File::Mode::read);
+      files.emplace_back(d, mode);
     } else {
       const hfdelta::Checkpoint c = hfdelta::open_checkpoint(d);
-      for (const auto& s : c.shards) files.emplace_back(c.dir / s.file, hfdelta::File::Mode::read);
+      for (const auto& s : c.shards) files.emplace_back(c.dir / s.file, mode);
     }
   }
   for (const auto& f : files) bytes += f.size();
   const std::vector<Piece> pieces = cut_pieces(files);
   std::uint64_t sink = 0;
-  const double warm = read_pass(files, pieces, threads, &sink);
+  const double warm = read_pass(files, pieces, threads, &sink, kind);
   std::vector<double> secs;
-  for (int i = 0; i < repeat; ++i) secs.push_back(read_pass(files, pieces, threads, &sink));
+  for (int i = 0; i < repeat; ++i) secs.push_back(read_pass(files, pieces, threads, &sink, kind));
   const double best = secs.empty() ? warm : *std::min_element(secs.begin(), secs.end());
   return {{"paths", dirs},          {"files", files.size()}, {"bytes", bytes},
+          {"hash", kind.hash},      {"write_back", kind.write_back},
           {"threads", threads},     {"warm_pass_s", warm},   {"seconds", secs},
           {"min_s", best},          {"median_s", median(secs)},
           {"gb_per_s", best > 0 ? static_cast<double>(bytes) / best / 1e9 : 0.0},
@@ -726,6 +746,10 @@ struct PairData {
   int pair = 0;
   json bound;
   double floor_inputs = NAN, floor_local = NAN;
+  // The floors of verified work: reading and hashing BASE+NEW (what any
+  // checked diff reads), and reading, hashing and writing back LOCAL (what an
+  // in-place apply does where every page holds a change).
+  double floor_inputs_hashed = NAN, floor_local_rewrite = NAN;
   std::vector<std::string> tool_order;
   std::map<std::string, ToolData> tools;
   ToolData& tool(const std::string& t) {
@@ -837,7 +861,10 @@ void add_main_record(Records& rs, const json& r, const std::string& kind) {
   if (kind == "bound") rs.pair_of(lr, pair).bound = r;
   else if (kind == "readfloor") {
     PairData& p = rs.pair_of(lr, pair);
-    (lab(r, "what") == "local" ? p.floor_local : p.floor_inputs) = num(r, "min_s");
+    const std::string what = lab(r, "what");
+    (what == "local" ? p.floor_local : what == "local_rewrite" ? p.floor_local_rewrite
+                                     : what == "inputs_hashed" ? p.floor_inputs_hashed
+                                                               : p.floor_inputs) = num(r, "min_s");
   } else if (kind == "run") rs.pair_of(lr, pair).tool(lab(r, "tool")).modes[lab(r, "mode")].add(r);
   else if (kind == "size") rs.pair_of(lr, pair).tool(lab(r, "tool")).wire = num(r, "bytes");
 }
@@ -968,17 +995,25 @@ void md_loads(Report& rep) {
 
 void md_pairs(Report& rep) {
   rep.md << "## Pairs\n\n| lr | pair | density | full checkpoint | order-0 bound | bound/full | "
-            "bound given the base exponent | /order-0 | read floor BASE+NEW | read floor LOCAL |\n"
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+            "bound given the base exponent | /order-0 | read floor BASE+NEW | read floor LOCAL | read+hash BASE+NEW | "
+            "read+hash+write-back LOCAL |\n"
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const auto& p : rep.rs.pairs) {
     rep.md << "| " << p.lr << " | " << rep.pair_name(p) << " | " << fmt("%.3f%%", 100 * num(p.bound, "density")) << " | "
            << mib(num(p.bound, "full_bytes")) << " | " << mib(num(p.bound, "bound_bytes")) << " | "
            << fmt("%.2f%%", 100 * ratio(num(p.bound, "bound_bytes"), num(p.bound, "full_bytes"))) << " | "
            << mib(num(p.bound, "conditioned_bound_bytes")) << " | "
            << fmt("%.3f", ratio(num(p.bound, "conditioned_bound_bytes"), num(p.bound, "bound_bytes"))) << " | "
-           << fmt("%.3f s", p.floor_inputs) << " | " << fmt("%.3f s", p.floor_local) << " |\n";
+           << fmt("%.3f s", p.floor_inputs) << " | " << fmt("%.3f s", p.floor_local) << " | "
+           << fmt("%.3f s", p.floor_inputs_hashed) << " (" << fmt("%.2f×", ratio(p.floor_inputs_hashed, p.floor_inputs))
+           << ") | " << fmt("%.3f s", p.floor_local_rewrite) << " ("
+           << fmt("%.2f×", ratio(p.floor_local_rewrite, p.floor_local)) << ") |\n";
   }
-  rep.md << "\n★ the marked pair: median density at lr " << rep.target_lr << ".\n\n";
+  rep.md << "\n★ the marked pair: median density at lr " << rep.target_lr
+         << ". The last two columns (× their read floor) are the floors of verified work: reading and hashing "
+            "(XXH3-128) BASE+NEW, which any diff that records checksums does, and reading LOCAL, hashing it as the "
+            "base and again as the result, and writing every page back, which a checked in-place apply does once "
+            "every page holds a change (at these densities all do).\n\n";
 }
 
 void md_wire(Report& rep) {
@@ -996,8 +1031,8 @@ void md_wire(Report& rep) {
 }
 
 void md_diff(Report& rep) {
-  rep.md << "\n## Diff (BASE, NEW → delta)\n\n| lr | pair | tool | wall | CPU | diff/read floor | 1 thread | 1 thread/all | peak RSS | peak RssAnon |\n"
-            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n";
+  rep.md << "\n## Diff (BASE, NEW → delta)\n\n| lr | pair | tool | wall | CPU | diff/read floor | /read+hash floor | 1 thread | 1 thread/all | peak RSS | peak RssAnon |\n"
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const auto& p : rep.rs.pairs)
     for (const auto& t : p.tool_order) {
       const ToolData& d = p.tools.at(t);
@@ -1006,7 +1041,7 @@ void md_diff(Report& rep) {
       if (!s) continue;
       rep.md << "| " << p.lr << " | " << rep.pair_name(p) << " | " << t << " | " << fmt("%.3f s", s->min()) << " | "
              << fmt("%.2f s", s->cpu()) << " | " << fmt("%.2f", ratio(s->min(), p.floor_inputs)) << " | "
-             << fmt("%.3f s", s1 ? s1->min() : NAN) << " | " << fmt("%.2f", s1 ? ratio(s1->min(), s->min()) : NAN)
+             << fmt("%.2f", ratio(s->min(), p.floor_inputs_hashed)) << " | " << fmt("%.3f s", s1 ? s1->min() : NAN) << " | " << fmt("%.2f", s1 ? ratio(s1->min(), s->min()) : NAN)
              << " | " << kib_mib(s->max_rss_kib) << " | " << kib_mib(s->peak_anon_kib) << " |\n";
     }
 }
@@ -1030,17 +1065,19 @@ void md_apply_row(Report& rep, const PairData& p, const std::string& t, const To
          << (peer ? "–" : fmt("%.2f", a ? ratio(a->min(), p.floor_local) : NAN)) << " | "
          << fmt("%.3f s", nosync ? nosync->min() : NAN) << " | "
          << fmt("%.2f", ratio(nosync ? nosync->min() : NAN, p.floor_local)) << " | "
+         << fmt("%.2f", ratio(nosync ? nosync->min() : NAN, p.floor_local_rewrite)) << " | "
          << fmt("%.2f s", nosync ? nosync->cpu() : NAN) << " | " << fmt("%.3f s", n1 ? n1->min() : NAN) << " | "
          << fmt("%.2f", n1 && n ? ratio(n1->min(), n->min()) : NAN) << " | " << kib_mib(rss) << " | "
          << kib_mib(anon) << " |\n";
 }
 
 void md_apply(Report& rep) {
-  rep.md << "\n## Apply (delta → LOCAL)\n\n| lr | pair | tool | wall (flushing) | /read floor | wall --no-sync | /read floor | CPU | 1 thread --no-sync | 1 thread/all | peak RSS | peak RssAnon |\n"
-            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  rep.md << "\n## Apply (delta → LOCAL)\n\n| lr | pair | tool | wall (flushing) | /read floor | wall --no-sync | /read floor | /rewrite floor | CPU | 1 thread --no-sync | 1 thread/all | peak RSS | peak RssAnon |\n"
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const auto& p : rep.rs.pairs)
     for (const auto& t : p.tool_order) md_apply_row(rep, p, t, p.tools.at(t));
-  rep.md << "\nPeers never flush, so their apply time stands in the --no-sync column. CPU: user + sys seconds of the "
+  rep.md << "\nPeers never flush, so their apply time stands in the --no-sync column. Rewrite floor: reading LOCAL, "
+            "hashing it twice and writing it back (see Pairs). CPU: user + sys seconds of the "
             "fastest run (all threads together); wall above CPU means waiting: for the disk, or for a core that other "
             "work holds.\n";
 }
@@ -1072,7 +1109,9 @@ json pairs_json(const Report& rep) {
   for (const auto& p : rep.rs.pairs) {
     json jp = {{"lr", p.lr}, {"pair", p.pair}, {"base", "save_" + fmt("%03.0f", p.pair - 1)},
                {"new", "save_" + fmt("%03.0f", p.pair)}, {"marked", &p == rep.marked}, {"bound", p.bound},
-               {"read_floor_inputs_s", jnum(p.floor_inputs)}, {"read_floor_local_s", jnum(p.floor_local)}};
+               {"read_floor_inputs_s", jnum(p.floor_inputs)}, {"read_floor_local_s", jnum(p.floor_local)},
+               {"read_hash_floor_inputs_s", jnum(p.floor_inputs_hashed)},
+               {"read_hash_write_back_floor_local_s", jnum(p.floor_local_rewrite)}};
     json jt = json::object();
     for (const auto& t : p.tool_order) jt[t] = tool_json(p, t, p.tools.at(t));
     jp["tools"] = jt;
@@ -1363,6 +1402,7 @@ struct Args {
   bool per_tensor = false;
   std::vector<std::string> paths;  // readfloor, warm, size
   int repeat = 3;
+  bool floor_hash = false, floor_write_back = false;  // readfloor
   std::string stdout_file;  // run
   double interval_ms = 5;
   bool time_v = false;
@@ -1391,6 +1431,10 @@ void add_read_commands(CLI::App& app, Args& a, Subcommands& sc) {
   sc.floor->add_option("DIR", a.paths, "Checkpoint directories (or single files)")->required();
   sc.floor->add_option("--repeat", a.repeat, "Measured passes after the warm-up pass")->capture_default_str();
   sc.floor->add_option("--threads", a.threads, "Threads (default: all)");
+  sc.floor->add_flag("--hash", a.floor_hash, "Also checksum every byte read (XXH3-128)");
+  sc.floor->add_flag("--write-back", a.floor_write_back,
+                     "Also write every buffer back where it was read (the same bytes; the files must be writable); "
+                     "with --hash, each buffer is hashed twice, as a checked patch hashes its base and its result");
   add_record_options(sc.floor, a.floor_out);
 
   sc.warm = app.add_subcommand("warm", "Read every regular file under the paths once");
@@ -1444,7 +1488,7 @@ int run_measured(const Args& a) {
 // Runs the subcommand given; returns the exit code.
 int run_subcommand(const Args& a, const Subcommands& sc) {
   if (*sc.bound) emit(cmd_bound(a.base, a.target, a.threads, a.per_tensor), "bound", a.bound_out);
-  if (*sc.floor) emit(cmd_readfloor(a.paths, a.repeat, a.threads), "readfloor", a.floor_out);
+  if (*sc.floor) emit(cmd_readfloor(a.paths, a.repeat, a.threads, {a.floor_hash, a.floor_write_back}), "readfloor", a.floor_out);
   if (*sc.warm) emit(cmd_warm(a.paths, a.threads), "warm", a.warm_out);
   if (*sc.size) emit(cmd_size(a.paths), "size", a.size_out);
   if (*sc.machine) emit(cmd_machine(a.where), "machine", a.machine_out);
