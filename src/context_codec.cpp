@@ -277,6 +277,12 @@ struct RankJob {
   std::uint64_t* slot;      // per group: its next slot
   std::uint32_t* gaps;      // per slot
   std::uint32_t* change_of;  // per slot: the change it holds
+  // The value streams by slot, from each change's difference as its slot is
+  // known (stores in any order cost less than loads in any order later).
+  const std::uint64_t* diff;  // per change: new - old, modulo 2^(8 es)
+  std::size_t es;
+  std::uint8_t* msym;   // per slot: magnitude - 1, 255 for an escape
+  std::uint8_t* signs;  // a bit per slot, zeroed by the caller
 };
 
 template <int L>
@@ -284,6 +290,8 @@ template <int L>
   std::uint64_t seen[kContextMaxGroups] = {}, next_rank[kContextMaxGroups] = {}, gm[kContextMaxGroups];
   std::uint8_t tail[64];
   std::uint64_t j = 0;
+  const unsigned top = static_cast<unsigned>(8 * r.es - 1);
+  const std::uint64_t lanes = r.es == 8 ? ~0ull : (std::uint64_t{1} << (8 * r.es)) - 1;
   for (std::uint64_t b0 = 0; b0 < r.n && j < r.K; b0 += 64) {
     const std::uint64_t len = std::min<std::uint64_t>(64, r.n - b0);
     const std::uint8_t* cb = r.ctx + b0;
@@ -298,6 +306,11 @@ template <int L>
       r.gaps[s] = static_cast<std::uint32_t>(rank - next_rank[g]);
       r.change_of[s] = static_cast<std::uint32_t>(j);
       next_rank[g] = rank + 1;
+      const std::uint64_t d = r.diff[j];
+      const std::uint64_t neg = (d >> top) & 1;
+      const std::uint64_t mv = (neg ? (0 - d) & lanes : d) - 1;
+      r.msym[s] = static_cast<std::uint8_t>(std::min<std::uint64_t>(mv, 255));
+      r.signs[s / 8] = static_cast<std::uint8_t>(r.signs[s / 8] | neg << (s % 8));
     }
     for (std::size_t g = 0; g < r.G; ++g) seen[g] += static_cast<std::uint64_t>(std::popcount(gm[g]));
   }
@@ -487,17 +500,19 @@ unsigned choose_rice(const std::uint32_t* gaps, std::size_t cnt) {
   const unsigned k0 = scaled == 0 ? 0 : std::min<unsigned>(static_cast<unsigned>(std::bit_width(scaled)) - 1, kMaxRice - 1);
   unsigned best_k = k0;
   double best = 0;
-  std::uint32_t hist[256];
+  std::uint32_t hist[4][256];  // four tables taken in turn (see ContextChunkEncoder::end)
   for (unsigned k = k0 ? k0 - 1 : 0; k <= k0; ++k) {
-    std::fill(std::begin(hist), std::end(hist), 0u);
+    std::memset(hist, 0, sizeof hist);
     double bits = static_cast<double>(k) * static_cast<double>(cnt);
     for (std::size_t i = 0; i < cnt; ++i) {
       const std::uint32_t q = gaps[i] >> k;
-      ++hist[std::min<std::uint32_t>(q, 255)];
-      if (q >= 255) bits += 8.0 * (1 + std::bit_width(q - 255) / 7);
+      ++hist[i % 4][std::min<std::uint32_t>(q, 255)];
+      if (q >= 255) [[unlikely]]
+        bits += 8.0 * (1 + std::bit_width(q - 255) / 7);
     }
-    for (const std::uint32_t h : hist)
-      if (h) bits += h * std::log2(static_cast<double>(cnt) / h);
+    for (std::size_t v = 0; v < 256; ++v)
+      if (const std::uint32_t h = hist[0][v] + hist[1][v] + hist[2][v] + hist[3][v])
+        bits += h * std::log2(static_cast<double>(cnt) / h);
     if (k == (k0 ? k0 - 1 : 0) || bits < best) best = bits, best_k = k;
   }
   return best_k;
@@ -518,11 +533,13 @@ std::uint64_t ContextChunkEncoder::end(Compressor& c, const ByteSink& sink) {
   // The groups are chosen from a sample of the contexts, 64 elements in every
   // 1024 (they only steer the coding; the counts travel nowhere), and every
   // change's.
-  std::uint64_t hn[256] = {}, hk[256] = {};
+  // Four tables taken in turn: runs of one context would otherwise wait on
+  // each other's increments.
+  std::uint64_t hn4[4][256] = {}, hk[256] = {}, hn[256];
   for (std::uint64_t b = 0; b < im.n; b += 1024)
-    for (std::uint64_t i = b, e = std::min(im.n, b + 64); i < e; ++i) hn[im.ctx[i]] += 16;
+    for (std::uint64_t i = b, e = std::min(im.n, b + 64); i < e; ++i) hn4[i % 4][im.ctx[i]] += 16;
   for (std::uint64_t j = 0; j < K; ++j) ++hk[im.ctx[im.pos[j]]];
-  for (std::size_t c2 = 0; c2 < 256; ++c2) hn[c2] = std::max(hn[c2], hk[c2]);
+  for (std::size_t c2 = 0; c2 < 256; ++c2) hn[c2] = std::max(hn4[0][c2] + hn4[1][c2] + hn4[2][c2] + hn4[3][c2], hk[c2]);
   const std::vector<Group> gs = choose_groups(hn, hk, contexts);
   const std::size_t G = gs.size();
 
@@ -535,40 +552,45 @@ std::uint64_t ContextChunkEncoder::end(Compressor& c, const ByteSink& sink) {
   std::uint64_t slot[kContextMaxGroups], start[kContextMaxGroups + 1];
   start[0] = 0;
   for (std::size_t g = 0; g < G; ++g) start[g + 1] = start[g] + gs[g].k, slot[g] = start[g];
-  RankJob job{im.ctx.get(), im.n, im.pos.get(), K, gtab, {}, G, slot, im.gaps.get(), im.change_of.get()};
+  im.m.resize(K);
+  im.s.assign((K + 7) / 8, 0);
+  RankJob job{im.ctx.get(), im.n,       im.pos.get(), K,        gtab,        {},
+              G,            slot,       im.gaps.get(), im.change_of.get(), im.diff.get(), im.es,
+              im.m.data(),  im.s.data()};
   job.th.n = G - 1;
   for (std::size_t g = 1; g < G; ++g) job.th.t[g - 1] = static_cast<std::uint8_t>(gs[g].lo);
   rank_changes(job);
 
-  im.q.clear(), im.r.clear(), im.m.clear(), im.s.clear(), im.x.clear(), im.xm.clear();
+  im.q.resize(K);
+  im.r.clear(), im.x.clear(), im.xm.clear();
   im.head.push_back(static_cast<std::uint8_t>(G));
   for (std::size_t g = 1; g < G; ++g) im.head.push_back(static_cast<std::uint8_t>(gs[g].lo));
-  BitWriter rw{im.r}, sw{im.s};
+  BitWriter rw{im.r};
   for (std::size_t g = 0; g < G; ++g) {
     const std::uint32_t* gp = im.gaps.get() + start[g];
     const std::size_t cnt = static_cast<std::size_t>(gs[g].k);
     const unsigned k = choose_rice(gp, cnt);
     im.head.push_back(static_cast<std::uint8_t>(k));
     put_varint(im.head, cnt);
+    std::uint8_t* qp = im.q.data() + start[g];
     for (std::size_t i = 0; i < cnt; ++i) {
       const std::uint32_t qv = gp[i] >> k;
-      im.q.push_back(static_cast<std::uint8_t>(std::min<std::uint32_t>(qv, 255)));
-      if (qv >= 255) put_varint(im.x, qv - 255);
+      qp[i] = static_cast<std::uint8_t>(std::min<std::uint32_t>(qv, 255));
+      if (qv >= 255) [[unlikely]]
+        put_varint(im.x, qv - 255);
       if (k) rw.put(gp[i] & ((std::uint32_t{1} << k) - 1), k);
     }
   }
   rw.end();
-  // Each slot's value from its change's difference: a magnitude and a sign.
+  // The magnitudes' escapes, in slot order (M and S were written by slot).
   const std::uint64_t lanes = im.es == 8 ? ~0ull : (std::uint64_t{1} << (8 * im.es)) - 1;
   for (std::uint64_t s = 0; s < K; ++s) {
+    if (im.m[s] != 255) [[likely]]
+      continue;
     const std::uint64_t d = im.diff[im.change_of[s]];
     const bool neg = (d >> (8 * im.es - 1)) & 1;
-    const std::uint64_t mv = (neg ? (0 - d) & lanes : d) - 1;
-    im.m.push_back(static_cast<std::uint8_t>(std::min<std::uint64_t>(mv, 255)));
-    if (mv >= 255) put_varint(im.xm, mv - 255);
-    sw.put(neg, 1);
+    put_varint(im.xm, (neg ? (0 - d) & lanes : d) - 1 - 255);
   }
-  sw.end();
   im.x.insert(im.x.end(), im.xm.begin(), im.xm.end());
 
   im.frames.clear();
