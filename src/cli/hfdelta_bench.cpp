@@ -55,6 +55,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hfdelta/checkpoint.hpp"
+#include "hfdelta/codec.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/hash.hpp"
 #include "hfdelta/io.hpp"
@@ -187,18 +188,22 @@ TensorBound bound_wide(const std::uint8_t* a, const std::uint8_t* b, std::uint64
   return r;
 }
 
-// The same change coded in contexts both ends can derive from the base: the
-// base element's exponent bits (BF16: 8, F16: 5). Per context c: n_c·H(k_c/n_c)
-// bits for the positions, and the XOR values' entropy among that context's
-// changes. What a context-modelled encoding could reach at best (issue #17's
-// "conditioned bound"); 0 where the dtype has no such context.
-double conditioned_bits(const std::uint8_t* a, const std::uint8_t* b, std::uint64_t n, const std::string& dtype,
-                        int threads) {
-  int shift = 0, bits = 0;
-  if (dtype == "BF16") shift = 7, bits = 8;
-  else if (dtype == "F16") shift = 10, bits = 5;
-  else return 0;
-  const std::size_t contexts = std::size_t{1} << bits;
+// 2-byte elements with a context field (BF16, F16: the base element's
+// exponent, as hfdelta's context encoding reads it): one pass over the tensor
+// collects each change as its context << 16 | its XOR value, and each
+// context's element count. The same changes give the order-0 figures (as
+// bound_small) and the change coded in the contexts both ends can derive
+// from the base: per context c, n_c·H(k_c/n_c) bits for the positions and
+// the XOR values' entropy among c's changes. What a context-modelled encoding
+// could reach at best (issue #17's "conditioned bound").
+struct ContextBound {
+  TensorBound order0;
+  double conditioned_bits = 0;
+};
+
+ContextBound bound_in_contexts(const std::uint8_t* a, const std::uint8_t* b, std::uint64_t n, hfdelta::ContextField f,
+                               int threads) {
+  const std::size_t contexts = std::size_t{1} << f.bits;
   std::vector<std::uint64_t> per_n(contexts, 0);
   std::vector<std::vector<std::uint32_t>> parts(static_cast<std::size_t>(threads));  // context << 16 | xor
   std::vector<std::vector<std::uint64_t>> counts(static_cast<std::size_t>(threads), std::vector<std::uint64_t>(contexts, 0));
@@ -210,7 +215,7 @@ double conditioned_bits(const std::uint8_t* a, const std::uint8_t* b, std::uint6
 #pragma omp for schedule(static)
     for (std::uint64_t i = 0; i < n; ++i) {
       const auto va = load<std::uint16_t>(a + 2 * i);
-      const std::uint32_t c = (va >> shift) & (contexts - 1);
+      const std::uint32_t c = (va >> f.shift) & (contexts - 1);
       ++cnt[c];
       if (const std::uint16_t x = static_cast<std::uint16_t>(va ^ load<std::uint16_t>(b + 2 * i))) out.push_back(c << 16 | x);
     }
@@ -220,6 +225,19 @@ double conditioned_bits(const std::uint8_t* a, const std::uint8_t* b, std::uint6
     all.insert(all.end(), parts[t].begin(), parts[t].end());
     for (std::size_t c = 0; c < contexts; ++c) per_n[c] += counts[t][c];
   }
+  ContextBound r;
+  const std::uint64_t k = all.size();
+  std::vector<std::uint64_t> values(std::size_t{1} << 16, 0);
+  for (const std::uint32_t v : all) ++values[v & 0xffff];
+  r.order0.elements = n;
+  r.order0.changed = k;
+  for (std::size_t v = 1; v < values.size(); ++v)
+    if (const std::uint64_t c = values[v]) {
+      ++r.order0.distinct;
+      r.order0.value_bits += static_cast<double>(c) * std::log2(static_cast<double>(k) / static_cast<double>(c));
+    }
+  r.order0.position_bits = binary_entropy_bits(n, k);
+
   std::sort(all.begin(), all.end());
   std::vector<std::uint64_t> per_k(contexts, 0);
   for (const std::uint32_t v : all) ++per_k[v >> 16];
@@ -232,7 +250,8 @@ double conditioned_bits(const std::uint8_t* a, const std::uint8_t* b, std::uint6
     total += cnt * std::log2(static_cast<double>(per_k[all[i] >> 16]) / cnt);
     i = j;
   }
-  return total;
+  r.conditioned_bits = total;
+  return r;
 }
 
 std::uint64_t dir_bytes(const fs::path& dir, std::uint64_t* files = nullptr) {
@@ -268,7 +287,7 @@ TensorBound bound_tensor(const std::uint8_t* pa, const std::uint8_t* pb, std::ui
 struct BoundTotals {
   std::uint64_t elements = 0, changed = 0, n_changed = 0, tensor_bytes = 0;
   double pos_bits = 0, val_bits = 0;
-  double cond_bits = 0;            // conditioned on the base exponent (BF16, F16; else the order-0 bits)
+  double cond_bits = 0;            // conditioned on the base exponent (2-byte context fields; else the order-0 bits)
   json tensors = json::array();  // per tensor, with --per-tensor
 };
 
@@ -296,15 +315,25 @@ json cmd_bound(const fs::path& base, const fs::path& target, int threads_opt, bo
     if (w == 0 || tb.nbytes() % w != 0) w = 1;
     const std::uint8_t* pa = ma[ia->second.shard].bytes(a.shards[ia->second.shard].header.file_offset(ta), ta.nbytes()).data();
     const std::uint8_t* pb = mb[rb.shard].bytes(b.shards[rb.shard].header.file_offset(tb), tb.nbytes()).data();
-    const TensorBound t = bound_tensor(pa, pb, tb.nbytes(), w, threads, hists);
+    // Tensors with a 2-byte context field are read once, for both bounds.
+    const hfdelta::ContextField field = w == 2 ? hfdelta::context_field(tb.dtype, 2) : hfdelta::ContextField{};
+    TensorBound t;
+    double cond = 0;
+    if (field.bits) {
+      const ContextBound cb = bound_in_contexts(pa, pb, tb.nbytes() / 2, field, threads);
+      t = cb.order0;
+      cond = cb.conditioned_bits;
+    } else {
+      t = bound_tensor(pa, pb, tb.nbytes(), w, threads, hists);
+      cond = t.position_bits + t.value_bits;
+    }
     sum.elements += t.elements;
     sum.changed += t.changed;
     sum.n_changed += t.changed ? 1 : 0;
     sum.tensor_bytes += tb.nbytes();
     sum.pos_bits += t.position_bits;
     sum.val_bits += t.value_bits;
-    const double cond = w == 2 ? conditioned_bits(pa, pb, t.elements, tb.dtype, threads) : 0;
-    sum.cond_bits += w == 2 && (tb.dtype == "BF16" || tb.dtype == "F16") ? cond : t.position_bits + t.value_bits;
+    sum.cond_bits += cond;
     if (per_tensor)
       sum.tensors.push_back({{"name", name}, {"dtype", tb.dtype}, {"width", w}, {"elements", t.elements},
                              {"changed", t.changed}, {"distinct_xor", t.distinct},
