@@ -44,6 +44,7 @@
 #include "codec_internal.hpp"
 #include "hfdelta/codec.hpp"
 #include "hfdelta/error.hpp"
+#include "hfdelta/safetensors.hpp"
 
 namespace hfdelta {
 
@@ -355,6 +356,14 @@ ContextField context_field(std::string_view dtype, std::size_t es) {
   for (const Row& r : kRows)
     if (r.dtype == dtype && r.es == es) return r.f;
   return {};
+}
+
+ChunkLayout chunk_layout(std::string_view dtype, std::uint64_t nbytes) {
+  const std::size_t ds = dtype_size(dtype);
+  ChunkLayout l;
+  l.es = sparse_elem_size(ds ? ds : 1, nbytes);
+  if (l.es == ds) l.field = context_field(dtype, ds);
+  return l;
 }
 
 void context_entry_head(std::size_t es, std::uint64_t nbytes, ContextField f, std::uint8_t out[kContextHeadSize]) {

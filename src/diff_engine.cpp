@@ -284,9 +284,10 @@ Work make_work(std::size_t nfile, const TensorInfo& t) {
   w.nfile = nfile;
   w.t = &t;
   w.nbytes = t.nbytes();
-  w.es = sparse_elem_size(dtype_size(t.dtype) ? dtype_size(t.dtype) : 1, w.nbytes);
+  const ChunkLayout l = chunk_layout(t.dtype, w.nbytes);
+  w.es = l.es;
+  w.field = l.field;
   w.chunks = sparse_chunk_count(w.nbytes, w.es);
-  if (w.es == dtype_size(t.dtype)) w.field = context_field(t.dtype, w.es);
   return w;
 }
 

@@ -681,15 +681,12 @@ void compose_on_base(const Squash& sq, const Trace& t, std::uint64_t len, OutEnt
   }
   e.base_hash = h0;
   if (std::equal(base.bytes().begin(), base.bytes().end(), cur.bytes().begin())) return;  // cancelled out
-  // The element size and context field of the diff engine (make_work).
-  const std::string dtype = last_dtype(sq, t, e.name, info);
-  const std::size_t ds = dtype_size(dtype);
-  const std::size_t es = sparse_elem_size(ds ? ds : 1, n);
-  const ContextField field = es == ds ? context_field(dtype, es) : ContextField{};
+  // Read as the diff engine reads the tensor (make_work).
+  const ChunkLayout l = chunk_layout(last_dtype(sq, t, e.name, info), n);
   Compressor c(sq.opts.level);
   File f(spool, File::Mode::create_exclusive);
   std::uint64_t at = 0;
-  encode_context(c, base.bytes(), cur.bytes(), es, field, [&](std::span<const std::uint8_t> s) {
+  encode_context(c, base.bytes(), cur.bytes(), l.es, l.field, [&](std::span<const std::uint8_t> s) {
     f.pwrite_all(s.data(), s.size(), at);
     at += s.size();
   });

@@ -159,6 +159,16 @@ struct ContextField {
 };
 ContextField context_field(std::string_view dtype, std::size_t elem_size);
 
+// How the chunked encodings (sparse, context) read a tensor of `dtype` and
+// `nbytes` bytes: the element size (sparse_elem_size of the dtype's size; 1
+// for dtypes this tool does not know) and, where that is the dtype's own
+// size, its context field.
+struct ChunkLayout {
+  std::size_t es = 1;
+  ContextField field;
+};
+ChunkLayout chunk_layout(std::string_view dtype, std::uint64_t nbytes);
+
 // Elements per independently coded chunk: sparse's, so the two chunked
 // encodings share their chunk arithmetic (sparse_chunk_count) and their split
 // over threads; and most context groups per chunk.
