@@ -267,8 +267,7 @@ void plan_file_ops(Planner& c) {
 // byte 4, and both encodings chunk alike.
 std::uint64_t entry_chunks(Patch& p) {
   static_assert(kContextHeadSize >= kSparseHeadSize);
-  if (!p.replace.empty() || (p.encoding != Encoding::sparse && p.encoding != Encoding::context) ||
-      p.frame.size() < kSparseHeadSize)
+  if (!p.replace.empty() || !chunked(p.encoding) || p.frame.size() < kSparseHeadSize)
     return 0;
   std::uint32_t es = 0;
   std::memcpy(&es, p.frame.data() + 4, 4);  // checked again by the decoder

@@ -460,7 +460,7 @@ std::string write_delta_index_json(const DeltaIndex& d, std::uint64_t total_size
   m[key::delta_encoding] = d.per_tensor ? std::string("auto") : std::string(encoding_name(d.encoding));
   m[key::compression_format] = "zstd";
   m[key::checksum_format] = "xxh3-128";
-  const bool plain = !d.per_tensor && d.encoding != Encoding::sparse && d.encoding != Encoding::context;
+  const bool plain = !d.per_tensor && !chunked(d.encoding);
   bool stacked = false, context = d.context_parts || (!d.per_tensor && d.encoding == Encoding::context);
   for (const auto& [name, enc] : d.encodings) {
     stacked = stacked || (d.per_tensor && enc == Encoding::stack);

@@ -298,7 +298,7 @@ void plan_tensors(DiffRun& r) {
 // Each work's sources: the weight files, read in blocks (sparse, context,
 // auto) or through their mappings (the slime encodings' whole-tensor frames).
 void bind_sources(DiffRun& r) {
-  const bool frames = r.opts.encoding && *r.opts.encoding != Encoding::sparse && *r.opts.encoding != Encoding::context;
+  const bool frames = r.opts.encoding && !chunked(*r.opts.encoding);
   for (const auto& f : r.base_files) r.base_srcs.push_back({&f});
   for (const auto& f : r.new_files) r.new_srcs.push_back({&f});
   if (frames) {

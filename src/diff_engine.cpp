@@ -308,7 +308,7 @@ Encoder::~Encoder() {
 }
 
 void Encoder::encode(std::span<Work* const> works) {
-  if (!encoding_ || *encoding_ == Encoding::sparse || *encoding_ == Encoding::context)
+  if (!encoding_ || chunked(*encoding_))
     chunk_pass(works);
   else
     frame_pass(works);
@@ -364,7 +364,7 @@ void Encoder::frame_pass(std::span<Work* const> works) {
 }
 
 std::uint64_t Encoder::entry_size(const Work& w) const {
-  if (w.encoding != Encoding::sparse && w.encoding != Encoding::context) return w.frame.size;
+  if (!chunked(w.encoding)) return w.frame.size;
   std::uint64_t size = head_size(w);
   for (const auto& rg : w.ranges) size += rg.body.size;
   return size;
@@ -378,19 +378,15 @@ void Encoder::write_entry(const Work& w, File& f, std::uint64_t at) const {
     copy_range(sg.in_xspool ? from.xspool.file : from.spool.file, sg.offset, sg.size, f, at);
     at += sg.size;
   };
-  if (w.encoding == Encoding::context) {
-    std::uint8_t head[kContextHeadSize];
+  if (!chunked(w.encoding)) return copy(w.frame);
+  static_assert(kContextHeadSize >= kSparseHeadSize);
+  std::uint8_t head[kContextHeadSize];
+  if (w.encoding == Encoding::context)
     context_entry_head(w.es, w.nbytes, w.field, head);
-    f.pwrite_all(head, sizeof head, at);
-    at += sizeof head;
-  } else if (w.encoding == Encoding::sparse) {
-    std::uint8_t head[kSparseHeadSize];
+  else
     sparse_entry_head(w.es, w.nbytes, head);
-    f.pwrite_all(head, sizeof head, at);
-    at += sizeof head;
-  } else {
-    return copy(w.frame);
-  }
+  f.pwrite_all(head, head_size(w), at);
+  at += head_size(w);
   for (const auto& rg : w.ranges) copy(rg.body);
 }
 

@@ -144,7 +144,7 @@ void reconcile(const fs::path& root, const fs::path& mirror, const PublisherOpti
 // compared, not hashed: the mirror's advance checks them against the record
 // before it patches anything, so a mirror damaged since is caught there.
 void plan_step(Step& st, const PublisherOptions& opts, const std::optional<ChecksumRecord>& record) {
-  const bool frames = opts.encoding && *opts.encoding != Encoding::sparse && *opts.encoding != Encoding::context;
+  const bool frames = opts.encoding && !chunked(*opts.encoding);
   for (const Shard& sh : st.layout.shards) {
     st.files.emplace_back(st.layout.dir / sh.file, File::Mode::read);
     if (frames) st.maps.emplace_back(st.layout.dir / sh.file);

@@ -42,6 +42,9 @@ enum class Encoding {
 };
 
 std::string_view encoding_name(Encoding e);
+// sparse and context: entries of independent chunks of elements, which the
+// diff engine scans in blocks and delta-apply splits over threads.
+constexpr bool chunked(Encoding e) { return e == Encoding::sparse || e == Encoding::context; }
 std::optional<Encoding> parse_encoding(std::string_view name);
 
 // Bytes handed out by encoders, in order.
