@@ -419,24 +419,7 @@ inline void SparseChunkEncoder::add(std::uint64_t e, const std::uint8_t* a, cons
 
 template <std::size_t ES>
 void SparseChunkEncoder::scan_t(const std::uint8_t* a, const std::uint8_t* b, std::size_t n, std::uint64_t first) {
-  // Masks of a batch of blocks first (vectorised, branch-free), then the
-  // changed elements of the blocks that have any.
-  constexpr std::size_t kBatch = 1024;
-  std::uint64_t masks[kBatch];
-  const std::size_t len = n * ES, blocks = len / 64;
-  for (std::size_t b0 = 0; b0 < blocks; b0 += kBatch) {
-    const std::size_t nb = std::min(kBatch, blocks - b0);
-    diff_masks(a + 64 * b0, b + 64 * b0, nb, masks);
-    for (std::size_t k = 0; k < nb; ++k) {
-      const std::size_t base = 64 * (b0 + k);
-      for (std::uint64_t m = element_mask<ES>(masks[k]); m; m &= m - 1) {
-        const std::size_t off = base + static_cast<std::size_t>(std::countr_zero(m));
-        add<ES>(first + off / ES, a + off, b + off);
-      }
-    }
-  }
-  for (std::size_t off = 64 * blocks; off < len; off += ES)
-    if (std::memcmp(a + off, b + off, ES) != 0) add<ES>(first + off / ES, a + off, b + off);
+  for_each_change<ES>(a, b, n, [&](std::size_t off) { add<ES>(first + off / ES, a + off, b + off); });
 }
 
 void SparseChunkEncoder::scan(const std::uint8_t* a, const std::uint8_t* b, std::size_t n, std::uint64_t first) {

@@ -3,6 +3,8 @@
 // the per-element step of applying sparse values.
 #pragma once
 
+#include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -46,6 +48,26 @@ inline std::uint64_t element_mask(std::uint64_t m) {
   if constexpr (ES >= 8) m |= m >> 4;
   constexpr std::uint64_t lanes = ES == 1 ? ~0ull : ES == 2 ? 0x5555555555555555ull : ES == 4 ? 0x1111111111111111ull : 0x0101010101010101ull;
   return m & lanes;
+}
+
+// Calls f(off) with the byte offset of every element of `n` (of ES bytes)
+// that differs between `a` and `b`, ascending: the masks of a batch of 64-byte
+// blocks first (vectorised, branch-free), then the changed elements of the
+// blocks that have any.
+template <std::size_t ES, class F>
+inline void for_each_change(const std::uint8_t* a, const std::uint8_t* b, std::size_t n, F&& f) {
+  constexpr std::size_t kBatch = 1024;
+  std::uint64_t masks[kBatch];
+  const std::size_t len = n * ES, blocks = len / 64;
+  for (std::size_t b0 = 0; b0 < blocks; b0 += kBatch) {
+    const std::size_t nb = std::min(kBatch, blocks - b0);
+    diff_masks(a + 64 * b0, b + 64 * b0, nb, masks);
+    for (std::size_t k = 0; k < nb; ++k)
+      for (std::uint64_t m = element_mask<ES>(masks[k]); m; m &= m - 1)
+        f(64 * (b0 + k) + static_cast<std::size_t>(std::countr_zero(m)));
+  }
+  for (std::size_t off = 64 * blocks; off < len; off += ES)
+    if (std::memcmp(a + off, b + off, ES) != 0) f(off);
 }
 
 // The low 8*ES bits of a 64-bit word.

@@ -116,7 +116,8 @@ struct BitReader {
 };
 
 // The context of each of `n` elements: (element >> sh) & mask, one byte each.
-// Plain loops over fixed-width integers, which the compiler vectorises.
+// A plain loop over fixed-width integers (for 2-byte elements the compiler
+// widens them to 32-bit lanes: extract_contexts_avx2 keeps 16).
 template <std::size_t ES>
 void extract_contexts(const std::uint8_t* p, std::size_t n, unsigned sh, std::uint64_t mask, std::uint8_t* out) {
   using U = std::conditional_t<ES == 1, std::uint8_t,
@@ -389,48 +390,32 @@ struct ContextChunkEncoder::Impl {
   std::unique_ptr<std::uint64_t[]> diff;            // per change: new - old, modulo 2^(8 es)
   std::unique_ptr<std::uint32_t[]> gaps;            // per slot (changes group-major)
   std::unique_ptr<std::uint32_t[]> change_of;       // per slot: the change it holds
-  std::size_t cap_es = 0;
   std::vector<std::uint8_t> q, r, m, s, x, xm, frames, head;
 
-  void alloc(std::size_t e) {
-    if (cap_es) return;
+  void alloc() {
+    if (ctx) return;
     // Uninitialised: pages a chunk never reaches cost nothing.
     ctx.reset(new std::uint8_t[kContextChunkElements]);
     pos.reset(new std::uint32_t[kContextChunkElements]);
     diff.reset(new std::uint64_t[kContextChunkElements]);
     gaps.reset(new std::uint32_t[kContextChunkElements]);
     change_of.reset(new std::uint32_t[kContextChunkElements]);
-    cap_es = e;
   }
 
   template <std::size_t ES>
   void scan_t(const std::uint8_t* a, const std::uint8_t* b, std::size_t cnt, std::uint64_t first, std::uint64_t& count,
               std::uint64_t& bytes) {
-#if HFDELTA_HAVE_V3
-    if (ES == 2 && g_level >= 1)
-      extract_contexts_avx2(a, cnt, field.shift, mask, ctx.get() + first);
+    if (g_level >= 1)
+      contexts_of<ES, 1>(a, cnt, field.shift, mask, ctx.get() + first);
     else
-#endif
-      extract_contexts<ES>(a, cnt, field.shift, mask, ctx.get() + first);
-    constexpr std::size_t kBatch = 1024;
-    std::uint64_t masks[kBatch];
-    const std::size_t len = cnt * ES, blocks = len / 64;
-    auto add = [&](std::size_t off) {
+      contexts_of<ES, 0>(a, cnt, field.shift, mask, ctx.get() + first);
+    for_each_change<ES>(a, b, cnt, [&](std::size_t off) {
       const std::uint64_t va = load_elem<ES>(a + off), vb = load_elem<ES>(b + off);
       for (std::size_t k = 0; k < ES; ++k) bytes += a[off + k] != b[off + k];
       pos[count] = static_cast<std::uint32_t>(first + off / ES);
       diff[count] = (vb - va) & lane_mask<ES>();
       ++count;
-    };
-    for (std::size_t b0 = 0; b0 < blocks; b0 += kBatch) {
-      const std::size_t nb = std::min(kBatch, blocks - b0);
-      diff_masks(a + 64 * b0, b + 64 * b0, nb, masks);
-      for (std::size_t k = 0; k < nb; ++k)
-        for (std::uint64_t mk = element_mask<ES>(masks[k]); mk; mk &= mk - 1)
-          add(64 * (b0 + k) + static_cast<std::size_t>(std::countr_zero(mk)));
-    }
-    for (std::size_t off = 64 * blocks; off < len; off += ES)
-      if (std::memcmp(a + off, b + off, ES) != 0) add(off);
+    });
     n = std::max(n, first + cnt);
   }
 };
@@ -439,7 +424,7 @@ ContextChunkEncoder::ContextChunkEncoder() : impl_(std::make_unique<Impl>()) {}
 ContextChunkEncoder::~ContextChunkEncoder() = default;
 
 void ContextChunkEncoder::begin(std::size_t es, ContextField f) {
-  impl_->alloc(es);
+  impl_->alloc();
   impl_->es = es;
   // A field of no bits reads none: context 0 whatever its shift, which may be
   // 8 * es (64 for 8-byte elements: too far to shift by).
