@@ -71,6 +71,20 @@ inline std::uint64_t load_elem(const std::uint8_t* p) {
   return v;
 }
 
+// All ones in an element of `es` bytes.
+constexpr std::uint64_t element_ones(std::size_t es) { return es == 8 ? ~0ull : (std::uint64_t{1} << (8 * es)) - 1; }
+
+// A difference d (new - old, modulo 2^(8 es); `ones` = element_ones(es)) as
+// the value streams carry it: its magnitude less one, and its sign.
+struct SignedValue {
+  std::uint64_t mag_minus1;
+  std::uint64_t neg;  // 0 or 1
+};
+inline SignedValue signed_value(std::uint64_t d, std::uint64_t ones) {
+  const std::uint64_t neg = d > (ones >> 1);
+  return {(neg ? (0 - d) & ones : d) - 1, neg};
+}
+
 // n·H(k/n) in bits: the cost of k changes among n elements of one context.
 double position_bits(std::uint64_t n, std::uint64_t k) {
   if (k == 0 || k == n) return 0;
@@ -292,8 +306,7 @@ template <int L>
   std::uint64_t seen[kContextMaxGroups] = {}, next_rank[kContextMaxGroups] = {}, gm[kContextMaxGroups];
   std::uint8_t tail[64];
   std::uint64_t j = 0;
-  const unsigned top = static_cast<unsigned>(8 * r.es - 1);
-  const std::uint64_t lanes = r.es == 8 ? ~0ull : (std::uint64_t{1} << (8 * r.es)) - 1;
+  const std::uint64_t ones = element_ones(r.es);
   for (std::uint64_t b0 = 0; b0 < r.n && j < r.K; b0 += 64) {
     const std::uint64_t len = std::min<std::uint64_t>(64, r.n - b0);
     const std::uint8_t* cb = r.ctx + b0;
@@ -308,11 +321,9 @@ template <int L>
       r.gaps[s] = static_cast<std::uint32_t>(rank - next_rank[g]);
       r.change_of[s] = static_cast<std::uint32_t>(j);
       next_rank[g] = rank + 1;
-      const std::uint64_t d = r.diff[j];
-      const std::uint64_t neg = (d >> top) & 1;
-      const std::uint64_t mv = (neg ? (0 - d) & lanes : d) - 1;
-      r.msym[s] = static_cast<std::uint8_t>(std::min<std::uint64_t>(mv, 255));
-      r.signs[s / 8] = static_cast<std::uint8_t>(r.signs[s / 8] | neg << (s % 8));
+      const SignedValue v = signed_value(r.diff[j], ones);
+      r.msym[s] = static_cast<std::uint8_t>(std::min<std::uint64_t>(v.mag_minus1, 255));
+      r.signs[s / 8] = static_cast<std::uint8_t>(r.signs[s / 8] | v.neg << (s % 8));
     }
     for (std::size_t g = 0; g < r.G; ++g) seen[g] += static_cast<std::uint64_t>(std::popcount(gm[g]));
   }
@@ -577,14 +588,10 @@ std::uint64_t ContextChunkEncoder::end(Compressor& c, const ByteSink& sink) {
   }
   rw.end();
   // The magnitudes' escapes, in slot order (M and S were written by slot).
-  const std::uint64_t lanes = im.es == 8 ? ~0ull : (std::uint64_t{1} << (8 * im.es)) - 1;
-  for (std::uint64_t s = 0; s < K; ++s) {
-    if (im.m[s] != 255) [[likely]]
-      continue;
-    const std::uint64_t d = im.diff[im.change_of[s]];
-    const bool neg = (d >> (8 * im.es - 1)) & 1;
-    put_varint(im.xm, (neg ? (0 - d) & lanes : d) - 1 - 255);
-  }
+  const std::uint64_t ones = element_ones(im.es);
+  for (std::uint64_t s = 0; s < K; ++s)
+    if (im.m[s] == 255) [[unlikely]]
+      put_varint(im.xm, signed_value(im.diff[im.change_of[s]], ones).mag_minus1 - 255);
   im.x.insert(im.x.end(), im.xm.begin(), im.xm.end());
 
   im.frames.clear();
@@ -791,7 +798,7 @@ Chunk take_chunk(EntryCursor& in, const Head& h, std::uint64_t ch, Scratch& s, b
   }
   // Magnitudes' escapes, and where each group's begin.
   s.escm.clear();
-  const std::uint64_t top = h.es == 8 ? ~0ull : (std::uint64_t{1} << (8 * h.es)) - 1;
+  const std::uint64_t top = element_ones(h.es);
   const std::uint64_t most_neg = top / 2 + 1;  // |most negative difference|
   for (std::size_t g = 0; g < c.G; ++g) {
     c.esc_start[g] = s.escm.size();
