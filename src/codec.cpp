@@ -337,14 +337,9 @@ std::uint64_t EntryCursor::varint() {
   }
 }
 
-std::size_t sparse_elem_size(std::size_t es, std::uint64_t nbytes) {
-  return (es == 1 || es == 2 || es == 4 || es == 8) && nbytes % es == 0 ? es : 1;
-}
+std::size_t sparse_elem_size(std::size_t es, std::uint64_t nbytes) { return rules::chunked_elem_size(es, nbytes); }
 
-std::uint64_t sparse_chunk_count(std::uint64_t nbytes, std::size_t es) {
-  const std::uint64_t n = nbytes / es;
-  return n == 0 ? 0 : (n - 1) / kSparseChunkElements + 1;
-}
+std::uint64_t sparse_chunk_count(std::uint64_t nbytes, std::size_t es) { return rules::chunk_count(nbytes / es); }
 
 void sparse_entry_head(std::size_t es, std::uint64_t nbytes, std::uint8_t out[kSparseHeadSize]) {
   std::memcpy(out, kMagicAdd, 4);
@@ -398,7 +393,7 @@ void SparseChunkEncoder::begin(std::size_t es) {
 }
 
 template <std::size_t ES>
-inline void SparseChunkEncoder::add(std::uint64_t e, const std::uint8_t* a, const std::uint8_t* b) {
+inline void SparseChunkEncoder::put(std::uint64_t e, std::uint64_t zz) {
   // Gaps inside a chunk are below 2^21: a varint of at most 3 bytes, written
   // without branches as one 4-byte store (the buffer has a byte of slack).
   const std::uint32_t g = static_cast<std::uint32_t>(e - next_);
@@ -407,14 +402,34 @@ inline void SparseChunkEncoder::add(std::uint64_t e, const std::uint8_t* a, cons
   std::memcpy(gaps_.get() + gaps_len_, &v, 4);
   gaps_len_ += 1 + two + three;
   next_ = e + 1;
+  for (std::size_t k = 0; k < ES; ++k) planes_[k * kSparseChunkElements + count_] = static_cast<std::uint8_t>(zz >> (8 * k));
+  ++count_;
+}
+
+template <std::size_t ES>
+inline void SparseChunkEncoder::add(std::uint64_t e, const std::uint8_t* a, const std::uint8_t* b) {
   std::uint64_t va = 0, vb = 0;
   std::memcpy(&va, a, ES);
   std::memcpy(&vb, b, ES);
-  for (std::size_t k = 0; k < ES; ++k) bytes_ += a[k] != b[k];
-  const std::uint64_t d = (vb - va) & lane_mask<ES>();
-  const std::uint64_t zz = ((d << 1) ^ (0 - (d >> (8 * ES - 1)))) & lane_mask<ES>();
-  for (std::size_t k = 0; k < ES; ++k) planes_[k * kSparseChunkElements + count_] = static_cast<std::uint8_t>(zz >> (8 * k));
-  ++count_;
+  bytes_ += rules::changed_bytes(va, vb, ES);
+  put<ES>(e, rules::zigzag(rules::difference(va, vb, ES), ES));
+}
+
+template <std::size_t ES>
+void SparseChunkEncoder::take_t(const FoundChunk& fc) {
+  for (std::uint64_t j = 0; j < fc.count; ++j) put<ES>(fc.pos[j], rules::zigzag(rules::load_element(fc.diff + j * ES, ES), ES));
+  bytes_ += fc.bytes_changed;
+}
+
+void SparseChunkEncoder::take(const FoundChunk& fc) {
+  if (fc.count > kSparseChunkElements) fail(Exit::failure, "sparse encoder: a chunk of " + std::to_string(fc.count) + " changes");
+  switch (es_) {
+    case 1: return take_t<1>(fc);
+    case 2: return take_t<2>(fc);
+    case 4: return take_t<4>(fc);
+    case 8: return take_t<8>(fc);
+  }
+  fail(Exit::failure, "sparse encoder: element size " + std::to_string(es_));
 }
 
 template <std::size_t ES>
@@ -463,6 +478,24 @@ std::uint64_t encode_sparse(Compressor& c, std::span<const std::uint8_t> a, std:
     const std::uint64_t e0 = ch * kSparseChunkElements, e1 = std::min(n, e0 + kSparseChunkElements);
     enc.begin(es);
     enc.scan(a.data() + e0 * es, b.data() + e0 * es, static_cast<std::size_t>(e1 - e0), 0);
+    total += enc.end(c, sink);
+  }
+  return total;
+}
+
+std::uint64_t encode_sparse_found(Compressor& c, std::size_t es, std::uint64_t nbytes, std::span<const FoundChunk> chunks,
+                                  const ByteSink& sink) {
+  if (es != sparse_elem_size(es, nbytes) || chunks.size() != sparse_chunk_count(nbytes, es))
+    fail(Exit::failure, "sparse encoder: " + std::to_string(chunks.size()) + " found chunks of " + std::to_string(es) +
+                            "-byte elements for a " + std::to_string(nbytes) + "-byte tensor");
+  std::uint8_t head[kSparseHeadSize];
+  sparse_entry_head(es, nbytes, head);
+  sink({head, sizeof head});
+  std::uint64_t total = sizeof head;
+  SparseChunkEncoder enc;
+  for (const FoundChunk& fc : chunks) {
+    enc.begin(es);
+    enc.take(fc);
     total += enc.end(c, sink);
   }
   return total;

@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 
+#include "change_rules.hpp"
 #include "hfdelta/codec.hpp"
 
 namespace hfdelta {
@@ -70,11 +71,6 @@ inline void for_each_change(const std::uint8_t* a, const std::uint8_t* b, std::s
     if (std::memcmp(a + off, b + off, ES) != 0) f(off);
 }
 
-// The low 8*ES bits of a 64-bit word.
-template <std::size_t ES>
-constexpr std::uint64_t lane_mask() {
-  return ES == 8 ? ~0ull : (1ull << (8 * ES)) - 1;
-}
 
 // Pulls decoded bytes out of one untrusted zstd frame, a bounded buffer at a
 // time, and insists that the input is exactly one complete frame. Errors are

@@ -71,19 +71,9 @@ inline std::uint64_t load_elem(const std::uint8_t* p) {
   return v;
 }
 
-// All ones in an element of `es` bytes.
-constexpr std::uint64_t element_ones(std::size_t es) { return es == 8 ? ~0ull : (std::uint64_t{1} << (8 * es)) - 1; }
-
-// A difference d (new - old, modulo 2^(8 es); `ones` = element_ones(es)) as
-// the value streams carry it: its magnitude less one, and its sign.
-struct SignedValue {
-  std::uint64_t mag_minus1;
-  std::uint64_t neg;  // 0 or 1
-};
-inline SignedValue signed_value(std::uint64_t d, std::uint64_t ones) {
-  const std::uint64_t neg = d > (ones >> 1);
-  return {(neg ? (0 - d) & ones : d) - 1, neg};
-}
+using rules::element_ones;
+using rules::signed_value;
+using rules::SignedValue;
 
 // n·H(k/n) in bits: the cost of k changes among n elements of one context.
 double position_bits(std::uint64_t n, std::uint64_t k) {
@@ -301,6 +291,19 @@ struct RankJob {
   std::uint8_t* signs;  // a bit per slot, zeroed by the caller
 };
 
+// Change j, of group g and `rank` among the group's base elements, into the
+// group's next slot: its gap and its value's magnitude symbol and sign.
+[[gnu::always_inline]] inline void place_change(const RankJob& r, std::uint64_t j, std::size_t g, std::uint64_t rank,
+                                                std::uint64_t* next_rank, std::uint64_t ones) {
+  const std::uint64_t s = r.slot[g]++;
+  r.gaps[s] = static_cast<std::uint32_t>(rank - next_rank[g]);
+  r.change_of[s] = static_cast<std::uint32_t>(j);
+  next_rank[g] = rank + 1;
+  const SignedValue v = signed_value(r.diff[j], ones);
+  r.msym[s] = static_cast<std::uint8_t>(std::min<std::uint64_t>(v.mag_minus1, 255));
+  r.signs[s / 8] = static_cast<std::uint8_t>(r.signs[s / 8] | v.neg << (s % 8));
+}
+
 template <int L>
 [[gnu::always_inline]] inline void rank_changes_body(const RankJob& r) {
   std::uint64_t seen[kContextMaxGroups] = {}, next_rank[kContextMaxGroups] = {}, gm[kContextMaxGroups];
@@ -317,13 +320,7 @@ template <int L>
       const unsigned bit = static_cast<unsigned>(r.pos[j] - b0);
       const std::size_t g = r.gtab[cb[bit]];
       const std::uint64_t rank = seen[g] + static_cast<std::uint64_t>(std::popcount(gm[g] & ((std::uint64_t{1} << bit) - 1)));
-      const std::uint64_t s = r.slot[g]++;
-      r.gaps[s] = static_cast<std::uint32_t>(rank - next_rank[g]);
-      r.change_of[s] = static_cast<std::uint32_t>(j);
-      next_rank[g] = rank + 1;
-      const SignedValue v = signed_value(r.diff[j], ones);
-      r.msym[s] = static_cast<std::uint8_t>(std::min<std::uint64_t>(v.mag_minus1, 255));
-      r.signs[s / 8] = static_cast<std::uint8_t>(r.signs[s / 8] | v.neg << (s % 8));
+      place_change(r, j, g, rank, next_rank, ones);
     }
     for (std::size_t g = 0; g < r.G; ++g) seen[g] += static_cast<std::uint64_t>(std::popcount(gm[g]));
   }
@@ -334,6 +331,13 @@ HFDELTA_V3 void rank_changes_v3(const RankJob& r) { rank_changes_body<1>(r); }
 HFDELTA_V4 void rank_changes_v4(const RankJob& r) { rank_changes_body<2>(r); }
 #endif
 void rank_changes_base(const RankJob& r) { rank_changes_body<0>(r); }
+
+// The slots of changes whose ranks were found elsewhere (FoundChunk::rank).
+void place_ranked(const RankJob& r, const std::uint8_t* ctx, const std::uint32_t* rank) {
+  std::uint64_t next_rank[kContextMaxGroups] = {};
+  const std::uint64_t ones = element_ones(r.es);
+  for (std::uint64_t j = 0; j < r.K; ++j) place_change(r, j, r.gtab[ctx[j]], rank[j], next_rank, ones);
+}
 
 void rank_changes(const RankJob& r) {
 #if HFDELTA_HAVE_V3
@@ -402,6 +406,10 @@ struct ContextChunkEncoder::Impl {
   std::unique_ptr<std::uint32_t[]> gaps;            // per slot (changes group-major)
   std::unique_ptr<std::uint32_t[]> change_of;       // per slot: the change it holds
   std::vector<std::uint8_t> q, r, m, s, x, xm, frames, head;
+  // take(): the changes' contexts and ranks as found, and their groups.
+  const std::uint8_t* found_ctx = nullptr;
+  const std::uint32_t* found_rank = nullptr;
+  ContextGroups found_groups;
 
   void alloc() {
     if (ctx) return;
@@ -422,9 +430,9 @@ struct ContextChunkEncoder::Impl {
       contexts_of<ES, 0>(a, cnt, field.shift, mask, ctx.get() + first);
     for_each_change<ES>(a, b, cnt, [&](std::size_t off) {
       const std::uint64_t va = load_elem<ES>(a + off), vb = load_elem<ES>(b + off);
-      for (std::size_t k = 0; k < ES; ++k) bytes += a[off + k] != b[off + k];
+      bytes += rules::changed_bytes(va, vb, ES);
       pos[count] = static_cast<std::uint32_t>(first + off / ES);
-      diff[count] = (vb - va) & lane_mask<ES>();
+      diff[count] = rules::difference(va, vb, ES);
       ++count;
     });
     n = std::max(n, first + cnt);
@@ -442,7 +450,25 @@ void ContextChunkEncoder::begin(std::size_t es, ContextField f) {
   impl_->field = f.bits ? f : ContextField{};
   impl_->mask = (std::uint64_t{1} << f.bits) - 1;
   impl_->n = 0;
+  impl_->found_ctx = nullptr;
   count_ = bytes_ = 0;
+}
+
+void ContextChunkEncoder::take(const FoundChunk& fc, const ContextGroups& groups) {
+  Impl& im = *impl_;
+  if (fc.count > fc.elements || fc.elements > kContextChunkElements || groups.G < 1 || groups.G > kContextMaxGroups)
+    fail(Exit::failure, "context encoder: a found chunk of " + std::to_string(fc.count) + " changes among " +
+                            std::to_string(fc.elements) + " elements in " + std::to_string(groups.G) + " groups");
+  for (std::uint64_t j = 0; j < fc.count; ++j) {
+    im.pos[j] = fc.pos[j];
+    im.diff[j] = rules::load_element(fc.diff + j * im.es, im.es);
+  }
+  im.n = fc.elements;
+  im.found_ctx = fc.ctx;
+  im.found_rank = fc.rank;
+  im.found_groups = groups;
+  count_ = fc.count;
+  bytes_ = fc.bytes_changed;
 }
 
 void ContextChunkEncoder::scan(const std::uint8_t* a, const std::uint8_t* b, std::size_t n, std::uint64_t first) {
@@ -523,7 +549,26 @@ unsigned choose_rice(const std::uint32_t* gaps, std::size_t cnt) {
   return best_k;
 }
 
+// The groups of a chunk from its contexts' estimated elements `hn` and
+// changes `hk` (each context's elements: at least its changes).
+ContextGroups groups_of(std::uint64_t* hn, const std::uint64_t* hk, ContextField f) {
+  for (std::size_t c = 0; c < 256; ++c) hn[c] = std::max(hn[c], hk[c]);
+  const std::vector<Group> gs = choose_groups(hn, hk, std::size_t{1} << f.bits);
+  ContextGroups r;
+  r.G = static_cast<std::uint32_t>(gs.size());
+  for (std::size_t g = 0; g < gs.size(); ++g) r.lo[g] = static_cast<std::uint8_t>(gs[g].lo);
+  return r;
+}
+
 }  // namespace
+
+ContextGroups context_groups(const FoundChunk& fc, ContextField f) {
+  if (!f.bits) f = {};
+  std::uint64_t hn[256], hk[256] = {};
+  for (std::size_t c = 0; c < 256; ++c) hn[c] = rules::kSampleWeight * fc.sample[c];
+  for (std::uint64_t j = 0; j < fc.count; ++j) ++hk[fc.ctx[j]];
+  return groups_of(hn, hk, f);
+}
 
 std::uint64_t ContextChunkEncoder::end(Compressor& c, const ByteSink& sink) {
   Impl& im = *impl_;
@@ -534,46 +579,54 @@ std::uint64_t ContextChunkEncoder::end(Compressor& c, const ByteSink& sink) {
     sink(im.head);
     return im.head.size();
   }
-  const std::size_t contexts = std::size_t{1} << im.field.bits;
-  // The groups are chosen from a sample of the contexts, 64 elements in every
-  // 1024 (they only steer the coding; the counts travel nowhere), and every
-  // change's.
-  // Four tables taken in turn: runs of one context would otherwise wait on
-  // each other's increments.
-  std::uint64_t hn4[4][256] = {}, hk[256] = {}, hn[256];
-  for (std::uint64_t b = 0; b < im.n; b += 1024)
-    for (std::uint64_t i = b, e = std::min(im.n, b + 64); i < e; ++i) hn4[i % 4][im.ctx[i]] += 16;
-  for (std::uint64_t j = 0; j < K; ++j) ++hk[im.ctx[im.pos[j]]];
-  for (std::size_t c2 = 0; c2 < 256; ++c2) hn[c2] = std::max(hn4[0][c2] + hn4[1][c2] + hn4[2][c2] + hn4[3][c2], hk[c2]);
-  const std::vector<Group> gs = choose_groups(hn, hk, contexts);
-  const std::size_t G = gs.size();
+  // Each context's changes: their contexts scanned, or as found.
+  std::uint64_t hk[256] = {};
+  if (im.found_ctx)
+    for (std::uint64_t j = 0; j < K; ++j) ++hk[im.found_ctx[j]];
+  else
+    for (std::uint64_t j = 0; j < K; ++j) ++hk[im.ctx[im.pos[j]]];
+  ContextGroups gs = im.found_groups;
+  if (!im.found_ctx) {
+    // The groups are chosen from a sample of the contexts (rules::sampled;
+    // they only steer the coding, the counts travel nowhere), and every
+    // change's. Four tables taken in turn: runs of one context would
+    // otherwise wait on each other's increments.
+    std::uint64_t hn4[4][256] = {}, hn[256];
+    for (std::uint64_t b = 0; b < im.n; b += rules::kSampleEvery)
+      for (std::uint64_t i = b, e = std::min(im.n, b + rules::kSampleRun); i < e; ++i) hn4[i % 4][im.ctx[i]] += rules::kSampleWeight;
+    for (std::size_t c2 = 0; c2 < 256; ++c2) hn[c2] = hn4[0][c2] + hn4[1][c2] + hn4[2][c2] + hn4[3][c2];
+    gs = groups_of(hn, hk, im.field);
+  }
+  const std::size_t G = gs.G;
 
   std::uint8_t gtab[256];
-  for (std::size_t g = 0, c2 = 0; c2 < 256; ++c2) {
-    while (g + 1 < G && c2 >= gs[g + 1].lo) ++g;
-    gtab[c2] = static_cast<std::uint8_t>(g);
-  }
+  for (std::size_t c2 = 0; c2 < 256; ++c2) gtab[c2] = static_cast<std::uint8_t>(rules::group_of(static_cast<std::uint8_t>(c2), gs.lo, gs.G));
+  std::uint64_t gk[kContextMaxGroups] = {};
+  for (std::size_t c2 = 0; c2 < 256; ++c2) gk[gtab[c2]] += hk[c2];
   // Slots group by group; gaps counted among each group's base elements.
   std::uint64_t slot[kContextMaxGroups], start[kContextMaxGroups + 1];
   start[0] = 0;
-  for (std::size_t g = 0; g < G; ++g) start[g + 1] = start[g] + gs[g].k, slot[g] = start[g];
+  for (std::size_t g = 0; g < G; ++g) start[g + 1] = start[g] + gk[g], slot[g] = start[g];
   im.m.resize(K);
   im.s.assign((K + 7) / 8, 0);
   RankJob job{im.ctx.get(), im.n,       im.pos.get(), K,        gtab,        {},
               G,            slot,       im.gaps.get(), im.change_of.get(), im.diff.get(), im.es,
               im.m.data(),  im.s.data()};
   job.th.n = G - 1;
-  for (std::size_t g = 1; g < G; ++g) job.th.t[g - 1] = static_cast<std::uint8_t>(gs[g].lo);
-  rank_changes(job);
+  for (std::size_t g = 1; g < G; ++g) job.th.t[g - 1] = gs.lo[g];
+  if (im.found_ctx)
+    place_ranked(job, im.found_ctx, im.found_rank);
+  else
+    rank_changes(job);
 
   im.q.resize(K);
   im.r.clear(), im.x.clear(), im.xm.clear();
   im.head.push_back(static_cast<std::uint8_t>(G));
-  for (std::size_t g = 1; g < G; ++g) im.head.push_back(static_cast<std::uint8_t>(gs[g].lo));
+  for (std::size_t g = 1; g < G; ++g) im.head.push_back(gs.lo[g]);
   BitWriter rw{im.r};
   for (std::size_t g = 0; g < G; ++g) {
     const std::uint32_t* gp = im.gaps.get() + start[g];
-    const std::size_t cnt = static_cast<std::size_t>(gs[g].k);
+    const std::size_t cnt = static_cast<std::size_t>(gk[g]);
     const unsigned k = choose_rice(gp, cnt);
     im.head.push_back(static_cast<std::uint8_t>(k));
     put_varint(im.head, cnt);
@@ -628,6 +681,26 @@ std::uint64_t encode_context(Compressor& c, std::span<const std::uint8_t> a, std
     const std::uint64_t e0 = ch * kContextChunkElements, e1 = std::min(n, e0 + kContextChunkElements);
     enc.begin(es, field);
     enc.scan(a.data() + e0 * es, b.data() + e0 * es, static_cast<std::size_t>(e1 - e0), 0);
+    total += enc.end(c, sink);
+  }
+  return total;
+}
+
+std::uint64_t encode_context_found(Compressor& c, std::size_t es, std::uint64_t nbytes, ContextField field,
+                                   std::span<const FoundChunk> chunks, std::span<const ContextGroups> groups,
+                                   const ByteSink& sink) {
+  if (es != sparse_elem_size(es, nbytes) || chunks.size() != sparse_chunk_count(nbytes, es) || groups.size() != chunks.size())
+    fail(Exit::failure, "context encoder: " + std::to_string(chunks.size()) + " found chunks of " + std::to_string(es) +
+                            "-byte elements for a " + std::to_string(nbytes) + "-byte tensor");
+  if (field.bits > 8 || field.shift + field.bits > 8 * es) field = {};
+  std::uint8_t head[kContextHeadSize];
+  context_entry_head(es, nbytes, field, head);
+  sink({head, sizeof head});
+  std::uint64_t total = sizeof head;
+  ContextChunkEncoder enc;
+  for (std::size_t ch = 0; ch < chunks.size(); ++ch) {
+    enc.begin(es, field);
+    enc.take(chunks[ch], groups[ch]);
     total += enc.end(c, sink);
   }
   return total;

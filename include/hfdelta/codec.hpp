@@ -113,6 +113,22 @@ inline constexpr std::size_t kSparseHeadSize = 32;
 // The entry's head: magic, element size, tensor bytes, chunk size, chunk count.
 void sparse_entry_head(std::size_t sparse_es, std::uint64_t nbytes, std::uint8_t out[kSparseHeadSize]);
 
+// One chunk's changes as found elsewhere (the CUDA path of cuda/, which has
+// the base and new bytes on the device): what the chunked encoders take
+// instead of scanning the views, for the same entry bytes. Views the caller
+// keeps alive while the chunk is encoded.
+struct FoundChunk {
+  std::uint64_t elements = 0;            // the chunk's elements
+  std::uint64_t count = 0;               // its changed elements
+  std::uint64_t bytes_changed = 0;       // their bytes that differ
+  const std::uint32_t* pos = nullptr;    // per change: its element in the chunk, ascending
+  const std::uint8_t* diff = nullptr;    // per change: new - old, elem_size bytes little-endian
+  // The context encoding's only:
+  const std::uint8_t* ctx = nullptr;     // per change: its base element's context
+  const std::uint32_t* sample = nullptr; // 256 counts: the contexts of the chunk's sampled base elements
+  const std::uint32_t* rank = nullptr;   // per change: how many base elements of its context group precede it
+};
+
 // Builds one chunk of a sparse entry from views scanned in order, so a caller
 // can feed it blocks it has just read (and hashed) while they are in cache.
 // Buffers grow to the largest chunk seen and are reused: no allocation per
@@ -128,6 +144,8 @@ class SparseChunkEncoder {
   // Adds the changes between `a` and `b`, `n` elements that start at element
   // `first` of the chunk; successive calls must cover ascending elements.
   void scan(const std::uint8_t* a, const std::uint8_t* b, std::size_t n, std::uint64_t first);
+  // Adds the whole chunk's changes as found elsewhere (instead of scan()).
+  void take(const FoundChunk& fc);
   std::uint64_t changed_elements() const { return count_; }
   std::uint64_t changed_bytes() const { return bytes_; }
   // Compresses the chunk and hands out its head and frames; returns their size.
@@ -137,7 +155,11 @@ class SparseChunkEncoder {
   template <std::size_t ES>
   void scan_t(const std::uint8_t* a, const std::uint8_t* b, std::size_t n, std::uint64_t first);
   template <std::size_t ES>
+  void take_t(const FoundChunk& fc);
+  template <std::size_t ES>
   void add(std::uint64_t e, const std::uint8_t* a, const std::uint8_t* b);
+  template <std::size_t ES>
+  void put(std::uint64_t e, std::uint64_t zz);
 
   std::size_t es_ = 1;
   std::uint64_t count_ = 0, bytes_ = 0, next_ = 0;
@@ -151,6 +173,11 @@ class SparseChunkEncoder {
 std::uint64_t encode_sparse(Compressor& c, std::span<const std::uint8_t> old_bytes,
                             std::span<const std::uint8_t> new_bytes, std::size_t elem_size,
                             const ByteSink& sink);
+
+// A sparse entry of a tensor of `nbytes` bytes (`elem_size`: sparse_elem_size)
+// from its chunks' changes found elsewhere: the bytes encode_sparse writes.
+std::uint64_t encode_sparse_found(Compressor& c, std::size_t elem_size, std::uint64_t nbytes,
+                                  std::span<const FoundChunk> chunks, const ByteSink& sink);
 
 // ---- context ---------------------------------------------------------------
 // The bits of a base element that pick its context: (element >> shift) &
@@ -182,6 +209,16 @@ inline constexpr std::size_t kContextHeadSize = 40;
 // chunk count, the context field.
 void context_entry_head(std::size_t es, std::uint64_t nbytes, ContextField f, std::uint8_t out[kContextHeadSize]);
 
+// A chunk's context groups: group g holds the contexts from lo[g] (lo[0] = 0)
+// up to the next group's.
+struct ContextGroups {
+  std::uint32_t G = 1;
+  std::uint8_t lo[kContextMaxGroups] = {};
+};
+// The groups the context encoder picks for a chunk of found changes (from
+// fc.ctx and fc.sample): what ranks its changes (FoundChunk::rank).
+ContextGroups context_groups(const FoundChunk& fc, ContextField f);
+
 // Builds one chunk of a context entry from views scanned in order (as
 // SparseChunkEncoder). Holds one context byte per element of the chunk and
 // the chunk's changes, in buffers reused from chunk to chunk.
@@ -196,6 +233,9 @@ class ContextChunkEncoder {
   // `n` elements of the base `a` and the new `b` from element `first` of the
   // chunk; successive calls cover the chunk front to back, without holes.
   void scan(const std::uint8_t* a, const std::uint8_t* b, std::size_t n, std::uint64_t first);
+  // Takes the whole chunk's changes as found elsewhere (instead of scan()),
+  // ranked among `groups` (context_groups(fc)). `fc`'s views must outlive end().
+  void take(const FoundChunk& fc, const ContextGroups& groups);
   std::uint64_t changed_elements() const { return count_; }
   std::uint64_t changed_bytes() const { return bytes_; }
   // Chooses the chunk's groups, compresses it and hands out its bytes;
@@ -213,6 +253,12 @@ class ContextChunkEncoder {
 std::uint64_t encode_context(Compressor& c, std::span<const std::uint8_t> old_bytes,
                              std::span<const std::uint8_t> new_bytes, std::size_t elem_size, ContextField field,
                              const ByteSink& sink);
+
+// A context entry from its chunks' changes found elsewhere, each ranked among
+// its chunk's `groups`: the bytes encode_context writes.
+std::uint64_t encode_context_found(Compressor& c, std::size_t elem_size, std::uint64_t nbytes, ContextField field,
+                                   std::span<const FoundChunk> chunks, std::span<const ContextGroups> groups,
+                                   const ByteSink& sink);
 
 class FrameReader;
 
