@@ -60,7 +60,9 @@ class ChangeFinder {
   ChangeFinder& operator=(const ChangeFinder&) = delete;
 
   // The changes of `t` into `out`; `context`: with each change's base
-  // context and each chunk's sample (what context_groups needs).
+  // context and each chunk's sample (what context_groups needs). The finder
+  // works on a stream of its own: the caller has the bytes written first
+  // (synchronized with the stream that wrote them).
   void find(const DeviceTensor& t, bool context, Found& out);
   // After find(t, true, out): each change's rank among the base elements of
   // its group, its chunk's groups being `groups` (context_groups of each chunk).
