@@ -39,6 +39,19 @@ inline Found reference_find(std::span<const std::uint8_t> a, std::span<const std
   return r;
 }
 
+// The CPU path's entry of a pair, what the found changes' must equal.
+inline std::vector<std::uint8_t> cpu_entry(std::span<const std::uint8_t> a, std::span<const std::uint8_t> b, std::size_t es,
+                                           ContextField f, bool context) {
+  Compressor c(3);
+  std::vector<std::uint8_t> out;
+  const ByteSink sink = [&](std::span<const std::uint8_t> s) { out.insert(out.end(), s.begin(), s.end()); };
+  if (context)
+    encode_context(c, a, b, es, f, sink);
+  else
+    encode_sparse(c, a, b, es, sink);
+  return out;
+}
+
 // rank(): each change's count of base elements of its group before it in its chunk.
 inline void reference_rank(std::span<const std::uint8_t> a, ContextField f, std::span<const ContextGroups> groups, Found& r) {
   f = usable_field(f, r.es);

@@ -54,17 +54,6 @@ struct DevicePair {
   DevicePair& operator=(const DevicePair&) = delete;
 };
 
-Bytes cpu_entry(const gpu::Pair& p, std::size_t es, ContextField f, bool context) {
-  Compressor c(3);
-  Bytes out;
-  const ByteSink sink = [&](std::span<const std::uint8_t> s) { out.insert(out.end(), s.begin(), s.end()); };
-  if (context)
-    encode_context(c, p.base, p.next, es, f, sink);
-  else
-    encode_sparse(c, p.base, p.next, es, sink);
-  return out;
-}
-
 // The first byte where two entries differ, for the report.
 std::size_t first_difference(const Bytes& x, const Bytes& y) {
   std::size_t i = 0;
@@ -99,7 +88,7 @@ int check_case(gpu::ChangeFinder& finder, const Case& k) {
     } else {
       got = gpu::sparse_entry(f, k.nbytes, 3);
     }
-    const Bytes want = cpu_entry(p, l.es, l.field, context);
+    const Bytes want = gpu::cpu_entry(p.base, p.next, l.es, l.field, context);
     const bool same = got == want;
     std::printf("%s %-7s  %s  (%llu changes, entry %zu bytes)\n", same ? "PASS" : "FAIL", context ? "context" : "sparse", name,
                 static_cast<unsigned long long>(f.changes()), want.size());

@@ -14,20 +14,7 @@
 using namespace hfdelta;
 using Bytes = std::vector<std::uint8_t>;
 
-namespace {
-
-Bytes cpu_entry(const Bytes& a, const Bytes& b, std::size_t es, ContextField f, bool context) {
-  Compressor c(3);
-  Bytes out;
-  const ByteSink sink = [&](std::span<const std::uint8_t> s) { out.insert(out.end(), s.begin(), s.end()); };
-  if (context)
-    encode_context(c, a, b, es, f, sink);
-  else
-    encode_sparse(c, a, b, es, sink);
-  return out;
-}
-
-}  // namespace
+using gpu::cpu_entry;
 
 TEST_CASE("change rules: differences, zigzag, signed values, contexts, groups, chunks, sample") {
   using namespace rules;
