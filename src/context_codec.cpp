@@ -459,6 +459,7 @@ void ContextChunkEncoder::take(const FoundChunk& fc, const ContextGroups& groups
   if (fc.count > fc.elements || fc.elements > kContextChunkElements || groups.G < 1 || groups.G > kContextMaxGroups)
     fail(Exit::failure, "context encoder: a found chunk of " + std::to_string(fc.count) + " changes among " +
                             std::to_string(fc.elements) + " elements in " + std::to_string(groups.G) + " groups");
+  if (fc.count && (!fc.ctx || !fc.rank)) fail(Exit::failure, "context encoder: found changes without their contexts or ranks");
   for (std::uint64_t j = 0; j < fc.count; ++j) {
     im.pos[j] = fc.pos[j];
     im.diff[j] = rules::load_element(fc.diff + j * im.es, im.es);
