@@ -17,6 +17,7 @@
 
 #include <boost/filesystem/operations.hpp>
 
+#include "base_check.hpp"
 #include "codec_internal.hpp"
 #include "diff_engine.hpp"
 #include "delta_writer.hpp"
@@ -46,13 +47,6 @@ void advise_sequential(const File& f) { ::posix_fadvise(f.fd(), 0, 0, POSIX_FADV
 
 }  // namespace
 
-// A file's first 8 + N bytes: the header length and the header, as written.
-static std::string header_prefix(const SafetensorsHeader& h) {
-  std::string p(8, '\0');
-  for (int i = 0; i < 8; ++i) p[static_cast<std::size_t>(i)] = static_cast<char>((h.header_len >> (8 * i)) & 0xff);
-  return p + h.header;
-}
-
 namespace {
 
 // What plan_shards decides, as it goes.
@@ -66,12 +60,11 @@ struct ShardPlan {
 using GoneTensor = std::pair<std::string, TensorRef>;  // a base tensor NEW does not have
 
 // Pairs tensor `t` of NEW's file `nfile` with its base bytes at `src` (none:
-// zeros). `build`: the file is built, so its tensors' checksums go in its list.
-void add_work(ShardPlan& sp, std::size_t nfile, const TensorInfo& t, const TensorRef* src, bool build) {
+// zeros). Every tensor is hashed (a built file lists its tensors' checksums).
+void add_work(ShardPlan& sp, std::size_t nfile, const TensorInfo& t, const TensorRef* src) {
   const auto& hdr = sp.target.shards[nfile].header;
   Work w = make_work(nfile, t);
   w.noff = hdr.file_offset(t);
-  w.need_hash = build;
   if (src) {
     w.bfile = src->shard;
     w.boff = sp.base.shards[src->shard].header.file_offset(sp.base.info(*src));
@@ -100,7 +93,7 @@ bool plan_in_place(ShardPlan& sp, std::size_t s) {
   }
   for (std::size_t i = 0; i < ns.header.tensors.size(); ++i) {
     const TensorRef ref{b, i};
-    add_work(sp, s, ns.header.tensors[i], &ref, false);
+    add_work(sp, s, ns.header.tensors[i], &ref);
   }
   return true;
 }
@@ -116,7 +109,7 @@ void plan_build(ShardPlan& sp, std::size_t s) {
   op.replaces = sp.base.find_shard(ns.file) != nullptr;
   for (const auto& t : ns.header.tensors) {
     const auto b = sp.base.tensors.find(t.name);
-    add_work(sp, s, t, b != sp.base.tensors.end() && sp.base.info(b->second).nbytes() == t.nbytes() ? &b->second : nullptr, true);
+    add_work(sp, s, t, b != sp.base.tensors.end() && sp.base.info(b->second).nbytes() == t.nbytes() ? &b->second : nullptr);
   }
   sp.ops.push_back(std::move(op));
 }
@@ -364,11 +357,11 @@ void place_headers(const DiffRun& r, DeltaIndex& idx, DeltaWriter& out) {
   for (const Work& w : r.works) work_of[w.t->name] = &w;
   for (ShardOp& op : idx.shards) {
     if (op.op == ShardOp::Op::remove) continue;
-    const std::string prefix = header_prefix(r.target.find_shard(op.file)->header);
+    const std::string prefix = r.target.find_shard(op.file)->header.prefix();
     op.header_size = prefix.size();
     op.header_hash = xxh3_128({reinterpret_cast<const std::uint8_t*>(prefix.data()), prefix.size()});
     if (op.op == ShardOp::Op::header) {
-      const std::string old = header_prefix(r.base.find_shard(op.file)->header);
+      const std::string old = r.base.find_shard(op.file)->header.prefix();
       op.base_header_hash = xxh3_128({reinterpret_cast<const std::uint8_t*>(old.data()), old.size()});
     }
     for (const TensorInfo& t : r.target.find_shard(op.file)->header.tensors) {
@@ -377,6 +370,21 @@ void place_headers(const DiffRun& r, DeltaIndex& idx, DeltaWriter& out) {
     }
     out.put_header(op.file, prefix);
   }
+}
+
+// BASE holds the bytes of the root's version it is the base of (see
+// DiffOptions::root), from the checksums the encoder took of it.
+void check_base(const DiffRun& r) {
+  if (r.opts.root.empty() || !exists_nofollow(r.opts.root / version_dirname(r.opts.base_version))) return;
+  const VersionBytes want = recorded_bytes(r.opts.root, r.opts.base_version);
+  std::map<std::string, Hash128> hashed;
+  for (const Work& w : r.works)
+    if (!w.fresh && w.base_hashed) hashed.emplace(*w.from, w.base_hash);
+  check_holds(r.base, "BASE", want, [&](const std::string& t) -> std::optional<Hash128> {
+    const auto it = hashed.find(t);
+    if (it == hashed.end()) return std::nullopt;
+    return it->second;
+  }, default_threads(r.opts.threads));
 }
 
 // Encodes the tensors and writes the delta into `out`'s temporary directory.
@@ -396,6 +404,7 @@ void write_delta(DiffRun& r, DeltaWriter& out) {
     r.sum.files_changed += 1;
   }
   for (const auto& fc : r.files) r.sum.files_removed += fc.op == FileChange::Op::remove;
+  check_base(r);
   r.sum.delta_bytes = out.publish(idx);
 }
 

@@ -7,6 +7,7 @@
 
 #include <boost/filesystem/operations.hpp>
 
+#include "hfdelta/error.hpp"
 #include "hfdelta/progress.hpp"
 #include "parallel.hpp"
 
@@ -91,6 +92,8 @@ struct XorStream {
 // thread's spool.
 RangeOut scan_range(const Work& w, std::uint64_t c0, std::uint64_t c1, Worker& wk, XorStream* xs, Hasher* hb, Hasher* hn) {
   RangeOut out;
+  std::optional<Hasher> sum;  // a split tensor's range: its new bytes as encoded here
+  if (!hn) hn = &sum.emplace();
   const std::uint64_t chunk_bytes = kSparseChunkElements * w.es;
   const ByteSink to_spool = [&](std::span<const std::uint8_t> s) { wk.spool.put(s); };
   const bool context = w.encoding == Encoding::context;
@@ -125,7 +128,14 @@ RangeOut scan_range(const Work& w, std::uint64_t c0, std::uint64_t c1, Worker& w
     }
   }
   out.body.size = wk.spool.size - out.body.offset;
+  if (sum) out.new_sum = sum->digest();
   return out;
+}
+
+[[noreturn]] void changed_while_read(const Work& w) {
+  fail(Exit::verify_failed, "tensor '" + w.t->name + "': its bytes changed while they were read (written by another "
+                            "thread or process meanwhile?); nothing was published: give bytes that stay unchanged "
+                            "until the call returns");
 }
 
 // Makes a thread's scratch state on first use.
@@ -169,6 +179,17 @@ void encode_fresh(Work& w, Worker& wk, std::size_t tid) {
   w.bytes_changed = w.nbytes;
 }
 
+// The base bytes' checksum as read: checked against the one recorded for
+// them, where known (a mirror altered since it was recorded).
+void set_base_hash(Work& w, const Hash128& h) {
+  if (w.base_hash_known && h != w.base_hash)
+    fail(Exit::verify_failed, (w.base_what ? *w.base_what : std::string("base")) + ": tensor '" + w.t->name +
+                                  "' holds other bytes (checksum " + h.hex() + ") than recorded for it (" +
+                                  w.base_hash.hex() + "): it was altered since; nothing was published");
+  w.base_hash = h;
+  w.base_hashed = true;
+}
+
 // The head of a chunked entry.
 std::uint64_t head_size(const Work& w) { return w.encoding == Encoding::context ? kContextHeadSize : kSparseHeadSize; }
 
@@ -193,7 +214,9 @@ std::vector<Unit> chunk_units(std::span<Work* const> works, int threads) {
       continue;
     }
     units.push_back({Unit::Kind::hash, i, 0, 0, 0, w.nbytes});
+    w.range_c0.clear();
     for (const ChunkRange& r : ranges) {
+      w.range_c0.push_back(r.c0);
       units.push_back({Unit::Kind::range, i, w.ranges.size(), r.c0, r.c1, r.bytes});
       w.ranges.emplace_back();
     }
@@ -204,19 +227,26 @@ std::vector<Unit> chunk_units(std::span<Work* const> works, int threads) {
 
 // A split tensor's checksums (and with `xs`, its xor frame), front to back.
 // A known base checksum leaves the base bytes unread unless `xs` needs them.
+// Each range's sum of the new bytes too, for the ranges to be checked
+// against (Work::range_sum). Blocks never straddle a range: ranges start at
+// chunk boundaries, and a chunk is a whole number of blocks.
 void hash_unit(Work& w, Worker& wk, XorStream* xs) {
-  Hasher hb, hn;
-  const bool read_base = !w.base_hash_known || xs;
+  Hasher hb, hn, hr;
+  const std::uint64_t chunk_bytes = kSparseChunkElements * w.es;
+  std::size_t r = 0;
+  w.range_sum.assign(w.range_c0.size(), {});
   for (std::uint64_t at = 0; at < w.nbytes; at += kBlock) {
     const std::size_t n = static_cast<std::size_t>(std::min(kBlock, w.nbytes - at));
+    if (r + 1 < w.range_c0.size() && at == w.range_c0[r + 1] * chunk_bytes) w.range_sum[r++] = hr.digest(), hr.reset();
     const std::uint8_t* b = w.nsrc->read(wk.b.data(), n, w.noff + at);
     hn.update({b, n});
-    if (!read_base) continue;
+    hr.update({b, n});
     const std::uint8_t* a = w.bsrc->read(wk.a.data(), n, w.boff + at);
-    if (!w.base_hash_known) hb.update({a, n});
+    hb.update({a, n});
     if (xs) xs->block(a, b, n);
   }
-  if (!w.base_hash_known) w.base_hash = hb.digest();
+  if (!w.range_sum.empty()) w.range_sum[r] = hr.digest();
+  set_base_hash(w, hb.digest());
   w.new_hash = hn.digest();
   if (xs) w.xor_frame = xs->end();
 }
@@ -240,8 +270,8 @@ void keep_smaller(Work& w, RangeOut& r, Worker& wk, XorStream& xs) {
 // A tensor in one unit: hashed, scanned and (with `xs`) decided in one pass.
 void scan_whole(Work& w, const Unit& unit, Worker& wk, std::size_t tid, XorStream* xs) {
   Hasher hb, hn;
-  RangeOut r = scan_range(w, unit.c0, unit.c1, wk, xs, w.base_hash_known ? nullptr : &hb, &hn);
-  if (!w.base_hash_known) w.base_hash = hb.digest();
+  RangeOut r = scan_range(w, unit.c0, unit.c1, wk, xs, &hb, &hn);
+  set_base_hash(w, hb.digest());
   w.new_hash = hn.digest();
   r.body.spool = static_cast<int>(tid);
   if (xs) keep_smaller(w, r, wk, *xs);
@@ -264,11 +294,19 @@ void run_chunk_unit(const Unit& unit, Work& w, Worker& wk, std::size_t tid, bool
   w.ranges[unit.range] = r;
 }
 
+// A split tensor's ranges encoded the bytes its checksum was taken of.
+void check_range_sums(const Work& w) {
+  if (w.range_sum.size() != w.ranges.size() || w.ranges.size() < 2) return;
+  for (std::size_t i = 0; i < w.ranges.size(); ++i)
+    if (w.ranges[i].new_sum != w.range_sum[i]) changed_while_read(w);
+}
+
 // Each tensor's totals over its ranges; "auto" keeps a split tensor's xor
 // frame where it is smaller than its chunked entry.
 void sum_ranges(std::span<Work* const> works, bool autochoice) {
   for (Work* wp : works) {
     Work& w = *wp;
+    check_range_sums(w);
     for (const auto& r : w.ranges) w.elements_changed += r.elements_changed, w.bytes_changed += r.bytes_changed;
     if (!autochoice || w.fresh || !w.changed() || w.xor_frame.spool < 0) continue;
     std::uint64_t chunked_len = head_size(w);
@@ -346,20 +384,23 @@ void Encoder::frame_pass(std::span<Work* const> works) {
     if (w.fresh) return encode_fresh(w, wk, tid);
     const auto a = w.bsrc->view(w.boff, w.nbytes);
     const auto b = w.nsrc->view(w.noff, w.nbytes);
+    set_base_hash(w, xxh3_128(a));
     if (std::memcmp(a.data(), b.data(), a.size()) == 0) {
-      if (w.need_hash) w.new_hash = xxh3_128(b), w.base_hash = w.new_hash;
+      w.new_hash = w.base_hash;
       return;
     }
     const std::size_t es = dtype_size(w.t->dtype) ? dtype_size(w.t->dtype) : 1;
     const ChangeCount cc = count_changes(a, b, es);
     w.elements_changed = cc.elements, w.bytes_changed = cc.bytes;
-    if (!w.base_hash_known) w.base_hash = xxh3_128(a);
     w.new_hash = xxh3_128(b);
     const ByteSink sink = [&](std::span<const std::uint8_t> s) { wk.spool.put(s); };
     w.encoding = *encoding_;
     w.frame = {static_cast<int>(tid), wk.spool.size, 0};
     w.frame.size = w.encoding == Encoding::xor_bytes ? encode_xor(*wk.comp, a, b, sink)
                                                      : encode_overwrite(*wk.comp, a, b, cc.bytes, sink);
+    // The whole-tensor frames read their views in several passes: the bytes
+    // hashed before must still be there after, or the frame may hold others.
+    if (xxh3_128(b) != w.new_hash) changed_while_read(w);
   });
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <span>
@@ -30,10 +31,15 @@ struct Source {
   const MappedFile* map = nullptr;  // the whole-tensor encodings of a file
   const std::uint8_t* memory = nullptr;
 
-  // n bytes at `offset`: read into `buf`, or pointed at where they are.
+  // n bytes at `offset`, read (or copied) into `buf`: whatever is hashed
+  // and encoded of them is one snapshot, even of memory its owner writes
+  // meanwhile (a live parameter), so an entry always gives the bytes whose
+  // checksum it records.
   const std::uint8_t* read(std::uint8_t* buf, std::size_t n, std::uint64_t offset) const {
-    if (memory) return memory + offset;
-    file->pread_exact(buf, n, offset);
+    if (memory)
+      std::memcpy(buf, memory + offset, n);
+    else
+      file->pread_exact(buf, n, offset);
     return buf;
   }
   std::span<const std::uint8_t> view(std::uint64_t offset, std::uint64_t n) const {
@@ -53,6 +59,7 @@ struct Seg {
 struct RangeOut {
   Seg body;
   std::uint64_t elements_changed = 0, bytes_changed = 0;
+  Hash128 new_sum;  // XXH3-128 of the new bytes the range encoded
 };
 
 // One tensor of the new version, where its base bytes are, and everything
@@ -65,16 +72,25 @@ struct Work {
   std::uint64_t noff = 0, boff = 0;
   std::uint64_t nbytes = 0;
   bool fresh = false;                    // no base bytes: its entry is its bytes (xor with zeros)
-  bool need_hash = false;                // its checksum is needed even if it is unchanged
   const std::string* from = nullptr;     // the base tensor its bytes come from (not fresh)
   std::size_t es = 1;                    // the chunked encodings' element size
   ContextField field;                    // the context encoding's field (its dtype's exponent)
   std::uint64_t chunks = 0;
   std::vector<RangeOut> ranges;          // one per unit scanning it, in tensor order
+  // A split tensor: the first chunk of each range, and the XXH3-128 of each
+  // range's new bytes as the hash unit read them. Each range's encoder
+  // reads them again: the sums must agree, else the bytes changed in
+  // between and the entry would not give its recorded checksum.
+  std::vector<std::uint64_t> range_c0;
+  std::vector<Hash128> range_sum;
   Hash128 base_hash, new_hash;
+  bool base_hashed = false;              // base_hash is of the base bytes as read here
   // base_hash is known already (the publisher's mirror records it): the
-  // base bytes are compared and encoded, not hashed.
+  // base bytes are hashed all the same and must match it (Error(verify_failed)
+  // naming `base_what`), so that a mirror altered since it was recorded is
+  // caught before anything is published.
   bool base_hash_known = false;
+  const std::string* base_what = nullptr;
   Encoding encoding = Encoding::sparse;  // sparse or context: chunked, its ranges hold the chunks
   Seg frame;                             // the entry, when it is not chunked
   Seg xor_frame;                         // "auto": the xor encoding, for the choice

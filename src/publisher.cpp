@@ -31,7 +31,7 @@ namespace {
 // The version being written: the mirror's layout, one Work per tensor, the
 // delta's temporary directory and the encoder spooling into it.
 struct Step {
-  std::uint64_t version = 0;
+  std::uint64_t version = 0, base_version = 0;  // base: the mirror's
   fs::path out;
   Checkpoint layout;  // the mirror's, at the step's base version
   std::vector<File> files;
@@ -39,6 +39,7 @@ struct Step {
   std::vector<Source> srcs;
   std::vector<Work> works;
   std::map<std::string, std::size_t, std::less<>> by_name;
+  std::string base_what;  // the mirror at the step's base version, for errors
   std::vector<char> given, declared;  // per work
   std::unique_ptr<DeltaWriter> writer;
   std::unique_ptr<Encoder> encoder;
@@ -140,9 +141,9 @@ void reconcile(const fs::path& root, const fs::path& mirror, const PublisherOpti
 
 // The works of a step: every tensor of the mirror paired with itself (the
 // new bytes come from memory, one tensor at a time). The base checksums come
-// from the mirror's record of its version, so the mirror's bytes are only
-// compared, not hashed: the mirror's advance checks them against the record
-// before it patches anything, so a mirror damaged since is caught there.
+// from the mirror's record of its version; the mirror's bytes are hashed as
+// they are compared and must match it, so a mirror altered since is caught
+// before the version is published, not when the mirror is advanced.
 void plan_step(Step& st, const PublisherOptions& opts, const std::optional<ChecksumRecord>& record) {
   const bool frames = opts.encoding && !chunked(*opts.encoding);
   for (const Shard& sh : st.layout.shards) {
@@ -162,6 +163,7 @@ void plan_step(Step& st, const PublisherOptions& opts, const std::optional<Check
         if (const auto f = record->weights.find(st.layout.shards[s].file); f != record->weights.end())
           if (const auto known = f->second.tensors.find(t.name); known != f->second.tensors.end())
             w.base_hash = known->second, w.base_hash_known = true;
+      w.base_what = &st.base_what;
       st.by_name.emplace(t.name, st.works.size());
       st.works.push_back(std::move(w));
     }
@@ -174,7 +176,7 @@ std::size_t find_tensor(const Step& st, std::string_view name, const fs::path& m
   const auto it = st.by_name.find(name);
   if (it == st.by_name.end())
     fail(Exit::unsupported, "tensor '" + std::string(name) + "': not in mirror " + mirror.string() + " (version " +
-                                format_version(st.version - 1) +
+                                format_version(st.base_version) +
                                 "); a publisher from memory patches the mirror's tensors only: publish a new tensor set "
                                 "as a full version (delta-diff --full) and re-create the mirror from it");
   return it->second;
@@ -185,7 +187,7 @@ void check_tensor(const Step& st, const Work& w, const TensorBytes& t, const fs:
   const bool same_shape = std::equal(t.shape.begin(), t.shape.end(), w.t->shape.begin(), w.t->shape.end());
   if (t.dtype != w.t->dtype || !same_shape)
     fail(Exit::unsupported, where + ": " + std::string(t.dtype) + " " + shape_string({t.shape.begin(), t.shape.end()}) + ", but mirror " +
-                                mirror.string() + " (version " + format_version(st.version - 1) + ") holds it as " +
+                                mirror.string() + " (version " + format_version(st.base_version) + ") holds it as " +
                                 w.t->dtype + " " + shape_string(w.t->shape) +
                                 "; a publisher from memory keeps every dtype and shape: publish a changed layout as a "
                                 "full version (delta-diff --full) and re-create the mirror from it");
@@ -198,7 +200,7 @@ void check_tensor(const Step& st, const Work& w, const TensorBytes& t, const fs:
 DeltaIndex step_index(const Step& st, const PublisherOptions& opts) {
   DeltaIndex idx;
   idx.version = st.version;
-  idx.base_version = st.version - 1;
+  idx.base_version = st.base_version;
   idx.per_tensor = !opts.encoding;
   idx.encoding = opts.encoding.value_or(Encoding::xor_bytes);
   return idx;
@@ -223,7 +225,7 @@ void check_complete(const Step& st, bool rest_unchanged) {
 void count_step(const Step& st, const std::vector<const Work*>& changed, PublishSummary& ps) {
   DiffSummary& s = ps.diff;
   s.version = st.version;
-  s.base_version = st.version - 1;
+  s.base_version = st.base_version;
   for (std::size_t i = 0; i < st.works.size(); ++i) {
     const Work& w = st.works[i];
     s.tensors += 1;
@@ -243,14 +245,24 @@ void count_step(const Step& st, const std::vector<const Work*>& changed, Publish
 // Version `v` begun: the mirror's layout and record, the delta's temporary
 // directory in ROOT and the encoder spooling into it.
 std::unique_ptr<Step> new_step(const fs::path& root, const fs::path& mirror, const PublisherOptions& opts,
-                               std::uint64_t v) {
+                               std::uint64_t base) {
   auto st = std::make_unique<Step>();
   st->t0 = std::chrono::steady_clock::now();
-  st->version = v;
-  st->out = publish_target(root / version_dirname(v), v).out;
+  // The next number ROOT gives (past any withdrawn one), on the mirror's
+  // version, which must be ROOT's newest.
+  const PublishTarget t = publish_target(root, std::nullopt);
+  if (t.newest.value_or(0) != base)
+    fail(Exit::out_of_order, root.string() + ": its newest version is " + format_version(t.newest.value_or(0)) +
+                                 ", not the mirror's (" + format_version(base) + "); another publisher, or a version "
+                                 "withdrawn since: open the publisher again");
+  st->version = t.version;
+  st->base_version = base;
+  st->out = t.out;
   check_delta_out(st->out);
   st->layout = open_checkpoint(mirror);
-  plan_step(*st, opts, read_record(mirror, v - 1));
+  st->base_what = "mirror " + mirror.string() + " (version " + format_version(base) +
+                  "; delta-apply --verify checks it, delta-apply --init re-creates it)";
+  plan_step(*st, opts, read_record(mirror, base));
   std::uint64_t total = 0;
   for (const Work& w : st->works) total += w.nbytes;
   progress::begin("publish", total);
@@ -320,7 +332,7 @@ void MemoryPublisher::open_step() {
     s_->version = o.version;
     s_->reconcile_needed = false;
   }
-  s_->step = new_step(s_->root, s_->mirror, s_->opts, s_->version + 1);
+  s_->step = new_step(s_->root, s_->mirror, s_->opts, s_->version);
 }
 
 // Abandons the version under way after an error, remembering it as lost.

@@ -83,6 +83,12 @@ std::uint64_t TensorInfo::elements() const {
   return n;
 }
 
+std::string SafetensorsHeader::prefix() const {
+  std::string p(8, '\0');
+  for (int i = 0; i < 8; ++i) p[static_cast<std::size_t>(i)] = static_cast<char>((header_len >> (8 * i)) & 0xff);
+  return p + header;
+}
+
 const TensorInfo* SafetensorsHeader::find(std::string_view name) const {
   for (const auto& t : tensors)
     if (t.name == name) return &t;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <set>
 
 #include <boost/filesystem/operations.hpp>
 
@@ -14,6 +15,7 @@ namespace fs = boost::filesystem;
 
 namespace {
 constexpr std::string_view kPrefix = "weight_v";
+constexpr std::string_view kWithdrawnPrefix = "withdrawn_v";
 }
 
 std::string format_version(std::uint64_t v) {
@@ -49,6 +51,17 @@ std::optional<std::uint64_t> version_from_name(std::string_view name, std::strin
 std::optional<std::uint64_t> version_from_dirname(std::string_view name) { return version_from_name(name, kPrefix); }
 
 std::string version_dirname(std::uint64_t v) { return std::string(kPrefix) + format_version(v); }
+
+std::string withdrawn_dirname(std::uint64_t v) { return std::string(kWithdrawnPrefix) + format_version(v); }
+
+std::set<std::uint64_t> scan_withdrawn(const fs::path& root) {
+  boost::system::error_code ec;
+  std::set<std::uint64_t> out;
+  for (fs::directory_iterator it(root, ec), end; it != end && !ec; it.increment(ec))
+    if (const auto v = version_from_name(it->path().filename().string(), kWithdrawnPrefix)) out.insert(*v);
+  if (ec) fail(Exit::failure, root.string() + ": cannot list directory: " + ec.message());
+  return out;
+}
 
 std::vector<VersionDir> scan_root(const fs::path& root) {
   boost::system::error_code ec;
@@ -92,19 +105,35 @@ std::optional<std::uint64_t> newest_version(const fs::path& root) {
   return versions.back().version;
 }
 
+// The highest number ROOT has used: a withdrawn version's number is never
+// given again, so a host that applied it can never mistake another version
+// for it.
+std::optional<std::uint64_t> highest_used(const fs::path& root, std::optional<std::uint64_t> newest) {
+  const std::set<std::uint64_t> w = scan_withdrawn(root);
+  if (w.empty()) return newest;
+  return std::max(newest.value_or(0), *w.rbegin());
+}
+
+// What the next number follows, for errors.
+std::string used_phrase(std::optional<std::uint64_t> newest, std::uint64_t used) {
+  if (newest == used) return "newest published is " + format_version(used);
+  return "highest used is " + format_version(used) + ", withdrawn";
+}
+
 // ROOT given instead of OUT: the next version in it.
 PublishTarget next_in_root(const fs::path& root, std::optional<std::uint64_t> given) {
   const auto newest = newest_version(root);
-  if (!newest && !only_hidden(root))
+  const auto used = highest_used(root, newest);
+  if (!used && !only_hidden(root))
     fail(Exit::bad_input, root.string() + ": is an existing directory but not a publication root (it holds no "
                               "weight_vNNNNNN version and is not empty); to publish into it, name the version: " +
                               (root / version_dirname(given.value_or(1))).string());
-  const std::uint64_t next = newest ? *newest + 1 : 1;
+  const std::uint64_t next = used ? *used + 1 : 1;
   if (given && *given != next)
     fail(Exit::out_of_order, root.string() + ": --delta-version " + format_version(*given) + " is not the next version (" +
-                                 (newest ? "newest published is " + format_version(*newest) : "nothing published yet") +
+                                 (used ? used_phrase(newest, *used) : "nothing published yet") +
                                  ", so the next is " + format_version(next) + ")");
-  return {root / version_dirname(next), next};
+  return {root / version_dirname(next), next, newest, root};
 }
 
 // OUT named weight_v...: canonical, agreeing with --delta-version, unused, next in its parent.
@@ -122,11 +151,12 @@ PublishTarget named_version(const fs::path& out, std::optional<std::uint64_t> gi
   const fs::path parent = out.parent_path().empty() ? fs::path(".") : out.parent_path();
   require_dir(parent, "create the publication root first (mkdir -p " + parent.string() + ")");
   const auto newest = newest_version(parent);
-  if (newest && *v != *newest + 1)
+  const auto used = highest_used(parent, newest);
+  if (used && *v != *used + 1)
     fail(Exit::out_of_order, out.string() + ": version " + format_version(*v) + " is not the next version of " +
-                                 parent.string() + " (newest published is " + format_version(*newest) + ", so the next is " +
-                                 format_version(*newest + 1) + ")");
-  return {out, *v};
+                                 parent.string() + " (" + used_phrase(newest, *used) + ", so the next is " +
+                                 format_version(*used + 1) + ")");
+  return {out, *v, newest, parent};
 }
 
 }  // namespace
@@ -138,7 +168,7 @@ PublishTarget publish_target(const fs::path& arg, std::optional<std::uint64_t> g
   if (!versionish && fs::is_directory(arg, ec)) return next_in_root(arg, given);
   if (versionish) return named_version(arg, given);
   if (!given) fail(Exit::usage, arg.string() + ": OUT is not named weight_vNNNNNN; give --delta-version");
-  return {arg, *given};
+  return {arg, *given, std::nullopt, {}};
 }
 
 }  // namespace hfdelta

@@ -23,6 +23,12 @@ struct DiffOptions {
   std::uint64_t base_version = 0;
   int threads = 0;           // 0: all cores
   bool sync = true;          // flush the delta before publishing it
+  // The publication root OUT is published into (empty: a delta outside any
+  // root). Where it publishes version base_version, BASE must hold the bytes
+  // that version records, checked before the delta is published
+  // (Error(verify_failed)): a retried job or a stale BASE would publish a
+  // version no host can apply.
+  boost::filesystem::path root;
 };
 
 struct DiffSummary {
@@ -45,7 +51,9 @@ struct DiffSummary {
 };
 
 // Writes OUT (which must not exist) atomically. Refuses (Error(bad_input))
-// a BASE or NEW that is a delta version or has no weight files. Throws Error.
+// a BASE or NEW that is a delta version or has no weight files, and a BASE
+// that is not the bytes of opts.root's version opts.base_version
+// (Error(verify_failed)). Throws Error.
 DiffSummary diff_checkpoints(const boost::filesystem::path& base, const boost::filesystem::path& target,
                              const boost::filesystem::path& out, const DiffOptions& opts);
 

@@ -14,14 +14,15 @@
 // kept; the encoded entries wait in spool files in the version's temporary
 // directory under ROOT.
 //
-// The mirror's bytes are compared with the new ones, not hashed: the base
-// checksums the delta records come from the mirror's record of its version
-// (delta-apply --verify MIRROR checks the bytes against it). A mirror
-// damaged since shows when it is advanced, which checks them first: the
-// version is then published but the mirror cannot follow, and hosts refuse
-// it too (their patched bytes fail its checksums; nothing is left half
-// applied). Keep the mirror on storage you trust, and verify it after a crash
-// of the machine.
+// The base checksums the delta records come from the mirror's record of its
+// version; the mirror's bytes are hashed as they are compared with the new
+// ones and must match that record, so a mirror altered since (one bit) is
+// refused (Error(verify_failed)) before anything is published. Each tensor's
+// bytes are copied a block at a time before they are hashed and encoded, so
+// an entry always gives the bytes whose checksum it records, even of a
+// tensor written while it is read; a large tensor read twice (once for its
+// checksum, once per range for its entry) that changed in between is
+// refused (Error(verify_failed)) and nothing is published.
 //
 // Crash safety: the version appears in ROOT whole or not at all (written
 // under a hidden name, flushed, renamed); the mirror is advanced only after

@@ -47,6 +47,8 @@ struct SafetensorsHeader {
   // Absolute file offset of a tensor's first byte.
   std::uint64_t file_offset(const TensorInfo& t) const { return data_start() + t.begin; }
   const TensorInfo* find(std::string_view name) const;  // linear; callers index if hot
+  // The file's first 8 + N bytes, as written: the length, then the header.
+  std::string prefix() const;
 };
 
 // Whether two headers put the same tensor byte ranges in files of the same

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -21,6 +22,12 @@ std::optional<std::uint64_t> version_from_dirname(std::string_view name);
 // digits after `prefix`, nothing else.
 std::optional<std::uint64_t> version_from_name(std::string_view name, std::string_view prefix);
 std::string version_dirname(std::uint64_t v);
+// "withdrawn_v000007": version 7 withdrawn from its root (delta-diff
+// --withdraw). Named apart from weight_v* so that no reader takes it; its
+// number is never published again.
+std::string withdrawn_dirname(std::uint64_t v);
+// Withdrawn versions under ROOT.
+std::set<std::uint64_t> scan_withdrawn(const boost::filesystem::path& root);
 
 struct VersionDir {
   std::uint64_t version = 0;
@@ -41,6 +48,11 @@ boost::filesystem::path strip_trailing_slashes(const std::string& p);
 struct PublishTarget {
   boost::filesystem::path out;
   std::uint64_t version = 0;
+  // OUT lies in a publication root that publishes versions already: its
+  // newest (the base the new version must be published on; none when every
+  // version of it was withdrawn) and the root itself.
+  std::optional<std::uint64_t> newest;
+  boost::filesystem::path root;
 };
 
 // Resolves delta-diff's OUT argument `arg` and --delta-version `given`, reading
@@ -48,11 +60,12 @@ struct PublishTarget {
 // - an existing directory not named weight_v*: a publication root if it holds
 //   a published version or nothing but hidden entries (Error(bad_input)
 //   otherwise: a checkpoint or a typo is no root); OUT is ROOT/weight_vNNNNNN
-//   for its newest version + 1 (1 in an empty root);
+//   for the highest version number it has used + 1 (1 in an empty root;
+//   withdrawn versions count as used);
 // - a name starting with "weight_v": it must be exactly version_dirname of
 //   its number (six digits, zero-padded; Error(usage)), agree with `given`
 //   (Error(usage)) and, when OUT's parent already publishes versions, be the
-//   newest of them + 1 (Error(out_of_order)); OUT must not exist
+//   highest number used + 1 (Error(out_of_order)); OUT must not exist
 //   (Error(exists), checked before the order);
 // - any other name: a delta outside any root; `given` is required (Error(usage)).
 PublishTarget publish_target(const boost::filesystem::path& arg, std::optional<std::uint64_t> given);

@@ -118,7 +118,8 @@ ApplyOptions apply_options(std::optional<double> lock_timeout, int threads, bool
 // DiffOptions as delta-diff's diff_options makes them: the encoding, and the
 // versions of OUT (publish_target's) and of BASE.
 DiffOptions diff_options(const std::string& encoding, int level, Version base_version, int threads, bool sync,
-                         std::uint64_t version) {
+                         const PublishTarget& t) {
+  const std::uint64_t version = t.version;
   check_level(level);
   check_threads(threads);
   DiffOptions d;
@@ -128,7 +129,8 @@ DiffOptions diff_options(const std::string& encoding, int level, Version base_ve
   d.sync = sync;
   if (!base_version && version == 0) usage("version 0 has no base; give base_version");
   d.version = version;
-  d.base_version = base_version ? *base_version : version - 1;
+  d.base_version = base_version ? *base_version : t.newest ? *t.newest : version - 1;
+  d.root = t.root;
   if (d.base_version >= d.version) usage("base_version must be lower than the version");
   return d;
 }
@@ -143,7 +145,7 @@ std::pair<std::string, std::vector<std::string>> diff(const std::string& base, c
     const PublishTarget t = publish_target(stripped(out_arg), delta_version);
     const std::string out = t.out.string();  // ROOT given: the version directory chosen in it
     const DiffSummary s = diff_checkpoints(stripped(base), stripped(target), out,
-                                           diff_options(encoding, level, base_version, threads, sync, t.version));
+                                           diff_options(encoding, level, base_version, threads, sync, t));
     return std::pair{report(diff_json(out, encoding, s)), diff_warnings(s)};
   });
 }
@@ -159,7 +161,7 @@ std::pair<std::string, std::vector<std::string>> full(const std::string& target,
     std::vector<std::string> warnings;
     if (base) {
       side = publish_sidecar(stripped(*base), stripped(target), t.out,
-                             diff_options(encoding, level, base_version, threads, sync, t.version), s)
+                             diff_options(encoding, level, base_version, threads, sync, t), s)
                  .string();
       warnings = diff_warnings(s);
     } else {

@@ -16,6 +16,7 @@
 #include "hfdelta/report_json.hpp"
 #include "hfdelta/squash.hpp"
 #include "hfdelta/version.hpp"
+#include "hfdelta/withdraw.hpp"
 
 using namespace hfdelta;
 
@@ -103,7 +104,7 @@ void print_prune(const PruneResult& r) {
 
 // What the command line asks for.
 struct Options {
-  std::string base, target, out, encoding = "sparse", inspect, prune, post_publish, squash_base;
+  std::string base, target, out, encoding = "sparse", inspect, prune, withdraw, post_publish, squash_base;
   std::optional<std::uint64_t> version, base_version, keep_from;
   DiffOptions diff;
   bool no_sync = false, json_out = false, quiet = false, dry_run = false, squash = false, full = false, progress = false;
@@ -114,7 +115,7 @@ struct Given {
   CLI::Option *base = nullptr, *target = nullptr, *out = nullptr;
   CLI::Option *inspect = nullptr, *squash = nullptr, *squash_base = nullptr, *prune = nullptr, *keep_from = nullptr,
               *dry_run = nullptr;
-  CLI::Option *full = nullptr, *post_publish = nullptr;
+  CLI::Option *full = nullptr, *post_publish = nullptr, *withdraw = nullptr;
   std::vector<CLI::Option*> diff_only;  // options of the diff form only
 };
 
@@ -192,14 +193,22 @@ void add_form_options(CLI::App& app, Options& o, Given& g) {
                     ->type_name("N")
                     ->group(prune_group);
   g.dry_run = app.add_flag("--dry-run", o.dry_run, "Print what --prune would remove; remove nothing")->group(prune_group);
+  g.withdraw = app.add_option("--withdraw", o.withdraw,
+                              "Take version directory VERSION (ROOT/weight_vNNNNNN) back out of its root: renamed to "
+                              "ROOT/withdrawn_vNNNNNN, so hosts that never applied it skip it, its number is never "
+                              "published again, and hosts that applied it are told so by their next pull")
+                   ->type_name("VERSION")
+                   ->group("Withdraw a bad version (instead of writing a delta)");
 }
 
-enum class Form { diff, inspect, squash, prune, full };
+enum class Form { diff, inspect, squash, prune, full, withdraw };
 
 // The forms are checked here rather than with CLI11's excludes/needs, which
 // would list every pairing in --help.
 void check_exclusive(const Given& g) {
   if (*g.inspect && *g.prune) throw CLI::ValidationError("--inspect", "cannot be combined with --prune");
+  if (*g.withdraw && (*g.inspect || *g.prune || *g.squash || *g.full || *g.post_publish))
+    throw CLI::ValidationError("--withdraw", "cannot be combined with --inspect, --prune, --squash, --full or --post-publish");
   if (*g.squash && (*g.inspect || *g.prune))
     throw CLI::ValidationError("--squash", "cannot be combined with --inspect or --prune");
   if (*g.full && (*g.inspect || *g.prune || *g.squash))
@@ -231,6 +240,13 @@ void check_squash(const Given& g) {
 // Which form the command line asks for, once its options fit that form.
 Form choose_form(const Given& g, const Options& o) {
   check_exclusive(g);
+  if (*g.withdraw) {
+    for (const auto* opt : {g.base, g.target, g.out})
+      if (*opt) throw CLI::ValidationError("--withdraw", "unexpected argument \"" + opt->as<std::string>() + "\"");
+    for (const auto* opt : g.diff_only)
+      if (*opt) throw CLI::ValidationError(opt->get_name(), "only writing a delta takes it, not --withdraw");
+    return Form::withdraw;
+  }
   if (*g.inspect || *g.prune) {
     check_inspect_or_prune(g, o);
     return *g.inspect ? Form::inspect : Form::prune;
@@ -269,6 +285,38 @@ void run_prune(const Options& o) {
     cli::print_json(prune_json(r));
   else if (!o.quiet)
     print_prune(r);
+}
+
+void print_withdraw(const WithdrawResult& r) {
+  const std::string v = format_version(r.version);
+  if (r.already)
+    std::printf("%s: version %s was withdrawn already (%s); nothing changed\n", r.root.string().c_str(), v.c_str(),
+                r.withdrawn.filename().string().c_str());
+  else
+    std::printf("%s: version %s withdrawn (now %s%s); hosts that never applied it skip it\n", r.root.string().c_str(),
+                v.c_str(), r.withdrawn.filename().string().c_str(),
+                r.sidecar ? (", and its delta beside it " + r.sidecar->filename().string()).c_str() : "");
+  std::printf("  the next version is published on %s\n",
+              r.newest ? ("version " + format_version(*r.newest)).c_str() : "nothing: publish a full version");
+  std::printf("  hosts that applied version %s are refused by their next pull until they take a newer full version "
+              "(delta-diff --full NEW ROOT) or are re-initialised (delta-apply --init CHECKPOINT LOCAL --init-version M)\n",
+              v.c_str());
+  if (!r.stranded.empty()) {
+    std::string list;
+    for (const auto s : r.stranded) list += (list.empty() ? "" : ", ") + format_version(s);
+    std::fprintf(stderr,
+                 "delta-diff: warning: version(s) %s were published on version %s: no delta path reaches them any "
+                 "more; withdraw them too, or publish a full version\n",
+                 list.c_str(), v.c_str());
+  }
+}
+
+void run_withdraw(const Options& o) {
+  const WithdrawResult r = withdraw_version(o.withdraw, !o.no_sync);
+  if (o.json_out)
+    cli::print_json(withdraw_json(r));
+  else if (!o.quiet)
+    print_withdraw(r);
 }
 
 // ---- publishing ----
@@ -320,14 +368,18 @@ void run_squash(const Options& o) {
 
 // DiffOptions from the command line: encoding, sync, and the versions of OUT
 // (publish_target: from its name, --version, or its root) and BASE.
-DiffOptions diff_options(const Options& o, std::uint64_t version) {
+DiffOptions diff_options(const Options& o, const PublishTarget& t) {
   DiffOptions d = o.diff;
   d.encoding = o.encoding == "auto" ? std::nullopt : parse_encoding(o.encoding);
   d.sync = !o.no_sync;
+  const std::uint64_t version = t.version;
   if (!o.base_version && version == 0)
     throw CLI::ValidationError("--base-version", "version 0 has no base; give --base-version");
   d.version = version;
-  d.base_version = o.base_version ? *o.base_version : version - 1;
+  // In a root, the base is its newest version (below a withdrawn one, not
+  // the number before).
+  d.base_version = o.base_version ? *o.base_version : t.newest ? *t.newest : version - 1;
+  d.root = t.root;
   if (d.base_version >= d.version) throw CLI::ValidationError("--base-version", "must be lower than the version");
   return d;
 }
@@ -353,7 +405,7 @@ void print_diff_human(const Options& o, const DiffSummary& s) {
 void run_diff(Options o) {
   const PublishTarget t = publish_target(o.out, o.version);
   o.out = t.out.string();  // ROOT given: the version directory chosen in it
-  const DiffSummary s = diff_checkpoints(o.base, o.target, o.out, diff_options(o, t.version));
+  const DiffSummary s = diff_checkpoints(o.base, o.target, o.out, diff_options(o, t));
   cli::ProgressLine::stop_current();
   post_publish(o, t.out, t.version);
   for (const auto& w : diff_warnings(s)) std::cerr << "delta-diff: warning: " << o.out << ": " << w << "\n";
@@ -390,7 +442,7 @@ void run_full(Options o) {
   DiffSummary s;
   std::string side;
   if (!o.base.empty()) {
-    side = publish_sidecar(o.base, o.target, t.out, diff_options(o, t.version), s).string();
+    side = publish_sidecar(o.base, o.target, t.out, diff_options(o, t), s).string();
     for (const auto& w : diff_warnings(s)) std::cerr << "delta-diff: warning: " << side << ": " << w << "\n";
     post_publish(o, side, t.version);
   }
@@ -402,7 +454,7 @@ void run_full(Options o) {
 
 // Trailing slashes on path arguments are harmless ("ROOT/", "OUT/").
 void strip_slashes(Options& o) {
-  for (std::string* p : {&o.base, &o.target, &o.out, &o.inspect, &o.prune, &o.squash_base})
+  for (std::string* p : {&o.base, &o.target, &o.out, &o.inspect, &o.prune, &o.withdraw, &o.squash_base})
     if (!p->empty()) *p = strip_trailing_slashes(*p).string();
 }
 
@@ -416,6 +468,7 @@ void run_command(const Given& g, Options& o) {
     case Form::squash: return run_squash(o);
     case Form::diff: return run_diff(o);
     case Form::full: return run_full(o);
+    case Form::withdraw: return run_withdraw(o);
   }
 }
 
@@ -434,6 +487,8 @@ int main(int argc, char** argv) {
                  "  delta-diff --squash [OPTIONS] FIRST LAST OUT  one delta equal to the versions FIRST..LAST of a root\n"
                  "  delta-diff --prune ROOT [--keep-from N] [--dry-run] [--json]\n"
                  "                                                remove versions no delta-apply --root pull to N or later needs\n"
+                 "  delta-diff --withdraw ROOT/weight_vNNNNNN [--json]\n"
+                 "                                                take a bad version back out of its root\n"
                  "  delta-diff --version");
   app.footer("See delta-diff(1).");
   Options o;
