@@ -7,6 +7,7 @@
 #include <exception>
 #include <map>
 #include <optional>
+#include <set>
 
 #include <boost/filesystem/operations.hpp>
 
@@ -234,9 +235,11 @@ struct RootView {
   std::vector<VersionDir> versions;  // ascending, complete
   std::map<std::uint64_t, CompletionMarker> markers;
   std::map<std::uint64_t, fs::path> sidecars;
+  std::set<std::uint64_t> withdrawn;  // delta-diff --withdraw
   bool markers_required = false;  // --require-marker
   std::optional<std::uint64_t> incomplete;  // the first version above LOCAL not completely there
   std::string waiting_for;
+  std::vector<std::uint64_t> beyond;  // complete versions above `incomplete`: a stall, not an upload?
 };
 
 // Versions at or below LOCAL's are not looked at: a pull never reads them.
@@ -247,15 +250,20 @@ RootView view_root(const fs::path& root, std::optional<std::uint64_t> local_vers
   for (const VersionDir& d : v.all) {
     if (local_version && d.version <= *local_version) continue;
     Completeness c = check_complete(d.path, opts.require_marker);
+    if (v.incomplete) {
+      if (c.complete) v.beyond.push_back(d.version);
+      continue;
+    }
     if (!c.complete) {
       v.incomplete = d.version;
       v.waiting_for = d.path.string() + ": " + c.missing + " is not there yet";
-      break;
+      continue;
     }
     if (c.marker) v.markers.emplace(d.version, std::move(*c.marker));
     v.versions.push_back(d);
   }
   v.sidecars = scan_sidecars(root);
+  v.withdrawn = scan_withdrawn(root);
   return v;
 }
 
@@ -267,6 +275,7 @@ struct PullPlan {
   std::vector<OpenDelta> chain;
   std::uint64_t sidecars = 0;
   std::uint64_t bytes = 0;  // of the directories it reads from ROOT
+  std::string fallback;     // why the deltas from LOCAL's version could not be taken (a full version is)
 };
 
 // A complete sidecar delta for version `ver`, if any.
@@ -276,73 +285,136 @@ std::optional<fs::path> sidecar_for(const RootView& v, std::uint64_t ver) {
   return s->second;
 }
 
-// Opens delta directory `dir` whole and checks it is version `ver` on
-// `ver - 1`. Its own checks find damage (index checksum, headers, frames and
-// their checksums), as for a delta applied by hand and --inspect: its marker
-// only tells whether it has arrived.
-OpenDelta open_link(const fs::path& dir, std::uint64_t ver, DeltaIndex idx) {
-  OpenDelta od = open_delta(dir, std::move(idx));
-  if (od.index.version != ver || od.index.base_version != ver - 1)
-    fail(Exit::out_of_order, od.index_path() + ": records version " + format_version(od.index.version) + " on base " +
-                                 format_version(od.index.base_version) + ", expected " + format_version(ver) + " on base " +
-                                 format_version(ver - 1));
-  return od;
+// LOCAL holds version `v`, which the operator withdrew: what to do.
+std::string withdrawn_held(const fs::path& root, std::uint64_t v) {
+  return "version " + format_version(v) + ", which LOCAL holds, was withdrawn from " + root.string() +
+         " (bad weights?); take a full version published after it (delta-diff --full NEW ROOT on the publishing "
+         "side, then pull again), or re-initialise LOCAL from a good checkpoint (delta-apply --init CHECKPOINT "
+         "LOCAL --init-version M)";
+}
+
+// One version of a delta path: the delta that reaches it.
+struct Link {
+  std::uint64_t version;
+  fs::path dir;
+  DeltaIndex idx;
+  bool sidecar = false;
+};
+
+// The deltas from `from` to `want` through every complete version between
+// (a full version by the delta beside it), each on the one before: withdrawn
+// numbers are skipped (the next version is published on the one below
+// them). None, with `why`, if a version has no such delta, does not connect,
+// or is `refused` (a delta LOCAL refused earlier in this pull).
+std::optional<std::vector<Link>> delta_path(const fs::path& root, const RootView& v, std::uint64_t from,
+                                            std::uint64_t want, const std::set<std::uint64_t>& refused,
+                                            std::string& why) {
+  std::vector<Link> links;
+  std::uint64_t cur = from;
+  if (v.withdrawn.count(from)) {
+    why = withdrawn_held(root, from);
+    return std::nullopt;
+  }
+  for (const VersionDir& d : v.versions) {
+    if (d.version <= from || d.version > want) continue;
+    if (refused.count(d.version)) {
+      why = "version " + format_version(d.version) + " was refused";
+      return std::nullopt;
+    }
+    std::optional<DeltaIndex> idx = read_index_if_delta(d.path);
+    fs::path dir = d.path;
+    bool side = false;
+    if (!idx) {
+      if (const auto sc = sidecar_for(v, d.version)) idx = read_index_if_delta(*sc), dir = *sc, side = true;
+      if (!idx) {
+        why = "version " + format_version(d.version) + " is a full version with no delta beside it";
+        return std::nullopt;
+      }
+    }
+    if (idx->version != d.version || idx->base_version != cur) {
+      why = dir.string() + ": records version " + format_version(idx->version) + " on base " +
+            format_version(idx->base_version) + ", but the version before it is " + format_version(cur);
+      if (idx->base_version > cur && idx->base_version < d.version)
+        why += " (version " + format_version(idx->base_version) + " is " +
+               (v.withdrawn.count(idx->base_version) ? "withdrawn" : "missing: pruned?") + ")";
+      return std::nullopt;
+    }
+    links.push_back({d.version, dir, std::move(*idx), side});
+    cur = d.version;
+  }
+  if (cur != want) {
+    why = "version " + format_version(want) + " cannot be reached from " + format_version(from);
+    return std::nullopt;
+  }
+  return links;
+}
+
+std::uint64_t cost_of(const std::vector<Link>& links) {
+  std::uint64_t c = 0;
+  for (const Link& l : links) c += tree_bytes(l.dir);
+  return c;
+}
+
+// Opens every delta of a path whole (damage is found here, before LOCAL is
+// touched); none, with `why`, if one is damaged.
+std::optional<std::vector<OpenDelta>> open_path(std::vector<Link>& links, std::string& why) {
+  std::vector<OpenDelta> out;
+  for (Link& l : links) {
+    try {
+      out.push_back(open_delta(l.dir, std::move(l.idx)));
+    } catch (const Error& e) {
+      if (e.code() != Exit::bad_input && e.code() != Exit::unsupported) throw;
+      why = e.what();
+      return std::nullopt;
+    }
+  }
+  return out;
 }
 
 // The pull that reads fewer bytes: the deltas from LOCAL's version on (taking
 // the delta beside each full version on the way), or the newest full
-// version at or below `want` and the deltas after it. Every delta of the
-// chosen path is checked whole before LOCAL is touched.
+// version at or below `want` and the deltas after it. Where the deltas from
+// LOCAL cannot be taken (a version pruned, withdrawn, damaged, or `refused`)
+// a full version is, and the plan says why. Every delta of the chosen path
+// is checked whole before LOCAL is touched.
 PullPlan plan_pull(const fs::path& root, const RootView& v, std::optional<std::uint64_t> local_version, std::uint64_t want,
-                   const fs::path& local) {
-  struct Link { std::uint64_t version; fs::path dir; std::optional<DeltaIndex> idx; bool sidecar = false; };
-  std::vector<Link> links;  // every version in (LOCAL, want], or from the newest full one
+                   const fs::path& local, const std::set<std::uint64_t>& refused) {
   const VersionDir* full = nullptr;
-  for (auto it = v.versions.rbegin(); it != v.versions.rend(); ++it) {
-    if (it->version > want) continue;
-    if (local_version && it->version <= *local_version) break;
-    std::optional<DeltaIndex> idx = read_index_if_delta(it->path);
-    if (!idx && !full) full = &*it;
-    if (!idx && !local_version) break;  // a new host starts from it: nothing older matters
-    links.push_back({it->version, it->path, std::move(idx)});
-  }
-  std::reverse(links.begin(), links.end());
+  for (auto it = v.versions.rbegin(); it != v.versions.rend() && !full; ++it)
+    if (it->version <= want && !read_index_if_delta(it->path)) full = &*it;
   if (!full && !local_version)
     fail(Exit::out_of_order, local.string() + ": has no version, and " + root.string() + " has no full version at or below " +
                                  format_version(want) + "; initialise it with --init");
-  // Deltas only: every full version on the way replaced by the delta beside it.
-  bool deltas_only = local_version.has_value();
-  std::uint64_t cost_deltas = 0, cost_full = full ? tree_bytes(full->path) : 0;
-  for (Link& l : links) {
-    if (!l.idx) {
-      std::optional<fs::path> side = deltas_only ? sidecar_for(v, l.version) : std::nullopt;
-      std::optional<DeltaIndex> idx = side ? read_index_if_delta(*side) : std::nullopt;
-      if (!idx) {
-        deltas_only = false;
-        continue;
-      }
-      l = {l.version, *side, std::move(idx), true};
-    }
-    const std::uint64_t c = tree_bytes(l.dir);
-    cost_deltas += c;
-    if (full && l.version > full->version) cost_full += c;
-  }
-  if (full && (!deltas_only || cost_full < cost_deltas)) deltas_only = false;
+  std::string why_deltas, why_full;
+  std::optional<std::vector<Link>> deltas, after_full;
+  if (local_version) deltas = delta_path(root, v, *local_version, want, refused, why_deltas);
+  if (full) after_full = delta_path(root, v, full->version, want, refused, why_full);
   PullPlan p;
-  p.bytes = deltas_only ? cost_deltas : cost_full;
-  std::uint64_t cur = local_version.value_or(0);
-  if (!deltas_only && full) {
-    p.full = full;
-    if (auto m = v.markers.find(full->version); m != v.markers.end() && m->second.full) p.full_marker = &m->second;
-    cur = full->version;
+  const bool full_wins = after_full && (!deltas || tree_bytes(full->path) + cost_of(*after_full) < cost_of(*deltas));
+  if (!full_wins && deltas) {
+    std::optional<std::vector<OpenDelta>> opened = open_path(*deltas, why_deltas);
+    if (opened) {
+      for (const Link& l : *deltas) p.sidecars += l.sidecar, p.bytes += tree_bytes(l.dir);
+      p.chain = std::move(*opened);
+      return p;
+    }
+    deltas.reset();
   }
-  for (std::uint64_t ver = cur + 1; ver <= want; ++ver) {
-    auto l = std::find_if(links.begin(), links.end(), [&](const Link& x) { return x.version == ver; });
-    if (l == links.end() || !l->idx)
-      fail(Exit::out_of_order, root.string() + ": version " + format_version(ver) + " is missing; cannot reach " + format_version(want));
-    p.sidecars += l->sidecar;
-    p.chain.push_back(open_link(l->dir, ver, std::move(*l->idx)));
+  if (!after_full) {
+    const std::string& why = local_version ? why_deltas : why_full;
+    fail(refused.empty() ? Exit::out_of_order : Exit::verify_failed,
+         root.string() + ": cannot reach version " + format_version(want) + ": " + why +
+             (full ? "" : "; no full version to start from either (publish one: delta-diff --full NEW ROOT)"));
   }
+  std::optional<std::vector<OpenDelta>> opened = open_path(*after_full, why_full);
+  if (!opened)
+    fail(Exit::bad_input, root.string() + ": cannot reach version " + format_version(want) + ": " + why_full);
+  p.full = full;
+  if (auto m = v.markers.find(full->version); m != v.markers.end() && m->second.full) p.full_marker = &m->second;
+  for (const Link& l : *after_full) p.sidecars += l.sidecar, p.bytes += tree_bytes(l.dir);
+  p.bytes += tree_bytes(full->path);
+  p.chain = std::move(*opened);
+  if (local_version && !deltas) p.fallback = why_deltas + "; took full version " + format_version(full->version);
   return p;
 }
 
@@ -354,6 +426,35 @@ ApplyResult& nothing_to_do(ApplyResult& r, const LocalState& st, Clock::time_poi
   r.to_version = st.version.value_or(0);
   r.seconds = seconds_since(t0);
   return r;
+}
+
+// One version of the pull, committed on its own: a pull that fails later
+// keeps it.
+template <class Step>
+void commit_version(Txn& txn, std::uint64_t version, Step&& step) {
+  txn.set_final(version);
+  step();
+  txn.commit();
+}
+
+// Runs plan `p`; a delta LOCAL refuses is reported by its version in
+// `refused_at` (LOCAL keeps every version before it).
+void run_plan(Txn& txn, const PullPlan& p, const fs::path& local, const ApplyOptions& opts, ApplyResult& r,
+              std::optional<std::uint64_t>& refused_at) {
+  if (p.full)
+    commit_version(txn, p.full->version, [&] {
+      merge(r, init_locked(txn, p.full->path, local, p.full->version, opts, p.full_marker));
+      r.full_copied = p.full->version;
+    });
+  for (const OpenDelta& d : p.chain) {
+    try {
+      commit_version(txn, d.index.version, [&] { merge(r, apply_opened(txn, d, local, opts)); });
+    } catch (const Error& e) {
+      if (e.code() != Exit::verify_failed && e.code() != Exit::bad_input) throw;
+      refused_at = d.index.version;
+      throw;
+    }
+  }
 }
 
 ApplyResult pull_locked(Txn& txn, const fs::path& root, const fs::path& local, std::optional<std::uint64_t> target,
@@ -368,27 +469,59 @@ ApplyResult pull_locked(Txn& txn, const fs::path& root, const fs::path& local, s
   if (!all.empty()) r.newest = all.back().version;
   r.not_published_yet = v.incomplete;
   r.waiting_for = v.waiting_for;
+  r.newer_complete = v.beyond;
   if (target && v.incomplete && *target >= *v.incomplete && (!st.version || *target > *st.version))
     return nothing_to_do(r, st, t0);  // the target, or a version below it, is still arriving
-  if (!target && (v.versions.empty() || (st.version && v.versions.back().version <= *st.version)))
+  const bool held_withdrawn = st.version && v.withdrawn.count(*st.version);
+  if (!target && (v.versions.empty() || (st.version && v.versions.back().version <= *st.version))) {
+    if (held_withdrawn) fail(Exit::out_of_order, local.string() + ": " + withdrawn_held(root, *st.version));
     return nothing_to_do(r, st, t0);  // nothing published, nothing newer, or the next still arriving
+  }
   const std::uint64_t want = target ? *target : v.versions.back().version;
   if (std::none_of(all.begin(), all.end(), [&](const VersionDir& d) { return d.version == want; }))
-    fail(Exit::out_of_order, root.string() + ": version " + format_version(want) + " is not published");
+    fail(Exit::out_of_order, root.string() + ": version " + format_version(want) + " is not published" +
+                                 (v.withdrawn.count(want) ? " (it was withdrawn)" : ""));
   r.to_version = want;
   if (st.version && *st.version > want)
     fail(Exit::out_of_order, local.string() + ": is at version " + format_version(*st.version) + ", newer than the target " +
                                  format_version(want));
   if (st.version == want) return nothing_to_do(r, st, t0);
-  const PullPlan p = plan_pull(root, v, st.version, want, local);
-  txn.set_final(want);
-  if (p.full) {
-    merge(r, init_locked(txn, p.full->path, local, p.full->version, opts, p.full_marker));
-    r.full_copied = p.full->version;
+  // A delta LOCAL refuses (its base bytes are not LOCAL's) leaves LOCAL at
+  // the version before it; a full version above it is taken instead, if
+  // there is one.
+  std::set<std::uint64_t> refused;
+  std::optional<Error> refusal;
+  for (;;) {
+    const std::optional<std::uint64_t> cur = read_state(local).version;
+    PullPlan p;
+    try {
+      p = plan_pull(root, v, cur, want, local, refused);
+    } catch (const Error& e) {
+      if (!refusal) throw;
+      fail(refusal->code(), std::string(refusal->what()) + "\n" + local.string() + " keeps version " +
+                                format_version(cur.value_or(0)) + ", the last it could apply; no full version above it "
+                                "to take instead (" + e.what() + ")");
+    }
+    if (!p.fallback.empty()) r.fallback += (r.fallback.empty() ? "" : "; ") + p.fallback;
+    std::optional<std::uint64_t> refused_at;
+    try {
+      run_plan(txn, p, local, opts, r, refused_at);
+    } catch (const Error& e) {
+      if (!refused_at) {
+        if (r.applied.empty()) throw;
+        fail(e.code(), std::string(e.what()) + "\n" + local.string() + " keeps version " +
+                           format_version(read_state(local).version.value_or(0)) + ", the last it could apply");
+      }
+      refused.insert(*refused_at);
+      refusal = e;
+      r.fallback += (r.fallback.empty() ? "" : "; ") + std::string("version ") + format_version(*refused_at) +
+                    " was refused (" + e.what() + ")";
+      continue;
+    }
+    r.sidecars_applied += p.sidecars;
+    r.root_bytes += p.bytes;
+    break;
   }
-  for (const OpenDelta& d : p.chain) merge(r, apply_opened(txn, d, local, opts));
-  r.sidecars_applied = p.sidecars;
-  r.root_bytes = p.bytes;
   r.to_version = want;
   r.seconds = seconds_since(t0);
   return r;

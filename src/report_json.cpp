@@ -149,6 +149,10 @@ json change_json(const std::string& local, const ApplyResult& r) {
     j["full_copied"] = version_json(r.full_copied);
     j["sidecars_applied"] = r.sidecars_applied;
     j["root_bytes"] = r.root_bytes;
+    j["fallback"] = r.fallback.empty() ? json() : json(r.fallback);
+    json newer = json::array();
+    for (const auto v : r.newer_complete) newer.push_back(format_version(v));
+    j["newer_complete"] = newer;
   }
   return j;
 }

@@ -57,6 +57,14 @@ struct ApplyResult {
   std::optional<std::uint64_t> full_copied;
   std::uint64_t sidecars_applied = 0;
   std::uint64_t root_bytes = 0;  // size of the version directories the pull read
+  // pull only: why the deltas from LOCAL's version were not taken (a version
+  // pruned, withdrawn, damaged, or refused by LOCAL) and a full version was;
+  // empty if they were.
+  std::string fallback;
+  // pull only: complete versions above `not_published_yet`. A version
+  // stuck incomplete below complete ones was most likely cut short (its
+  // publisher died): it blocks every host until withdrawn.
+  std::vector<std::uint64_t> newer_complete;
   // The `then` hook failed (its message); the operation itself succeeded.
   std::optional<std::string> then_error;
 };
@@ -82,8 +90,14 @@ ApplyResult apply_delta(const boost::filesystem::path& delta, const boost::files
                         const ApplyOptions& opts);
 
 // Brings LOCAL to `target` (default: newest version under ROOT) following the
-// pull rules: the newest full version above LOCAL's resets it, deltas follow.
-// A ROOT with nothing published, without `target`, is a no-op.
+// pull rules: the deltas from LOCAL's version, or the newest full version at
+// or below the target and the deltas after it, whichever reads fewer bytes;
+// the full version wherever the deltas cannot be taken (a version pruned,
+// withdrawn or damaged, a delta LOCAL refuses), saying why in `fallback`.
+// Each version is committed as it is applied: a pull that fails keeps the
+// versions before the one that failed (the error names that version and the
+// one LOCAL keeps). A ROOT with nothing published, without `target`, is a
+// no-op.
 ApplyResult pull(const boost::filesystem::path& root, const boost::filesystem::path& local,
                  std::optional<std::uint64_t> target, const ApplyOptions& opts);
 

@@ -297,6 +297,8 @@ class PullResult(ChangeResult):
     full_copied: Optional[str]
     sidecars_applied: int
     root_bytes: int
+    fallback: Optional[str]
+    newer_complete: list[str]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -155,6 +155,20 @@ ApplyResult run_change(Options& o, const std::string& local) {
   return apply_delta(o.paths[0], local, o.apply);
 }
 
+// Complete versions above one that is not: it was most likely cut short,
+// and stops every host until the operator withdraws it.
+void print_stall(const ApplyResult& r) {
+  std::string list;
+  for (const auto v : r.newer_complete) list += (list.empty() ? "" : ", ") + format_version(v);
+  const std::string stuck = format_version(*r.not_published_yet);
+  std::fprintf(stderr,
+               "delta-apply: warning: version %s is incomplete, but newer version(s) %s are complete: if its "
+               "publisher died, version %s will never arrive; withdraw it on the publishing side (delta-diff "
+               "--withdraw ROOT/weight_v%s), then publish a full version (delta-diff --full NEW ROOT) for the "
+               "hosts below it\n",
+               stuck.c_str(), list.c_str(), stuck.c_str(), stuck.c_str());
+}
+
 void print_change_human(const std::string& local, const ApplyResult& r, bool recover) {
   if (r.rolled_back)
     std::printf("%s: rolled back an interrupted apply of version %s\n", local.c_str(),
@@ -170,12 +184,14 @@ void print_change_human(const std::string& local, const ApplyResult& r, bool rec
     std::printf("%s: version %s is not published yet (%s); %s\n", local.c_str(),
                 format_version(*r.not_published_yet).c_str(), r.waiting_for.c_str(),
                 r.no_version ? "no version yet" : ("stays at version " + to).c_str());
+    if (!r.newer_complete.empty()) print_stall(r);
   } else if (r.published && !r.newest) {
     std::printf("%s: nothing published yet; %s\n", local.c_str(),
                 r.from_version ? ("stays at version " + from).c_str() : "no version yet");
   } else if (r.noop) {
     std::printf("%s: already at %sversion %s\n", local.c_str(), r.newest == r.to_version ? "the newest " : "", to.c_str());
   } else {
+    if (!r.fallback.empty()) std::printf("%s: %s\n", local.c_str(), r.fallback.c_str());
     std::printf("%s: version %s -> %s (%zu step%s), %llu tensors patched from %s of deltas, %llu files written, "
                 "%llu removed, %.3f s\n",
                 local.c_str(), from.c_str(), to.c_str(), r.applied.size(), r.applied.size() == 1 ? "" : "s",
