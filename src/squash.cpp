@@ -344,9 +344,11 @@ std::vector<fs::path> chain_between(const fs::path& first, const fs::path& last)
   if (a.parent_path() != b.parent_path()) fail(Exit::bad_input, first.string() + " and " + last.string() + ": not in the same directory");
   if (*vb <= *va) fail(Exit::bad_input, last.string() + ": is not newer than " + first.string());
   std::vector<fs::path> chain;
+  const std::set<std::uint64_t> withdrawn = scan_withdrawn(a.parent_path());
   for (std::uint64_t v = *va; v <= *vb; ++v) {
     const fs::path d = a.parent_path() / version_dirname(v);
     boost::system::error_code ec;
+    if (withdrawn.count(v) && !fs::exists(d, ec)) continue;  // the next version is published on the one before
     if (!fs::is_directory(d, ec)) fail(Exit::bad_input, d.string() + ": missing; the chain from " + first.string() + " is broken");
     chain.push_back(d);
   }
@@ -371,6 +373,7 @@ struct Squash {
   std::vector<OutEntry> entries;
   std::vector<const Trace*> of;  // entries[i]'s trace
   std::optional<Checkpoint> base;  // SquashOptions::base, opened
+  std::map<std::string, Hash128> left;  // check_connects: what the links so far leave
 };
 
 // A tensor's trace so far: untouched ones come from the first base's tensor of that name.
@@ -379,6 +382,25 @@ Trace trace_of(const Traces& from, const std::string& name) {
   Trace t;
   t.origin = name;
   return t;
+}
+
+// Each delta's entries must start from the bytes the deltas before it left
+// (their recorded checksums): a version published on the wrong base (a
+// retried job, a stale BASE) breaks the chain, and a squash across it would
+// publish a delta no host can apply. `left`: tensor -> checksum of the bytes
+// the chain so far leaves. Names move in a delta that changes the layout:
+// what it left is all that is known after it.
+void check_connects(std::map<std::string, Hash128>& left, const OpenDelta& v) {
+  for (const DeltaEntry& e : v.entries) {
+    const auto it = left.find(e.tensor());
+    if (it == left.end() || !e.base_hash || *e.base_hash == it->second || v.index.structural()) continue;
+    fail(Exit::bad_input, v.path_of(e) + ": tensor '" + e.tensor() + "' applies on top of bytes of checksum " +
+                              e.base_hash->hex() + ", but the versions before it leave " + it->second.hex() +
+                              ": the chain does not connect (version " + format_version(v.index.version) +
+                              " was published on another base); nothing was written");
+  }
+  if (v.index.structural()) left.clear();
+  for (const DeltaEntry& e : v.entries) left[e.tensor()] = e.new_hash;
 }
 
 void open_links(Squash& sq, const std::vector<fs::path>& chain) {
@@ -390,12 +412,13 @@ void open_links(Squash& sq, const std::vector<fs::path>& chain) {
     // Opened as delta-apply and --inspect open a delta: nothing is read
     // through a symlink, carried files and headers are what the index records.
     OpenDelta v = open_delta(d, std::move(*index));
+    if (!sq.links.empty() && v.index.base_version != sq.links.back().idx.version)
+      fail(Exit::bad_input, d.string() + ": applies on top of version " + format_version(v.index.base_version) + ", not " +
+                                format_version(sq.links.back().idx.version) + " (" + sq.links.back().dir.string() + ")");
+    check_connects(sq.left, v);
     l.idx = std::move(v.index);
     l.maps = std::move(v.maps);
     l.headers = std::move(v.headers);
-    if (!sq.links.empty() && l.idx.base_version != sq.links.back().idx.version)
-      fail(Exit::bad_input, d.string() + ": applies on top of version " + format_version(l.idx.base_version) + ", not " +
-                                format_version(sq.links.back().idx.version) + " (" + sq.links.back().dir.string() + ")");
     sq.sum.input_bytes += tree_bytes(d);
     sq.links.push_back(std::move(l));
   }
@@ -800,7 +823,7 @@ SquashSummary squash_deltas(const std::vector<fs::path>& chain, const fs::path& 
   const fs::path out = fs::absolute(out_arg);
   check_delta_out(out);
   if (chain.size() < 2) fail(Exit::usage, "--squash needs at least two deltas");
-  Squash sq{opts, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};
+  Squash sq{opts, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};
   open_links(sq, chain);
   if (opts.base) sq.base = open_base(*opts.base);
   for (std::size_t k = 0; k < sq.links.size(); ++k) trace_link(sq, k);

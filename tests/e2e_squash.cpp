@@ -1383,14 +1383,16 @@ TEST_CASE("squash: --squash-base that is not the chain's first base is refused (
 }
 
 TEST_CASE("squash: with --squash-base, an entry that does not give the checksum its delta records is refused (exit 5)") {
-  // weight_v000002's recorded checksum of one tensor, one hex digit changed
+  // weight_v000003's recorded checksum of one tensor, one hex digit changed
   // (the header keeps its length): composed on the real bytes, the entry
-  // laid gives another checksum, and no squash is written.
+  // laid gives another checksum, and no squash is written. (The newest
+  // version of the chain: a checksum changed in an earlier one breaks the
+  // chain's connection first, exit 3.)
   TempDir t;
   const std::vector<fs::path> ckpts = series_checkpoints(t / "series", 3);
   const fs::path root = t / "root";
   write_chain(ckpts, root, "context");
-  const fs::path v2 = version_dir(root, 2);
+  const fs::path v2 = version_dir(root, 3);
   const json idx = delta_index(v2);
   const std::string tensor = idx["weight_map"].begin().key(), file = idx["weight_map"].begin()->get<std::string>();
   Bytes raw = read_bytes(v2 / file);
