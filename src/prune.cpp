@@ -101,6 +101,14 @@ PruneResult prune_root(const fs::path& root, const PruneOptions& opts) {
   // a kept full version still needs it, one behind a removed one cannot exist.
   for (const auto& [v, path] : scan_sidecars(root))
     (full && v < full->version ? r.removed : r.kept).push_back({v, path, false, true});
+  // A withdrawn version below the kept full version: no pull can need it,
+  // and the kept full version's number keeps the numbering past it.
+  if (full)
+    for (const std::uint64_t v : scan_withdrawn(root)) {
+      if (v >= full->version) continue;
+      for (const std::string& name : {withdrawn_dirname(v), "withdrawn_" + sidecar_dirname(v)})
+        if (exists_nofollow(root / name)) r.removed.push_back({v, root / name, false, false, true});
+    }
   for (const auto& d : r.removed) r.bytes_removed += reported_bytes(d.path);
   for (const auto& p : r.leftovers) r.bytes_removed += reported_bytes(p);
   if (opts.dry_run) return r;
@@ -137,7 +145,11 @@ json prune_json(const PruneResult& r) {
   auto versions = [](const std::vector<PrunedVersion>& v) {
     json a = json::array();
     for (const auto& d : v)
-      a.push_back({{"version", format_version(d.version)}, {"full", d.full}, {"sidecar", d.sidecar}, {"path", d.path.string()}});
+      a.push_back({{"version", format_version(d.version)},
+                   {"full", d.full},
+                   {"sidecar", d.sidecar},
+                   {"withdrawn", d.withdrawn},
+                   {"path", d.path.string()}});
     return a;
   };
   json left = json::array();

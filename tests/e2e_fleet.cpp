@@ -220,6 +220,16 @@ TEST_CASE("fleet: --withdraw takes a bad version back; hosts that applied it are
   E2E_CHECK_TREE_EQUAL(applied, save_dir(s, 4));
   // --squash skips the withdrawn number
   E2E_CHECK_CODE(diff({"-q", "--squash", version_dir(root, 2).string(), version_dir(root, 4).string(), (t / "sq").string()}), 0);
+  // a prune removes it with the versions before the full one; the numbering goes on
+  const RunResult pr = diff({"--json", "--prune", root.string()});
+  E2E_REQUIRE_CODE(pr, 0);
+  bool listed = false;
+  const json pruned = json::parse(pr.out);
+  for (const json& d : pruned["removed"]) listed = listed || (d["withdrawn"] == true && d["version"] == "000003");
+  CHECK(listed);
+  CHECK(list_names(root) == std::vector<std::string>{"delta_v000005", "weight_v000005"});
+  E2E_REQUIRE_CODE(publish(save_dir(s, 4), save_dir(s, 3), root), 0);
+  CHECK(fs::is_directory(version_dir(root, 6)));
 }
 
 TEST_CASE("fleet: a version cut short below complete ones: every poll says which exist and what to do") {

@@ -28,6 +28,7 @@ struct PrunedVersion {
   boost::filesystem::path path;
   bool full = false;  // an ordinary checkpoint, not a delta
   bool sidecar = false;  // ROOT/delta_vNNNNNN, the delta beside full version NNNNNN
+  bool withdrawn = false;  // ROOT/withdrawn_vNNNNNN (delta-diff --withdraw), with its sidecar if any
 };
 
 struct PruneResult {
@@ -58,7 +59,9 @@ inline constexpr const char* kPrunedPrefix = ".pruned.";
 inline constexpr long kStaleTempAge = 6 * 3600;  // seconds
 
 // Keeps the newest full version at or below keep_from (the newest full
-// version by default) and every version after it; everything older goes.
+// version by default) and every version after it; everything older goes,
+// withdrawn versions older than it too (their numbers stay used: a newer
+// version always exists).
 // Each doomed directory is first renamed to a hidden name beside it (one
 // atomic step: a reader scanning ROOT sees it whole or not at all), then
 // deleted. Checks the kept full version is a readable checkpoint before

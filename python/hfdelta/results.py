@@ -234,6 +234,7 @@ class PrunedVersion(TypedDict):
     version: str
     full: bool
     sidecar: bool
+    withdrawn: bool
     path: str
 
 

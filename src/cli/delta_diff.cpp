@@ -93,7 +93,7 @@ void print_prune(const PruneResult& r) {
   const char* verb = r.dry_run ? "would remove" : "removed";
   for (const auto& d : r.removed)
     std::printf("  %s  %s  (%s)\n", verb, d.path.filename().string().c_str(),
-                d.full ? "full" : d.sidecar ? "delta beside a full version" : "delta");
+                d.withdrawn ? "withdrawn" : d.full ? "full" : d.sidecar ? "delta beside a full version" : "delta");
   for (const auto& p : r.leftovers)
     std::printf("  %s  %s  (left by an interrupted prune)\n", verb, p.filename().string().c_str());
   std::printf("  %s %zu version(s) and %zu leftover(s), %s%s\n", verb, r.removed.size(), r.leftovers.size(),
