@@ -44,10 +44,11 @@ struct Found {
   FoundChunk chunk(std::uint64_t c) const;
 };
 
-// Device time of the last find() or rank(), in milliseconds, by step.
+// Time of the last find() or rank(), in milliseconds, by step.
 struct Timing {
-  float find_ms = 0;   // comparison to compacted changes, on the device
-  float total_ms = 0;  // with the copies to the host
+  float find_ms = 0;          // on the device: comparison to compacted changes (find), or ranks (rank)
+  float total_ms = 0;         // with the copies to the host (and find's wait for the count of changes)
+  bool found_again = false;   // find: more changes than room for them, found again with room
 };
 
 // Finds changes on the current CUDA device; holds its scratch memory (grown
