@@ -7,6 +7,7 @@
 
 #include <boost/filesystem/operations.hpp>
 
+#include "change_rules.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/progress.hpp"
 #include "parallel.hpp"
@@ -402,6 +403,75 @@ void Encoder::frame_pass(std::span<Work* const> works) {
     // hashed before must still be there after, or the frame may hold others.
     if (xxh3_128(b) != w.new_hash) changed_while_read(w);
   });
+}
+
+void Encoder::encode_found(Work& w, std::span<const FoundChunk> chunks, std::span<const ContextGroups> groups) {
+  if (encoding_ != Encoding::sparse && encoding_ != Encoding::context)
+    fail(Exit::usage, "tensor '" + w.t->name + "': changes found elsewhere are encoded as sparse or context, not " +
+                          (encoding_ ? std::string(encoding_name(*encoding_)) : std::string("auto")) +
+                          ": give the tensor's bytes");
+  const bool context = *encoding_ == Encoding::context;
+  if (w.fresh || chunks.size() != w.chunks || (context && groups.size() != chunks.size()))
+    fail(Exit::failure, "tensor '" + w.t->name + "': " + std::to_string(chunks.size()) + " chunks of found changes for " +
+                            std::to_string(w.chunks) + " chunks" + (w.fresh ? " of a tensor without base bytes" : ""));
+  Worker& wk = *workers_[0];
+  ensure_worker(wk, 0, tmp_, level_, false);
+  w.encoding = *encoding_;
+  // The base's and the new bytes' checksums, block by block: each chunk's
+  // changes (ascending within it) applied to its base bytes.
+  Hasher hb, hn;
+  const std::uint64_t chunk_bytes = kSparseChunkElements * w.es, ones = rules::element_ones(w.es);
+  for (std::uint64_t c = 0; c < w.chunks; ++c) {
+    const FoundChunk& fc = chunks[c];
+    const std::uint64_t cs = c * chunk_bytes, ce = std::min(w.nbytes, cs + chunk_bytes);
+    if (fc.elements != (ce - cs) / w.es)
+      fail(Exit::failure, "tensor '" + w.t->name + "': found chunk " + std::to_string(c) + " of " + std::to_string(fc.elements) +
+                              " elements, not " + std::to_string((ce - cs) / w.es));
+    std::uint64_t j = 0;
+    for (std::uint64_t at = cs; at < ce; at += kBlock) {
+      const std::size_t n = static_cast<std::size_t>(std::min(kBlock, ce - at));
+      const std::uint8_t* a = w.bsrc->read(wk.a.data(), n, w.boff + at);
+      hb.update({a, n});
+      std::uint8_t* b = wk.b.data();
+      std::memcpy(b, a, n);
+      const std::uint64_t e0 = (at - cs) / w.es, e1 = e0 + n / w.es;
+      for (; j < fc.count && fc.pos[j] < e1; ++j) {
+        if (fc.pos[j] < e0 || (j && fc.pos[j] <= fc.pos[j - 1]))
+          fail(Exit::failure, "tensor '" + w.t->name + "': found changes of chunk " + std::to_string(c) + " out of order");
+        std::uint8_t* p = b + (fc.pos[j] - e0) * w.es;
+        const std::uint64_t v = (rules::load_element(p, w.es) + rules::load_element(fc.diff + j * w.es, w.es)) & ones;
+        for (std::size_t k = 0; k < w.es; ++k) p[k] = static_cast<std::uint8_t>(v >> (8 * k));
+      }
+      hn.update({b, n});
+    }
+    if (j != fc.count)
+      fail(Exit::failure, "tensor '" + w.t->name + "': found changes of chunk " + std::to_string(c) + " past its end");
+  }
+  set_base_hash(w, hb.digest());
+  w.new_hash = hn.digest();
+  // The entry's chunks, as scan_range writes them.
+  const ByteSink to_spool = [&](std::span<const std::uint8_t> s) { wk.spool.put(s); };
+  RangeOut r;
+  r.body = {0, wk.spool.size, 0};
+  for (std::uint64_t c = 0; c < w.chunks; ++c) {
+    if (context) {
+      wk.cenc.begin(w.es, w.field);
+      wk.cenc.take(chunks[c], groups[c]);
+      r.elements_changed += wk.cenc.changed_elements(), r.bytes_changed += wk.cenc.changed_bytes();
+      wk.cenc.end(*wk.comp, to_spool);
+    } else {
+      wk.enc.begin(w.es);
+      wk.enc.take(chunks[c]);
+      r.elements_changed += wk.enc.changed_elements(), r.bytes_changed += wk.enc.changed_bytes();
+      wk.enc.end(*wk.comp, to_spool);
+    }
+  }
+  r.body.size = wk.spool.size - r.body.offset;
+  if (r.elements_changed == 0) wk.spool.size = r.body.offset, r.body.size = 0;
+  r.new_sum = w.new_hash;
+  w.ranges.assign(1, r);
+  w.elements_changed = r.elements_changed, w.bytes_changed = r.bytes_changed;
+  progress::add(w.nbytes);
 }
 
 std::uint64_t Encoder::entry_size(const Work& w) const {

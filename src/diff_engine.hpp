@@ -121,6 +121,15 @@ class Encoder {
   // until it returns); progress::add()s each one's bytes (nbytes) as they
   // are done.
   void encode(std::span<Work* const> works);
+  // A tensor whose changes were found elsewhere (the CUDA path: found on
+  // the device, only they copied here), one FoundChunk per chunk (context:
+  // ranked among `groups`, one per chunk). Its entry is the one encode()
+  // writes for the same bytes, for an encoder of sparse or context
+  // (Error(usage) otherwise). The base bytes are read a block at a time and
+  // hashed (checked against a known base_hash, as encode() does); the new
+  // bytes are those base bytes with the changes applied, hashed as the
+  // new checksum: the entry gives the bytes its checksum is of.
+  void encode_found(Work& w, std::span<const FoundChunk> chunks, std::span<const ContextGroups> groups);
   // The size of a changed tensor's entry, and its bytes into `f` at `at`.
   std::uint64_t entry_size(const Work& w) const;
   void write_entry(const Work& w, File& f, std::uint64_t at) const;

@@ -182,18 +182,22 @@ std::size_t find_tensor(const Step& st, std::string_view name, const fs::path& m
   return it->second;
 }
 
-void check_tensor(const Step& st, const Work& w, const TensorBytes& t, const fs::path& mirror) {
-  const std::string where = "tensor '" + std::string(t.name) + "'";
-  const bool same_shape = std::equal(t.shape.begin(), t.shape.end(), w.t->shape.begin(), w.t->shape.end());
-  if (t.dtype != w.t->dtype || !same_shape)
-    fail(Exit::unsupported, where + ": " + std::string(t.dtype) + " " + shape_string({t.shape.begin(), t.shape.end()}) + ", but mirror " +
+void check_tensor(const Step& st, const Work& w, std::string_view name, std::string_view dtype, std::span<const std::uint64_t> shape,
+                  std::uint64_t nbytes, const fs::path& mirror) {
+  const std::string where = "tensor '" + std::string(name) + "'";
+  const bool same_shape = std::equal(shape.begin(), shape.end(), w.t->shape.begin(), w.t->shape.end());
+  if (dtype != w.t->dtype || !same_shape)
+    fail(Exit::unsupported, where + ": " + std::string(dtype) + " " + shape_string({shape.begin(), shape.end()}) + ", but mirror " +
                                 mirror.string() + " (version " + format_version(st.base_version) + ") holds it as " +
                                 w.t->dtype + " " + shape_string(w.t->shape) +
                                 "; a publisher from memory keeps every dtype and shape: publish a changed layout as a "
                                 "full version (delta-diff --full) and re-create the mirror from it");
-  if (t.bytes.size() != w.nbytes)
-    fail(Exit::bad_input, where + ": " + std::to_string(t.bytes.size()) + " bytes given, but " + w.t->dtype + " " +
+  if (nbytes != w.nbytes)
+    fail(Exit::bad_input, where + ": " + std::to_string(nbytes) + " bytes given, but " + w.t->dtype + " " +
                               shape_string(w.t->shape) + " takes " + std::to_string(w.nbytes));
+}
+void check_tensor(const Step& st, const Work& w, const TensorBytes& t, const fs::path& mirror) {
+  check_tensor(st, w, t.name, t.dtype, t.shape, t.bytes.size(), mirror);
 }
 
 // The delta's index: as delta-diff writes it for a NEW of the mirror's layout.
@@ -371,6 +375,27 @@ void MemoryPublisher::put(std::span<const TensorBytes> batch) {
     w->nsrc = nullptr;  // the caller's bytes are not kept
     st.given[static_cast<std::size_t>(w - st.works.data())] = 1;
   }
+}
+
+void MemoryPublisher::put_found(const TensorFound& t) {
+  open_step();
+  Step& st = *s_->step;
+  const std::size_t i = find_tensor(st, t.name, s_->mirror);
+  Work& w = st.works[i];
+  if (st.given[i] || st.declared[i])
+    fail(Exit::usage, "tensor '" + std::string(t.name) + "': given twice for version " + format_version(st.version));
+  if (s_->opts.encoding != Encoding::sparse && s_->opts.encoding != Encoding::context)
+    fail(Exit::usage, "tensor '" + std::string(t.name) + "': changes found elsewhere are encoded as sparse or context, not " +
+                          (s_->opts.encoding ? std::string(encoding_name(*s_->opts.encoding)) : std::string("auto")) +
+                          ": give the tensor's bytes");
+  check_tensor(st, w, t.name, t.dtype, t.shape, t.nbytes, s_->mirror);
+  try {
+    st.encoder->encode_found(w, t.chunks, t.groups);
+  } catch (const std::exception& e) {
+    lose_step(e.what());  // the spools may hold half an entry
+    throw;
+  }
+  st.given[i] = 1;
 }
 
 void MemoryPublisher::unchanged(std::string_view name) {

@@ -69,6 +69,19 @@ struct TensorBytes {
   std::span<const std::uint8_t> bytes;
 };
 
+// One tensor whose changes were found elsewhere (the CUDA path finds them
+// on the device and copies only them to the host): one FoundChunk per chunk
+// of the chunked encodings, found against the mirror's bytes of the tensor
+// (context: each chunk's changes ranked among its `groups`).
+struct TensorFound {
+  std::string_view name;
+  std::string_view dtype;
+  std::span<const std::uint64_t> shape;
+  std::uint64_t nbytes = 0;
+  std::span<const FoundChunk> chunks;
+  std::span<const ContextGroups> groups;  // context only: one per chunk
+};
+
 // What opening found and did to bring mirror and root together.
 struct PublisherOpening {
   std::uint64_t version = 0;                  // the mirror's: the newest published
@@ -119,6 +132,13 @@ class MemoryPublisher {
   // small tensors keeps every core busy; each is still read only during the
   // call). A mistake in any of them fails the whole batch before any is read.
   void put(std::span<const TensorBytes> batch);
+  // put() for a tensor whose changes were found elsewhere, against the
+  // mirror's bytes of it: the entry is byte for byte the one put() writes
+  // for the same new bytes, and the new checksum is of the mirror's bytes
+  // (read and checked against its record as put() does) with the changes
+  // applied. For a publisher of sparse or context only (Error(usage)
+  // otherwise); the same errors as put() for a name, dtype, shape or size.
+  void put_found(const TensorFound& t);
   // Declares a tensor unchanged since the mirror's version: it is not read.
   void unchanged(std::string_view name);
   // Publishes the version begun: every tensor of the mirror must have been
