@@ -484,6 +484,7 @@ bool Txn::rollback_all() {
 void Txn::commit() {
   discard(local_, sync_);  // the commit point: once the journal is gone, nothing is undone
   done_.clear();
+  next_ = 0;  // a pull commits each version: the next one's steps start a journal of their own
 }
 
 std::optional<std::uint64_t> interrupted_version(const fs::path& local) {

@@ -126,7 +126,7 @@ class Txn {
   bool rollback_all();
   void keep() { kept_ = true; }  // the current step's rollback failed
   bool kept() const { return kept_; }
-  void commit();          // the operation is complete: discards the journal
+  void commit();          // what was done so far is complete: discards the journal (steps may follow)
   const boost::filesystem::path& step() const { return step_; }
   // The version the whole operation ends at; steps before it leave the state
   // marked pending, since the operation is not over yet.
