@@ -11,6 +11,7 @@ function                                    command line
 ``squash(first, last, out)``                ``delta-diff --squash FIRST LAST OUT``
 ``inspect(delta)``                          ``delta-diff --inspect DELTA``
 ``prune(root, keep_from=None)``             ``delta-diff --prune ROOT [--keep-from N]``
+``withdraw(version_dir)``                   ``delta-diff --withdraw ROOT/weight_vNNNNNN``
 ``init(src, local, version=0)``             ``delta-apply --init SRC LOCAL``
 ``apply(delta, local)``                     ``delta-apply DELTA LOCAL``
 ``pull(root, local, target=None)``          ``delta-apply --root ROOT LOCAL``

@@ -18,6 +18,7 @@ from .results import (
     SquashResult,
     StatusResult,
     VerifyResult,
+    WithdrawResult,
 )
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "squash",
     "inspect",
     "prune",
+    "withdraw",
     "init",
     "apply",
     "pull",
@@ -149,6 +151,13 @@ def prune(root: PathLike, *, keep_from: Optional[int] = None, dry_run: bool = Fa
     newest full version) can need; with ``dry_run``, only say which."""
     return PruneResult._from_json(_core.prune(_path(root, "root"), _count(keep_from, "keep_from"), bool(dry_run),
                                               bool(sync)))
+
+
+def withdraw(version_dir: PathLike, *, sync: bool = True) -> WithdrawResult:
+    """``delta-diff --withdraw ROOT/weight_vNNNNNN``: take a bad version back out of its root (renamed to
+    withdrawn_vNNNNNN: hosts that never applied it skip it, its number is never published again, hosts that
+    applied it are refused by their next pull until a newer full version exists). Idempotent."""
+    return WithdrawResult._from_json(_core.withdraw(_path(version_dir, "version_dir"), bool(sync)))
 
 
 # ---- delta-apply ----

@@ -23,6 +23,7 @@ __all__ = [
     "SquashResult",
     "Inspection",
     "PruneResult",
+    "WithdrawResult",
     "ChangeResult",
     "PullResult",
     "StatusResult",
@@ -249,6 +250,18 @@ class PruneResult(_Result):
     kept: list[PrunedVersion]
     leftovers: list[str]
     bytes_removed: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class WithdrawResult(_Result):
+    """``delta-diff --withdraw --json ROOT/weight_vNNNNNN``: the version taken back out of its root."""
+    root: str
+    version: str
+    withdrawn: str
+    sidecar: Optional[str]
+    already_withdrawn: bool
+    stranded: list[str]
+    next_base: Optional[str]
 
 
 # ---- delta-apply ----

@@ -23,6 +23,7 @@
 #include "hfdelta/error.hpp"
 #include "hfdelta/inspect.hpp"
 #include "hfdelta/prune.hpp"
+#include "hfdelta/withdraw.hpp"
 #include "hfdelta/publication.hpp"
 #include "hfdelta/report_json.hpp"
 #include "hfdelta/squash.hpp"
@@ -202,6 +203,10 @@ std::string prune(const std::string& root, Version keep_from, bool dry_run, bool
   });
 }
 
+std::string withdraw(const std::string& version_dir, bool sync) {
+  return released(nb::none(), [&] { return report(withdraw_json(withdraw_version(stripped(version_dir), sync))); });
+}
+
 // ---- delta-apply ----
 
 std::string init(const std::string& src, const std::string& local_arg, std::uint64_t version, bool force,
@@ -276,6 +281,7 @@ void bind_forms(nb::module_& m) {
   m.def("inspect", &inspect, "delta"_a, "delta-diff --inspect DELTA: the --json object.");
   m.def("prune", &prune, "root"_a, "keep_from"_a.none(), "dry_run"_a, "sync"_a,
         "delta-diff --prune ROOT: the --json object.");
+  m.def("withdraw", &withdraw, "version_dir"_a, "sync"_a, "delta-diff --withdraw ROOT/weight_vNNNNNN: the --json object.");
   m.def("init", &init, "src"_a, "local"_a, "version"_a, "force"_a, "lock_timeout"_a.none(), "threads"_a, "sync"_a,
         "then"_a.none(), "progress"_a.none(), "delta-apply --init SRC LOCAL: the --json object.");
   m.def("apply", &apply, "delta"_a, "local"_a, "lock_timeout"_a.none(), "threads"_a, "sync"_a, "then"_a.none(),

@@ -130,6 +130,19 @@ def test_prune(tools: Tools, series: list[Path], published: Path, tmp_path: Path
     assert not (py_root / "weight_v000001").exists() and r.base_full == "000005"
 
 
+def test_withdraw(tools: Tools, published: Path, tmp_path: Path) -> None:
+    py_root, cli_root = copy_tree(published, tmp_path / "py"), copy_tree(published, tmp_path / "cli")
+    r = hfdelta.withdraw(py_root / "weight_v000004")
+    cli = tools.diff_json("--withdraw", cli_root / "weight_v000004")
+    assert cli.code == 0, cli.err
+    same(r, cli.json, cli_root, py_root)
+    assert r.version == "000004" and not r.already_withdrawn and r.next_base == "000003"
+    assert (py_root / "withdrawn_v000004").is_dir() and not (py_root / "weight_v000004").exists()
+    assert hfdelta.withdraw(py_root / "weight_v000004").already_withdrawn
+    with pytest.raises(hfdelta.BadInput):
+        hfdelta.withdraw(py_root / "weight_v000009")
+
+
 # ---- delta-apply ----
 
 def test_init_apply_status_verify_recover(tools: Tools, series: list[Path], published: Path, tmp_path: Path) -> None:
@@ -231,7 +244,7 @@ def test_interrupted(tools: Tools, interrupted_local: Path) -> None:
 def test_result_types() -> None:
     # Every result dataclass is frozen and has to_dict.
     for cls in (results.DiffResult, results.FullResult, results.SquashResult, results.Inspection,
-                results.PruneResult, results.ChangeResult, results.PullResult, results.StatusResult,
+                results.PruneResult, results.WithdrawResult, results.ChangeResult, results.PullResult, results.StatusResult,
                 results.VerifyResult):
         assert cls.__dataclass_params__.frozen  # type: ignore[attr-defined]
         assert callable(getattr(cls, "to_dict"))
