@@ -274,3 +274,50 @@ TEST_CASE("mistakes: --init rewrites a missing or damaged checksum record when L
   E2E_CHECK_CODE(again, 0);
   CHECK_MESSAGE(contains(again.out, "already at version 000000"), again.describe());
 }
+
+// ---- a publication root inside a checkpoint, or a root not created yet -------------------
+
+TEST_CASE("mistakes: a root or OUT inside BASE or NEW is refused (exit 3, naming both), for the delta and --full") {
+  Setup s;
+  // Copies, so that a root inside them can be shown to be refused.
+  const fs::path base = s.t / "base", next = s.t / "new";
+  copy_tree(s.save(1), base);
+  copy_tree(s.save(2), next);
+  std::vector<std::string> args;
+  fs::path out, inside;
+  std::string role = "NEW";
+  SUBCASE("BASE NEW NEW/weights, not there yet") { out = next / "weights", inside = next; }
+  SUBCASE("BASE NEW NEW/weights, created empty") {
+    out = next / "weights", inside = next;
+    fs::create_directories(out);
+  }
+  SUBCASE("BASE NEW NEW/weights/weight_v000001") {
+    fs::create_directories(next / "weights");
+    out = next / "weights" / "weight_v000001", inside = next;
+  }
+  SUBCASE("BASE NEW BASE/weights") {
+    out = base / "weights", inside = base, role = "BASE";
+    fs::create_directories(out);
+  }
+  SUBCASE("--full NEW NEW/weights") {
+    out = next / "weights", inside = next, args = {"--full"};
+    fs::create_directories(out);
+  }
+  SUBCASE("--full BASE NEW NEW/weights") {
+    out = next / "weights", inside = next, args = {"--full", base.string()};
+    fs::create_directories(out);
+  }
+  SUBCASE("--full BASE NEW BASE/sub/weights") {
+    out = base / "sub" / "weights", inside = base, role = "BASE", args = {"--full", base.string()};
+    fs::create_directories(out);
+  }
+  if (args.empty() || args.front() != "--full") args.push_back(base.string());
+  args.push_back(next.string());
+  args.push_back(out.string());
+  const Tree before(s.t.path());
+  const RunResult r = diff(args);
+  E2E_CHECK_CODE(r, 3);
+  CHECK_ERR_MENTIONS(r, out.string());
+  CHECK_ERR_MENTIONS(r, "inside " + role + " " + inside.string());
+  CHECK_NOTHING_CHANGED(before);
+}

@@ -140,6 +140,7 @@ std::pair<std::string, std::vector<std::string>> diff(const std::string& base, c
                                                       int level, Version delta_version, Version base_version,
                                                       int threads, bool sync, nb::handle progress) {
   return released(progress, [&] {
+    check_out_apart(stripped(out_arg), {{"BASE", stripped(base)}, {"NEW", stripped(target)}});
     const PublishTarget t = publish_target(stripped(out_arg), delta_version);
     const std::string out = t.out.string();  // ROOT given: the version directory chosen in it
     const DiffSummary s = diff_checkpoints(stripped(base), stripped(target), out,
@@ -153,6 +154,8 @@ std::pair<std::string, std::vector<std::string>> full(const std::string& target,
                                                       int level, Version delta_version, Version base_version,
                                                       int threads, bool sync, nb::handle progress) {
   return released(progress, [&] {
+    if (base) check_out_apart(stripped(out_arg), {{"BASE", stripped(*base)}, {"NEW", stripped(target)}});
+    else check_out_apart(stripped(out_arg), {{"NEW", stripped(target)}});
     const PublishTarget t = publish_target(stripped(out_arg), delta_version);
     DiffSummary s;
     std::string side;

@@ -351,6 +351,7 @@ void print_diff_human(const Options& o, const DiffSummary& s) {
 }
 
 void run_diff(Options o) {
+  check_out_apart(o.out, {{"BASE", o.base}, {"NEW", o.target}});  // before a missing root's hint says to create it
   const PublishTarget t = publish_target(o.out, o.version);
   o.out = t.out.string();  // ROOT given: the version directory chosen in it
   const DiffSummary s = diff_checkpoints(o.base, o.target, o.out, diff_options(o, t.version));
@@ -386,6 +387,8 @@ void run_full(Options o) {
     o.target = o.base;
     o.base.clear();
   }
+  if (o.base.empty()) check_out_apart(o.out, {{"NEW", o.target}});
+  else check_out_apart(o.out, {{"BASE", o.base}, {"NEW", o.target}});
   const PublishTarget t = publish_target(o.out, o.version);
   DiffSummary s;
   std::string side;
