@@ -321,3 +321,25 @@ TEST_CASE("mistakes: a root or OUT inside BASE or NEW is refused (exit 3, naming
   CHECK_ERR_MENTIONS(r, "inside " + role + " " + inside.string());
   CHECK_NOTHING_CHANGED(before);
 }
+
+TEST_CASE("mistakes: a ROOT that does not exist yet: every form that publishes says to create the root first (exit 2)") {
+  Setup s;
+  const fs::path missing = s.t / "weights";
+  std::vector<std::string> args;
+  std::string hint = "create the publication root first (mkdir -p " + missing.string() + ")";
+  SUBCASE("BASE NEW ROOT") { args = {s.save(1).string(), s.save(2).string(), missing.string()}; }
+  SUBCASE("--full NEW ROOT") { args = {"--full", s.save(2).string(), missing.string()}; }
+  SUBCASE("--full BASE NEW ROOT") { args = {"--full", s.save(1).string(), s.save(2).string(), missing.string()}; }
+  SUBCASE("BASE NEW ROOT/weight_v000001") {
+    args = {s.save(1).string(), s.save(2).string(), (missing / "weight_v000001").string()};
+  }
+  SUBCASE("--prune ROOT: nothing to create, the share may not be mounted") {
+    args = {"--prune", missing.string()}, hint = "is the share mounted?";
+  }
+  const Tree before(s.t.path());
+  const RunResult r = diff(args);
+  E2E_CHECK_CODE(r, 2);
+  CHECK_ERR_MENTIONS(r, missing.string() + ": does not exist");
+  CHECK_ERR_MENTIONS(r, hint);
+  CHECK_NOTHING_CHANGED(before);
+}
