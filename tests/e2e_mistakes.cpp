@@ -7,6 +7,8 @@
 #include <iterator>
 
 #include "e2e_util.hpp"
+#include "hfdelta/error.hpp"
+#include "hfdelta/publisher.hpp"
 
 using namespace e2e;
 
@@ -342,4 +344,69 @@ TEST_CASE("mistakes: a ROOT that does not exist yet: every form that publishes s
   CHECK_ERR_MENTIONS(r, missing.string() + ": does not exist");
   CHECK_ERR_MENTIONS(r, hint);
   CHECK_NOTHING_CHANGED(before);
+}
+
+// ---- the Publisher refuses what the commands refuse, before it creates anything --------------
+
+namespace {
+
+// MemoryPublisher(root, mirror) opened and closed; the code and message of
+// what it raised (code -1: it opened).
+std::pair<int, std::string> open_publisher(const fs::path& root, const fs::path& mirror) {
+  hfdelta::PublisherOptions o;
+  o.sync = false;
+  o.background = false;
+  o.lock_timeout = 5;
+  try {
+    hfdelta::MemoryPublisher p(root, mirror, o);
+  } catch (const hfdelta::Error& e) {
+    return {static_cast<int>(e.code()), e.what()};
+  }
+  return {-1, ""};
+}
+
+}  // namespace
+
+TEST_CASE("mistakes: Publisher(root, mirror) with wrong paths is refused before anything is created in either") {
+  Setup s;
+  const fs::path empty_root = s.t / "empty-root", mirror = s.t / "mirror";
+  fs::create_directories(empty_root);
+  require_init(s.save(0), mirror);
+  fs::path root, mir;
+  int code = 3;
+  std::vector<std::string> mentions;
+  SUBCASE("swapped, the root still empty (would create ROOT/.weight_sync/, stranding every host)") {
+    root = mirror, mir = empty_root, mentions = {mirror.string(), "swapped"};
+  }
+  SUBCASE("swapped, the root publishing versions") { root = mirror, mir = s.root, mentions = {mirror.string(), "swapped"}; }
+  SUBCASE("a host's LOCAL as the root (would publish weight_v000001 into it)") {
+    root = s.local, mir = mirror, mentions = {s.local.string(), "swapped"};
+  }
+  SUBCASE("the mirror as the root too") { root = mirror, mir = mirror, mentions = {mirror.string()}; }
+  SUBCASE("a root inside the mirror") {
+    fs::create_directories(mirror / "weights");
+    root = mirror / "weights", mir = mirror, mentions = {(mirror / "weights").string(), "inside mirror " + mirror.string()};
+  }
+  SUBCASE("the mirror inside the root") {
+    const fs::path inner = empty_root / "mirror";
+    require_init(s.save(0), inner);
+    root = empty_root, mir = inner, mentions = {inner.string(), "inside ROOT " + empty_root.string()};
+  }
+  SUBCASE("a mirror never initialised (would create MIRROR/.weight_sync/)") {
+    const fs::path plain = s.t / "plain";
+    copy_tree(s.save(0), plain);
+    root = empty_root, mir = plain, code = 11, mentions = {plain.string(), "delta-apply --init CHECKPOINT " + plain.string()};
+  }
+  SUBCASE("a root that does not exist") {
+    root = s.t / "typo", mir = mirror, code = 2, mentions = {"create the publication root first"};
+  }
+  const Tree before(s.t.path());
+  const auto [got, message] = open_publisher(root, mir);
+  CHECK_MESSAGE(got == code, "Publisher(" << root << ", " << mir << "): " << (got < 0 ? "opened" : message));
+  for (const auto& m : mentions) CHECK_MESSAGE(contains(message, m), message << "\nshould mention \"" << m << "\"");
+  CHECK_NOTHING_CHANGED(before);
+  // Every host still pulls from the root.
+  const fs::path host = s.t / "host";
+  require_init(s.save(0), host);
+  E2E_CHECK_CODE(apply({"-q", "--root", s.root.string(), host.string()}), 0);
 }

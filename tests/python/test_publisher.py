@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -238,6 +239,43 @@ def test_opening_reconciles_or_refuses(tools: Any, series: list[Path], tmp_path:
     with Publisher(root, mirror):
         with pytest.raises(hfdelta.LockTimeout):
             Publisher(root, mirror, lock_timeout=0.2)
+
+
+def every_path(d: Path) -> dict[str, bytes]:
+    """Every path below d (.weight_sync/ and its lock files included), with a file's bytes."""
+    return {str(p.relative_to(d)): p.read_bytes() if p.is_file() else b"" for p in sorted(d.rglob("*"))}
+
+
+def test_wrong_paths_refused_before_anything_is_created(tools: Any, series: list[Path], tmp_path: Path) -> None:
+    root, mirror = new_mirror(tmp_path, series[0])
+    host = tmp_path / "host"
+    hfdelta.init(series[0], host, sync=False)
+    plain = tmp_path / "plain"
+    shutil.copytree(series[0], plain)
+    inner = tmp_path / "outer-root" / "mirror"
+    inner.parent.mkdir()
+    hfdelta.init(series[0], inner, sync=False)
+    (mirror / "weights").mkdir()
+    before = every_path(tmp_path)
+    # swapped: ROOT/.weight_sync/ would strand every host's pull
+    with pytest.raises(hfdelta.BadInput, match="swapped") as e:
+        Publisher(mirror, root)
+    assert e.value.path == str(mirror)
+    # a host's LOCAL as the root: weight_v000001 would be written into it
+    with pytest.raises(hfdelta.BadInput, match="swapped"):
+        Publisher(host, mirror)
+    with pytest.raises(hfdelta.BadInput, match="inside mirror"):
+        Publisher(mirror / "weights", mirror)
+    with pytest.raises(hfdelta.BadInput, match="inside ROOT"):
+        Publisher(inner.parent, inner)
+    with pytest.raises(hfdelta.Uninitialised, match="delta-apply --init CHECKPOINT"):
+        Publisher(root, plain)
+    with pytest.raises(hfdelta.UsageError, match="create the publication root first"):
+        Publisher(tmp_path / "typo", mirror)
+    assert every_path(tmp_path) == before
+    # hosts still pull from the root
+    assert tools.run("diff", "-q", "--no-sync", series[0], series[1], root).code == 0
+    assert hfdelta.pull(root, host, sync=False).to_version == "000001"
 
 
 # The peak is VmHWM, this process's own: ru_maxrss would carry the parent's
