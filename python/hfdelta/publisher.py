@@ -29,7 +29,7 @@ from types import TracebackType
 from typing import Any, Iterable, Iterator, Mapping, Optional, Tuple, Union
 
 from . import _core
-from ._api import PathLike, ProgressCallback, _path
+from ._api import PathLike, ProgressCallback, _count, _path, _seconds
 from .errors import UsageError
 from .results import ChangeResult, DiffResult
 
@@ -126,6 +126,8 @@ class Publisher:
         self.mirror = _path(mirror, "mirror")
         self.encoding = encoding
         self._lock = threading.Lock()
+        threads = _count(threads, "threads") or 0  # as the forms check them: a negative number is a UsageError
+        lock_timeout = _seconds(lock_timeout, "lock_timeout")
         self._core = _core._Publisher(self.root, self.mirror, encoding, level, threads, sync, lock_timeout,
                                       background)
         o = json.loads(self._core.opening())

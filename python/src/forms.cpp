@@ -49,6 +49,13 @@ std::optional<Encoding> encoding_of(const std::string& name) {
   return name == "auto" ? std::nullopt : std::optional(parse_encoding(name));
 }
 
+double lock_seconds(std::optional<double> lock_timeout) {
+  if (!lock_timeout) return -1;  // wait forever
+  if (!(*lock_timeout >= 0))
+    fail(Exit::usage, "lock_timeout must be a number of seconds >= 0 (None: wait), not " + std::to_string(*lock_timeout));
+  return *lock_timeout;
+}
+
 namespace {
 
 using Version = std::optional<std::uint64_t>;
@@ -70,12 +77,6 @@ auto released(nb::handle progress, Work&& work) {
   return work();
 }
 
-
-double lock_seconds(std::optional<double> lock_timeout) {
-  if (!lock_timeout) return -1;  // wait forever
-  if (!(*lock_timeout >= 0)) usage("lock_timeout must be a number of seconds >= 0 (None: wait)");
-  return *lock_timeout;
-}
 
 // What a Python exception was, for a message: "ValueError('boom')". Needs the GIL.
 std::string describe(nb::python_error& e) {
