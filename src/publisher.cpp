@@ -289,6 +289,19 @@ void check_paths(const fs::path& root, const fs::path& mirror) {
                                   "delta-apply --init CHECKPOINT " + mirror.string());
 }
 
+// Version `next` is the one to publish, but ROOT's newest is `next` or later
+// already: another publisher wrote it since this one last looked.
+void check_not_overtaken(const fs::path& root, const fs::path& mirror, std::uint64_t next) {
+  const std::vector<VersionDir> versions = scan_root(root);
+  if (versions.empty() || versions.back().version < next) return;
+  fail(Exit::exists, (root / version_dirname(next)).string() + ": version " + format_version(next) +
+                         " was published by another publisher meanwhile (a Publisher or delta-diff; ROOT's newest "
+                         "is now " + format_version(versions.back().version) + "; this publisher's mirror " + mirror.string() +
+                         " is at " + format_version(next - 1) + "); nothing was published. One publisher per root: "
+                         "stop the other, then close this Publisher and open it again (opening catches the mirror "
+                         "up from ROOT), and publish on top of version " + format_version(versions.back().version));
+}
+
 }  // namespace
 
 MemoryPublisher::MemoryPublisher(const fs::path& root, const fs::path& mirror, const PublisherOptions& opts)
@@ -344,6 +357,7 @@ void MemoryPublisher::open_step() {
     s_->version = o.version;
     s_->reconcile_needed = false;
   }
+  check_not_overtaken(s_->root, s_->mirror, s_->version + 1);
   s_->step = new_step(s_->root, s_->mirror, s_->opts, s_->version + 1);
 }
 

@@ -410,3 +410,40 @@ TEST_CASE("mistakes: Publisher(root, mirror) with wrong paths is refused before 
   require_init(s.save(0), host);
   E2E_CHECK_CODE(apply({"-q", "--root", s.root.string(), host.string()}), 0);
 }
+
+TEST_CASE("mistakes: a publisher overtaken by another is told so on its first call, and reopening it catches up") {
+  Setup s;
+  const fs::path root = s.t / "shared", m1 = s.t / "mirror-1", m2 = s.t / "mirror-2";
+  fs::create_directories(root);
+  require_init(s.save(0), m1);
+  require_init(s.save(0), m2);
+  hfdelta::PublisherOptions o;
+  o.sync = false;
+  o.background = false;
+  auto p2 = std::make_unique<hfdelta::MemoryPublisher>(root, m2, o);
+  {
+    hfdelta::MemoryPublisher p1(root, m1, o);
+    p1.publish(true);  // version 1, every tensor unchanged
+  }
+  REQUIRE(fs::is_directory(version_dir(root, 1)));
+  const Tree before(s.t.path());
+  for (int call = 0; call < 2; ++call) {
+    std::string message;
+    try {
+      call == 0 ? (void)p2->publish(true) : p2->begin();
+    } catch (const hfdelta::Error& e) {
+      CHECK(e.code() == hfdelta::Exit::exists);
+      message = e.what();
+    }
+    INFO("call " << call << ": " << message);
+    CHECK(contains(message, "published by another publisher"));
+    CHECK(contains(message, "open it again"));
+    CHECK(contains(message, m2.string()));
+  }
+  CHECK_NOTHING_CHANGED(before);
+  p2.reset();
+  hfdelta::MemoryPublisher again(root, m2, o);
+  CHECK(again.opening().caught_up == std::vector<std::uint64_t>{1});
+  CHECK(again.version() == 1);
+  CHECK(again.publish(true).diff.version == 2);
+}

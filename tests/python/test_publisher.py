@@ -278,6 +278,24 @@ def test_wrong_paths_refused_before_anything_is_created(tools: Any, series: list
     assert hfdelta.pull(root, host, sync=False).to_version == "000001"
 
 
+def test_overtaken_publisher_is_told_to_reopen(series: list[Path], tmp_path: Path) -> None:
+    root, first_mirror = new_mirror(tmp_path, series[0])
+    late_mirror = tmp_path / "late-mirror"
+    hfdelta.init(series[0], late_mirror, sync=False)
+    with Publisher(root, late_mirror, sync=False, background=False) as late:
+        with Publisher(root, first_mirror, sync=False, background=False) as first:
+            first.publish(tensors_of(series[1]))
+        for _ in range(2):  # said on the first call, and on every one after
+            with pytest.raises(hfdelta.Exists, match="published by another publisher") as e:
+                late.publish(tensors_of(series[2]))
+            assert "open it again" in e.value.message and str(late_mirror) in e.value.message
+        assert sorted(os.listdir(root)) == ["weight_v000001"]
+    with Publisher(root, late_mirror, sync=False) as again:
+        assert again.opening.caught_up == [1] and again.version == 1
+        assert again.publish(tensors_of(series[2]), wait=True).version == "000002"
+    assert_same_tree(late_mirror, series[2])
+
+
 # The peak is VmHWM, this process's own: ru_maxrss would carry the parent's
 # peak over fork and exec.
 MEMORY_CHILD = textwrap.dedent("""
