@@ -79,13 +79,21 @@ TEST_CASE("mistakes: --init into a non-empty directory that is not a LOCAL: exit
 
   std::vector<std::string> args;
   fs::path victim;
-  SUBCASE("--init LOCAL SRC, swapped") { args = {"--init", s.local.string(), trainer.string()}, victim = trainer; }
+  int code = 7;
+  std::string mention = "--force";
+  SUBCASE("--init LOCAL SRC, swapped: named as swapped, not answered with --force") {
+    args = {"--init", s.local.string(), trainer.string()}, victim = trainer, code = 3, mention = "swapped";
+  }
   SUBCASE("--init SRC into a directory of other models") { args = {"--init", s.save(0).string(), models.string()}, victim = models; }
   const Tree before(s.t.path());
   const RunResult r = apply(args);
-  E2E_CHECK_CODE(r, 7);
+  E2E_CHECK_CODE(r, code);
   CHECK_ERR_MENTIONS(r, victim.string());
-  CHECK_ERR_MENTIONS(r, "--force");
+  CHECK_ERR_MENTIONS(r, mention);
+  if (code == 3) {
+    CHECK_ERR_MENTIONS(r, s.local.string());
+    CHECK_MESSAGE(!contains(r.err, "--force"), r.describe());
+  }
   CHECK_NOTHING_CHANGED(before);
 
   // Asked for explicitly, it is replaced.
