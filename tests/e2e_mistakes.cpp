@@ -455,3 +455,41 @@ TEST_CASE("mistakes: a publisher overtaken by another is told so on its first ca
   CHECK(again.version() == 1);
   CHECK(again.publish(true).diff.version == 2);
 }
+
+// ---- numbers, help and the order of options --------------------------------------------
+
+TEST_CASE("mistakes: a negative number is a usage error (exit 2), never wrapped") {
+  Setup s;
+  const fs::path fresh = s.t / "fresh";
+  std::vector<std::string> args;
+  bool of_diff = false;
+  SUBCASE("--target -1") { args = {"--root", s.root.string(), "--target", "-1", s.local.string()}; }
+  SUBCASE("--init-version -1") { args = {"--init", "--init-version", "-1", s.save(0).string(), fresh.string()}; }
+  SUBCASE("--lock-timeout -1") { args = {"--lock-timeout", "-1", "--root", s.root.string(), s.local.string()}; }
+  SUBCASE("--threads -1") { args = {"--threads", "-1", "--root", s.root.string(), s.local.string()}; }
+  SUBCASE("--keep-from -1") { args = {"--prune", s.root.string(), "--keep-from", "-1"}, of_diff = true; }
+  SUBCASE("--delta-version -1") {
+    args = {"--delta-version", "-1", s.save(1).string(), s.save(2).string(), (s.t / "d").string()}, of_diff = true;
+  }
+  SUBCASE("--base-version -1") {
+    args = {"--base-version", "-1", s.save(1).string(), s.save(2).string(), version_dir(s.root, 2).string()};
+    of_diff = true;
+  }
+  const Tree before(s.t.path());
+  const RunResult r = of_diff ? diff(args) : apply(args);
+  E2E_CHECK_CODE(r, 2);
+  CHECK_ERR_MENTIONS(r, "-1");
+  CHECK_NOTHING_CHANGED(before);
+}
+
+TEST_CASE("mistakes: zero-padded numbers are decimal, as versions are written (000010 is ten, not octal)") {
+  Setup s;
+  const fs::path fresh = s.t / "fresh", out = s.t / "out" / "weight_v000010";
+  fs::create_directories(out.parent_path());
+  E2E_CHECK_CODE(apply({"-q", "--init", "--init-version", "000010", s.save(0).string(), fresh.string()}), 0);
+  CHECK(state_version(fresh) == "000010");
+  E2E_CHECK_CODE(diff({"-q", "--delta-version", "000010", "--base-version", "09", s.save(1).string(), s.save(2).string(),
+                       out.string()}),
+                 0);
+  CHECK(delta_index(out)["metadata"]["base_version"] == "000009");
+}

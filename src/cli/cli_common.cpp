@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cmath>
+#include <cstdlib>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -142,6 +144,29 @@ void ProgressLine::stop() {
 
 void ProgressLine::stop_current() {
   if (ProgressLine* p = g_current.exchange(nullptr)) p->stop();
+}
+
+CLI::Validator whole_number() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos)
+          return "must be a whole number >= 0 in decimal digits, not \"" + s + "\"";
+        s.erase(0, std::min(s.find_first_not_of('0'), s.size() - 1));  // "000010": ten, not octal
+        return "";
+      },
+      "");
+}
+
+CLI::Validator seconds() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        char* end = nullptr;
+        const double v = s.empty() ? -1 : std::strtod(s.c_str(), &end);
+        if (s.empty() || end != s.c_str() + s.size() || !(v >= 0) || !std::isfinite(v))
+          return "must be a number of seconds >= 0 (leave it out to wait), not \"" + s + "\"";
+        return "";
+      },
+      "");
 }
 
 void set_usage(CLI::App& app, std::string forms) { app.formatter(std::make_shared<FormsFormatter>(std::move(forms))); }

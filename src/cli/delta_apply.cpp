@@ -43,8 +43,14 @@ void add_options(CLI::App& app, Options& o) {
   auto* verify_opt = app.add_flag("--verify", o.verify,
                                   "Re-hash LOCAL against the checksums recorded for its version: exit 0 clean, "
                                   "10 interrupted, 11 uninitialised, 12 corrupt");
-  app.add_option("--target", o.target, "Version to bring LOCAL to with --root (default: newest)")->needs(root_opt);
-  app.add_option("--init-version", o.version, "Version recorded by --init (default 0)")->type_name("N")->needs(init_opt);
+  app.add_option("--target", o.target, "Version to bring LOCAL to with --root (default: newest)")
+      ->type_name("N")
+      ->transform(cli::whole_number())
+      ->needs(root_opt);
+  app.add_option("--init-version", o.version, "Version recorded by --init (default 0)")
+      ->type_name("N")
+      ->transform(cli::whole_number())
+      ->needs(init_opt);
   root_opt->excludes(init_opt, status_opt, recover_opt, verify_opt);
   init_opt->excludes(status_opt, recover_opt, verify_opt);
   status_opt->excludes(recover_opt, verify_opt);
@@ -66,8 +72,9 @@ void add_options(CLI::App& app, Options& o) {
                "deleting its files")
       ->needs(init_opt);
   app.add_option("--lock-timeout", o.apply.lock_timeout, "Give up after SECONDS waiting for the lock (default: wait)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--threads", o.apply.threads, "Worker threads (default: all cores)")->check(CLI::NonNegativeNumber);
+      ->type_name("SECONDS")
+      ->check(cli::seconds());
+  app.add_option("--threads", o.apply.threads, "Worker threads (default: all cores)")->transform(cli::whole_number());
   app.add_flag("--no-sync", o.no_sync, "Do not flush data before recording the version");
   app.add_flag("--progress", o.progress,
                "Show progress on stderr (bytes done, rate, time left); the default on a terminal, never with -q or --json");

@@ -139,10 +139,13 @@ void add_diff_options(CLI::App& app, Options& o, Given& g) {
   g.diff_only.push_back(
       app.add_option("--delta-version", o.version,
                      "Version number of OUT (default: from OUT's name, or ROOT's newest + 1; must agree with them)")
-          ->type_name("N"));
-  g.diff_only.push_back(app.add_option("--base-version", o.base_version, "Version of BASE (default: version - 1)")->type_name("M"));
+          ->type_name("N")
+          ->transform(cli::whole_number()));
+  g.diff_only.push_back(app.add_option("--base-version", o.base_version, "Version of BASE (default: version - 1)")
+                                     ->type_name("M")
+                                     ->transform(cli::whole_number()));
   g.diff_only.push_back(
-      app.add_option("--threads", o.diff.threads, "Worker threads (default: all cores)")->check(CLI::NonNegativeNumber));
+      app.add_option("--threads", o.diff.threads, "Worker threads (default: all cores)")->transform(cli::whole_number()));
   g.post_publish = app.add_option("--post-publish", o.post_publish,
                                   "Shell command to run after each version directory is published and durable "
                                   "(HFDELTA_VERSION, HFDELTA_VERSION_PATH, HFDELTA_NAME and HFDELTA_ROOT are set), "
@@ -190,6 +193,7 @@ void add_form_options(CLI::App& app, Options& o, Given& g) {
   g.keep_from = app.add_option("--keep-from", o.keep_from,
                                "Keep every version a delta-apply --root pull to version N or later can need")
                     ->type_name("N")
+                    ->transform(cli::whole_number())
                     ->group(prune_group);
   g.dry_run = app.add_flag("--dry-run", o.dry_run, "Print what --prune would remove; remove nothing")->group(prune_group);
 }

@@ -278,6 +278,28 @@ def test_wrong_paths_refused_before_anything_is_created(tools: Any, series: list
     assert hfdelta.pull(root, host, sync=False).to_version == "000001"
 
 
+def test_numbers_are_checked_as_the_cli_checks_them(tools: Any, series: list[Path], tmp_path: Path) -> None:
+    root, mirror = new_mirror(tmp_path, series[0])
+    before = every_path(tmp_path)
+    for kw in ({"lock_timeout": -1}, {"lock_timeout": -0.5}, {"threads": -1}, {"level": -1}):
+        with pytest.raises(hfdelta.UsageError, match="-"):
+            Publisher(root, mirror, **kw)
+    with pytest.raises(hfdelta.UsageError, match="lock_timeout"):
+        hfdelta.status(mirror, lock_timeout=-1)
+    with pytest.raises(hfdelta.UsageError, match="target"):
+        hfdelta.pull(root, mirror, target=-1)
+    with pytest.raises(hfdelta.UsageError, match="keep_from"):
+        hfdelta.prune(root, keep_from=-1)
+    # the CLI refuses the same, as usage errors
+    for args in (("apply", "--status", "--lock-timeout", -1, mirror), ("apply", "--root", root, "--target", -1, mirror),
+                 ("apply", "--root", root, "--threads", -1, mirror), ("diff", "--prune", root, "--keep-from", -1)):
+        r = tools.run(*args)
+        assert r.code == 2, (args, r.err)
+    assert every_path(tmp_path) == before
+    with Publisher(root, mirror, lock_timeout=None, sync=False) as pub:  # None: wait for ever, as the default
+        assert pub.version == 0
+
+
 def test_overtaken_publisher_is_told_to_reopen(series: list[Path], tmp_path: Path) -> None:
     root, first_mirror = new_mirror(tmp_path, series[0])
     late_mirror = tmp_path / "late-mirror"
