@@ -493,3 +493,17 @@ TEST_CASE("mistakes: zero-padded numbers are decimal, as versions are written (0
                  0);
   CHECK(delta_index(out)["metadata"]["base_version"] == "000009");
 }
+
+TEST_CASE("mistakes: -h with --json prints one JSON object holding the help") {
+  for (const bool of_diff : {true, false}) {
+    for (const std::vector<std::string>& args : {std::vector<std::string>{"-h", "--json"}, {"--json", "--help"}}) {
+      const RunResult r = of_diff ? diff(args) : apply(args);
+      E2E_CHECK_CODE(r, 0);
+      json j;
+      CHECK_NOTHROW(j = parse_json(r.out));
+      CHECK_MESSAGE(j.value("ok", false), r.describe());
+      CHECK(j.value("schema", 0) == 1);
+      CHECK(contains(j.value("help", ""), "Usage:"));
+    }
+  }
+}

@@ -199,6 +199,14 @@ int version_flag(const std::string& prog, int argc, char** argv, bool& handled) 
                                    json_in_argv(argc, argv)));
 }
 
+// -h, --help: the text, or with --json, one JSON object holding it ("help"),
+// as every --json run prints.
+int help(const CLI::App& app, const CLI::Error& e, bool json) {
+  if (!json) return app.exit(e);
+  print_json({{"help", app.help()}});
+  return 0;
+}
+
 }  // namespace
 
 int run(CLI::App& app, int argc, char** argv, const std::function<void()>& body, const bool* json_out) {
@@ -209,9 +217,9 @@ int run(CLI::App& app, int argc, char** argv, const std::function<void()>& body,
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
-    return check_stdout(prog, app.exit(e));
+    return check_stdout(prog, help(app, e, json_in_argv(argc, argv)));
   } catch (const CLI::CallForAllHelp& e) {
-    return check_stdout(prog, app.exit(e));
+    return check_stdout(prog, help(app, e, json_in_argv(argc, argv)));
   } catch (const CLI::ParseError& e) {
     const int code = report(prog, static_cast<int>(Exit::usage), e.what(), json_in_argv(argc, argv));
     std::cerr << "Run with --help for more information.\n";
