@@ -507,3 +507,59 @@ TEST_CASE("mistakes: -h with --json prints one JSON object holding the help") {
     }
   }
 }
+
+TEST_CASE("mistakes: every form takes its options in any order, its path after them too") {
+  Setup s;
+  const std::string delta = s.delta().string(), root = s.root.string();
+  const Tree before(s.t.path());
+  std::vector<std::vector<std::string>> same;  // command lines that must print the same
+  std::string what;
+  SUBCASE("--inspect --json DELTA") {
+    what = "json", same = {{"--inspect", delta, "--json"}, {"--json", "--inspect", delta}, {"--inspect", "--json", delta}};
+  }
+  SUBCASE("--inspect -q DELTA") { what = "quiet", same = {{"--inspect", delta, "-q"}, {"--inspect", "-q", delta}}; }
+  SUBCASE("--prune --dry-run ROOT") {
+    what = "text", same = {{"--prune", root, "--dry-run"}, {"--prune", "--dry-run", root},
+                           {"--dry-run", "--prune", root}};
+  }
+  SUBCASE("--prune --keep-from N --dry-run ROOT") {
+    what = "text", same = {{"--prune", root, "--keep-from", "1", "--dry-run"}, {"--prune", "--keep-from", "1", "--dry-run", root}};
+  }
+  SUBCASE("--prune --json --dry-run ROOT") {
+    what = "json", same = {{"--prune", root, "--json", "--dry-run"}, {"--prune", "--json", "--dry-run", root}};
+  }
+  std::vector<RunResult> runs;
+  for (const auto& args : same) runs.push_back(diff(args));
+  for (const auto& r : runs) {
+    E2E_CHECK_CODE(r, 0);
+    CHECK_MESSAGE(r.out == runs.front().out, r.describe() << "\nvs\n" << runs.front().describe());
+    if (what == "json") CHECK_NOTHROW(parse_json(r.out));
+    if (what == "quiet") CHECK(r.out.empty());
+  }
+  CHECK_NOTHING_CHANGED(before);
+
+  // The path is still one: a second one is refused.
+  const RunResult extra = diff({"--inspect", "--json", delta, root});
+  E2E_CHECK_CODE(extra, 2);
+  CHECK_ERR_MENTIONS(extra, "unexpected argument \"" + root + "\"");
+  E2E_CHECK_CODE(diff({"--prune", "--dry-run"}), 2);
+}
+
+TEST_CASE("mistakes: delta-apply --root takes ROOT after other options too") {
+  Setup s;
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--root", "--json", s.root.string(), s.local.string()},
+        {"--root", "-q", "--target", "1", s.root.string(), s.local.string()}}) {
+    const fs::path host = s.t / "host";
+    fs::remove_all(host);
+    require_init(s.save(0), host);
+    std::vector<std::string> a = args;
+    a.back() = host.string();
+    const RunResult r = apply(a);
+    E2E_CHECK_CODE(r, 0);
+    CHECK(state_version(host) == "000001");
+  }
+  const RunResult missing = apply({"--root", "--json", s.local.string()});
+  E2E_CHECK_CODE(missing, 2);
+  CHECK_ERR_MENTIONS(missing, "--root ROOT LOCAL");
+}
