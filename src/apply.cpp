@@ -119,13 +119,22 @@ void check_src(const fs::path& src, const fs::path& local) {
 // already, or holds nothing but hfdelta's state, unless forced. (A full
 // version pulled into a directory that is not a LOCAL replaces it, as the
 // slime layout's pull does.)
-void check_replaceable(const fs::path& local, const ApplyOptions& opts) {
+// An SRC that is a LOCAL and a LOCAL that is a plain checkpoint: the
+// arguments are swapped (--init LOCAL CHECKPOINT), and --force would
+// replace the checkpoint; that is said first.
+void check_replaceable(const fs::path& src, const fs::path& local, const ApplyOptions& opts) {
   if (opts.force || !is_dir(local) || has_state_file(local)) return;
   boost::system::error_code ec;
-  for (fs::directory_iterator it(local, ec), end; !ec && it != end; it.increment(ec))
-    if (it->path().filename() != kStateDir)
-      fail(Exit::exists, local.string() + ": is a non-empty directory that is not a LOCAL (no " + kStateDir +
-                             "/state.json); --init would delete its files; give --force to replace it");
+  for (fs::directory_iterator it(local, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->path().filename() == kStateDir) continue;
+    if (has_state_file(src))
+      fail(Exit::bad_input, local.string() + ": is a non-empty directory that is not a LOCAL (no " + kStateDir +
+                                "/state.json), and SRC " + src.string() + " is a LOCAL (it has " + kStateDir +
+                                "/state.json): the arguments look swapped (delta-apply --init SRC LOCAL copies SRC "
+                                "into LOCAL); nothing was changed");
+    fail(Exit::exists, local.string() + ": is a non-empty directory that is not a LOCAL (no " + kStateDir +
+                           "/state.json); --init would delete its files; give --force to replace it");
+  }
 }
 
 }  // namespace
@@ -183,7 +192,7 @@ ApplyResult init_local(const fs::path& src, const fs::path& local, std::uint64_t
   require_dir(src, "give the checkpoint directory to copy");
   if (is_delta_dir(src)) fail(Exit::bad_input, src.string() + ": is a delta version, not a full checkpoint");
   check_src(src, local);
-  check_replaceable(local, opts);
+  check_replaceable(src, local, opts);
   return locked(local, opts, [&](Txn& txn) { return init_locked(txn, src, local, version, opts); });
 }
 

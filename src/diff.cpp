@@ -26,6 +26,7 @@
 #include "hfdelta/error.hpp"
 #include "hfdelta/hash.hpp"
 #include "hfdelta/io.hpp"
+#include "hfdelta/publication.hpp"
 #include "hfdelta/safetensors.hpp"
 #include "hfdelta/version.hpp"
 #include "parallel.hpp"
@@ -415,6 +416,7 @@ DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, 
   const auto t0 = std::chrono::steady_clock::now();
   const fs::path out = fs::absolute(out_arg);
   check_delta_out(out);
+  check_out_apart(out, {{"BASE", base_dir}, {"NEW", new_dir}});
   DiffRun r{opts, open_input(base_dir, "BASE"), open_input(new_dir, "NEW"), {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};
   r.sum.version = opts.version;
   r.sum.base_version = opts.base_version;

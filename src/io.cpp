@@ -61,6 +61,16 @@ bool exists_nofollow(const fs::path& p) {
   return fs::exists(fs::symlink_status(p, ec));
 }
 
+Nesting nesting(const fs::path& p, const fs::path& dir) {
+  boost::system::error_code ep, ed;
+  const fs::path a = fs::weakly_canonical(fs::absolute(p), ep), d = fs::canonical(dir, ed);
+  if (ep || ed) return Nesting::apart;
+  if (a == d) return Nesting::same;
+  std::string prefix = d.generic_string();
+  if (prefix.empty() || prefix.back() != '/') prefix += '/';
+  return a.generic_string().rfind(prefix, 0) == 0 ? Nesting::inside : Nesting::apart;
+}
+
 void require_dir(const fs::path& dir, const std::string& what_to_do) {
   boost::system::error_code ec;
   if (fs::is_directory(dir, ec)) return;

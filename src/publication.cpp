@@ -147,8 +147,21 @@ std::map<std::uint64_t, fs::path> scan_sidecars(const fs::path& root) {
   return out;
 }
 
+void check_out_apart(const fs::path& out, const std::vector<std::pair<std::string, fs::path>>& inputs) {
+  for (const auto& [role, in] : inputs) {
+    const Nesting n = nesting(out, in);
+    if (n == Nesting::apart) continue;
+    fail(Exit::bad_input, out.string() + (n == Nesting::same ? ": is " + role + " itself (" + in.string() + ")"
+                                                              : ": is inside " + role + " " + in.string()) +
+                              ": a publication root inside a checkpoint would be carried into every later delta as "
+                              "the checkpoint's files, and into every host's LOCAL; put the root outside BASE and NEW "
+                              "(nothing was written)");
+  }
+}
+
 FullSummary publish_full(const fs::path& src, const fs::path& out, std::uint64_t version, bool sync, int threads) {
   const auto t0 = std::chrono::steady_clock::now();
+  check_out_apart(out, {{"NEW", src}});
   if (is_delta_dir(src)) fail(Exit::bad_input, src.string() + ": is a delta version, not a full checkpoint");
   const Checkpoint c = open_checkpoint(src);  // every weight file valid before anything is copied
   if (c.shards.empty())
@@ -190,6 +203,7 @@ fs::path publish_sidecar(const fs::path& base, const fs::path& src, const fs::pa
                          DiffSummary& summary) {
   const fs::path root = full_out.parent_path().empty() ? fs::path(".") : full_out.parent_path();
   const fs::path side = root / sidecar_dirname(opts.version);
+  check_out_apart(full_out, {{"BASE", base}, {"NEW", src}});
   const fs::path cand = temp_path_beside(side);  // hidden: no reader lists it
   summary = diff_checkpoints(base, src, cand, opts);
   if (!exists_nofollow(side)) {

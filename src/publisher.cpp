@@ -280,6 +280,44 @@ std::unique_ptr<Step> new_step(const fs::path& root, const fs::path& mirror, con
   return st;
 }
 
+// The checks delta-diff and delta-apply make of their paths, made of ROOT
+// and MIRROR before anything is created in either: the mirror's lock would
+// otherwise make ROOT/.weight_sync/ (after which every host's pull refuses
+// the root as a LOCAL), or the first version would be written into a
+// host's LOCAL given as ROOT.
+void check_paths(const fs::path& root, const fs::path& mirror) {
+  const std::string form = " (Publisher(root, mirror))";
+  require_dir(root, "create the publication root first (mkdir -p " + root.string() + ")");
+  if (exists_nofollow(root / kStateDir))
+    fail(Exit::bad_input, root.string() + ": has " + kStateDir + "/, so it is a LOCAL checkpoint (a host's, or a "
+                              "mirror), not a publication root; the arguments look swapped" + form);
+  if (const Nesting n = nesting(root, mirror); n != Nesting::apart)
+    fail(Exit::bad_input, root.string() + (n == Nesting::same ? ": ROOT and the mirror are the same directory"
+                                                              : ": ROOT is inside mirror " + mirror.string()) +
+                              "; the mirror is a LOCAL, apart from the root it publishes into" + form);
+  if (nesting(mirror, root) == Nesting::inside)
+    fail(Exit::bad_input, mirror.string() + ": the mirror is inside ROOT " + root.string() +
+                              "; the mirror is a LOCAL, apart from the root it publishes into" + form);
+  check_local_path(mirror, Exit::uninitialised);
+  if (!has_state_file(mirror))
+    fail(Exit::uninitialised, mirror.string() + ": mirror has no recorded version (no " + kStateDir +
+                                  "/state.json); make it a copy of the version the hosts start from: "
+                                  "delta-apply --init CHECKPOINT " + mirror.string());
+}
+
+// The mirror is at `held`, the version published last; ROOT publishes a
+// newer one already: another publisher wrote it since this one last looked.
+void check_not_overtaken(const fs::path& root, const fs::path& mirror, std::uint64_t held) {
+  const std::vector<VersionDir> versions = scan_root(root);
+  if (versions.empty() || versions.back().version <= held) return;
+  const std::uint64_t newest = versions.back().version;
+  fail(Exit::exists, versions.back().path.string() + ": version " + format_version(newest) +
+                         " was published by another publisher meanwhile (a Publisher or delta-diff; this publisher's "
+                         "mirror " + mirror.string() + " is at " + format_version(held) + "); nothing was published. "
+                         "One publisher per root: stop the other, then close this Publisher and open it again (opening "
+                         "catches the mirror up from ROOT), and publish on top of version " + format_version(newest));
+}
+
 }  // namespace
 
 MemoryPublisher::MemoryPublisher(const fs::path& root, const fs::path& mirror, const PublisherOptions& opts)
@@ -287,8 +325,7 @@ MemoryPublisher::MemoryPublisher(const fs::path& root, const fs::path& mirror, c
   s_->root = fs::absolute(strip_trailing_slashes(root.string()));
   s_->mirror = fs::absolute(strip_trailing_slashes(mirror.string()));
   s_->opts = opts;
-  require_dir(s_->root, "create the publication root first (mkdir -p " + s_->root.string() + ")");
-  check_local_path(s_->mirror, Exit::uninitialised);
+  check_paths(s_->root, s_->mirror);  // before the lock creates anything in either
   s_->lock = std::make_unique<LocalLock>(s_->mirror, opts.lock_timeout, LocalLock::Mode::create, "publisher.lock");
   reconcile(s_->root, s_->mirror, opts, s_->opening);
   s_->version = s_->opening.version;
@@ -336,6 +373,7 @@ void MemoryPublisher::open_step() {
     s_->version = o.version;
     s_->reconcile_needed = false;
   }
+  check_not_overtaken(s_->root, s_->mirror, s_->version);
   s_->step = new_step(s_->root, s_->mirror, s_->opts, s_->version);
 }
 

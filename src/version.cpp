@@ -167,7 +167,12 @@ PublishTarget publish_target(const fs::path& arg, std::optional<std::uint64_t> g
   const bool versionish = name.rfind(kPrefix, 0) == 0;
   if (!versionish && fs::is_directory(arg, ec)) return next_in_root(arg, given);
   if (versionish) return named_version(arg, given);
-  if (!given) fail(Exit::usage, arg.string() + ": OUT is not named weight_vNNNNNN; give --delta-version");
+  if (!given) {
+    if (!exists_nofollow(arg))  // most likely a root not created yet, or misspelled
+      fail(Exit::usage, arg.string() + ": does not exist; create the publication root first (mkdir -p " + arg.string() +
+                            "), or, to write a delta outside any root, name it weight_vNNNNNN or give --delta-version");
+    fail(Exit::usage, arg.string() + ": OUT is not named weight_vNNNNNN; give --delta-version");
+  }
   return {arg, *given, std::nullopt, {}};
 }
 

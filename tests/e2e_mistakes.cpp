@@ -7,6 +7,8 @@
 #include <iterator>
 
 #include "e2e_util.hpp"
+#include "hfdelta/error.hpp"
+#include "hfdelta/publisher.hpp"
 
 using namespace e2e;
 
@@ -77,13 +79,21 @@ TEST_CASE("mistakes: --init into a non-empty directory that is not a LOCAL: exit
 
   std::vector<std::string> args;
   fs::path victim;
-  SUBCASE("--init LOCAL SRC, swapped") { args = {"--init", s.local.string(), trainer.string()}, victim = trainer; }
+  int code = 7;
+  std::string mention = "--force";
+  SUBCASE("--init LOCAL SRC, swapped: named as swapped, not answered with --force") {
+    args = {"--init", s.local.string(), trainer.string()}, victim = trainer, code = 3, mention = "swapped";
+  }
   SUBCASE("--init SRC into a directory of other models") { args = {"--init", s.save(0).string(), models.string()}, victim = models; }
   const Tree before(s.t.path());
   const RunResult r = apply(args);
-  E2E_CHECK_CODE(r, 7);
+  E2E_CHECK_CODE(r, code);
   CHECK_ERR_MENTIONS(r, victim.string());
-  CHECK_ERR_MENTIONS(r, "--force");
+  CHECK_ERR_MENTIONS(r, mention);
+  if (code == 3) {
+    CHECK_ERR_MENTIONS(r, s.local.string());
+    CHECK_MESSAGE(!contains(r.err, "--force"), r.describe());
+  }
   CHECK_NOTHING_CHANGED(before);
 
   // Asked for explicitly, it is replaced.
@@ -273,4 +283,283 @@ TEST_CASE("mistakes: --init rewrites a missing or damaged checksum record when L
   const RunResult again = apply({"--init", s.save(0).string(), s.local.string()});
   E2E_CHECK_CODE(again, 0);
   CHECK_MESSAGE(contains(again.out, "already at version 000000"), again.describe());
+}
+
+// ---- a publication root inside a checkpoint, or a root not created yet -------------------
+
+TEST_CASE("mistakes: a root or OUT inside BASE or NEW is refused (exit 3, naming both), for the delta and --full") {
+  Setup s;
+  // Copies, so that a root inside them can be shown to be refused.
+  const fs::path base = s.t / "base", next = s.t / "new";
+  copy_tree(s.save(1), base);
+  copy_tree(s.save(2), next);
+  std::vector<std::string> args;
+  fs::path out, inside;
+  std::string role = "NEW";
+  SUBCASE("BASE NEW NEW/weights, not there yet") { out = next / "weights", inside = next; }
+  SUBCASE("BASE NEW NEW/weights, created empty") {
+    out = next / "weights", inside = next;
+    fs::create_directories(out);
+  }
+  SUBCASE("BASE NEW NEW/weights/weight_v000001") {
+    fs::create_directories(next / "weights");
+    out = next / "weights" / "weight_v000001", inside = next;
+  }
+  SUBCASE("BASE NEW BASE/weights") {
+    out = base / "weights", inside = base, role = "BASE";
+    fs::create_directories(out);
+  }
+  SUBCASE("--full NEW NEW/weights") {
+    out = next / "weights", inside = next, args = {"--full"};
+    fs::create_directories(out);
+  }
+  SUBCASE("--full BASE NEW NEW/weights") {
+    out = next / "weights", inside = next, args = {"--full", base.string()};
+    fs::create_directories(out);
+  }
+  SUBCASE("--full BASE NEW BASE/sub/weights") {
+    out = base / "sub" / "weights", inside = base, role = "BASE", args = {"--full", base.string()};
+    fs::create_directories(out);
+  }
+  if (args.empty() || args.front() != "--full") args.push_back(base.string());
+  args.push_back(next.string());
+  args.push_back(out.string());
+  const Tree before(s.t.path());
+  const RunResult r = diff(args);
+  E2E_CHECK_CODE(r, 3);
+  CHECK_ERR_MENTIONS(r, out.string());
+  CHECK_ERR_MENTIONS(r, "inside " + role + " " + inside.string());
+  CHECK_NOTHING_CHANGED(before);
+}
+
+TEST_CASE("mistakes: a ROOT that does not exist yet: every form that publishes says to create the root first (exit 2)") {
+  Setup s;
+  const fs::path missing = s.t / "weights";
+  std::vector<std::string> args;
+  std::string hint = "create the publication root first (mkdir -p " + missing.string() + ")";
+  SUBCASE("BASE NEW ROOT") { args = {s.save(1).string(), s.save(2).string(), missing.string()}; }
+  SUBCASE("--full NEW ROOT") { args = {"--full", s.save(2).string(), missing.string()}; }
+  SUBCASE("--full BASE NEW ROOT") { args = {"--full", s.save(1).string(), s.save(2).string(), missing.string()}; }
+  SUBCASE("BASE NEW ROOT/weight_v000001") {
+    args = {s.save(1).string(), s.save(2).string(), (missing / "weight_v000001").string()};
+  }
+  SUBCASE("--prune ROOT: nothing to create, the share may not be mounted") {
+    args = {"--prune", missing.string()}, hint = "is the share mounted?";
+  }
+  const Tree before(s.t.path());
+  const RunResult r = diff(args);
+  E2E_CHECK_CODE(r, 2);
+  CHECK_ERR_MENTIONS(r, missing.string() + ": does not exist");
+  CHECK_ERR_MENTIONS(r, hint);
+  CHECK_NOTHING_CHANGED(before);
+}
+
+// ---- the Publisher refuses what the commands refuse, before it creates anything --------------
+
+namespace {
+
+// MemoryPublisher(root, mirror) opened and closed; the code and message of
+// what it raised (code -1: it opened).
+std::pair<int, std::string> open_publisher(const fs::path& root, const fs::path& mirror) {
+  hfdelta::PublisherOptions o;
+  o.sync = false;
+  o.background = false;
+  o.lock_timeout = 5;
+  try {
+    hfdelta::MemoryPublisher p(root, mirror, o);
+  } catch (const hfdelta::Error& e) {
+    return {static_cast<int>(e.code()), e.what()};
+  }
+  return {-1, ""};
+}
+
+}  // namespace
+
+TEST_CASE("mistakes: Publisher(root, mirror) with wrong paths is refused before anything is created in either") {
+  Setup s;
+  const fs::path empty_root = s.t / "empty-root", mirror = s.t / "mirror";
+  fs::create_directories(empty_root);
+  require_init(s.save(0), mirror);
+  fs::path root, mir;
+  int code = 3;
+  std::vector<std::string> mentions;
+  SUBCASE("swapped, the root still empty (would create ROOT/.weight_sync/, stranding every host)") {
+    root = mirror, mir = empty_root, mentions = {mirror.string(), "swapped"};
+  }
+  SUBCASE("swapped, the root publishing versions") { root = mirror, mir = s.root, mentions = {mirror.string(), "swapped"}; }
+  SUBCASE("a host's LOCAL as the root (would publish weight_v000001 into it)") {
+    root = s.local, mir = mirror, mentions = {s.local.string(), "swapped"};
+  }
+  SUBCASE("the mirror as the root too") { root = mirror, mir = mirror, mentions = {mirror.string()}; }
+  SUBCASE("a root inside the mirror") {
+    fs::create_directories(mirror / "weights");
+    root = mirror / "weights", mir = mirror, mentions = {(mirror / "weights").string(), "inside mirror " + mirror.string()};
+  }
+  SUBCASE("the mirror inside the root") {
+    const fs::path inner = empty_root / "mirror";
+    require_init(s.save(0), inner);
+    root = empty_root, mir = inner, mentions = {inner.string(), "inside ROOT " + empty_root.string()};
+  }
+  SUBCASE("a mirror never initialised (would create MIRROR/.weight_sync/)") {
+    const fs::path plain = s.t / "plain";
+    copy_tree(s.save(0), plain);
+    root = empty_root, mir = plain, code = 11, mentions = {plain.string(), "delta-apply --init CHECKPOINT " + plain.string()};
+  }
+  SUBCASE("a root that does not exist") {
+    root = s.t / "typo", mir = mirror, code = 2, mentions = {"create the publication root first"};
+  }
+  const Tree before(s.t.path());
+  const auto [got, message] = open_publisher(root, mir);
+  CHECK_MESSAGE(got == code, "Publisher(" << root << ", " << mir << "): " << (got < 0 ? "opened" : message));
+  for (const auto& m : mentions) CHECK_MESSAGE(contains(message, m), message << "\nshould mention \"" << m << "\"");
+  CHECK_NOTHING_CHANGED(before);
+  // Every host still pulls from the root.
+  const fs::path host = s.t / "host";
+  require_init(s.save(0), host);
+  E2E_CHECK_CODE(apply({"-q", "--root", s.root.string(), host.string()}), 0);
+}
+
+TEST_CASE("mistakes: a publisher overtaken by another is told so on its first call, and reopening it catches up") {
+  Setup s;
+  const fs::path root = s.t / "shared", m1 = s.t / "mirror-1", m2 = s.t / "mirror-2";
+  fs::create_directories(root);
+  require_init(s.save(0), m1);
+  require_init(s.save(0), m2);
+  hfdelta::PublisherOptions o;
+  o.sync = false;
+  o.background = false;
+  auto p2 = std::make_unique<hfdelta::MemoryPublisher>(root, m2, o);
+  {
+    hfdelta::MemoryPublisher p1(root, m1, o);
+    p1.publish(true);  // version 1, every tensor unchanged
+  }
+  REQUIRE(fs::is_directory(version_dir(root, 1)));
+  const Tree before(s.t.path());
+  for (int call = 0; call < 2; ++call) {
+    std::string message;
+    try {
+      call == 0 ? (void)p2->publish(true) : p2->begin();
+    } catch (const hfdelta::Error& e) {
+      CHECK(e.code() == hfdelta::Exit::exists);
+      message = e.what();
+    }
+    INFO("call " << call << ": " << message);
+    CHECK(contains(message, "published by another publisher"));
+    CHECK(contains(message, "open it again"));
+    CHECK(contains(message, m2.string()));
+  }
+  CHECK_NOTHING_CHANGED(before);
+  p2.reset();
+  hfdelta::MemoryPublisher again(root, m2, o);
+  CHECK(again.opening().caught_up == std::vector<std::uint64_t>{1});
+  CHECK(again.version() == 1);
+  CHECK(again.publish(true).diff.version == 2);
+}
+
+// ---- numbers, help and the order of options --------------------------------------------
+
+TEST_CASE("mistakes: a negative number is a usage error (exit 2), never wrapped") {
+  Setup s;
+  const fs::path fresh = s.t / "fresh";
+  std::vector<std::string> args;
+  bool of_diff = false;
+  SUBCASE("--target -1") { args = {"--root", s.root.string(), "--target", "-1", s.local.string()}; }
+  SUBCASE("--init-version -1") { args = {"--init", "--init-version", "-1", s.save(0).string(), fresh.string()}; }
+  SUBCASE("--lock-timeout -1") { args = {"--lock-timeout", "-1", "--root", s.root.string(), s.local.string()}; }
+  SUBCASE("--threads -1") { args = {"--threads", "-1", "--root", s.root.string(), s.local.string()}; }
+  SUBCASE("--keep-from -1") { args = {"--prune", s.root.string(), "--keep-from", "-1"}, of_diff = true; }
+  SUBCASE("--delta-version -1") {
+    args = {"--delta-version", "-1", s.save(1).string(), s.save(2).string(), (s.t / "d").string()}, of_diff = true;
+  }
+  SUBCASE("--base-version -1") {
+    args = {"--base-version", "-1", s.save(1).string(), s.save(2).string(), version_dir(s.root, 2).string()};
+    of_diff = true;
+  }
+  const Tree before(s.t.path());
+  const RunResult r = of_diff ? diff(args) : apply(args);
+  E2E_CHECK_CODE(r, 2);
+  CHECK_ERR_MENTIONS(r, "-1");
+  CHECK_NOTHING_CHANGED(before);
+}
+
+TEST_CASE("mistakes: zero-padded numbers are decimal, as versions are written (000010 is ten, not octal)") {
+  Setup s;
+  const fs::path fresh = s.t / "fresh", out = s.t / "out" / "weight_v000010";
+  fs::create_directories(out.parent_path());
+  E2E_CHECK_CODE(apply({"-q", "--init", "--init-version", "000010", s.save(0).string(), fresh.string()}), 0);
+  CHECK(state_version(fresh) == "000010");
+  E2E_CHECK_CODE(diff({"-q", "--delta-version", "000010", "--base-version", "09", s.save(1).string(), s.save(2).string(),
+                       out.string()}),
+                 0);
+  CHECK(delta_index(out)["metadata"]["base_version"] == "000009");
+}
+
+TEST_CASE("mistakes: -h with --json prints one JSON object holding the help") {
+  for (const bool of_diff : {true, false}) {
+    for (const std::vector<std::string>& args : {std::vector<std::string>{"-h", "--json"}, {"--json", "--help"}}) {
+      const RunResult r = of_diff ? diff(args) : apply(args);
+      E2E_CHECK_CODE(r, 0);
+      json j;
+      CHECK_NOTHROW(j = parse_json(r.out));
+      CHECK_MESSAGE(j.value("ok", false), r.describe());
+      CHECK(j.value("schema", 0) == 1);
+      CHECK(contains(j.value("help", ""), "Usage:"));
+    }
+  }
+}
+
+TEST_CASE("mistakes: every form takes its options in any order, its path after them too") {
+  Setup s;
+  const std::string delta = s.delta().string(), root = s.root.string();
+  const Tree before(s.t.path());
+  std::vector<std::vector<std::string>> same;  // command lines that must print the same
+  std::string what;
+  SUBCASE("--inspect --json DELTA") {
+    what = "json", same = {{"--inspect", delta, "--json"}, {"--json", "--inspect", delta}, {"--inspect", "--json", delta}};
+  }
+  SUBCASE("--inspect -q DELTA") { what = "quiet", same = {{"--inspect", delta, "-q"}, {"--inspect", "-q", delta}}; }
+  SUBCASE("--prune --dry-run ROOT") {
+    what = "text", same = {{"--prune", root, "--dry-run"}, {"--prune", "--dry-run", root},
+                           {"--dry-run", "--prune", root}};
+  }
+  SUBCASE("--prune --keep-from N --dry-run ROOT") {
+    what = "text", same = {{"--prune", root, "--keep-from", "1", "--dry-run"}, {"--prune", "--keep-from", "1", "--dry-run", root}};
+  }
+  SUBCASE("--prune --json --dry-run ROOT") {
+    what = "json", same = {{"--prune", root, "--json", "--dry-run"}, {"--prune", "--json", "--dry-run", root}};
+  }
+  std::vector<RunResult> runs;
+  for (const auto& args : same) runs.push_back(diff(args));
+  for (const auto& r : runs) {
+    E2E_CHECK_CODE(r, 0);
+    CHECK_MESSAGE(r.out == runs.front().out, r.describe() << "\nvs\n" << runs.front().describe());
+    if (what == "json") CHECK_NOTHROW(parse_json(r.out));
+    if (what == "quiet") CHECK(r.out.empty());
+  }
+  CHECK_NOTHING_CHANGED(before);
+
+  // The path is still one: a second one is refused.
+  const RunResult extra = diff({"--inspect", "--json", delta, root});
+  E2E_CHECK_CODE(extra, 2);
+  CHECK_ERR_MENTIONS(extra, "unexpected argument \"" + root + "\"");
+  E2E_CHECK_CODE(diff({"--prune", "--dry-run"}), 2);
+}
+
+TEST_CASE("mistakes: delta-apply --root takes ROOT after other options too") {
+  Setup s;
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--root", "--json", s.root.string(), s.local.string()},
+        {"--root", "-q", "--target", "1", s.root.string(), s.local.string()}}) {
+    const fs::path host = s.t / "host";
+    fs::remove_all(host);
+    require_init(s.save(0), host);
+    std::vector<std::string> a = args;
+    a.back() = host.string();
+    const RunResult r = apply(a);
+    E2E_CHECK_CODE(r, 0);
+    CHECK(state_version(host) == "000001");
+  }
+  const RunResult missing = apply({"--root", "--json", s.local.string()});
+  E2E_CHECK_CODE(missing, 2);
+  CHECK_ERR_MENTIONS(missing, "--root ROOT LOCAL");
 }

@@ -85,6 +85,12 @@ bool exists_nofollow(const boost::filesystem::path& p);
 // directory is Error(bad_input).
 void require_dir(const boost::filesystem::path& dir, const std::string& what_to_do);
 
+// Where `p` lies against directory `dir`, both resolved (symlinks, "..";
+// `p` need not exist yet): the same directory, inside it (at any depth), or
+// apart. Paths that cannot be resolved are apart: their own checks report them.
+enum class Nesting { apart, same, inside };
+Nesting nesting(const boost::filesystem::path& p, const boost::filesystem::path& dir);
+
 // `p`, a path below `dir` as a directory iterator gives it, relative to `dir`
 // by name with '/' separators. Not boost::filesystem::relative, which
 // resolves symlinks: it would give a link's target ("../../blobs/<hash>")

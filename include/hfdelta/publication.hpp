@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <boost/filesystem/path.hpp>
@@ -64,6 +65,15 @@ Completeness check_complete(const boost::filesystem::path& dir, bool required);
 std::string sidecar_dirname(std::uint64_t v);
 // Sidecar deltas under ROOT, by version.
 std::map<std::uint64_t, boost::filesystem::path> scan_sidecars(const boost::filesystem::path& root);
+
+// Refuses (Error(bad_input), naming both paths) an OUT (a version directory
+// or a publication root; it need not exist) that is one of the checkpoints
+// `inputs` (role, path: "BASE", "NEW") or lies inside one: a root inside a
+// save is copied into every later delta as the save's files, and every host
+// would get it inside its LOCAL. Reads only names, so it runs before
+// anything is created.
+void check_out_apart(const boost::filesystem::path& out,
+                     const std::vector<std::pair<std::string, boost::filesystem::path>>& inputs);
 
 struct FullSummary {
   std::uint64_t version = 0;

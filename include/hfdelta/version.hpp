@@ -67,7 +67,9 @@ struct PublishTarget {
 //   (Error(usage)) and, when OUT's parent already publishes versions, be the
 //   highest number used + 1 (Error(out_of_order)); OUT must not exist
 //   (Error(exists), checked before the order);
-// - any other name: a delta outside any root; `given` is required (Error(usage)).
+// - any other name: a delta outside any root; `given` is required (Error(usage);
+//   for a path that does not exist, the message says to create the
+//   publication root first: most often the root was meant).
 PublishTarget publish_target(const boost::filesystem::path& arg, std::optional<std::uint64_t> given);
 
 }  // namespace hfdelta

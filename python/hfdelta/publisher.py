@@ -29,7 +29,7 @@ from types import TracebackType
 from typing import Any, Iterable, Iterator, Mapping, Optional, Tuple, Union
 
 from . import _core
-from ._api import PathLike, ProgressCallback, _path
+from ._api import PathLike, ProgressCallback, _count, _path, _seconds
 from .errors import UsageError
 from .results import ChangeResult, DiffResult
 
@@ -116,7 +116,13 @@ class Publisher:
     ``encoding``: "sparse" (default), "auto", "xor" or "overwrite", as delta-diff's --encoding. With
     ``background`` (default) the mirror is advanced in a thread of its own once a version is published, so the
     trainer goes on at once; the next publish (or wait(), or close()) waits for it. Use as a context manager, or
-    call close(). One publisher per mirror (a second waits ``lock_timeout`` seconds, then raises LockTimeout).
+    call close(). One publisher per mirror (a second waits ``lock_timeout`` seconds, then raises LockTimeout;
+    None, the default, waits forever; a negative number raises UsageError, as the CLI's --lock-timeout refuses
+    it), and one per root: a publisher overtaken by another raises Exists; open it again to catch up.
+
+    ``root`` and ``mirror`` are checked before anything is created in either, as the CLI checks its paths: a LOCAL
+    given as the root (the arguments swapped, or a host's LOCAL) and a root and mirror one inside the other raise
+    BadInput, a mirror never initialised raises Uninitialised.
     """
 
     def __init__(self, root: PathLike, mirror: PathLike, *, encoding: str = "sparse", level: int = 3,
@@ -126,6 +132,8 @@ class Publisher:
         self.mirror = _path(mirror, "mirror")
         self.encoding = encoding
         self._lock = threading.Lock()
+        threads = _count(threads, "threads") or 0  # as the forms check them: a negative number is a UsageError
+        lock_timeout = _seconds(lock_timeout, "lock_timeout")
         self._core = _core._Publisher(self.root, self.mirror, encoding, level, threads, sync, lock_timeout,
                                       background)
         o = json.loads(self._core.opening())

@@ -22,10 +22,13 @@ void bind_forms(nanobind::module_& m);
 
 // The options both the forms and the publisher take, checked as the CLI
 // checks them (Error(usage) otherwise): zstd level 1 to 19, threads 0 (all
-// cores) or more, and an encoding name (sparse, auto, xor, overwrite; none
-// is "auto").
+// cores) or more, an encoding name (sparse, auto, xor, overwrite; none
+// is "auto"), and a lock timeout in seconds >= 0 (none: wait forever, -1
+// for the library; a negative number is refused, as the CLI's
+// --lock-timeout refuses it).
 void check_level(int level);
 void check_threads(int threads);
+double lock_seconds(std::optional<double> lock_timeout);
 std::optional<Encoding> encoding_of(const std::string& name);
 
 }  // namespace hfdelta::python

@@ -50,6 +50,13 @@ std::optional<Encoding> encoding_of(const std::string& name) {
   return name == "auto" ? std::nullopt : std::optional(parse_encoding(name));
 }
 
+double lock_seconds(std::optional<double> lock_timeout) {
+  if (!lock_timeout) return -1;  // wait forever
+  if (!(*lock_timeout >= 0))
+    fail(Exit::usage, "lock_timeout must be a number of seconds >= 0 (None: wait), not " + std::to_string(*lock_timeout));
+  return *lock_timeout;
+}
+
 namespace {
 
 using Version = std::optional<std::uint64_t>;
@@ -71,12 +78,6 @@ auto released(nb::handle progress, Work&& work) {
   return work();
 }
 
-
-double lock_seconds(std::optional<double> lock_timeout) {
-  if (!lock_timeout) return -1;  // wait forever
-  if (!(*lock_timeout >= 0)) usage("lock_timeout must be a number of seconds >= 0 (None: wait)");
-  return *lock_timeout;
-}
 
 // What a Python exception was, for a message: "ValueError('boom')". Needs the GIL.
 std::string describe(nb::python_error& e) {
@@ -143,6 +144,7 @@ std::pair<std::string, std::vector<std::string>> diff(const std::string& base, c
                                                       int level, Version delta_version, Version base_version,
                                                       int threads, bool sync, nb::handle progress) {
   return released(progress, [&] {
+    check_out_apart(stripped(out_arg), {{"BASE", stripped(base)}, {"NEW", stripped(target)}});
     const PublishTarget t = publish_target(stripped(out_arg), delta_version);
     const std::string out = t.out.string();  // ROOT given: the version directory chosen in it
     const DiffSummary s = diff_checkpoints(stripped(base), stripped(target), out,
@@ -156,6 +158,8 @@ std::pair<std::string, std::vector<std::string>> full(const std::string& target,
                                                       int level, Version delta_version, Version base_version,
                                                       int threads, bool sync, nb::handle progress) {
   return released(progress, [&] {
+    if (base) check_out_apart(stripped(out_arg), {{"BASE", stripped(*base)}, {"NEW", stripped(target)}});
+    else check_out_apart(stripped(out_arg), {{"NEW", stripped(target)}});
     const PublishTarget t = publish_target(stripped(out_arg), delta_version);
     DiffSummary s;
     std::string side;

@@ -183,7 +183,7 @@ void bind_publisher(nb::module_& m) {
             o.level = level;
             o.threads = threads;
             o.sync = sync;
-            o.lock_timeout = lock_timeout.value_or(-1);
+            o.lock_timeout = hfdelta::python::lock_seconds(lock_timeout);  // -1 is no "wait forever" here
             o.background = background;
             std::unique_ptr<hfdelta::MemoryPublisher> p;
             {

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cmath>
+#include <cstdlib>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -144,6 +146,29 @@ void ProgressLine::stop_current() {
   if (ProgressLine* p = g_current.exchange(nullptr)) p->stop();
 }
 
+CLI::Validator whole_number() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos)
+          return "must be a whole number >= 0 in decimal digits, not \"" + s + "\"";
+        s.erase(0, std::min(s.find_first_not_of('0'), s.size() - 1));  // "000010": ten, not octal
+        return "";
+      },
+      "");
+}
+
+CLI::Validator seconds() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        char* end = nullptr;
+        const double v = s.empty() ? -1 : std::strtod(s.c_str(), &end);
+        if (s.empty() || end != s.c_str() + s.size() || !(v >= 0) || !std::isfinite(v))
+          return "must be a number of seconds >= 0 (leave it out to wait), not \"" + s + "\"";
+        return "";
+      },
+      "");
+}
+
 void set_usage(CLI::App& app, std::string forms) { app.formatter(std::make_shared<FormsFormatter>(std::move(forms))); }
 
 void print_json(nlohmann::json j) {
@@ -174,6 +199,14 @@ int version_flag(const std::string& prog, int argc, char** argv, bool& handled) 
                                    json_in_argv(argc, argv)));
 }
 
+// -h, --help: the text, or with --json, one JSON object holding it ("help"),
+// as every --json run prints.
+int help(const CLI::App& app, const CLI::Error& e, bool json) {
+  if (!json) return app.exit(e);
+  print_json({{"help", app.help()}});
+  return 0;
+}
+
 }  // namespace
 
 int run(CLI::App& app, int argc, char** argv, const std::function<void()>& body, const bool* json_out) {
@@ -184,9 +217,9 @@ int run(CLI::App& app, int argc, char** argv, const std::function<void()>& body,
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
-    return check_stdout(prog, app.exit(e));
+    return check_stdout(prog, help(app, e, json_in_argv(argc, argv)));
   } catch (const CLI::CallForAllHelp& e) {
-    return check_stdout(prog, app.exit(e));
+    return check_stdout(prog, help(app, e, json_in_argv(argc, argv)));
   } catch (const CLI::ParseError& e) {
     const int code = report(prog, static_cast<int>(Exit::usage), e.what(), json_in_argv(argc, argv));
     std::cerr << "Run with --help for more information.\n";

@@ -26,6 +26,15 @@ void print_json(nlohmann::json j);
 // a closed pipe) is an error too.
 int run(CLI::App& app, int argc, char** argv, const std::function<void()>& body, const bool* json_out = nullptr);
 
+// For options taking a count or version number (--target N, --keep-from N):
+// decimal digits only, so that "-1" is a usage error instead of wrapping to
+// 2^64 - 1, and "000010" is ten, not octal. Leading zeros are dropped
+// before CLI11 converts the value.
+CLI::Validator whole_number();
+// For --lock-timeout SECONDS: a number >= 0 ("-1" is a usage error; leave
+// the option out to wait forever).
+CLI::Validator seconds();
+
 // --help's usage lines: `forms`, one command line per form, instead of
 // CLI11's "PROG [OPTIONS] [PATHS...]".
 void set_usage(CLI::App& app, std::string forms);

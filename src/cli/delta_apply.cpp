@@ -28,6 +28,7 @@ struct Options {
        progress = false;
   std::optional<std::uint64_t> target, version;
   ApplyOptions apply;
+  const CLI::Option* root_opt = nullptr;  // --root given (its ROOT may come among the paths)
 };
 
 // The options of every form, written into `o` when `app` parses.
@@ -36,15 +37,25 @@ void add_options(CLI::App& app, Options& o) {
       ->expected(1, 2)
       ->group("");  // the usage lines name them per form
   auto* init_opt = app.add_flag("--init", o.init, "Make LOCAL an exact copy of the full checkpoint SRC");
-  auto* root_opt = app.add_option("--root", o.root, "Publication root holding weight_vNNNNNN version directories");
+  auto* root_opt = app.add_option("--root", o.root,
+                                  "Publication root holding weight_vNNNNNN version directories; ROOT may also come "
+                                  "after other options, before LOCAL")
+                       ->expected(0, 1);  // `--root --json ROOT LOCAL`: ROOT is then the first path
+  o.root_opt = root_opt;
   auto* status_opt =
       app.add_flag("--status", o.status, "Report LOCAL's version: exit 0 clean, 10 interrupted, 11 uninitialised");
   auto* recover_opt = app.add_flag("--recover", o.recover, "Only roll back an interrupted apply, if any");
   auto* verify_opt = app.add_flag("--verify", o.verify,
                                   "Re-hash LOCAL against the checksums recorded for its version: exit 0 clean, "
                                   "10 interrupted, 11 uninitialised, 12 corrupt");
-  app.add_option("--target", o.target, "Version to bring LOCAL to with --root (default: newest)")->needs(root_opt);
-  app.add_option("--init-version", o.version, "Version recorded by --init (default 0)")->type_name("N")->needs(init_opt);
+  app.add_option("--target", o.target, "Version to bring LOCAL to with --root (default: newest)")
+      ->type_name("N")
+      ->transform(cli::whole_number())
+      ->needs(root_opt);
+  app.add_option("--init-version", o.version, "Version recorded by --init (default 0)")
+      ->type_name("N")
+      ->transform(cli::whole_number())
+      ->needs(init_opt);
   root_opt->excludes(init_opt, status_opt, recover_opt, verify_opt);
   init_opt->excludes(status_opt, recover_opt, verify_opt);
   status_opt->excludes(recover_opt, verify_opt);
@@ -66,8 +77,9 @@ void add_options(CLI::App& app, Options& o) {
                "deleting its files")
       ->needs(init_opt);
   app.add_option("--lock-timeout", o.apply.lock_timeout, "Give up after SECONDS waiting for the lock (default: wait)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--threads", o.apply.threads, "Worker threads (default: all cores)")->check(CLI::NonNegativeNumber);
+      ->type_name("SECONDS")
+      ->check(cli::seconds());
+  app.add_option("--threads", o.apply.threads, "Worker threads (default: all cores)")->transform(cli::whole_number());
   app.add_flag("--no-sync", o.no_sync, "Do not flush data before recording the version");
   app.add_flag("--progress", o.progress,
                "Show progress on stderr (bytes done, rate, time left); the default on a terminal, never with -q or --json");
@@ -204,6 +216,11 @@ void print_change_human(const std::string& local, const ApplyResult& r, bool rec
 void run_command(Options& o) {
   o.apply.sync = !o.no_sync;
   const cli::ProgressLine progress_line(cli::progress_wanted(o.progress, o.quiet, o.json_out));
+  if (*o.root_opt && o.root.empty()) {  // --root without its ROOT right after it: the first of two paths
+    if (o.paths.size() != 2) throw CLI::ValidationError("--root", "needs ROOT: --root ROOT LOCAL");
+    o.root = o.paths.front();
+    o.paths.erase(o.paths.begin());
+  }
   for (std::string& p : o.paths) p = strip_trailing_slashes(p).string();  // "LOCAL/" names LOCAL
   if (!o.root.empty()) o.root = strip_trailing_slashes(o.root).string();
   const std::string local = local_path(o);

@@ -140,10 +140,13 @@ void add_diff_options(CLI::App& app, Options& o, Given& g) {
   g.diff_only.push_back(
       app.add_option("--delta-version", o.version,
                      "Version number of OUT (default: from OUT's name, or ROOT's newest + 1; must agree with them)")
-          ->type_name("N"));
-  g.diff_only.push_back(app.add_option("--base-version", o.base_version, "Version of BASE (default: version - 1)")->type_name("M"));
+          ->type_name("N")
+          ->transform(cli::whole_number()));
+  g.diff_only.push_back(app.add_option("--base-version", o.base_version, "Version of BASE (default: version - 1)")
+                                     ->type_name("M")
+                                     ->transform(cli::whole_number()));
   g.diff_only.push_back(
-      app.add_option("--threads", o.diff.threads, "Worker threads (default: all cores)")->check(CLI::NonNegativeNumber));
+      app.add_option("--threads", o.diff.threads, "Worker threads (default: all cores)")->transform(cli::whole_number()));
   g.post_publish = app.add_option("--post-publish", o.post_publish,
                                   "Shell command to run after each version directory is published and durable "
                                   "(HFDELTA_VERSION, HFDELTA_VERSION_PATH, HFDELTA_NAME and HFDELTA_ROOT are set), "
@@ -161,8 +164,9 @@ void add_form_options(CLI::App& app, Options& o, Given& g) {
   g.inspect = app.add_option("--inspect", o.inspect,
                              "Describe delta version directory DELTA: versions, encoding, per-tensor entries "
                              "with their changed counts and checksums, file operations; checks it as "
-                             "delta-apply would (a damaged delta exits 3)")
+                             "delta-apply would (a damaged delta exits 3); DELTA may also come after other options")
                   ->type_name("DELTA")
+                  ->expected(0, 1)  // `--inspect --json DELTA`: DELTA is then the one path argument
                   ->group(inspect_group);
   const std::string squash_group = "Squash a chain of deltas (instead of diffing checkpoints)";
   g.squash = app.add_flag("--squash", o.squash,
@@ -185,12 +189,15 @@ void add_form_options(CLI::App& app, Options& o, Given& g) {
   const std::string prune_group = "Prune a publication root (instead of writing a delta)";
   g.prune = app.add_option("--prune", o.prune,
                            "Remove the version directories of ROOT older than its newest full version "
-                           "(with --keep-from N: older than the newest full version at or below N)")
+                           "(with --keep-from N: older than the newest full version at or below N); ROOT may also "
+                           "come after other options")
                 ->type_name("ROOT")
+                ->expected(0, 1)  // `--prune --dry-run ROOT`: ROOT is then the one path argument
                 ->group(prune_group);
   g.keep_from = app.add_option("--keep-from", o.keep_from,
                                "Keep every version a delta-apply --root pull to version N or later can need")
                     ->type_name("N")
+                    ->transform(cli::whole_number())
                     ->group(prune_group);
   g.dry_run = app.add_flag("--dry-run", o.dry_run, "Print what --prune would remove; remove nothing")->group(prune_group);
   g.withdraw = app.add_option("--withdraw", o.withdraw,
@@ -220,11 +227,17 @@ void check_exclusive(const Given& g) {
   if (*g.squash_base && !*g.squash) throw CLI::ValidationError("--squash-base", "needs --squash");
 }
 
-// --inspect and --prune take none of the diff form's arguments.
-void check_inspect_or_prune(const Given& g, const Options& o) {
+// --inspect and --prune take none of the diff form's arguments; their path
+// follows them, or is the one path argument (`--prune --dry-run ROOT`).
+void check_inspect_or_prune(const Given& g, Options& o) {
   const std::string form = *g.inspect ? "--inspect" : "--prune";
-  for (const auto* opt : {g.base, g.target, g.out})
-    if (*opt) throw CLI::ValidationError(form, "unexpected argument \"" + opt->as<std::string>() + "\"");
+  std::string& path = *g.inspect ? o.inspect : o.prune;
+  std::vector<std::string> args;
+  for (const std::string* a : {&o.base, &o.target, &o.out})
+    if (!a->empty()) args.push_back(*a);
+  if (path.empty() && !args.empty()) path = args.front(), args.erase(args.begin());
+  if (!args.empty()) throw CLI::ValidationError(form, "unexpected argument \"" + args.front() + "\"");
+  if (path.empty()) throw CLI::RequiredError(form + (*g.inspect ? " DELTA" : " ROOT"));
   for (const auto* opt : g.diff_only)
     if (*opt) throw CLI::ValidationError(opt->get_name(), "only writing a delta takes it, not " + form);
   if (*g.inspect && o.no_sync) throw CLI::ValidationError("--no-sync", "only writing a delta or --prune takes it");
@@ -238,7 +251,7 @@ void check_squash(const Given& g) {
 }
 
 // Which form the command line asks for, once its options fit that form.
-Form choose_form(const Given& g, const Options& o) {
+Form choose_form(const Given& g, Options& o) {
   check_exclusive(g);
   if (*g.withdraw) {
     for (const auto* opt : {g.base, g.target, g.out})
@@ -403,6 +416,7 @@ void print_diff_human(const Options& o, const DiffSummary& s) {
 }
 
 void run_diff(Options o) {
+  check_out_apart(o.out, {{"BASE", o.base}, {"NEW", o.target}});  // before a missing root's hint says to create it
   const PublishTarget t = publish_target(o.out, o.version);
   o.out = t.out.string();  // ROOT given: the version directory chosen in it
   const DiffSummary s = diff_checkpoints(o.base, o.target, o.out, diff_options(o, t));
@@ -438,6 +452,8 @@ void run_full(Options o) {
     o.target = o.base;
     o.base.clear();
   }
+  if (o.base.empty()) check_out_apart(o.out, {{"NEW", o.target}});
+  else check_out_apart(o.out, {{"BASE", o.base}, {"NEW", o.target}});
   const PublishTarget t = publish_target(o.out, o.version);
   DiffSummary s;
   std::string side;

@@ -57,6 +57,30 @@ def test_usage(tools: Tools, series: list[Path], tmp_path: Path) -> None:
     assert e.value.message == cli.json["error"]["message"] and e.value.path == cli.json["error"]["path"]
 
 
+def test_root_inside_a_checkpoint_or_not_created(tools: Tools, series: list[Path], tmp_path: Path) -> None:
+    new = copy_tree(series[1], tmp_path / "new")
+    for make in (False, True):
+        if make:
+            (new / "weights").mkdir()
+        with pytest.raises(hfdelta.BadInput, match="inside NEW") as e:
+            hfdelta.diff(series[0], new, new / "weights")
+        cli = tools.diff_json(series[0], new, new / "weights")
+        assert cli.code == 3 and e.value.message == cli.json["error"]["message"]
+        with pytest.raises(hfdelta.BadInput, match="inside NEW"):
+            hfdelta.publish_full(new, new / "weights", base=series[0])
+        with pytest.raises(hfdelta.BadInput, match="inside NEW"):
+            hfdelta.publish_full(new, new / "weights")
+    assert sorted(os.listdir(new / "weights")) == []
+    typo = tmp_path / "weigths"
+    with pytest.raises(hfdelta.UsageError, match="create the publication root first") as u:
+        hfdelta.diff(series[0], series[1], typo)
+    cli = tools.diff_json(series[0], series[1], typo)
+    assert cli.code == 2 and u.value.message == cli.json["error"]["message"]
+    with pytest.raises(hfdelta.UsageError, match="create the publication root first"):
+        hfdelta.publish_full(series[1], typo)
+    assert not typo.exists()
+
+
 def test_bad_input(tools: Tools, series: list[Path]) -> None:
     with pytest.raises(hfdelta.BadInput) as e:
         hfdelta.inspect(series[0])  # a checkpoint, not a delta

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -238,6 +239,83 @@ def test_opening_reconciles_or_refuses(tools: Any, series: list[Path], tmp_path:
     with Publisher(root, mirror):
         with pytest.raises(hfdelta.LockTimeout):
             Publisher(root, mirror, lock_timeout=0.2)
+
+
+def every_path(d: Path) -> dict[str, bytes]:
+    """Every path below d (.weight_sync/ and its lock files included), with a file's bytes."""
+    return {str(p.relative_to(d)): p.read_bytes() if p.is_file() else b"" for p in sorted(d.rglob("*"))}
+
+
+def test_wrong_paths_refused_before_anything_is_created(tools: Any, series: list[Path], tmp_path: Path) -> None:
+    root, mirror = new_mirror(tmp_path, series[0])
+    host = tmp_path / "host"
+    hfdelta.init(series[0], host, sync=False)
+    plain = tmp_path / "plain"
+    shutil.copytree(series[0], plain)
+    inner = tmp_path / "outer-root" / "mirror"
+    inner.parent.mkdir()
+    hfdelta.init(series[0], inner, sync=False)
+    (mirror / "weights").mkdir()
+    before = every_path(tmp_path)
+    # swapped: ROOT/.weight_sync/ would strand every host's pull
+    with pytest.raises(hfdelta.BadInput, match="swapped") as e:
+        Publisher(mirror, root)
+    assert e.value.path == str(mirror)
+    # a host's LOCAL as the root: weight_v000001 would be written into it
+    with pytest.raises(hfdelta.BadInput, match="swapped"):
+        Publisher(host, mirror)
+    with pytest.raises(hfdelta.BadInput, match="inside mirror"):
+        Publisher(mirror / "weights", mirror)
+    with pytest.raises(hfdelta.BadInput, match="inside ROOT"):
+        Publisher(inner.parent, inner)
+    with pytest.raises(hfdelta.Uninitialised, match="delta-apply --init CHECKPOINT"):
+        Publisher(root, plain)
+    with pytest.raises(hfdelta.UsageError, match="create the publication root first"):
+        Publisher(tmp_path / "typo", mirror)
+    assert every_path(tmp_path) == before
+    # hosts still pull from the root
+    assert tools.run("diff", "-q", "--no-sync", series[0], series[1], root).code == 0
+    assert hfdelta.pull(root, host, sync=False).to_version == "000001"
+
+
+def test_numbers_are_checked_as_the_cli_checks_them(tools: Any, series: list[Path], tmp_path: Path) -> None:
+    root, mirror = new_mirror(tmp_path, series[0])
+    before = every_path(tmp_path)
+    for kw in ({"lock_timeout": -1}, {"lock_timeout": -0.5}, {"threads": -1}, {"level": -1}):
+        with pytest.raises(hfdelta.UsageError, match="-"):
+            Publisher(root, mirror, **kw)
+    with pytest.raises(hfdelta.UsageError, match="lock_timeout"):
+        hfdelta.status(mirror, lock_timeout=-1)
+    with pytest.raises(hfdelta.UsageError, match="target"):
+        hfdelta.pull(root, mirror, target=-1)
+    with pytest.raises(hfdelta.UsageError, match="keep_from"):
+        hfdelta.prune(root, keep_from=-1)
+    # the CLI refuses the same, as usage errors
+    for args in (("apply", "--status", "--lock-timeout", -1, mirror), ("apply", "--root", root, "--target", -1, mirror),
+                 ("apply", "--root", root, "--threads", -1, mirror), ("diff", "--prune", root, "--keep-from", -1)):
+        r = tools.run(*args)
+        assert r.code == 2, (args, r.err)
+    assert every_path(tmp_path) == before
+    with Publisher(root, mirror, lock_timeout=None, sync=False) as pub:  # None: wait for ever, as the default
+        assert pub.version == 0
+
+
+def test_overtaken_publisher_is_told_to_reopen(series: list[Path], tmp_path: Path) -> None:
+    root, first_mirror = new_mirror(tmp_path, series[0])
+    late_mirror = tmp_path / "late-mirror"
+    hfdelta.init(series[0], late_mirror, sync=False)
+    with Publisher(root, late_mirror, sync=False, background=False) as late:
+        with Publisher(root, first_mirror, sync=False, background=False) as first:
+            first.publish(tensors_of(series[1]))
+        for _ in range(2):  # said on the first call, and on every one after
+            with pytest.raises(hfdelta.Exists, match="published by another publisher") as e:
+                late.publish(tensors_of(series[2]))
+            assert "open it again" in e.value.message and str(late_mirror) in e.value.message
+        assert sorted(os.listdir(root)) == ["weight_v000001"]
+    with Publisher(root, late_mirror, sync=False) as again:
+        assert again.opening.caught_up == [1] and again.version == 1
+        assert again.publish(tensors_of(series[2]), wait=True).version == "000002"
+    assert_same_tree(late_mirror, series[2])
 
 
 # The peak is VmHWM, this process's own: ru_maxrss would carry the parent's
