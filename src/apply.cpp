@@ -366,7 +366,9 @@ std::uint64_t cost_of(const std::vector<Link>& links) {
 
 // Opens every delta of a path whole (damage is found here, before LOCAL is
 // touched); none, with `why`, if one is damaged.
-std::optional<std::vector<OpenDelta>> open_path(std::vector<Link>& links, std::string& why) {
+// (`damage`: the error, thrown as it is when no full version can be taken).
+std::optional<std::vector<OpenDelta>> open_path(std::vector<Link>& links, std::string& why,
+                                                std::optional<Error>& damage) {
   std::vector<OpenDelta> out;
   for (Link& l : links) {
     try {
@@ -374,6 +376,7 @@ std::optional<std::vector<OpenDelta>> open_path(std::vector<Link>& links, std::s
     } catch (const Error& e) {
       if (e.code() != Exit::bad_input && e.code() != Exit::unsupported) throw;
       why = e.what();
+      damage = e;
       return std::nullopt;
     }
   }
@@ -400,8 +403,9 @@ PullPlan plan_pull(const fs::path& root, const RootView& v, std::optional<std::u
   if (full) after_full = delta_path(root, v, full->version, want, refused, why_full);
   PullPlan p;
   const bool full_wins = after_full && (!deltas || tree_bytes(full->path) + cost_of(*after_full) < cost_of(*deltas));
+  std::optional<Error> damage;
   if (!full_wins && deltas) {
-    std::optional<std::vector<OpenDelta>> opened = open_path(*deltas, why_deltas);
+    std::optional<std::vector<OpenDelta>> opened = open_path(*deltas, why_deltas, damage);
     if (opened) {
       for (const Link& l : *deltas) p.sidecars += l.sidecar, p.bytes += tree_bytes(l.dir);
       p.chain = std::move(*opened);
@@ -409,15 +413,15 @@ PullPlan plan_pull(const fs::path& root, const RootView& v, std::optional<std::u
     }
     deltas.reset();
   }
+  if (!after_full && damage) throw *damage;  // a damaged delta and nothing else to take: its own error
   if (!after_full) {
     const std::string& why = local_version ? why_deltas : why_full;
     fail(refused.empty() ? Exit::out_of_order : Exit::verify_failed,
          root.string() + ": cannot reach version " + format_version(want) + ": " + why +
              (full ? "" : "; no full version to start from either (publish one: delta-diff --full NEW ROOT)"));
   }
-  std::optional<std::vector<OpenDelta>> opened = open_path(*after_full, why_full);
-  if (!opened)
-    fail(Exit::bad_input, root.string() + ": cannot reach version " + format_version(want) + ": " + why_full);
+  std::optional<std::vector<OpenDelta>> opened = open_path(*after_full, why_full, damage);
+  if (!opened) throw *damage;
   p.full = full;
   if (auto m = v.markers.find(full->version); m != v.markers.end() && m->second.full) p.full_marker = &m->second;
   for (const Link& l : *after_full) p.sidecars += l.sidecar, p.bytes += tree_bytes(l.dir);

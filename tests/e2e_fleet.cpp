@@ -184,7 +184,7 @@ TEST_CASE("fleet: --withdraw takes a bad version back; hosts that applied it are
   E2E_REQUIRE_CODE(publish(save_dir(s, 2), save_dir(s, 0), root), 0);
   const fs::path applied = host_at(t, s, "applied", 3, root), skipped = host_at(t, s, "skipped", 2, root);
 
-  const RunResult w = diff({"--json", "--withdraw", version_dir(root, 3).string() + "/"});
+  const RunResult w = diff({"--withdraw", "--json", version_dir(root, 3).string() + "/"});
   E2E_REQUIRE_CODE(w, 0);
   const json jw = json::parse(w.out);
   CHECK(jw["version"] == "000003");

@@ -205,6 +205,7 @@ void add_form_options(CLI::App& app, Options& o, Given& g) {
                               "ROOT/withdrawn_vNNNNNN, so hosts that never applied it skip it, its number is never "
                               "published again, and hosts that applied it are told so by their next pull")
                    ->type_name("VERSION")
+                   ->expected(0, 1)  // `--withdraw --json VERSION`: VERSION is then the one path argument
                    ->group("Withdraw a bad version (instead of writing a delta)");
 }
 
@@ -227,17 +228,21 @@ void check_exclusive(const Given& g) {
   if (*g.squash_base && !*g.squash) throw CLI::ValidationError("--squash-base", "needs --squash");
 }
 
-// --inspect and --prune take none of the diff form's arguments; their path
-// follows them, or is the one path argument (`--prune --dry-run ROOT`).
-void check_inspect_or_prune(const Given& g, Options& o) {
-  const std::string form = *g.inspect ? "--inspect" : "--prune";
-  std::string& path = *g.inspect ? o.inspect : o.prune;
+// A form's path follows its option, or is the one path argument
+// (`--prune --dry-run ROOT`); any other path argument is refused.
+void take_form_path(Options& o, std::string& path, const std::string& form, const std::string& what) {
   std::vector<std::string> args;
   for (const std::string* a : {&o.base, &o.target, &o.out})
     if (!a->empty()) args.push_back(*a);
   if (path.empty() && !args.empty()) path = args.front(), args.erase(args.begin());
   if (!args.empty()) throw CLI::ValidationError(form, "unexpected argument \"" + args.front() + "\"");
-  if (path.empty()) throw CLI::RequiredError(form + (*g.inspect ? " DELTA" : " ROOT"));
+  if (path.empty()) throw CLI::RequiredError(form + " " + what);
+}
+
+// --inspect and --prune take none of the diff form's arguments.
+void check_inspect_or_prune(const Given& g, Options& o) {
+  const std::string form = *g.inspect ? "--inspect" : "--prune";
+  take_form_path(o, *g.inspect ? o.inspect : o.prune, form, *g.inspect ? "DELTA" : "ROOT");
   for (const auto* opt : g.diff_only)
     if (*opt) throw CLI::ValidationError(opt->get_name(), "only writing a delta takes it, not " + form);
   if (*g.inspect && o.no_sync) throw CLI::ValidationError("--no-sync", "only writing a delta or --prune takes it");
@@ -254,8 +259,7 @@ void check_squash(const Given& g) {
 Form choose_form(const Given& g, Options& o) {
   check_exclusive(g);
   if (*g.withdraw) {
-    for (const auto* opt : {g.base, g.target, g.out})
-      if (*opt) throw CLI::ValidationError("--withdraw", "unexpected argument \"" + opt->as<std::string>() + "\"");
+    take_form_path(o, o.withdraw, "--withdraw", "VERSION");
     for (const auto* opt : g.diff_only)
       if (*opt) throw CLI::ValidationError(opt->get_name(), "only writing a delta takes it, not --withdraw");
     return Form::withdraw;
