@@ -1,19 +1,30 @@
 // The CUDA path's kernels. A tensor's changes are found in one pass over
-// both inputs, and only the changes cross to the host:
-//   find     a tile (256 threads x 32 bytes of each input, 16-byte loads) is
-//            compared element by element; its changes are numbered by a
-//            block scan whose tile prefix comes from the tiles before it by
-//            CUB's decoupled look-back (cub::TilePrefixCallbackOp), and
-//            written, staged in shared memory, straight to their places:
-//            element in chunk, difference, base context. Each chunk's
-//            changed bytes (cub::BlockReduce), its first change, each tile's
-//            first change and, for context, each chunk's sampled contexts
-//            come out of the same pass.
-// For context, rank() then counts each change's base elements of its group
-// before it, in one more pass over the base: per tile each group's elements
-// (cub::BlockScan, which also gives each thread's elements before it), the
-// tiles' before it in its chunk by a segmented decoupled look-back, and
-// within the thread from the tile's groups kept in shared memory.
+// both inputs, and only the changes cross to the host. Two ways (Design):
+//   tiles    one kernel: a tile (256 threads x V 16-byte vectors of each
+//            input, striped: coalesced loads, all in flight before the first
+//            use) is compared element by element; each vector's changes are
+//            counted, the counts brought into memory order
+//            (cub::BlockExchange) and numbered by cub::BlockScan, the tile's
+//            first change coming from the tiles before it by CUB's decoupled
+//            look-back (cub::TilePrefixCallbackOp, warp 0); each thread then
+//            writes its changes straight to their places (neighbouring
+//            threads' changes are neighbours there too). Each chunk's changed
+//            bytes (cub::BlockReduce, one atomic add per tile), its first
+//            change and each rank tile's first change come out of the same pass.
+//   select   cub::DeviceSelect::If over the elements, each made (as CUB loads
+//            it) into its index, difference, changed bytes and base context,
+//            kept where the bytes differ; the selected are written to their
+//            places as CUB writes them (a tabulate output iterator); then the
+//            chunks' and rank tiles' first changes by binary search over the
+//            selected indices, and the chunks' changed bytes by
+//            cub::DeviceSegmentedReduce.
+// For context, each chunk's sample (the contexts of its sampled base
+// elements) is counted by one more kernel that reads those elements only
+// (1 in 16), and rank() then counts each change's base elements of its group
+// before it, in one more pass over the base: per rank tile each group's
+// elements (cub::BlockScan, which also gives each thread's elements before
+// it), the tiles' before it in its chunk by a segmented decoupled look-back,
+// and within the thread from the tile's groups kept in shared memory.
 // What a change, a difference, a context and a group are: change_rules.hpp,
 // the CPU encoders' own.
 #include "change_finder.hpp"
@@ -21,9 +32,15 @@
 #include <cuda_runtime.h>
 
 #include <cub/agent/single_pass_scan_operators.cuh>
+#include <cub/block/block_exchange.cuh>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
+#include <cub/device/device_segmented_reduce.cuh>
+#include <cub/device/device_select.cuh>
 #include <cuda/std/functional>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/iterator/tabulate_output_iterator.h>
+#include <thrust/iterator/transform_iterator.h>
 
 #include <algorithm>
 #include <string>
@@ -32,6 +49,15 @@
 #include "hfdelta/error.hpp"
 
 namespace hfdelta::gpu {
+
+const char* name(Design d) {
+  switch (d) {
+    case Design::tiles: return "tiles";
+    case Design::small_tiles: return "tiles16";
+    case Design::select: return "select";
+  }
+  return "?";
+}
 
 namespace {
 
@@ -45,17 +71,22 @@ namespace {
   } while (0)
 
 constexpr int kThreads = 256;
-constexpr int kThreadBytes = 32;                              // of each input: two 16-byte loads
+constexpr int kVecBytes = 16;
+// tiles: V vectors of each input a thread, a tile of 4 V KiB of each input
+template <int V>
+constexpr std::uint64_t kTileBytes = std::uint64_t{kThreads} * V * kVecBytes;
+constexpr int kThreadBytes = 32;                                          // rank: of the base a thread
 constexpr int kWords = kThreadBytes / 4;
-constexpr std::uint64_t kTileBytes = kThreads * kThreadBytes;  // 8 KiB; divides every chunk's bytes
-constexpr int kStage = 1024;                                  // a tile's changes staged in shared memory
-constexpr unsigned kMaxGroups = 8;                            // what the encoder writes (context_codec.cpp)
-static_assert(kSparseChunkElements % kTileBytes == 0, "a tile lies in one chunk");
+constexpr std::uint64_t kRankTileBytes = kThreads * kThreadBytes;         // 8 KiB
+constexpr unsigned kMaxGroups = 8;                                        // what the encoder writes (context_codec.cpp)
+static_assert(kSparseChunkElements % kTileBytes<8> == 0, "a tile lies in one chunk");
+static_assert(kRankTileBytes == 2 * kThreads * kVecBytes, "a rank tile is two of a tile's vector rows");
+static_assert(kSparseChunkElements % kRankTileBytes == 0, "a rank tile lies in one chunk");
 static_assert(kThreads == 256, "one thread per context of the sample's histogram");
 
-// A thread's 32 bytes of `p` from byte `at` as 8 words: two 16-byte loads
-// where they are inside (the caller has checked alignment), else byte by
-// byte, zeros past `nbytes`.
+// A thread's 32 bytes of `p` from byte `at` as 8 words (rank): two 16-byte
+// loads where they are inside (the caller has checked alignment), else byte
+// by byte, zeros past `nbytes`.
 template <bool kVec>
 __device__ inline void load_thread(const std::uint8_t* p, std::uint64_t at, std::uint64_t nbytes, std::uint32_t (&w)[kWords]) {
   if (kVec && at + kThreadBytes <= nbytes) {
@@ -71,9 +102,21 @@ __device__ inline void load_thread(const std::uint8_t* p, std::uint64_t at, std:
     if (at + k < nbytes) w[k / 4] |= std::uint32_t{p[at + k]} << (8 * (k % 4));
 }
 
+// 16 bytes of `p` from byte `at`: one load where they are inside (the caller
+// has checked alignment), else byte by byte, zeros past `nbytes`.
+template <bool kVec>
+__device__ inline uint4 load_vec(const std::uint8_t* p, std::uint64_t at, std::uint64_t nbytes) {
+  if (kVec && at + kVecBytes <= nbytes) return __ldcs(reinterpret_cast<const uint4*>(p + at));
+  std::uint32_t w[4] = {0, 0, 0, 0};
+#pragma unroll
+  for (int k = 0; k < kVecBytes; ++k)
+    if (at + k < nbytes) w[k / 4] |= std::uint32_t{p[at + k]} << (8 * (k % 4));
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 // Element i of a thread's words (i a constant once unrolled).
-template <int ES>
-__device__ inline std::uint64_t element_at(const std::uint32_t (&w)[kWords], int i) {
+template <int ES, int N>
+__device__ inline std::uint64_t element_at(const std::uint32_t (&w)[N], int i) {
   if constexpr (ES == 8) {
     return std::uint64_t{w[2 * i]} | std::uint64_t{w[2 * i + 1]} << 32;
   } else {
@@ -82,14 +125,44 @@ __device__ inline std::uint64_t element_at(const std::uint32_t (&w)[kWords], int
   }
 }
 
+// How many of a vector's elements changed (rules::changed: any of its bytes).
+template <int ES>
+__device__ inline unsigned changed_in(const uint4& a, const uint4& b) {
+  if constexpr (ES == 1) {
+    return (__popc(__vcmpne4(a.x, b.x)) + __popc(__vcmpne4(a.y, b.y)) + __popc(__vcmpne4(a.z, b.z)) + __popc(__vcmpne4(a.w, b.w))) / 8;
+  } else if constexpr (ES == 2) {
+    return (__popc(__vcmpne2(a.x, b.x)) + __popc(__vcmpne2(a.y, b.y)) + __popc(__vcmpne2(a.z, b.z)) + __popc(__vcmpne2(a.w, b.w))) / 16;
+  } else if constexpr (ES == 4) {
+    return unsigned{a.x != b.x} + unsigned{a.y != b.y} + unsigned{a.z != b.z} + unsigned{a.w != b.w};
+  } else {
+    return unsigned{a.x != b.x || a.y != b.y} + unsigned{a.z != b.z || a.w != b.w};
+  }
+}
+
+// A vector's bytes that differ (the sum of rules::changed_bytes over its elements).
+__device__ inline unsigned bytes_changed_in(const uint4& a, const uint4& b) {
+  return (__popc(__vcmpne4(a.x, b.x)) + __popc(__vcmpne4(a.y, b.y)) + __popc(__vcmpne4(a.z, b.z)) + __popc(__vcmpne4(a.w, b.w))) / 8;
+}
+
 template <int ES> struct DiffWord;
 template <> struct DiffWord<1> { using type = std::uint8_t; };
 template <> struct DiffWord<2> { using type = std::uint16_t; };
 template <> struct DiffWord<4> { using type = std::uint32_t; };
 template <> struct DiffWord<8> { using type = std::uint64_t; };
 
+// The look-back of tiles: no wait before the first look at the tiles before
+// (a tile takes microseconds; CUB's default waits 450 ns at every tile) and
+// none between looks.
+struct NoDelay {
+  struct delay_t {
+    __device__ void operator()() {}
+  };
+  __device__ NoDelay(unsigned) {}
+  __device__ delay_t operator()() { return {}; }
+};
+
 using CountState = cub::ScanTileState<unsigned long long>;
-using CountPrefix = cub::TilePrefixCallbackOp<unsigned long long, ::cuda::std::plus<>, CountState>;
+using CountPrefix = cub::TilePrefixCallbackOp<unsigned long long, ::cuda::std::plus<>, CountState, NoDelay>;
 
 template <class State>
 __global__ void init_tiles(State s, int ntiles) {
@@ -104,121 +177,229 @@ struct FindOut {
   void* diff;
   std::uint8_t* ctx;
   std::uint64_t cap;
-  unsigned long long* tile_start;   // ntiles + 1: each tile's first change, then all changes
-  unsigned long long* chunk_start;  // chunks + 1: each chunk's first change, then all changes
-  unsigned long long* chunk_bytes;  // per chunk, zeroed: its changed bytes
-  std::uint32_t* sample;            // context: 256 per chunk, zeroed
+  unsigned long long* chunk_start;  // chunks + 1: each chunk's first change, then all changes (at most cap)
+  unsigned long long* chunk_bytes;  // per chunk (tiles: zeroed): its changed bytes
+  unsigned long long* total;        // all changes, also past cap
+  std::uint64_t chunks;
+  unsigned long long* rank_start;   // nrank + 1: each rank tile's first change, then all changes
+  std::uint64_t nrank;
 };
 
-// Find: one tile per block, numbered by blockIdx (the look-back waits only
-// on tiles launched before).
-template <int ES, bool kVec, bool kContext>
-__global__ void __launch_bounds__(kThreads, 4) find_changes(const std::uint8_t* a, const std::uint8_t* b, std::uint64_t nbytes,
+// ---- tiles -----------------------------------------------------------------------
+// One tile per block, numbered by blockIdx (the look-back waits only on
+// tiles launched before). Vector k of thread t is the tile's vector
+// k * kThreads + t, so a row of vectors is 4 KiB of each input, and a rank
+// tile two rows.
+template <int ES, bool kVec, bool kContext, int V, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) find_tiles(const std::uint8_t* a, const std::uint8_t* b, std::uint64_t nbytes,
                                                          ContextField f, CountState state, FindOut o) {
-  using Scan = cub::BlockScan<unsigned long long, kThreads>;
+  static_assert(V % 2 == 0, "rank tiles of two rows");
+  using Exchange = cub::BlockExchange<unsigned, kThreads, V>;
+  using Scan = cub::BlockScan<unsigned, kThreads>;
   using Reduce = cub::BlockReduce<unsigned, kThreads>;
   using D = typename DiffWord<ES>::type;
-  constexpr int kPer = kThreadBytes / ES;  // elements per thread
-  static_assert(rules::kSampleRun % kPer == 0, "a thread's elements are all sampled or none");
+  constexpr int kPer = kVecBytes / ES;  // elements per vector
+  __shared__ typename Exchange::TempStorage exchange_tmp;
   __shared__ typename Scan::TempStorage scan_tmp;
   __shared__ typename Reduce::TempStorage reduce_tmp;
   __shared__ typename CountPrefix::TempStorage prefix_tmp;
-  __shared__ std::uint32_t s_pos[kStage];
-  __shared__ D s_diff[kStage];
-  __shared__ std::uint8_t s_ctx[kContext ? kStage : 1];
-  __shared__ std::uint32_t hist[kContext ? kThreads : 1];
-  __shared__ unsigned long long s_first, s_count;
+  __shared__ unsigned long long s_first;
 
   const int tile = static_cast<int>(blockIdx.x);
-  const std::uint64_t at = std::uint64_t(tile) * kTileBytes + threadIdx.x * kThreadBytes;
-  std::uint32_t wa[kWords], wb[kWords];
-  load_thread<kVec>(a, at, nbytes, wa);
-  load_thread<kVec>(b, at, nbytes, wb);
-  if constexpr (kContext) hist[threadIdx.x] = 0;
-
-  std::uint32_t bits = 0;
+  const std::uint64_t base = std::uint64_t(tile) * kTileBytes<V>;
+  uint4 va[V], vb[V];
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) bits |= std::uint32_t{rules::changed(element_at<ES>(wa, i), element_at<ES>(wb, i))} << i;
-  unsigned bytes = 0;
+  for (int k = 0; k < V; ++k) va[k] = load_vec<kVec>(a, base + (std::uint64_t(k) * kThreads + threadIdx.x) * kVecBytes, nbytes);
 #pragma unroll
-  for (int k = 0; k < kWords; ++k) bytes += __popc(__vcmpne4(wa[k], wb[k])) / 8;
+  for (int k = 0; k < V; ++k) vb[k] = load_vec<kVec>(b, base + (std::uint64_t(k) * kThreads + threadIdx.x) * kVecBytes, nbytes);
 
-  // This thread's first change, over the whole tensor.
-  const unsigned long long count = __popc(bits);
-  unsigned long long off;
-  if (tile == 0) {
-    unsigned long long total;
-    Scan(scan_tmp).ExclusiveSum(count, off, total);
-    if (threadIdx.x == 0) {
-      state.SetInclusive(0, total);
-      s_count = total;
-    }
-  } else {
-    CountPrefix prefix(state, prefix_tmp, ::cuda::std::plus<>{}, tile);
-    Scan(scan_tmp).ExclusiveSum(count, off, prefix);
-    if (threadIdx.x == 0) s_count = prefix.GetBlockAggregate();
+  unsigned count[V], bytes = 0;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    count[k] = changed_in<ES>(va[k], vb[k]);
+    bytes += bytes_changed_in(va[k], vb[k]);
   }
-  if (threadIdx.x == 0) s_first = off;
+  // Each vector's first change in the tile: the counts in memory order
+  // (thread t's are vectors t*V .. t*V+V-1), scanned, and back.
+  unsigned off[V];
+  Exchange(exchange_tmp).StripedToBlocked(count, off);
+  unsigned mine = 0;
+#pragma unroll
+  for (int k = 0; k < V; ++k) mine += off[k];
+  unsigned before, tile_count;
+  Scan(scan_tmp).ExclusiveSum(mine, before, tile_count);
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const unsigned c = off[k];
+    off[k] = before;
+    before += c;
+  }
+  __syncthreads();  // the exchange's storage again
+  Exchange(exchange_tmp).BlockedToStriped(off, off);
+  if (threadIdx.x < 32) {  // the tile's first change: the look-back, warp 0
+    unsigned long long first = 0;
+    if (tile == 0) {
+      if (threadIdx.x == 0) state.SetInclusive(0, tile_count);
+    } else {
+      CountPrefix prefix(state, prefix_tmp, ::cuda::std::plus<>{}, tile);
+      first = prefix(tile_count);
+    }
+    if (threadIdx.x == 0) s_first = first;
+  }
   const unsigned tile_bytes = Reduce(reduce_tmp).Sum(bytes);
-  const std::uint64_t e_tile = std::uint64_t(tile) * (kTileBytes / ES);
+  __syncthreads();  // s_first
+  const unsigned long long first = s_first;
+  const std::uint64_t e_tile = base / ES;
   const std::uint64_t chunk = rules::chunk_of(e_tile);
   if (threadIdx.x == 0) {
-    o.tile_start[tile] = off;
-    if (rules::index_in_chunk(e_tile) == 0) o.chunk_start[chunk] = off;
+    if (rules::index_in_chunk(e_tile) == 0) o.chunk_start[chunk] = first;
     if (tile_bytes) atomicAdd(o.chunk_bytes + chunk, static_cast<unsigned long long>(tile_bytes));
-  }
-  __syncthreads();  // s_first, s_count; the histogram zeroed
-  const unsigned long long first = s_first, tile_count = s_count;
-  if (threadIdx.x == 0 && tile + 1 == static_cast<int>(gridDim.x)) o.tile_start[tile + 1] = o.chunk_start[chunk + 1] = first + tile_count;
-
-  const std::uint64_t e0 = at / ES;
-  if constexpr (kContext) {
-    if (at < nbytes && rules::sampled(rules::index_in_chunk(e0))) {
 #pragma unroll
-      for (int i = 0; i < kPer; ++i)
-        if (at + i * ES < nbytes) atomicAdd(&hist[rules::context_of(element_at<ES>(wa, i), f)], 1u);
+    for (int k = 0; k < V; k += 2) {  // thread 0's vector of each even row is a rank tile's first
+      const std::uint64_t r = base / kRankTileBytes + k / 2;
+      if (r < o.nrank) o.rank_start[r] = first + off[k];
+    }
+    if (tile + 1 == static_cast<int>(gridDim.x)) {
+      const unsigned long long all = first + tile_count;
+      *o.total = all;
+      o.chunk_start[o.chunks] = o.rank_start[o.nrank] = all < o.cap ? all : o.cap;
     }
   }
 
   D* diff = static_cast<D*>(o.diff);
-  if (tile_count <= kStage) {  // the whole block takes one branch
-    unsigned k = static_cast<unsigned>(off - first);
 #pragma unroll
-    for (int i = 0; i < kPer; ++i)
-      if ((bits >> i) & 1) {
-        const std::uint64_t va = element_at<ES>(wa, i), vb = element_at<ES>(wb, i);
-        s_pos[k] = rules::index_in_chunk(e0 + i);
-        s_diff[k] = static_cast<D>(rules::difference(va, vb, ES));
-        if constexpr (kContext) s_ctx[k] = rules::context_of(va, f);
-        ++k;
-      }
-    __syncthreads();
-    for (unsigned j = threadIdx.x; j < tile_count; j += kThreads) {
-      const std::uint64_t to = first + j;
-      if (to >= o.cap) break;
-      o.pos[to] = s_pos[j];
-      diff[to] = s_diff[j];
-      if constexpr (kContext) o.ctx[to] = s_ctx[j];
-    }
-  } else {
-    std::uint64_t to = off;
+  for (int k = 0; k < V; ++k) {
+    if (!count[k]) continue;
+    const std::uint64_t at = base + (std::uint64_t(k) * kThreads + threadIdx.x) * kVecBytes;
+    const std::uint64_t e0 = at / ES;
+    const std::uint32_t wa[4] = {va[k].x, va[k].y, va[k].z, va[k].w}, wb[4] = {vb[k].x, vb[k].y, vb[k].z, vb[k].w};
+    std::uint64_t to = first + off[k];
 #pragma unroll
-    for (int i = 0; i < kPer; ++i)
-      if ((bits >> i) & 1) {
+    for (int i = 0; i < kPer; ++i) {
+      const std::uint64_t x = element_at<ES>(wa, i), y = element_at<ES>(wb, i);
+      if (rules::changed(x, y)) {
         if (to < o.cap) {
-          const std::uint64_t va = element_at<ES>(wa, i), vb = element_at<ES>(wb, i);
           o.pos[to] = rules::index_in_chunk(e0 + i);
-          diff[to] = static_cast<D>(rules::difference(va, vb, ES));
-          if constexpr (kContext) o.ctx[to] = rules::context_of(va, f);
+          diff[to] = static_cast<D>(rules::difference(x, y, ES));
+          if constexpr (kContext) o.ctx[to] = rules::context_of(x, f);
         }
         ++to;
       }
+    }
   }
-  if constexpr (kContext) {
-    __syncthreads();  // the histogram complete
-    const std::uint32_t h = hist[threadIdx.x];
-    if (h) atomicAdd(o.sample + chunk * 256 + threadIdx.x, h);
+}
+
+// ---- select ----------------------------------------------------------------------
+// An element as DeviceSelect takes it: index, difference, changed bytes
+// (0: unchanged) and base context.
+template <int ES>
+struct Change {
+  std::uint32_t e;
+  typename DiffWord<ES>::type d;
+  std::uint8_t nb, c;
+};
+template <>
+struct Change<8> {
+  std::uint64_t d;
+  std::uint32_t e;
+  std::uint8_t nb, c;
+};
+
+template <int ES, bool kAligned>
+struct MakeChange {
+  const std::uint8_t *a, *b;
+  ContextField f;
+  __host__ __device__ Change<ES> operator()(std::uint32_t e) const {
+    using D = typename DiffWord<ES>::type;
+    std::uint64_t x, y;
+    if constexpr (kAligned) {
+      x = reinterpret_cast<const D*>(a)[e];
+      y = reinterpret_cast<const D*>(b)[e];
+    } else {
+      x = rules::load_element(a + std::uint64_t(e) * ES, ES);
+      y = rules::load_element(b + std::uint64_t(e) * ES, ES);
+    }
+    Change<ES> c;
+    c.e = e;
+    c.d = static_cast<D>(rules::difference(x, y, ES));
+    c.nb = static_cast<std::uint8_t>(rules::changed_bytes(x, y, ES));
+    c.c = rules::context_of(x, f);
+    return c;
   }
+};
+
+struct IsChange {
+  template <class C>
+  __host__ __device__ bool operator()(const C& c) const { return c.nb != 0; }
+};
+
+// Where DeviceSelect writes change j: its place in the per-change arrays
+// (past `cap`: nowhere), its index in the tensor and its changed bytes
+// for the bounds and sums after.
+template <int ES, bool kContext>
+struct PutChange {
+  std::uint32_t* pos;
+  typename DiffWord<ES>::type* diff;
+  std::uint8_t* ctx;
+  std::uint32_t* index;
+  std::uint8_t* nb;
+  std::uint64_t cap;
+  __host__ __device__ void operator()(std::ptrdiff_t j, const Change<ES>& c) const {
+    if (static_cast<std::uint64_t>(j) >= cap) return;
+    pos[j] = rules::index_in_chunk(c.e);
+    diff[j] = c.d;
+    if constexpr (kContext) ctx[j] = c.c;
+    index[j] = c.e;
+    nb[j] = c.nb;
+  }
+};
+
+// The first of `k` ascending indices at or past `e`.
+__device__ inline unsigned long long lower_bound(const std::uint32_t* index, unsigned long long k, std::uint64_t e) {
+  unsigned long long lo = 0, hi = k;
+  while (lo < hi) {
+    const unsigned long long mid = (lo + hi) / 2;
+    if (index[mid] < e)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+// Each chunk's and rank tile's first change from the selected indices.
+__global__ void bounds(const std::uint32_t* index, const unsigned long long* selected, FindOut o, std::uint64_t rank_elements) {
+  const std::uint64_t i = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const unsigned long long all = *selected, k = all < o.cap ? all : o.cap;
+  if (i == 0) *o.total = all;
+  if (i < o.chunks) o.chunk_start[i] = lower_bound(index, k, i * kSparseChunkElements);
+  if (i == o.chunks) o.chunk_start[i] = k;
+  if (i < o.nrank) o.rank_start[i] = lower_bound(index, k, i * rank_elements);
+  if (i == o.nrank) o.rank_start[i] = k;
+}
+
+// ---- sample ----------------------------------------------------------------------
+// Each chunk's sample (rules::sampled: the first 64 elements of every 1024)
+// counted by context, a block per chunk; contexts counted once per warp
+// (runs of one context are common).
+template <int ES>
+__global__ void __launch_bounds__(kThreads) sample_chunks(const std::uint8_t* a, std::uint64_t n, ContextField f, std::uint32_t* sample) {
+  __shared__ std::uint32_t hist[256];
+  hist[threadIdx.x] = 0;
+  __syncthreads();
+  const std::uint64_t e0 = std::uint64_t(blockIdx.x) * kSparseChunkElements;
+  constexpr std::uint32_t kSampled = kSparseChunkElements / rules::kSampleEvery * rules::kSampleRun;
+  static_assert(kSampled % kThreads == 0, "every thread takes as many turns");
+  const unsigned lane = threadIdx.x % 32;
+  for (std::uint32_t s = threadIdx.x; s < kSampled; s += kThreads) {
+    const std::uint64_t e = e0 + s / rules::kSampleRun * rules::kSampleEvery + s % rules::kSampleRun;
+    const bool in = e < n;
+    const unsigned c = in ? rules::context_of(rules::load_element(a + e * ES, ES), f) : 256 + lane;
+    const unsigned same = __match_any_sync(0xffffffffu, c);
+    if (in && lane == static_cast<unsigned>(__ffs(same) - 1)) atomicAdd(&hist[c], static_cast<std::uint32_t>(__popc(same)));
+  }
+  __syncthreads();
+  sample[blockIdx.x * 256ull + threadIdx.x] = hist[threadIdx.x];
 }
 
 // ---- rank ------------------------------------------------------------------------
@@ -251,14 +432,14 @@ using RankPrefix = cub::TilePrefixCallbackOp<ChunkCounts, AddInChunk, RankState>
 
 // Each change's rank: the tiles' before it in its chunk, the threads' before
 // it in its tile, and its thread's elements before it. A tile's changes are
-// changes [tile_start[tile], tile_start[tile + 1]) (find()'s tiles).
+// changes [tile_start[tile], tile_start[tile + 1]) (find()'s rank_start).
 template <int ES, bool kVec>
 __global__ void __launch_bounds__(kThreads) rank_changes(const std::uint8_t* a, std::uint64_t nbytes, ContextField f,
                                                          const ContextGroups* groups, const unsigned long long* tile_start,
                                                          const std::uint32_t* pos, RankState state, std::uint32_t* rank) {
   using Scan = cub::BlockScan<Counts, kThreads>;
   constexpr int kPer = kThreadBytes / ES;
-  constexpr int kTileElements = kTileBytes / ES;
+  constexpr int kTileElements = kRankTileBytes / ES;
   __shared__ typename Scan::TempStorage scan_tmp;
   __shared__ typename RankPrefix::TempStorage prefix_tmp;
   // (Plain arrays: shared memory takes no types with constructors.)
@@ -270,7 +451,7 @@ __global__ void __launch_bounds__(kThreads) rank_changes(const std::uint8_t* a, 
 
   const int tile = static_cast<int>(blockIdx.x);
   const std::uint64_t e_tile = std::uint64_t(tile) * kTileElements, chunk = rules::chunk_of(e_tile);
-  const std::uint64_t at = std::uint64_t(tile) * kTileBytes + threadIdx.x * kThreadBytes;
+  const std::uint64_t at = std::uint64_t(tile) * kRankTileBytes + threadIdx.x * kThreadBytes;
   std::uint32_t wa[kWords];
   load_thread<kVec>(a, at, nbytes, wa);
   if (threadIdx.x < kMaxGroups) s_lo[threadIdx.x] = groups[chunk].lo[threadIdx.x];
@@ -315,38 +496,68 @@ __global__ void __launch_bounds__(kThreads) rank_changes(const std::uint8_t* a, 
   }
 }
 
+// A device buffer of at least `need` elements: grown (by half again at
+// least, the old one freed first) only where it is smaller; what a call
+// needs never depends on what an earlier one allocated.
 template <class T>
 void grow(T*& p, std::size_t& cap, std::size_t need) {
   if (need <= cap) return;
+  const std::size_t want = std::max(need, cap + cap / 2);
   if (p) CK(cudaFree(p));
   p = nullptr;
-  cap = std::max(need, cap + cap / 2);
-  CK(cudaMalloc(&p, cap * sizeof(T)));
+  cap = 0;
+  CK(cudaMalloc(&p, want * sizeof(T)));
+  cap = want;
+}
+
+void* pinned_allocate(std::size_t bytes) {
+  void* p = nullptr;
+  CK(cudaMallocHost(&p, bytes ? bytes : 1));
+  return p;
+}
+void pinned_free(void* p) { cudaFreeHost(p); }
+const HostMemory kPinned{pinned_allocate, pinned_free};
+
+// `v` as `n` uninitialized elements of page-locked memory: its own kept
+// where it is page-locked and large enough.
+template <class T>
+void fit(HostVector<T>& v, std::size_t n) {
+  if (v.get_allocator().mem != &kPinned || n > v.capacity()) {
+    v = HostVector<T>(HostAllocator<T>(&kPinned));
+    v.reserve(n + n / 4);
+  }
+  v.resize(n);
 }
 
 }  // namespace
 
 struct ChangeFinder::Impl {
   cudaStream_t stream = nullptr;
-  cudaEvent_t ev[3] = {};
+  cudaEvent_t ev[4] = {};
+  // Per change (room for `room`): position, difference, context; select's index and changed bytes.
   std::uint32_t* pos = nullptr;
   std::uint8_t* diff = nullptr;
   std::uint8_t* ctx = nullptr;
-  unsigned long long* tile_start = nullptr;
-  unsigned long long* chunk_start = nullptr;  // chunks + 1, then chunks of changed bytes
+  std::uint32_t* index = nullptr;
+  std::uint8_t* nb = nullptr;
+  std::uint64_t room = 0;
+  unsigned long long* counts = nullptr;      // chunks + 1 starts, chunks of changed bytes, all changes, selected
+  unsigned long long* rank_start = nullptr;  // rank tiles + 1
   std::uint32_t* sample = nullptr;
   std::uint32_t* rank = nullptr;
   ContextGroups* groups = nullptr;
   std::uint8_t* tile_state = nullptr;
-  std::size_t cap_pos = 0, cap_diff = 0, cap_ctx = 0, cap_tile_start = 0, cap_chunk_start = 0, cap_sample = 0, cap_rank = 0,
-              cap_groups = 0, cap_tile_state = 0;
-  std::uint64_t changes_cap = 0;  // what pos, diff and ctx hold now
+  std::uint8_t* temp = nullptr;              // CUB's
+  unsigned long long* host_counts = nullptr;  // page-locked
+  std::size_t cap_pos = 0, cap_diff = 0, cap_ctx = 0, cap_index = 0, cap_nb = 0, cap_counts = 0, cap_rank_start = 0,
+              cap_sample = 0, cap_rank = 0, cap_groups = 0, cap_tile_state = 0, cap_temp = 0, cap_host_counts = 0;
 
   ~Impl() {
-    for (void* p : {static_cast<void*>(pos), static_cast<void*>(diff), static_cast<void*>(ctx), static_cast<void*>(tile_start),
-                    static_cast<void*>(chunk_start), static_cast<void*>(sample), static_cast<void*>(rank),
-                    static_cast<void*>(groups), static_cast<void*>(tile_state)})
+    for (void* p : {static_cast<void*>(pos), static_cast<void*>(diff), static_cast<void*>(ctx), static_cast<void*>(index),
+                    static_cast<void*>(nb), static_cast<void*>(counts), static_cast<void*>(rank_start), static_cast<void*>(sample),
+                    static_cast<void*>(rank), static_cast<void*>(groups), static_cast<void*>(tile_state), static_cast<void*>(temp)})
       if (p) cudaFree(p);
+    if (host_counts) cudaFreeHost(host_counts);
     for (cudaEvent_t e : ev)
       if (e) cudaEventDestroy(e);
     if (stream) cudaStreamDestroy(stream);
@@ -385,18 +596,25 @@ State tile_state(ChangeFinder::Impl& im, int ntiles) {
   return s;
 }
 
-bool aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+bool aligned(const void* p, std::size_t to) { return reinterpret_cast<std::uintptr_t>(p) % to == 0; }
 
-template <int ES>
-void launch_find(const DeviceTensor& t, ChangeFinder::Impl& im, int ntiles, bool context, const FindOut& o) {
+int tile_count(std::uint64_t nbytes, std::uint64_t tile_bytes) {
+  const std::uint64_t n = (nbytes + tile_bytes - 1) / tile_bytes;
+  if (n > 0x7fffffffu) fail(Exit::failure, "CUDA change finder: a tensor of " + std::to_string(nbytes) + " bytes");
+  return static_cast<int>(n);
+}
+
+template <int ES, int V, int kMinBlocks>
+void launch_tiles(const DeviceTensor& t, ChangeFinder::Impl& im, bool context, const FindOut& o) {
+  const int ntiles = tile_count(t.nbytes, kTileBytes<V>);
   const CountState s = tile_state<CountState>(im, ntiles);
+  CK(cudaMemsetAsync(o.chunk_bytes, 0, o.chunks * sizeof(unsigned long long), im.stream));
   const auto* a = static_cast<const std::uint8_t*>(t.base);
   const auto* b = static_cast<const std::uint8_t*>(t.next);
-  const bool vec = aligned(a) && aligned(b);
   auto go = [&]<bool kVec, bool kContext>() {
-    find_changes<ES, kVec, kContext><<<ntiles, kThreads, 0, im.stream>>>(a, b, t.nbytes, t.field, s, o);
+    find_tiles<ES, kVec, kContext, V, kMinBlocks><<<ntiles, kThreads, 0, im.stream>>>(a, b, t.nbytes, t.field, s, o);
   };
-  if (vec)
+  if (aligned(a, 16) && aligned(b, 16))
     context ? go.template operator()<true, true>() : go.template operator()<true, false>();
   else
     context ? go.template operator()<false, true>() : go.template operator()<false, false>();
@@ -404,13 +622,54 @@ void launch_find(const DeviceTensor& t, ChangeFinder::Impl& im, int ntiles, bool
 }
 
 template <int ES>
-void launch_rank(const DeviceTensor& t, ChangeFinder::Impl& im, int ntiles) {
+void launch_select(const DeviceTensor& t, ChangeFinder::Impl& im, bool context, const FindOut& o) {
+  const std::uint64_t n = t.nbytes / ES;
+  const auto* a = static_cast<const std::uint8_t*>(t.base);
+  const auto* b = static_cast<const std::uint8_t*>(t.next);
+  unsigned long long* selected = o.total + 1;
+  auto go = [&]<bool kAligned, bool kContext>() {
+    const auto in = thrust::make_transform_iterator(thrust::counting_iterator<std::uint32_t>(0), MakeChange<ES, kAligned>{a, b, t.field});
+    const auto out = thrust::make_tabulate_output_iterator(
+        PutChange<ES, kContext>{o.pos, static_cast<typename DiffWord<ES>::type*>(o.diff), o.ctx, im.index, im.nb, o.cap});
+    std::size_t bytes = 0;
+    CK(cub::DeviceSelect::If(nullptr, bytes, in, out, selected, static_cast<std::int64_t>(n), IsChange{}, im.stream));
+    grow(im.temp, im.cap_temp, bytes);
+    bytes = im.cap_temp;
+    CK(cub::DeviceSelect::If(im.temp, bytes, in, out, selected, static_cast<std::int64_t>(n), IsChange{}, im.stream));
+  };
+  if (aligned(a, ES) && aligned(b, ES))
+    context ? go.template operator()<true, true>() : go.template operator()<true, false>();
+  else
+    context ? go.template operator()<false, true>() : go.template operator()<false, false>();
+  const std::uint64_t threads = std::max(o.chunks, o.nrank) + 1;
+  bounds<<<static_cast<unsigned>((threads + kThreads - 1) / kThreads), kThreads, 0, im.stream>>>(im.index, selected, o,
+                                                                                                 kRankTileBytes / ES);
+  CK(cudaGetLastError());
+  std::size_t bytes = 0;
+  CK(cub::DeviceSegmentedReduce::Sum(nullptr, bytes, im.nb, o.chunk_bytes, static_cast<std::int64_t>(o.chunks), o.chunk_start,
+                                     o.chunk_start + 1, im.stream));
+  grow(im.temp, im.cap_temp, bytes);
+  bytes = im.cap_temp;
+  CK(cub::DeviceSegmentedReduce::Sum(im.temp, bytes, im.nb, o.chunk_bytes, static_cast<std::int64_t>(o.chunks), o.chunk_start,
+                                     o.chunk_start + 1, im.stream));
+}
+
+template <int ES>
+void launch_sample(const DeviceTensor& t, ChangeFinder::Impl& im, std::uint64_t chunks) {
+  sample_chunks<ES><<<static_cast<unsigned>(chunks), kThreads, 0, im.stream>>>(static_cast<const std::uint8_t*>(t.base), t.nbytes / ES,
+                                                                               t.field, im.sample);
+  CK(cudaGetLastError());
+}
+
+template <int ES>
+void launch_rank(const DeviceTensor& t, ChangeFinder::Impl& im) {
+  const int ntiles = tile_count(t.nbytes, kRankTileBytes);
   const RankState s = tile_state<RankState>(im, ntiles);
   const auto* a = static_cast<const std::uint8_t*>(t.base);
-  if (aligned(a))
-    rank_changes<ES, true><<<ntiles, kThreads, 0, im.stream>>>(a, t.nbytes, t.field, im.groups, im.tile_start, im.pos, s, im.rank);
+  if (aligned(a, 16))
+    rank_changes<ES, true><<<ntiles, kThreads, 0, im.stream>>>(a, t.nbytes, t.field, im.groups, im.rank_start, im.pos, s, im.rank);
   else
-    rank_changes<ES, false><<<ntiles, kThreads, 0, im.stream>>>(a, t.nbytes, t.field, im.groups, im.tile_start, im.pos, s, im.rank);
+    rank_changes<ES, false><<<ntiles, kThreads, 0, im.stream>>>(a, t.nbytes, t.field, im.groups, im.rank_start, im.pos, s, im.rank);
   CK(cudaGetLastError());
 }
 
@@ -426,9 +685,9 @@ void by_es(std::size_t es, F&& f) {
 }
 
 template <class T, class U>
-void to_host(std::vector<T>& v, const U* src, std::uint64_t count, cudaStream_t s, std::uint64_t& copied) {
+void to_host(HostVector<T>& v, const U* src, std::uint64_t count, cudaStream_t s, std::uint64_t& copied) {
   static_assert(sizeof(T) == sizeof(U));
-  v.resize(count);
+  fit(v, count);
   if (count) CK(cudaMemcpyAsync(v.data(), src, count * sizeof(T), cudaMemcpyDeviceToHost, s));
   copied += count * sizeof(T);
 }
@@ -436,12 +695,6 @@ void to_host(std::vector<T>& v, const U* src, std::uint64_t count, cudaStream_t 
 DeviceTensor usable(DeviceTensor t) {
   t.field = usable_field(t.field, t.es);
   return t;
-}
-
-int tile_count(std::uint64_t nbytes) {
-  const std::uint64_t n = (nbytes + kTileBytes - 1) / kTileBytes;
-  if (n > 0x7fffffffu) fail(Exit::failure, "CUDA change finder: a tensor of " + std::to_string(nbytes) + " bytes");
-  return static_cast<int>(n);
 }
 
 }  // namespace
@@ -452,54 +705,74 @@ void ChangeFinder::find(const DeviceTensor& tensor, bool context, Found& out) {
   if (t.es != rules::chunked_elem_size(t.es, t.nbytes))
     fail(Exit::failure, "CUDA change finder: element size " + std::to_string(t.es) + " for a " + std::to_string(t.nbytes) + "-byte tensor");
   const std::uint64_t n = t.nbytes / t.es, chunks = rules::chunk_count(n);
-  const int ntiles = tile_count(t.nbytes);
-  out = Found{};
-  out.es = t.es, out.elements = n, out.chunks = chunks;
+  const std::uint64_t nrank = (t.nbytes + kRankTileBytes - 1) / kRankTileBytes;
+  const bool select = design_ == Design::select && n < (std::uint64_t{1} << 32);
+  out.es = t.es, out.elements = n, out.chunks = chunks, out.host_bytes = 0;
+  out.rank.clear();
   timing_ = Timing{};
-  grow(im.tile_start, im.cap_tile_start, static_cast<std::size_t>(ntiles) + 1);
-  grow(im.chunk_start, im.cap_chunk_start, 2 * chunks + 1);
+  const std::size_t ncounts = 2 * chunks + 3;  // starts, changed bytes, all changes, selected
+  grow(im.counts, im.cap_counts, ncounts);
+  grow(im.rank_start, im.cap_rank_start, nrank + 1);
   if (context) grow(im.sample, im.cap_sample, 256 * chunks + 1);
+  if (ncounts > im.cap_host_counts) {
+    if (im.host_counts) CK(cudaFreeHost(im.host_counts));
+    im.host_counts = nullptr, im.cap_host_counts = 0;
+    CK(cudaMallocHost(&im.host_counts, 2 * ncounts * sizeof(unsigned long long)));
+    im.cap_host_counts = 2 * ncounts;
+  }
+  unsigned long long* counts = im.host_counts;
   // Room for one element in 64 changed, or the most a tensor had before;
   // more: found again with room for them.
-  std::uint64_t cap = std::max<std::uint64_t>(im.changes_cap, std::min<std::uint64_t>(n, n / 64 + 4096));
-  std::vector<unsigned long long> counts(2 * chunks + 1);
-  CK(cudaEventRecord(im.ev[0], im.stream));
+  std::uint64_t room = std::max<std::uint64_t>(im.room, std::min<std::uint64_t>(n, n / 64 + 4096));
   for (;;) {
-    grow(im.pos, im.cap_pos, cap + 1);
-    grow(im.diff, im.cap_diff, cap * t.es + 8);
-    if (context) grow(im.ctx, im.cap_ctx, cap + 1);
-    im.changes_cap = cap = std::min({im.cap_pos, im.cap_diff / t.es, context ? im.cap_ctx : im.cap_pos});
-    counts.assign(2 * chunks + 1, 0);
-    if (n) {
-      CK(cudaMemsetAsync(im.chunk_start, 0, (2 * chunks + 1) * sizeof(unsigned long long), im.stream));
-      if (context) CK(cudaMemsetAsync(im.sample, 0, 256 * chunks * sizeof(std::uint32_t), im.stream));
-      const FindOut o{im.pos, im.diff, im.ctx, cap, im.tile_start, im.chunk_start, im.chunk_start + chunks + 1,
-                      context ? im.sample : nullptr};
-      by_es(t.es, [&]<int ES>() { launch_find<ES>(t, im, ntiles, context, o); });
-      CK(cudaEventRecord(im.ev[1], im.stream));
-      CK(cudaMemcpyAsync(counts.data(), im.chunk_start, counts.size() * sizeof counts[0], cudaMemcpyDeviceToHost, im.stream));
-    } else {
-      CK(cudaEventRecord(im.ev[1], im.stream));
+    im.room = room;
+    grow(im.pos, im.cap_pos, room);
+    grow(im.diff, im.cap_diff, room * t.es);
+    grow(im.ctx, im.cap_ctx, room);
+    if (select) {
+      grow(im.index, im.cap_index, room);
+      grow(im.nb, im.cap_nb, room);
     }
+    CK(cudaEventRecord(im.ev[0], im.stream));
+    if (n) {
+      const FindOut o{im.pos, im.diff, im.ctx, room, im.counts, im.counts + chunks + 1, im.counts + 2 * chunks + 1, chunks,
+                      im.rank_start, nrank};
+      if (select)
+        by_es(t.es, [&]<int ES>() { launch_select<ES>(t, im, context, o); });
+      else if (design_ == Design::small_tiles)
+        by_es(t.es, [&]<int ES>() { launch_tiles<ES, 4, 3>(t, im, context, o); });
+      else
+        by_es(t.es, [&]<int ES>() { launch_tiles<ES, 8, 2>(t, im, context, o); });
+      if (context) by_es(t.es, [&]<int ES>() { launch_sample<ES>(t, im, chunks); });
+    } else {
+      CK(cudaMemsetAsync(im.counts, 0, ncounts * sizeof(unsigned long long), im.stream));
+      CK(cudaMemsetAsync(im.rank_start, 0, sizeof(unsigned long long), im.stream));
+    }
+    CK(cudaEventRecord(im.ev[1], im.stream));
+    CK(cudaMemcpyAsync(counts, im.counts, (2 * chunks + 2) * sizeof(unsigned long long), cudaMemcpyDeviceToHost, im.stream));
     CK(cudaStreamSynchronize(im.stream));
-    if (counts[chunks] <= cap) break;
-    cap = counts[chunks];  // too many for the room: again, with room for all
+    if (counts[2 * chunks + 1] <= room) break;
+    room = counts[2 * chunks + 1];  // too many for the room: again, with room for all
     timing_.found_again = true;
   }
-  out.host_bytes += counts.size() * sizeof counts[0];
-  out.start.assign(counts.begin(), counts.begin() + static_cast<std::ptrdiff_t>(chunks) + 1);
-  out.bytes.assign(counts.begin() + static_cast<std::ptrdiff_t>(chunks) + 1, counts.end());
-  const std::uint64_t K = out.start.back();
+  out.host_bytes += (2 * chunks + 2) * sizeof(unsigned long long);
+  out.start.assign(counts, counts + chunks + 1);
+  out.bytes.assign(counts + chunks + 1, counts + 2 * chunks + 1);
+  const std::uint64_t K = counts[2 * chunks + 1];
+  CK(cudaEventRecord(im.ev[2], im.stream));
   to_host(out.pos, im.pos, K, im.stream, out.host_bytes);
   to_host(out.diff, im.diff, K * t.es, im.stream, out.host_bytes);
   if (context) {
     to_host(out.ctx, im.ctx, K, im.stream, out.host_bytes);
     to_host(out.sample, im.sample, 256 * chunks, im.stream, out.host_bytes);
+  } else {
+    out.ctx.clear(), out.sample.clear();
   }
-  CK(cudaEventRecord(im.ev[2], im.stream));
+  CK(cudaEventRecord(im.ev[3], im.stream));
   CK(cudaStreamSynchronize(im.stream));
   CK(cudaEventElapsedTime(&timing_.find_ms, im.ev[0], im.ev[1]));
-  CK(cudaEventElapsedTime(&timing_.total_ms, im.ev[0], im.ev[2]));
+  CK(cudaEventElapsedTime(&timing_.copy_ms, im.ev[2], im.ev[3]));
+  CK(cudaEventElapsedTime(&timing_.total_ms, im.ev[0], im.ev[3]));
 }
 
 void ChangeFinder::rank(const DeviceTensor& tensor, std::span<const ContextGroups> groups, Found& out) {
@@ -513,21 +786,22 @@ void ChangeFinder::rank(const DeviceTensor& tensor, std::span<const ContextGroup
       fail(Exit::failure, "CUDA change finder: " + std::to_string(g.G) + " context groups (this path ranks up to " +
                               std::to_string(kMaxGroups) + ")");
   const std::uint64_t K = out.changes();
-  const int ntiles = tile_count(t.nbytes);
   timing_ = Timing{};
   grow(im.groups, im.cap_groups, groups.size() + 1);
   grow(im.rank, im.cap_rank, K + 1);
   CK(cudaEventRecord(im.ev[0], im.stream));
   if (K) {
     CK(cudaMemcpyAsync(im.groups, groups.data(), groups.size_bytes(), cudaMemcpyHostToDevice, im.stream));
-    by_es(t.es, [&]<int ES>() { launch_rank<ES>(t, im, ntiles); });
+    by_es(t.es, [&]<int ES>() { launch_rank<ES>(t, im); });
   }
   CK(cudaEventRecord(im.ev[1], im.stream));
-  to_host(out.rank, im.rank, K, im.stream, out.host_bytes);
   CK(cudaEventRecord(im.ev[2], im.stream));
+  to_host(out.rank, im.rank, K, im.stream, out.host_bytes);
+  CK(cudaEventRecord(im.ev[3], im.stream));
   CK(cudaStreamSynchronize(im.stream));
   CK(cudaEventElapsedTime(&timing_.find_ms, im.ev[0], im.ev[1]));
-  CK(cudaEventElapsedTime(&timing_.total_ms, im.ev[0], im.ev[2]));
+  CK(cudaEventElapsedTime(&timing_.copy_ms, im.ev[2], im.ev[3]));
+  CK(cudaEventElapsedTime(&timing_.total_ms, im.ev[0], im.ev[3]));
 }
 
 }  // namespace hfdelta::gpu
