@@ -115,6 +115,11 @@ void reconcile(const fs::path& root, const fs::path& mirror, const PublisherOpti
     fail(Exit::out_of_order, root.string() + ": publishes no version, but mirror " + mirror.string() + " is at version " +
                                  format_version(m) + ": open the publisher on the root the mirror was published to, "
                                  "or publish the mirror's checkpoint there first (delta-diff --full)");
+  if (newest < m && scan_withdrawn(root).count(m))
+    fail(Exit::out_of_order, mirror.string() + ": mirror is at version " + format_version(m) + ", which was withdrawn "
+                             "from " + root.string() + "; re-create the mirror from the checkpoint of version " +
+                             format_version(newest) + " (delta-apply --init CHECKPOINT MIRROR --init-version " +
+                             std::to_string(newest) + ")");
   if (newest < m)
     fail(Exit::out_of_order, root.string() + ": its newest version is " + format_version(newest) + ", but mirror " +
                                  mirror.string() + " is at version " + format_version(m) +
@@ -435,6 +440,34 @@ void MemoryPublisher::put_found(const TensorFound& t) {
   }
   st.given[i] = 1;
 }
+
+std::optional<Hash128> MemoryPublisher::found_base(std::string_view name, std::string_view dtype,
+                                                   std::span<const std::uint64_t> shape, std::uint64_t nbytes) {
+  open_step();
+  Step& st = *s_->step;
+  const std::size_t i = find_tensor(st, name, s_->mirror);
+  const Work& w = st.works[i];
+  if (st.given[i] || st.declared[i])
+    fail(Exit::usage, "tensor '" + std::string(name) + "': given twice for version " + format_version(st.version));
+  if (s_->opts.encoding != Encoding::sparse && s_->opts.encoding != Encoding::context)
+    fail(Exit::usage, "tensor '" + std::string(name) + "': changes found elsewhere are encoded as sparse or context, not " +
+                          (s_->opts.encoding ? std::string(encoding_name(*s_->opts.encoding)) : std::string("auto")) +
+                          ": give the tensor's bytes");
+  check_tensor(st, w, name, dtype, shape, nbytes, s_->mirror);
+  if (!w.base_hash_known) return std::nullopt;
+  return w.base_hash;
+}
+
+std::optional<Hash128> MemoryPublisher::given_checksum(std::string_view name) const {
+  if (!s_->step) return std::nullopt;
+  const auto it = s_->step->by_name.find(name);
+  if (it == s_->step->by_name.end() || !s_->step->given[it->second]) return std::nullopt;
+  return s_->step->works[it->second].new_hash;
+}
+
+const fs::path& MemoryPublisher::mirror() const { return s_->mirror; }
+
+const PublisherOptions& MemoryPublisher::options() const { return s_->opts; }
 
 void MemoryPublisher::unchanged(std::string_view name) {
   open_step();

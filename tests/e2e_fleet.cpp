@@ -197,6 +197,19 @@ TEST_CASE("fleet: --withdraw takes a bad version back; hosts that applied it are
   E2E_CHECK_CODE(diff({"--withdraw", version_dir(root, 7).string()}), 3);
   E2E_CHECK_CODE(diff({"--withdraw", (root / "weight_v3").string()}), 2);
 
+  // a publisher whose mirror applied it is told to re-create the mirror
+  {
+    hfdelta::PublisherOptions o;
+    o.sync = false;
+    std::string what;
+    try {
+      hfdelta::MemoryPublisher p(root, applied, o);
+    } catch (const hfdelta::Error& e) {
+      what = e.what();
+    }
+    CHECK(contains(what, "withdrawn"));
+    CHECK(contains(what, "re-create the mirror"));
+  }
   // nothing newer: the host that skipped it stays; the one that applied it is told
   CHECK(pull(root, skipped)["noop"] == true);
   const RunResult told = apply({"--root", root.string(), applied.string()});
