@@ -775,6 +775,43 @@ void ChangeFinder::find(const DeviceTensor& tensor, bool context, Found& out) {
   CK(cudaEventElapsedTime(&timing_.total_ms, im.ev[0], im.ev[3]));
 }
 
+namespace {
+
+// Change j's element is its chunk's first plus its position: the chunk is
+// the last whose first change is at or before j (binary search over the
+// chunks' starts, still in device memory from find()).
+__global__ void apply_kernel(std::uint8_t* base, std::size_t es, const std::uint32_t* pos, const std::uint8_t* diff,
+                             const unsigned long long* start, std::uint64_t chunks, std::uint64_t K) {
+  for (std::uint64_t j = std::uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; j < K;
+       j += std::uint64_t{gridDim.x} * blockDim.x) {
+    std::uint64_t lo = 0, hi = chunks;  // start[lo] <= j < start[hi]
+    while (hi - lo > 1) {
+      const std::uint64_t mid = lo + (hi - lo) / 2;
+      if (start[mid] <= j)
+        lo = mid;
+      else
+        hi = mid;
+    }
+    std::uint8_t* p = base + (lo * kSparseChunkElements + pos[j]) * es;
+    rules::store_element(p, rules::applied(rules::load_element(p, es), rules::load_element(diff + j * es, es), es), es);
+  }
+}
+
+}  // namespace
+
+void ChangeFinder::apply(void* base, const Found& out) {
+  Impl& im = *impl_;
+  const std::uint64_t K = out.changes();
+  if (K > im.room || out.chunks + 1 > im.cap_counts)
+    fail(Exit::failure, "CUDA change finder: apply() of " + std::to_string(K) + " changes, not those of the last find()");
+  if (!K) return;
+  const unsigned blocks = static_cast<unsigned>(std::min<std::uint64_t>((K + kThreads - 1) / kThreads, 65535));
+  apply_kernel<<<blocks, kThreads, 0, im.stream>>>(static_cast<std::uint8_t*>(base), out.es, im.pos, im.diff, im.counts,
+                                                   out.chunks, K);
+  CK(cudaGetLastError());
+  CK(cudaStreamSynchronize(im.stream));
+}
+
 void ChangeFinder::rank(const DeviceTensor& tensor, std::span<const ContextGroups> groups, Found& out) {
   Impl& im = *impl_;
   const DeviceTensor t = usable(tensor);

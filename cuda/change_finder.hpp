@@ -133,6 +133,11 @@ class ChangeFinder {
   // After find(t, true, out): each change's rank among the base elements of
   // its group, its chunk's groups being `groups` (context_groups of each chunk).
   void rank(const DeviceTensor& t, std::span<const ContextGroups> groups, Found& out);
+  // After find(t, ..., out): adds the changes found, still in the finder's
+  // device memory (until the next find), to `base` on the device, t's base
+  // bytes, which become the new bytes as the changes give them: the base
+  // brought forward without reading the new bytes again, or copying them.
+  void apply(void* base, const Found& out);
   const Timing& timing() const { return timing_; }
   // tiles unless set; a tensor of 2^32 elements or more is found by tiles.
   void set_design(Design d) { design_ = d; }

@@ -45,6 +45,17 @@ HFDELTA_HD constexpr std::uint64_t difference(std::uint64_t old_v, std::uint64_t
   return (new_v - old_v) & element_ones(es);
 }
 
+// A difference added back: old + d, modulo 2^(8 es) (the base brought
+// forward to the new bytes, as an entry's apply does).
+HFDELTA_HD constexpr std::uint64_t applied(std::uint64_t old_v, std::uint64_t d, std::size_t es) {
+  return (old_v + d) & element_ones(es);
+}
+
+// An element of `es` bytes stored at `p`, little-endian.
+HFDELTA_HD inline void store_element(std::uint8_t* p, std::uint64_t v, std::size_t es) {
+  for (std::size_t k = 0; k < es; ++k) p[k] = static_cast<std::uint8_t>(v >> (8 * k));
+}
+
 // A difference as sparse's values carry it (SparseOp::add_zigzag): its sign
 // in the low bit, so that small steps either way are small numbers.
 HFDELTA_HD constexpr std::uint64_t zigzag(std::uint64_t d, std::size_t es) {

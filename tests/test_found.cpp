@@ -27,6 +27,16 @@ TEST_CASE("change rules: differences, zigzag, signed values, contexts, groups, c
   CHECK(changed_bytes(0x00ff, 0xff00, 2) == 2);
   CHECK(difference(0x0001, 0x0000, 2) == 0xffff);  // one down, modulo 2^16
   CHECK(zigzag(0xffff, 2) == 1);                   // -1
+  // A difference added back gives the new element, for every element size.
+  for (const std::size_t es : {1, 2, 4, 8}) {
+    const std::uint64_t a = 0x0123456789abcdefull & element_ones(es), b = 0xfedcba9876543210ull & element_ones(es);
+    CHECK(applied(a, difference(a, b, es), es) == b);
+    CHECK(applied(b, difference(b, a, es), es) == a);
+    std::array<std::uint8_t, 9> m{};
+    store_element(m.data(), b, es);
+    CHECK(load_element(m.data(), es) == b);
+    CHECK(m[es] == 0);  // nothing past the element
+  }
   CHECK(zigzag(1, 2) == 2);
   CHECK(zigzag(0x80, 1) == 0xff);                  // -128
   CHECK(signed_value(0xffff, 0xffff).mag_minus1 == 0);

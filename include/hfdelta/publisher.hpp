@@ -45,6 +45,7 @@
 #include "hfdelta/apply.hpp"
 #include "hfdelta/codec.hpp"
 #include "hfdelta/diff.hpp"
+#include "hfdelta/hash.hpp"
 
 namespace hfdelta {
 
@@ -139,6 +140,20 @@ class MemoryPublisher {
   // applied. For a publisher of sparse or context only (Error(usage)
   // otherwise); the same errors as put() for a name, dtype, shape or size.
   void put_found(const TensorFound& t);
+  // For a tensor about to be given by put_found() (the CUDA path asks
+  // before it finds the changes, against bytes it keeps of the mirror's
+  // tensor): starts the version as put() does, makes the checks put_found()
+  // makes of the encoding, name, dtype, shape and size (the same errors),
+  // and returns the checksum the mirror records for the tensor at the
+  // version's base (none where it records none).
+  std::optional<Hash128> found_base(std::string_view name, std::string_view dtype,
+                                    std::span<const std::uint64_t> shape, std::uint64_t nbytes);
+  // The checksum of a tensor's bytes as given to the version under way (by
+  // put() or put_found()); none where it was not given.
+  std::optional<Hash128> given_checksum(std::string_view name) const;
+  // The mirror (absolute), and the options this publisher was opened with.
+  const boost::filesystem::path& mirror() const;
+  const PublisherOptions& options() const;
   // Declares a tensor unchanged since the mirror's version: it is not read.
   void unchanged(std::string_view name);
   // Publishes the version begun: every tensor of the mirror must have been
