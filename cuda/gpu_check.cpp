@@ -4,7 +4,15 @@
 //      odd sizes, several chunks, unaligned device pointers; densities 0.1 to
 //      10%): the sparse and context entries written from the changes found
 //      on the device, byte for byte encode_sparse's and encode_context's.
-//   2. throughput: change finding on the device against a device-to-device
+//   2. publisher: a small checkpoint of 3 versions (BF16, F32, F16 tensors,
+//      one of more than 2^20 elements), each version published twice, by
+//      MemoryPublisher::put() from host memory into one root and by
+//      DevicePublisher::put() from device memory into another, each root with
+//      its own mirror (sparse and context): the version directories
+//      identical file by file, byte by byte, the mirrors advanced to the
+//      version's bytes, and the bases loaded from the mirror only where
+//      they must be (first use; after an abandoned version).
+//   3. throughput: change finding on the device against a device-to-device
 //      cudaMemcpy of the same bytes, and the bytes copied to the host against
 //      the changes.
 // Exit 0: every entry identical; 1: a mismatch or an error; 77: no GPU.
@@ -12,13 +20,19 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <iterator>
 #include <string>
 #include <vector>
 
+#include <boost/filesystem.hpp>
 #include <cuda_runtime.h>
 
 #include "change_finder.hpp"
+#include "device_publisher.hpp"
+#include "hfdelta/apply.hpp"
+#include "hfdelta/io.hpp"
+#include "hfdelta/publisher.hpp"
 #include "found_reference.hpp"
 #include "hfdelta/codec.hpp"
 #include "hfdelta/error.hpp"
@@ -156,6 +170,216 @@ int identity() {
   return failures;
 }
 
+// ---- 2. the publisher from device memory ----------------------------------
+
+namespace fs = boost::filesystem;
+
+struct GenTensor {
+  std::string name, dtype;
+  std::vector<std::uint64_t> shape;
+  Bytes bytes;
+};
+using Save = std::vector<GenTensor>;
+
+// A save's tensors into DIR/model.safetensors, laid out as the reference writer does.
+void write_save(const fs::path& dir, const Save& save) {
+  fs::create_directories(dir);
+  std::vector<TensorSpec> specs;
+  for (const GenTensor& t : save) specs.push_back({t.name, t.dtype, t.shape, t.bytes.size()});
+  const SafetensorsLayout l = layout_safetensors(specs, nullptr);
+  File f(dir / "model.safetensors", File::Mode::create_exclusive);
+  f.pwrite_all(l.prefix.data(), l.prefix.size(), 0);
+  for (const TensorInfo& ti : l.tensors)
+    for (const GenTensor& t : save)
+      if (t.name == ti.name && !t.bytes.empty()) f.pwrite_all(t.bytes.data(), t.bytes.size(), l.prefix.size() + ti.begin);
+}
+
+// Version 0 at random; each next version changes about 1% of every tensor's
+// elements by a small step of their low bytes (and one element always).
+std::vector<Save> make_series(int versions) {
+  std::uint64_t x = 0x9e3779b97f4a7c15ull;
+  auto rnd = [&x] {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    return x;
+  };
+  Save s0 = {{"model.embed", "BF16", {1100, 1000}, {}},  // 1.1 M elements: two chunks
+             {"model.layer0.w", "F32", {300, 257}, {}},
+             {"model.layer0.norm", "F16", {4099}, {}},
+             {"model.layer0.b", "F32", {33}, {}},
+             {"model.head", "BF16", {257, 129}, {}}};
+  for (GenTensor& t : s0) {
+    std::uint64_t n = dtype_size(t.dtype);
+    for (const std::uint64_t d : t.shape) n *= d;
+    t.bytes.resize(n);
+    for (std::uint8_t& b : t.bytes) b = static_cast<std::uint8_t>(rnd());
+  }
+  std::vector<Save> series = {s0};
+  for (int v = 1; v < versions; ++v) {
+    Save s = series.back();
+    for (GenTensor& t : s) {
+      const std::size_t es = dtype_size(t.dtype), n = t.bytes.size() / es;
+      const std::size_t k = std::max<std::size_t>(1, n / 100);
+      for (std::size_t i = 0; i < k; ++i) {
+        std::uint8_t* e = t.bytes.data() + (rnd() % n) * es;
+        e[0] = static_cast<std::uint8_t>(e[0] + 1 + rnd() % 7);
+        if (es > 1 && rnd() % 4 == 0) e[1] ^= 1;
+      }
+    }
+    series.push_back(s);
+  }
+  return series;
+}
+
+// Byte for byte the same trees (every file and directory, by relative path).
+bool same_tree(const fs::path& a, const fs::path& b, std::string& why) {
+  std::vector<std::string> fa, fb;
+  for (fs::recursive_directory_iterator it(a), end; it != end; ++it) fa.push_back(relative_name(it->path(), a));
+  for (fs::recursive_directory_iterator it(b), end; it != end; ++it) fb.push_back(relative_name(it->path(), b));
+  std::sort(fa.begin(), fa.end());
+  std::sort(fb.begin(), fb.end());
+  if (fa != fb) {
+    why = "the files differ: " + std::to_string(fa.size()) + " against " + std::to_string(fb.size());
+    return false;
+  }
+  for (const std::string& f : fa) {
+    if (fs::is_directory(a / f) != fs::is_directory(b / f)) return why = f + ": a directory in one only", false;
+    if (!fs::is_directory(a / f) && !same_contents(a / f, b / f)) return why = f + ": other bytes", false;
+  }
+  return true;
+}
+
+struct DeviceSave {
+  std::vector<void*> data;
+  explicit DeviceSave(const Save& s) {
+    for (const GenTensor& t : s) {
+      void* p = nullptr;
+      ck(cudaMalloc(&p, t.bytes.size()), "cudaMalloc");
+      data.push_back(p);
+      ck(cudaMemcpy(p, t.bytes.data(), t.bytes.size(), cudaMemcpyHostToDevice), "copy tensor");
+    }
+    ck(cudaDeviceSynchronize(), "synchronize");
+  }
+  ~DeviceSave() {
+    for (void* p : data) cudaFree(p);
+  }
+  DeviceSave(const DeviceSave&) = delete;
+  DeviceSave& operator=(const DeviceSave&) = delete;
+};
+
+int expect_code(const std::function<void()>& f, Exit want, const char* what) {
+  try {
+    f();
+  } catch (const Error& e) {
+    if (e.code() == want) {
+      std::printf("PASS refused: %s (%s)\n", what, e.what());
+      return 0;
+    }
+    std::printf("FAIL refused: %s: exit %d, not %d (%s)\n", what, static_cast<int>(e.code()), static_cast<int>(want), e.what());
+    return 1;
+  }
+  std::printf("FAIL refused: %s: not refused\n", what);
+  return 1;
+}
+
+int publisher_check() {
+  int failures = 0;
+  char tmpl[] = "/tmp/hfdelta-gpu-publisher-XXXXXX";
+  if (!mkdtemp(tmpl)) fail(Exit::failure, "mkdtemp failed");
+  const fs::path t = tmpl;
+  const std::vector<Save> series = make_series(4);
+  std::uint64_t total = 0;
+  for (const GenTensor& g : series[0]) total += g.bytes.size();
+  for (std::size_t v = 0; v < series.size(); ++v) write_save(t / ("save" + std::to_string(v)), series[v]);
+  ApplyOptions ao;
+  ao.sync = false;
+  for (const char* enc : {"sparse", "context"}) {
+    const fs::path ra = t / (std::string("root-host-") + enc), rb = t / (std::string("root-device-") + enc);
+    const fs::path ma = t / (std::string("mirror-host-") + enc), mb = t / (std::string("mirror-device-") + enc);
+    fs::create_directories(ra), fs::create_directories(rb);
+    init_local(t / "save0", ma, 0, ao);
+    init_local(t / "save0", mb, 0, ao);
+    PublisherOptions o;
+    o.encoding = parse_encoding(enc);
+    o.sync = false;
+    o.background = false;
+    MemoryPublisher pa(ra, ma, o);
+    o.background = true;  // the device's publisher: the mirror advanced while the next version is put
+    MemoryPublisher pb(rb, mb, o);
+    gpu::DevicePublisher dp(pb);
+    const std::uint64_t N = series[0].size();
+    for (std::size_t v = 1; v < series.size(); ++v) {
+      const Save& s = series[v];
+      DeviceSave d(s);
+      auto put_device = [&] {
+        for (std::size_t i = 0; i < s.size(); ++i)
+          dp.put({s[i].name, s[i].dtype, s[i].shape, d.data[i], s[i].bytes.size()});
+      };
+      const gpu::DevicePublishStats before = dp.stats();
+      std::uint64_t want_loads = v == 1 ? N : 0;
+      if (v == 2) {
+        // A version abandoned after its tensors were given: the bases went
+        // forward, the mirror did not; each base is loaded again.
+        put_device();
+        pb.abort();
+        want_loads = N;
+      }
+      const gpu::DevicePublishStats mid = dp.stats();
+      for (const GenTensor& g : s) pa.put({g.name, g.dtype, g.shape, g.bytes});
+      put_device();
+      const PublishSummary sa = pa.publish(false), sb = pb.publish(false);
+      pb.wait();
+      const gpu::DevicePublishStats after = dp.stats();
+      std::string why;
+      const bool same = same_tree(sa.out, sb.out, why);
+      const bool names = sa.out.filename() == sb.out.filename();
+      const bool advanced = pa.version() == v && pb.version() == v &&
+                            same_contents(mb / "model.safetensors", t / ("save" + std::to_string(v)) / "model.safetensors");
+      const std::uint64_t loads = after.loads - mid.loads, host = after.host_bytes - mid.host_bytes;
+      const bool ok = same && names && advanced && loads == want_loads && sb.diff.tensors_changed == N;
+      failures += !ok;
+      std::printf("%s publisher %-7s version %zu: %s, %s, mirror %s; bases loaded %llu (want %llu); device->host %llu bytes "
+                  "for %llu tensor bytes (%.3f%%), %llu elements changed\n",
+                  ok ? "PASS" : "FAIL", enc, v, same ? "version directories identical" : ("versions DIFFER: " + why).c_str(),
+                  names ? sb.out.filename().string().c_str() : "OTHER NAMES", advanced ? "advanced" : "NOT ADVANCED",
+                  static_cast<unsigned long long>(loads), static_cast<unsigned long long>(want_loads),
+                  static_cast<unsigned long long>(host), static_cast<unsigned long long>(total),
+                  100.0 * static_cast<double>(host) / static_cast<double>(total),
+                  static_cast<unsigned long long>(sb.diff.elements_changed));
+      (void)before;
+    }
+    std::printf("     %s: bases on the device %llu bytes (the tensors': %llu)\n", enc,
+                static_cast<unsigned long long>(dp.base_bytes()), static_cast<unsigned long long>(total));
+    failures += dp.base_bytes() != total;
+  }
+  // Refusals: an encoding other than sparse and context; host memory.
+  {
+    const fs::path r = t / "root-xor", m = t / "mirror-xor";
+    fs::create_directories(r);
+    init_local(t / "save0", m, 0, ao);
+    PublisherOptions o;
+    o.encoding = Encoding::xor_bytes;
+    o.sync = false, o.background = false;
+    MemoryPublisher p(r, m, o);
+    gpu::DevicePublisher dp(p);
+    DeviceSave d(series[1]);
+    const GenTensor& g = series[1][0];
+    failures += expect_code([&] { dp.put({g.name, g.dtype, g.shape, d.data[0], g.bytes.size()}); }, Exit::usage,
+                            "xor from device memory");
+    PublisherOptions os = o;
+    os.encoding = Encoding::sparse;
+    const fs::path r2 = t / "root-host-pointer", m2 = t / "mirror-host-pointer";
+    fs::create_directories(r2);
+    init_local(t / "save0", m2, 0, ao);
+    MemoryPublisher p2(r2, m2, os);
+    gpu::DevicePublisher dp2(p2);
+    failures += expect_code([&] { dp2.put({g.name, g.dtype, g.shape, g.bytes.data(), g.bytes.size()}); }, Exit::usage,
+                            "host memory given as device memory");
+  }
+  boost::system::error_code ec;
+  fs::remove_all(t, ec);
+  return failures;
+}
+
 float median(std::vector<float> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -272,12 +496,14 @@ bool throughput(std::uint64_t nbytes) {
 
 int main(int argc, char** argv) {
   std::uint64_t mib = 512;
-  bool run_identity = true, run_throughput = true;
+  bool run_identity = true, run_throughput = true, run_publisher = true;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--identity") == 0) {
-      run_throughput = false;
+      run_throughput = run_publisher = false;
     } else if (std::strcmp(argv[i], "--throughput") == 0) {
-      run_identity = false;
+      run_identity = run_publisher = false;
+    } else if (std::strcmp(argv[i], "--publisher") == 0) {
+      run_identity = run_throughput = false;
     } else if (std::strcmp(argv[i], "--mib") == 0 && i + 1 < argc) {
       mib = std::stoull(argv[++i]);
     } else if (std::strcmp(argv[i], "--design") == 0 && i + 1 < argc) {
@@ -291,7 +517,7 @@ int main(int argc, char** argv) {
       }
     } else {
       std::fprintf(stderr,
-                   "usage: hfdelta-gpu-check [--identity | --throughput] [--design tiles|tiles16|select] [--mib N (throughput\n"
+                   "usage: hfdelta-gpu-check [--identity | --publisher | --throughput] [--design tiles|tiles16|select] [--mib N (throughput\n"
                    "       tensor size, default 512)]\n");
       return 2;
     }
@@ -311,6 +537,22 @@ int main(int argc, char** argv) {
       failures = identity();
       std::printf("%s: identity, %d mismatches (%.1f s)\n", failures ? "FAIL" : "PASS", failures,
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    if (run_publisher) {
+      // An error here is reported, and the throughput table still runs.
+      const auto t0 = std::chrono::steady_clock::now();
+      int pf = 0;
+      try {
+        pf = publisher_check();
+      } catch (const std::exception& e) {
+        std::printf("ERROR: publisher: %s\n", e.what());
+        cudaGetLastError();
+        pf = 1;
+      }
+      std::printf("%s: publisher from device memory, %d failures (%.1f s)\n", pf ? "FAIL" : "PASS", pf,
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      failures += pf;
+      std::fflush(stdout);
     }
     if (run_throughput) {
       const bool met = throughput(mib << 20);

@@ -4,7 +4,9 @@
 # for byte the CPU path's over generated pairs (BF16, F16, F32, F8, F64, odd
 # sizes, unaligned pointers, densities 0.1-10%), then change finding's
 # throughput against device-to-device cudaMemcpy and the bytes copied to the
-# host against the changes. PASS/FAIL lines; exit 1 on any mismatch.
+# host against the changes; and the publisher from device memory
+# (DevicePublisher) against put() from host memory, version for version.
+# PASS/FAIL lines; exit 1 on any mismatch.
 #
 # The GPU machine has no network and no build dependencies, so the check is
 # built here and carried there in .gpu/ (git-ignored):
@@ -57,7 +59,7 @@ if [ $# -gt 0 ]; then
 else
   parts=()
   for d in $designs; do parts+=("--identity --design $d"); done
-  parts+=("--throughput")
+  parts+=("--publisher" "--throughput")
 fi
 start=$SECONDS
 rc=0
