@@ -55,11 +55,17 @@ struct DevicePublisher::Base {
   }
 };
 
-DevicePublisher::DevicePublisher(MemoryPublisher& p) : p_(p) {
+DevicePublisher::DevicePublisher(MemoryPublisher& p, int device) : p_(p) {
   std::string why;
-  if (ChangeFinder::devices(why) == 0) fail(Exit::unsupported, "publishing from device memory: " + why);
-  ck(cudaGetDevice(&device_), "cudaGetDevice");
-  finder_ = std::make_unique<ChangeFinder>();
+  const int n = ChangeFinder::devices(why);
+  if (n == 0) fail(Exit::unsupported, "publishing from device memory: " + why);
+  if (device >= n) fail(Exit::unsupported, "publishing from device memory: no CUDA device " + std::to_string(device));
+  if (device < 0)
+    ck(cudaGetDevice(&device_), "cudaGetDevice");
+  else
+    device_ = device;
+  const OnDevice on(device_);
+  finder_ = std::make_unique<ChangeFinder>();  // its stream on that device
 }
 
 DevicePublisher::~DevicePublisher() = default;

@@ -53,9 +53,9 @@ struct DevicePublishStats {
 
 class DevicePublisher {
  public:
-  // Works on the current CUDA device (Error(unsupported) without one) for
-  // the publisher `p`, which must outlive it.
-  explicit DevicePublisher(MemoryPublisher& p);
+  // Works on CUDA device `device` (-1: the current one; Error(unsupported)
+  // without one) for the publisher `p`, which must outlive it.
+  explicit DevicePublisher(MemoryPublisher& p, int device = -1);
   ~DevicePublisher();
   DevicePublisher(const DevicePublisher&) = delete;
   DevicePublisher& operator=(const DevicePublisher&) = delete;

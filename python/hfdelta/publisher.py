@@ -14,6 +14,15 @@ bfloat16 and float8 included), torch CPU tensors, or anything speaking DLPack or
 the buffer protocol on the CPU; a tensor is read while it is encoded and never
 kept, so memory does not grow with the model.
 
+Where the package is built with CUDA (hfdelta._core.cuda), a tensor on a CUDA
+device (torch, or any DLPack capsule whose device is CUDA) has its changes
+found on its device, against the mirror's bytes of it kept there (one copy of
+the weights on the device: cuda/README.md), and only the changes are copied
+to the host; the version is byte for byte the one published from the same
+bytes on the host. Such tensors are published as "sparse" or "context" only
+(others raise UsageError). Without CUDA in the build they raise UsageError
+saying so.
+
 Opening a Publisher reconciles mirror and root: an interrupted mirror advance is
 rolled back, and a mirror behind the root (the process died after publishing)
 is caught up from it; any other disagreement is refused, saying what to do.
@@ -36,8 +45,8 @@ from .results import ChangeResult, DiffResult
 __all__ = ["Publisher", "PublishResult", "Opening", "TensorLike"]
 
 TensorLike = Any
-"""A numpy array (ml_dtypes' bfloat16 and float8 included), a torch CPU tensor, or any CPU array that speaks
-DLPack or the buffer protocol. Row-major and contiguous is read in place; anything else is copied first, one
+"""A numpy array (ml_dtypes' bfloat16 and float8 included), a torch tensor, or any array that speaks DLPack or
+the buffer protocol, on the CPU (or on a CUDA device, where the package is built with CUDA). Row-major and contiguous is read in place; anything else is copied first, one
 tensor at a time."""
 
 Tensors = Union[Mapping[str, TensorLike], Iterable[Tuple[str, TensorLike]]]
@@ -89,8 +98,16 @@ def _item(name: str, tensor: TensorLike) -> Tuple[str, Any, Optional[str], Optio
     if not isinstance(name, str):
         raise UsageError(f"tensor names are str, not {type(name).__name__}")
     if hasattr(tensor, "__dlpack_device__") and tensor.__dlpack_device__()[0] != 1:  # kDLCPU
-        raise UsageError(f"tensor '{name}': not in host memory (DLPack device {tuple(tensor.__dlpack_device__())}); "
-                         "the publisher reads tensors on the CPU: copy it there first (torch: .cpu())")
+        device = tuple(tensor.__dlpack_device__())
+        if device[0] != 2:  # kDLCUDA
+            raise UsageError(f"tensor '{name}': not in host memory nor on a CUDA device (DLPack device {device}); "
+                             "copy it to the host first (torch: .cpu())")
+        if not _core.cuda:
+            raise UsageError(f"tensor '{name}': on a CUDA device (DLPack device {device}), but this build of hfdelta "
+                             "has no CUDA (built without -Dcuda): copy it to the host first (torch: .cpu())")
+        # Built with CUDA: its changes are found on its device, and only they copied to the host.
+    if type(tensor).__name__ == "PyCapsule":  # a DLPack capsule: its device and dtype read from it (_core)
+        return name, tensor, None, None
     if hasattr(tensor, "detach") and hasattr(tensor, "__dlpack__"):  # torch: no autograd history to export
         tensor = tensor.detach()
         if not tensor.is_contiguous():

@@ -3,7 +3,11 @@
 // (name, array, dtype, shape) items. Tensors arrive as nanobind ndarrays:
 // from DLPack (torch CPU tensors, any __dlpack__ object) or the buffer
 // protocol; an ndarray is read in place, with the GIL released, and never
-// kept past the call that encodes it.
+// kept past the call that encodes it. A tensor on a CUDA device (torch, or
+// any DLPack capsule whose device is CUDA) goes to the device path
+// (hfdelta::gpu::DevicePublisher: its changes found on the device, only they
+// copied to the host) where the package is built with CUDA (HFDELTA_CUDA),
+// and is refused, saying so, where it is not.
 #include <atomic>
 #include <cstdint>
 #include <optional>
@@ -22,6 +26,9 @@
 #include "hfdelta/publisher.hpp"
 #include "hfdelta/report_json.hpp"
 #include "progress_callback.hpp"
+#ifdef HFDELTA_CUDA
+#include "device_publisher.hpp"
+#endif
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -30,7 +37,7 @@ namespace {
 
 using hfdelta::Exit;
 using hfdelta::fail;
-using Array = nb::ndarray<nb::ro, nb::device::cpu>;
+using Array = nb::ndarray<nb::ro>;  // any device: the host's, or a CUDA device's
 
 // The safetensors dtype of a DLPack dtype ("" when safetensors has none).
 std::string safetensors_dtype(nb::dlpack::dtype d) {
@@ -68,7 +75,9 @@ struct Tensor {
   std::vector<std::uint64_t> shape;
   const std::uint8_t* data = nullptr;
   std::size_t nbytes = 0;
+  int device_type = nb::device::cpu::value, device_id = 0;
   hfdelta::TensorBytes view() const { return {name, dtype, shape, {data, nbytes}}; }
+  bool on_cuda() const { return device_type == nb::device::cuda::value; }
 };
 
 Tensor tensor_of(std::string name, const Array& a, const std::optional<std::string>& dtype,
@@ -89,6 +98,16 @@ Tensor tensor_of(std::string name, const Array& a, const std::optional<std::stri
     for (std::size_t i = 0; i < a.ndim(); ++i) t.shape.push_back(a.shape(i));
   t.data = static_cast<const std::uint8_t*>(a.data());
   t.nbytes = a.nbytes();
+  t.device_type = a.device_type(), t.device_id = a.device_id();
+  if (t.device_type != nb::device::cpu::value && !t.on_cuda())
+    fail(Exit::usage, where + ": not in host memory nor on a CUDA device (DLPack device (" + std::to_string(t.device_type) +
+                          ", " + std::to_string(t.device_id) + ")): copy it to the host first");
+#ifndef HFDELTA_CUDA
+  if (t.on_cuda())
+    fail(Exit::usage, where + ": on a CUDA device (DLPack device (2, " + std::to_string(t.device_id) +
+                          ")), but this build of hfdelta has no CUDA (built without -Dcuda): copy it to the host first "
+                          "(torch: .cpu())");
+#endif
   return t;
 }
 
@@ -113,6 +132,9 @@ std::string publish_report(const hfdelta::PublishSummary& s, const std::string& 
 struct Publisher {
   std::unique_ptr<hfdelta::MemoryPublisher> p;
   std::string encoding, mirror;
+#ifdef HFDELTA_CUDA
+  std::unique_ptr<hfdelta::gpu::DevicePublisher> dev;  // made by the first tensor on a CUDA device
+#endif
   // One call at a time: a call releases the GIL while it works, and the
   // library's publisher is not for several threads at once.
   std::atomic<bool> busy{false};
@@ -120,6 +142,15 @@ struct Publisher {
   hfdelta::MemoryPublisher& get() {
     if (!p) fail(Exit::usage, "the publisher is closed");
     return *p;
+  }
+
+  // One tensor, from host memory or from a CUDA device; called with the GIL released.
+  void put_one(const Tensor& t) {
+    if (!t.on_cuda()) return get().put(t.view());
+#ifdef HFDELTA_CUDA
+    if (!dev) dev = std::make_unique<hfdelta::gpu::DevicePublisher>(get(), t.device_id);
+    dev->put({t.name, t.dtype, t.shape, t.data, t.nbytes});
+#endif
   }
 
   // Encodes items (name, array, dtype or None, shape or None) of an
@@ -144,9 +175,16 @@ struct Publisher {
     for (nb::handle item : items) {
       const nb::tuple tup = nb::cast<nb::tuple>(item);
       if (tup.size() != 4) fail(Exit::usage, "publisher items are (name, array, dtype, shape)");
-      arrays.push_back(nb::cast<Array>(tup[1]));
-      batch.push_back(tensor_of(nb::cast<std::string>(tup[0]), arrays.back(), nb::cast<std::optional<std::string>>(tup[2]),
-                                nb::cast<std::optional<std::vector<std::uint64_t>>>(tup[3])));
+      const Array a = nb::cast<Array>(tup[1]);
+      Tensor t = tensor_of(nb::cast<std::string>(tup[0]), a, nb::cast<std::optional<std::string>>(tup[2]),
+                           nb::cast<std::optional<std::vector<std::uint64_t>>>(tup[3]));
+      if (t.on_cuda()) {  // found on its device, alone: only its changes come to the host
+        nb::gil_scoped_release release;
+        put_one(t);
+        continue;
+      }
+      arrays.push_back(a);
+      batch.push_back(std::move(t));
       bytes += batch.back().nbytes;
       if (bytes >= kBatchBytes || batch.size() >= kBatchItems) flush();
     }
@@ -171,6 +209,11 @@ class Busy {
 }  // namespace
 
 void bind_publisher(nb::module_& m) {
+#ifdef HFDELTA_CUDA
+  m.attr("cuda") = true;
+#else
+  m.attr("cuda") = false;
+#endif
   nb::class_<Publisher>(m, "_Publisher")
       .def(
           "__init__",
@@ -203,6 +246,20 @@ void bind_publisher(nb::module_& m) {
                      const Busy busy(self);
                      return self.get().in_progress();
                    })
+      .def("device_stats",
+           [](Publisher& self) -> std::optional<std::string> {
+             const Busy busy(self);
+#ifdef HFDELTA_CUDA
+             if (self.dev) {
+               const hfdelta::gpu::DevicePublishStats& d = self.dev->stats();
+               return nlohmann::json{{"device", self.dev->device()}, {"tensors", d.tensors}, {"tensor_bytes", d.tensor_bytes},
+                                     {"host_bytes", d.host_bytes}, {"loads", d.loads}, {"load_bytes", d.load_bytes},
+                                     {"base_bytes", self.dev->base_bytes()}}
+                   .dump();
+             }
+#endif
+             return std::nullopt;
+           })
       .def("opening",
            [](Publisher& self) {
              const Busy busy(self);
@@ -220,7 +277,7 @@ void bind_publisher(nb::module_& m) {
             const Busy busy(self);
             const Tensor t = tensor_of(name, a, dtype, shape);
             nb::gil_scoped_release release;
-            self.get().put(t.view());
+            self.put_one(t);
           },
           "name"_a, "array"_a, "dtype"_a.none(), "shape"_a.none())
       .def(
@@ -275,6 +332,9 @@ void bind_publisher(nb::module_& m) {
       .def("close", [](Publisher& self) {
         const Busy busy(self);
         nb::gil_scoped_release release;
+#ifdef HFDELTA_CUDA
+        self.dev.reset();  // the bases' device memory, before the publisher it refers to
+#endif
         std::unique_ptr<hfdelta::MemoryPublisher> p = std::move(self.p);
         if (!p) return;
         p->abort();

@@ -188,15 +188,22 @@ def test_mistakes_publish_nothing(series: list[Path], tmp_path: Path) -> None:
         with pytest.raises(KeyboardInterrupt):
             pub.publish(failing())
 
-        class OnGPU:  # a DLPack object in CUDA memory
+        class OnDevice:  # a DLPack object in a device's memory
+            def __init__(self, device: tuple[int, int]) -> None:
+                self.device = device
+
             def __dlpack__(self, **kw: Any) -> Any:
                 raise AssertionError("not to be read")
 
             def __dlpack_device__(self) -> tuple[int, int]:
-                return (2, 0)
+                return self.device
 
-        with pytest.raises(hfdelta.UsageError, match="not in host memory"):
-            pub.publish([(name, OnGPU())])
+        # Neither the host's nor a CUDA device's (kDLROCM): refused by every build.
+        with pytest.raises(hfdelta.UsageError, match=f"tensor '{name}': not in host memory nor on a CUDA device"):
+            pub.publish([(name, OnDevice((10, 0)))])
+        if not hfdelta._core.cuda:  # a CUDA device's, in a build without CUDA: refused, saying so
+            with pytest.raises(hfdelta.UsageError, match=f"tensor '{name}': on a CUDA device .*has no CUDA"):
+                pub.publish([(name, OnDevice((2, 0)))])
         assert os.listdir(root) == [] and pub.version == 0
         # declared unchanged: not read, no entry
         r = pub.publish([(name, new[name])], unchanged=[k for k in new if k != name])
