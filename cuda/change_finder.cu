@@ -55,6 +55,7 @@ const char* name(Design d) {
     case Design::tiles: return "tiles";
     case Design::small_tiles: return "tiles16";
     case Design::select: return "select";
+    case Design::pipelined_tiles: return "tiles64";
   }
   return "?";
 }
@@ -186,32 +187,41 @@ struct FindOut {
 };
 
 // ---- tiles -----------------------------------------------------------------------
-// One tile per block, numbered by blockIdx (the look-back waits only on
-// tiles launched before). Vector k of thread t is the tile's vector
-// k * kThreads + t, so a row of vectors is 4 KiB of each input, and a rank
-// tile two rows.
-template <int ES, bool kVec, bool kContext, int V, int kMinBlocks>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) find_tiles(const std::uint8_t* a, const std::uint8_t* b, std::uint64_t nbytes,
-                                                         ContextField f, CountState state, FindOut o) {
+// Vector k of thread t is the tile's vector k * kThreads + t, so a row of
+// vectors is 4 KiB of each input, and a rank tile two rows.
+template <int V>
+struct TileShared {
+  typename cub::BlockExchange<unsigned, kThreads, V>::TempStorage exchange;
+  typename cub::BlockScan<unsigned, kThreads>::TempStorage scan;
+  typename cub::BlockReduce<unsigned, kThreads>::TempStorage reduce;
+  typename CountPrefix::TempStorage prefix;
+  unsigned long long first;
+  int next;  // tiles64: the tile claimed next
+};
+
+// A thread's V vectors of each input in tile `tile`, all loads issued before any use.
+template <bool kVec, int V>
+__device__ inline void load_tile(const std::uint8_t* a, const std::uint8_t* b, std::uint64_t nbytes, int tile, uint4 (&va)[V],
+                                 uint4 (&vb)[V]) {
+  const std::uint64_t base = std::uint64_t(tile) * kTileBytes<V>;
+#pragma unroll
+  for (int k = 0; k < V; ++k) va[k] = load_vec<kVec>(a, base + (std::uint64_t(k) * kThreads + threadIdx.x) * kVecBytes, nbytes);
+#pragma unroll
+  for (int k = 0; k < V; ++k) vb[k] = load_vec<kVec>(b, base + (std::uint64_t(k) * kThreads + threadIdx.x) * kVecBytes, nbytes);
+}
+
+// One tile of `ntiles` from its loaded vectors: counted, numbered (the
+// look-back waits only on tiles claimed before: lower numbers), written.
+template <int ES, bool kContext, int V>
+__device__ inline void find_tile(int tile, int ntiles, const uint4 (&va)[V], const uint4 (&vb)[V], ContextField f, CountState state,
+                                 const FindOut& o, TileShared<V>& s) {
   static_assert(V % 2 == 0, "rank tiles of two rows");
   using Exchange = cub::BlockExchange<unsigned, kThreads, V>;
   using Scan = cub::BlockScan<unsigned, kThreads>;
   using Reduce = cub::BlockReduce<unsigned, kThreads>;
   using D = typename DiffWord<ES>::type;
   constexpr int kPer = kVecBytes / ES;  // elements per vector
-  __shared__ typename Exchange::TempStorage exchange_tmp;
-  __shared__ typename Scan::TempStorage scan_tmp;
-  __shared__ typename Reduce::TempStorage reduce_tmp;
-  __shared__ typename CountPrefix::TempStorage prefix_tmp;
-  __shared__ unsigned long long s_first;
-
-  const int tile = static_cast<int>(blockIdx.x);
   const std::uint64_t base = std::uint64_t(tile) * kTileBytes<V>;
-  uint4 va[V], vb[V];
-#pragma unroll
-  for (int k = 0; k < V; ++k) va[k] = load_vec<kVec>(a, base + (std::uint64_t(k) * kThreads + threadIdx.x) * kVecBytes, nbytes);
-#pragma unroll
-  for (int k = 0; k < V; ++k) vb[k] = load_vec<kVec>(b, base + (std::uint64_t(k) * kThreads + threadIdx.x) * kVecBytes, nbytes);
 
   unsigned count[V], bytes = 0;
 #pragma unroll
@@ -222,12 +232,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) find_tiles(const std::ui
   // Each vector's first change in the tile: the counts in memory order
   // (thread t's are vectors t*V .. t*V+V-1), scanned, and back.
   unsigned off[V];
-  Exchange(exchange_tmp).StripedToBlocked(count, off);
+  Exchange(s.exchange).StripedToBlocked(count, off);
   unsigned mine = 0;
 #pragma unroll
   for (int k = 0; k < V; ++k) mine += off[k];
   unsigned before, tile_count;
-  Scan(scan_tmp).ExclusiveSum(mine, before, tile_count);
+  Scan(s.scan).ExclusiveSum(mine, before, tile_count);
 #pragma unroll
   for (int k = 0; k < V; ++k) {
     const unsigned c = off[k];
@@ -235,20 +245,20 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) find_tiles(const std::ui
     before += c;
   }
   __syncthreads();  // the exchange's storage again
-  Exchange(exchange_tmp).BlockedToStriped(off, off);
+  Exchange(s.exchange).BlockedToStriped(off, off);
   if (threadIdx.x < 32) {  // the tile's first change: the look-back, warp 0
     unsigned long long first = 0;
     if (tile == 0) {
       if (threadIdx.x == 0) state.SetInclusive(0, tile_count);
     } else {
-      CountPrefix prefix(state, prefix_tmp, ::cuda::std::plus<>{}, tile);
+      CountPrefix prefix(state, s.prefix, ::cuda::std::plus<>{}, tile);
       first = prefix(tile_count);
     }
-    if (threadIdx.x == 0) s_first = first;
+    if (threadIdx.x == 0) s.first = first;
   }
-  const unsigned tile_bytes = Reduce(reduce_tmp).Sum(bytes);
-  __syncthreads();  // s_first
-  const unsigned long long first = s_first;
+  const unsigned tile_bytes = Reduce(s.reduce).Sum(bytes);
+  __syncthreads();  // s.first
+  const unsigned long long first = s.first;
   const std::uint64_t e_tile = base / ES;
   const std::uint64_t chunk = rules::chunk_of(e_tile);
   if (threadIdx.x == 0) {
@@ -259,7 +269,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) find_tiles(const std::ui
       const std::uint64_t r = base / kRankTileBytes + k / 2;
       if (r < o.nrank) o.rank_start[r] = first + off[k];
     }
-    if (tile + 1 == static_cast<int>(gridDim.x)) {
+    if (tile + 1 == ntiles) {
       const unsigned long long all = first + tile_count;
       *o.total = all;
       o.chunk_start[o.chunks] = o.rank_start[o.nrank] = all < o.cap ? all : o.cap;
@@ -287,6 +297,65 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) find_tiles(const std::ui
       }
     }
   }
+}
+
+// tiles, tiles16: one tile per block, numbered by blockIdx (the look-back
+// waits only on tiles launched before).
+template <int ES, bool kVec, bool kContext, int V, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) find_tiles(const std::uint8_t* a, const std::uint8_t* b, std::uint64_t nbytes,
+                                                                   ContextField f, CountState state, FindOut o) {
+  __shared__ TileShared<V> s;
+  uint4 va[V], vb[V];
+  load_tile<kVec>(a, b, nbytes, static_cast<int>(blockIdx.x), va, vb);
+  find_tile<ES, kContext>(static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), va, vb, f, state, o, s);
+}
+
+// tiles64: as many blocks as fit on the device at once, each taking tiles
+// in turn from a counter (a tile's look-back waits only on tiles claimed
+// before, by blocks that are running), and loading its next tile (V
+// vectors, 16 x V bytes of each input a thread) before it works on the
+// one it has: the loads stay in flight while the tile is counted, numbered
+// and written.
+template <int ES, bool kVec, bool kContext, int V, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) find_tiles_pipelined(const std::uint8_t* a, const std::uint8_t* b,
+                                                                             std::uint64_t nbytes, ContextField f, CountState state,
+                                                                             FindOut o, int ntiles, unsigned* next_tile) {
+  __shared__ TileShared<V> s;
+  if (threadIdx.x == 0) s.next = static_cast<int>(atomicAdd(next_tile, 1u));
+  __syncthreads();
+  int tile = s.next;
+  if (tile >= ntiles) return;
+  uint4 va[V], vb[V];
+  load_tile<kVec>(a, b, nbytes, tile, va, vb);
+  for (;;) {
+    __syncthreads();  // s.next read; the shared storage of the tile before done with
+    if (threadIdx.x == 0) s.next = static_cast<int>(atomicAdd(next_tile, 1u));
+    __syncthreads();
+    const int next = s.next;
+    uint4 na[V], nb[V];
+    if (next < ntiles) load_tile<kVec>(a, b, nbytes, next, na, nb);
+    find_tile<ES, kContext>(tile, ntiles, va, vb, f, state, o, s);
+    if (next >= ntiles) return;
+    tile = next;
+#pragma unroll
+    for (int k = 0; k < V; ++k) va[k] = na[k], vb[k] = nb[k];
+  }
+}
+
+// The floor for tiles' loads: both inputs read as a tile reads them, and
+// only their changed bytes counted (one atomic add per tile).
+template <bool kVec, int V, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) read_tiles(const std::uint8_t* a, const std::uint8_t* b, std::uint64_t nbytes,
+                                                                   unsigned long long* total) {
+  using Reduce = cub::BlockReduce<unsigned, kThreads>;
+  __shared__ typename Reduce::TempStorage tmp;
+  uint4 va[V], vb[V];
+  load_tile<kVec>(a, b, nbytes, static_cast<int>(blockIdx.x), va, vb);
+  unsigned bytes = 0;
+#pragma unroll
+  for (int k = 0; k < V; ++k) bytes += bytes_changed_in(va[k], vb[k]);
+  const unsigned sum = Reduce(tmp).Sum(bytes);
+  if (threadIdx.x == 0 && sum) atomicAdd(total, static_cast<unsigned long long>(sum));
 }
 
 // ---- select ----------------------------------------------------------------------
@@ -533,6 +602,7 @@ void fit(HostVector<T>& v, std::size_t n) {
 
 struct ChangeFinder::Impl {
   cudaStream_t stream = nullptr;
+  int sms = 1;  // the device's multiprocessors (tiles64's blocks)
   cudaEvent_t ev[4] = {};
   // Per change (room for `room`): position, difference, context; select's index and changed bytes.
   std::uint32_t* pos = nullptr;
@@ -549,15 +619,19 @@ struct ChangeFinder::Impl {
   std::uint8_t* tile_state = nullptr;
   std::uint8_t* temp = nullptr;              // CUB's
   unsigned long long* host_counts = nullptr;  // page-locked
+  unsigned long long* read_total = nullptr;   // read_floor()'s count, and its page-locked copy
+  unsigned long long* host_read_total = nullptr;
   std::size_t cap_pos = 0, cap_diff = 0, cap_ctx = 0, cap_index = 0, cap_nb = 0, cap_counts = 0, cap_rank_start = 0,
               cap_sample = 0, cap_rank = 0, cap_groups = 0, cap_tile_state = 0, cap_temp = 0, cap_host_counts = 0;
 
   ~Impl() {
     for (void* p : {static_cast<void*>(pos), static_cast<void*>(diff), static_cast<void*>(ctx), static_cast<void*>(index),
                     static_cast<void*>(nb), static_cast<void*>(counts), static_cast<void*>(rank_start), static_cast<void*>(sample),
-                    static_cast<void*>(rank), static_cast<void*>(groups), static_cast<void*>(tile_state), static_cast<void*>(temp)})
+                    static_cast<void*>(rank), static_cast<void*>(groups), static_cast<void*>(tile_state), static_cast<void*>(temp),
+                    static_cast<void*>(read_total)})
       if (p) cudaFree(p);
     if (host_counts) cudaFreeHost(host_counts);
+    if (host_read_total) cudaFreeHost(host_read_total);
     for (cudaEvent_t e : ev)
       if (e) cudaEventDestroy(e);
     if (stream) cudaStreamDestroy(stream);
@@ -567,6 +641,9 @@ struct ChangeFinder::Impl {
 ChangeFinder::ChangeFinder() : impl_(std::make_unique<Impl>()) {
   CK(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking));
   for (cudaEvent_t& e : impl_->ev) CK(cudaEventCreate(&e));
+  int dev = 0;
+  CK(cudaGetDevice(&dev));
+  CK(cudaDeviceGetAttribute(&impl_->sms, cudaDevAttrMultiProcessorCount, dev));
 }
 
 ChangeFinder::~ChangeFinder() = default;
@@ -604,15 +681,28 @@ int tile_count(std::uint64_t nbytes, std::uint64_t tile_bytes) {
   return static_cast<int>(n);
 }
 
-template <int ES, int V, int kMinBlocks>
+// The counts after the chunks' changed bytes: all changes, selected, and the
+// tile counter of tiles64 (find() zeroes them with the changed bytes).
+unsigned* next_tile_of(const FindOut& o) { return reinterpret_cast<unsigned*>(o.total + 2); }
+
+template <int ES, int V, int kMinBlocks, bool kPipelined = false>
 void launch_tiles(const DeviceTensor& t, ChangeFinder::Impl& im, bool context, const FindOut& o) {
   const int ntiles = tile_count(t.nbytes, kTileBytes<V>);
   const CountState s = tile_state<CountState>(im, ntiles);
-  CK(cudaMemsetAsync(o.chunk_bytes, 0, o.chunks * sizeof(unsigned long long), im.stream));
+  CK(cudaMemsetAsync(o.chunk_bytes, 0, (o.chunks + 3) * sizeof(unsigned long long), im.stream));
+  unsigned* next_tile = next_tile_of(o);
   const auto* a = static_cast<const std::uint8_t*>(t.base);
   const auto* b = static_cast<const std::uint8_t*>(t.next);
   auto go = [&]<bool kVec, bool kContext>() {
-    find_tiles<ES, kVec, kContext, V, kMinBlocks><<<ntiles, kThreads, 0, im.stream>>>(a, b, t.nbytes, t.field, s, o);
+    if constexpr (kPipelined) {
+      const auto kernel = find_tiles_pipelined<ES, kVec, kContext, V, kMinBlocks>;
+      int per_sm = 0;
+      CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
+      const int blocks = std::max(1, std::min(ntiles, std::max(1, per_sm) * im.sms));
+      kernel<<<blocks, kThreads, 0, im.stream>>>(a, b, t.nbytes, t.field, s, o, ntiles, next_tile);
+    } else {
+      find_tiles<ES, kVec, kContext, V, kMinBlocks><<<ntiles, kThreads, 0, im.stream>>>(a, b, t.nbytes, t.field, s, o);
+    }
   };
   if (aligned(a, 16) && aligned(b, 16))
     context ? go.template operator()<true, true>() : go.template operator()<true, false>();
@@ -710,7 +800,7 @@ void ChangeFinder::find(const DeviceTensor& tensor, bool context, Found& out) {
   out.es = t.es, out.elements = n, out.chunks = chunks, out.host_bytes = 0;
   out.rank.clear();
   timing_ = Timing{};
-  const std::size_t ncounts = 2 * chunks + 3;  // starts, changed bytes, all changes, selected
+  const std::size_t ncounts = 2 * chunks + 4;  // starts, changed bytes, all changes, selected, tiles64's tile counter
   grow(im.counts, im.cap_counts, ncounts);
   grow(im.rank_start, im.cap_rank_start, nrank + 1);
   if (context) grow(im.sample, im.cap_sample, 256 * chunks + 1);
@@ -741,6 +831,8 @@ void ChangeFinder::find(const DeviceTensor& tensor, bool context, Found& out) {
         by_es(t.es, [&]<int ES>() { launch_select<ES>(t, im, context, o); });
       else if (design_ == Design::small_tiles)
         by_es(t.es, [&]<int ES>() { launch_tiles<ES, 4, 3>(t, im, context, o); });
+      else if (design_ == Design::pipelined_tiles)
+        by_es(t.es, [&]<int ES>() { launch_tiles<ES, 4, 2, true>(t, im, context, o); });
       else
         by_es(t.es, [&]<int ES>() { launch_tiles<ES, 8, 2>(t, im, context, o); });
       if (context) by_es(t.es, [&]<int ES>() { launch_sample<ES>(t, im, chunks); });
@@ -773,6 +865,35 @@ void ChangeFinder::find(const DeviceTensor& tensor, bool context, Found& out) {
   CK(cudaEventElapsedTime(&timing_.find_ms, im.ev[0], im.ev[1]));
   CK(cudaEventElapsedTime(&timing_.copy_ms, im.ev[2], im.ev[3]));
   CK(cudaEventElapsedTime(&timing_.total_ms, im.ev[0], im.ev[3]));
+}
+
+std::uint64_t ChangeFinder::read_floor(const DeviceTensor& tensor) {
+  Impl& im = *impl_;
+  const DeviceTensor t = usable(tensor);
+  timing_ = Timing{};
+  if (!im.read_total) CK(cudaMalloc(&im.read_total, sizeof(unsigned long long)));
+  if (!im.host_read_total) CK(cudaMallocHost(&im.host_read_total, sizeof(unsigned long long)));
+  const auto* a = static_cast<const std::uint8_t*>(t.base);
+  const auto* b = static_cast<const std::uint8_t*>(t.next);
+  const bool vec = aligned(a, 16) && aligned(b, 16);
+  CK(cudaEventRecord(im.ev[0], im.stream));
+  CK(cudaMemsetAsync(im.read_total, 0, sizeof(unsigned long long), im.stream));
+  if (t.nbytes) {
+    if (design_ == Design::small_tiles || design_ == Design::pipelined_tiles) {
+      const int ntiles = tile_count(t.nbytes, kTileBytes<4>);
+      (vec ? read_tiles<true, 4, 3> : read_tiles<false, 4, 3>)<<<ntiles, kThreads, 0, im.stream>>>(a, b, t.nbytes, im.read_total);
+    } else {
+      const int ntiles = tile_count(t.nbytes, kTileBytes<8>);
+      (vec ? read_tiles<true, 8, 2> : read_tiles<false, 8, 2>)<<<ntiles, kThreads, 0, im.stream>>>(a, b, t.nbytes, im.read_total);
+    }
+    CK(cudaGetLastError());
+  }
+  CK(cudaEventRecord(im.ev[1], im.stream));
+  CK(cudaMemcpyAsync(im.host_read_total, im.read_total, sizeof(unsigned long long), cudaMemcpyDeviceToHost, im.stream));
+  CK(cudaStreamSynchronize(im.stream));
+  CK(cudaEventElapsedTime(&timing_.find_ms, im.ev[0], im.ev[1]));
+  timing_.total_ms = timing_.find_ms;
+  return *im.host_read_total;
 }
 
 namespace {

@@ -104,7 +104,11 @@ struct Found {
 //           difference made as CUB loads it), the selected written to their
 //           places as CUB writes them; chunk and tile bounds by binary search,
 //           chunks' changed bytes by cub::DeviceSegmentedReduce
-enum class Design { tiles, small_tiles, select };
+//   tiles64 (pipelined_tiles) tiles of 16 KiB (64 bytes of each input a
+//           thread), as many blocks as fit at once, each taking tiles in
+//           turn from a counter and loading its next tile before it works
+//           on the one it has
+enum class Design { tiles, small_tiles, select, pipelined_tiles };
 const char* name(Design d);
 
 // Time of the last find() or rank(), in milliseconds, by step (device events).
@@ -139,6 +143,11 @@ class ChangeFinder {
   // brought forward without reading the new bytes again, or copying them.
   void apply(void* base, const Found& out);
   const Timing& timing() const { return timing_; }
+  // A reference for timing, not a finder: both inputs read as tiles read
+  // them (tiles16, tiles64: 16 KiB tiles; else 32 KiB), and only the bytes
+  // that differ counted and returned (the sum of find()'s chunk bytes);
+  // timing().find_ms is its time on the device.
+  std::uint64_t read_floor(const DeviceTensor& t);
   // tiles unless set; a tensor of 2^32 elements or more is found by tiles.
   void set_design(Design d) { design_ = d; }
   Design design() const { return design_; }
