@@ -14,9 +14,13 @@
 //      they must be (first use; after an abandoned version).
 //   3. throughput: change finding on the device against a device-to-device
 //      cudaMemcpy of the same bytes, and the bytes copied to the host against
-//      the changes.
+//      the changes; with each row the read floor (both inputs read as tiles
+//      reads them, only counted: what tiles' loads alone take). --only,
+//      --reps, --sparse and a --design list narrow it (gpu-check.sh
+//      --profile runs one row under Nsight Compute).
 // Exit 0: every entry identical; 1: a mismatch or an error; 77: no GPU.
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -83,7 +87,8 @@ struct Case {
   std::size_t offset;
 };
 
-constexpr gpu::Design kAllDesigns[] = {gpu::Design::tiles, gpu::Design::small_tiles, gpu::Design::select};
+constexpr gpu::Design kAllDesigns[] = {gpu::Design::tiles, gpu::Design::small_tiles, gpu::Design::select,
+                                       gpu::Design::pipelined_tiles};
 std::vector<gpu::Design> designs(std::begin(kAllDesigns), std::end(kAllDesigns));  // --design: one
 
 std::vector<gpu::ChangeFinder> finders_of(const std::vector<gpu::Design>& ds) {
@@ -411,6 +416,12 @@ struct Measured {
   bool again = false;
 };
 
+// --only ROW, --reps N, --sparse: the throughput table's rows (e.g. bf16-1:
+// BF16 at 1%), repeats, and sparse's find alone (no context columns).
+std::string only_row;
+int reps_wanted = 7;
+bool sparse_only = false;
+
 // One design on one pair: medians of `reps` (after one that grows the buffers).
 Measured measure(gpu::ChangeFinder& finder, const gpu::DeviceTensor& t, ContextField field, int reps, gpu::Found& f) {
   Measured m;
@@ -421,19 +432,20 @@ Measured measure(gpu::ChangeFinder& finder, const gpu::DeviceTensor& t, ContextF
   }
   m.changes = f.changes(), m.host_bytes = f.host_bytes;
   gpu::Found fc;
-  for (int i = 0; i <= reps; ++i) {
+  for (int i = 0; i <= reps && !sparse_only; ++i) {
     finder.find(t, true, fc);
     const float find_ms = finder.timing().find_ms;
     finder.rank(t, gpu::context_groups_of(fc, field), fc);
     if (i) cfind.push_back(find_ms), crank.push_back(finder.timing().find_ms);
   }
-  m.find_ms = median(find), m.copy_ms = median(copy), m.ctx_ms = median(cfind), m.rank_ms = median(crank);
+  m.find_ms = median(find), m.copy_ms = median(copy);
+  if (!sparse_only) m.ctx_ms = median(cfind), m.rank_ms = median(crank);
   return m;
 }
 
 bool throughput(std::uint64_t nbytes) {
   std::vector<gpu::ChangeFinder> finders = finders_of(designs);
-  constexpr int kReps = 7;
+  const int kReps = std::max(1, reps_wanted);
   bool goal_met = false;
   std::printf("\n%-8s %7s %-7s | %8s | %8s %5s %7s %7s | %8s %5s %7s %7s | %9s %10s %8s %8s\n", "dtype", "density", "design",
               "D2D GB/s", "find GB/s", "ratio", "find ms", "copy ms", "+ctx GB/s", "ratio", "ctx ms", "rank ms", "changes",
@@ -445,6 +457,14 @@ bool throughput(std::uint64_t nbytes) {
   const Row rows[] = {{"BF16", 0.001}, {"BF16", 0.01}, {"BF16", 0.1}, {"F32", 0.01}, {"F8_E4M3", 0.01}};
   const double gb = static_cast<double>(nbytes) / 1e6;  // GB/s from bytes per ms
   for (const Row& r : rows) {
+    // The row's name for --only: bf16-0.1, bf16-1, bf16-10, f32-1, f8-1.
+    std::string key = r.dtype;
+    key = key.substr(0, key.find('_'));
+    std::transform(key.begin(), key.end(), key.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    char pct[32];
+    std::snprintf(pct, sizeof pct, "-%g", 100 * r.density);
+    key += pct;
+    if (!only_row.empty() && only_row != key) continue;
     try {
       const ChunkLayout l = chunk_layout(r.dtype, nbytes);
       const gpu::Pair p = gpu::make_pair_data(nbytes, l.es, l.field, r.density, 7);
@@ -453,6 +473,19 @@ bool throughput(std::uint64_t nbytes) {
       ck(cudaMalloc(&dst, nbytes), "cudaMalloc");
       const float copy = memcpy_ms(d.t.base, dst, nbytes, kReps);
       ck(cudaFree(dst), "cudaFree");
+      {
+        // The read floor: both inputs read as tiles read them, only counted.
+        gpu::ChangeFinder reader;
+        std::vector<float> ms;
+        std::uint64_t counted = 0;
+        for (int i = 0; i <= kReps; ++i) {
+          counted = reader.read_floor(d.t);
+          if (i) ms.push_back(reader.timing().find_ms);
+        }
+        const float read = median(ms);
+        std::printf("%-8s %6.2f%% %-7s | %8.0f | %8.0f %4.0f%% %7.3f %7s | (changed bytes counted: %llu)\n", r.dtype, 100 * r.density,
+                    "read", gb / copy, gb / read, 100 * copy / read, read, "-", static_cast<unsigned long long>(counted));
+      }
       gpu::Found first;  // the first design's changes, which the others must equal
       for (std::size_t di = 0; di < designs.size(); ++di) {
         try {
@@ -463,10 +496,10 @@ bool throughput(std::uint64_t nbytes) {
             first = f;
           else if (first.chunks == f.chunks && (f.start != first.start || f.bytes != first.bytes || f.pos != first.pos || f.diff != first.diff))
             agree = "  (CHANGES DIFFER FROM tiles')";
-          const double ratio = copy / m.find_ms, ratio_ctx = copy / (m.ctx_ms + m.rank_ms);
+          const double ratio = copy / m.find_ms, ratio_ctx = sparse_only ? 0.0 : copy / (m.ctx_ms + m.rank_ms);
           std::printf("%-8s %6.2f%% %-7s | %8.0f | %8.0f %4.0f%% %7.3f %7.3f | %8.0f %4.0f%% %7.3f %7.3f | %9llu %10llu %8.2f %7.4f%%%s%s\n",
                       r.dtype, 100 * r.density, gpu::name(designs[di]), gb / copy, gb / m.find_ms, 100 * ratio, m.find_ms,
-                      m.copy_ms, gb / (m.ctx_ms + m.rank_ms), 100 * ratio_ctx, m.ctx_ms, m.rank_ms,
+                      m.copy_ms, sparse_only ? 0.0 : gb / (m.ctx_ms + m.rank_ms), 100 * ratio_ctx, m.ctx_ms, m.rank_ms,
                       static_cast<unsigned long long>(m.changes), static_cast<unsigned long long>(m.host_bytes),
                       m.changes ? static_cast<double>(m.host_bytes) / static_cast<double>(m.changes) : 0.0,
                       100.0 * static_cast<double>(m.host_bytes) / static_cast<double>(nbytes), m.again ? "  (found again)" : "",
@@ -488,7 +521,10 @@ bool throughput(std::uint64_t nbytes) {
               " changes and counts in device memory; copy ms: the copies of the changes to page-locked host memory;\n"
               " ctx ms: context's find (with contexts and the sample), rank ms: its ranks on the device; +ctx GB/s:\n"
               " over both; to host B: sparse's bytes copied to the host. tiles: one kernel, 32 KiB tiles; tiles16:\n"
-              " 16 KiB tiles; select: cub::DeviceSelect::If)\n", static_cast<double>(nbytes) / (1 << 20), kReps);
+              " 16 KiB tiles; select: cub::DeviceSelect::If; tiles64: 16 KiB tiles, as many blocks as fit, each loading\n"
+              " its next tile before working on the one it has; read: the floor for tiles' loads, both inputs read as\n"
+              " tiles reads them (32 KiB tiles) and only their changed bytes counted%s)\n",
+              static_cast<double>(nbytes) / (1 << 20), kReps, sparse_only ? "; --sparse: no context columns" : "");
   return goal_met;
 }
 
@@ -507,18 +543,33 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--mib") == 0 && i + 1 < argc) {
       mib = std::stoull(argv[++i]);
     } else if (std::strcmp(argv[i], "--design") == 0 && i + 1 < argc) {
-      const std::string d = argv[++i];
+      // One design, or several separated by commas.
+      const std::string list = argv[++i];
       designs.clear();
-      for (const gpu::Design x : kAllDesigns)
-        if (d == gpu::name(x)) designs.push_back(x);
-      if (designs.empty()) {
-        std::fprintf(stderr, "hfdelta-gpu-check: no design %s (tiles, tiles16, select)\n", d.c_str());
-        return 2;
+      for (std::size_t at = 0; at <= list.size();) {
+        const std::size_t end = std::min(list.find(',', at), list.size());
+        const std::string d = list.substr(at, end - at);
+        at = end + 1;
+        bool known = false;
+        for (const gpu::Design x : kAllDesigns)
+          if (d == gpu::name(x)) designs.push_back(x), known = true;
+        if (!known) {
+          std::fprintf(stderr, "hfdelta-gpu-check: no design %s (tiles, tiles16, select, tiles64)\n", d.c_str());
+          return 2;
+        }
       }
+    } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
+      only_row = argv[++i];
+    } else if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
+      reps_wanted = std::stoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--sparse") == 0) {
+      sparse_only = true;
     } else {
       std::fprintf(stderr,
-                   "usage: hfdelta-gpu-check [--identity | --publisher | --throughput] [--design tiles|tiles16|select] [--mib N (throughput\n"
-                   "       tensor size, default 512)]\n");
+                   "usage: hfdelta-gpu-check [--identity | --publisher | --throughput] [--design D[,D...]] (D: tiles, tiles16,\n"
+                   "       select, tiles64) [--mib N (throughput tensor size, default 512)] [--only ROW (throughput: one row,\n"
+                   "       bf16-0.1 bf16-1 bf16-10 f32-1 f8-1)] [--reps N (throughput repeats, default 7)] [--sparse\n"
+                   "       (throughput: sparse's find only)]\n");
       return 2;
     }
   }
