@@ -19,6 +19,13 @@
 #                                               512 MiB tensors (ARGS: one run with those
 #                                               arguments instead, e.g. --identity --design select,
 #                                               --throughput --mib 256)
+#   scripts/gpu-check.sh --profile              there: Nsight Compute (ncu) over one row of the table
+#                                               (BF16 at 1%, 256 MiB, sparse's find by tiles and
+#                                               tiles64, and the read floor): its text report of
+#                                               speed of light, memory, occupancy, warp states and
+#                                               launch; within 110 s; without ncu it says so and runs
+#                                               the row alone
+# GPU_CHECK_SECONDS (default 270): the time all parts of a check may take.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -49,11 +56,36 @@ if [ ! -x "$bin" ]; then
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "(no nvidia-smi)"
 export LD_LIBRARY_PATH="$PWD/.gpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if [ "${1:-}" = --profile ]; then
+  # The kernels of one row under Nsight Compute: the read floor (2 launches),
+  # tiles' and tiles64's sparse find (2 each), caches flushed before each
+  # (ncu's default), clocks left as they run.
+  row=(--throughput --only bf16-1 --mib 256 --reps 1 --sparse --design "tiles,tiles64")
+  ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /usr/local/cuda-*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || true)
+  if [ -z "$ncu" ]; then
+    echo "NO PROFILE: ncu (Nsight Compute) is not on this machine; the row alone:"
+    r=0
+    timeout 110 "$bin" "${row[@]}" || r=$?
+    exit $r
+  fi
+  echo "== $ncu ($("$ncu" --version 2>&1 | tail -1 || true)) on hfdelta-gpu-check ${row[*]}"
+  r=0
+  timeout 110 "$ncu" --clock-control none -k 'regex:find_tiles|read_tiles' -c 6 \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats \
+    "$bin" "${row[@]}" || r=$?
+  case $r in
+    0) echo "PROFILE: done" ;;
+    124) echo "PROFILE: ncu ran past 110 s" ;;
+    *) echo "PROFILE: ncu exit $r" ;;
+  esac
+  exit $r
+fi
+
 # Each design's identity checks in a process of its own, then the throughput
 # table of all designs in one; if that process dies (a fault leaves CUDA
 # unusable in it), the table again, one process per design. Every part
 # runs whatever an earlier one did; the exit status is the worst.
-designs="tiles tiles16 select"
+designs="tiles tiles16 select tiles64"
 if [ $# -gt 0 ]; then
   parts=("$*")
 else
@@ -61,10 +93,11 @@ else
   for d in $designs; do parts+=("--identity --design $d"); done
   parts+=("--publisher" "--throughput")
 fi
+budget=${GPU_CHECK_SECONDS:-270}
 start=$SECONDS
 rc=0
 for part in "${parts[@]}"; do
-  left=$((270 - (SECONDS - start)))
+  left=$((budget - (SECONDS - start)))
   if [ "$left" -le 10 ]; then
     echo "FAIL: gpu-check out of time before: $part"
     rc=1
@@ -77,7 +110,7 @@ for part in "${parts[@]}"; do
   if [ "$part" = --throughput ] && [ "$r" -ne 0 ] && [ "$r" -ne 77 ]; then
     echo "== the throughput table died (exit $r): again, one design a process"
     for d in $designs; do
-      left=$((270 - (SECONDS - start)))
+      left=$((budget - (SECONDS - start)))
       [ "$left" -gt 10 ] || break
       echo "== hfdelta-gpu-check --throughput --design $d"
       timeout "$left" "$bin" --throughput --design "$d" || true
@@ -86,7 +119,7 @@ for part in "${parts[@]}"; do
   case $r in
     0) ;;
     77) echo "SKIP: gpu-check (no GPU)"; exit 77 ;;
-    124) echo "FAIL: gpu-check ran past 270 s in: $part"; rc=1 ;;
+    124) echo "FAIL: gpu-check ran past $budget s in: $part"; rc=1 ;;
     127) echo "FAIL: $bin does not load here:"; ldd "$bin" || true; exit 127 ;;
     *) echo "FAIL: gpu-check $part (exit $r)"; rc=1 ;;
   esac
