@@ -56,6 +56,7 @@ const char* name(Design d) {
     case Design::small_tiles: return "tiles16";
     case Design::select: return "select";
     case Design::pipelined_tiles: return "tiles64";
+    case Design::warp_tiles: return "tilesw";
   }
   return "?";
 }
@@ -339,6 +340,191 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) find_tiles_pipelined(con
     tile = next;
 #pragma unroll
     for (int k = 0; k < V; ++k) va[k] = na[k], vb[k] = nb[k];
+  }
+}
+
+// ---- tilesw ----------------------------------------------------------------------
+// tiles' tiles (256 threads x V 16-byte vectors of each input, striped), its
+// numbering by cub::BlockScan and CUB's decoupled look-back, its chunk and
+// rank tile bounds, but with fewer registers and the changes written by
+// warps together:
+//  - once loaded, a vector is kept as its differences (new - old, element
+//    by element: zero where unchanged); the base only where contexts are
+//    wanted. Sparse's kernel holds 4 V registers of data, not 8 V.
+//  - the tile's changes in memory order are row by row (row k: vector k of
+//    every thread), and within a row warp by warp; each warp's count of
+//    each row goes through shared memory to cub::BlockScan (one count a
+//    thread), which gives each warp's first change in each row.
+//  - a warp writes a row's changes 32 elements at a time (in memory order:
+//    element q of the warp's row is element q % P of lane q / P's vector, P
+//    elements a vector): each lane takes one element from its owner lane
+//    (__shfl_sync), the changed ones are numbered by __ballot_sync and the
+//    popcount of the lanes below, and written by consecutive lanes to
+//    consecutive places; steps with no change are skipped by the warp as a
+//    whole (a ballot of the lanes that have changes).
+constexpr int kWarps = kThreads / 32;
+constexpr int kWarpMinBlocks = 3;  // sparse's: 3 blocks a multiprocessor, at most 80 registers a thread
+
+template <int V>
+struct WarpTileShared {
+  typename cub::BlockScan<unsigned, kThreads>::TempStorage scan;
+  typename cub::BlockReduce<unsigned, kThreads>::TempStorage reduce;
+  typename CountPrefix::TempStorage prefix;
+  unsigned long long first;
+  unsigned row[V * kWarps];  // per row and warp: its count of changes, then its first in the tile
+};
+
+// new - old, element by element, modulo 2^(8 ES) (rules::difference).
+template <int ES>
+__device__ inline uint4 difference_of(const uint4& a, const uint4& b) {
+  if constexpr (ES == 1) {
+    return make_uint4(__vsub4(b.x, a.x), __vsub4(b.y, a.y), __vsub4(b.z, a.z), __vsub4(b.w, a.w));
+  } else if constexpr (ES == 2) {
+    return make_uint4(__vsub2(b.x, a.x), __vsub2(b.y, a.y), __vsub2(b.z, a.z), __vsub2(b.w, a.w));
+  } else if constexpr (ES == 4) {
+    return make_uint4(b.x - a.x, b.y - a.y, b.z - a.z, b.w - a.w);
+  } else {
+    const std::uint64_t d0 = (std::uint64_t{b.y} << 32 | b.x) - (std::uint64_t{a.y} << 32 | a.x);
+    const std::uint64_t d1 = (std::uint64_t{b.w} << 32 | b.z) - (std::uint64_t{a.w} << 32 | a.z);
+    return make_uint4(static_cast<std::uint32_t>(d0), static_cast<std::uint32_t>(d0 >> 32), static_cast<std::uint32_t>(d1),
+                      static_cast<std::uint32_t>(d1 >> 32));
+  }
+}
+
+// Bit i: element i of the vector changed (its difference is not zero).
+template <int ES>
+__device__ inline unsigned changed_mask(const uint4& d) {
+  constexpr int kPer = kVecBytes / ES;
+  if constexpr (ES == 2) {  // bits 0 and 16 of each word's halves' test
+    const std::uint32_t w[4] = {__vcmpne2(d.x, 0), __vcmpne2(d.y, 0), __vcmpne2(d.z, 0), __vcmpne2(d.w, 0)};
+    unsigned m = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) m |= ((w[j] & 1u) | (w[j] >> 15 & 2u)) << (2 * j);
+    return m;
+  }
+  const std::uint32_t w[4] = {d.x, d.y, d.z, d.w};
+  unsigned m = 0;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) m |= unsigned{element_at<ES>(w, i) != 0} << i;
+  return m;
+}
+
+// Element `i` (0 <= i < P, not a constant) of a vector's 4 words.
+template <int ES>
+__device__ inline std::uint64_t element_of(std::uint32_t w0, std::uint32_t w1, std::uint32_t w2, std::uint32_t w3, unsigned i) {
+  if constexpr (ES == 8) {
+    return i ? (std::uint64_t{w3} << 32 | w2) : (std::uint64_t{w1} << 32 | w0);
+  } else {
+    const unsigned at = i * ES;
+    const unsigned q = at / 4;
+    const std::uint32_t w = q < 2 ? (q == 0 ? w0 : w1) : (q == 2 ? w2 : w3);
+    return (w >> (8 * (at % 4))) & static_cast<std::uint32_t>(rules::element_ones(ES));
+  }
+}
+
+template <int ES, bool kVec, bool kContext, int V, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) find_tiles_warp(const std::uint8_t* a, const std::uint8_t* b,
+                                                                        std::uint64_t nbytes, ContextField f, CountState state,
+                                                                        FindOut o) {
+  static_assert(V % 2 == 0, "rank tiles of two rows");
+  using Scan = cub::BlockScan<unsigned, kThreads>;
+  using Reduce = cub::BlockReduce<unsigned, kThreads>;
+  using D = typename DiffWord<ES>::type;
+  constexpr int kPer = kVecBytes / ES;       // elements a vector
+  constexpr int kSteps = kPer;               // 32-element steps in a warp's row
+  constexpr int kOwners = 32 / kPer;         // lanes whose vectors a step covers
+  constexpr unsigned kOwnerBits = (1u << kOwners) - 1;
+  __shared__ WarpTileShared<V> s;
+  const int tile = static_cast<int>(blockIdx.x), ntiles = static_cast<int>(gridDim.x);
+  const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const std::uint64_t base = std::uint64_t(tile) * kTileBytes<V>;
+
+  uint4 vd[V];
+  [[maybe_unused]] uint4 vx[kContext ? V : 1];
+  unsigned bytes = 0;
+  {
+    uint4 va[V], vb[V];
+    load_tile<kVec>(a, b, nbytes, tile, va, vb);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      bytes += bytes_changed_in(va[k], vb[k]);
+      vd[k] = difference_of<ES>(va[k], vb[k]);
+      if constexpr (kContext) vx[k] = va[k];
+      const unsigned c = __reduce_add_sync(0xffffffffu, changed_in<ES>(va[k], vb[k]));
+      if (lane == 0) s.row[k * kWarps + warp] = c;
+    }
+  }
+  __syncthreads();
+  static_assert(V * kWarps <= kThreads, "a row's warp count a thread");
+  const unsigned mine = threadIdx.x < V * kWarps ? s.row[threadIdx.x] : 0;
+  unsigned before, tile_count;
+  Scan(s.scan).ExclusiveSum(mine, before, tile_count);
+  if (threadIdx.x < V * kWarps) s.row[threadIdx.x] = before;
+  if (threadIdx.x < 32) {  // the tile's first change: the look-back, warp 0
+    unsigned long long first = 0;
+    if (tile == 0) {
+      if (threadIdx.x == 0) state.SetInclusive(0, tile_count);
+    } else {
+      CountPrefix prefix(state, s.prefix, ::cuda::std::plus<>{}, tile);
+      first = prefix(tile_count);
+    }
+    if (threadIdx.x == 0) s.first = first;
+  }
+  const unsigned tile_bytes = Reduce(s.reduce).Sum(bytes);
+  __syncthreads();  // s.first, s.row
+  const unsigned long long first = s.first;
+  const std::uint64_t e_tile = base / ES;
+  const std::uint64_t chunk = rules::chunk_of(e_tile);
+  if (threadIdx.x == 0) {
+    if (rules::index_in_chunk(e_tile) == 0) o.chunk_start[chunk] = first;
+    if (tile_bytes) atomicAdd(o.chunk_bytes + chunk, static_cast<unsigned long long>(tile_bytes));
+#pragma unroll
+    for (int k = 0; k < V; k += 2) {  // warp 0's first in each even row is a rank tile's first
+      const std::uint64_t r = base / kRankTileBytes + k / 2;
+      if (r < o.nrank) o.rank_start[r] = first + s.row[k * kWarps];
+    }
+    if (tile + 1 == ntiles) {
+      const unsigned long long all = first + tile_count;
+      *o.total = all;
+      o.chunk_start[o.chunks] = o.rank_start[o.nrank] = all < o.cap ? all : o.cap;
+    }
+  }
+
+  D* diff = static_cast<D*>(o.diff);
+  const unsigned below = (1u << lane) - 1;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const unsigned m = changed_mask<ES>(vd[k]);
+    unsigned owners = __ballot_sync(0xffffffffu, m != 0);  // lanes with changes in this row
+    if (!owners) continue;
+    // The warp's row: elements e_row .. e_row + 32 P - 1, its changes from `to`.
+    const std::uint64_t e_row = (base + (std::uint64_t(k) * kThreads + warp * 32) * kVecBytes) / ES;
+    unsigned to = s.row[k * kWarps + warp];  // in the tile
+    while (owners) {  // the steps with changes, in order
+      const unsigned step = static_cast<unsigned>(__ffs(owners) - 1) / kOwners;
+      owners &= ~(kOwnerBits << (step * kOwners));
+      const unsigned q = step * 32 + lane;                // element of the warp's row
+      const unsigned src = q / kPer, i = q % kPer;        // its lane and place in that lane's vector
+      const bool changed = (__shfl_sync(0xffffffffu, m, src) >> i) & 1u;
+      const unsigned got = __ballot_sync(0xffffffffu, changed);
+      const std::uint32_t d0 = __shfl_sync(0xffffffffu, vd[k].x, src), d1 = __shfl_sync(0xffffffffu, vd[k].y, src),
+                          d2 = __shfl_sync(0xffffffffu, vd[k].z, src), d3 = __shfl_sync(0xffffffffu, vd[k].w, src);
+      [[maybe_unused]] std::uint8_t c = 0;
+      if constexpr (kContext) {
+        const std::uint32_t x0 = __shfl_sync(0xffffffffu, vx[k].x, src), x1 = __shfl_sync(0xffffffffu, vx[k].y, src),
+                            x2 = __shfl_sync(0xffffffffu, vx[k].z, src), x3 = __shfl_sync(0xffffffffu, vx[k].w, src);
+        c = rules::context_of(element_of<ES>(x0, x1, x2, x3, i), f);
+      }
+      if (changed) {
+        const std::uint64_t at = first + (to + __popc(got & below));
+        if (at < o.cap) {
+          o.pos[at] = rules::index_in_chunk(e_row + q);
+          diff[at] = static_cast<D>(element_of<ES>(d0, d1, d2, d3, i));
+          if constexpr (kContext) o.ctx[at] = c;
+        }
+      }
+      to += __popc(got);
+    }
   }
 }
 
@@ -685,7 +871,7 @@ int tile_count(std::uint64_t nbytes, std::uint64_t tile_bytes) {
 // tile counter of tiles64 (find() zeroes them with the changed bytes).
 unsigned* next_tile_of(const FindOut& o) { return reinterpret_cast<unsigned*>(o.total + 2); }
 
-template <int ES, int V, int kMinBlocks, bool kPipelined = false>
+template <int ES, int V, int kMinBlocks, bool kPipelined = false, bool kWarp = false>
 void launch_tiles(const DeviceTensor& t, ChangeFinder::Impl& im, bool context, const FindOut& o) {
   const int ntiles = tile_count(t.nbytes, kTileBytes<V>);
   const CountState s = tile_state<CountState>(im, ntiles);
@@ -700,6 +886,9 @@ void launch_tiles(const DeviceTensor& t, ChangeFinder::Impl& im, bool context, c
       CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
       const int blocks = std::max(1, std::min(ntiles, std::max(1, per_sm) * im.sms));
       kernel<<<blocks, kThreads, 0, im.stream>>>(a, b, t.nbytes, t.field, s, o, ntiles, next_tile);
+    } else if constexpr (kWarp) {
+      // context's kernel keeps the base too (8 V registers of data): tiles' 2 blocks
+      find_tiles_warp<ES, kVec, kContext, V, kContext ? 2 : kMinBlocks><<<ntiles, kThreads, 0, im.stream>>>(a, b, t.nbytes, t.field, s, o);
     } else {
       find_tiles<ES, kVec, kContext, V, kMinBlocks><<<ntiles, kThreads, 0, im.stream>>>(a, b, t.nbytes, t.field, s, o);
     }
@@ -833,6 +1022,8 @@ void ChangeFinder::find(const DeviceTensor& tensor, bool context, Found& out) {
         by_es(t.es, [&]<int ES>() { launch_tiles<ES, 4, 3>(t, im, context, o); });
       else if (design_ == Design::pipelined_tiles)
         by_es(t.es, [&]<int ES>() { launch_tiles<ES, 4, 2, true>(t, im, context, o); });
+      else if (design_ == Design::warp_tiles)
+        by_es(t.es, [&]<int ES>() { launch_tiles<ES, 8, kWarpMinBlocks, false, true>(t, im, context, o); });
       else
         by_es(t.es, [&]<int ES>() { launch_tiles<ES, 8, 2>(t, im, context, o); });
       if (context) by_es(t.es, [&]<int ES>() { launch_sample<ES>(t, im, chunks); });

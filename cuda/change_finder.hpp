@@ -108,7 +108,12 @@ struct Found {
 //           thread), as many blocks as fit at once, each taking tiles in
 //           turn from a counter and loading its next tile before it works
 //           on the one it has
-enum class Design { tiles, small_tiles, select, pipelined_tiles };
+//   tilesw  (warp_tiles) tiles' 32 KiB tiles with at most 80 registers a
+//           thread (3 blocks a multiprocessor): each vector kept as its
+//           differences, and each warp's changes written by the warp
+//           together, 32 elements a step (ballot and popcount), to
+//           consecutive places
+enum class Design { tiles, small_tiles, select, pipelined_tiles, warp_tiles };
 const char* name(Design d);
 
 // Time of the last find() or rank(), in milliseconds, by step (device events).
