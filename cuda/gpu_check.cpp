@@ -88,7 +88,7 @@ struct Case {
 };
 
 constexpr gpu::Design kAllDesigns[] = {gpu::Design::tiles, gpu::Design::small_tiles, gpu::Design::select,
-                                       gpu::Design::pipelined_tiles};
+                                       gpu::Design::pipelined_tiles, gpu::Design::warp_tiles};
 std::vector<gpu::Design> designs(std::begin(kAllDesigns), std::end(kAllDesigns));  // --design: one
 
 std::vector<gpu::ChangeFinder> finders_of(const std::vector<gpu::Design>& ds) {
@@ -522,8 +522,9 @@ bool throughput(std::uint64_t nbytes) {
               " ctx ms: context's find (with contexts and the sample), rank ms: its ranks on the device; +ctx GB/s:\n"
               " over both; to host B: sparse's bytes copied to the host. tiles: one kernel, 32 KiB tiles; tiles16:\n"
               " 16 KiB tiles; select: cub::DeviceSelect::If; tiles64: 16 KiB tiles, as many blocks as fit, each loading\n"
-              " its next tile before working on the one it has; read: the floor for tiles' loads, both inputs read as\n"
-              " tiles reads them (32 KiB tiles) and only their changed bytes counted%s)\n",
+              " its next tile before working on the one it has; tilesw: 32 KiB tiles in at most 80 registers (sparse),\n"
+              " changes written by each warp together; read: the floor for tiles' loads, both inputs read as tiles\n"
+              " reads them (32 KiB tiles) and only their changed bytes counted%s)\n",
               static_cast<double>(nbytes) / (1 << 20), kReps, sparse_only ? "; --sparse: no context columns" : "");
   return goal_met;
 }
@@ -554,7 +555,7 @@ int main(int argc, char** argv) {
         for (const gpu::Design x : kAllDesigns)
           if (d == gpu::name(x)) designs.push_back(x), known = true;
         if (!known) {
-          std::fprintf(stderr, "hfdelta-gpu-check: no design %s (tiles, tiles16, select, tiles64)\n", d.c_str());
+          std::fprintf(stderr, "hfdelta-gpu-check: no design %s (tiles, tiles16, select, tiles64, tilesw)\n", d.c_str());
           return 2;
         }
       }
@@ -567,7 +568,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: hfdelta-gpu-check [--identity | --publisher | --throughput] [--design D[,D...]] (D: tiles, tiles16,\n"
-                   "       select, tiles64) [--mib N (throughput tensor size, default 512)] [--only ROW (throughput: one row,\n"
+                   "       select, tiles64, tilesw) [--mib N (throughput tensor size, default 512)] [--only ROW (throughput: one row,\n"
                    "       bf16-0.1 bf16-1 bf16-10 f32-1 f8-1)] [--reps N (throughput repeats, default 7)] [--sparse\n"
                    "       (throughput: sparse's find only)]\n");
       return 2;

@@ -21,7 +21,7 @@
 #                                               --throughput --mib 256)
 #   scripts/gpu-check.sh --profile              there: Nsight Compute (ncu) over one row of the table
 #                                               (BF16 at 1%, 256 MiB, sparse's find by tiles and
-#                                               tiles64, and the read floor): its text report of
+#                                               tilesw, and the read floor): its text report of
 #                                               speed of light, memory, occupancy, warp states and
 #                                               launch; within 110 s; without ncu it says so and runs
 #                                               the row alone
@@ -58,9 +58,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 export LD_LIBRARY_PATH="$PWD/.gpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 if [ "${1:-}" = --profile ]; then
   # The kernels of one row under Nsight Compute: the read floor (2 launches),
-  # tiles' and tiles64's sparse find (2 each), caches flushed before each
+  # tiles' and tilesw's sparse find (2 each), caches flushed before each
   # (ncu's default), clocks left as they run.
-  row=(--throughput --only bf16-1 --mib 256 --reps 1 --sparse --design "tiles,tiles64")
+  row=(--throughput --only bf16-1 --mib 256 --reps 1 --sparse --design "tiles,tilesw")
   ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /usr/local/cuda-*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || true)
   if [ -z "$ncu" ]; then
     echo "NO PROFILE: ncu (Nsight Compute) is not on this machine; the row alone:"
@@ -85,7 +85,7 @@ fi
 # table of all designs in one; if that process dies (a fault leaves CUDA
 # unusable in it), the table again, one process per design. Every part
 # runs whatever an earlier one did; the exit status is the worst.
-designs="tiles tiles16 select tiles64"
+designs="tiles tiles16 select tiles64 tilesw"
 if [ $# -gt 0 ]; then
   parts=("$*")
 else
