@@ -355,13 +355,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) find_tiles_pipelined(con
 //    every thread), and within a row warp by warp; each warp's count of
 //    each row goes through shared memory to cub::BlockScan (one count a
 //    thread), which gives each warp's first change in each row.
-//  - a warp writes a row's changes 32 elements at a time (in memory order:
-//    element q of the warp's row is element q % P of lane q / P's vector, P
-//    elements a vector): each lane takes one element from its owner lane
-//    (__shfl_sync), the changed ones are numbered by __ballot_sync and the
-//    popcount of the lanes below, and written by consecutive lanes to
-//    consecutive places; steps with no change are skipped by the warp as a
-//    whole (a ballot of the lanes that have changes).
+//  - a warp's row with changes (a vote skips the others): each lane's first
+//    change is the warp's first in the row plus the changes of the lanes
+//    below (their counts summed bit by bit: a ballot and a popcount a bit
+//    of the count, no shuffles), and each lane writes its own changes to
+//    consecutive places (neighbouring lanes' changes are neighbours there
+//    too): a warp's stores take as many steps as its lane with the most
+//    changes in the row has (at 1%: mostly one), not one a 32 elements.
 constexpr int kWarps = kThreads / 32;
 constexpr int kWarpMinBlocks = 3;  // sparse's: 3 blocks a multiprocessor, at most 80 registers a thread
 
@@ -431,9 +431,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) find_tiles_warp(const st
   using Reduce = cub::BlockReduce<unsigned, kThreads>;
   using D = typename DiffWord<ES>::type;
   constexpr int kPer = kVecBytes / ES;       // elements a vector
-  constexpr int kSteps = kPer;               // 32-element steps in a warp's row
-  constexpr int kOwners = 32 / kPer;         // lanes whose vectors a step covers
-  constexpr unsigned kOwnerBits = (1u << kOwners) - 1;
   __shared__ WarpTileShared<V> s;
   const int tile = static_cast<int>(blockIdx.x), ntiles = static_cast<int>(gridDim.x);
   const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -495,35 +492,25 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) find_tiles_warp(const st
 #pragma unroll
   for (int k = 0; k < V; ++k) {
     const unsigned m = changed_mask<ES>(vd[k]);
-    unsigned owners = __ballot_sync(0xffffffffu, m != 0);  // lanes with changes in this row
-    if (!owners) continue;
-    // The warp's row: elements e_row .. e_row + 32 P - 1, its changes from `to`.
-    const std::uint64_t e_row = (base + (std::uint64_t(k) * kThreads + warp * 32) * kVecBytes) / ES;
-    unsigned to = s.row[k * kWarps + warp];  // in the tile
-    while (owners) {  // the steps with changes, in order
-      const unsigned step = static_cast<unsigned>(__ffs(owners) - 1) / kOwners;
-      owners &= ~(kOwnerBits << (step * kOwners));
-      const unsigned q = step * 32 + lane;                // element of the warp's row
-      const unsigned src = q / kPer, i = q % kPer;        // its lane and place in that lane's vector
-      const bool changed = (__shfl_sync(0xffffffffu, m, src) >> i) & 1u;
-      const unsigned got = __ballot_sync(0xffffffffu, changed);
-      const std::uint32_t d0 = __shfl_sync(0xffffffffu, vd[k].x, src), d1 = __shfl_sync(0xffffffffu, vd[k].y, src),
-                          d2 = __shfl_sync(0xffffffffu, vd[k].z, src), d3 = __shfl_sync(0xffffffffu, vd[k].w, src);
-      [[maybe_unused]] std::uint8_t c = 0;
-      if constexpr (kContext) {
-        const std::uint32_t x0 = __shfl_sync(0xffffffffu, vx[k].x, src), x1 = __shfl_sync(0xffffffffu, vx[k].y, src),
-                            x2 = __shfl_sync(0xffffffffu, vx[k].z, src), x3 = __shfl_sync(0xffffffffu, vx[k].w, src);
-        c = rules::context_of(element_of<ES>(x0, x1, x2, x3, i), f);
+    if (!__any_sync(0xffffffffu, m != 0)) continue;  // no change in the warp's row
+    // The lane's first change: the warp's first in the row, then the
+    // changes of the lanes below, summed bit by bit of each lane's count
+    // (at most P: one ballot a bit).
+    const unsigned c = __popc(m);
+    unsigned to = s.row[k * kWarps + warp];
+#pragma unroll
+    for (int bit = 0; (1 << bit) <= kPer; ++bit) to += static_cast<unsigned>(__popc(__ballot_sync(0xffffffffu, c >> bit & 1u) & below)) << bit;
+    // The lane's vector: elements e_v .. e_v + P - 1, each change written in
+    // order to consecutive places after those of the lanes below.
+    const std::uint64_t e_v = (base + (std::uint64_t(k) * kThreads + threadIdx.x) * kVecBytes) / ES;
+    std::uint64_t at = first + to;
+    for (unsigned r = m; r; r &= r - 1, ++at) {
+      const unsigned i = static_cast<unsigned>(__ffs(r) - 1);
+      if (at < o.cap) {
+        o.pos[at] = rules::index_in_chunk(e_v + i);
+        diff[at] = static_cast<D>(element_of<ES>(vd[k].x, vd[k].y, vd[k].z, vd[k].w, i));
+        if constexpr (kContext) o.ctx[at] = rules::context_of(element_of<ES>(vx[k].x, vx[k].y, vx[k].z, vx[k].w, i), f);
       }
-      if (changed) {
-        const std::uint64_t at = first + (to + __popc(got & below));
-        if (at < o.cap) {
-          o.pos[at] = rules::index_in_chunk(e_row + q);
-          diff[at] = static_cast<D>(element_of<ES>(d0, d1, d2, d3, i));
-          if constexpr (kContext) o.ctx[at] = c;
-        }
-      }
-      to += __popc(got);
     }
   }
 }
