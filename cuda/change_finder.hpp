@@ -108,11 +108,11 @@ struct Found {
 //           thread), as many blocks as fit at once, each taking tiles in
 //           turn from a counter and loading its next tile before it works
 //           on the one it has
-//   tilesw  (warp_tiles) tiles' 32 KiB tiles with at most 80 registers a
-//           thread (3 blocks a multiprocessor): each vector kept as its
-//           differences, and each warp's changes written by the warp
-//           together, 32 elements a step (ballot and popcount), to
-//           consecutive places
+//   tilesw  (warp_tiles, the default) tiles' 32 KiB tiles with at most 80
+//           registers a thread (3 blocks a multiprocessor): each vector kept
+//           as its differences; each lane's first change in a row from its
+//           warp's (cub::BlockScan) and the lanes' below (ballots of the
+//           counts' bits), then each lane writes its own changes
 enum class Design { tiles, small_tiles, select, pipelined_tiles, warp_tiles };
 const char* name(Design d);
 
@@ -153,7 +153,8 @@ class ChangeFinder {
   // that differ counted and returned (the sum of find()'s chunk bytes);
   // timing().find_ms is its time on the device.
   std::uint64_t read_floor(const DeviceTensor& t);
-  // tiles unless set; a tensor of 2^32 elements or more is found by tiles.
+  // tilesw unless set (what DevicePublisher uses); select: a tensor of 2^32
+  // elements or more is found by tiles.
   void set_design(Design d) { design_ = d; }
   Design design() const { return design_; }
 
@@ -165,7 +166,7 @@ class ChangeFinder {
  private:
   std::unique_ptr<Impl> impl_;
   Timing timing_;
-  Design design_ = Design::tiles;
+  Design design_ = Design::warp_tiles;
 };
 
 // The field as the context encoder reads it: none where it does not fit an

@@ -522,9 +522,9 @@ bool throughput(std::uint64_t nbytes) {
               " ctx ms: context's find (with contexts and the sample), rank ms: its ranks on the device; +ctx GB/s:\n"
               " over both; to host B: sparse's bytes copied to the host. tiles: one kernel, 32 KiB tiles; tiles16:\n"
               " 16 KiB tiles; select: cub::DeviceSelect::If; tiles64: 16 KiB tiles, as many blocks as fit, each loading\n"
-              " its next tile before working on the one it has; tilesw: 32 KiB tiles in at most 80 registers (sparse),\n"
-              " changes written by each warp together; read: the floor for tiles' loads, both inputs read as tiles\n"
-              " reads them (32 KiB tiles) and only their changed bytes counted%s)\n",
+              " its next tile before working on the one it has; tilesw (the default): 32 KiB tiles in at most 80\n"
+              " registers (sparse), each lane's place from its warp's by ballots; read: the floor for tiles' loads,\n"
+              " both inputs read as tiles reads them (32 KiB tiles) and only their changed bytes counted%s)\n",
               static_cast<double>(nbytes) / (1 << 20), kReps, sparse_only ? "; --sparse: no context columns" : "");
   return goal_met;
 }
