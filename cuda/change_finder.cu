@@ -57,6 +57,8 @@ const char* name(Design d) {
     case Design::select: return "select";
     case Design::pipelined_tiles: return "tiles64";
     case Design::warp_tiles: return "tilesw";
+    case Design::warp_tiles64: return "tilesw64";
+    case Design::warp_tiles4: return "tilesw4";
   }
   return "?";
 }
@@ -81,7 +83,7 @@ constexpr int kThreadBytes = 32;                                          // ran
 constexpr int kWords = kThreadBytes / 4;
 constexpr std::uint64_t kRankTileBytes = kThreads * kThreadBytes;         // 8 KiB
 constexpr unsigned kMaxGroups = 8;                                        // what the encoder writes (context_codec.cpp)
-static_assert(kSparseChunkElements % kTileBytes<8> == 0, "a tile lies in one chunk");
+static_assert(kSparseChunkElements % kTileBytes<16> == 0, "a tile lies in one chunk");
 static_assert(kRankTileBytes == 2 * kThreads * kVecBytes, "a rank tile is two of a tile's vector rows");
 static_assert(kSparseChunkElements % kRankTileBytes == 0, "a rank tile lies in one chunk");
 static_assert(kThreads == 256, "one thread per context of the sample's histogram");
@@ -364,6 +366,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) find_tiles_pipelined(con
 //    changes in the row has (at 1%: mostly one), not one a 32 elements.
 constexpr int kWarps = kThreads / 32;
 constexpr int kWarpMinBlocks = 3;  // sparse's: 3 blocks a multiprocessor, at most 80 registers a thread
+// tilesw64: 64 KiB tiles (V = 16: half the tiles, look-backs and scans a
+// byte); sparse's kernel 2 blocks a multiprocessor (at most 128 registers),
+// context's 1. tilesw4: sparse's kernel 4 blocks a multiprocessor (at most
+// 64 registers) and so 16 KiB tiles (V = 4: with tilesw's 32 KiB, ptxas
+// for sm_90 spills 68-204 bytes a thread in 64 registers).
+constexpr int kWarp64V = 16, kWarp64MinBlocks = 2, kWarp64ContextMinBlocks = 1;
+constexpr int kWarp4V = 4, kWarp4MinBlocks = 4;
 
 template <int V>
 struct WarpTileShared {
@@ -439,15 +448,25 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) find_tiles_warp(const st
   uint4 vd[V];
   [[maybe_unused]] uint4 vx[kContext ? V : 1];
   unsigned bytes = 0;
-  {
-    uint4 va[V], vb[V];
-    load_tile<kVec>(a, b, nbytes, tile, va, vb);
+  // Loaded G rows at a time (all of a group's loads issued before any use):
+  // all V rows at once up to 8 (tilesw, tilesw4), tilesw64's 16 in two
+  // groups, so that its loads fit its registers.
+  constexpr int G = V > 8 ? 8 : V;
+  static_assert(V % G == 0, "whole groups of rows");
 #pragma unroll
-    for (int k = 0; k < V; ++k) {
-      bytes += bytes_changed_in(va[k], vb[k]);
-      vd[k] = difference_of<ES>(va[k], vb[k]);
-      if constexpr (kContext) vx[k] = va[k];
-      const unsigned c = __reduce_add_sync(0xffffffffu, changed_in<ES>(va[k], vb[k]));
+  for (int g = 0; g < V; g += G) {
+    uint4 va[G], vb[G];
+#pragma unroll
+    for (int j = 0; j < G; ++j) va[j] = load_vec<kVec>(a, base + (std::uint64_t(g + j) * kThreads + threadIdx.x) * kVecBytes, nbytes);
+#pragma unroll
+    for (int j = 0; j < G; ++j) vb[j] = load_vec<kVec>(b, base + (std::uint64_t(g + j) * kThreads + threadIdx.x) * kVecBytes, nbytes);
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      const int k = g + j;
+      bytes += bytes_changed_in(va[j], vb[j]);
+      vd[k] = difference_of<ES>(va[j], vb[j]);
+      if constexpr (kContext) vx[k] = va[j];
+      const unsigned c = __reduce_add_sync(0xffffffffu, changed_in<ES>(va[j], vb[j]));
       if (lane == 0) s.row[k * kWarps + warp] = c;
     }
   }
@@ -858,7 +877,7 @@ int tile_count(std::uint64_t nbytes, std::uint64_t tile_bytes) {
 // tile counter of tiles64 (find() zeroes them with the changed bytes).
 unsigned* next_tile_of(const FindOut& o) { return reinterpret_cast<unsigned*>(o.total + 2); }
 
-template <int ES, int V, int kMinBlocks, bool kPipelined = false, bool kWarp = false>
+template <int ES, int V, int kMinBlocks, bool kPipelined = false, bool kWarp = false, int kContextMinBlocks = 2>
 void launch_tiles(const DeviceTensor& t, ChangeFinder::Impl& im, bool context, const FindOut& o) {
   const int ntiles = tile_count(t.nbytes, kTileBytes<V>);
   const CountState s = tile_state<CountState>(im, ntiles);
@@ -874,8 +893,8 @@ void launch_tiles(const DeviceTensor& t, ChangeFinder::Impl& im, bool context, c
       const int blocks = std::max(1, std::min(ntiles, std::max(1, per_sm) * im.sms));
       kernel<<<blocks, kThreads, 0, im.stream>>>(a, b, t.nbytes, t.field, s, o, ntiles, next_tile);
     } else if constexpr (kWarp) {
-      // context's kernel keeps the base too (8 V registers of data): tiles' 2 blocks
-      find_tiles_warp<ES, kVec, kContext, V, kContext ? 2 : kMinBlocks><<<ntiles, kThreads, 0, im.stream>>>(a, b, t.nbytes, t.field, s, o);
+      // context's kernel keeps the base too (8 V registers of data): tiles' 2 blocks (tilesw64: 1)
+      find_tiles_warp<ES, kVec, kContext, V, kContext ? kContextMinBlocks : kMinBlocks><<<ntiles, kThreads, 0, im.stream>>>(a, b, t.nbytes, t.field, s, o);
     } else {
       find_tiles<ES, kVec, kContext, V, kMinBlocks><<<ntiles, kThreads, 0, im.stream>>>(a, b, t.nbytes, t.field, s, o);
     }
@@ -1011,6 +1030,10 @@ void ChangeFinder::find(const DeviceTensor& tensor, bool context, Found& out) {
         by_es(t.es, [&]<int ES>() { launch_tiles<ES, 4, 2, true>(t, im, context, o); });
       else if (design_ == Design::warp_tiles)
         by_es(t.es, [&]<int ES>() { launch_tiles<ES, 8, kWarpMinBlocks, false, true>(t, im, context, o); });
+      else if (design_ == Design::warp_tiles64)
+        by_es(t.es, [&]<int ES>() { launch_tiles<ES, kWarp64V, kWarp64MinBlocks, false, true, kWarp64ContextMinBlocks>(t, im, context, o); });
+      else if (design_ == Design::warp_tiles4)
+        by_es(t.es, [&]<int ES>() { launch_tiles<ES, kWarp4V, kWarp4MinBlocks, false, true>(t, im, context, o); });
       else
         by_es(t.es, [&]<int ES>() { launch_tiles<ES, 8, 2>(t, im, context, o); });
       if (context) by_es(t.es, [&]<int ES>() { launch_sample<ES>(t, im, chunks); });
@@ -1057,7 +1080,7 @@ std::uint64_t ChangeFinder::read_floor(const DeviceTensor& tensor) {
   CK(cudaEventRecord(im.ev[0], im.stream));
   CK(cudaMemsetAsync(im.read_total, 0, sizeof(unsigned long long), im.stream));
   if (t.nbytes) {
-    if (design_ == Design::small_tiles || design_ == Design::pipelined_tiles) {
+    if (design_ == Design::small_tiles || design_ == Design::pipelined_tiles || design_ == Design::warp_tiles4) {
       const int ntiles = tile_count(t.nbytes, kTileBytes<4>);
       (vec ? read_tiles<true, 4, 3> : read_tiles<false, 4, 3>)<<<ntiles, kThreads, 0, im.stream>>>(a, b, t.nbytes, im.read_total);
     } else {

@@ -113,7 +113,12 @@ struct Found {
 //           as its differences; each lane's first change in a row from its
 //           warp's (cub::BlockScan) and the lanes' below (ballots of the
 //           counts' bits), then each lane writes its own changes
-enum class Design { tiles, small_tiles, select, pipelined_tiles, warp_tiles };
+//   tilesw64 (warp_tiles64) tilesw with 64 KiB tiles (half the tiles,
+//           look-backs and scans a byte), loaded 32 KiB at a time; sparse's
+//           kernel 2 blocks a multiprocessor, context's 1
+//   tilesw4 (warp_tiles4) tilesw with 16 KiB tiles, sparse's kernel in at
+//           most 64 registers (4 blocks a multiprocessor)
+enum class Design { tiles, small_tiles, select, pipelined_tiles, warp_tiles, warp_tiles64, warp_tiles4 };
 const char* name(Design d);
 
 // Time of the last find() or rank(), in milliseconds, by step (device events).
@@ -149,7 +154,7 @@ class ChangeFinder {
   void apply(void* base, const Found& out);
   const Timing& timing() const { return timing_; }
   // A reference for timing, not a finder: both inputs read as tiles read
-  // them (tiles16, tiles64: 16 KiB tiles; else 32 KiB), and only the bytes
+  // them (tiles16, tiles64, tilesw4: 16 KiB tiles; else 32 KiB), and only the bytes
   // that differ counted and returned (the sum of find()'s chunk bytes);
   // timing().find_ms is its time on the device.
   std::uint64_t read_floor(const DeviceTensor& t);
