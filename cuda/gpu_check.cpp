@@ -88,7 +88,8 @@ struct Case {
 };
 
 constexpr gpu::Design kAllDesigns[] = {gpu::Design::tiles, gpu::Design::small_tiles, gpu::Design::select,
-                                       gpu::Design::pipelined_tiles, gpu::Design::warp_tiles};
+                                       gpu::Design::pipelined_tiles, gpu::Design::warp_tiles, gpu::Design::warp_tiles64,
+                                       gpu::Design::warp_tiles4};  // the newest last
 std::vector<gpu::Design> designs(std::begin(kAllDesigns), std::end(kAllDesigns));  // --design: one
 
 std::vector<gpu::ChangeFinder> finders_of(const std::vector<gpu::Design>& ds) {
@@ -523,7 +524,8 @@ bool throughput(std::uint64_t nbytes) {
               " over both; to host B: sparse's bytes copied to the host. tiles: one kernel, 32 KiB tiles; tiles16:\n"
               " 16 KiB tiles; select: cub::DeviceSelect::If; tiles64: 16 KiB tiles, as many blocks as fit, each loading\n"
               " its next tile before working on the one it has; tilesw (the default): 32 KiB tiles in at most 80\n"
-              " registers (sparse), each lane's place from its warp's by ballots; read: the floor for tiles' loads,\n"
+              " registers (sparse), each lane's place from its warp's by ballots; tilesw64: tilesw with 64 KiB tiles;\n"
+              " tilesw4: 16 KiB tiles in at most 64 registers (sparse); read: the floor for tiles' loads,\n"
               " both inputs read as tiles reads them (32 KiB tiles) and only their changed bytes counted%s)\n",
               static_cast<double>(nbytes) / (1 << 20), kReps, sparse_only ? "; --sparse: no context columns" : "");
   return goal_met;
@@ -555,7 +557,7 @@ int main(int argc, char** argv) {
         for (const gpu::Design x : kAllDesigns)
           if (d == gpu::name(x)) designs.push_back(x), known = true;
         if (!known) {
-          std::fprintf(stderr, "hfdelta-gpu-check: no design %s (tiles, tiles16, select, tiles64, tilesw)\n", d.c_str());
+          std::fprintf(stderr, "hfdelta-gpu-check: no design %s (tiles, tiles16, select, tiles64, tilesw, tilesw64, tilesw4)\n", d.c_str());
           return 2;
         }
       }
@@ -568,7 +570,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: hfdelta-gpu-check [--identity | --publisher | --throughput] [--design D[,D...]] (D: tiles, tiles16,\n"
-                   "       select, tiles64, tilesw) [--mib N (throughput tensor size, default 512)] [--only ROW (throughput: one row,\n"
+                   "       select, tiles64, tilesw, tilesw64, tilesw4) [--mib N (throughput tensor size, default 512)] [--only ROW (throughput: one row,\n"
                    "       bf16-0.1 bf16-1 bf16-10 f32-1 f8-1)] [--reps N (throughput repeats, default 7)] [--sparse\n"
                    "       (throughput: sparse's find only)]\n");
       return 2;

@@ -81,17 +81,23 @@ if [ "${1:-}" = --profile ]; then
   exit $r
 fi
 
-# Each design's identity checks in a process of its own (the default first), then the throughput
+# Each design's identity checks in a process of its own (the default first; the newest after the table), then the throughput
 # table of all designs in one; if that process dies (a fault leaves CUDA
 # unusable in it), the table again, one process per design. Every part
 # runs whatever an earlier one did; the exit status is the worst.
-designs="tilesw tiles tiles16 select tiles64"  # the default (tilesw) first
+# The newest designs (tilesw64, tilesw4) last: their identity checks after
+# the table, so that running out of time there hides no earlier result.
+designs="tilesw tiles tiles16 select tiles64 tilesw64 tilesw4"  # the default (tilesw) first
+newest="tilesw64 tilesw4"
 if [ $# -gt 0 ]; then
   parts=("$*")
 else
   parts=()
-  for d in $designs; do parts+=("--identity --design $d"); done
+  for d in $designs; do
+    case " $newest " in *" $d "*) ;; *) parts+=("--identity --design $d") ;; esac
+  done
   parts+=("--publisher" "--throughput")
+  for d in $newest; do parts+=("--identity --design $d"); done
 fi
 budget=${GPU_CHECK_SECONDS:-270}
 start=$SECONDS
