@@ -49,15 +49,6 @@ std::pair<fs::path, fs::path> root_and_mirror(const TempDir& t, const fs::path& 
   return {root, mirror};
 }
 
-int code_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const hfdelta::Error& e) {
-    return static_cast<int>(e.code());
-  }
-  return 0;
-}
-
 }  // namespace
 
 TEST_CASE("publisher: the delta is byte for byte delta-diff's, for every encoding; the mirror advances") {

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include "hfdelta/delta_format.hpp"
+#include "hfdelta/error.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -560,6 +561,15 @@ std::pair<fs::path, fs::path> make_full_version_chain(const fs::path& series, co
   write_file(new3 / "chat_template.jinja", "{{ messages | join }}\n");
   require_diff(full, new3, version_dir(root, 3), "overwrite");
   return {full, new3};
+}
+
+int code_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const hfdelta::Error& e) {
+    return static_cast<int>(e.code());
+  }
+  return 0;
 }
 
 bool has_txn(const fs::path& local) {

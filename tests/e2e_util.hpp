@@ -265,6 +265,10 @@ class ScopedEnv {
 // the filesystem does not change what is tested.
 std::unique_ptr<TempDir> scratch_dir();
 
+// The exit code of the hfdelta::Error that `f` throws (0: it throws none),
+// for the tests that call the library directly.
+int code_of(const std::function<void()>& f);
+
 // True if LOCAL holds a transaction directory.
 bool has_txn(const fs::path& local);
 // A step of a transaction is journaled under .weight_sync/txn (a bare

@@ -60,15 +60,6 @@ void put_save(hfdelta::MemoryPublisher& p, const fs::path& base, const fs::path&
   }
 }
 
-int code_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const hfdelta::Error& e) {
-    return static_cast<int>(e.code());
-  }
-  return 0;
-}
-
 }  // namespace
 
 TEST_CASE("publisher, found changes: the versions put() publishes from the bytes, byte for byte; the mirror advances") {
