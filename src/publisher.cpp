@@ -251,7 +251,17 @@ void count_step(const Step& st, const std::vector<const Work*>& changed, Publish
   for (const auto& f : st.layout.other_files) s.full_bytes += fs::file_size(st.layout.dir / f);
 }
 
-// Version `v` begun: the mirror's layout and record, the delta's temporary
+// The mirror is at `held`, the version published last; ROOT's newest is
+// `newest`, published by another publisher since this one last looked.
+[[noreturn]] void overtaken(const fs::path& root, const fs::path& mirror, std::uint64_t held, std::uint64_t newest) {
+  fail(Exit::exists, (root / version_dirname(newest)).string() + ": version " + format_version(newest) +
+                         " was published by another publisher meanwhile (a Publisher or delta-diff; this publisher's "
+                         "mirror " + mirror.string() + " is at " + format_version(held) + "); nothing was published. "
+                         "One publisher per root: stop the other, then close this Publisher and open it again (opening "
+                         "catches the mirror up from ROOT), and publish on top of version " + format_version(newest));
+}
+
+// The version after `base` (the mirror's) begun: the mirror's layout and record, the delta's temporary
 // directory in ROOT and the encoder spooling into it.
 std::unique_ptr<Step> new_step(const fs::path& root, const fs::path& mirror, const PublisherOptions& opts,
                                std::uint64_t base) {
@@ -260,6 +270,7 @@ std::unique_ptr<Step> new_step(const fs::path& root, const fs::path& mirror, con
   // The next number ROOT gives (past any withdrawn one), on the mirror's
   // version, which must be ROOT's newest.
   const PublishTarget t = publish_target(root, std::nullopt);
+  if (t.newest.value_or(0) > base) overtaken(root, mirror, base, *t.newest);
   if (t.newest.value_or(0) != base)
     fail(Exit::out_of_order, root.string() + ": its newest version is " + format_version(t.newest.value_or(0)) +
                                  ", not the mirror's (" + format_version(base) + "); another publisher, or a version "
@@ -310,18 +321,6 @@ void check_paths(const fs::path& root, const fs::path& mirror) {
                                   "delta-apply --init CHECKPOINT " + mirror.string());
 }
 
-// The mirror is at `held`, the version published last; ROOT publishes a
-// newer one already: another publisher wrote it since this one last looked.
-void check_not_overtaken(const fs::path& root, const fs::path& mirror, std::uint64_t held) {
-  const std::vector<VersionDir> versions = scan_root(root);
-  if (versions.empty() || versions.back().version <= held) return;
-  const std::uint64_t newest = versions.back().version;
-  fail(Exit::exists, versions.back().path.string() + ": version " + format_version(newest) +
-                         " was published by another publisher meanwhile (a Publisher or delta-diff; this publisher's "
-                         "mirror " + mirror.string() + " is at " + format_version(held) + "); nothing was published. "
-                         "One publisher per root: stop the other, then close this Publisher and open it again (opening "
-                         "catches the mirror up from ROOT), and publish on top of version " + format_version(newest));
-}
 
 }  // namespace
 
@@ -378,7 +377,6 @@ void MemoryPublisher::open_step() {
     s_->version = o.version;
     s_->reconcile_needed = false;
   }
-  check_not_overtaken(s_->root, s_->mirror, s_->version);
   s_->step = new_step(s_->root, s_->mirror, s_->opts, s_->version);
 }
 
