@@ -249,6 +249,14 @@ struct RootView {
   std::optional<std::uint64_t> incomplete;  // the first version above LOCAL not completely there
   std::string waiting_for;
   std::vector<std::uint64_t> beyond;  // complete versions above `incomplete`: a stall, not an upload?
+  // Each version's index, read on first use: a pull plans more than once
+  // (from LOCAL, from a full version, again after a refusal).
+  mutable std::map<std::uint64_t, std::optional<DeltaIndex>> indexes;
+  const std::optional<DeltaIndex>& index_of(const VersionDir& d) const {
+    auto it = indexes.find(d.version);
+    if (it == indexes.end()) it = indexes.emplace(d.version, read_index_if_delta(d.path)).first;
+    return it->second;
+  }
 };
 
 // Versions at or below LOCAL's are not looked at: a pull never reads them.
@@ -330,7 +338,7 @@ std::optional<std::vector<Link>> delta_path(const fs::path& root, const RootView
       why = "version " + format_version(d.version) + " was refused";
       return std::nullopt;
     }
-    std::optional<DeltaIndex> idx = read_index_if_delta(d.path);
+    std::optional<DeltaIndex> idx = v.index_of(d);
     fs::path dir = d.path;
     bool side = false;
     if (!idx) {
@@ -393,7 +401,7 @@ PullPlan plan_pull(const fs::path& root, const RootView& v, std::optional<std::u
                    const fs::path& local, const std::set<std::uint64_t>& refused) {
   const VersionDir* full = nullptr;
   for (auto it = v.versions.rbegin(); it != v.versions.rend() && !full; ++it)
-    if (it->version <= want && !read_index_if_delta(it->path)) full = &*it;
+    if (it->version <= want && !v.index_of(*it)) full = &*it;
   if (!full && !local_version)
     fail(Exit::out_of_order, local.string() + ": has no version, and " + root.string() + " has no full version at or below " +
                                  format_version(want) + "; initialise it with --init");
