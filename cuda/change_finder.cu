@@ -189,6 +189,46 @@ struct FindOut {
   std::uint64_t nrank;
 };
 
+// Warp 0 takes the tile's first change from the tiles before it (CUB's
+// decoupled look-back) and publishes the tile's own count; s.first holds it
+// after the caller's next __syncthreads.
+template <class Shared>
+__device__ __forceinline__ void look_back(CountState state, Shared& s, int tile, unsigned tile_count) {
+  if (threadIdx.x >= 32) return;
+  unsigned long long first = 0;
+  if (tile == 0) {
+    if (threadIdx.x == 0) state.SetInclusive(0, tile_count);
+  } else {
+    CountPrefix prefix(state, s.prefix, ::cuda::std::plus<>{}, tile);
+    first = prefix(tile_count);
+  }
+  if (threadIdx.x == 0) s.first = first;
+}
+
+// Thread 0 records where tile `tile` (first element e_tile) stands: its
+// chunk's first change and changed bytes, its rank tiles' first changes
+// (rank_first(k): the tile's changes before row k), and after the last tile
+// the total.
+template <int V, class RankFirst>
+__device__ __forceinline__ void record_tile(const FindOut& o, std::uint64_t base, std::uint64_t e_tile, int tile, int ntiles,
+                                            unsigned long long first, unsigned tile_count, unsigned tile_bytes,
+                                            RankFirst rank_first) {
+  if (threadIdx.x != 0) return;
+  const std::uint64_t chunk = rules::chunk_of(e_tile);
+  if (rules::index_in_chunk(e_tile) == 0) o.chunk_start[chunk] = first;
+  if (tile_bytes) atomicAdd(o.chunk_bytes + chunk, static_cast<unsigned long long>(tile_bytes));
+#pragma unroll
+  for (int k = 0; k < V; k += 2) {
+    const std::uint64_t r = base / kRankTileBytes + k / 2;
+    if (r < o.nrank) o.rank_start[r] = first + rank_first(k);
+  }
+  if (tile + 1 == ntiles) {
+    const unsigned long long all = first + tile_count;
+    *o.total = all;
+    o.chunk_start[o.chunks] = o.rank_start[o.nrank] = all < o.cap ? all : o.cap;
+  }
+}
+
 // ---- tiles -----------------------------------------------------------------------
 // Vector k of thread t is the tile's vector k * kThreads + t, so a row of
 // vectors is 4 KiB of each input, and a rank tile two rows.
@@ -249,35 +289,13 @@ __device__ inline void find_tile(int tile, int ntiles, const uint4 (&va)[V], con
   }
   __syncthreads();  // the exchange's storage again
   Exchange(s.exchange).BlockedToStriped(off, off);
-  if (threadIdx.x < 32) {  // the tile's first change: the look-back, warp 0
-    unsigned long long first = 0;
-    if (tile == 0) {
-      if (threadIdx.x == 0) state.SetInclusive(0, tile_count);
-    } else {
-      CountPrefix prefix(state, s.prefix, ::cuda::std::plus<>{}, tile);
-      first = prefix(tile_count);
-    }
-    if (threadIdx.x == 0) s.first = first;
-  }
+  look_back(state, s, tile, tile_count);
   const unsigned tile_bytes = Reduce(s.reduce).Sum(bytes);
   __syncthreads();  // s.first
   const unsigned long long first = s.first;
   const std::uint64_t e_tile = base / ES;
-  const std::uint64_t chunk = rules::chunk_of(e_tile);
-  if (threadIdx.x == 0) {
-    if (rules::index_in_chunk(e_tile) == 0) o.chunk_start[chunk] = first;
-    if (tile_bytes) atomicAdd(o.chunk_bytes + chunk, static_cast<unsigned long long>(tile_bytes));
-#pragma unroll
-    for (int k = 0; k < V; k += 2) {  // thread 0's vector of each even row is a rank tile's first
-      const std::uint64_t r = base / kRankTileBytes + k / 2;
-      if (r < o.nrank) o.rank_start[r] = first + off[k];
-    }
-    if (tile + 1 == ntiles) {
-      const unsigned long long all = first + tile_count;
-      *o.total = all;
-      o.chunk_start[o.chunks] = o.rank_start[o.nrank] = all < o.cap ? all : o.cap;
-    }
-  }
+  // thread 0's vector of each even row is a rank tile's first
+  record_tile<V>(o, base, e_tile, tile, ntiles, first, tile_count, tile_bytes, [&](int k) { return off[k]; });
 
   D* diff = static_cast<D*>(o.diff);
 #pragma unroll
@@ -476,35 +494,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) find_tiles_warp(const st
   unsigned before, tile_count;
   Scan(s.scan).ExclusiveSum(mine, before, tile_count);
   if (threadIdx.x < V * kWarps) s.row[threadIdx.x] = before;
-  if (threadIdx.x < 32) {  // the tile's first change: the look-back, warp 0
-    unsigned long long first = 0;
-    if (tile == 0) {
-      if (threadIdx.x == 0) state.SetInclusive(0, tile_count);
-    } else {
-      CountPrefix prefix(state, s.prefix, ::cuda::std::plus<>{}, tile);
-      first = prefix(tile_count);
-    }
-    if (threadIdx.x == 0) s.first = first;
-  }
+  look_back(state, s, tile, tile_count);
   const unsigned tile_bytes = Reduce(s.reduce).Sum(bytes);
   __syncthreads();  // s.first, s.row
   const unsigned long long first = s.first;
   const std::uint64_t e_tile = base / ES;
-  const std::uint64_t chunk = rules::chunk_of(e_tile);
-  if (threadIdx.x == 0) {
-    if (rules::index_in_chunk(e_tile) == 0) o.chunk_start[chunk] = first;
-    if (tile_bytes) atomicAdd(o.chunk_bytes + chunk, static_cast<unsigned long long>(tile_bytes));
-#pragma unroll
-    for (int k = 0; k < V; k += 2) {  // warp 0's first in each even row is a rank tile's first
-      const std::uint64_t r = base / kRankTileBytes + k / 2;
-      if (r < o.nrank) o.rank_start[r] = first + s.row[k * kWarps];
-    }
-    if (tile + 1 == ntiles) {
-      const unsigned long long all = first + tile_count;
-      *o.total = all;
-      o.chunk_start[o.chunks] = o.rank_start[o.nrank] = all < o.cap ? all : o.cap;
-    }
-  }
+  // warp 0's first in each even row is a rank tile's first
+  record_tile<V>(o, base, e_tile, tile, ntiles, first, tile_count, tile_bytes, [&](int k) { return s.row[k * kWarps]; });
 
   D* diff = static_cast<D*>(o.diff);
   const unsigned below = (1u << lane) - 1;
