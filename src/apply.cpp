@@ -13,6 +13,7 @@
 
 #include "apply_internal.hpp"
 #include "apply_plan.hpp"
+#include "completion_marker.hpp"
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/delta_reader.hpp"
@@ -21,7 +22,6 @@
 #include "hfdelta/journal.hpp"
 #include "hfdelta/local_store.hpp"
 #include "hfdelta/checksum_record.hpp"
-#include "hfdelta/publication.hpp"
 #include "hfdelta/version.hpp"
 #include "parallel.hpp"
 

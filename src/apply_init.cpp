@@ -6,6 +6,7 @@
 #include <boost/filesystem/operations.hpp>
 
 #include "apply_internal.hpp"
+#include "completion_marker.hpp"
 #include "hfdelta/progress.hpp"
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/checksum_record.hpp"
@@ -13,7 +14,6 @@
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
 #include "hfdelta/local_store.hpp"
-#include "hfdelta/publication.hpp"
 #include "parallel.hpp"
 
 namespace hfdelta {

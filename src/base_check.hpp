@@ -16,7 +16,7 @@
 
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/hash.hpp"
-#include "hfdelta/publication.hpp"
+#include "completion_marker.hpp"
 
 namespace hfdelta {
 

@@ -6,9 +6,9 @@
 #include <boost/filesystem/operations.hpp>
 #include <nlohmann/json.hpp>
 
+#include "completion_marker.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
-#include "hfdelta/publication.hpp"
 #include "json_text.hpp"
 
 namespace hfdelta {

@@ -6,10 +6,10 @@
 #include <boost/filesystem/operations.hpp>
 #include <nlohmann/json.hpp>
 
+#include "completion_marker.hpp"
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
-#include "hfdelta/publication.hpp"
 #include "hfdelta/signals.hpp"
 #include "hfdelta/version.hpp"
 #include "json_text.hpp"

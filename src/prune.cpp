@@ -10,7 +10,8 @@
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
-#include "hfdelta/publication.hpp"
+#include "completion_marker.hpp"
+#include "hfdelta/version.hpp"
 
 namespace hfdelta {
 

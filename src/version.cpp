@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <set>
 
 #include <boost/filesystem/operations.hpp>
@@ -16,6 +17,7 @@ namespace fs = boost::filesystem;
 namespace {
 constexpr std::string_view kPrefix = "weight_v";
 constexpr std::string_view kWithdrawnPrefix = "withdrawn_v";
+constexpr std::string_view kSidecarPrefix = "delta_v";
 }
 
 std::string format_version(std::uint64_t v) {
@@ -63,6 +65,20 @@ std::set<std::uint64_t> scan_withdrawn(const fs::path& root) {
   return out;
 }
 
+std::string sidecar_dirname(std::uint64_t v) { return std::string(kSidecarPrefix) + format_version(v); }
+
+std::map<std::uint64_t, fs::path> scan_sidecars(const fs::path& root) {
+  std::map<std::uint64_t, fs::path> out;
+  boost::system::error_code ec;
+  for (fs::directory_iterator it(root, ec), end; it != end && !ec; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const auto v = version_from_name(name, kSidecarPrefix);
+    if (v && sidecar_dirname(*v) == name && fs::is_directory(it->symlink_status())) out.emplace(*v, it->path());
+  }
+  if (ec) fail(Exit::failure, root.string() + ": cannot list directory: " + ec.message());
+  return out;
+}
+
 std::vector<VersionDir> scan_root(const fs::path& root) {
   boost::system::error_code ec;
   require_dir(root, "give the publication root (is the share mounted?)");
@@ -79,6 +95,18 @@ std::vector<VersionDir> scan_root(const fs::path& root) {
   if (ec) fail(Exit::failure, root.string() + ": cannot list directory: " + ec.message());
   std::sort(out.begin(), out.end(), [](const VersionDir& a, const VersionDir& b) { return a.version < b.version; });
   return out;
+}
+
+void check_out_apart(const fs::path& out, const std::vector<std::pair<std::string, fs::path>>& inputs) {
+  for (const auto& [role, in] : inputs) {
+    const Nesting n = nesting(out, in);
+    if (n == Nesting::apart) continue;
+    fail(Exit::bad_input, out.string() + (n == Nesting::same ? ": is " + role + " itself (" + in.string() + ")"
+                                                              : ": is inside " + role + " " + in.string()) +
+                              ": a publication root inside a checkpoint would be carried into every later delta as "
+                              "the checkpoint's files, and into every host's LOCAL; put the root outside BASE and NEW "
+                              "(nothing was written)");
+  }
 }
 
 fs::path strip_trailing_slashes(const std::string& p) {

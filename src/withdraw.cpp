@@ -7,7 +7,6 @@
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
-#include "hfdelta/publication.hpp"
 #include "hfdelta/version.hpp"
 
 namespace hfdelta {
