@@ -8,7 +8,6 @@
 #include <nlohmann/json.hpp>
 
 #include "hfdelta/checkpoint.hpp"
-#include "hfdelta/delta_format.hpp"  // parse_hash_hex
 #include "hfdelta/error.hpp"
 #include "hfdelta/hash.hpp"
 #include "hfdelta/io.hpp"

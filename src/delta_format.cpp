@@ -34,26 +34,6 @@ std::uint64_t version_of(const json& v, const std::string& what) {
   fail(Exit::bad_input, what + ": must be a version string");
 }
 
-}  // namespace
-
-Hash128 parse_hash_hex(const std::string& s, const std::string& what) {
-  if (s.size() != 32) fail(Exit::bad_input, what + ": checksum \"" + s + "\" is not 32 hex digits");
-  Hash128 h;
-  for (std::size_t i = 0; i < 32; ++i) {
-    const char c = s[i];
-    unsigned d;
-    if (c >= '0' && c <= '9') d = static_cast<unsigned>(c - '0');
-    else if (c >= 'a' && c <= 'f') d = static_cast<unsigned>(c - 'a' + 10);
-    else if (c >= 'A' && c <= 'F') d = static_cast<unsigned>(c - 'A' + 10);
-    else fail(Exit::bad_input, what + ": checksum \"" + s + "\" is not 32 hex digits");
-    std::uint64_t& word = i < 16 ? h.high : h.low;
-    word = (word << 4) | d;
-  }
-  return h;
-}
-
-namespace {
-
 // An index (`j` holds it, or none if `dir` has no index file) with any delta
 // key in any top-level object makes DIR a delta, so that one damaged key
 // name cannot turn a delta into something copied as a full version.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
 
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t inside Hasher::State
@@ -27,6 +28,22 @@ std::string Hash128::hex() const {
     s[31 - i] = digits[(low >> (4 * i)) & 0xf];
   }
   return s;
+}
+
+Hash128 parse_hash_hex(const std::string& s, const std::string& what) {
+  if (s.size() != 32) fail(Exit::bad_input, what + ": checksum \"" + s + "\" is not 32 hex digits");
+  Hash128 h;
+  for (std::size_t i = 0; i < 32; ++i) {
+    const char c = s[i];
+    unsigned d;
+    if (c >= '0' && c <= '9') d = static_cast<unsigned>(c - '0');
+    else if (c >= 'a' && c <= 'f') d = static_cast<unsigned>(c - 'a' + 10);
+    else if (c >= 'A' && c <= 'F') d = static_cast<unsigned>(c - 'A' + 10);
+    else fail(Exit::bad_input, what + ": checksum \"" + s + "\" is not 32 hex digits");
+    std::uint64_t& word = i < 16 ? h.high : h.low;
+    word = (word << 4) | d;
+  }
+  return h;
 }
 
 Hash128 xxh3_128(std::span<const std::uint8_t> bytes) {

@@ -177,9 +177,6 @@ SafetensorsHeader parse_built_header(std::string_view bytes, const ShardOp& so, 
 // The shard operation on `file`, if any.
 const ShardOp* shard_op(const DeltaIndex& idx, const std::string& file);
 
-// Parses a 32-hex-digit checksum; throws Error(bad_input) naming `what`.
-Hash128 parse_hash_hex(const std::string& s, const std::string& what);
-
 // Checks entry `t` of delta file `file` (header `hdr`, path `where`) against
 // the index: mapped to this file, U8 with shape [L], a checksum in
 // __metadata__. Returns that checksum (of the tensor's new bytes).
