@@ -10,9 +10,9 @@
 #include "apply_internal.hpp"
 #include "apply_patch.hpp"
 #include "hfdelta/progress.hpp"
-#include "hfdelta/checksum_record.hpp"
+#include "checksum_record.hpp"
 #include "hfdelta/error.hpp"
-#include "hfdelta/local_store.hpp"
+#include "local_store.hpp"
 #include "hfdelta/version.hpp"
 #include "parallel.hpp"
 

@@ -9,11 +9,11 @@
 #include "completion_marker.hpp"
 #include "hfdelta/progress.hpp"
 #include "hfdelta/checkpoint.hpp"
-#include "hfdelta/checksum_record.hpp"
+#include "checksum_record.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
-#include "hfdelta/local_store.hpp"
+#include "local_store.hpp"
 #include "parallel.hpp"
 
 namespace hfdelta {

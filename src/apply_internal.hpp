@@ -13,9 +13,9 @@
 #include "apply_plan.hpp"
 #include "hfdelta/apply.hpp"
 #include "hfdelta/checkpoint.hpp"
-#include "hfdelta/delta_reader.hpp"
+#include "delta_reader.hpp"
 #include "hfdelta/error.hpp"
-#include "hfdelta/journal.hpp"
+#include "journal.hpp"
 
 namespace hfdelta {
 

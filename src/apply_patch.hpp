@@ -13,7 +13,7 @@
 #include "apply_plan.hpp"
 #include "hfdelta/hash.hpp"
 #include "hfdelta/io.hpp"
-#include "hfdelta/journal.hpp"
+#include "journal.hpp"
 
 namespace hfdelta {
 

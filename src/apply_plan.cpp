@@ -10,7 +10,7 @@
 
 #include "codec_internal.hpp"
 #include "hfdelta/error.hpp"
-#include "hfdelta/local_store.hpp"
+#include "local_store.hpp"
 #include "hfdelta/safetensors.hpp"
 #include "hfdelta/version.hpp"
 #include "parallel.hpp"

@@ -17,12 +17,12 @@
 #include <boost/filesystem/path.hpp>
 
 #include "hfdelta/checkpoint.hpp"
-#include "hfdelta/checksum_record.hpp"
+#include "checksum_record.hpp"
 #include "hfdelta/codec.hpp"
-#include "hfdelta/delta_reader.hpp"
+#include "delta_reader.hpp"
 #include "hfdelta/hash.hpp"
 #include "hfdelta/io.hpp"
-#include "hfdelta/journal.hpp"
+#include "journal.hpp"
 
 namespace hfdelta {
 

@@ -9,7 +9,7 @@
 #include "apply_internal.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
-#include "hfdelta/local_store.hpp"
+#include "local_store.hpp"
 
 namespace hfdelta {
 

@@ -6,7 +6,7 @@
 #include <boost/filesystem/operations.hpp>
 
 #include "hfdelta/delta_format.hpp"
-#include "hfdelta/delta_reader.hpp"
+#include "delta_reader.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
 #include "hfdelta/version.hpp"

@@ -1,5 +1,5 @@
 #include "hfdelta/progress.hpp"
-#include "hfdelta/checksum_record.hpp"
+#include "checksum_record.hpp"
 
 #include <algorithm>
 #include <vector>
@@ -11,7 +11,7 @@
 #include "hfdelta/error.hpp"
 #include "hfdelta/hash.hpp"
 #include "hfdelta/io.hpp"
-#include "hfdelta/local_store.hpp"
+#include "local_store.hpp"
 #include "hfdelta/version.hpp"
 #include "json_text.hpp"
 #include "parallel.hpp"

@@ -1,5 +1,5 @@
 // The one reader of delta directories (see delta_reader.hpp).
-#include "hfdelta/delta_reader.hpp"
+#include "delta_reader.hpp"
 
 #include <set>
 

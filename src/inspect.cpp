@@ -10,7 +10,7 @@
 
 #include "codec_internal.hpp"
 #include "hfdelta/checkpoint.hpp"
-#include "hfdelta/delta_reader.hpp"
+#include "delta_reader.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
 #include "hfdelta/safetensors.hpp"

@@ -1,4 +1,4 @@
-#include "hfdelta/journal.hpp"
+#include "journal.hpp"
 
 #include <algorithm>
 #include <set>
@@ -8,9 +8,9 @@
 
 #include "codec_internal.hpp"
 #include "hfdelta/checkpoint.hpp"
-#include "hfdelta/checksum_record.hpp"
+#include "checksum_record.hpp"
 #include "hfdelta/error.hpp"
-#include "hfdelta/local_store.hpp"
+#include "local_store.hpp"
 #include "hfdelta/signals.hpp"
 #include "hfdelta/version.hpp"
 #include "json_text.hpp"

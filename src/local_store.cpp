@@ -1,4 +1,4 @@
-#include "hfdelta/local_store.hpp"
+#include "local_store.hpp"
 
 #include <fcntl.h>
 #include <sys/file.h>

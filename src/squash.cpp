@@ -22,7 +22,7 @@
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/codec.hpp"
 #include "hfdelta/delta_format.hpp"
-#include "hfdelta/delta_reader.hpp"
+#include "delta_reader.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/hash.hpp"
 #include "hfdelta/io.hpp"

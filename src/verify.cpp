@@ -3,10 +3,10 @@
 #include <boost/filesystem/path.hpp>
 
 #include "hfdelta/checkpoint.hpp"
-#include "hfdelta/checksum_record.hpp"
+#include "checksum_record.hpp"
 #include "hfdelta/error.hpp"
-#include "hfdelta/journal.hpp"
-#include "hfdelta/local_store.hpp"
+#include "journal.hpp"
+#include "local_store.hpp"
 #include "hfdelta/version.hpp"
 
 namespace hfdelta {
