@@ -15,6 +15,7 @@
 #include "store/local_store.hpp"
 #include "hfdelta/version.hpp"
 #include "util/parallel.hpp"
+#include "util/scope_guard.hpp"
 
 namespace hfdelta {
 
@@ -197,11 +198,9 @@ void record(Exec& e) {
 // kill is still rolled back by the next run.
 void execute_one_pass(Exec& e) {
   e.step = e.txn.begin_step();
-  try {
+  {
+    const OnFailure abandon([&] { e.txn.abandon_step(); });
     stage_files(e);
-  } catch (...) {
-    e.txn.abandon_step();
-    throw;
   }
   Manifest& m = e.plan.manifest;
   m.parts = static_cast<std::size_t>(e.threads);
@@ -223,7 +222,11 @@ void execute_journaled(Exec& e) {
   e.step = e.txn.begin_step();
   Manifest& m = e.plan.manifest;
   Writers writers(static_cast<std::size_t>(e.threads));
-  try {
+  {
+    const OnFailure abandon([&] {
+      writers.clear();  // their part files closed before the step goes
+      e.txn.abandon_step();
+    });
     journal_units(e, writers, false);
     for (std::size_t t = 0; t < writers.size(); ++t) {  // parts are numbered densely in the manifest
       if (!writers[t]) continue;
@@ -233,10 +236,6 @@ void execute_journaled(Exec& e) {
     }
     stage_files(e);
     sync_dir(e.step);
-  } catch (...) {
-    writers.clear();
-    e.txn.abandon_step();
-    throw;
   }
   run_step(e.txn, e.local, m, e.opts, [&] {
     write_from_journal(e);

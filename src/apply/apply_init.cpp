@@ -15,6 +15,7 @@
 #include "hfdelta/io.hpp"
 #include "store/local_store.hpp"
 #include "util/parallel.hpp"
+#include "util/scope_guard.hpp"
 
 namespace hfdelta {
 
@@ -143,12 +144,10 @@ ApplyResult init_locked(Txn& txn, const fs::path& src, const fs::path& local, st
     return r;
   }
   const fs::path step = txn.begin_step();
-  try {
+  {
+    const OnFailure abandon([&] { txn.abandon_step(); });
     stage_copies(step, m, src, opts);
     if (expect) check_copies(step, m, local, want, *expect, src, opts);
-  } catch (...) {
-    txn.abandon_step();
-    throw;
   }
   run_step(txn, local, m, opts, [&] {
     run_file_ops(local, step, m);

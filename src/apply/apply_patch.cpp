@@ -10,6 +10,7 @@
 #include "hfdelta/codec.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/version.hpp"
+#include "util/scope_guard.hpp"
 
 namespace hfdelta {
 
@@ -325,7 +326,11 @@ void lay_stack(const Patch& p, File& f, std::vector<std::uint8_t>& buf, const st
 void journal_stack(const Patch& p, const File& f, const fs::path& scratch, JournalWriter* jw, std::vector<std::uint8_t>& buf,
                    const std::string& local_file, std::uint64_t version, File* out) {
   File s(scratch, File::Mode::create_exclusive);
-  try {
+  {
+    const OnFailure remove_scratch([&] {
+      boost::system::error_code ec;
+      fs::remove(scratch, ec);
+    });
     copy_range(f, p.offset, p.nbytes, s, 0);
     Patch q = p;
     q.offset = 0;
@@ -333,10 +338,6 @@ void journal_stack(const Patch& p, const File& f, const fs::path& scratch, Journ
     Patch r = p;
     r.source = &s;
     journal_patch(r, f, jw, buf, local_file, version, out);
-  } catch (...) {
-    boost::system::error_code ec;
-    fs::remove(scratch, ec);
-    throw;
   }
   s.close();
   fs::remove(scratch);

@@ -29,6 +29,7 @@
 #include "hfdelta/safetensors.hpp"
 #include "hfdelta/version.hpp"
 #include "util/parallel.hpp"
+#include "util/scope_guard.hpp"
 
 namespace hfdelta {
 
@@ -423,12 +424,12 @@ DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, 
   open_weight_files(r);
   plan_tensors(r);
   DeltaWriter writer(out, opts.sync);
-  try {
+  {
+    const OnFailure abandon([&] {
+      r.encoder.reset();  // the spools closed before their directory goes
+      writer.abandon();
+    });
     write_delta(r, writer);
-  } catch (...) {
-    r.encoder.reset();  // the spools closed before their directory goes
-    writer.abandon();
-    throw;
   }
   r.sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r.sum;

@@ -15,6 +15,7 @@
 #include "hfdelta/signals.hpp"
 #include "hfdelta/version.hpp"
 #include "util/parallel.hpp"
+#include "util/scope_guard.hpp"
 
 namespace hfdelta {
 
@@ -32,32 +33,30 @@ FullSummary publish_full(const fs::path& src, const fs::path& out, std::uint64_t
   rels.insert(rels.end(), c.other_files.begin(), c.other_files.end());
   if (exists_nofollow(out)) fail(Exit::exists, out.string() + ": already exists; refusing to overwrite");
   const fs::path tmp = temp_path_beside(out);
-  try {
-    make_dirs(tmp);
-    std::set<fs::path> dirs{tmp};
-    for (const auto& rel : rels)
-      for (fs::path d = (tmp / rel).parent_path(); d != tmp; d = d.parent_path()) dirs.insert(d);
-    for (const auto& d : dirs) make_dirs(d);
-    std::uint64_t total = 0;
-    for (const auto& rel : rels) total += fs::file_size(src / rel);
-    progress::begin("copy", total);
-    parallel_for(rels.size(), default_threads(threads), [&](std::size_t i, std::size_t) {
-      copy_file_atomic(src / rels[i], tmp / rels[i], sync);
-      progress::add(fs::file_size(tmp / rels[i]));
-    });
-    const CompletionMarker m = write_marker(tmp, version, true, sync, threads);
-    if (sync)
-      for (const auto& d : dirs) sync_dir(d);
-    publish_dir(tmp, out);
-    const StopDeferred published;  // a stop signal now no longer undoes anything
-    if (sync) sync_dir(out.parent_path().empty() ? fs::path(".") : out.parent_path());
-    return {version, rels.size(), m.bytes,
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
-  } catch (...) {
+  const OnFailure remove_tmp([&] {
     boost::system::error_code ec;
     fs::remove_all(tmp, ec);
-    throw;
-  }
+  });
+  make_dirs(tmp);
+  std::set<fs::path> dirs{tmp};
+  for (const auto& rel : rels)
+    for (fs::path d = (tmp / rel).parent_path(); d != tmp; d = d.parent_path()) dirs.insert(d);
+  for (const auto& d : dirs) make_dirs(d);
+  std::uint64_t total = 0;
+  for (const auto& rel : rels) total += fs::file_size(src / rel);
+  progress::begin("copy", total);
+  parallel_for(rels.size(), default_threads(threads), [&](std::size_t i, std::size_t) {
+    copy_file_atomic(src / rels[i], tmp / rels[i], sync);
+    progress::add(fs::file_size(tmp / rels[i]));
+  });
+  const CompletionMarker m = write_marker(tmp, version, true, sync, threads);
+  if (sync)
+    for (const auto& d : dirs) sync_dir(d);
+  publish_dir(tmp, out);
+  const StopDeferred published;  // a stop signal now no longer undoes anything
+  if (sync) sync_dir(out.parent_path().empty() ? fs::path(".") : out.parent_path());
+  return {version, rels.size(), m.bytes,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
 }
 
 fs::path publish_sidecar(const fs::path& base, const fs::path& src, const fs::path& full_out, const DiffOptions& opts,
@@ -68,12 +67,12 @@ fs::path publish_sidecar(const fs::path& base, const fs::path& src, const fs::pa
   const fs::path cand = temp_path_beside(side);  // hidden: no reader lists it
   summary = diff_checkpoints(base, src, cand, opts);
   if (!exists_nofollow(side)) {
-    try {
+    {
+      const OnFailure remove_cand([&] {
+        boost::system::error_code ec;
+        fs::remove_all(cand, ec);
+      });
       publish_dir(cand, side);
-    } catch (...) {
-      boost::system::error_code ec;
-      fs::remove_all(cand, ec);
-      throw;
     }
     if (opts.sync) sync_dir(root);
     return side;

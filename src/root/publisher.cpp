@@ -21,6 +21,7 @@
 #include "hfdelta/progress.hpp"
 #include "hfdelta/safetensors.hpp"
 #include "hfdelta/version.hpp"
+#include "util/scope_guard.hpp"
 
 namespace hfdelta {
 
@@ -287,11 +288,9 @@ std::unique_ptr<Step> new_step(const fs::path& root, const fs::path& mirror, con
   for (const Work& w : st->works) total += w.nbytes;
   progress::begin("publish", total);
   st->writer = std::make_unique<DeltaWriter>(st->out, opts.sync);
-  try {
+  {
+    const OnFailure abandon([&] { st->writer->abandon(); });
     st->encoder = std::make_unique<Encoder>(st->writer->tmp, opts.encoding, opts.level, opts.threads);
-  } catch (...) {
-    st->writer->abandon();
-    throw;
   }
   return st;
 }

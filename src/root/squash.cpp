@@ -30,6 +30,7 @@
 #include "hfdelta/version.hpp"
 #include "util/json_text.hpp"
 #include "util/parallel.hpp"
+#include "util/scope_guard.hpp"
 
 namespace hfdelta {
 
@@ -833,15 +834,13 @@ SquashSummary squash_deltas(const std::vector<fs::path>& chain, const fs::path& 
   const std::map<std::string, std::uint64_t> lengths = known_lengths(sq);
   out_entries(sq);
   DeltaWriter writer(out, opts.sync);
-  try {
+  {
+    const OnFailure abandon([&] { writer.abandon(); });
     compose_entries(sq, lengths, writer.tmp);
     choose_encoding(sq);
     write_out_entries(sq, writer);
     place_carried(sq, writer);
     sq.sum.delta_bytes = writer.publish(sq.idx);
-  } catch (...) {
-    writer.abandon();
-    throw;
   }
   sq.sum.version = sq.idx.version;
   sq.sum.base_version = sq.idx.base_version;

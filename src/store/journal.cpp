@@ -14,6 +14,7 @@
 #include "hfdelta/signals.hpp"
 #include "hfdelta/version.hpp"
 #include "util/json_text.hpp"
+#include "util/scope_guard.hpp"
 
 namespace hfdelta {
 
@@ -466,11 +467,9 @@ void Txn::abandon_step() {
 bool Txn::rollback_all() {
   const StopDeferred defer;
   if (kept_) return false;  // a step could not be undone: its journal stays for the next run
-  try {
+  {
+    const OnFailure keep_journal([this] { kept_ = true; });
     for (std::size_t k = done_.size(); k-- > 0;) rollback(local_, txn_root(local_) / std::to_string(k), done_[k], sync_);
-  } catch (...) {
-    kept_ = true;
-    throw;
   }
   done_.clear();
   try {

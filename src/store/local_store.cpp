@@ -20,6 +20,7 @@
 #include "hfdelta/io.hpp"
 #include "hfdelta/version.hpp"
 #include "util/json_text.hpp"
+#include "util/scope_guard.hpp"
 
 namespace hfdelta {
 
@@ -45,6 +46,8 @@ LocalLock::LocalLock(const fs::path& local, double timeout_s, Mode mode, const c
     if (fd_ < 0) fail(Exit::failure, lock.string() + ": open: " + std::strerror(errno));
   }
   const int how = mode == Mode::shared ? LOCK_SH : LOCK_EX;
+  // A constructor that throws runs no destructor: the descriptor is closed here.
+  const OnFailure close_lock([this] { ::close(fd_); });
   // flock has no timeout of its own, and a blocked flock would not see a
   // stop signal: poll with a short back-off.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(std::max(timeout_s, 0.0));
@@ -52,19 +55,11 @@ LocalLock::LocalLock(const fs::path& local, double timeout_s, Mode mode, const c
     if (::flock(fd_, how | LOCK_NB) == 0) return;
     if (errno != EWOULDBLOCK && errno != EINTR) {
       const int e = errno;
-      ::close(fd_);
       fail(Exit::failure, lock.string() + ": flock: " + std::strerror(e));
     }
-    if (timeout_s >= 0 && std::chrono::steady_clock::now() >= deadline) {
-      ::close(fd_);
+    if (timeout_s >= 0 && std::chrono::steady_clock::now() >= deadline)
       fail(Exit::lock_timeout, lock.string() + ": still locked by another process after " + std::to_string(timeout_s) + " s");
-    }
-    try {
-      check_stop();
-    } catch (...) {
-      ::close(fd_);
-      throw;
-    }
+    check_stop();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }
@@ -170,11 +165,9 @@ void install_state(const fs::path& local, const LocalState& s, const fs::path& r
     make_state_dir(local);
     const fs::path tmp = temp_path_beside(state_file(local));
     if (link_path(reserved, tmp)) {
-      try {
+      {
+        const OnFailure remove_tmp([&] { ::unlink(tmp.c_str()); });
         rename_path(tmp, state_file(local));
-      } catch (...) {
-        ::unlink(tmp.c_str());
-        throw;
       }
       if (sync) sync_dir(state_dir(local));
       return;

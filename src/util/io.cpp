@@ -15,6 +15,7 @@
 
 #include "util/fault.hpp"
 #include "hfdelta/error.hpp"
+#include "util/scope_guard.hpp"
 
 namespace hfdelta {
 
@@ -299,15 +300,13 @@ void sync_dir(const fs::path& dir) {
 
 void write_file_atomic(const fs::path& path, std::string_view content, bool sync) {
   const fs::path tmp = temp_path_beside(path);
-  try {
+  {
+    const OnFailure remove_tmp([&] { ::unlink(tmp.c_str()); });
     File f(tmp, File::Mode::create_exclusive);
     f.write_all(content.data(), content.size());
     if (sync) f.sync();
     f.close();
     rename_path(tmp, path);
-  } catch (...) {
-    ::unlink(tmp.c_str());
-    throw;
   }
   if (sync) sync_dir(path.parent_path().empty() ? fs::path(".") : path.parent_path());
 }
@@ -327,18 +326,14 @@ void copy_file_atomic(const fs::path& src, const fs::path& dst, bool sync) {
   File in(src, File::Mode::read);
   const std::uint64_t n = in.size();
   const fs::path tmp = temp_path_beside(dst);
-  try {
-    File out(tmp, File::Mode::create_exclusive);
-    copy_range(in, 0, n, out, 0);
-    if (out.size() != n) fail(Exit::failure, src.string() + ": changed size while being copied");
-    ::fchmod(out.fd(), 0644);
-    if (sync) out.sync();
-    out.close();
-    rename_path(tmp, dst);
-  } catch (...) {
-    ::unlink(tmp.c_str());
-    throw;
-  }
+  const OnFailure remove_tmp([&] { ::unlink(tmp.c_str()); });
+  File out(tmp, File::Mode::create_exclusive);
+  copy_range(in, 0, n, out, 0);
+  if (out.size() != n) fail(Exit::failure, src.string() + ": changed size while being copied");
+  ::fchmod(out.fd(), 0644);
+  if (sync) out.sync();
+  out.close();
+  rename_path(tmp, dst);
 }
 
 void copy_range(const File& in, std::uint64_t in_off, std::uint64_t n, File& out, std::uint64_t out_off) {
