@@ -59,8 +59,8 @@ struct Loc {
   std::uint64_t offset, nbytes;
 };
 
-struct Planner {
-  Planner(const OpenDelta& od, const LocalView& view, ApplyPlan& out)
+struct PlanContext {
+  PlanContext(const OpenDelta& od, const LocalView& view, ApplyPlan& out)
       : d(od), idx(od.index), lv(view), lc(view.checkpoint), plan(out), iw(od.index_path()) {}
   const OpenDelta& d;
   const DeltaIndex& idx;
@@ -78,10 +78,10 @@ struct Planner {
 
 // A file hard-linked elsewhere (cp -al from a base checkpoint) is not
 // LOCAL's own: patched in place, every linked copy would change too.
-void refuse_hard_linked(const Planner& c, const std::string& file) {
-  auto it = c.lv.hard_links.find(file);
-  if (it == c.lv.hard_links.end()) return;
-  fail(Exit::bad_input, c.local_path(file) + ": has " + std::to_string(it->second) +
+void refuse_hard_linked(const PlanContext& ctx, const std::string& file) {
+  auto it = ctx.lv.hard_links.find(file);
+  if (it == ctx.lv.hard_links.end()) return;
+  fail(Exit::bad_input, ctx.local_path(file) + ": has " + std::to_string(it->second) +
                             " hard links (made with cp -al or ln?); patching it in place would change every linked "
                             "copy too; nothing was changed. Give LOCAL its own copy: delta-apply --init SRC LOCAL "
                             "copies such files, or cp --remove-destination");
@@ -89,33 +89,33 @@ void refuse_hard_linked(const Planner& c, const std::string& file) {
 
 // Weight files that keep their place get a slot in the manifest; their
 // tensors, unless their header is rewritten, are where LOCAL has them.
-void plan_slots(Planner& c) {
-  ApplyPlan& p = c.plan;
-  c.slot.assign(c.lc.shards.size(), ~0u);
-  for (std::size_t s = 0; s < c.lc.shards.size(); ++s) {
-    const ShardOp* so = shard_op(c.idx, c.lc.shards[s].file);
+void plan_slots(PlanContext& ctx) {
+  ApplyPlan& p = ctx.plan;
+  ctx.slot.assign(ctx.lc.shards.size(), ~0u);
+  for (std::size_t s = 0; s < ctx.lc.shards.size(); ++s) {
+    const ShardOp* so = shard_op(ctx.idx, ctx.lc.shards[s].file);
     if (so && so->op != ShardOp::Op::header) continue;
-    c.slot[s] = static_cast<std::uint32_t>(p.manifest.shards.size());
-    p.manifest.shards.push_back(c.lc.shards[s].file);
-    refuse_hard_linked(c, c.lc.shards[s].file);  // patched in place: must be LOCAL's own
+    ctx.slot[s] = static_cast<std::uint32_t>(p.manifest.shards.size());
+    p.manifest.shards.push_back(ctx.lc.shards[s].file);
+    refuse_hard_linked(ctx, ctx.lc.shards[s].file);  // patched in place: must be LOCAL's own
   }
-  for (const auto& [name, ref] : c.lc.tensors)
-    if (c.slot[ref.shard] != ~0u && !shard_op(c.idx, c.lc.shards[ref.shard].file))
-      c.where[name] = {c.slot[ref.shard], c.lc.shards[ref.shard].header.file_offset(c.lc.info(ref)), c.lc.info(ref).nbytes()};
+  for (const auto& [name, ref] : ctx.lc.tensors)
+    if (ctx.slot[ref.shard] != ~0u && !shard_op(ctx.idx, ctx.lc.shards[ref.shard].file))
+      ctx.where[name] = {ctx.slot[ref.shard], ctx.lc.shards[ref.shard].header.file_offset(ctx.lc.info(ref)), ctx.lc.info(ref).nbytes()};
 }
 
 // A "header" operation: the new header laid over the old one in place (same
 // length, same tensor ranges), its tensors found under their new names.
-void plan_header_rewrite(Planner& c, const ShardOp& so, const Shard& ls) {
-  const std::string hp = (c.d.dir / kHeadersDir / so.file).string();
-  const std::string_view hb = c.d.new_header(so.file);
+void plan_header_rewrite(PlanContext& ctx, const ShardOp& so, const Shard& ls) {
+  const std::string hp = (ctx.d.dir / kHeadersDir / so.file).string();
+  const std::string_view hb = ctx.d.new_header(so.file);
   const SafetensorsHeader nh = parse_safetensors(hb, ls.header.file_size, hp);
   if (nh.data_start() != hb.size() || !same_tensor_ranges(nh, ls.header))
     fail(Exit::bad_input, hp + ": a header rewritten in place must keep the length and tensor byte ranges of " +
-                              c.local_path(so.file));
-  const std::uint32_t sl = c.slot[static_cast<std::size_t>(&ls - c.lc.shards.data())];
-  for (const auto& t : nh.tensors) c.where[t.name] = {sl, nh.file_offset(t), t.nbytes()};
-  auto& renames = c.plan.renames[so.file];
+                              ctx.local_path(so.file));
+  const std::uint32_t sl = ctx.slot[static_cast<std::size_t>(&ls - ctx.lc.shards.data())];
+  for (const auto& t : nh.tensors) ctx.where[t.name] = {sl, nh.file_offset(t), t.nbytes()};
+  auto& renames = ctx.plan.renames[so.file];
   for (std::size_t i = 0; i < nh.tensors.size(); ++i) renames.emplace_back(nh.tensors[i].name, ls.header.tensors[i].name);
   Patch p;
   p.tensor = "(header)";
@@ -126,14 +126,14 @@ void plan_header_rewrite(Planner& c, const ShardOp& so, const Shard& ls) {
   p.offset = 0;
   p.nbytes = hb.size();
   p.replace = {reinterpret_cast<const std::uint8_t*>(hb.data()), hb.size()};
-  c.plan.patches.push_back(std::move(p));
+  ctx.plan.patches.push_back(std::move(p));
 }
 
 // A "build" operation: the file built beside LOCAL from its new header,
 // LOCAL's base tensors and zeros.
-void plan_build(Planner& c, const ShardOp& so, const std::string& what) {
-  const std::string hp = (c.d.dir / kHeadersDir / so.file).string();
-  const std::string_view hb = c.d.new_header(so.file);
+void plan_build(PlanContext& ctx, const ShardOp& so, const std::string& what) {
+  const std::string hp = (ctx.d.dir / kHeadersDir / so.file).string();
+  const std::string_view hb = ctx.d.new_header(so.file);
   const SafetensorsHeader nh = parse_built_header(hb, so, hp);
   Build bd;
   bd.file = so.file;
@@ -148,29 +148,29 @@ void plan_build(Planner& c, const ShardOp& so, const std::string& what) {
     bt.nbytes = t.nbytes();
     bt.hash = st.hash;
     if (st.from) {
-      auto it = c.lc.tensors.find(*st.from);
-      if (it == c.lc.tensors.end() || c.lc.info(it->second).nbytes() != t.nbytes())
+      auto it = ctx.lc.tensors.find(*st.from);
+      if (it == ctx.lc.tensors.end() || ctx.lc.info(it->second).nbytes() != t.nbytes())
         fail(Exit::verify_failed, what + ": tensor '" + t.name + "' is built from '" + *st.from + "' of " +
-                                      std::to_string(t.nbytes()) + " bytes, which " + c.lv.dir.string() + " does not have" +
-                                      c.nothing);
-      bt.src = std::make_pair(it->second.shard, c.lc.shards[it->second.shard].header.file_offset(c.lc.info(it->second)));
+                                      std::to_string(t.nbytes()) + " bytes, which " + ctx.lv.dir.string() + " does not have" +
+                                      ctx.nothing);
+      bt.src = std::make_pair(it->second.shard, ctx.lc.shards[it->second.shard].header.file_offset(ctx.lc.info(it->second)));
     }
-    c.built[t.name] = {c.plan.builds.size(), bd.tensors.size()};
+    ctx.built[t.name] = {ctx.plan.builds.size(), bd.tensors.size()};
     bd.tensors.push_back(std::move(bt));
   }
-  c.plan.builds.push_back(std::move(bd));
+  ctx.plan.builds.push_back(std::move(bd));
 }
 
-void plan_shard_ops(Planner& c) {
-  for (const ShardOp& so : c.idx.shards) {
-    const std::string what = c.iw + ": hfdelta_shards \"" + so.file + "\"";
-    const Shard* ls = c.lc.find_shard(so.file);
+void plan_shard_ops(PlanContext& ctx) {
+  for (const ShardOp& so : ctx.idx.shards) {
+    const std::string what = ctx.iw + ": hfdelta_shards \"" + so.file + "\"";
+    const Shard* ls = ctx.lc.find_shard(so.file);
     const char* verb = so.op == ShardOp::Op::remove   ? " removes a weight file "
                        : so.op == ShardOp::Op::header ? " rewrites the header of a weight file "
                                                       : nullptr;
-    if (verb && !ls) fail(Exit::verify_failed, what + verb + c.lv.dir.string() + " does not have" + c.nothing);
-    if (so.op == ShardOp::Op::header) plan_header_rewrite(c, so, *ls);
-    else if (so.op == ShardOp::Op::build) plan_build(c, so, what);
+    if (verb && !ls) fail(Exit::verify_failed, what + verb + ctx.lv.dir.string() + " does not have" + ctx.nothing);
+    if (so.op == ShardOp::Op::header) plan_header_rewrite(ctx, so, *ls);
+    else if (so.op == ShardOp::Op::build) plan_build(ctx, so, what);
   }
 }
 
@@ -187,43 +187,43 @@ Patch patch_of(const OpenDelta& d, const DeltaEntry& e) {
 }
 
 // Every entry becomes a patch of a tensor in place or of a built file's.
-void plan_entries(Planner& c) {
-  for (const DeltaEntry& e : c.d.entries) {
-    const auto target = c.idx.targets.find(*e.file);
-    Patch p = patch_of(c.d, e);
+void plan_entries(PlanContext& ctx) {
+  for (const DeltaEntry& e : ctx.d.entries) {
+    const auto target = ctx.idx.targets.find(*e.file);
+    Patch p = patch_of(ctx.d, e);
     auto check_target = [&](const std::string& in) {
-      if (target != c.idx.targets.end() && target->second != in)
+      if (target != ctx.idx.targets.end() && target->second != in)
         fail(Exit::bad_input, p.delta_file + ": entry '" + p.tensor + "' patches " + in + ", but hfdelta_targets names " + target->second);
     };
-    if (auto bi = c.built.find(p.tensor); bi != c.built.end()) {
-      Build& bd = c.plan.builds[bi->second.first];
+    if (auto bi = ctx.built.find(p.tensor); bi != ctx.built.end()) {
+      Build& bd = ctx.plan.builds[bi->second.first];
       BuildTensor& bt = bd.tensors[bi->second.second];  // its checksum checked by open_delta
       if (!bt.src) p.base_hash.reset();               // its base is zeros
       check_target(bd.file);
       p.offset = bt.dst;
       p.nbytes = bt.nbytes;
-      bt.entry = c.plan.build_patches.size();
-      c.plan.build_patches.push_back(std::move(p));
+      bt.entry = ctx.plan.build_patches.size();
+      ctx.plan.build_patches.push_back(std::move(p));
       continue;
     }
-    auto lt = c.where.find(p.tensor);
-    if (lt == c.where.end()) fail(Exit::bad_input, p.delta_file + ": tensor '" + p.tensor + "' does not exist in " + c.lv.dir.string());
-    check_target(c.plan.manifest.shards[lt->second.slot]);
+    auto lt = ctx.where.find(p.tensor);
+    if (lt == ctx.where.end()) fail(Exit::bad_input, p.delta_file + ": tensor '" + p.tensor + "' does not exist in " + ctx.lv.dir.string());
+    check_target(ctx.plan.manifest.shards[lt->second.slot]);
     p.local_shard = lt->second.slot;
     p.offset = lt->second.offset;
     p.nbytes = lt->second.nbytes;
-    c.plan.patches.push_back(std::move(p));
+    ctx.plan.patches.push_back(std::move(p));
   }
 }
 
 // Weight files that stay weight files after the delta.
-std::set<std::string> weight_files_after(const Planner& c) {
+std::set<std::string> weight_files_after(const PlanContext& ctx) {
   std::set<std::string> out;
-  for (const auto& s : c.lc.shards) {
-    const ShardOp* so = shard_op(c.idx, s.file);
+  for (const auto& s : ctx.lc.shards) {
+    const ShardOp* so = shard_op(ctx.idx, s.file);
     if (!so || so->op != ShardOp::Op::remove) out.insert(s.file);
   }
-  for (const auto& so : c.idx.shards)
+  for (const auto& so : ctx.idx.shards)
     if (so.op != ShardOp::Op::remove) out.insert(so.file);
   return out;
 }
@@ -231,12 +231,12 @@ std::set<std::string> weight_files_after(const Planner& c) {
 // Whole-file operations: hfdelta_files first (manifest.files[k] is
 // idx.files[k], for the staging of carried files), then the builds' puts,
 // then the removals of weight files.
-void plan_file_ops(Planner& c) {
-  Manifest& m = c.plan.manifest;
-  const std::set<std::string> weights = weight_files_after(c);
-  for (const auto& fc : c.idx.files) {
+void plan_file_ops(PlanContext& ctx) {
+  Manifest& m = ctx.plan.manifest;
+  const std::set<std::string> weights = weight_files_after(ctx);
+  for (const auto& fc : ctx.idx.files) {
     const bool put = fc.op == FileChange::Op::put;
-    const ShardOp* so = shard_op(c.idx, fc.path);
+    const ShardOp* so = shard_op(ctx.idx, fc.path);
     // A file that stops or starts being a weight file (a build or removal of
     // the same name) is moved aside by the shard operation.
     const bool swap = so && (so->op == ShardOp::Op::remove ? put : so->op == ShardOp::Op::build && !put);
@@ -244,20 +244,20 @@ void plan_file_ops(Planner& c) {
     // open_delta; a weight file of LOCAL it treats as a plain file means
     // LOCAL is not its base.
     if (weights.count(fc.path) && !swap)
-      fail(Exit::verify_failed, c.iw + ": hfdelta_files " + (put ? "replaces" : "removes") + " " + c.local_path(fc.path) +
-                                    " as a plain file, but it is a weight file there" + c.nothing);
-    const LocalView::Kind k = c.lv.kind(fc.path);
+      fail(Exit::verify_failed, ctx.iw + ": hfdelta_files " + (put ? "replaces" : "removes") + " " + ctx.local_path(fc.path) +
+                                    " as a plain file, but it is a weight file there" + ctx.nothing);
+    const LocalView::Kind k = ctx.lv.kind(fc.path);
     m.files.push_back({fc.path, put ? TxnFile::Op::put : TxnFile::Op::remove,
                        put ? k == LocalView::Kind::regular : k != LocalView::Kind::none && !swap});
   }
-  for (Build& bd : c.plan.builds) {
+  for (Build& bd : ctx.plan.builds) {
     bd.mfile = m.files.size();
-    m.files.push_back({bd.file, TxnFile::Op::put, c.lv.kind(bd.file) == LocalView::Kind::regular});
+    m.files.push_back({bd.file, TxnFile::Op::put, ctx.lv.kind(bd.file) == LocalView::Kind::regular});
   }
-  for (const ShardOp& so : c.idx.shards) {
+  for (const ShardOp& so : ctx.idx.shards) {
     if (so.op != ShardOp::Op::remove) continue;
     bool put = false;
-    for (const auto& fc : c.idx.files) put = put || (fc.path == so.file && fc.op == FileChange::Op::put);
+    for (const auto& fc : ctx.idx.files) put = put || (fc.path == so.file && fc.op == FileChange::Op::put);
     if (!put) m.files.push_back({so.file, TxnFile::Op::remove, true});
   }
 }
@@ -302,12 +302,12 @@ ApplyPlan plan_apply(const OpenDelta& d, const LocalView& lv, int threads) {
   ApplyPlan plan;
   plan.manifest.base = lv.version;
   plan.manifest.version = d.index.version;
-  Planner c(d, lv, plan);
+  PlanContext ctx(d, lv, plan);
   for (const Shard& s : lv.checkpoint.shards) plan.sources.push_back(s.file);
-  plan_slots(c);
-  plan_shard_ops(c);
-  plan_entries(c);
-  plan_file_ops(c);
+  plan_slots(ctx);
+  plan_shard_ops(ctx);
+  plan_entries(ctx);
+  plan_file_ops(ctx);
   plan_units(plan, threads);
   for (const auto* ps : {&plan.patches, &plan.build_patches})
     for (const Patch& p : *ps) plan.tensors_patched += p.replace.empty(), plan.delta_bytes += p.frame.size();

@@ -87,7 +87,7 @@ namespace {
 // erased entry by entry as they are converted, so the parsed document and
 // the index are not both held in full), its metadata, and the name of the
 // file for errors.
-struct IndexJson {
+struct IndexContext {
   json& j;
   const json& m;  // j["metadata"]
   const std::string& w;
@@ -97,96 +97,96 @@ struct IndexJson {
 
 // hfdelta's indexes carry a checksum of themselves, so no damaged byte of
 // the index (a key name, a checksum, a file entry) can go unnoticed.
-void check_index_checksum(IndexJson& x) {
-  const json& m = x.m;
+void check_index_checksum(IndexContext& ctx) {
+  const json& m = ctx.m;
   if (!m.contains(key::format) && !m.contains(key::index_checksum)) return;
   if (!m.contains(key::format) || !m.contains(key::index_checksum) || !m[key::index_checksum].is_string())
-    fail(Exit::bad_input, x.w + ": needs both metadata.hfdelta_format and metadata.hfdelta_index_checksum");
-  const Hash128 want = parse_hash_hex(m[key::index_checksum].get<std::string>(), x.w + ": metadata.hfdelta_index_checksum");
-  x.j["metadata"].erase(key::index_checksum);  // the checksum covers the index without itself
-  if (xxh3_128_of_dump(x.j) != want) fail(Exit::bad_input, x.w + ": index does not match its hfdelta_index_checksum (damaged)");
-  x.d.index_checksum = want;
+    fail(Exit::bad_input, ctx.w + ": needs both metadata.hfdelta_format and metadata.hfdelta_index_checksum");
+  const Hash128 want = parse_hash_hex(m[key::index_checksum].get<std::string>(), ctx.w + ": metadata.hfdelta_index_checksum");
+  ctx.j["metadata"].erase(key::index_checksum);  // the checksum covers the index without itself
+  if (xxh3_128_of_dump(ctx.j) != want) fail(Exit::bad_input, ctx.w + ": index does not match its hfdelta_index_checksum (damaged)");
+  ctx.d.index_checksum = want;
 }
 
-void read_revision(IndexJson& x) {
-  if (!x.m.contains(key::format)) return;
-  const json& f = x.m[key::format];
-  if (!f.is_number_unsigned()) fail(Exit::bad_input, x.w + ": metadata.hfdelta_format must be an integer");
-  x.revision = f.get<std::uint64_t>();
-  x.d.format_revision = x.revision;
-  if (x.revision > static_cast<std::uint64_t>(kFormatRevision))
-    fail(Exit::unsupported, x.w + ": written by a newer hfdelta (format revision " + f.dump() +
+void read_revision(IndexContext& ctx) {
+  if (!ctx.m.contains(key::format)) return;
+  const json& f = ctx.m[key::format];
+  if (!f.is_number_unsigned()) fail(Exit::bad_input, ctx.w + ": metadata.hfdelta_format must be an integer");
+  ctx.revision = f.get<std::uint64_t>();
+  ctx.d.format_revision = ctx.revision;
+  if (ctx.revision > static_cast<std::uint64_t>(kFormatRevision))
+    fail(Exit::unsupported, ctx.w + ": written by a newer hfdelta (format revision " + f.dump() +
                                 "; this build reads up to " + std::to_string(kFormatRevision) + ")");
 }
 
 // delta_encoding "auto": hfdelta_encodings gives each tensor's.
-void read_tensor_encodings(IndexJson& x) {
-  const std::string& w = x.w;
-  x.d.per_tensor = true;
-  if (!x.m.contains(key::encodings) || !x.m[key::encodings].is_object())
+void read_tensor_encodings(IndexContext& ctx) {
+  const std::string& w = ctx.w;
+  ctx.d.per_tensor = true;
+  if (!ctx.m.contains(key::encodings) || !ctx.m[key::encodings].is_object())
     fail(Exit::bad_input, w + ": delta_encoding \"auto\" needs metadata.hfdelta_encodings");
-  json& es = x.j["metadata"][key::encodings];
+  json& es = ctx.j["metadata"][key::encodings];
   for (auto it = es.begin(); it != es.end(); it = es.erase(it)) {
     const auto e = it->is_string() ? parse_encoding(it->get<std::string>()) : std::nullopt;
     if (!e) fail(Exit::unsupported, w + ": hfdelta_encodings[\"" + it.key() + "\"] is " + it->dump() + ", not an encoding this build knows");
-    if (*e == Encoding::stack && x.revision < 4)
+    if (*e == Encoding::stack && ctx.revision < 4)
       fail(Exit::bad_input, w + ": hfdelta_encodings[\"" + it.key() + "\"] is \"stack\", which needs hfdelta_format 4 or later");
-    if (*e == Encoding::context && x.revision < 5)
+    if (*e == Encoding::context && ctx.revision < 5)
       fail(Exit::bad_input, w + ": hfdelta_encodings[\"" + it.key() + "\"] is \"context\", which needs hfdelta_format 5 or later");
-    x.d.encodings.emplace(it.key(), *e);
+    ctx.d.encodings.emplace(it.key(), *e);
   }
 }
 
-void read_encoding(IndexJson& x) {
-  const std::string& w = x.w;
-  if (!x.m[key::delta_encoding].is_string()) fail(Exit::bad_input, w + ": metadata.delta_encoding must be a string");
-  const std::string enc_name = x.m[key::delta_encoding].get<std::string>();
-  x.d.encoding_name = enc_name;
-  if (enc_name == "auto") return read_tensor_encodings(x);
+void read_encoding(IndexContext& ctx) {
+  const std::string& w = ctx.w;
+  if (!ctx.m[key::delta_encoding].is_string()) fail(Exit::bad_input, w + ": metadata.delta_encoding must be a string");
+  const std::string enc_name = ctx.m[key::delta_encoding].get<std::string>();
+  ctx.d.encoding_name = enc_name;
+  if (enc_name == "auto") return read_tensor_encodings(ctx);
   const auto enc = parse_encoding(enc_name);
   if (!enc) fail(Exit::unsupported, w + ": unknown delta_encoding \"" + enc_name + "\"");
   if (*enc == Encoding::stack) fail(Exit::bad_input, w + ": delta_encoding \"stack\" is only valid per tensor, in hfdelta_encodings");
-  if (*enc == Encoding::context && x.revision < 5)
+  if (*enc == Encoding::context && ctx.revision < 5)
     fail(Exit::bad_input, w + ": delta_encoding \"context\" needs hfdelta_format 5 or later");
-  x.d.encoding = *enc;
+  ctx.d.encoding = *enc;
 }
 
 // The format names these; absent means the only value there is.
-void expect_text(const IndexJson& x, const char* k, const char* want) {
-  if (!x.m.contains(k)) return;
-  if (!x.m[k].is_string() || x.m[k].get<std::string>() != want)
-    fail(Exit::unsupported, x.w + ": metadata." + k + " is " + x.m[k].dump() + ", this build supports only \"" + want + "\"");
+void expect_text(const IndexContext& ctx, const char* k, const char* want) {
+  if (!ctx.m.contains(k)) return;
+  if (!ctx.m[k].is_string() || ctx.m[k].get<std::string>() != want)
+    fail(Exit::unsupported, ctx.w + ": metadata." + k + " is " + ctx.m[k].dump() + ", this build supports only \"" + want + "\"");
 }
 
-void read_versions(IndexJson& x) {
-  if (!x.m.contains(key::version) || !x.m.contains(key::base_version))
-    fail(Exit::bad_input, x.w + ": metadata needs \"version\" and \"base_version\"");
-  x.d.version = version_of(x.m[key::version], x.w + ": metadata.version");
-  x.d.base_version = version_of(x.m[key::base_version], x.w + ": metadata.base_version");
+void read_versions(IndexContext& ctx) {
+  if (!ctx.m.contains(key::version) || !ctx.m.contains(key::base_version))
+    fail(Exit::bad_input, ctx.w + ": metadata needs \"version\" and \"base_version\"");
+  ctx.d.version = version_of(ctx.m[key::version], ctx.w + ": metadata.version");
+  ctx.d.base_version = version_of(ctx.m[key::base_version], ctx.w + ": metadata.base_version");
 }
 
-void read_weight_map(IndexJson& x) {
-  const std::string& w = x.w;
-  if (!x.j.contains("weight_map") || !x.j["weight_map"].is_object()) fail(Exit::bad_input, w + ": no \"weight_map\" object");
-  json& wm = x.j["weight_map"];
+void read_weight_map(IndexContext& ctx) {
+  const std::string& w = ctx.w;
+  if (!ctx.j.contains("weight_map") || !ctx.j["weight_map"].is_object()) fail(Exit::bad_input, w + ": no \"weight_map\" object");
+  json& wm = ctx.j["weight_map"];
   for (auto it = wm.begin(); it != wm.end(); it = wm.erase(it)) {
     if (!it->is_string()) fail(Exit::bad_input, w + ": weight_map[\"" + it.key() + "\"] is not a file name");
     const std::string& file = it->get_ref<const std::string&>();
     check_relative_path(file, w + ": weight_map[\"" + it.key() + "\"]");
     if (file.find('/') != std::string::npos)
       fail(Exit::bad_input, w + ": weight_map[\"" + it.key() + "\"] names a file outside the delta directory's top level");
-    x.d.weight_map.emplace(it.key(), file);
+    ctx.d.weight_map.emplace(it.key(), file);
   }
 }
 
-void read_base_checksums(IndexJson& x) {
-  const std::string& w = x.w;
-  if (!x.m.contains(key::base_checksums)) return;
-  json& b = x.j["metadata"][key::base_checksums];
+void read_base_checksums(IndexContext& ctx) {
+  const std::string& w = ctx.w;
+  if (!ctx.m.contains(key::base_checksums)) return;
+  json& b = ctx.j["metadata"][key::base_checksums];
   if (!b.is_object()) fail(Exit::bad_input, w + ": metadata.hfdelta_base_checksums must be an object");
   for (auto it = b.begin(); it != b.end(); it = b.erase(it)) {
     if (!it->is_string()) fail(Exit::bad_input, w + ": hfdelta_base_checksums[\"" + it.key() + "\"] is not a string");
-    x.d.base_checksums.emplace(it.key(), parse_hash_hex(it->get<std::string>(), w + ": hfdelta_base_checksums[\"" + it.key() + "\"]"));
+    ctx.d.base_checksums.emplace(it.key(), parse_hash_hex(it->get<std::string>(), w + ": hfdelta_base_checksums[\"" + it.key() + "\"]"));
   }
 }
 
@@ -211,15 +211,15 @@ FileChange file_change_of(const json& e, const std::string& w) {
   return fc;
 }
 
-void read_files(IndexJson& x) {
-  if (!x.m.contains(key::files)) return;
-  const json& fl = x.m[key::files];
-  if (!fl.is_array()) fail(Exit::bad_input, x.w + ": metadata.hfdelta_files must be a list");
+void read_files(IndexContext& ctx) {
+  if (!ctx.m.contains(key::files)) return;
+  const json& fl = ctx.m[key::files];
+  if (!fl.is_array()) fail(Exit::bad_input, ctx.w + ": metadata.hfdelta_files must be a list");
   for (const json& e : fl) {
-    FileChange fc = file_change_of(e, x.w);
-    for (const auto& other : x.d.files)
-      if (other.path == fc.path) fail(Exit::bad_input, x.w + ": hfdelta_files lists \"" + fc.path + "\" twice");
-    x.d.files.push_back(std::move(fc));
+    FileChange fc = file_change_of(e, ctx.w);
+    for (const auto& other : ctx.d.files)
+      if (other.path == fc.path) fail(Exit::bad_input, ctx.w + ": hfdelta_files lists \"" + fc.path + "\" twice");
+    ctx.d.files.push_back(std::move(fc));
   }
 }
 
@@ -309,48 +309,48 @@ ShardOp shard_op_of(const json& e, const std::string& w, std::set<std::string>& 
   return so;
 }
 
-void read_shards(IndexJson& x) {
-  if (!x.m.contains(key::shards)) return;
-  const json& sl = x.m[key::shards];
-  if (!sl.is_array()) fail(Exit::bad_input, x.w + ": metadata.hfdelta_shards must be a list");
-  if (x.revision < 3)
-    fail(Exit::bad_input, x.w + ": hfdelta_shards needs hfdelta_format 3 or later (an older reader would ignore it)");
+void read_shards(IndexContext& ctx) {
+  if (!ctx.m.contains(key::shards)) return;
+  const json& sl = ctx.m[key::shards];
+  if (!sl.is_array()) fail(Exit::bad_input, ctx.w + ": metadata.hfdelta_shards must be a list");
+  if (ctx.revision < 3)
+    fail(Exit::bad_input, ctx.w + ": hfdelta_shards needs hfdelta_format 3 or later (an older reader would ignore it)");
   std::set<std::string> seen_files, seen_tensors;
-  for (const json& e : sl) x.d.shards.push_back(shard_op_of(e, x.w, seen_files, seen_tensors));
+  for (const json& e : sl) ctx.d.shards.push_back(shard_op_of(e, ctx.w, seen_files, seen_tensors));
 }
 
-void read_targets(IndexJson& x) {
-  const std::string& w = x.w;
-  if (!x.m.contains(key::targets)) return;
-  const json& t = x.m[key::targets];
+void read_targets(IndexContext& ctx) {
+  const std::string& w = ctx.w;
+  if (!ctx.m.contains(key::targets)) return;
+  const json& t = ctx.m[key::targets];
   if (!t.is_object()) fail(Exit::bad_input, w + ": metadata.hfdelta_targets must be an object");
   for (auto it = t.begin(); it != t.end(); ++it) {
     if (!it->is_string()) fail(Exit::bad_input, w + ": hfdelta_targets[\"" + it.key() + "\"] is not a file name");
     check_relative_path(it->get<std::string>(), w + ": hfdelta_targets[\"" + it.key() + "\"]");
-    x.d.targets.emplace(it.key(), it->get<std::string>());
+    ctx.d.targets.emplace(it.key(), it->get<std::string>());
   }
 }
 
 DeltaIndex delta_index_from_json(json j, const std::string& w) {
   if (!j.is_object()) fail(Exit::bad_input, w + ": not a JSON object");
   if (!j.contains("metadata") || !j["metadata"].is_object()) fail(Exit::bad_input, w + ": no \"metadata\" object");
-  IndexJson x{j, j["metadata"], w, {}, 0};
-  check_index_checksum(x);
-  if (!x.m.contains(key::delta_encoding)) fail(Exit::bad_input, w + ": not a delta (no metadata.delta_encoding)");
-  read_revision(x);
-  read_encoding(x);
-  expect_text(x, key::compression_format, "zstd");
-  expect_text(x, key::checksum_format, "xxh3-128");
-  read_versions(x);
-  read_weight_map(x);
-  read_base_checksums(x);
-  read_files(x);
-  read_shards(x);
-  read_targets(x);
-  if (x.d.per_tensor)
-    for (const auto& [tensor, file] : x.d.weight_map)
-      if (!x.d.encodings.count(tensor)) fail(Exit::bad_input, w + ": hfdelta_encodings has no entry for '" + tensor + "'");
-  return std::move(x.d);
+  IndexContext ctx{j, j["metadata"], w, {}, 0};
+  check_index_checksum(ctx);
+  if (!ctx.m.contains(key::delta_encoding)) fail(Exit::bad_input, w + ": not a delta (no metadata.delta_encoding)");
+  read_revision(ctx);
+  read_encoding(ctx);
+  expect_text(ctx, key::compression_format, "zstd");
+  expect_text(ctx, key::checksum_format, "xxh3-128");
+  read_versions(ctx);
+  read_weight_map(ctx);
+  read_base_checksums(ctx);
+  read_files(ctx);
+  read_shards(ctx);
+  read_targets(ctx);
+  if (ctx.d.per_tensor)
+    for (const auto& [tensor, file] : ctx.d.weight_map)
+      if (!ctx.d.encodings.count(tensor)) fail(Exit::bad_input, w + ": hfdelta_encodings has no entry for '" + tensor + "'");
+  return std::move(ctx.d);
 }
 
 }  // namespace

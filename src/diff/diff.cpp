@@ -240,7 +240,7 @@ Checkpoint open_input(const fs::path& dir, const char* role) {
 }
 
 // One delta-diff: its inputs and what the passes make of them.
-struct DiffRun {
+struct DiffContext {
   const DiffOptions& opts;
   Checkpoint base, target;
   DiffSummary sum;
@@ -269,66 +269,66 @@ std::vector<FileChange> file_changes(const Checkpoint& base, const Checkpoint& t
   return files;
 }
 
-void open_weight_files(DiffRun& r) {
-  for (const auto& sh : r.base.shards) {
-    r.base_files.emplace_back(r.base.dir / sh.file, File::Mode::read);
-    advise_sequential(r.base_files.back());
+void open_weight_files(DiffContext& ctx) {
+  for (const auto& sh : ctx.base.shards) {
+    ctx.base_files.emplace_back(ctx.base.dir / sh.file, File::Mode::read);
+    advise_sequential(ctx.base_files.back());
   }
-  for (const auto& sh : r.target.shards) {
-    r.new_files.emplace_back(r.target.dir / sh.file, File::Mode::read);
-    advise_sequential(r.new_files.back());
-    r.sum.full_bytes += r.new_files.back().size();
+  for (const auto& sh : ctx.target.shards) {
+    ctx.new_files.emplace_back(ctx.target.dir / sh.file, File::Mode::read);
+    advise_sequential(ctx.new_files.back());
+    ctx.sum.full_bytes += ctx.new_files.back().size();
   }
-  for (const auto& f : r.target.other_files) r.sum.full_bytes += size_of(r.target.dir / f);
+  for (const auto& f : ctx.target.other_files) ctx.sum.full_bytes += size_of(ctx.target.dir / f);
 }
 
-void plan_tensors(DiffRun& r) {
-  r.shard_ops = plan_shards(r.base, r.target, r.base_files, r.new_files, default_threads(r.opts.threads), r.works);
-  for (const auto& op : r.shard_ops)
-    (op.op == ShardOp::Op::remove ? r.sum.shards_removed : op.op == ShardOp::Op::header ? r.sum.shards_rewritten
-                                                                                         : r.sum.shards_built) += 1;
+void plan_tensors(DiffContext& ctx) {
+  ctx.shard_ops = plan_shards(ctx.base, ctx.target, ctx.base_files, ctx.new_files, default_threads(ctx.opts.threads), ctx.works);
+  for (const auto& op : ctx.shard_ops)
+    (op.op == ShardOp::Op::remove ? ctx.sum.shards_removed : op.op == ShardOp::Op::header ? ctx.sum.shards_rewritten
+                                                                                         : ctx.sum.shards_built) += 1;
 }
 
 // Each work's sources: the weight files, read in blocks (sparse, context,
 // auto) or through their mappings (the slime encodings' whole-tensor frames).
-void bind_sources(DiffRun& r) {
-  const bool frames = r.opts.encoding && !chunked(*r.opts.encoding);
-  for (const auto& f : r.base_files) r.base_srcs.push_back({&f});
-  for (const auto& f : r.new_files) r.new_srcs.push_back({&f});
+void bind_sources(DiffContext& ctx) {
+  const bool frames = ctx.opts.encoding && !chunked(*ctx.opts.encoding);
+  for (const auto& f : ctx.base_files) ctx.base_srcs.push_back({&f});
+  for (const auto& f : ctx.new_files) ctx.new_srcs.push_back({&f});
   if (frames) {
-    for (std::size_t i = 0; i < r.base_files.size(); ++i) r.base_maps.emplace_back(r.base_files[i].path());
-    for (std::size_t i = 0; i < r.new_files.size(); ++i) r.new_maps.emplace_back(r.new_files[i].path());
-    for (std::size_t i = 0; i < r.base_srcs.size(); ++i) r.base_srcs[i].map = &r.base_maps[i];
-    for (std::size_t i = 0; i < r.new_srcs.size(); ++i) r.new_srcs[i].map = &r.new_maps[i];
+    for (std::size_t i = 0; i < ctx.base_files.size(); ++i) ctx.base_maps.emplace_back(ctx.base_files[i].path());
+    for (std::size_t i = 0; i < ctx.new_files.size(); ++i) ctx.new_maps.emplace_back(ctx.new_files[i].path());
+    for (std::size_t i = 0; i < ctx.base_srcs.size(); ++i) ctx.base_srcs[i].map = &ctx.base_maps[i];
+    for (std::size_t i = 0; i < ctx.new_srcs.size(); ++i) ctx.new_srcs[i].map = &ctx.new_maps[i];
   }
-  for (Work& w : r.works) {
-    w.nsrc = &r.new_srcs[w.nfile];
-    if (!w.fresh) w.bsrc = &r.base_srcs[w.bfile];
+  for (Work& w : ctx.works) {
+    w.nsrc = &ctx.new_srcs[w.nfile];
+    if (!w.fresh) w.bsrc = &ctx.base_srcs[w.bfile];
   }
 }
 
-void encode_tensors(DiffRun& r, const fs::path& tmp) {
-  bind_sources(r);
+void encode_tensors(DiffContext& ctx, const fs::path& tmp) {
+  bind_sources(ctx);
   std::uint64_t total = 0;
-  for (const Work& w : r.works) total += w.nbytes;
+  for (const Work& w : ctx.works) total += w.nbytes;
   progress::begin("diff", total);
-  r.encoder = std::make_unique<Encoder>(tmp, r.opts.encoding, r.opts.level, r.opts.threads);
+  ctx.encoder = std::make_unique<Encoder>(tmp, ctx.opts.encoding, ctx.opts.level, ctx.opts.threads);
   std::vector<Work*> all;
-  for (Work& w : r.works) all.push_back(&w);
-  r.encoder->encode(all);
+  for (Work& w : ctx.works) all.push_back(&w);
+  ctx.encoder->encode(all);
 }
 
 // The changed tensors, as the delta's entries (`of`: their works), counted
 // into the summary with the rest.
-std::vector<NewDeltaEntry> entries_of(DiffRun& r, std::vector<const Work*>& of) {
-  DiffSummary& sum = r.sum;
+std::vector<NewDeltaEntry> entries_of(DiffContext& ctx, std::vector<const Work*>& of) {
+  DiffSummary& sum = ctx.sum;
   std::vector<NewDeltaEntry> entries;
-  for (const Work& w : r.works) {
+  for (const Work& w : ctx.works) {
     const std::uint64_t elems = dtype_size(w.t->dtype) ? w.t->elements() : w.nbytes;
     sum.tensors += 1, sum.elements += elems, sum.tensor_bytes += w.nbytes;
     sum.tensors_new += w.fresh;
     if (!w.changed()) continue;
-    entries.push_back({w.t->name, r.target.shards[w.nfile].file, r.encoder->entry_size(w), w.new_hash,
+    entries.push_back({w.t->name, ctx.target.shards[w.nfile].file, ctx.encoder->entry_size(w), w.new_hash,
                        w.fresh ? std::nullopt : std::optional<Hash128>(w.base_hash), w.encoding});
     of.push_back(&w);
     sum.count_entry(w.encoding);
@@ -337,35 +337,35 @@ std::vector<NewDeltaEntry> entries_of(DiffRun& r, std::vector<const Work*>& of) 
   return entries;
 }
 
-DeltaIndex index_of(const DiffRun& r) {
+DeltaIndex index_of(const DiffContext& ctx) {
   DeltaIndex idx;
-  idx.version = r.opts.version;
-  idx.base_version = r.opts.base_version;
+  idx.version = ctx.opts.version;
+  idx.base_version = ctx.opts.base_version;
   // A structural delta records every entry's encoding (new tensors are
   // always xor against zeros), which also makes readers of the plain
   // layout refuse it instead of patching tensors by name.
-  idx.per_tensor = !r.opts.encoding || !r.shard_ops.empty();
-  idx.encoding = r.opts.encoding.value_or(Encoding::xor_bytes);
-  idx.files = r.files;
-  idx.shards = r.shard_ops;
+  idx.per_tensor = !ctx.opts.encoding || !ctx.shard_ops.empty();
+  idx.encoding = ctx.opts.encoding.value_or(Encoding::xor_bytes);
+  idx.files = ctx.files;
+  idx.shards = ctx.shard_ops;
   return idx;
 }
 
 // The new headers of rewritten and built weight files, into the delta and
 // (their checksums, a built file's tensors) into its index.
-void place_headers(const DiffRun& r, DeltaIndex& idx, DeltaWriter& out) {
+void place_headers(const DiffContext& ctx, DeltaIndex& idx, DeltaWriter& out) {
   std::map<std::string, const Work*> work_of;
-  for (const Work& w : r.works) work_of[w.t->name] = &w;
+  for (const Work& w : ctx.works) work_of[w.t->name] = &w;
   for (ShardOp& op : idx.shards) {
     if (op.op == ShardOp::Op::remove) continue;
-    const std::string prefix = r.target.find_shard(op.file)->header.prefix();
+    const std::string prefix = ctx.target.find_shard(op.file)->header.prefix();
     op.header_size = prefix.size();
     op.header_hash = xxh3_128({reinterpret_cast<const std::uint8_t*>(prefix.data()), prefix.size()});
     if (op.op == ShardOp::Op::header) {
-      const std::string old = r.base.find_shard(op.file)->header.prefix();
+      const std::string old = ctx.base.find_shard(op.file)->header.prefix();
       op.base_header_hash = xxh3_128({reinterpret_cast<const std::uint8_t*>(old.data()), old.size()});
     }
-    for (const TensorInfo& t : r.target.find_shard(op.file)->header.tensors) {
+    for (const TensorInfo& t : ctx.target.find_shard(op.file)->header.tensors) {
       const Work& w = *work_of.at(t.name);
       op.tensors.push_back({t.name, w.fresh ? std::nullopt : std::optional<std::string>(*w.from), w.new_hash});
     }
@@ -375,38 +375,38 @@ void place_headers(const DiffRun& r, DeltaIndex& idx, DeltaWriter& out) {
 
 // BASE holds the bytes of the root's version it is the base of (see
 // DiffOptions::root), from the checksums the encoder took of it.
-void check_base(const DiffRun& r) {
-  if (r.opts.root.empty() || !exists_nofollow(r.opts.root / version_dirname(r.opts.base_version))) return;
-  const VersionBytes want = recorded_bytes(r.opts.root, r.opts.base_version);
+void check_base(const DiffContext& ctx) {
+  if (ctx.opts.root.empty() || !exists_nofollow(ctx.opts.root / version_dirname(ctx.opts.base_version))) return;
+  const VersionBytes want = recorded_bytes(ctx.opts.root, ctx.opts.base_version);
   std::map<std::string, Hash128> hashed;
-  for (const Work& w : r.works)
+  for (const Work& w : ctx.works)
     if (!w.fresh && w.base_hashed) hashed.emplace(*w.from, w.base_hash);
-  check_holds(r.base, "BASE", want, [&](const std::string& t) -> std::optional<Hash128> {
+  check_holds(ctx.base, "BASE", want, [&](const std::string& t) -> std::optional<Hash128> {
     const auto it = hashed.find(t);
     if (it == hashed.end()) return std::nullopt;
     return it->second;
-  }, default_threads(r.opts.threads));
+  }, default_threads(ctx.opts.threads));
 }
 
 // Encodes the tensors and writes the delta into `out`'s temporary directory.
-void write_delta(DiffRun& r, DeltaWriter& out) {
-  encode_tensors(r, out.tmp);
+void write_delta(DiffContext& ctx, DeltaWriter& out) {
+  encode_tensors(ctx, out.tmp);
   std::vector<const Work*> of;
-  const std::vector<NewDeltaEntry> entries = entries_of(r, of);
-  DeltaIndex idx = index_of(r);
-  place_headers(r, idx, out);
+  const std::vector<NewDeltaEntry> entries = entries_of(ctx, of);
+  DeltaIndex idx = index_of(ctx);
+  place_headers(ctx, idx, out);
   // One delta file per changed weight file, entries by name, so the output
   // does not depend on thread scheduling.
-  out.write_entries(idx, entries, [&](std::size_t i, File& f, std::uint64_t at) { r.encoder->write_entry(*of[i], f, at); });
-  r.encoder->close();
-  for (const auto& fc : r.files) {
+  out.write_entries(idx, entries, [&](std::size_t i, File& f, std::uint64_t at) { ctx.encoder->write_entry(*of[i], f, at); });
+  ctx.encoder->close();
+  for (const auto& fc : ctx.files) {
     if (fc.op != FileChange::Op::put) continue;
-    out.copy_file(fc.path, r.target.dir / fc.path);
-    r.sum.files_changed += 1;
+    out.copy_file(fc.path, ctx.target.dir / fc.path);
+    ctx.sum.files_changed += 1;
   }
-  for (const auto& fc : r.files) r.sum.files_removed += fc.op == FileChange::Op::remove;
-  check_base(r);
-  r.sum.delta_bytes = out.publish(idx);
+  for (const auto& fc : ctx.files) ctx.sum.files_removed += fc.op == FileChange::Op::remove;
+  check_base(ctx);
+  ctx.sum.delta_bytes = out.publish(idx);
 }
 
 }  // namespace
@@ -417,22 +417,22 @@ DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, 
   const fs::path out = fs::absolute(out_arg);
   check_delta_out(out);
   check_out_apart(out, {{"BASE", base_dir}, {"NEW", new_dir}});
-  DiffRun r{opts, open_input(base_dir, "BASE"), open_input(new_dir, "NEW"), {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};
-  r.sum.version = opts.version;
-  r.sum.base_version = opts.base_version;
-  r.files = file_changes(r.base, r.target);
-  open_weight_files(r);
-  plan_tensors(r);
+  DiffContext ctx{opts, open_input(base_dir, "BASE"), open_input(new_dir, "NEW"), {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};
+  ctx.sum.version = opts.version;
+  ctx.sum.base_version = opts.base_version;
+  ctx.files = file_changes(ctx.base, ctx.target);
+  open_weight_files(ctx);
+  plan_tensors(ctx);
   DeltaWriter writer(out, opts.sync);
   {
     const OnFailure abandon([&] {
-      r.encoder.reset();  // the spools closed before their directory goes
+      ctx.encoder.reset();  // the spools closed before their directory goes
       writer.abandon();
     });
-    write_delta(r, writer);
+    write_delta(ctx, writer);
   }
-  r.sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return r.sum;
+  ctx.sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return ctx.sum;
 }
 
 std::vector<std::string> diff_warnings(const DiffSummary& s) {

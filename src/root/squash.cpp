@@ -362,7 +362,7 @@ using Traces = std::map<std::string, Trace>;
 
 // One --squash: the chain, what happened to each tensor and weight file
 // along it, and OUT as it is made.
-struct Squash {
+struct SquashContext {
   const SquashOptions& opts;
   SquashSummary sum;
   std::vector<Link> links;
@@ -404,7 +404,7 @@ void check_connects(std::map<std::string, Hash128>& left, const OpenDelta& v) {
   for (const DeltaEntry& e : v.entries) left[e.tensor()] = e.new_hash;
 }
 
-void open_links(Squash& sq, const std::vector<fs::path>& chain) {
+void open_links(SquashContext& ctx, const std::vector<fs::path>& chain) {
   for (const fs::path& d : chain) {
     std::optional<DeltaIndex> index = read_index_if_delta(d);
     if (!index) fail(Exit::bad_input, d.string() + ": is not a delta version (a full version cannot be squashed)");
@@ -413,23 +413,23 @@ void open_links(Squash& sq, const std::vector<fs::path>& chain) {
     // Opened as delta-apply and --inspect open a delta: nothing is read
     // through a symlink, carried files and headers are what the index records.
     OpenDelta v = open_delta(d, std::move(*index));
-    if (!sq.links.empty() && v.index.base_version != sq.links.back().idx.version)
+    if (!ctx.links.empty() && v.index.base_version != ctx.links.back().idx.version)
       fail(Exit::bad_input, d.string() + ": applies on top of version " + format_version(v.index.base_version) + ", not " +
-                                format_version(sq.links.back().idx.version) + " (" + sq.links.back().dir.string() + ")");
-    check_connects(sq.left, v);
+                                format_version(ctx.links.back().idx.version) + " (" + ctx.links.back().dir.string() + ")");
+    check_connects(ctx.left, v);
     l.idx = std::move(v.index);
     l.maps = std::move(v.maps);
     l.headers = std::move(v.headers);
-    sq.sum.input_bytes += tree_bytes(d);
-    sq.links.push_back(std::move(l));
+    ctx.sum.input_bytes += tree_bytes(d);
+    ctx.links.push_back(std::move(l));
   }
 }
 
 // A delta that changes the layout needs to know which weight file every
 // tensor patched so far is in.
-void check_files_known(const Squash& sq, const Link& l) {
+void check_files_known(const SquashContext& ctx, const Link& l) {
   if (!l.idx.structural()) return;
-  for (const auto& [name, t] : sq.traces)
+  for (const auto& [name, t] : ctx.traces)
     if (!t.file)
       fail(Exit::unsupported, "cannot squash: " + l.dir.string() + " changes the weight files' layout, and tensor '" + name +
                                   "' was patched by an earlier delta that does not record which weight file its entries patch "
@@ -437,32 +437,32 @@ void check_files_known(const Squash& sq, const Link& l) {
 }
 
 // A header rewritten in place: its tensors keep their bytes, under new names.
-void trace_header_op(Squash& sq, const ShardOp& so, const FileState& st, const Traces& prev) {
+void trace_header_op(SquashContext& ctx, const ShardOp& so, const FileState& st, const Traces& prev) {
   for (const auto& [name, len] : header_tensors(st.header)) {
     auto r = so.renamed.find(name);
     const std::string src = r != so.renamed.end() ? r->second : name;
     if (src == name && !prev.count(src)) continue;  // untouched, under its own name
     Trace t = trace_of(prev, src);
     t.file = so.file;
-    sq.traces[name] = std::move(t);
+    ctx.traces[name] = std::move(t);
   }
 }
 
 // A file built: each tensor from a base tensor (its trace so far) or zeros.
-void trace_build_op(Squash& sq, const ShardOp& so, const Traces& prev) {
+void trace_build_op(SquashContext& ctx, const ShardOp& so, const Traces& prev) {
   for (const auto& t : so.tensors) {
     Trace tr;
     if (t.from) tr = trace_of(prev, *t.from);
     tr.file = so.file;
     tr.hash = t.hash;
-    sq.traces[t.name] = std::move(tr);
+    ctx.traces[t.name] = std::move(tr);
   }
 }
 
-void trace_shard_op(Squash& sq, const Link& l, const ShardOp& so, const Traces& prev) {
+void trace_shard_op(SquashContext& ctx, const Link& l, const ShardOp& so, const Traces& prev) {
   const std::string what = (l.dir / kIndexFile).string() + ": hfdelta_shards \"" + so.file + "\"";
-  std::erase_if(sq.traces, [&](const auto& kv) { return kv.second.file == so.file; });
-  auto [it, fresh] = sq.files.try_emplace(so.file);
+  std::erase_if(ctx.traces, [&](const auto& kv) { return kv.second.file == so.file; });
+  auto [it, fresh] = ctx.files.try_emplace(so.file);
   FileState& st = it->second;
   if (fresh) {
     st.existed = so.op != ShardOp::Op::build || so.replaces;
@@ -478,18 +478,18 @@ void trace_shard_op(Squash& sq, const Link& l, const ShardOp& so, const Traces& 
   if (so.op == ShardOp::Op::header) {
     if (fresh) st.kind = FileState::Kind::header, st.base_header = so.base_header_hash;
     if (st.kind == FileState::Kind::removed && !fresh) fail(Exit::bad_input, what + ": rewrites the header of a removed file");
-    return trace_header_op(sq, so, st, prev);
+    return trace_header_op(ctx, so, st, prev);
   }
   st.kind = FileState::Kind::built;
   st.size = so.size;
-  trace_build_op(sq, so, prev);
+  trace_build_op(ctx, so, prev);
 }
 
 // Entry `ti` of delta file `file` of link `k`, laid over its tensor's trace
 // (a stacked entry as its parts, in order).
-void trace_entry(Squash& sq, std::size_t k, const std::string& file, const SafetensorsHeader& hdr, const TensorInfo& ti,
+void trace_entry(SquashContext& ctx, std::size_t k, const std::string& file, const SafetensorsHeader& hdr, const TensorInfo& ti,
                  const Traces& prev) {
-  const Link& l = sq.links[k];
+  const Link& l = ctx.links[k];
   const std::string w = (l.dir / file).string();
   const Hash128 checksum = check_delta_entry(l.idx, file, hdr, ti, w);
   Op op;
@@ -499,7 +499,7 @@ void trace_entry(Squash& sq, std::size_t k, const std::string& file, const Safet
   op.frame = l.maps.at(file).bytes(hdr.file_offset(ti), ti.nbytes());
   op.new_hash = checksum;
   if (auto b = l.idx.base_checksums.find(ti.name); b != l.idx.base_checksums.end()) op.base_hash = b->second;
-  Trace& tr = sq.traces.try_emplace(ti.name, trace_of(prev, ti.name)).first->second;
+  Trace& tr = ctx.traces.try_emplace(ti.name, trace_of(prev, ti.name)).first->second;
   if (const auto target = l.idx.targets.find(file); target != l.idx.targets.end()) {
     if (tr.file && *tr.file != target->second)
       fail(Exit::bad_input, w + ": entry '" + ti.name + "' patches " + target->second + ", but the tensor is in " + *tr.file);
@@ -522,19 +522,19 @@ void trace_entry(Squash& sq, std::size_t k, const std::string& file, const Safet
 }
 
 // What delta `k` of the chain does to each tensor and file.
-void trace_link(Squash& sq, std::size_t k) {
-  const Link& l = sq.links[k];
-  check_files_known(sq, l);
-  const Traces prev = sq.traces;
-  for (const ShardOp& so : l.idx.shards) trace_shard_op(sq, l, so, prev);
+void trace_link(SquashContext& ctx, std::size_t k) {
+  const Link& l = ctx.links[k];
+  check_files_known(ctx, l);
+  const Traces prev = ctx.traces;
+  for (const ShardOp& so : l.idx.shards) trace_shard_op(ctx, l, so, prev);
   for (const auto& [file, hdr] : l.headers)
-    for (const auto& ti : hdr.tensors) trace_entry(sq, k, file, hdr, ti, prev);
-  for (const FileChange& fc : l.idx.files) sq.file_ops[fc.path] = {k, fc};
+    for (const auto& ti : hdr.tensors) trace_entry(ctx, k, file, hdr, ti, prev);
+  for (const FileChange& fc : l.idx.files) ctx.file_ops[fc.path] = {k, fc};
 }
 
 // OUT's operation on a weight file the chain changed; none where it was
 // created and removed within the chain.
-std::optional<ShardOp> out_shard_op(Squash& sq, const std::string& file, const FileState& st) {
+std::optional<ShardOp> out_shard_op(SquashContext& ctx, const std::string& file, const FileState& st) {
   ShardOp so;
   so.file = file;
   if (st.kind == FileState::Kind::removed) {
@@ -547,52 +547,52 @@ std::optional<ShardOp> out_shard_op(Squash& sq, const std::string& file, const F
   if (st.kind == FileState::Kind::header) {
     so.op = ShardOp::Op::header;
     so.base_header_hash = st.base_header;
-    for (const auto& [name, t] : sq.traces)
+    for (const auto& [name, t] : ctx.traces)
       if (t.file == file && t.origin && *t.origin != name) so.renamed[name] = *t.origin;
     return so;
   }
   so.op = ShardOp::Op::build;
   so.size = st.size;
   so.replaces = st.existed;
-  auto& ts = sq.built[file] = header_tensors(st.header);
+  auto& ts = ctx.built[file] = header_tensors(st.header);
   for (const auto& [name, len] : ts) {
-    auto it = sq.traces.find(name);
-    if (it == sq.traces.end() || !it->second.hash || it->second.file != file)
+    auto it = ctx.traces.find(name);
+    if (it == ctx.traces.end() || !it->second.hash || it->second.file != file)
       fail(Exit::bad_input, st.header.string() + ": tensor '" + name + "' is not accounted for by the chain's hfdelta_shards");
     so.tensors.push_back({name, it->second.origin, *it->second.hash});
   }
   return so;
 }
 
-void out_shard_ops(Squash& sq) {
-  for (const auto& [file, st] : sq.files)
-    if (auto so = out_shard_op(sq, file, st)) sq.idx.shards.push_back(std::move(*so));
+void out_shard_ops(SquashContext& ctx) {
+  for (const auto& [file, st] : ctx.files)
+    if (auto so = out_shard_op(ctx, file, st)) ctx.idx.shards.push_back(std::move(*so));
 }
 
 // OUT's entries: one per traced tensor with entries, in a file that stays.
-void out_entries(Squash& sq) {
-  for (const auto& [name, t] : sq.traces) {
+void out_entries(SquashContext& ctx) {
+  for (const auto& [name, t] : ctx.traces) {
     if (t.ops.empty()) continue;
     if (t.file) {
-      auto fs_it = sq.files.find(*t.file);
-      if (fs_it != sq.files.end() && fs_it->second.kind == FileState::Kind::removed) continue;
+      auto fs_it = ctx.files.find(*t.file);
+      if (fs_it != ctx.files.end() && fs_it->second.kind == FileState::Kind::removed) continue;
     }
     OutEntry e;
     e.name = name;
     e.file = t.file.value_or("");
     e.new_hash = *t.hash;
     if (t.origin) e.base_hash = t.ops.front().base_hash;
-    sq.entries.push_back(std::move(e));
-    sq.of.push_back(&t);
+    ctx.entries.push_back(std::move(e));
+    ctx.of.push_back(&t);
   }
 }
 
 // Tensor lengths the headers of built and rewritten files give.
-std::map<std::string, std::uint64_t> known_lengths(const Squash& sq) {
+std::map<std::string, std::uint64_t> known_lengths(const SquashContext& ctx) {
   std::map<std::string, std::uint64_t> lengths;
-  for (const auto& [file, ts] : sq.built)
+  for (const auto& [file, ts] : ctx.built)
     for (const auto& [name, len] : ts) lengths[name] = len;
-  for (const auto& [file, st] : sq.files)
+  for (const auto& [file, st] : ctx.files)
     if (st.kind == FileState::Kind::header)
       for (const auto& [name, len] : header_tensors(st.header)) lengths[name] = len;
   return lengths;
@@ -600,15 +600,15 @@ std::map<std::string, std::uint64_t> known_lengths(const Squash& sq) {
 
 // The length of the tensor `t` composes: from a header, else from an entry
 // that reveals it, else (only overwrites) their largest position.
-std::uint64_t tensor_length(const Squash& sq, const Trace& t, const std::string& name,
+std::uint64_t tensor_length(const SquashContext& ctx, const Trace& t, const std::string& name,
                             const std::map<std::string, std::uint64_t>& lengths) {
   if (auto it = lengths.find(name); it != lengths.end()) return it->second;
   for (const Op& op : t.ops)
-    if (auto n = length_of(op, sq.links[op.link].dir.string() + ": entry '" + op.name + "'")) return *n;
+    if (auto n = length_of(op, ctx.links[op.link].dir.string() + ": entry '" + op.name + "'")) return *n;
   std::uint64_t end = 0;
   for (const Op& op : t.ops) {
     Decompressor d1, d2;
-    decode_overwrite(d1, d2, op.frame, std::uint64_t{1} << 32, sq.links[op.link].dir.string() + ": entry '" + op.name + "'",
+    decode_overwrite(d1, d2, op.frame, std::uint64_t{1} << 32, ctx.links[op.link].dir.string() + ": entry '" + op.name + "'",
                      [&](std::span<const std::uint64_t> pos, std::span<const std::uint8_t>) {
                        if (!pos.empty()) end = std::max(end, pos.back() + 1);
                      });
@@ -629,18 +629,18 @@ Checkpoint open_base(const fs::path& dir) {
 // Whether a trace is composed against the base checkpoint's bytes: a tensor
 // of the first base with a context entry among its entries (the caller has
 // taken a single entry as it is).
-bool on_base(const Squash& sq, const Trace& t) {
-  return sq.base && t.origin &&
+bool on_base(const SquashContext& ctx, const Trace& t) {
+  return ctx.base && t.origin &&
          std::any_of(t.ops.begin(), t.ops.end(), [](const Op& op) { return op.enc == Encoding::context; });
 }
 
 // The dtype of tensor `name` in the last version: from the newest header the
 // chain gives its weight file, else (a file the chain never rewrote) its
 // origin's in the base checkpoint.
-std::string last_dtype(const Squash& sq, const Trace& t, const std::string& name, const TensorInfo& origin) {
+std::string last_dtype(const SquashContext& ctx, const Trace& t, const std::string& name, const TensorInfo& origin) {
   if (!t.file) return origin.dtype;
-  const auto it = sq.files.find(*t.file);
-  if (it == sq.files.end() || it->second.kind == FileState::Kind::removed) return origin.dtype;
+  const auto it = ctx.files.find(*t.file);
+  if (it == ctx.files.end() || it->second.kind == FileState::Kind::removed) return origin.dtype;
   const SafetensorsHeader h = header_of(it->second.header);
   const TensorInfo* ti = h.find(name);
   return ti ? ti->dtype : origin.dtype;
@@ -665,11 +665,11 @@ Hash128 read_hashed(const File& f, std::uint64_t offset, std::span<std::uint8_t>
 // records), and the result encoded as one context entry against the base
 // bytes, as `delta-diff --encoding context` encodes it; none where the
 // result is the base bytes. Scratch and spool files are named `spool`-*.
-void compose_on_base(const Squash& sq, const Trace& t, std::uint64_t len, OutEntry& e, const fs::path& spool) {
-  const Checkpoint& ck = *sq.base;
+void compose_on_base(const SquashContext& ctx, const Trace& t, std::uint64_t len, OutEntry& e, const fs::path& spool) {
+  const Checkpoint& ck = *ctx.base;
   const std::string& origin = *t.origin;
   const std::string not_base = "--squash-base " + ck.dir.string() + " is not the checkpoint of the chain's first base (version " +
-                               format_version(sq.idx.base_version) + ")";
+                               format_version(ctx.idx.base_version) + ")";
   const auto ref = ck.tensors.find(origin);
   if (ref == ck.tensors.end())
     fail(Exit::verify_failed, ck.dir.string() + ": has no tensor '" + origin + "', which the chain's entries for '" + e.name +
@@ -684,7 +684,7 @@ void compose_on_base(const Squash& sq, const Trace& t, std::uint64_t len, OutEnt
   Scratch base(spool.string() + "-base", n, 0), cur(spool.string() + "-cur", n, 0);
   const Hash128 h0 = read_hashed(File(w, File::Mode::read), shard.header.file_offset(info), base.bytes());
   const Op& first = t.ops.front();
-  const std::string first_dir = sq.links[first.link].dir.string();
+  const std::string first_dir = ctx.links[first.link].dir.string();
   if (first.base_hash && h0 != *first.base_hash)
     fail(Exit::verify_failed, w + ": tensor '" + origin + "' has checksum " + h0.hex() + ", " + first_dir +
                                   " records " + first.base_hash->hex() + " as the base of its entry '" + first.name + "'; " +
@@ -692,7 +692,7 @@ void compose_on_base(const Squash& sq, const Trace& t, std::uint64_t len, OutEnt
   std::copy(base.bytes().begin(), base.bytes().end(), cur.bytes().begin());
   for (std::size_t k = 0; k < t.ops.size(); ++k) {
     const Op& op = t.ops[k];
-    const std::string what = sq.links[op.link].dir.string() + ": entry '" + op.name + "'";
+    const std::string what = ctx.links[op.link].dir.string() + ": entry '" + op.name + "'";
     if (k > 0 && op.base_hash && *op.base_hash != t.ops[k - 1].new_hash)
       fail(Exit::verify_failed, what + ": its base checksum " + op.base_hash->hex() + " is not " + t.ops[k - 1].new_hash.hex() +
                                     ", what the chain's entries before it leave (the chain is damaged)");
@@ -706,8 +706,8 @@ void compose_on_base(const Squash& sq, const Trace& t, std::uint64_t len, OutEnt
   e.base_hash = h0;
   if (std::equal(base.bytes().begin(), base.bytes().end(), cur.bytes().begin())) return;  // cancelled out
   // Read as the diff engine reads the tensor (make_work).
-  const ChunkLayout l = chunk_layout(last_dtype(sq, t, e.name, info), n);
-  Compressor c(sq.opts.level);
+  const ChunkLayout l = chunk_layout(last_dtype(ctx, t, e.name, info), n);
+  Compressor c(ctx.opts.level);
   File f(spool, File::Mode::create_exclusive);
   std::uint64_t at = 0;
   encode_context(c, base.bytes(), cur.bytes(), l.es, l.field, [&](std::span<const std::uint8_t> s) {
@@ -725,41 +725,41 @@ void compose_on_base(const Squash& sq, const Trace& t, std::uint64_t len, OutEnt
 
 // Each entry's pieces, composed in parallel into spool files in `tmp`;
 // entries whose changes cancel out are dropped.
-void compose_entries(Squash& sq, const std::map<std::string, std::uint64_t>& lengths, const fs::path& tmp) {
-  progress::begin("squash", sq.entries.size(), false);
-  parallel_for(sq.entries.size(), default_threads(sq.opts.threads), [&](std::size_t i, std::size_t) {
+void compose_entries(SquashContext& ctx, const std::map<std::string, std::uint64_t>& lengths, const fs::path& tmp) {
+  progress::begin("squash", ctx.entries.size(), false);
+  parallel_for(ctx.entries.size(), default_threads(ctx.opts.threads), [&](std::size_t i, std::size_t) {
     const struct Counted {
       ~Counted() { progress::add(1); }
     } counted;
-    OutEntry& e = sq.entries[i];
-    const Trace& t = *sq.of[i];
+    OutEntry& e = ctx.entries[i];
+    const Trace& t = *ctx.of[i];
     if (t.ops.size() == 1) {  // one entry: as it is
       e.pieces.push_back(as_is(t.ops[0]));
       return;
     }
-    if (on_base(sq, t))
-      return compose_on_base(sq, t, tensor_length(sq, t, e.name, lengths), e, tmp / (".compose-" + std::to_string(i)));
-    compose_trace(t, tensor_length(sq, t, e.name, lengths), e, tmp / (".compose-" + std::to_string(i)), sq.opts.level, sq.links);
+    if (on_base(ctx, t))
+      return compose_on_base(ctx, t, tensor_length(ctx, t, e.name, lengths), e, tmp / (".compose-" + std::to_string(i)));
+    compose_trace(t, tensor_length(ctx, t, e.name, lengths), e, tmp / (".compose-" + std::to_string(i)), ctx.opts.level, ctx.links);
   });
-  for (const auto& e : sq.entries) {
+  for (const auto& e : ctx.entries) {
     if (e.pieces.empty()) {
-      ++sq.sum.entries_dropped;
+      ++ctx.sum.entries_dropped;
       continue;
     }
-    sq.sum.entries_composed += std::any_of(e.pieces.begin(), e.pieces.end(), [](const Piece& p) { return !p.composed.empty(); });
-    sq.sum.entries_stacked += e.pieces.size() > 1;
+    ctx.sum.entries_composed += std::any_of(e.pieces.begin(), e.pieces.end(), [](const Piece& p) { return !p.composed.empty(); });
+    ctx.sum.entries_stacked += e.pieces.size() > 1;
   }
-  std::erase_if(sq.entries, [](const OutEntry& e) { return e.pieces.empty(); });
+  std::erase_if(ctx.entries, [](const OutEntry& e) { return e.pieces.empty(); });
 }
 
 // One encoding for OUT if its entries have one, else "auto".
-void choose_encoding(Squash& sq) {
+void choose_encoding(SquashContext& ctx) {
   std::set<Encoding> encs;
-  for (const auto& e : sq.entries) encs.insert(e.enc());
-  sq.idx.per_tensor = sq.idx.structural() || encs.size() > 1 || encs.count(Encoding::stack);  // "stack" is per tensor only
-  sq.idx.encoding = encs.empty() ? sq.links.back().idx.encoding : *encs.begin();
-  for (const auto& e : sq.entries)
-    for (const Piece& p : e.pieces) sq.idx.context_parts = sq.idx.context_parts || p.enc == Encoding::context;
+  for (const auto& e : ctx.entries) encs.insert(e.enc());
+  ctx.idx.per_tensor = ctx.idx.structural() || encs.size() > 1 || encs.count(Encoding::stack);  // "stack" is per tensor only
+  ctx.idx.encoding = encs.empty() ? ctx.links.back().idx.encoding : *encs.begin();
+  for (const auto& e : ctx.entries)
+    for (const Piece& p : e.pieces) ctx.idx.context_parts = ctx.idx.context_parts || p.enc == Encoding::context;
 }
 
 // An entry's bytes: its one piece, or the stack head and every piece.
@@ -782,38 +782,38 @@ void write_pieces(const OutEntry& e, File& f, std::uint64_t at) {
   }
 }
 
-void write_out_entries(Squash& sq, DeltaWriter& out) {
+void write_out_entries(SquashContext& ctx, DeltaWriter& out) {
   std::vector<NewDeltaEntry> des;
-  for (const OutEntry& e : sq.entries) des.push_back({e.name, e.file, e.size(), e.new_hash, e.base_hash, e.enc()});
+  for (const OutEntry& e : ctx.entries) des.push_back({e.name, e.file, e.size(), e.new_hash, e.base_hash, e.enc()});
   // One delta file per weight file patched, entries by name.
-  out.write_entries(sq.idx, des, [&](std::size_t i, File& f, std::uint64_t at) { write_pieces(sq.entries[i], f, at); });
-  sq.sum.entries += des.size();
+  out.write_entries(ctx.idx, des, [&](std::size_t i, File& f, std::uint64_t at) { write_pieces(ctx.entries[i], f, at); });
+  ctx.sum.entries += des.size();
   boost::system::error_code ec;
-  for (const auto& e : sq.entries)
+  for (const auto& e : ctx.entries)
     for (const Piece& p : e.pieces)
       if (!p.composed.empty()) fs::remove(p.composed, ec);
 }
 
 // The newest headers of rewritten and built files, and the last version of
 // every carried file.
-void place_carried(Squash& sq, DeltaWriter& out) {
-  for (const auto& so : sq.idx.shards) {
+void place_carried(SquashContext& ctx, DeltaWriter& out) {
+  for (const auto& so : ctx.idx.shards) {
     if (so.op == ShardOp::Op::remove) {
-      ++sq.sum.shards_removed;
+      ++ctx.sum.shards_removed;
       continue;
     }
-    ++(so.op == ShardOp::Op::header ? sq.sum.shards_rewritten : sq.sum.shards_built);
-    out.copy_header(so.file, sq.files.at(so.file).header);
+    ++(so.op == ShardOp::Op::header ? ctx.sum.shards_rewritten : ctx.sum.shards_built);
+    out.copy_header(so.file, ctx.files.at(so.file).header);
   }
-  for (const auto& [path, lf] : sq.file_ops) {
+  for (const auto& [path, lf] : ctx.file_ops) {
     const auto& [k, fc] = lf;
-    sq.idx.files.push_back(fc);
+    ctx.idx.files.push_back(fc);
     if (fc.op != FileChange::Op::put) {
-      ++sq.sum.files_removed;
+      ++ctx.sum.files_removed;
       continue;
     }
-    out.copy_file(fc.path, sq.links[k].dir / kFilesDir / fc.path);
-    ++sq.sum.files_changed;
+    out.copy_file(fc.path, ctx.links[k].dir / kFilesDir / fc.path);
+    ++ctx.sum.files_changed;
   }
 }
 
@@ -824,29 +824,29 @@ SquashSummary squash_deltas(const std::vector<fs::path>& chain, const fs::path& 
   const fs::path out = fs::absolute(out_arg);
   check_delta_out(out);
   if (chain.size() < 2) fail(Exit::usage, "--squash needs at least two deltas");
-  Squash sq{opts, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};
-  open_links(sq, chain);
-  if (opts.base) sq.base = open_base(*opts.base);
-  for (std::size_t k = 0; k < sq.links.size(); ++k) trace_link(sq, k);
-  sq.idx.base_version = sq.links.front().idx.base_version;
-  sq.idx.version = sq.links.back().idx.version;
-  out_shard_ops(sq);
-  const std::map<std::string, std::uint64_t> lengths = known_lengths(sq);
-  out_entries(sq);
+  SquashContext ctx{opts, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};
+  open_links(ctx, chain);
+  if (opts.base) ctx.base = open_base(*opts.base);
+  for (std::size_t k = 0; k < ctx.links.size(); ++k) trace_link(ctx, k);
+  ctx.idx.base_version = ctx.links.front().idx.base_version;
+  ctx.idx.version = ctx.links.back().idx.version;
+  out_shard_ops(ctx);
+  const std::map<std::string, std::uint64_t> lengths = known_lengths(ctx);
+  out_entries(ctx);
   DeltaWriter writer(out, opts.sync);
   {
     const OnFailure abandon([&] { writer.abandon(); });
-    compose_entries(sq, lengths, writer.tmp);
-    choose_encoding(sq);
-    write_out_entries(sq, writer);
-    place_carried(sq, writer);
-    sq.sum.delta_bytes = writer.publish(sq.idx);
+    compose_entries(ctx, lengths, writer.tmp);
+    choose_encoding(ctx);
+    write_out_entries(ctx, writer);
+    place_carried(ctx, writer);
+    ctx.sum.delta_bytes = writer.publish(ctx.idx);
   }
-  sq.sum.version = sq.idx.version;
-  sq.sum.base_version = sq.idx.base_version;
-  sq.sum.deltas = sq.links.size();
-  sq.sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return sq.sum;
+  ctx.sum.version = ctx.idx.version;
+  ctx.sum.base_version = ctx.idx.base_version;
+  ctx.sum.deltas = ctx.links.size();
+  ctx.sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return ctx.sum;
 }
 
 }  // namespace hfdelta
