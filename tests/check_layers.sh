@@ -3,8 +3,9 @@
 # may include headers of its own layer and of the layers listed for it,
 # never of a layer above, so the layers depend on each other without a
 # cycle. A public header (include/hfdelta/NAME.hpp) belongs to the layer of
-# src/*/NAME.cpp, or is listed in header_layer. The front-ends (src/cli,
-# python/src) include the library through include/hfdelta only.
+# src/*/NAME.cpp, or is listed in header_layer. A source file includes its
+# own header first. The front-ends (src/cli, python/src) include the
+# library through include/hfdelta only.
 #
 # usage: check_layers.sh [SOURCE_ROOT]   exit 1 naming each include that breaks a rule
 set -u
@@ -94,6 +95,17 @@ done
 for layer in "${layers[@]}"; do
   for file in src/"$layer"/*.cpp src/"$layer"/*.hpp; do
     [[ -e $file ]] && check "$file" "$layer"
+  done
+  # A source file includes its own header first, so that the header is
+  # seen to stand on its own.
+  for file in src/"$layer"/*.cpp; do
+    [[ -e $file ]] || continue
+    name=$(basename "$file" .cpp)
+    own=
+    [[ -e include/hfdelta/$name.hpp ]] && own=hfdelta/$name.hpp
+    [[ -e src/$layer/$name.hpp ]] && own=$layer/$name.hpp
+    first=$(grep -m1 -E '^[[:space:]]*#[[:space:]]*include' "$file")
+    [[ -z $own || $first == *"\"$own\""* ]] || complain "$file: includes $own after $first; its own header comes first"
   done
 done
 for file in include/hfdelta/*.hpp; do

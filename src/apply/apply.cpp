@@ -13,16 +13,16 @@
 
 #include "apply/apply_internal.hpp"
 #include "apply/apply_plan.hpp"
+#include "delta/delta_reader.hpp"
 #include "format/completion_marker.hpp"
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/delta_format.hpp"
-#include "delta/delta_reader.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
+#include "hfdelta/version.hpp"
+#include "store/checksum_record.hpp"
 #include "store/journal.hpp"
 #include "store/local_store.hpp"
-#include "store/checksum_record.hpp"
-#include "hfdelta/version.hpp"
 #include "util/parallel.hpp"
 
 namespace hfdelta {

@@ -9,11 +9,11 @@
 
 #include "apply/apply_internal.hpp"
 #include "apply/apply_patch.hpp"
-#include "hfdelta/progress.hpp"
-#include "store/checksum_record.hpp"
 #include "hfdelta/error.hpp"
-#include "store/local_store.hpp"
+#include "hfdelta/progress.hpp"
 #include "hfdelta/version.hpp"
+#include "store/checksum_record.hpp"
+#include "store/local_store.hpp"
 #include "util/parallel.hpp"
 #include "util/scope_guard.hpp"
 

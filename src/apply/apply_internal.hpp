@@ -11,9 +11,9 @@
 #include <boost/filesystem/path.hpp>
 
 #include "apply/apply_plan.hpp"
+#include "delta/delta_reader.hpp"
 #include "hfdelta/apply.hpp"
 #include "hfdelta/checkpoint.hpp"
-#include "delta/delta_reader.hpp"
 #include "hfdelta/error.hpp"
 #include "store/journal.hpp"
 

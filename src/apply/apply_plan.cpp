@@ -10,9 +10,9 @@
 
 #include "codec/codec_internal.hpp"
 #include "hfdelta/error.hpp"
-#include "store/local_store.hpp"
 #include "hfdelta/safetensors.hpp"
 #include "hfdelta/version.hpp"
+#include "store/local_store.hpp"
 #include "util/parallel.hpp"
 
 namespace hfdelta {

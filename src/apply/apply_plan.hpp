@@ -16,12 +16,12 @@
 
 #include <boost/filesystem/path.hpp>
 
-#include "hfdelta/checkpoint.hpp"
-#include "store/checksum_record.hpp"
-#include "hfdelta/codec.hpp"
 #include "delta/delta_reader.hpp"
+#include "hfdelta/checkpoint.hpp"
+#include "hfdelta/codec.hpp"
 #include "hfdelta/hash.hpp"
 #include "hfdelta/io.hpp"
+#include "store/checksum_record.hpp"
 #include "store/journal.hpp"
 
 namespace hfdelta {

@@ -3,11 +3,11 @@
 #include <boost/filesystem/path.hpp>
 
 #include "hfdelta/checkpoint.hpp"
-#include "store/checksum_record.hpp"
 #include "hfdelta/error.hpp"
+#include "hfdelta/version.hpp"
+#include "store/checksum_record.hpp"
 #include "store/journal.hpp"
 #include "store/local_store.hpp"
-#include "hfdelta/version.hpp"
 
 namespace hfdelta {
 

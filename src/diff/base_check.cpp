@@ -5,8 +5,8 @@
 
 #include <boost/filesystem/operations.hpp>
 
-#include "hfdelta/delta_format.hpp"
 #include "delta/delta_reader.hpp"
+#include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
 #include "hfdelta/version.hpp"

@@ -14,9 +14,9 @@
 
 #include <boost/filesystem/path.hpp>
 
+#include "format/completion_marker.hpp"
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/hash.hpp"
-#include "format/completion_marker.hpp"
 
 namespace hfdelta {
 

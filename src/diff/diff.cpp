@@ -1,4 +1,3 @@
-#include "hfdelta/progress.hpp"
 #include "hfdelta/diff.hpp"
 
 #include <fcntl.h>
@@ -17,15 +16,16 @@
 
 #include <boost/filesystem/operations.hpp>
 
-#include "diff/base_check.hpp"
 #include "codec/codec_internal.hpp"
-#include "diff/diff_engine.hpp"
 #include "delta/delta_writer.hpp"
+#include "diff/base_check.hpp"
+#include "diff/diff_engine.hpp"
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/hash.hpp"
 #include "hfdelta/io.hpp"
+#include "hfdelta/progress.hpp"
 #include "hfdelta/safetensors.hpp"
 #include "hfdelta/version.hpp"
 #include "util/parallel.hpp"

@@ -9,8 +9,8 @@
 #include <zstd.h>
 
 #include "codec/codec_internal.hpp"
-#include "hfdelta/checkpoint.hpp"
 #include "delta/delta_reader.hpp"
+#include "hfdelta/checkpoint.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
 #include "hfdelta/safetensors.hpp"

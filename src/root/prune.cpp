@@ -6,11 +6,11 @@
 #include <boost/filesystem/operations.hpp>
 #include <nlohmann/json.hpp>
 
+#include "format/completion_marker.hpp"
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
-#include "format/completion_marker.hpp"
 #include "hfdelta/version.hpp"
 
 namespace hfdelta {

@@ -9,18 +9,18 @@
 
 #include <boost/filesystem/operations.hpp>
 
+#include "delta/delta_reader.hpp"
 #include "delta/delta_writer.hpp"
 #include "diff/diff_engine.hpp"
 #include "hfdelta/checkpoint.hpp"
-#include "store/checksum_record.hpp"
 #include "hfdelta/delta_format.hpp"
-#include "delta/delta_reader.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
-#include "store/local_store.hpp"
 #include "hfdelta/progress.hpp"
 #include "hfdelta/safetensors.hpp"
 #include "hfdelta/version.hpp"
+#include "store/checksum_record.hpp"
+#include "store/local_store.hpp"
 #include "util/scope_guard.hpp"
 
 namespace hfdelta {

@@ -1,4 +1,3 @@
-#include "hfdelta/progress.hpp"
 #include "hfdelta/squash.hpp"
 
 #include <sys/mman.h>
@@ -18,14 +17,15 @@
 #include <nlohmann/json.hpp>
 
 #include "codec/codec_internal.hpp"
+#include "delta/delta_reader.hpp"
 #include "delta/delta_writer.hpp"
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/codec.hpp"
 #include "hfdelta/delta_format.hpp"
-#include "delta/delta_reader.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/hash.hpp"
 #include "hfdelta/io.hpp"
+#include "hfdelta/progress.hpp"
 #include "hfdelta/safetensors.hpp"
 #include "hfdelta/version.hpp"
 #include "util/json_text.hpp"

@@ -1,4 +1,3 @@
-#include "hfdelta/progress.hpp"
 #include "store/checksum_record.hpp"
 
 #include <algorithm>
@@ -11,8 +10,9 @@
 #include "hfdelta/error.hpp"
 #include "hfdelta/hash.hpp"
 #include "hfdelta/io.hpp"
-#include "store/local_store.hpp"
+#include "hfdelta/progress.hpp"
 #include "hfdelta/version.hpp"
+#include "store/local_store.hpp"
 #include "util/json_text.hpp"
 #include "util/parallel.hpp"
 

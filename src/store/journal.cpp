@@ -8,11 +8,11 @@
 
 #include "codec/codec_internal.hpp"
 #include "hfdelta/checkpoint.hpp"
-#include "store/checksum_record.hpp"
 #include "hfdelta/error.hpp"
-#include "store/local_store.hpp"
 #include "hfdelta/signals.hpp"
 #include "hfdelta/version.hpp"
+#include "store/checksum_record.hpp"
+#include "store/local_store.hpp"
 #include "util/json_text.hpp"
 #include "util/scope_guard.hpp"
 

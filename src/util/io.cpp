@@ -13,8 +13,8 @@
 
 #include <boost/filesystem/operations.hpp>
 
-#include "util/fault.hpp"
 #include "hfdelta/error.hpp"
+#include "util/fault.hpp"
 #include "util/scope_guard.hpp"
 
 namespace hfdelta {
