@@ -45,7 +45,7 @@
 #include <algorithm>
 #include <string>
 
-#include "change_rules.hpp"
+#include "codec/change_rules.hpp"
 #include "hfdelta/error.hpp"
 
 namespace hfdelta::gpu {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "change_finder.hpp"
-#include "change_rules.hpp"
+#include "codec/change_rules.hpp"
 
 namespace hfdelta::gpu {
 

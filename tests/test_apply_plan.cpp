@@ -5,7 +5,7 @@
 #include <boost/filesystem/operations.hpp>
 #include <doctest/doctest.h>
 
-#include "apply_plan.hpp"
+#include "apply/apply_plan.hpp"
 #include "hfdelta/error.hpp"
 #include "unit_util.hpp"
 

@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "codec_internal.hpp"
+#include "codec/codec_internal.hpp"
 #include "hfdelta/codec.hpp"
 #include "hfdelta/error.hpp"
 

@@ -31,7 +31,7 @@
 #include "hfdelta/error.hpp"
 #include "hfdelta/hash.hpp"
 #include "hfdelta/io.hpp"
-#include "hfdelta/local_store.hpp"
+#include "store/local_store.hpp"
 #include "hfdelta/safetensors.hpp"
 #include "hfdelta/version.hpp"
 

@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "change_rules.hpp"
+#include "codec/change_rules.hpp"
 #include "found_reference.hpp"
 #include "hfdelta/codec.hpp"
 #include "hfdelta/safetensors.hpp"

@@ -158,7 +158,7 @@ void write_delta_file(const boost::filesystem::path& path, const std::vector<Del
                       const std::function<void(std::size_t, File&, std::uint64_t)>& body, bool sync);
 
 // Finishes a delta written in the temporary directory `tmp`: writes its
-// index and its completion marker (publication.hpp), flushes `dirs` (tmp and
+// index and its completion marker (write_marker), flushes `dirs` (tmp and
 // its subdirectories) if `sync`, and publishes it as `out` (publish_dir).
 // Returns the size of every file of the delta.
 std::uint64_t publish_delta(const boost::filesystem::path& tmp, const boost::filesystem::path& out, const std::string& index,
@@ -176,9 +176,6 @@ SafetensorsHeader parse_built_header(std::string_view bytes, const ShardOp& so, 
 
 // The shard operation on `file`, if any.
 const ShardOp* shard_op(const DeltaIndex& idx, const std::string& file);
-
-// Parses a 32-hex-digit checksum; throws Error(bad_input) naming `what`.
-Hash128 parse_hash_hex(const std::string& s, const std::string& what);
 
 // Checks entry `t` of delta file `file` (header `hdr`, path `where`) against
 // the index: mapped to this file, U8 with shape [L], a checksum in

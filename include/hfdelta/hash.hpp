@@ -19,6 +19,9 @@ struct Hash128 {
   bool operator==(const Hash128&) const = default;
 };
 
+// Parses a 32-hex-digit checksum (either case); throws Error(bad_input) naming `what`.
+Hash128 parse_hash_hex(const std::string& s, const std::string& what);
+
 Hash128 xxh3_128(std::span<const std::uint8_t> bytes);
 
 // Streaming form, for data read in chunks.

@@ -2,10 +2,12 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <boost/filesystem/path.hpp>
@@ -29,6 +31,13 @@ std::string withdrawn_dirname(std::uint64_t v);
 // Withdrawn versions under ROOT.
 std::set<std::uint64_t> scan_withdrawn(const boost::filesystem::path& root);
 
+// The delta beside full version N: ROOT/delta_vNNNNNN (version N on base
+// N - 1). Named apart from weight_v* so that readers of the plain slime
+// layout never see it.
+std::string sidecar_dirname(std::uint64_t v);
+// Sidecar deltas under ROOT, by version.
+std::map<std::uint64_t, boost::filesystem::path> scan_sidecars(const boost::filesystem::path& root);
+
 struct VersionDir {
   std::uint64_t version = 0;
   boost::filesystem::path path;
@@ -39,6 +48,15 @@ struct VersionDir {
 // skipped. No index is read: whether a version is full or a delta is the
 // delta format's to tell (is_delta_dir, read_index_if_delta).
 std::vector<VersionDir> scan_root(const boost::filesystem::path& root);
+
+// Refuses (Error(bad_input), naming both paths) an OUT (a version directory
+// or a publication root; it need not exist) that is one of the checkpoints
+// `inputs` (role, path: "BASE", "NEW") or lies inside one: a root inside a
+// save is copied into every later delta as the save's files, and every host
+// would get it inside its LOCAL. Reads only names, so it runs before
+// anything is created.
+void check_out_apart(const boost::filesystem::path& out,
+                     const std::vector<std::pair<std::string, boost::filesystem::path>>& inputs);
 
 // `p` without trailing slashes ("/" stays "/"), so that "ROOT/" and
 // "ROOT/weight_v000001/" name what "ROOT" and "ROOT/weight_v000001" name.

@@ -20,12 +20,11 @@ void bind_errors(nanobind::module_& m);
 // as the CLI's --json object (a JSON string). hfdelta/_api.py wraps them.
 void bind_forms(nanobind::module_& m);
 
-// The options both the forms and the publisher take, checked as the CLI
-// checks them (Error(usage) otherwise): zstd level 1 to 19, threads 0 (all
-// cores) or more, an encoding name (sparse, auto, xor, overwrite; none
-// is "auto"), and a lock timeout in seconds >= 0 (none: wait forever, -1
-// for the library; a negative number is refused, as the CLI's
-// --lock-timeout refuses it).
+// The options both the forms and the publisher take, named as Python names
+// them and checked by the library's rules (hfdelta/option_rules.hpp), as the
+// CLI checks its options (Error(usage) otherwise): the zstd level, threads,
+// an encoding name (none is "auto"), and a lock timeout (none: wait
+// forever, -1 for the library).
 void check_level(int level);
 void check_threads(int threads);
 double lock_seconds(std::optional<double> lock_timeout);

@@ -1,7 +1,8 @@
 // One function per form of delta-diff and delta-apply, doing what the form's
 // CLI body does (src/cli/delta_diff.cpp, delta_apply.cpp) and returning its
 // --json object (report_json.hpp) as a JSON string. The arguments are checked
-// as the CLI checks its options (a bad one is Error(usage)); paths arrive as
+// by the rules the CLI checks its options by (option_rules.hpp; a bad one is
+// Error(usage)); paths arrive as
 // str (hfdelta/_api.py takes os.PathLike too). Each releases the GIL while
 // the library works; the callbacks take it back.
 #include <cstdint>
@@ -22,6 +23,7 @@
 #include "hfdelta/diff.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/inspect.hpp"
+#include "hfdelta/option_rules.hpp"
 #include "hfdelta/prune.hpp"
 #include "hfdelta/withdraw.hpp"
 #include "hfdelta/publication.hpp"
@@ -36,24 +38,18 @@ using namespace nb::literals;
 
 namespace hfdelta::python {
 
-void check_threads(int threads) {
-  if (threads < 0) fail(Exit::usage, "threads must be 0 (all cores) or more, not " + std::to_string(threads));
-}
+void check_threads(int threads) { check_option("threads", threads_problem(threads)); }
 
-void check_level(int level) {
-  if (level < 1 || level > 19) fail(Exit::usage, "level (of zstd) must be 1 to 19, not " + std::to_string(level));
-}
+void check_level(int level) { check_option("level (of zstd)", level_problem(level)); }
 
 std::optional<Encoding> encoding_of(const std::string& name) {
-  if (name != "auto" && name != "sparse" && name != "context" && name != "xor" && name != "overwrite")
-    fail(Exit::usage, "encoding must be sparse, context, auto, xor or overwrite, not \"" + name + "\"");
-  return name == "auto" ? std::nullopt : std::optional(parse_encoding(name));
+  check_option("encoding", encoding_problem(name));
+  return encoding_option(name);
 }
 
 double lock_seconds(std::optional<double> lock_timeout) {
   if (!lock_timeout) return -1;  // wait forever
-  if (!(*lock_timeout >= 0))
-    fail(Exit::usage, "lock_timeout must be a number of seconds >= 0 (None: wait), not " + std::to_string(*lock_timeout));
+  check_option("lock_timeout", lock_timeout_problem(*lock_timeout, "None: wait"));
   return *lock_timeout;
 }
 
@@ -66,8 +62,6 @@ std::string report(nlohmann::json j) { return json_report(std::move(j)).dump(); 
 
 // "LOCAL/" names LOCAL, as on the command line.
 std::string stripped(const std::string& p) { return strip_trailing_slashes(p).string(); }
-
-[[noreturn]] void usage(const std::string& message) { fail(Exit::usage, message); }
 
 // Runs `work` with the GIL released and `progress` (None or a callable) fed
 // while it runs; the feeder stops before the GIL is taken back.
@@ -121,7 +115,6 @@ ApplyOptions apply_options(std::optional<double> lock_timeout, int threads, bool
 // versions of OUT (publish_target's) and of BASE.
 DiffOptions diff_options(const std::string& encoding, int level, Version base_version, int threads, bool sync,
                          const PublishTarget& t) {
-  const std::uint64_t version = t.version;
   check_level(level);
   check_threads(threads);
   DiffOptions d;
@@ -129,11 +122,7 @@ DiffOptions diff_options(const std::string& encoding, int level, Version base_ve
   d.level = level;
   d.threads = threads;
   d.sync = sync;
-  if (!base_version && version == 0) usage("version 0 has no base; give base_version");
-  d.version = version;
-  d.base_version = base_version ? *base_version : t.newest ? *t.newest : version - 1;
-  d.root = t.root;
-  if (d.base_version >= d.version) usage("base_version must be lower than the version");
+  set_diff_versions(d, t, base_version, "base_version");
   return d;
 }
 

@@ -12,12 +12,15 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
+#include <string_view>
 #include <thread>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
 
 #include "hfdelta/error.hpp"
+#include "hfdelta/option_rules.hpp"
 #include "hfdelta/progress.hpp"
 #include "hfdelta/report_json.hpp"
 #include "hfdelta/signals.hpp"
@@ -160,13 +163,49 @@ CLI::Validator whole_number() {
 CLI::Validator seconds() {
   return CLI::Validator(
       [](std::string& s) -> std::string {
+        constexpr std::string_view to_wait = "leave it out to wait";
         char* end = nullptr;
         const double v = s.empty() ? -1 : std::strtod(s.c_str(), &end);
-        if (s.empty() || end != s.c_str() + s.size() || !(v >= 0) || !std::isfinite(v))
-          return "must be a number of seconds >= 0 (leave it out to wait), not \"" + s + "\"";
-        return "";
+        if (s.empty() || end != s.c_str() + s.size() || !std::isfinite(v))
+          return lock_timeout_rule(to_wait) + ", not \"" + s + "\"";
+        return lock_timeout_problem(v, to_wait);
       },
       "");
+}
+
+namespace {
+
+// An integer option's value as CLI11 converts it, if it does.
+std::optional<long long> whole(const std::string& s) {
+  long long v = 0;
+  if (!CLI::detail::lexical_cast(s, v)) return std::nullopt;
+  return v;
+}
+
+}  // namespace
+
+CLI::Validator level() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        const std::optional<long long> v = whole(s);
+        return v ? level_problem(*v) : level_rule() + ", not \"" + s + "\"";
+      },
+      "INT in [" + std::to_string(kMinLevel) + " - " + std::to_string(kMaxLevel) + "]");
+}
+
+CLI::Validator threads() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        const std::optional<long long> v = whole(s);
+        return v ? threads_problem(*v) : "";  // not a number: CLI11's conversion says so
+      },
+      "");
+}
+
+CLI::Validator encoding() {
+  std::string names;
+  for (const std::string& n : encoding_names()) names += (names.empty() ? "" : ",") + n;
+  return CLI::Validator([](std::string& s) -> std::string { return encoding_problem(s); }, "{" + names + "}");
 }
 
 void set_usage(CLI::App& app, std::string forms) { app.formatter(std::make_shared<FormsFormatter>(std::move(forms))); }

@@ -34,6 +34,12 @@ CLI::Validator whole_number();
 // For --lock-timeout SECONDS: a number >= 0 ("-1" is a usage error; leave
 // the option out to wait forever).
 CLI::Validator seconds();
+// --level, --threads (after whole_number) and --encoding: the library's
+// rules (hfdelta/option_rules.hpp), shown in --help as CLI11's Range and
+// IsMember show theirs.
+CLI::Validator level();
+CLI::Validator threads();
+CLI::Validator encoding();
 
 // --help's usage lines: `forms`, one command line per form, instead of
 // CLI11's "PROG [OPTIONS] [PATHS...]".

@@ -79,7 +79,9 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--lock-timeout", o.apply.lock_timeout, "Give up after SECONDS waiting for the lock (default: wait)")
       ->type_name("SECONDS")
       ->check(cli::seconds());
-  app.add_option("--threads", o.apply.threads, "Worker threads (default: all cores)")->transform(cli::whole_number());
+  app.add_option("--threads", o.apply.threads, "Worker threads (default: all cores)")
+      ->transform(cli::whole_number())
+      ->check(cli::threads());
   app.add_flag("--no-sync", o.no_sync, "Do not flush data before recording the version");
   app.add_flag("--progress", o.progress,
                "Show progress on stderr (bytes done, rate, time left); the default on a terminal, never with -q or --json");

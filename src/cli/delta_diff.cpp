@@ -11,6 +11,7 @@
 #include "hfdelta/diff.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/inspect.hpp"
+#include "hfdelta/option_rules.hpp"
 #include "hfdelta/prune.hpp"
 #include "hfdelta/publication.hpp"
 #include "hfdelta/report_json.hpp"
@@ -133,10 +134,10 @@ void add_diff_options(CLI::App& app, Options& o, Given& g) {
                      "about 0.7 of sparse on training steps; needs delta-apply of format revision 5), "
                      "auto (context or xor per tensor, whichever is smaller; two to four times the diff time), "
                      "or the slime layout's xor or overwrite")
-          ->check(CLI::IsMember({"xor", "overwrite", "sparse", "context", "auto"}))
+          ->check(cli::encoding())
           ->capture_default_str());
   g.diff_only.push_back(
-      app.add_option("--level", o.diff.level, "zstd compression level")->check(CLI::Range(1, 19))->capture_default_str());
+      app.add_option("--level", o.diff.level, "zstd compression level")->check(cli::level())->capture_default_str());
   g.diff_only.push_back(
       app.add_option("--delta-version", o.version,
                      "Version number of OUT (default: from OUT's name, or ROOT's newest + 1; must agree with them)")
@@ -146,7 +147,9 @@ void add_diff_options(CLI::App& app, Options& o, Given& g) {
                                      ->type_name("M")
                                      ->transform(cli::whole_number()));
   g.diff_only.push_back(
-      app.add_option("--threads", o.diff.threads, "Worker threads (default: all cores)")->transform(cli::whole_number()));
+      app.add_option("--threads", o.diff.threads, "Worker threads (default: all cores)")
+          ->transform(cli::whole_number())
+          ->check(cli::threads()));
   g.post_publish = app.add_option("--post-publish", o.post_publish,
                                   "Shell command to run after each version directory is published and durable "
                                   "(HFDELTA_VERSION, HFDELTA_VERSION_PATH, HFDELTA_NAME and HFDELTA_ROOT are set), "
@@ -387,17 +390,9 @@ void run_squash(const Options& o) {
 // (publish_target: from its name, --version, or its root) and BASE.
 DiffOptions diff_options(const Options& o, const PublishTarget& t) {
   DiffOptions d = o.diff;
-  d.encoding = o.encoding == "auto" ? std::nullopt : parse_encoding(o.encoding);
+  d.encoding = encoding_option(o.encoding);
   d.sync = !o.no_sync;
-  const std::uint64_t version = t.version;
-  if (!o.base_version && version == 0)
-    throw CLI::ValidationError("--base-version", "version 0 has no base; give --base-version");
-  d.version = version;
-  // In a root, the base is its newest version (below a withdrawn one, not
-  // the number before).
-  d.base_version = o.base_version ? *o.base_version : t.newest ? *t.newest : version - 1;
-  d.root = t.root;
-  if (d.base_version >= d.version) throw CLI::ValidationError("--base-version", "must be lower than the version");
+  set_diff_versions(d, t, o.base_version, "--base-version");
   return d;
 }
 

@@ -32,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "codec_internal.hpp"
+#include "codec/codec_internal.hpp"
 #include "context_base.hpp"
 #include "fuzz_check.hpp"
 #include "hfdelta/codec.hpp"

@@ -1,0 +1,560 @@
+// delta-apply's operations: the paths checked, LOCAL locked and recovered,
+// then one delta applied as a pipeline (open_delta -> survey_local ->
+// plan_apply -> execute_plan), a full checkpoint installed (apply_init.cpp),
+// or a chain of versions pulled from a publication root.
+#include "hfdelta/apply.hpp"
+
+#include <exception>
+#include <map>
+#include <optional>
+#include <set>
+
+#include <boost/filesystem/operations.hpp>
+
+#include "apply/apply_internal.hpp"
+#include "apply/apply_plan.hpp"
+#include "delta/delta_reader.hpp"
+#include "format/completion_marker.hpp"
+#include "hfdelta/checkpoint.hpp"
+#include "hfdelta/delta_format.hpp"
+#include "hfdelta/error.hpp"
+#include "hfdelta/io.hpp"
+#include "hfdelta/version.hpp"
+#include "store/checksum_record.hpp"
+#include "store/journal.hpp"
+#include "store/local_store.hpp"
+#include "util/parallel.hpp"
+
+namespace hfdelta {
+
+namespace fs = boost::filesystem;
+
+namespace {
+
+std::uint64_t full_version_of(const fs::path& dir) {
+  if (auto v = version_from_dirname(fs::absolute(dir).filename().string())) return *v;
+  fail(Exit::usage, dir.string() + ": a full version must be named weight_vNNNNNN (or use --init with --init-version)");
+}
+
+// LOCAL's recorded version against the delta's: none (exit 6), the delta's
+// own (nothing to do) or its base (go on); anything else is out of order.
+bool already_applied(const OpenDelta& d, const LocalState& st, const fs::path& local) {
+  const DeltaIndex& idx = d.index;
+  if (!st.version)
+    fail(Exit::out_of_order, local.string() + ": has no recorded version; initialise it with --init or a full version first");
+  if (st.version == idx.version) return true;
+  if (idx.base_version != *st.version)
+    fail(Exit::out_of_order, d.dir.string() + ": delta " + format_version(idx.version) + " applies on top of version " +
+                                 format_version(idx.base_version) + ", but LOCAL is at version " + format_version(*st.version));
+  return false;
+}
+
+// One opened delta on top of LOCAL's version, in a step of `txn`.
+ApplyResult apply_opened(Txn& txn, const OpenDelta& d, const fs::path& local, const ApplyOptions& opts) {
+  const auto t0 = Clock::now();
+  const LocalState st = read_state(local);
+  ApplyResult r;
+  r.from_version = st.version;
+  r.to_version = d.index.version;
+  if (already_applied(d, st, local)) {
+    r.noop = true;
+    r.seconds = seconds_since(t0);
+    return r;
+  }
+  const LocalView lv = survey_local(local, *st.version, d);              // reads LOCAL, writes nothing
+  ApplyPlan plan = plan_apply(d, lv, default_threads(opts.threads));  // cannot write
+  execute_plan(txn, d, plan, local, opts);                             // stage, execute, record
+  r.tensors_patched = plan.tensors_patched;
+  r.delta_bytes = plan.delta_bytes;
+  for (const auto& f : plan.manifest.files)
+    (f.op == TxnFile::Op::put ? r.files_written : r.files_removed) += f.op == TxnFile::Op::put || f.existed;
+  r.applied.push_back(d.index.version);
+  r.seconds = seconds_since(t0);
+  return r;
+}
+
+void merge(ApplyResult& into, const ApplyResult& step) {
+  into.applied.insert(into.applied.end(), step.applied.begin(), step.applied.end());
+  into.tensors_patched += step.tensors_patched;
+  into.delta_bytes += step.delta_bytes;
+  into.files_written += step.files_written;
+  into.files_removed += step.files_removed;
+  into.to_version = step.to_version;
+}
+
+// ---- the command line's paths, checked before the lock creates anything -----------
+
+bool is_dir(const fs::path& p) {
+  boost::system::error_code ec;
+  return fs::is_directory(p, ec);
+}
+
+// A directory with .weight_sync/ is some host's LOCAL, never published data.
+void check_not_local(const fs::path& dir, const char* role, const std::string& form) {
+  if (exists_nofollow(dir / kStateDir))
+    fail(Exit::bad_input, dir.string() + ": has " + kStateDir + "/, so it is a LOCAL checkpoint, not " + role +
+                              "; the arguments look swapped (" + form + ")");
+}
+
+// `p` is strictly below `dir` (both canonical).
+bool is_below(const fs::path& p, const fs::path& dir) {
+  std::string d = dir.generic_string();
+  if (d.empty() || d.back() != '/') d += '/';
+  return p.generic_string().rfind(d, 0) == 0;
+}
+
+// --init (or a full version): SRC must be a full checkpoint with weights,
+// apart from LOCAL (copying one into the other would delete or recurse).
+void check_src(const fs::path& src, const fs::path& local) {
+  boost::system::error_code es, el;
+  const fs::path s = fs::canonical(src, es), l = fs::weakly_canonical(fs::absolute(local), el);
+  if (es || el) fail(Exit::failure, (es ? src : local).string() + ": cannot resolve: " + (es ? es : el).message());
+  if (s == l) fail(Exit::bad_input, src.string() + " and " + local.string() + ": SRC and LOCAL are the same directory");
+  if (is_below(l, s)) fail(Exit::bad_input, local.string() + ": LOCAL is inside SRC " + src.string());
+  if (is_below(s, l)) fail(Exit::bad_input, src.string() + ": SRC is inside LOCAL " + local.string());
+  check_has_weights(open_checkpoint(src), src);
+}
+
+// --init replaces everything in LOCAL: only in a directory that is a LOCAL
+// already, or holds nothing but hfdelta's state, unless forced. (A full
+// version pulled into a directory that is not a LOCAL replaces it, as the
+// slime layout's pull does.)
+// An SRC that is a LOCAL and a LOCAL that is a plain checkpoint: the
+// arguments are swapped (--init LOCAL CHECKPOINT), and --force would
+// replace the checkpoint; that is said first.
+void check_replaceable(const fs::path& src, const fs::path& local, const ApplyOptions& opts) {
+  if (opts.force || !is_dir(local) || has_state_file(local)) return;
+  boost::system::error_code ec;
+  for (fs::directory_iterator it(local, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->path().filename() == kStateDir) continue;
+    if (has_state_file(src))
+      fail(Exit::bad_input, local.string() + ": is a non-empty directory that is not a LOCAL (no " + kStateDir +
+                                "/state.json), and SRC " + src.string() + " is a LOCAL (it has " + kStateDir +
+                                "/state.json): the arguments look swapped (delta-apply --init SRC LOCAL copies SRC "
+                                "into LOCAL); nothing was changed");
+    fail(Exit::exists, local.string() + ": is a non-empty directory that is not a LOCAL (no " + kStateDir +
+                           "/state.json); --init would delete its files; give --force to replace it");
+  }
+}
+
+}  // namespace
+
+// Takes the lock, undoes an interrupted earlier run, runs `op`, then the
+// caller's `then` hook while the lock is still held. `create`: see LocalLock
+// (without it, a LOCAL that has no .weight_sync/ runs `op` unlocked).
+template <class Op>
+ApplyResult locked(const fs::path& local, const ApplyOptions& opts, Op&& op, bool create = true) {
+  LocalLock lock(local, opts.lock_timeout, create ? LocalLock::Mode::create : LocalLock::Mode::existing);
+  std::optional<std::uint64_t> undone;
+  try {
+    undone = recover(local, opts.sync);  // outside the operation's own transaction: nothing of it to undo yet
+  } catch (const Error& e) {
+    fail_recover(local, e);
+  }
+  Txn txn(local, opts.sync);
+  ApplyResult r;
+  try {
+    r = op(txn);
+    txn.commit();
+  } catch (...) {
+    const std::exception_ptr cause = std::current_exception();
+    bool removed = true;
+    try {
+      removed = txn.rollback_all();  // the steps this command already committed
+    } catch (const std::exception& e) {
+      fail_rollback(local, cause, e);
+    }
+    if (!removed && !txn.kept()) {
+      try {
+        throw;
+      } catch (const Error& e) {
+        fail(e.code(), std::string(e.what()) + "\n" + local.string() + " is back as it was, but its undone journal (" +
+                           kStateDir + "/txn) could not be removed; the next delta-apply on it removes it");
+      }
+    }
+    throw;
+  }
+  r.rolled_back = undone;
+  if (!r.noop) prune_records(local, r.to_version);  // older versions' checksums are of no use any more
+  if (opts.then && !r.no_version) {
+    try {
+      opts.then(r.to_version);
+    } catch (const Error& e) {  // the version is applied: the caller still reports it
+      if (e.code() != Exit::then_failed) throw;
+      r.then_error = e.what();
+    }
+  }
+  return r;
+}
+
+ApplyResult init_local(const fs::path& src, const fs::path& local, std::uint64_t version, const ApplyOptions& opts) {
+  check_local_path(local, std::nullopt);
+  require_dir(src, "give the checkpoint directory to copy");
+  if (is_delta_dir(src)) fail(Exit::bad_input, src.string() + ": is a delta version, not a full checkpoint");
+  check_src(src, local);
+  check_replaceable(src, local, opts);
+  return locked(local, opts, [&](Txn& txn) { return init_locked(txn, src, local, version, opts); });
+}
+
+ApplyResult apply_delta(const fs::path& delta, const fs::path& local, const ApplyOptions& opts) {
+  check_local_path(local, Exit::out_of_order);
+  require_dir(delta, "give a published version directory (ROOT/weight_vNNNNNN)");
+  check_not_local(delta, "a published version", "delta-apply DELTA LOCAL");
+  std::optional<DeltaIndex> idx = read_index_if_delta(delta);  // the one read of its index
+  if (!idx) {                                                   // a full version: as --init
+    const std::uint64_t version = full_version_of(delta);
+    check_src(delta, local);
+    return locked(local, opts, [&](Txn& txn) { return init_locked(txn, delta, local, version, opts); });
+  }
+  return locked(local, opts, [&](Txn& txn) { return apply_opened(txn, open_delta(delta, std::move(*idx)), local, opts); });
+}
+
+ApplyResult recover_local(const fs::path& local, const ApplyOptions& opts) {
+  check_local_path(local, Exit::uninitialised);
+  ApplyOptions o = opts;
+  o.then = nullptr;
+  return locked(
+      local, o,
+      [&](Txn&) {
+        ApplyResult r;
+        const LocalState st = read_state(local);
+        r.from_version = st.version;
+        r.to_version = st.version.value_or(0);
+        r.noop = true;
+        return r;
+      },
+      false);  // only a LOCAL with .weight_sync/ can hold something to recover
+}
+
+LocalStatus local_status(const fs::path& local, const ApplyOptions& opts) {
+  check_local_path(local, Exit::uninitialised);
+  LocalLock lock(local, opts.lock_timeout, LocalLock::Mode::shared);  // read-only LOCALs and other users too
+  const LocalState st = read_state(local);
+  LocalStatus s{st.version, st.pending};
+  if (const auto v = interrupted_version(local)) s.pending = v;
+  return s;
+}
+
+namespace {
+
+// What ROOT offers a pull: the versions a reader may take (complete, up to
+// the first one still arriving), and the deltas beside full versions.
+struct RootView {
+  std::vector<VersionDir> all;       // every published version, ascending
+  std::vector<VersionDir> versions;  // ascending, complete
+  std::map<std::uint64_t, CompletionMarker> markers;
+  std::map<std::uint64_t, fs::path> sidecars;
+  std::set<std::uint64_t> withdrawn;  // delta-diff --withdraw
+  bool markers_required = false;  // --require-marker
+  std::optional<std::uint64_t> incomplete;  // the first version above LOCAL not completely there
+  std::string waiting_for;
+  std::vector<std::uint64_t> beyond;  // complete versions above `incomplete`: a stall, not an upload?
+  // Each version's index, read on first use: a pull plans more than once
+  // (from LOCAL, from a full version, again after a refusal).
+  mutable std::map<std::uint64_t, std::optional<DeltaIndex>> indexes;
+  const std::optional<DeltaIndex>& index_of(const VersionDir& d) const {
+    auto it = indexes.find(d.version);
+    if (it == indexes.end()) it = indexes.emplace(d.version, read_index_if_delta(d.path)).first;
+    return it->second;
+  }
+};
+
+// Versions at or below LOCAL's are not looked at: a pull never reads them.
+RootView view_root(const fs::path& root, std::optional<std::uint64_t> local_version, const ApplyOptions& opts) {
+  RootView v;
+  v.all = scan_root(root);
+  v.markers_required = opts.require_marker;
+  for (const VersionDir& d : v.all) {
+    if (local_version && d.version <= *local_version) continue;
+    Completeness c = check_complete(d.path, opts.require_marker);
+    if (v.incomplete) {
+      if (c.complete) v.beyond.push_back(d.version);
+      continue;
+    }
+    if (!c.complete) {
+      v.incomplete = d.version;
+      v.waiting_for = d.path.string() + ": " + c.missing + " is not there yet";
+      continue;
+    }
+    if (c.marker) v.markers.emplace(d.version, std::move(*c.marker));
+    v.versions.push_back(d);
+  }
+  v.sidecars = scan_sidecars(root);
+  v.withdrawn = scan_withdrawn(root);
+  return v;
+}
+
+// What a pull does: the full version to copy (if any), then each delta
+// after it, opened and checked.
+struct PullPlan {
+  const VersionDir* full = nullptr;
+  const CompletionMarker* full_marker = nullptr;
+  std::vector<OpenDelta> chain;
+  std::uint64_t sidecars = 0;
+  std::uint64_t bytes = 0;  // of the directories it reads from ROOT
+  std::string fallback;     // why the deltas from LOCAL's version could not be taken (a full version is)
+};
+
+// A complete sidecar delta for version `ver`, if any.
+std::optional<fs::path> sidecar_for(const RootView& v, std::uint64_t ver) {
+  auto s = v.sidecars.find(ver);
+  if (s == v.sidecars.end() || !check_complete(s->second, v.markers_required).complete) return std::nullopt;
+  return s->second;
+}
+
+// LOCAL holds version `v`, which the operator withdrew: what to do.
+std::string withdrawn_held(const fs::path& root, std::uint64_t v) {
+  return "version " + format_version(v) + ", which LOCAL holds, was withdrawn from " + root.string() +
+         " (bad weights?); take a full version published after it (delta-diff --full NEW ROOT on the publishing "
+         "side, then pull again), or re-initialise LOCAL from a good checkpoint (delta-apply --init CHECKPOINT "
+         "LOCAL --init-version M)";
+}
+
+// One version of a delta path: the delta that reaches it.
+struct Link {
+  std::uint64_t version;
+  fs::path dir;
+  DeltaIndex idx;
+  bool sidecar = false;
+};
+
+// The deltas from `from` to `want` through every complete version between
+// (a full version by the delta beside it), each on the one before: withdrawn
+// numbers are skipped (the next version is published on the one below
+// them). None, with `why`, if a version has no such delta, does not connect,
+// or is `refused` (a delta LOCAL refused earlier in this pull).
+std::optional<std::vector<Link>> delta_path(const fs::path& root, const RootView& v, std::uint64_t from,
+                                            std::uint64_t want, const std::set<std::uint64_t>& refused,
+                                            std::string& why) {
+  std::vector<Link> links;
+  std::uint64_t cur = from;
+  if (v.withdrawn.count(from)) {
+    why = withdrawn_held(root, from);
+    return std::nullopt;
+  }
+  for (const VersionDir& d : v.versions) {
+    if (d.version <= from || d.version > want) continue;
+    if (refused.count(d.version)) {
+      why = "version " + format_version(d.version) + " was refused";
+      return std::nullopt;
+    }
+    std::optional<DeltaIndex> idx = v.index_of(d);
+    fs::path dir = d.path;
+    bool side = false;
+    if (!idx) {
+      if (const auto sc = sidecar_for(v, d.version)) idx = read_index_if_delta(*sc), dir = *sc, side = true;
+      if (!idx) {
+        why = "version " + format_version(d.version) + " is a full version with no delta beside it";
+        return std::nullopt;
+      }
+    }
+    if (idx->version != d.version || idx->base_version != cur) {
+      why = dir.string() + ": records version " + format_version(idx->version) + " on base " +
+            format_version(idx->base_version) + ", but the version before it is " + format_version(cur);
+      if (idx->base_version > cur && idx->base_version < d.version)
+        why += " (version " + format_version(idx->base_version) + " is " +
+               (v.withdrawn.count(idx->base_version) ? "withdrawn" : "missing: pruned?") + ")";
+      return std::nullopt;
+    }
+    links.push_back({d.version, dir, std::move(*idx), side});
+    cur = d.version;
+  }
+  if (cur != want) {
+    why = "version " + format_version(want) + " cannot be reached from " + format_version(from);
+    return std::nullopt;
+  }
+  return links;
+}
+
+std::uint64_t cost_of(const std::vector<Link>& links) {
+  std::uint64_t c = 0;
+  for (const Link& l : links) c += tree_bytes(l.dir);
+  return c;
+}
+
+// Opens every delta of a path whole (damage is found here, before LOCAL is
+// touched); none, with `why`, if one is damaged.
+// (`damage`: the error, thrown as it is when no full version can be taken).
+std::optional<std::vector<OpenDelta>> open_path(std::vector<Link>& links, std::string& why,
+                                                std::optional<Error>& damage) {
+  std::vector<OpenDelta> out;
+  for (Link& l : links) {
+    try {
+      out.push_back(open_delta(l.dir, std::move(l.idx)));
+    } catch (const Error& e) {
+      if (e.code() != Exit::bad_input && e.code() != Exit::unsupported) throw;
+      why = e.what();
+      damage = e;
+      return std::nullopt;
+    }
+  }
+  return out;
+}
+
+// The pull that reads fewer bytes: the deltas from LOCAL's version on (taking
+// the delta beside each full version on the way), or the newest full
+// version at or below `want` and the deltas after it. Where the deltas from
+// LOCAL cannot be taken (a version pruned, withdrawn, damaged, or `refused`)
+// a full version is, and the plan says why. Every delta of the chosen path
+// is checked whole before LOCAL is touched.
+PullPlan plan_pull(const fs::path& root, const RootView& v, std::optional<std::uint64_t> local_version, std::uint64_t want,
+                   const fs::path& local, const std::set<std::uint64_t>& refused) {
+  const VersionDir* full = nullptr;
+  for (auto it = v.versions.rbegin(); it != v.versions.rend() && !full; ++it)
+    if (it->version <= want && !v.index_of(*it)) full = &*it;
+  if (!full && !local_version)
+    fail(Exit::out_of_order, local.string() + ": has no version, and " + root.string() + " has no full version at or below " +
+                                 format_version(want) + "; initialise it with --init");
+  std::string why_deltas, why_full;
+  std::optional<std::vector<Link>> deltas, after_full;
+  if (local_version) deltas = delta_path(root, v, *local_version, want, refused, why_deltas);
+  if (full) after_full = delta_path(root, v, full->version, want, refused, why_full);
+  PullPlan p;
+  const bool full_wins = after_full && (!deltas || tree_bytes(full->path) + cost_of(*after_full) < cost_of(*deltas));
+  std::optional<Error> damage;
+  if (!full_wins && deltas) {
+    std::optional<std::vector<OpenDelta>> opened = open_path(*deltas, why_deltas, damage);
+    if (opened) {
+      for (const Link& l : *deltas) p.sidecars += l.sidecar, p.bytes += tree_bytes(l.dir);
+      p.chain = std::move(*opened);
+      return p;
+    }
+    deltas.reset();
+  }
+  if (!after_full && damage) throw *damage;  // a damaged delta and nothing else to take: its own error
+  if (!after_full) {
+    const std::string& why = local_version ? why_deltas : why_full;
+    fail(refused.empty() ? Exit::out_of_order : Exit::verify_failed,
+         root.string() + ": cannot reach version " + format_version(want) + ": " + why +
+             (full ? "" : "; no full version to start from either (publish one: delta-diff --full NEW ROOT)"));
+  }
+  std::optional<std::vector<OpenDelta>> opened = open_path(*after_full, why_full, damage);
+  if (!opened) throw *damage;
+  p.full = full;
+  if (auto m = v.markers.find(full->version); m != v.markers.end() && m->second.full) p.full_marker = &m->second;
+  for (const Link& l : *after_full) p.sidecars += l.sidecar, p.bytes += tree_bytes(l.dir);
+  p.bytes += tree_bytes(full->path);
+  p.chain = std::move(*opened);
+  if (local_version && !deltas) p.fallback = why_deltas + "; took full version " + format_version(full->version);
+  return p;
+}
+
+// Nothing to do: `r` says why (LOCAL at `want`, nothing published, or the
+// next version still arriving).
+ApplyResult& nothing_to_do(ApplyResult& r, const LocalState& st, Clock::time_point t0) {
+  r.noop = true;
+  r.no_version = !st.version;
+  r.to_version = st.version.value_or(0);
+  r.seconds = seconds_since(t0);
+  return r;
+}
+
+// One version of the pull, committed on its own: a pull that fails later
+// keeps it.
+template <class Step>
+void commit_version(Txn& txn, std::uint64_t version, Step&& step) {
+  txn.set_final(version);
+  step();
+  txn.commit();
+}
+
+// Runs plan `p`; a delta LOCAL refuses is reported by its version in
+// `refused_at` (LOCAL keeps every version before it).
+void run_plan(Txn& txn, const PullPlan& p, const fs::path& local, const ApplyOptions& opts, ApplyResult& r,
+              std::optional<std::uint64_t>& refused_at) {
+  if (p.full)
+    commit_version(txn, p.full->version, [&] {
+      merge(r, init_locked(txn, p.full->path, local, p.full->version, opts, p.full_marker));
+      r.full_copied = p.full->version;
+    });
+  for (const OpenDelta& d : p.chain) {
+    try {
+      commit_version(txn, d.index.version, [&] { merge(r, apply_opened(txn, d, local, opts)); });
+    } catch (const Error& e) {
+      if (e.code() != Exit::verify_failed && e.code() != Exit::bad_input) throw;
+      refused_at = d.index.version;
+      throw;
+    }
+  }
+}
+
+ApplyResult pull_locked(Txn& txn, const fs::path& root, const fs::path& local, std::optional<std::uint64_t> target,
+                        const ApplyOptions& opts) {
+  const auto t0 = Clock::now();
+  const LocalState st = read_state(local);
+  const RootView v = view_root(root, st.version, opts);
+  const std::vector<VersionDir>& all = v.all;
+  ApplyResult r;
+  r.from_version = st.version;
+  r.published = all.size();
+  if (!all.empty()) r.newest = all.back().version;
+  r.not_published_yet = v.incomplete;
+  r.waiting_for = v.waiting_for;
+  r.newer_complete = v.beyond;
+  if (target && v.incomplete && *target >= *v.incomplete && (!st.version || *target > *st.version))
+    return nothing_to_do(r, st, t0);  // the target, or a version below it, is still arriving
+  const bool held_withdrawn = st.version && v.withdrawn.count(*st.version);
+  if (!target && (v.versions.empty() || (st.version && v.versions.back().version <= *st.version))) {
+    if (held_withdrawn) fail(Exit::out_of_order, local.string() + ": " + withdrawn_held(root, *st.version));
+    return nothing_to_do(r, st, t0);  // nothing published, nothing newer, or the next still arriving
+  }
+  const std::uint64_t want = target ? *target : v.versions.back().version;
+  if (std::none_of(all.begin(), all.end(), [&](const VersionDir& d) { return d.version == want; }))
+    fail(Exit::out_of_order, root.string() + ": version " + format_version(want) + " is not published" +
+                                 (v.withdrawn.count(want) ? " (it was withdrawn)" : ""));
+  r.to_version = want;
+  if (st.version && *st.version > want)
+    fail(Exit::out_of_order, local.string() + ": is at version " + format_version(*st.version) + ", newer than the target " +
+                                 format_version(want));
+  if (st.version == want) return nothing_to_do(r, st, t0);
+  // A delta LOCAL refuses (its base bytes are not LOCAL's) leaves LOCAL at
+  // the version before it; a full version above it is taken instead, if
+  // there is one.
+  std::set<std::uint64_t> refused;
+  std::optional<Error> refusal;
+  for (;;) {
+    const std::optional<std::uint64_t> cur = read_state(local).version;
+    PullPlan p;
+    try {
+      p = plan_pull(root, v, cur, want, local, refused);
+    } catch (const Error& e) {
+      if (!refusal) throw;
+      fail(refusal->code(), std::string(refusal->what()) + "\n" + local.string() + " keeps version " +
+                                format_version(cur.value_or(0)) + ", the last it could apply; no full version above it "
+                                "to take instead (" + e.what() + ")");
+    }
+    if (!p.fallback.empty()) r.fallback += (r.fallback.empty() ? "" : "; ") + p.fallback;
+    std::optional<std::uint64_t> refused_at;
+    try {
+      run_plan(txn, p, local, opts, r, refused_at);
+    } catch (const Error& e) {
+      if (!refused_at) {
+        if (r.applied.empty()) throw;
+        fail(e.code(), std::string(e.what()) + "\n" + local.string() + " keeps version " +
+                           format_version(read_state(local).version.value_or(0)) + ", the last it could apply");
+      }
+      refused.insert(*refused_at);
+      refusal = e;
+      r.fallback += (r.fallback.empty() ? "" : "; ") + std::string("version ") + format_version(*refused_at) +
+                    " was refused (" + e.what() + ")";
+      continue;
+    }
+    r.sidecars_applied += p.sidecars;
+    r.root_bytes += p.bytes;
+    break;
+  }
+  r.to_version = want;
+  r.seconds = seconds_since(t0);
+  return r;
+}
+
+}  // namespace
+
+ApplyResult pull(const fs::path& root, const fs::path& local, std::optional<std::uint64_t> target, const ApplyOptions& opts) {
+  check_local_path(local, Exit::out_of_order);
+  require_dir(root, "give the publication root (is the share mounted?)");
+  check_not_local(root, "a publication root", "delta-apply --root ROOT LOCAL");
+  return locked(local, opts, [&](Txn& txn) { return pull_locked(txn, root, local, target, opts); });
+}
+
+}  // namespace hfdelta

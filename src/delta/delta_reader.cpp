@@ -1,0 +1,161 @@
+// The one reader of delta directories (see delta_reader.hpp).
+#include "delta/delta_reader.hpp"
+
+#include <set>
+
+#include <boost/filesystem/operations.hpp>
+
+#include "hfdelta/checkpoint.hpp"
+#include "hfdelta/error.hpp"
+#include "hfdelta/io.hpp"
+
+namespace hfdelta {
+
+namespace fs = boost::filesystem;
+
+namespace {
+
+// A symlink anywhere inside a delta could make it read (or, through
+// hfdelta_files, copy into LOCAL) a file of the publisher's host that is no
+// part of the delta, so none is allowed: not only on the paths the index
+// names, but any entry, directories included (those are not descended).
+void check_no_symlinks(const fs::path& dir) {
+  boost::system::error_code ec;
+  fs::recursive_directory_iterator it(dir, ec), end;
+  for (; !ec && it != end; it.increment(ec))
+    if (fs::is_symlink(it->symlink_status()))
+      fail(Exit::bad_input, it->path().string() + ": is a symlink; a delta is read from its own files only, never through a link");
+  if (ec) fail(Exit::failure, dir.string() + ": cannot list the delta directory: " + ec.message());
+}
+
+void check_index_file(const fs::path& dir) {
+  boost::system::error_code ec;
+  const fs::path p = dir / kIndexFile;
+  if (!fs::is_regular_file(fs::symlink_status(p, ec)))
+    fail(Exit::bad_input, p.string() + ": missing or not a regular file; " + dir.string() + " is not a delta version");
+}
+
+DeltaEntry entry_of(const OpenDelta& v, const std::string& file, const SafetensorsHeader& hdr, const TensorInfo& t,
+                    const std::string& w, const Hash128& checksum) {
+  DeltaEntry e;
+  e.file = &file;
+  e.info = &t;
+  e.encoding = encoding_of(v.index, t.name);
+  e.frame = v.maps.at(file).bytes(hdr.file_offset(t), t.nbytes());
+  e.new_hash = checksum;
+  if (auto b = v.index.base_checksums.find(t.name); b != v.index.base_checksums.end()) e.base_hash = b->second;
+  if (e.encoding == Encoding::stack) e.stack = read_stack(e.frame, checksum, w + ": entry '" + t.name + "'");
+  return e;
+}
+
+// The delta files: headers valid, every entry an entry of this file, every
+// tensor the index maps to a file present in it; lists the entries.
+void check_delta_files(const fs::path& dir, OpenDelta& v) {
+  const DeltaIndex& idx = v.index;
+  boost::system::error_code ec;
+  for (const auto& [tensor, file] : idx.weight_map) {
+    if (v.headers.count(file)) continue;
+    const fs::path p = dir / file;
+    if (!fs::is_regular_file(fs::symlink_status(p, ec)))
+      fail(Exit::bad_input, p.string() + ": named by the delta index but missing or not a regular file");
+    v.headers.emplace(file, read_safetensors(p));
+    MappedFile m(p);
+    if (m.size() != v.headers.at(file).file_size) fail(Exit::bad_input, p.string() + ": changed size while being read");
+    v.maps.emplace(file, std::move(m));
+  }
+  for (const auto& [tensor, file] : idx.weight_map)
+    if (!v.headers.at(file).find(tensor))
+      fail(Exit::bad_input, (dir / file).string() + ": has no entry '" + tensor + "' named by the delta index");
+  // A tensor of a built file whose entry records another checksum than
+  // hfdelta_shards: the delta contradicts itself.
+  std::map<std::string, const ShardOp::Tensor*> built;
+  for (const ShardOp& so : idx.shards)
+    for (const ShardOp::Tensor& t : so.tensors) built[t.name] = &t;
+  for (const auto& [file, hdr] : v.headers) {
+    const std::string w = (dir / file).string();
+    for (const auto& t : hdr.tensors) {
+      const Hash128 checksum = check_delta_entry(idx, file, hdr, t, w);
+      if (auto b = built.find(t.name); b != built.end() && b->second->hash != checksum)
+        fail(Exit::bad_input, w + ": entry '" + t.name + "' records checksum " + checksum.hex() + ", hfdelta_shards " +
+                                  b->second->hash.hex());
+      v.entries.push_back(entry_of(v, file, hdr, t, w, checksum));
+    }
+  }
+}
+
+bool touches_state(const std::string& path) {
+  return path == kStateDir || path.rfind(std::string(kStateDir) + "/", 0) == 0;
+}
+
+// hfdelta_files may not replace or remove what the delta itself treats as a
+// weight file (a file its entries patch, or one of its hfdelta_shards), except
+// where a file stops being a weight file (removed as one, put as a plain
+// file) or starts being one (a build replacing a plain file of that name).
+// Whether it is a weight file of LOCAL only delta-apply can tell.
+void check_file_ops(const fs::path& dir, const DeltaIndex& idx) {
+  const std::string iw = (dir / kIndexFile).string();
+  std::set<std::string> targets;
+  for (const auto& [delta_file, target] : idx.targets) targets.insert(target);
+  for (const FileChange& fc : idx.files) {
+    if (touches_state(fc.path)) fail(Exit::bad_input, iw + ": hfdelta_files may not touch " + fc.path);
+    const bool put = fc.op == FileChange::Op::put;
+    const ShardOp* so = shard_op(idx, fc.path);
+    const bool swap = so && (so->op == ShardOp::Op::remove ? put : so->op == ShardOp::Op::build && !put);
+    if (!swap && (so || targets.count(fc.path)))
+      fail(Exit::bad_input, iw + ": hfdelta_files may not " + (put ? "replace" : "remove") + " weight file " + fc.path +
+                                " (the delta's own " + (so ? "hfdelta_shards" : "hfdelta_targets") + " names it)");
+    if (put) open_carried(dir / kFilesDir / fc.path, fc.size, fc.hash, "hfdelta_files");
+  }
+}
+
+void check_new_headers(const fs::path& dir, OpenDelta& v) {
+  for (const ShardOp& so : v.index.shards) {
+    if (so.op == ShardOp::Op::remove) continue;
+    const fs::path hp = dir / kHeadersDir / so.file;
+    MappedFile hm = open_carried(hp, so.header_size, so.header_hash, "hfdelta_shards");
+    if (so.op == ShardOp::Op::build)
+      parse_built_header({reinterpret_cast<const char*>(hm.bytes().data()), hm.size()}, so, hp.string());
+    v.new_headers.emplace(so.file, std::move(hm));
+  }
+}
+
+}  // namespace
+
+std::string OpenDelta::index_path() const { return (dir / kIndexFile).string(); }
+
+std::string OpenDelta::path_of(const DeltaEntry& e) const { return (dir / *e.file).string(); }
+
+std::string_view OpenDelta::new_header(const std::string& file) const {
+  const MappedFile& m = new_headers.at(file);
+  return {reinterpret_cast<const char*>(m.bytes().data()), m.size()};
+}
+
+namespace {
+
+OpenDelta open_checked(const fs::path& dir, DeltaIndex index) {
+  OpenDelta v;
+  v.dir = dir;
+  v.index = std::move(index);
+  check_new_headers(dir, v);
+  check_delta_files(dir, v);
+  check_file_ops(dir, v.index);
+  return v;
+}
+
+}  // namespace
+
+OpenDelta open_delta(const fs::path& dir) {
+  boost::system::error_code ec;
+  require_dir(dir, "give a delta version directory");
+  check_no_symlinks(dir);  // before the index is read: it may be a link
+  check_index_file(dir);
+  return open_checked(dir, read_delta_index(dir));
+}
+
+OpenDelta open_delta(const fs::path& dir, DeltaIndex index) {
+  check_no_symlinks(dir);
+  check_index_file(dir);
+  return open_checked(dir, std::move(index));
+}
+
+}  // namespace hfdelta

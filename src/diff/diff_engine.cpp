@@ -1,0 +1,518 @@
+#include "diff/diff_engine.hpp"
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include <boost/filesystem/operations.hpp>
+
+#include "codec/change_rules.hpp"
+#include "hfdelta/error.hpp"
+#include "hfdelta/progress.hpp"
+#include "util/parallel.hpp"
+
+namespace hfdelta {
+
+namespace fs = boost::filesystem;
+
+namespace {
+
+// Bytes of each input read at a time by the chunk engine: small enough to
+// stay in the core's cache while they are hashed, compared and scanned.
+constexpr std::uint64_t kBlock = 256 * 1024;
+
+// A unit of parallel work: a whole tensor, or for a tensor large enough to
+// keep the other cores waiting, its hashes or one range of its chunks.
+struct Unit {
+  enum class Kind { whole, hash, range, fresh } kind;
+  std::size_t work = 0, range = 0;
+  std::uint64_t c0 = 0, c1 = 0;  // chunks
+  std::uint64_t bytes = 0;       // for scheduling, largest first
+};
+
+// One append-only scratch file per thread: frames are streamed there while
+// tensors are compressed in parallel, then gathered into the delta files.
+struct Spool {
+  File file;
+  std::uint64_t size = 0;
+  void put(std::span<const std::uint8_t> s) {
+    file.pwrite_all(s.data(), s.size(), size);
+    size += s.size();
+  }
+};
+
+}  // namespace
+
+// Per-thread state, made on first use.
+struct Worker {
+  Spool spool, xspool;  // xspool: "auto"'s xor frames
+  std::unique_ptr<Compressor> comp, xcomp;
+  SparseChunkEncoder enc;
+  ContextChunkEncoder cenc;
+  std::vector<std::uint8_t> a, b, x;
+};
+
+namespace {
+
+// Compresses the XOR of blocks streamed in order into one xor frame (the
+// "auto" encoding's alternative), from blocks already in cache.
+struct XorStream {
+  Worker& wk;
+  Seg seg;
+  ByteSink sink;
+  XorStream(Worker& w, int tid, std::uint64_t nbytes) : wk(w), seg{tid, w.xspool.size, 0, true} {
+    sink = [this](std::span<const std::uint8_t> s) { wk.xspool.put(s); };
+    wk.xcomp->begin(nbytes);
+  }
+  void block(const std::uint8_t* a, const std::uint8_t* b, std::size_t n) {
+    // Word at a time through local pointers: the compiler cannot prove the
+    // buffers apart, and would go byte by byte.
+    std::uint8_t* x = wk.x.data();
+    std::size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      std::uint64_t u, v;
+      std::memcpy(&u, a + i, 8);
+      std::memcpy(&v, b + i, 8);
+      u ^= v;
+      std::memcpy(x + i, &u, 8);
+    }
+    for (; i < n; ++i) x[i] = a[i] ^ b[i];
+    wk.xcomp->put({x, n}, sink);
+  }
+  Seg end() {
+    wk.xcomp->end(sink);
+    seg.size = wk.xspool.size - seg.offset;
+    return seg;
+  }
+};
+
+// Scans chunks [c0, c1) of one tensor in blocks: each block of both inputs is
+// read once, hashed (if `hashers`), compared and turned into sparse or
+// context changes while it is in cache; each finished chunk goes to the
+// thread's spool.
+RangeOut scan_range(const Work& w, std::uint64_t c0, std::uint64_t c1, Worker& wk, XorStream* xs, Hasher* hb, Hasher* hn) {
+  RangeOut out;
+  std::optional<Hasher> sum;  // a split tensor's range: its new bytes as encoded here
+  if (!hn) hn = &sum.emplace();
+  const std::uint64_t chunk_bytes = kSparseChunkElements * w.es;
+  const ByteSink to_spool = [&](std::span<const std::uint8_t> s) { wk.spool.put(s); };
+  const bool context = w.encoding == Encoding::context;
+  out.body = {-1, wk.spool.size, 0};
+  for (std::uint64_t ch = c0; ch < c1; ++ch) {
+    const std::uint64_t cs = ch * chunk_bytes, ce = std::min(w.nbytes, cs + chunk_bytes);
+    if (context)
+      wk.cenc.begin(w.es, w.field);
+    else
+      wk.enc.begin(w.es);
+    for (std::uint64_t at = cs; at < ce; at += kBlock) {
+      const std::size_t n = static_cast<std::size_t>(std::min(kBlock, ce - at));
+      const std::uint8_t* a = w.bsrc->read(wk.a.data(), n, w.boff + at);
+      const std::uint8_t* b = w.nsrc->read(wk.b.data(), n, w.noff + at);
+      if (hb) hb->update({a, n});
+      if (hn) hn->update({b, n});
+      if (xs) xs->block(a, b, n);
+      // The context encoder sees every base element (it counts contexts).
+      if (context)
+        wk.cenc.scan(a, b, n / w.es, (at - cs) / w.es);
+      else if (std::memcmp(a, b, n) != 0)
+        wk.enc.scan(a, b, n / w.es, (at - cs) / w.es);
+    }
+    if (context) {
+      out.elements_changed += wk.cenc.changed_elements();
+      out.bytes_changed += wk.cenc.changed_bytes();
+      wk.cenc.end(*wk.comp, to_spool);
+    } else {
+      out.elements_changed += wk.enc.changed_elements();
+      out.bytes_changed += wk.enc.changed_bytes();
+      wk.enc.end(*wk.comp, to_spool);
+    }
+  }
+  out.body.size = wk.spool.size - out.body.offset;
+  if (sum) out.new_sum = sum->digest();
+  return out;
+}
+
+[[noreturn]] void changed_while_read(const Work& w) {
+  fail(Exit::verify_failed, "tensor '" + w.t->name + "': its bytes changed while they were read (written by another "
+                            "thread or process meanwhile?); nothing was published: give bytes that stay unchanged "
+                            "until the call returns");
+}
+
+// Makes a thread's scratch state on first use.
+void ensure_worker(Worker& wk, std::size_t tid, const fs::path& tmp, int level, bool autochoice) {
+  if (wk.comp) return;
+  wk.comp = std::make_unique<Compressor>(level);
+  wk.spool.file = File(tmp / (".spool-" + std::to_string(tid)), File::Mode::create_exclusive);
+  wk.a.resize(kBlock), wk.b.resize(kBlock), wk.x.resize(kBlock);
+  if (autochoice) {
+    wk.xcomp = std::make_unique<Compressor>(level);
+    wk.xspool.file = File(tmp / (".xspool-" + std::to_string(tid)), File::Mode::create_exclusive);
+  }
+}
+
+// A tensor without base bytes (new, or of another length than before): its
+// entry is an xor frame against zeros, i.e. its bytes compressed. An all-zero
+// tensor needs none.
+void encode_fresh(Work& w, Worker& wk, std::size_t tid) {
+  const ByteSink sink = [&](std::span<const std::uint8_t> s) { wk.spool.put(s); };
+  Hasher hn;
+  bool nonzero = false;
+  w.encoding = Encoding::xor_bytes;
+  w.frame = {static_cast<int>(tid), wk.spool.size, 0};
+  wk.comp->begin(w.nbytes);
+  for (std::uint64_t at = 0; at < w.nbytes; at += kBlock) {
+    const std::size_t n = static_cast<std::size_t>(std::min(kBlock, w.nbytes - at));
+    const std::uint8_t* b = w.nsrc->read(wk.b.data(), n, w.noff + at);
+    hn.update({b, n});
+    if (!nonzero) nonzero = std::any_of(b, b + n, [](std::uint8_t c) { return c != 0; });
+    wk.comp->put({b, n}, sink);
+  }
+  wk.comp->end(sink);
+  w.new_hash = hn.digest();
+  if (!nonzero) {
+    wk.spool.size = w.frame.offset;
+    w.frame = {};
+    return;
+  }
+  w.frame.size = wk.spool.size - w.frame.offset;
+  w.elements_changed = dtype_size(w.t->dtype) ? w.t->elements() : w.nbytes;
+  w.bytes_changed = w.nbytes;
+}
+
+// The base bytes' checksum as read: checked against the one recorded for
+// them, where known (a mirror altered since it was recorded).
+void set_base_hash(Work& w, const Hash128& h) {
+  if (w.base_hash_known && h != w.base_hash)
+    fail(Exit::verify_failed, (w.base_what ? *w.base_what : std::string("base")) + ": tensor '" + w.t->name +
+                                  "' holds other bytes (checksum " + h.hex() + ") than recorded for it (" +
+                                  w.base_hash.hex() + "): it was altered since; nothing was published");
+  w.base_hash = h;
+  w.base_hashed = true;
+}
+
+// The head of a chunked entry.
+std::uint64_t head_size(const Work& w) { return w.encoding == Encoding::context ? kContextHeadSize : kSparseHeadSize; }
+
+// The units of the chunk engine, largest first. A tensor larger than its
+// share of the work is cut into ranges of chunks so that it does not keep
+// the other cores waiting; its hashes (which run front to back) become a
+// unit of their own.
+std::vector<Unit> chunk_units(std::span<Work* const> works, int threads) {
+  std::uint64_t total = 0;
+  for (const Work* w : works) total += w->nbytes;
+  std::vector<Unit> units;
+  for (std::size_t i = 0; i < works.size(); ++i) {
+    Work& w = *works[i];
+    if (w.fresh) {
+      units.push_back({Unit::Kind::fresh, i, 0, 0, 0, w.nbytes});
+      continue;
+    }
+    const std::vector<ChunkRange> ranges = split_chunk_ranges(w.nbytes, w.chunks, kSparseChunkElements * w.es, total, threads);
+    if (ranges.empty()) {
+      w.ranges.resize(1);
+      units.push_back({Unit::Kind::whole, i, 0, 0, w.chunks, w.nbytes});
+      continue;
+    }
+    units.push_back({Unit::Kind::hash, i, 0, 0, 0, w.nbytes});
+    w.range_c0.clear();
+    for (const ChunkRange& r : ranges) {
+      w.range_c0.push_back(r.c0);
+      units.push_back({Unit::Kind::range, i, w.ranges.size(), r.c0, r.c1, r.bytes});
+      w.ranges.emplace_back();
+    }
+  }
+  std::stable_sort(units.begin(), units.end(), [](const Unit& x, const Unit& y) { return x.bytes > y.bytes; });
+  return units;
+}
+
+// A split tensor's checksums (and with `xs`, its xor frame), front to back.
+// A known base checksum leaves the base bytes unread unless `xs` needs them.
+// Each range's sum of the new bytes too, for the ranges to be checked
+// against (Work::range_sum). Blocks never straddle a range: ranges start at
+// chunk boundaries, and a chunk is a whole number of blocks.
+void hash_unit(Work& w, Worker& wk, XorStream* xs) {
+  Hasher hb, hn, hr;
+  const std::uint64_t chunk_bytes = kSparseChunkElements * w.es;
+  std::size_t r = 0;
+  w.range_sum.assign(w.range_c0.size(), {});
+  for (std::uint64_t at = 0; at < w.nbytes; at += kBlock) {
+    const std::size_t n = static_cast<std::size_t>(std::min(kBlock, w.nbytes - at));
+    if (r + 1 < w.range_c0.size() && at == w.range_c0[r + 1] * chunk_bytes) w.range_sum[r++] = hr.digest(), hr.reset();
+    const std::uint8_t* b = w.nsrc->read(wk.b.data(), n, w.noff + at);
+    hn.update({b, n});
+    hr.update({b, n});
+    const std::uint8_t* a = w.bsrc->read(wk.a.data(), n, w.boff + at);
+    hb.update({a, n});
+    if (xs) xs->block(a, b, n);
+  }
+  if (!w.range_sum.empty()) w.range_sum[r] = hr.digest();
+  set_base_hash(w, hb.digest());
+  w.new_hash = hn.digest();
+  if (xs) w.xor_frame = xs->end();
+}
+
+// "auto" of a tensor scanned whole: only the smaller of its chunked entry
+// and its xor frame stays in the spools.
+void keep_smaller(Work& w, RangeOut& r, Worker& wk, XorStream& xs) {
+  w.xor_frame = xs.end();
+  if (r.elements_changed == 0 || head_size(w) + r.body.size <= w.xor_frame.size) {
+    wk.xspool.size = w.xor_frame.offset;
+    w.xor_frame = {};
+  } else {
+    wk.spool.size = r.body.offset;
+    r.body.size = 0;
+    w.encoding = Encoding::xor_bytes;
+    w.frame = w.xor_frame;
+    w.xor_frame = {};  // decided
+  }
+}
+
+// A tensor in one unit: hashed, scanned and (with `xs`) decided in one pass.
+void scan_whole(Work& w, const Unit& unit, Worker& wk, std::size_t tid, XorStream* xs) {
+  Hasher hb, hn;
+  RangeOut r = scan_range(w, unit.c0, unit.c1, wk, xs, &hb, &hn);
+  set_base_hash(w, hb.digest());
+  w.new_hash = hn.digest();
+  r.body.spool = static_cast<int>(tid);
+  if (xs) keep_smaller(w, r, wk, *xs);
+  if (r.elements_changed == 0) wk.spool.size = r.body.offset, r.body.size = 0;  // unchanged: nothing to keep
+  w.ranges[0] = r;
+}
+
+void run_chunk_unit(const Unit& unit, Work& w, Worker& wk, std::size_t tid, bool autochoice) {
+  if (unit.kind == Unit::Kind::fresh) return encode_fresh(w, wk, tid);
+  // "auto" encodes xor too, in the same pass, and keeps the smaller entry
+  // of every tensor: never larger than xor, at the cost of compressing the
+  // XOR stream (mostly zeros, which zstd goes through fast).
+  std::optional<XorStream> xs;
+  if (autochoice && unit.kind != Unit::Kind::range) xs.emplace(wk, static_cast<int>(tid), w.nbytes);
+  XorStream* x = xs ? &*xs : nullptr;
+  if (unit.kind == Unit::Kind::hash) return hash_unit(w, wk, x);
+  if (unit.kind == Unit::Kind::whole) return scan_whole(w, unit, wk, tid, x);
+  RangeOut r = scan_range(w, unit.c0, unit.c1, wk, nullptr, nullptr, nullptr);
+  r.body.spool = static_cast<int>(tid);
+  w.ranges[unit.range] = r;
+}
+
+// A split tensor's ranges encoded the bytes its checksum was taken of.
+void check_range_sums(const Work& w) {
+  if (w.range_sum.size() != w.ranges.size() || w.ranges.size() < 2) return;
+  for (std::size_t i = 0; i < w.ranges.size(); ++i)
+    if (w.ranges[i].new_sum != w.range_sum[i]) changed_while_read(w);
+}
+
+// Each tensor's totals over its ranges; "auto" keeps a split tensor's xor
+// frame where it is smaller than its chunked entry.
+void sum_ranges(std::span<Work* const> works, bool autochoice) {
+  for (Work* wp : works) {
+    Work& w = *wp;
+    check_range_sums(w);
+    for (const auto& r : w.ranges) w.elements_changed += r.elements_changed, w.bytes_changed += r.bytes_changed;
+    if (!autochoice || w.fresh || !w.changed() || w.xor_frame.spool < 0) continue;
+    std::uint64_t chunked_len = head_size(w);
+    for (const auto& r : w.ranges) chunked_len += r.body.size;
+    if (w.xor_frame.size < chunked_len) w.encoding = Encoding::xor_bytes, w.frame = w.xor_frame;
+  }
+}
+
+}  // namespace
+
+Work make_work(std::size_t nfile, const TensorInfo& t) {
+  Work w;
+  w.nfile = nfile;
+  w.t = &t;
+  w.nbytes = t.nbytes();
+  const ChunkLayout l = chunk_layout(t.dtype, w.nbytes);
+  w.es = l.es;
+  w.field = l.field;
+  w.chunks = sparse_chunk_count(w.nbytes, w.es);
+  return w;
+}
+
+Encoder::Encoder(fs::path tmp, std::optional<Encoding> encoding, int level, int threads)
+    : tmp_(std::move(tmp)),
+      encoding_(encoding),
+      chunked_(encoding == Encoding::sparse ? Encoding::sparse : Encoding::context),
+      level_(level),
+      threads_(default_threads(threads)) {
+  for (int t = 0; t < threads_; ++t) workers_.push_back(std::make_unique<Worker>());
+}
+
+Encoder::~Encoder() {
+  try {
+    close();
+  } catch (...) {  // the delta's temporary directory goes with them on failure
+  }
+}
+
+void Encoder::encode(std::span<Work* const> works) {
+  if (!encoding_ || chunked(*encoding_))
+    chunk_pass(works);
+  else
+    frame_pass(works);
+}
+
+// The chunk engine ("sparse", "context" and "auto"): one pass over both
+// inputs per tensor, in parallel over tensors and over chunk ranges of large
+// tensors.
+void Encoder::chunk_pass(std::span<Work* const> works) {
+  const bool autochoice = !encoding_;
+  for (Work* w : works) w->encoding = chunked_;
+  const std::vector<Unit> units = chunk_units(works, threads_);
+  parallel_for(units.size(), threads_, [&](std::size_t u, std::size_t tid) {
+    const Unit& unit = units[u];
+    Work& w = *works[unit.work];
+    Worker& wk = *workers_[tid];
+    ensure_worker(wk, tid, tmp_, level_, autochoice);
+    run_chunk_unit(unit, w, wk, tid, autochoice);
+    // Each tensor's bytes count once: a split tensor's through its ranges.
+    if (unit.kind != Unit::Kind::hash) progress::add(unit.bytes);
+  });
+  sum_ranges(works, autochoice);
+}
+
+// The slime encodings, one frame per tensor over whole views.
+void Encoder::frame_pass(std::span<Work* const> works) {
+  std::vector<std::size_t> order(works.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return works[x]->nbytes > works[y]->nbytes; });
+  parallel_for(order.size(), threads_, [&](std::size_t k, std::size_t tid) {
+    Work& w = *works[order[k]];
+    progress::add(w.nbytes);  // counted as it starts: the frame is one step
+    Worker& wk = *workers_[tid];
+    ensure_worker(wk, tid, tmp_, level_, false);
+    if (w.fresh) return encode_fresh(w, wk, tid);
+    const auto a = w.bsrc->view(w.boff, w.nbytes);
+    const auto b = w.nsrc->view(w.noff, w.nbytes);
+    set_base_hash(w, xxh3_128(a));
+    if (std::memcmp(a.data(), b.data(), a.size()) == 0) {
+      w.new_hash = w.base_hash;
+      return;
+    }
+    const std::size_t es = dtype_size(w.t->dtype) ? dtype_size(w.t->dtype) : 1;
+    const ChangeCount cc = count_changes(a, b, es);
+    w.elements_changed = cc.elements, w.bytes_changed = cc.bytes;
+    w.new_hash = xxh3_128(b);
+    const ByteSink sink = [&](std::span<const std::uint8_t> s) { wk.spool.put(s); };
+    w.encoding = *encoding_;
+    w.frame = {static_cast<int>(tid), wk.spool.size, 0};
+    w.frame.size = w.encoding == Encoding::xor_bytes ? encode_xor(*wk.comp, a, b, sink)
+                                                     : encode_overwrite(*wk.comp, a, b, cc.bytes, sink);
+    // The whole-tensor frames read their views in several passes: the bytes
+    // hashed before must still be there after, or the frame may hold others.
+    if (xxh3_128(b) != w.new_hash) changed_while_read(w);
+  });
+}
+
+void Encoder::encode_found(Work& w, std::span<const FoundChunk> chunks, std::span<const ContextGroups> groups) {
+  if (encoding_ != Encoding::sparse && encoding_ != Encoding::context)
+    fail(Exit::usage, "tensor '" + w.t->name + "': changes found elsewhere are encoded as sparse or context, not " +
+                          (encoding_ ? std::string(encoding_name(*encoding_)) : std::string("auto")) +
+                          ": give the tensor's bytes");
+  const bool context = *encoding_ == Encoding::context;
+  if (w.fresh || chunks.size() != w.chunks || (context && groups.size() != chunks.size()))
+    fail(Exit::failure, "tensor '" + w.t->name + "': " + std::to_string(chunks.size()) + " chunks of found changes for " +
+                            std::to_string(w.chunks) + " chunks" + (w.fresh ? " of a tensor without base bytes" : ""));
+  Worker& wk = *workers_[0];
+  ensure_worker(wk, 0, tmp_, level_, false);
+  w.encoding = *encoding_;
+  // The base's and the new bytes' checksums, block by block: each chunk's
+  // changes (ascending within it) applied to its base bytes.
+  Hasher hb, hn;
+  const std::uint64_t chunk_bytes = kSparseChunkElements * w.es, ones = rules::element_ones(w.es);
+  for (std::uint64_t c = 0; c < w.chunks; ++c) {
+    const FoundChunk& fc = chunks[c];
+    const std::uint64_t cs = c * chunk_bytes, ce = std::min(w.nbytes, cs + chunk_bytes);
+    if (fc.elements != (ce - cs) / w.es)
+      fail(Exit::failure, "tensor '" + w.t->name + "': found chunk " + std::to_string(c) + " of " + std::to_string(fc.elements) +
+                              " elements, not " + std::to_string((ce - cs) / w.es));
+    std::uint64_t j = 0;
+    for (std::uint64_t at = cs; at < ce; at += kBlock) {
+      const std::size_t n = static_cast<std::size_t>(std::min(kBlock, ce - at));
+      const std::uint8_t* a = w.bsrc->read(wk.a.data(), n, w.boff + at);
+      hb.update({a, n});
+      std::uint8_t* b = wk.b.data();
+      std::memcpy(b, a, n);
+      const std::uint64_t e0 = (at - cs) / w.es, e1 = e0 + n / w.es;
+      for (; j < fc.count && fc.pos[j] < e1; ++j) {
+        if (fc.pos[j] < e0 || (j && fc.pos[j] <= fc.pos[j - 1]))
+          fail(Exit::failure, "tensor '" + w.t->name + "': found changes of chunk " + std::to_string(c) + " out of order");
+        std::uint8_t* p = b + (fc.pos[j] - e0) * w.es;
+        const std::uint64_t v = (rules::load_element(p, w.es) + rules::load_element(fc.diff + j * w.es, w.es)) & ones;
+        for (std::size_t k = 0; k < w.es; ++k) p[k] = static_cast<std::uint8_t>(v >> (8 * k));
+      }
+      hn.update({b, n});
+    }
+    if (j != fc.count)
+      fail(Exit::failure, "tensor '" + w.t->name + "': found changes of chunk " + std::to_string(c) + " past its end");
+  }
+  set_base_hash(w, hb.digest());
+  w.new_hash = hn.digest();
+  // The entry's chunks, as scan_range writes them.
+  const ByteSink to_spool = [&](std::span<const std::uint8_t> s) { wk.spool.put(s); };
+  RangeOut r;
+  r.body = {0, wk.spool.size, 0};
+  for (std::uint64_t c = 0; c < w.chunks; ++c) {
+    if (context) {
+      wk.cenc.begin(w.es, w.field);
+      wk.cenc.take(chunks[c], groups[c]);
+      r.elements_changed += wk.cenc.changed_elements(), r.bytes_changed += wk.cenc.changed_bytes();
+      wk.cenc.end(*wk.comp, to_spool);
+    } else {
+      wk.enc.begin(w.es);
+      wk.enc.take(chunks[c]);
+      r.elements_changed += wk.enc.changed_elements(), r.bytes_changed += wk.enc.changed_bytes();
+      wk.enc.end(*wk.comp, to_spool);
+    }
+  }
+  r.body.size = wk.spool.size - r.body.offset;
+  if (r.elements_changed == 0) wk.spool.size = r.body.offset, r.body.size = 0;
+  r.new_sum = w.new_hash;
+  w.ranges.assign(1, r);
+  w.elements_changed = r.elements_changed, w.bytes_changed = r.bytes_changed;
+  progress::add(w.nbytes);
+}
+
+std::uint64_t Encoder::entry_size(const Work& w) const {
+  if (!chunked(w.encoding)) return w.frame.size;
+  std::uint64_t size = head_size(w);
+  for (const auto& rg : w.ranges) size += rg.body.size;
+  return size;
+}
+
+// An entry's bytes, gathered from the spools: the chunked entry's head and
+// its ranges' chunks, or its one frame.
+void Encoder::write_entry(const Work& w, File& f, std::uint64_t at) const {
+  auto copy = [&](const Seg& sg) {
+    const Worker& from = *workers_[static_cast<std::size_t>(sg.spool)];
+    copy_range(sg.in_xspool ? from.xspool.file : from.spool.file, sg.offset, sg.size, f, at);
+    at += sg.size;
+  };
+  if (!chunked(w.encoding)) return copy(w.frame);
+  static_assert(kContextHeadSize >= kSparseHeadSize);
+  std::uint8_t head[kContextHeadSize];
+  if (w.encoding == Encoding::context)
+    context_entry_head(w.es, w.nbytes, w.field, head);
+  else
+    sparse_entry_head(w.es, w.nbytes, head);
+  f.pwrite_all(head, head_size(w), at);
+  at += head_size(w);
+  for (const auto& rg : w.ranges) copy(rg.body);
+}
+
+void Encoder::close() {
+  for (std::size_t t = 0; t < workers_.size(); ++t) {
+    Worker& wk = *workers_[t];
+    if (wk.spool.file.fd() >= 0) {
+      wk.spool.file.close();
+      fs::remove(tmp_ / (".spool-" + std::to_string(t)));
+    }
+    if (wk.xspool.file.fd() >= 0) {
+      wk.xspool.file.close();
+      fs::remove(tmp_ / (".xspool-" + std::to_string(t)));
+    }
+  }
+}
+
+}  // namespace hfdelta

@@ -1,0 +1,83 @@
+#include "hfdelta/withdraw.hpp"
+
+#include <boost/filesystem/operations.hpp>
+#include <nlohmann/json.hpp>
+
+#include "hfdelta/checkpoint.hpp"
+#include "hfdelta/delta_format.hpp"
+#include "hfdelta/error.hpp"
+#include "hfdelta/io.hpp"
+#include "hfdelta/version.hpp"
+
+namespace hfdelta {
+
+namespace fs = boost::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr const char* kWithdrawnSidecarPrefix = "withdrawn_";
+
+// Versions of ROOT published on `v`.
+std::vector<std::uint64_t> built_on(const fs::path& root, std::uint64_t v) {
+  std::vector<std::uint64_t> out;
+  for (const VersionDir& d : scan_root(root)) {
+    if (d.version <= v) continue;
+    try {
+      if (const auto idx = read_index_if_delta(d.path); idx && idx->base_version == v) out.push_back(d.version);
+    } catch (const Error&) {  // a damaged newer version: reached by no one anyway
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+WithdrawResult withdraw_version(const fs::path& dir_arg, bool sync) {
+  const fs::path dir = fs::absolute(strip_trailing_slashes(dir_arg.string()));
+  const std::string name = dir.filename().string();
+  const auto v = version_from_dirname(name);
+  if (!v || version_dirname(*v) != name)
+    fail(Exit::usage, dir_arg.string() + ": give the version directory to withdraw, ROOT/weight_vNNNNNN (weight_v and "
+                                         "six digits)");
+  WithdrawResult r;
+  r.root = dir.parent_path();
+  r.version = *v;
+  r.withdrawn = r.root / withdrawn_dirname(*v);
+  require_dir(r.root, "give a version directory of an existing publication root");
+  if (exists_nofollow(r.root / kStateDir) || exists_nofollow(dir / kStateDir))
+    fail(Exit::bad_input, dir.string() + ": is in a LOCAL checkpoint (it has " + kStateDir + "/), not a publication root");
+  const fs::path side = r.root / sidecar_dirname(*v);
+  const fs::path side_to = r.root / (std::string(kWithdrawnSidecarPrefix) + sidecar_dirname(*v));
+  if (!exists_nofollow(dir)) {
+    if (!exists_nofollow(r.withdrawn))
+      fail(Exit::bad_input, dir.string() + ": no such version (nor withdrawn) in " + r.root.string());
+    r.already = !exists_nofollow(side);
+  } else {
+    if (exists_nofollow(r.withdrawn))
+      fail(Exit::exists, r.withdrawn.string() + ": already exists beside " + dir.string() +
+                             "; move one of them away by hand");
+    rename_path(dir, r.withdrawn);  // the one step that takes it back: atomic
+  }
+  // The delta beside a full version goes too: its own number's bytes.
+  if (exists_nofollow(side) && !exists_nofollow(side_to)) rename_path(side, side_to);
+  if (exists_nofollow(side_to)) r.sidecar = side_to;
+  if (sync && !r.already) sync_dir(r.root);
+  r.stranded = built_on(r.root, *v);
+  if (const std::vector<VersionDir> left = scan_root(r.root); !left.empty()) r.newest = left.back().version;
+  return r;
+}
+
+json withdraw_json(const WithdrawResult& r) {
+  json stranded = json::array();
+  for (const auto v : r.stranded) stranded.push_back(format_version(v));
+  return {{"root", r.root.string()},
+          {"version", format_version(r.version)},
+          {"withdrawn", r.withdrawn.string()},
+          {"sidecar", r.sidecar ? json(r.sidecar->string()) : json(nullptr)},
+          {"already_withdrawn", r.already},
+          {"stranded", std::move(stranded)},
+          {"next_base", r.newest ? json(format_version(*r.newest)) : json(nullptr)}};
+}
+
+}  // namespace hfdelta

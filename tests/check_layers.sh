@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# The library's layers (src/LAYER/, one folder each), lowest first. A file
+# may include headers of its own layer and of the layers listed for it,
+# never of a layer above, so the layers depend on each other without a
+# cycle. A public header (include/hfdelta/NAME.hpp) belongs to the layer of
+# src/*/NAME.cpp, or is listed in header_layer. A source file includes its
+# own header first. The front-ends (src/cli, python/src) include the
+# library through include/hfdelta only.
+#
+# usage: check_layers.sh [SOURCE_ROOT]   exit 1 naming each include that breaks a rule
+set -u
+cd "${1:-.}" || exit 2
+
+layers=(util format codec delta store diff apply root api)
+declare -A may=(
+  [util]=""                                            # errors, files, hashes, signals, progress, threads
+  [format]="util"                                      # safetensors, checkpoints, version names, completion markers
+  [codec]="util format"                                # the entry encodings
+  [delta]="util format codec"                          # delta directories: index, reader, writer
+  [store]="util format codec delta"                    # LOCAL's state, checksum records, journal
+  [diff]="util format codec delta"                     # delta-diff: the tensor encoder, the base check
+  [apply]="util format codec delta store"              # delta-apply: plan, execute, init, pull, verify
+  [root]="util format codec delta store diff apply"    # a root's operations: full versions, prune, squash, ...
+  [api]="util format codec delta store diff apply root"  # what the front-ends share: --json, option rules
+)
+declare -A header_layer=([error]=util)  # public headers without a NAME.cpp
+
+bad=0
+complain() {
+  echo "check_layers: $*" >&2
+  bad=1
+}
+
+is_layer() {
+  local l
+  for l in "${layers[@]}"; do [[ $l == "$1" ]] && return 0; done
+  return 1
+}
+
+# The layer holding internal header FILE (src/LAYER/FILE), if any.
+internal_layer() {
+  local l
+  for l in "${layers[@]}"; do [[ -e src/$l/$1 ]] && echo "$l"; done
+}
+
+# The layer of public header NAME (hfdelta/NAME.hpp).
+public_layer() {
+  local name=$1
+  if [[ -n ${header_layer[$name]:-} ]]; then
+    echo "${header_layer[$name]}"
+    return
+  fi
+  internal_layer "$name.cpp"
+}
+
+# check FILE LAYER: every include of FILE is of LAYER or one it may include.
+check() {
+  local file=$1 layer=$2 line inc target
+  while IFS= read -r line; do
+    inc=${line#*\"}
+    inc=${inc%%\"*}
+    case $inc in
+      hfdelta/*.hpp)
+        target=$(public_layer "$(basename "$inc" .hpp)")
+        if [[ -z $target ]]; then
+          complain "$file: includes $inc, which belongs to no layer (add src/LAYER/$(basename "$inc" .hpp).cpp or list it in header_layer)"
+          continue
+        fi
+        ;;
+      */*)
+        target=${inc%%/*}
+        if ! is_layer "$target"; then
+          complain "$file: includes $inc, of no layer"
+          continue
+        fi
+        ;;
+      *)
+        complain "$file: includes \"$inc\"; name a library header by its layer (\"LAYER/$inc\") or as \"hfdelta/...\""
+        continue
+        ;;
+    esac
+    [[ $target == "$layer" || " ${may[$layer]} " == *" $target "* ]] ||
+      complain "$file ($layer) includes $inc ($target): a layer may include only its own and lower ones (${may[$layer]:-none})"
+  done < <(grep -E '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$file")
+}
+
+for dir in src/*/; do
+  layer=$(basename "$dir")
+  [[ $layer == cli ]] || is_layer "$layer" || complain "src/$layer/: not a layer (${layers[*]})"
+done
+for file in src/*.cpp src/*.hpp; do
+  [[ -e $file ]] && complain "$file: directly in src/; put it in the folder of its layer"
+done
+
+for layer in "${layers[@]}"; do
+  for file in src/"$layer"/*.cpp src/"$layer"/*.hpp; do
+    [[ -e $file ]] && check "$file" "$layer"
+  done
+  # A source file includes its own header first, so that the header is
+  # seen to stand on its own.
+  for file in src/"$layer"/*.cpp; do
+    [[ -e $file ]] || continue
+    name=$(basename "$file" .cpp)
+    own=
+    [[ -e include/hfdelta/$name.hpp ]] && own=hfdelta/$name.hpp
+    [[ -e src/$layer/$name.hpp ]] && own=$layer/$name.hpp
+    first=$(grep -m1 -E '^[[:space:]]*#[[:space:]]*include' "$file")
+    [[ -z $own || $first == *"\"$own\""* ]] || complain "$file: includes $own after $first; its own header comes first"
+  done
+done
+for file in include/hfdelta/*.hpp; do
+  layer=$(public_layer "$(basename "$file" .hpp)")
+  if [[ -z $layer ]]; then
+    complain "$file: belongs to no layer (add src/LAYER/$(basename "$file" .hpp).cpp or list it in header_layer)"
+    continue
+  fi
+  check "$file" "$layer"
+done
+
+# The front-ends: no header of the library's own.
+for file in src/cli/*.cpp src/cli/*.hpp python/src/*.cpp python/src/*.hpp; do
+  [[ -e $file ]] || continue
+  while IFS= read -r line; do
+    inc=${line#*\"}
+    inc=${inc%%\"*}
+    if { [[ $inc == */* ]] && is_layer "${inc%%/*}"; } || [[ -n $(internal_layer "$inc") ]]; then
+      complain "$file: includes \"$inc\", the library's own; a front-end takes the library through include/hfdelta"
+    fi
+  done < <(grep -E '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$file")
+done
+
+if ((bad == 0)); then
+  echo "check_layers: ${layers[*]}: no include reaches up a layer"
+fi
+exit $bad
