@@ -130,9 +130,9 @@ work=$(cd "$work" && pwd)
 # The run uses its own copy of the commands, so a rebuild while it runs
 # changes nothing under way.
 B=$out/bin
-for b in delta-diff delta-apply hfdelta-gen hfdelta-bench; do
-  [ -x "$repo/$builddir/src/$b" ] || die "$repo/$builddir/src/$b was not built"
-  cp "$repo/$builddir/src/$b" "$B/$b"
+for b in src/delta-diff src/delta-apply tools/hfdelta-gen bench/hfdelta-bench; do
+  [ -x "$repo/$builddir/$b" ] || die "$repo/$builddir/$b was not built"
+  cp "$repo/$builddir/$b" "$B/"
 done
 rec=$out/raw/records.jsonl
 : >"$rec"

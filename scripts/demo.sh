@@ -28,7 +28,7 @@ mkdir -p "$work/root"
 jget() { sed -n "s/.*\"$1\":\([^,}]*\).*/\1/p" <<<"$2" | tr -d '"'; }
 
 echo "== generating $saves saves (preset $preset, lr $lr) in $work/series"
-"$bin/hfdelta-gen" --preset "$preset" --saves "$saves" --lr "$lr" "$work/series" 2>&1 | sed 's/^/   /'
+"$repo/$builddir/tools/hfdelta-gen" --preset "$preset" --saves "$saves" --lr "$lr" "$work/series" 2>&1 | sed 's/^/   /'
 
 echo "== host-local copy starts from the base checkpoint (version 0)"
 "$bin/delta-apply" --init "$work/series/save_000" "$work/local" | sed 's/^/   /'

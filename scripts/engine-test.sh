@@ -111,8 +111,9 @@ esac
 if [ "$mode" = install ]; then install_engine; exit 0; fi
 
 bin=$builddir/src
-for b in delta-apply delta-diff hfdelta-gen; do
-  [ -x "$bin/$b" ] || skip "$bin/$b not built (meson setup build && ninja -C build)"
+gen=$builddir/tools/hfdelta-gen
+for b in "$bin/delta-apply" "$bin/delta-diff" "$gen"; do
+  [ -x "$b" ] || skip "$b not built (meson setup build && ninja -C build)"
 done
 command -v python3 >/dev/null || skip "python3 not found"
 work=${ENGINE_TEST_DIR:-$builddir/engine-test}
@@ -199,7 +200,7 @@ check() {  # NAME WANT GOT
 fake_tests() {
   log "reload scripts against the stand-in server (scripts/engine/fake_engine.py)"
   mkdir -p "$work/fake"
-  "$bin/hfdelta-gen" --preset tiny --saves 2 "$work/fake/series" >/dev/null 2>&1
+  "$gen" --preset tiny --saves 2 "$work/fake/series" >/dev/null 2>&1
   mkdir "$work/fake/root"   # an empty directory is a new publication root
   "$bin/delta-diff" -q "$work/fake/series/save_000" "$work/fake/series/save_001" "$work/fake/root"
   "$bin/delta-diff" -q "$work/fake/series/save_001" "$work/fake/series/save_002" "$work/fake/root"

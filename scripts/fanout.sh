@@ -41,7 +41,7 @@
 #   --subnet A.B.C  the bridge's /24 (default 10.213.77; .1 is SeaweedFS)
 #   --out FILE      results file (default BUILDDIR/fanout-results.md)
 #   --keep          keep the work dir (saves, roots, LOCALs, logs)
-# Environment: HFDELTA_BUILDDIR (default build: binaries in BUILDDIR/src),
+# Environment: HFDELTA_BUILDDIR (default build: binaries in BUILDDIR/src and BUILDDIR/tools),
 # or HFDELTA_DIFF, HFDELTA_APPLY, HFDELTA_GEN; LAB_TMP (where the work dir
 # goes, default /tmp). Without the --full option (a build before it), the
 # full version is published as the README describes for earlier builds (a
@@ -54,7 +54,7 @@ repo=$PWD
 builddir=${HFDELTA_BUILDDIR:-build}
 DIFF=${HFDELTA_DIFF:-$repo/$builddir/src/delta-diff}
 APPLY=${HFDELTA_APPLY:-$repo/$builddir/src/delta-apply}
-GEN=${HFDELTA_GEN:-$repo/$builddir/src/hfdelta-gen}
+GEN=${HFDELTA_GEN:-$repo/$builddir/tools/hfdelta-gen}
 # shellcheck source=scripts/storage-lab.sh
 . "$repo/scripts/storage-lab.sh"
 

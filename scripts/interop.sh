@@ -192,7 +192,7 @@ echo "interop: setup took $((t_tests - t0)) s (packages $((t_tests - t_install))
 # ---- tests ---------------------------------------------------------------------
 export HFDELTA_DIFF="$PWD/$builddir/src/delta-diff"
 export HFDELTA_APPLY="$PWD/$builddir/src/delta-apply"
-export HFDELTA_GEN="$PWD/$builddir/src/hfdelta-gen"
+export HFDELTA_GEN="$PWD/$builddir/tools/hfdelta-gen"
 export HFDELTA_TESTDATA="$PWD/testdata"
 export PYTHONDONTWRITEBYTECODE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 marker=()

@@ -8,7 +8,7 @@
 #      from scratch (in BUILDDIR/py-build, emptied first)
 #   3. pip wheel . --no-deps into BUILDDIR/py-wheel (reusing that build): one .whl
 #   4. pytest tests/python, with HFDELTA_DIFF, HFDELTA_APPLY, HFDELTA_GEN set to
-#      BUILDDIR/src's binaries, as for the e2e tests
+#      the binaries of BUILDDIR (src/, tools/), as for the e2e tests
 # Usage: scripts/python-test.sh [extra pytest arguments]
 # Exit status: the first step that failed (pytest's 5, no test collected, included).
 set -uo pipefail
@@ -17,6 +17,7 @@ repo=$PWD
 builddir=${HFDELTA_BUILDDIR:-build}
 venv=$repo/$builddir/py-venv
 bin=$repo/$builddir/src
+gen=$repo/$builddir/tools/hfdelta-gen
 
 step() {  # step NAME COMMAND...: runs it, says how long it took, stops the script if it failed
   local name=$1
@@ -29,9 +30,9 @@ step() {  # step NAME COMMAND...: runs it, says how long it took, stops the scri
   if [ "$rc" -ne 0 ]; then exit "$rc"; fi
 }
 
-for tool in delta-diff delta-apply hfdelta-gen; do
-  if [ ! -x "$bin/$tool" ]; then
-    echo "python-test: $bin/$tool is not built (meson setup $builddir && ninja -C $builddir)" >&2
+for tool in "$bin/delta-diff" "$bin/delta-apply" "$gen"; do
+  if [ ! -x "$tool" ]; then
+    echo "python-test: $tool is not built (meson setup $builddir && ninja -C $builddir)" >&2
     exit 1
   fi
 done
@@ -63,7 +64,7 @@ build_wheel() {
 step "pip wheel ." build_wheel
 
 run_pytest() {
-  HFDELTA_DIFF=$bin/delta-diff HFDELTA_APPLY=$bin/delta-apply HFDELTA_GEN=$bin/hfdelta-gen \
+  HFDELTA_DIFF=$bin/delta-diff HFDELTA_APPLY=$bin/delta-apply HFDELTA_GEN=$gen \
     "$venv/bin/pytest" -p no:cacheprovider -rfEs "$repo/tests/python" "$@"
   local rc=$?
   if [ "$rc" -eq 5 ]; then echo "python-test: pytest collected no test" >&2; fi

@@ -40,9 +40,9 @@ if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import torch, transfo
   echo "train-series: $venv lacks torch and transformers; run scripts/interop.sh --full first" >&2
   exit 1
 fi
-for tool in hfdelta-bench delta-diff; do
-  if [ ! -x "$builddir/src/$tool" ]; then
-    echo "train-series: $builddir/src/$tool is missing; build the project first (meson setup $builddir && ninja -C $builddir)" >&2
+for tool in bench/hfdelta-bench src/delta-diff; do
+  if [ ! -x "$builddir/$tool" ]; then
+    echo "train-series: $builddir/$tool is missing; build the project first (meson setup $builddir && ninja -C $builddir)" >&2
     exit 1
   fi
 done

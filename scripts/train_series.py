@@ -203,7 +203,7 @@ def main():
     torch.manual_seed(a.seed)
     sizes = {"tiny": (64, 2, 192, 4, 2), "small": (512, 8, 1536, 8, 4),
              "medium": (768, 8, 2304, 12, 4)}
-    bench = os.path.join(a.builddir, "src", "hfdelta-bench")
+    bench = os.path.join(a.builddir, "bench", "hfdelta-bench")
     diff = os.path.join(a.builddir, "src", "delta-diff")
     for tool in (bench, diff):
         if not os.access(tool, os.X_OK):

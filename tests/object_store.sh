@@ -47,7 +47,7 @@
 # 77 (meson's "skipped") after the first section, saying so.
 #
 # Environment: HFDELTA_DIFF, HFDELTA_APPLY, HFDELTA_GEN (the binaries; meson
-# sets them, default build/src/...); LAB_KEEP=1 keeps the work directory.
+# sets them; default build/src/delta-diff, build/src/delta-apply, build/tools/hfdelta-gen); LAB_KEEP=1 keeps the work directory.
 # Exit: 0 all passed, 1 a check failed, 77 skipped (weed or rclone missing, or
 # the binaries lack the publishing hooks).
 set -euo pipefail
@@ -55,7 +55,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$here")
 DIFF=${HFDELTA_DIFF:-$repo/build/src/delta-diff}
 APPLY=${HFDELTA_APPLY:-$repo/build/src/delta-apply}
-GEN=${HFDELTA_GEN:-$repo/build/src/hfdelta-gen}
+GEN=${HFDELTA_GEN:-$repo/build/tools/hfdelta-gen}
 # shellcheck source=scripts/storage-lab.sh
 . "$repo/scripts/storage-lab.sh"
 
