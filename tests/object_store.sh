@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # shellcheck disable=SC2016,SC2012  # checks eval single-quoted conditions; ls on names we wrote
 # Publishing through an S3 object store, the documented recipe end to end,
-# against a throw-away SeaweedFS cluster (scripts/storage-lab.sh) and rclone:
+# against a throw-away SeaweedFS cluster (scripts/lab/storage-lab.sh) and rclone:
 #
 #   trainer:  delta-diff ... STAGING --post-publish "$UPLOAD"
 #             STAGING is a local publication root; UPLOAD copies each version
@@ -56,8 +56,8 @@ repo=$(dirname "$here")
 DIFF=${HFDELTA_DIFF:-$repo/build/src/delta-diff}
 APPLY=${HFDELTA_APPLY:-$repo/build/src/delta-apply}
 GEN=${HFDELTA_GEN:-$repo/build/tools/hfdelta-gen}
-# shellcheck source=scripts/storage-lab.sh
-. "$repo/scripts/storage-lab.sh"
+# shellcheck source=scripts/lab/storage-lab.sh
+. "$repo/scripts/lab/storage-lab.sh"
 
 t_start=$SECONDS
 passed=0 failed=0 skipped=0

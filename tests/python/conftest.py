@@ -2,7 +2,7 @@
 CLIs (delta-diff, delta-apply) of the same build to compare results with.
 
 The CLIs and the generator come from environment variables, as in the e2e
-tests: HFDELTA_DIFF, HFDELTA_APPLY, HFDELTA_GEN (scripts/python-test.sh sets
+tests: HFDELTA_DIFF, HFDELTA_APPLY, HFDELTA_GEN (scripts/ci/python-test.sh sets
 them to the meson build's); without them, build/src/delta-diff, build/src/delta-apply and
 build/tools/hfdelta-gen of the repository.
 """

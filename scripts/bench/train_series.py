@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Series of bf16 saves from REAL training, and what hfdelta's encodings make of them.
 
-Run by scripts/train-series.sh (which picks the virtual environment). Builds a
+Run by scripts/bench/train-series.sh (which picks the virtual environment). Builds a
 small transformers causal LM from a config (byte-level: vocabulary 256, the
 tokens are the bytes of the text, so nothing is downloaded), pre-trains it
 briefly on text this machine has (licences, copyright files, Python's standard

@@ -9,10 +9,10 @@
 #   3. pip wheel . --no-deps into BUILDDIR/py-wheel (reusing that build): one .whl
 #   4. pytest tests/python, with HFDELTA_DIFF, HFDELTA_APPLY, HFDELTA_GEN set to
 #      the binaries of BUILDDIR (src/, tools/), as for the e2e tests
-# Usage: scripts/python-test.sh [extra pytest arguments]
+# Usage: scripts/ci/python-test.sh [extra pytest arguments]
 # Exit status: the first step that failed (pytest's 5, no test collected, included).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 repo=$PWD
 builddir=${HFDELTA_BUILDDIR:-build}
 venv=$repo/$builddir/py-venv
