@@ -20,17 +20,28 @@ done
 # their time waiting on fsync and on the commands they start.
 export MESON_TESTTHREADS=${MESON_TESTTHREADS:-$((2 * $(nproc)))}
 
+echo "==== setup (scripts/setup.sh)"
 t0=$SECONDS
 scripts/setup.sh || exit 1
 echo "==== setup: $((SECONDS - t0)) s"
 
 builddir=${HFDELTA_BUILDDIR:-build}
+echo
+echo "==== build ($builddir)"
+t0=$SECONDS
 if [ -f "$builddir/build.ninja" ]; then
-  meson setup --reconfigure "$builddir" >/dev/null || exit 1
+  # Already configured (by an earlier run, or scripts/demo.sh): only what
+  # changed is rebuilt. Meson's summary is shown only if it fails.
+  echo "[build] meson setup --reconfigure $builddir"
+  if ! out=$(meson setup --reconfigure "$builddir" 2>&1); then
+    echo "$out"
+    exit 1
+  fi
 else
+  echo "[build] meson setup $builddir"
   meson setup "$builddir" || exit 1
 fi
-t0=$SECONDS
+echo "[build] ninja -C $builddir"
 ninja -C "$builddir" || exit 1
 echo "==== build ($builddir): $((SECONDS - t0)) s"
 
