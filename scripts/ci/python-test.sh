@@ -5,7 +5,10 @@
 #   1. a virtual environment in BUILDDIR/py-venv, made with the python3 on PATH,
 #      with the tests' packages (numpy safetensors ml_dtypes pytest mypy)
 #   2. pip install . : meson-python builds the library, hfdelta._core and the CLIs
-#      from scratch (in BUILDDIR/py-build, emptied first)
+#      from scratch (in BUILDDIR/py-build, emptied first); where nvcc is found
+#      (CUDACXX, else PATH), with the CUDA path that a plain `pip install .`
+#      leaves out (-Csetup-args=-Dcuda=enabled), so that the package's device
+#      code is compiled and tests/python/test_publisher_cuda.py runs on a GPU
 #   3. pip wheel . --no-deps into BUILDDIR/py-wheel (reusing that build): one .whl
 #   4. pytest tests/python, with HFDELTA_DIFF, HFDELTA_APPLY, HFDELTA_GEN set to
 #      the binaries of BUILDDIR (src/, tools/), as for the e2e tests
@@ -44,16 +47,22 @@ make_venv() {
 step "virtual environment ($venv, $(python3 --version 2>&1))" make_venv
 
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+build_args=(-Cbuild-dir="$repo/$builddir/py-build")
+with_cuda=
+if command -v "${CUDACXX:-nvcc}" >/dev/null 2>&1; then
+  build_args+=(-Csetup-args=-Dcuda=enabled)
+  with_cuda=" with CUDA (-Dcuda=enabled)"
+fi
 install_fresh() {
   rm -rf "$repo/$builddir/py-build"
   "${pip[@]}" uninstall -q -y hfdelta >/dev/null 2>&1
-  "${pip[@]}" install -q . -Cbuild-dir="$repo/$builddir/py-build"
+  "${pip[@]}" install -q . "${build_args[@]}"
 }
-step "pip install ." install_fresh
+step "pip install .$with_cuda" install_fresh
 
 build_wheel() {
   rm -rf "$repo/$builddir/py-wheel"
-  "${pip[@]}" wheel -q . --no-deps -w "$repo/$builddir/py-wheel" -Cbuild-dir="$repo/$builddir/py-build" || return 1
+  "${pip[@]}" wheel -q . --no-deps -w "$repo/$builddir/py-wheel" "${build_args[@]}" || return 1
   local wheels=("$repo/$builddir/py-wheel"/hfdelta-*.whl)
   if [ ! -f "${wheels[0]}" ]; then
     echo "python-test: pip wheel made no hfdelta-*.whl in $builddir/py-wheel" >&2
@@ -61,7 +70,7 @@ build_wheel() {
   fi
   echo "wheel: ${wheels[0]#"$repo/"} ($(du -k "${wheels[0]}" | cut -f1) KiB)"
 }
-step "pip wheel ." build_wheel
+step "pip wheel .$with_cuda" build_wheel
 
 run_pytest() {
   HFDELTA_DIFF=$bin/delta-diff HFDELTA_APPLY=$bin/delta-apply HFDELTA_GEN=$gen \
