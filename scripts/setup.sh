@@ -36,7 +36,7 @@ else
   $SUDO apt-get update -qq
   say "apt-get update: $((SECONDS - t)) s"
   t=$SECONDS
-  say "apt-get install: ${#missing[@]} packages and what they need (a few minutes on a bare machine) ..."
+  say "apt-get install: ${#missing[@]} packages and what they need ..."
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
   say "apt-get install: $((SECONDS - t)) s"
 fi
