@@ -13,7 +13,7 @@
 # itself (the request's flush_cache defaults to true) and answers
 # {"success": true, ...} with status 200, or status 400 and success false.
 # Tested only against a stand-in HTTP server that checks the request
-# (scripts/engine-test.sh --fake), not against SGLang itself.
+# (scripts/lab/engine-test.sh --fake), not against SGLang itself.
 #
 # The reload is skipped (exit 0) when the state file holds HFDELTA_VERSION
 # from the last successful reload, unless GET /model_info reports another

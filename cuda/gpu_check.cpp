@@ -1,5 +1,5 @@
 // hfdelta-gpu-check: the CUDA path against the CPU path on a machine with a
-// GPU (scripts/gpu-check.sh).
+// GPU (scripts/lab/gpu-check.sh).
 //   1. identity: generated pairs (BF16, F16, F32, F8, F64, unknown dtypes;
 //      odd sizes, several chunks, unaligned device pointers; densities 0.1 to
 //      10%): the sparse and context entries written from the changes found

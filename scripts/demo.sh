@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The main job on a generated example: installs the dependencies, builds,
-# generates a few saves of a bf16 training run, publishes a delta after each
-# save, pulls them into a host-local copy, checks it is byte-identical to the
-# last save, and prints a table.
+# The main job on a generated example: installs the dependencies, builds the
+# three commands it runs (delta-diff, delta-apply and the generator
+# hfdelta-gen), generates a few saves of a bf16 training run, publishes a
+# delta after each save, pulls them into a host-local copy, checks it is
+# byte-identical to the last save, and prints a table.
 #
 # Environment: DEMO_DIR (work directory, default /tmp/hfdelta-demo),
 # DEMO_PRESET (hfdelta-gen preset, default small), DEMO_SAVES (default 4),
@@ -11,10 +12,22 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
 
-scripts/setup.sh >/dev/null
+echo "== setup (scripts/setup.sh)"
+scripts/setup.sh
+
+# Only the three commands the demo runs. The build directory is test.sh's
+# too (same options): its run builds the rest and rebuilds none of these.
 builddir=${HFDELTA_BUILDDIR:-build}
-[ -f "$builddir/build.ninja" ] || meson setup "$builddir" >/dev/null
-ninja -C "$builddir" >/dev/null
+targets=(src/delta-diff src/delta-apply tools/hfdelta-gen)
+echo "== build: ${targets[*]} in $builddir"
+t0=$SECONDS
+if [ ! -f "$builddir/build.ninja" ]; then
+  echo "[build] meson setup $builddir"
+  meson setup "$builddir"
+fi
+echo "[build] ninja -C $builddir ${targets[*]}"
+ninja -C "$builddir" "${targets[@]}"
+echo "[build] done in $((SECONDS - t0)) s"
 bin=$repo/$builddir/src
 
 work=${DEMO_DIR:-/tmp/hfdelta-demo}
@@ -28,7 +41,7 @@ mkdir -p "$work/root"
 jget() { sed -n "s/.*\"$1\":\([^,}]*\).*/\1/p" <<<"$2" | tr -d '"'; }
 
 echo "== generating $saves saves (preset $preset, lr $lr) in $work/series"
-"$bin/hfdelta-gen" --preset "$preset" --saves "$saves" --lr "$lr" "$work/series" 2>&1 | sed 's/^/   /'
+"$repo/$builddir/tools/hfdelta-gen" --preset "$preset" --saves "$saves" --lr "$lr" "$work/series" 2>&1 | sed 's/^/   /'
 
 echo "== host-local copy starts from the base checkpoint (version 0)"
 "$bin/delta-apply" --init "$work/series/save_000" "$work/local" | sed 's/^/   /'

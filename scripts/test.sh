@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Installs the dependencies, builds, and runs every check of the project:
 #   1. meson test: doctest unit tests and end-to-end tests of the real binaries
-#   2. interop: the real safetensors library and a slime-layout reference (scripts/interop.sh --light)
-#   3. python: the Python package installed, its wheel built, its pytest suite (scripts/python-test.sh)
-#   4. sanitizers: the whole meson test suite under ASan + UBSan (scripts/sanitize.sh)
-#   5. fuzzing: each libFuzzer target for HFDELTA_FUZZ_SECONDS (default 30) (scripts/fuzz.sh)
+#   2. interop: the real safetensors library and a slime-layout reference (scripts/ci/interop.sh --light)
+#   3. python: the Python package installed, its wheel built, its pytest suite (scripts/ci/python-test.sh)
+#   4. sanitizers: the whole meson test suite under ASan + UBSan (scripts/ci/sanitize.sh)
+#   5. fuzzing: each libFuzzer target for HFDELTA_FUZZ_SECONDS (default 30) (scripts/ci/fuzz.sh)
 # Usage: scripts/test.sh [--quick] [extra `meson test` arguments]
 #   --quick  only step 1
 set -uo pipefail
@@ -20,17 +20,28 @@ done
 # their time waiting on fsync and on the commands they start.
 export MESON_TESTTHREADS=${MESON_TESTTHREADS:-$((2 * $(nproc)))}
 
+echo "==== setup (scripts/setup.sh)"
 t0=$SECONDS
 scripts/setup.sh || exit 1
 echo "==== setup: $((SECONDS - t0)) s"
 
 builddir=${HFDELTA_BUILDDIR:-build}
+echo
+echo "==== build ($builddir)"
+t0=$SECONDS
 if [ -f "$builddir/build.ninja" ]; then
-  meson setup --reconfigure "$builddir" >/dev/null || exit 1
+  # Already configured (by an earlier run, or scripts/demo.sh): only what
+  # changed is rebuilt. Meson's summary is shown only if it fails.
+  echo "[build] meson setup --reconfigure $builddir"
+  if ! out=$(meson setup --reconfigure "$builddir" 2>&1); then
+    echo "$out"
+    exit 1
+  fi
 else
+  echo "[build] meson setup $builddir"
   meson setup "$builddir" || exit 1
 fi
-t0=$SECONDS
+echo "[build] ninja -C $builddir"
 ninja -C "$builddir" || exit 1
 echo "==== build ($builddir): $((SECONDS - t0)) s"
 
@@ -57,10 +68,10 @@ log="$builddir/meson-logs/testlog.json"
 meson_ok=$(grep -c '"result": "OK"' "$log" 2>/dev/null || true)
 meson_bad=$(grep -Ec '"result": "(FAIL|TIMEOUT|ERROR|UNEXPECTEDPASS)"' "$log" 2>/dev/null || true)
 if [ "$quick" -eq 0 ]; then
-  stage "interop (safetensors library, slime layout)" scripts/interop.sh --light
-  stage "python package (pip install, wheel, pytest)" scripts/python-test.sh
-  stage "sanitizers (ASan + UBSan, whole suite)" scripts/sanitize.sh
-  stage "fuzzing (libFuzzer, ${HFDELTA_FUZZ_SECONDS:-30} s per target)" scripts/fuzz.sh "${HFDELTA_FUZZ_SECONDS:-30}"
+  stage "interop (safetensors library, slime layout)" scripts/ci/interop.sh --light
+  stage "python package (pip install, wheel, pytest)" scripts/ci/python-test.sh
+  stage "sanitizers (ASan + UBSan, whole suite)" scripts/ci/sanitize.sh
+  stage "fuzzing (libFuzzer, ${HFDELTA_FUZZ_SECONDS:-30} s per target)" scripts/ci/fuzz.sh "${HFDELTA_FUZZ_SECONDS:-30}"
 fi
 
 echo

@@ -3,7 +3,7 @@
 
     python3 testdata/make_fixtures.py [--out DIR] [--torch] [--check]
 
-Needs safetensors, numpy, ml_dtypes, zstandard and xxhash (scripts/interop.sh
+Needs safetensors, numpy, ml_dtypes, zstandard and xxhash (scripts/ci/interop.sh
 installs them into build/interop-venv); --torch also needs torch and writes
 producers/torch_all_dtypes.safetensors (otherwise the existing one is kept).
 --check regenerates into a temporary directory and compares with the fixtures

@@ -28,7 +28,7 @@ constexpr std::uint64_t kManifestBytes = 16u << 20;
 constexpr std::uint64_t kMaxValues = 1'000'000;
 
 // Under ASan the resident set includes shadow memory and quarantine, so the
-// peak is asserted only in plain builds (scripts/sanitize.sh sets ASAN_OPTIONS).
+// peak is asserted only in plain builds (scripts/ci/sanitize.sh sets ASAN_OPTIONS).
 bool sanitized() { return std::getenv("ASAN_OPTIONS") != nullptr; }
 
 struct Measured : RunResult {

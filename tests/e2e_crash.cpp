@@ -40,7 +40,7 @@ constexpr int kKilled = 128 + SIGKILL;
 
 // Which write steps the sweeps fault. By default every one (the release run
 // keeps the whole matrix). The sanitizer run, several times slower, sets
-// HFDELTA_CRASH_STRIDE=K and HFDELTA_CRASH_OFFSET=R (scripts/sanitize.sh
+// HFDELTA_CRASH_STRIDE=K and HFDELTA_CRASH_OFFSET=R (scripts/ci/sanitize.sh
 // draws R anew for each run and prints it) to fault the steps n with
 // (n - 1) % K == R: successive runs cover every step between them, and a
 // failure replays with the same two variables.

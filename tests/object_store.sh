@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # shellcheck disable=SC2016,SC2012  # checks eval single-quoted conditions; ls on names we wrote
 # Publishing through an S3 object store, the documented recipe end to end,
-# against a throw-away SeaweedFS cluster (scripts/storage-lab.sh) and rclone:
+# against a throw-away SeaweedFS cluster (scripts/lab/storage-lab.sh) and rclone:
 #
 #   trainer:  delta-diff ... STAGING --post-publish "$UPLOAD"
 #             STAGING is a local publication root; UPLOAD copies each version
@@ -47,7 +47,7 @@
 # 77 (meson's "skipped") after the first section, saying so.
 #
 # Environment: HFDELTA_DIFF, HFDELTA_APPLY, HFDELTA_GEN (the binaries; meson
-# sets them, default build/src/...); LAB_KEEP=1 keeps the work directory.
+# sets them; default build/src/delta-diff, build/src/delta-apply, build/tools/hfdelta-gen); LAB_KEEP=1 keeps the work directory.
 # Exit: 0 all passed, 1 a check failed, 77 skipped (weed or rclone missing, or
 # the binaries lack the publishing hooks).
 set -euo pipefail
@@ -55,9 +55,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$here")
 DIFF=${HFDELTA_DIFF:-$repo/build/src/delta-diff}
 APPLY=${HFDELTA_APPLY:-$repo/build/src/delta-apply}
-GEN=${HFDELTA_GEN:-$repo/build/src/hfdelta-gen}
-# shellcheck source=scripts/storage-lab.sh
-. "$repo/scripts/storage-lab.sh"
+GEN=${HFDELTA_GEN:-$repo/build/tools/hfdelta-gen}
+# shellcheck source=scripts/lab/storage-lab.sh
+. "$repo/scripts/lab/storage-lab.sh"
 
 t_start=$SECONDS
 passed=0 failed=0 skipped=0

@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-// Every target defines this; libFuzzer (scripts/fuzz.sh) or replay_main.cpp
+// Every target defines this; libFuzzer (scripts/ci/fuzz.sh) or replay_main.cpp
 // (meson test) calls it.
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size);
 

@@ -1,7 +1,7 @@
 // Replays inputs through a fuzz target's LLVMFuzzerTestOneInput without
 // libFuzzer, so that `meson test` checks every seed of testdata/fuzz with any
 // compiler (and under the sanitizers in the sanitizer build), not only when
-// scripts/fuzz.sh runs. A broken invariant aborts, as it does under libFuzzer.
+// scripts/ci/fuzz.sh runs. A broken invariant aborts, as it does under libFuzzer.
 //
 // Usage: replay_TARGET PATH...   (a file, or a directory of files)
 #include <algorithm>

@@ -21,8 +21,8 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 TESTDATA = os.environ.get("HFDELTA_TESTDATA", os.path.join(REPO, "testdata"))
 
 
-def _bin(var, name):
-    p = os.environ.get(var) or os.path.join(REPO, "build", "src", name)
+def _bin(var, name, subdir="src"):
+    p = os.environ.get(var) or os.path.join(REPO, "build", subdir, name)
     if not os.access(p, os.X_OK):
         pytest.exit(f"{var} not set and {p} is not an executable (build the project first)", returncode=2)
     return p
@@ -34,7 +34,7 @@ class HF:
     def __init__(self):
         self.diff_bin = _bin("HFDELTA_DIFF", "delta-diff")
         self.apply_bin = _bin("HFDELTA_APPLY", "delta-apply")
-        self.gen_bin = _bin("HFDELTA_GEN", "hfdelta-gen")
+        self.gen_bin = _bin("HFDELTA_GEN", "hfdelta-gen", "tools")
         self.deltas_checked = 0
 
     @staticmethod

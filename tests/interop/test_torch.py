@@ -1,4 +1,4 @@
-"""torch and transformers as producers and readers (scripts/interop.sh --full)."""
+"""torch and transformers as producers and readers (scripts/ci/interop.sh --full)."""
 
 import os
 
@@ -21,7 +21,7 @@ except ImportError:  # light mode: every test here is deselected (-m "not full")
 @pytest.fixture(autouse=True)
 def _needs_torch():
     if torch is None:
-        pytest.skip("torch is not installed (scripts/interop.sh --full installs it)")
+        pytest.skip("torch is not installed (scripts/ci/interop.sh --full installs it)")
 
 ENCODINGS = ["xor", "overwrite"]
 

@@ -1,4 +1,4 @@
-"""hfdelta.Publisher fed torch CPU tensors (scripts/interop.sh --full, which
+"""hfdelta.Publisher fed torch CPU tensors (scripts/ci/interop.sh --full, which
 installs the package and torch): bf16 parameters as a trainer holds them --
 nn.Parameter with autograd history, non-contiguous views, float32 buffers --
 published from memory must give byte for byte the delta delta-diff writes
@@ -23,7 +23,7 @@ except ImportError:  # light mode, or the package not installed: deselected or s
 @pytest.fixture(autouse=True)
 def _needs_torch_and_package():
     if torch is None:
-        pytest.skip("torch or the hfdelta package is not installed (scripts/interop.sh --full installs both)")
+        pytest.skip("torch or the hfdelta package is not installed (scripts/ci/interop.sh --full installs both)")
 
 
 def _files(d):

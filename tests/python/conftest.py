@@ -2,8 +2,9 @@
 CLIs (delta-diff, delta-apply) of the same build to compare results with.
 
 The CLIs and the generator come from environment variables, as in the e2e
-tests: HFDELTA_DIFF, HFDELTA_APPLY, HFDELTA_GEN (scripts/python-test.sh sets
-them to build/src/...); without them, build/src of the repository.
+tests: HFDELTA_DIFF, HFDELTA_APPLY, HFDELTA_GEN (scripts/ci/python-test.sh sets
+them to the meson build's); without them, build/src/delta-diff, build/src/delta-apply and
+build/tools/hfdelta-gen of the repository.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _tool(var: str, name: str) -> str:
-    path = os.environ.get(var) or str(REPO / "build" / "src" / name)
+def _tool(var: str, name: str, subdir: str = "src") -> str:
+    path = os.environ.get(var) or str(REPO / "build" / subdir / name)
     if not os.access(path, os.X_OK):
         pytest.exit(f"{name} not found at {path} (set {var}, or build the CLIs: meson setup build && ninja -C build)",
                     returncode=1)
@@ -62,7 +63,7 @@ class Tools:
 @pytest.fixture(scope="session")
 def tools() -> Tools:
     return Tools(_tool("HFDELTA_DIFF", "delta-diff"), _tool("HFDELTA_APPLY", "delta-apply"),
-                 _tool("HFDELTA_GEN", "hfdelta-gen"))
+                 _tool("HFDELTA_GEN", "hfdelta-gen", "tools"))
 
 
 @pytest.fixture(scope="session")

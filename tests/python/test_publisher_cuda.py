@@ -1,7 +1,7 @@
 """hfdelta.Publisher with torch tensors on a CUDA device (a package built with CUDA): each version byte for byte
 the one published from the same tensors on the host, the mirror advanced, only the changes copied to the host.
 Skipped, saying why, without torch, a CUDA device or CUDA in the build (the C++ check hfdelta-gpu-check
---publisher, run by scripts/gpu-check.sh, covers the device path on a GPU machine)."""
+--publisher, run by scripts/lab/gpu-check.sh, covers the device path on a GPU machine)."""
 from __future__ import annotations
 
 import json

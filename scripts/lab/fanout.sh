@@ -29,7 +29,7 @@
 # what the storage served in total (the sum over the veths), and SeaweedFS's
 # own count of volume-server reads.
 #
-# Usage: scripts/fanout.sh [OPTIONS]
+# Usage: scripts/lab/fanout.sh [OPTIONS]
 #   --hosts N       pulling hosts (default 8, at least 4)
 #   --versions N    versions published after the base (default 10, at least 4)
 #   --full-at N     version published as --full BASE NEW (default versions/2 + 1)
@@ -41,7 +41,7 @@
 #   --subnet A.B.C  the bridge's /24 (default 10.213.77; .1 is SeaweedFS)
 #   --out FILE      results file (default BUILDDIR/fanout-results.md)
 #   --keep          keep the work dir (saves, roots, LOCALs, logs)
-# Environment: HFDELTA_BUILDDIR (default build: binaries in BUILDDIR/src),
+# Environment: HFDELTA_BUILDDIR (default build: binaries in BUILDDIR/src and BUILDDIR/tools),
 # or HFDELTA_DIFF, HFDELTA_APPLY, HFDELTA_GEN; LAB_TMP (where the work dir
 # goes, default /tmp). Without the --full option (a build before it), the
 # full version is published by hand the way docs/format.md ("Full versions")
@@ -50,14 +50,14 @@
 # Exit: 0 every LOCAL identical, 1 a failure, 2 usage, 77 cannot run here
 # (the reason is printed).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 repo=$PWD
 builddir=${HFDELTA_BUILDDIR:-build}
 DIFF=${HFDELTA_DIFF:-$repo/$builddir/src/delta-diff}
 APPLY=${HFDELTA_APPLY:-$repo/$builddir/src/delta-apply}
-GEN=${HFDELTA_GEN:-$repo/$builddir/src/hfdelta-gen}
-# shellcheck source=scripts/storage-lab.sh
-. "$repo/scripts/storage-lab.sh"
+GEN=${HFDELTA_GEN:-$repo/$builddir/tools/hfdelta-gen}
+# shellcheck source=scripts/lab/storage-lab.sh
+. "$repo/scripts/lab/storage-lab.sh"
 
 hosts=8 versions=10 full_at='' size=small interval=2 poll=0.5 timeout=300 subnet=10.213.77 out='' keep=0
 usage() { sed -n '3,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }

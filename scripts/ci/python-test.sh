@@ -5,18 +5,22 @@
 #   1. a virtual environment in BUILDDIR/py-venv, made with the python3 on PATH,
 #      with the tests' packages (numpy safetensors ml_dtypes pytest mypy)
 #   2. pip install . : meson-python builds the library, hfdelta._core and the CLIs
-#      from scratch (in BUILDDIR/py-build, emptied first)
+#      from scratch (in BUILDDIR/py-build, emptied first); where nvcc is found
+#      (CUDACXX, else PATH), with the CUDA path that a plain `pip install .`
+#      leaves out (-Csetup-args=-Dcuda=enabled), so that the package's device
+#      code is compiled and tests/python/test_publisher_cuda.py runs on a GPU
 #   3. pip wheel . --no-deps into BUILDDIR/py-wheel (reusing that build): one .whl
 #   4. pytest tests/python, with HFDELTA_DIFF, HFDELTA_APPLY, HFDELTA_GEN set to
-#      BUILDDIR/src's binaries, as for the e2e tests
-# Usage: scripts/python-test.sh [extra pytest arguments]
+#      the binaries of BUILDDIR (src/, tools/), as for the e2e tests
+# Usage: scripts/ci/python-test.sh [extra pytest arguments]
 # Exit status: the first step that failed (pytest's 5, no test collected, included).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 repo=$PWD
 builddir=${HFDELTA_BUILDDIR:-build}
 venv=$repo/$builddir/py-venv
 bin=$repo/$builddir/src
+gen=$repo/$builddir/tools/hfdelta-gen
 
 step() {  # step NAME COMMAND...: runs it, says how long it took, stops the script if it failed
   local name=$1
@@ -29,9 +33,9 @@ step() {  # step NAME COMMAND...: runs it, says how long it took, stops the scri
   if [ "$rc" -ne 0 ]; then exit "$rc"; fi
 }
 
-for tool in delta-diff delta-apply hfdelta-gen; do
-  if [ ! -x "$bin/$tool" ]; then
-    echo "python-test: $bin/$tool is not built (meson setup $builddir && ninja -C $builddir)" >&2
+for tool in "$bin/delta-diff" "$bin/delta-apply" "$gen"; do
+  if [ ! -x "$tool" ]; then
+    echo "python-test: $tool is not built (meson setup $builddir && ninja -C $builddir)" >&2
     exit 1
   fi
 done
@@ -43,16 +47,22 @@ make_venv() {
 step "virtual environment ($venv, $(python3 --version 2>&1))" make_venv
 
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+build_args=(-Cbuild-dir="$repo/$builddir/py-build")
+with_cuda=
+if command -v "${CUDACXX:-nvcc}" >/dev/null 2>&1; then
+  build_args+=(-Csetup-args=-Dcuda=enabled)
+  with_cuda=" with CUDA (-Dcuda=enabled)"
+fi
 install_fresh() {
   rm -rf "$repo/$builddir/py-build"
   "${pip[@]}" uninstall -q -y hfdelta >/dev/null 2>&1
-  "${pip[@]}" install -q . -Cbuild-dir="$repo/$builddir/py-build"
+  "${pip[@]}" install -q . "${build_args[@]}"
 }
-step "pip install ." install_fresh
+step "pip install .$with_cuda" install_fresh
 
 build_wheel() {
   rm -rf "$repo/$builddir/py-wheel"
-  "${pip[@]}" wheel -q . --no-deps -w "$repo/$builddir/py-wheel" -Cbuild-dir="$repo/$builddir/py-build" || return 1
+  "${pip[@]}" wheel -q . --no-deps -w "$repo/$builddir/py-wheel" "${build_args[@]}" || return 1
   local wheels=("$repo/$builddir/py-wheel"/hfdelta-*.whl)
   if [ ! -f "${wheels[0]}" ]; then
     echo "python-test: pip wheel made no hfdelta-*.whl in $builddir/py-wheel" >&2
@@ -60,10 +70,10 @@ build_wheel() {
   fi
   echo "wheel: ${wheels[0]#"$repo/"} ($(du -k "${wheels[0]}" | cut -f1) KiB)"
 }
-step "pip wheel ." build_wheel
+step "pip wheel .$with_cuda" build_wheel
 
 run_pytest() {
-  HFDELTA_DIFF=$bin/delta-diff HFDELTA_APPLY=$bin/delta-apply HFDELTA_GEN=$bin/hfdelta-gen \
+  HFDELTA_DIFF=$bin/delta-diff HFDELTA_APPLY=$bin/delta-apply HFDELTA_GEN=$gen \
     "$venv/bin/pytest" -p no:cacheprovider -rfEs "$repo/tests/python" "$@"
   local rc=$?
   if [ "$rc" -eq 5 ]; then echo "python-test: pytest collected no test" >&2; fi

@@ -4,9 +4,9 @@
 # in one `weed server`), an rclone remote for its S3 gateway configured only
 # through environment variables, FUSE mounts of its filer (`weed mount`), and
 # network namespaces joined to it by veth pairs on a bridge. Sourced by
-# tests/object_store.sh and scripts/fanout.sh:
+# tests/object_store.sh and scripts/lab/fanout.sh:
 #
-#   . scripts/storage-lab.sh
+#   . scripts/lab/storage-lab.sh
 #   lab_require weed rclone fuse || exit 77   # prints why not, returns 1
 #   lab_init                                  # temp dir, cleanup trap
 #   lab_server_start                          # on 127.0.0.1 (LAB_IP)

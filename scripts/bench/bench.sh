@@ -15,12 +15,12 @@
 # records. Then publishing from the trainer's memory (hfdelta.Publisher, in
 # the Python package installed into BUILDDIR/py-venv) against saving with the
 # safetensors library and running delta-diff, and against delta-diff alone, on
-# a pair at the target lr, side by side (scripts/bench_publish.py; results in
+# a pair at the target lr, side by side (scripts/bench/bench_publish.py; results in
 # OUT/publish.md and OUT/publish.json, appended to results.md). A missed target
 # is reported, not an error; the script fails only when a tool fails or an
 # applied result is not byte-identical to NEW.
 #
-# Usage: scripts/bench.sh [OPTIONS]
+# Usage: scripts/bench/bench.sh [OPTIONS]
 #   --preset P         hfdelta-gen preset: tiny, small, qwen3-0.6b (default qwen3-0.6b)
 #   --saves N          saves after the initial one, per learning rate (default 3)
 #   --lrs "A B C"      learning rates, one series each (default "1e-7 1e-6 1e-5")
@@ -41,11 +41,11 @@
 # BENCH_STEPS_PER_SAVE, BENCH_OUT, BENCH_WORK, BENCH_KEEP=1, BENCH_SECTIONS; HFDELTA_BUILDDIR
 # picks the build directory (default build).
 #
-# Quick run: scripts/bench.sh --preset small --saves 2
-# Publishing from memory alone: scripts/bench.sh --sections publish
+# Quick run: scripts/bench/bench.sh --preset small --saves 2
+# Publishing from memory alone: scripts/bench/bench.sh --sections publish
 set -euo pipefail
 { # read to the end before running, so an edit to this file cannot change a run under way
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 repo=$PWD
 t_start=$(date +%s.%N)
 
@@ -130,9 +130,9 @@ work=$(cd "$work" && pwd)
 # The run uses its own copy of the commands, so a rebuild while it runs
 # changes nothing under way.
 B=$out/bin
-for b in delta-diff delta-apply hfdelta-gen hfdelta-bench; do
-  [ -x "$repo/$builddir/src/$b" ] || die "$repo/$builddir/src/$b was not built"
-  cp "$repo/$builddir/src/$b" "$B/$b"
+for b in src/delta-diff src/delta-apply tools/hfdelta-gen bench/hfdelta-bench; do
+  [ -x "$repo/$builddir/$b" ] || die "$repo/$builddir/$b was not built"
+  cp "$repo/$builddir/$b" "$B/"
 done
 rec=$out/raw/records.jsonl
 : >"$rec"
@@ -445,7 +445,7 @@ done
 
 # ---- publishing from the trainer's memory ------------------------------------------
 
-# The package in BUILDDIR/py-venv (as scripts/python-test.sh makes it), installed
+# The package in BUILDDIR/py-venv (as scripts/ci/python-test.sh makes it), installed
 # from this tree unless it is already importable there.
 py_venv() {
   local venv=$repo/$builddir/py-venv pip
@@ -464,7 +464,7 @@ if want publish; then
   series=$work/publish-series
   "$B/hfdelta-gen" --preset "$preset" --saves 1 --lr "$target_lr" --steps-per-save "$steps" "$series" 2>&1 | sed 's/^/   /'
   sync
-  "$py" "$repo/scripts/bench_publish.py" "$series" "$work/publish" "$B/delta-diff" "$out/publish.json" \
+  "$py" "$repo/scripts/bench/bench_publish.py" "$series" "$work/publish" "$B/delta-diff" "$out/publish.json" \
     --repeat "$((repeat < 6 ? 6 : repeat))" >"$out/publish.md" || die "bench_publish.py failed"
   sed 's/^/   /' "$out/publish.md"
   note timing "what=publishing from memory" "seconds=$(elapsed "$t0")"

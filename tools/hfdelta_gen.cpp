@@ -33,6 +33,7 @@
 #include <boost/filesystem.hpp>
 #include <nlohmann/json.hpp>
 
+#include "hfdelta/codec.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
 #include "hfdelta/safetensors.hpp"
@@ -206,27 +207,6 @@ void encode(const float* w, std::size_t n, Dtype dt, std::uint8_t* out) {
       break;
     case Dtype::f32: std::memcpy(out, w, 4 * n); break;
   }
-}
-
-// Number of elements whose bytes differ between two encoded chunks.
-std::uint64_t count_changed(const std::uint8_t* a, const std::uint8_t* b, std::size_t n, std::size_t esize) {
-  std::uint64_t c = 0;
-  if (esize == 2) {
-    for (std::size_t i = 0; i < n; ++i) {
-      std::uint16_t x, y;
-      std::memcpy(&x, a + 2 * i, 2);
-      std::memcpy(&y, b + 2 * i, 2);
-      c += x != y;
-    }
-  } else {
-    for (std::size_t i = 0; i < n; ++i) {
-      std::uint32_t x, y;
-      std::memcpy(&x, a + 4 * i, 4);
-      std::memcpy(&y, b + 4 * i, 4);
-      c += x != y;
-    }
-  }
-  return c;
 }
 
 // ---- options ----------------------------------------------------------------
@@ -425,7 +405,7 @@ void run_chunk(const Run& r, const Tensor& t, std::uint64_t a, std::uint64_t b, 
       }
     }
     encode(w, n, r.o.dtype, buf.out.data());
-    changed[s] += count_changed(buf.out.data(), buf.prev.data(), n, es);
+    changed[s] += hfdelta::count_changes({buf.out.data(), n * es}, {buf.prev.data(), n * es}, es).elements;
     write(s, buf.out);
     std::swap(buf.out, buf.prev);
   }

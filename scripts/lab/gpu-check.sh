@@ -10,24 +10,24 @@
 #
 # The GPU machine has no network and no build dependencies, so the check is
 # built here and carried there in .gpu/ (git-ignored):
-#   scripts/gpu-check.sh --prepare [BUILDDIR]   here: builds hfdelta-gpu-check in BUILDDIR
-#                                               (default build-cuda, set up with -Dcuda=enabled)
-#                                               and copies it to .gpu/ with the shared
-#                                               libraries beyond libc and libstdc++ it needs
-#   scripts/gpu-check.sh [ARGS]                 there: runs .gpu/hfdelta-gpu-check: each design's
-#                                               identity checks, then the throughput table of
-#                                               512 MiB tensors (ARGS: one run with those
-#                                               arguments instead, e.g. --identity --design select,
-#                                               --throughput --mib 256)
-#   scripts/gpu-check.sh --profile              there: Nsight Compute (ncu) over one row of the table
-#                                               (BF16 at 1%, 256 MiB, sparse's find by tiles and
-#                                               tilesw, and the read floor): its text report of
-#                                               speed of light, memory, occupancy, warp states and
-#                                               launch; within 110 s; without ncu it says so and runs
-#                                               the row alone
+#   scripts/lab/gpu-check.sh --prepare [BUILDDIR]   here: builds hfdelta-gpu-check in BUILDDIR
+#                                                   (default build-cuda, set up with -Dcuda=enabled)
+#                                                   and copies it to .gpu/ with the shared
+#                                                   libraries beyond libc and libstdc++ it needs
+#   scripts/lab/gpu-check.sh [ARGS]                 there: runs .gpu/hfdelta-gpu-check: each design's
+#                                                   identity checks, then the throughput table of
+#                                                   512 MiB tensors (ARGS: one run with those
+#                                                   arguments instead, e.g. --identity --design select,
+#                                                   --throughput --mib 256)
+#   scripts/lab/gpu-check.sh --profile              there: Nsight Compute (ncu) over one row of the table
+#                                                   (BF16 at 1%, 256 MiB, sparse's find by tiles and
+#                                                   tilesw, and the read floor): its text report of
+#                                                   speed of light, memory, occupancy, warp states and
+#                                                   launch; within 110 s; without ncu it says so and runs
+#                                                   the row alone
 # GPU_CHECK_SECONDS (default 270): the time all parts of a check may take.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 if [ "${1:-}" = --prepare ]; then
   build=${2:-build-cuda}
@@ -51,7 +51,7 @@ fi
 
 bin=.gpu/hfdelta-gpu-check
 if [ ! -x "$bin" ]; then
-  echo "FAIL: $bin is missing: run scripts/gpu-check.sh --prepare where the project builds, and carry .gpu"
+  echo "FAIL: $bin is missing: run scripts/lab/gpu-check.sh --prepare where the project builds, and carry .gpu"
   exit 1
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "(no nvidia-smi)"

@@ -1,5 +1,5 @@
 """Publishing from memory against saving and diffing, side by side in one run
-(scripts/bench.sh runs it; see there for the setup).
+(scripts/bench/bench.sh runs it; see there for the setup).
 
 One generated pair of saves (SERIES/save_000, save_001) is loaded into memory;
 each repetition publishes one version, alternating the two saves' tensors (so

@@ -4,7 +4,7 @@
 # directories read back by safetensors.safe_open, and the slime disk-delta
 # layout both ways against a reference publisher/applier (tests/interop/).
 #
-# Usage: scripts/interop.sh [--light|--full] [extra pytest arguments]
+# Usage: scripts/ci/interop.sh [--light|--full] [extra pytest arguments]
 #   --light (default)  safetensors numpy ml_dtypes zstandard xxhash pytest huggingface_hub
 #   --full             also torch and transformers (a few GB from PyPI), and the
 #                      hfdelta Python package built from this tree (its Publisher
@@ -18,7 +18,7 @@
 # (default: torch without the CUDA libraries the machine already has) or
 # default (pip's ordinary install with every nvidia-* package).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 mode=light
 pytest_args=()
@@ -192,7 +192,7 @@ echo "interop: setup took $((t_tests - t0)) s (packages $((t_tests - t_install))
 # ---- tests ---------------------------------------------------------------------
 export HFDELTA_DIFF="$PWD/$builddir/src/delta-diff"
 export HFDELTA_APPLY="$PWD/$builddir/src/delta-apply"
-export HFDELTA_GEN="$PWD/$builddir/src/hfdelta-gen"
+export HFDELTA_GEN="$PWD/$builddir/tools/hfdelta-gen"
 export HFDELTA_TESTDATA="$PWD/testdata"
 export PYTHONDONTWRITEBYTECODE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 marker=()

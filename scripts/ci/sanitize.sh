@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds everything with AddressSanitizer + UndefinedBehaviorSanitizer in
-# build-san/ (scripts/san-build.sh: clang, shared with scripts/fuzz.sh) and
+# build-san/ (scripts/ci/san-build.sh: clang, shared with scripts/ci/fuzz.sh) and
 # runs the whole test suite there (meson test).
 #
-# Usage: scripts/sanitize.sh [extra `meson test` arguments]
+# Usage: scripts/ci/sanitize.sh [extra `meson test` arguments]
 #
 # The crash sweeps fault every HFDELTA_CRASH_STRIDE-th write step (default 4)
 # from a random offset HFDELTA_CRASH_OFFSET (printed; set it to replay a run),
@@ -22,15 +22,15 @@
 # UndefinedBehaviorSanitizer reports go to build-san/sanitizer-logs/ubsan.* in
 # the same way.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
-scripts/san-build.sh
+scripts/ci/san-build.sh
 builddir=build-san
 
 export HFDELTA_CRASH_STRIDE=${HFDELTA_CRASH_STRIDE:-4}
 export HFDELTA_CRASH_OFFSET=${HFDELTA_CRASH_OFFSET:-$((RANDOM % HFDELTA_CRASH_STRIDE))}
 echo "sanitize: crash sweeps fault every ${HFDELTA_CRASH_STRIDE}th write step from step $((HFDELTA_CRASH_OFFSET + 1))" \
-  "(replay: HFDELTA_CRASH_STRIDE=$HFDELTA_CRASH_STRIDE HFDELTA_CRASH_OFFSET=$HFDELTA_CRASH_OFFSET scripts/sanitize.sh)"
+  "(replay: HFDELTA_CRASH_STRIDE=$HFDELTA_CRASH_STRIDE HFDELTA_CRASH_OFFSET=$HFDELTA_CRASH_OFFSET scripts/ci/sanitize.sh)"
 
 logs=$PWD/$builddir/sanitizer-logs
 rm -rf "$logs"

@@ -10,18 +10,18 @@
 # downloaded (HF_HUB_OFFLINE=1). Results: OUT/results.md and OUT/results.json;
 # the stages' durations are printed as they end.
 #
-# Usage: scripts/train-series.sh [OPTIONS]
+# Usage: scripts/bench/train-series.sh [OPTIONS]
 #   --out DIR            output directory, replaced (default BUILDDIR/train-series)
 #   --params P           model size: tiny (~0.13M), small (~25M, default), medium (~60M)
 #   --pretrain-steps N   pre-training steps at lr 1e-3, batch 4x64 bytes (default 200)
 #   --steps N            AdamW steps (saves after the first) per lr (default 4)
 #   --lrs "A B"          learning rates, one series each (default "1e-6 1e-5")
-#   any other option is passed to scripts/train_series.py (--batch, --seq,
+#   any other option is passed to scripts/bench/train_series.py (--batch, --seq,
 #   --threads, --seed, --text-bytes; see its --help)
 # Environment: HFDELTA_BUILDDIR (default build), HFDELTA_INTEROP_VENV (default
-# BUILDDIR/interop-venv: torch and transformers, made by scripts/interop.sh --full).
+# BUILDDIR/interop-venv: torch and transformers, made by scripts/ci/interop.sh --full).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 builddir=${HFDELTA_BUILDDIR:-build}
 venv=${HFDELTA_INTEROP_VENV:-$builddir/interop-venv}
@@ -37,17 +37,17 @@ while [ $# -gt 0 ]; do
 done
 
 if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import torch, transformers, safetensors' 2>/dev/null; then
-  echo "train-series: $venv lacks torch and transformers; run scripts/interop.sh --full first" >&2
+  echo "train-series: $venv lacks torch and transformers; run scripts/ci/interop.sh --full first" >&2
   exit 1
 fi
-for tool in hfdelta-bench delta-diff; do
-  if [ ! -x "$builddir/src/$tool" ]; then
-    echo "train-series: $builddir/src/$tool is missing; build the project first (meson setup $builddir && ninja -C $builddir)" >&2
+for tool in bench/hfdelta-bench src/delta-diff; do
+  if [ ! -x "$builddir/$tool" ]; then
+    echo "train-series: $builddir/$tool is missing; build the project first (meson setup $builddir && ninja -C $builddir)" >&2
     exit 1
   fi
 done
 
 t0=$(date +%s)
 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_HUB_DISABLE_PROGRESS_BARS=1 \
-  "$venv/bin/python" scripts/train_series.py --out "$out" --builddir "$builddir" "${args[@]}"
+  "$venv/bin/python" scripts/bench/train_series.py --out "$out" --builddir "$builddir" "${args[@]}"
 echo "train-series: total $(( $(date +%s) - t0 )) s"

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Configures and builds build-san/: the one clang build with AddressSanitizer,
 # UndefinedBehaviorSanitizer (non-recovering), libstdc++ bounds checks and
-# libFuzzer's coverage instrumentation (-Dfuzz=enabled). scripts/sanitize.sh
-# runs the test suite in it and scripts/fuzz.sh links the libFuzzer targets
+# libFuzzer's coverage instrumentation (-Dfuzz=enabled). scripts/ci/sanitize.sh
+# runs the test suite in it and scripts/ci/fuzz.sh links the libFuzzer targets
 # against the same library, so CI compiles the project twice in all (this and
 # the release build), not three times.
 #
-# Usage: scripts/san-build.sh [ninja targets]   (none: everything built by default)
+# Usage: scripts/ci/san-build.sh [ninja targets]   (none: everything built by default)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 scripts/setup.sh
 
