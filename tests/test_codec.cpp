@@ -1,4 +1,4 @@
-// Unit tests of the byte-level delta codecs (shared FORMAT.md §3): round trips,
+// Unit tests of the byte-level delta codecs (docs/format.md, "Encodings"): round trips,
 // the published frame layouts, hostile frames, change counting.
 #include <doctest/doctest.h>
 

@@ -1,5 +1,5 @@
 // Unit tests of the strict safetensors reader and the writer helpers
-// (shared FORMAT.md §1).
+// (docs/format.md, "Checkpoint directories").
 #include <doctest/doctest.h>
 
 #include <stdlib.h>

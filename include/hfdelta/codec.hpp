@@ -1,4 +1,4 @@
-// Byte-level delta codecs of the disk-delta format (shared FORMAT.md §3).
+// Byte-level delta codecs of the disk-delta format (docs/format.md, "Encodings").
 //
 // Codecs see only memory: encoders read two views and push a zstd frame into a
 // sink; decoders read an untrusted frame and hand the patch to a callback in

@@ -1,5 +1,5 @@
 // The delta version directory: a canonical HF checkpoint directory whose index
-// metadata says which version it turns which base into (shared FORMAT.md §3),
+// metadata says which version it turns which base into (docs/format.md, "Index"),
 // plus hfdelta's own documented extensions, which readers of the plain format
 // ignore safely.
 #pragma once

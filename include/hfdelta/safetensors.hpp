@@ -1,4 +1,4 @@
-// Strict safetensors header reader and writer (format: shared FORMAT.md §1).
+// Strict safetensors header reader and writer (format: docs/format.md, "Checkpoint directories").
 //
 // Validation follows the reference reader rule for rule; a parsed header is a
 // plain description of where each tensor's bytes are, and callers take views of

@@ -2,7 +2,7 @@
 //
 // Refusing an input with hfdelta::Error is the expected outcome for most
 // inputs. Any other exception, a sanitizer report, or an accepted header that
-// breaks the format's rules (shared FORMAT.md §1) is a finding.
+// breaks the format's rules (docs/format.md, "Checkpoint directories") is a finding.
 #include <cstddef>
 #include <cstdint>
 #include <set>

@@ -1,6 +1,6 @@
 """Reference publisher, applier and pull of the disk-delta layout published by
 slime ("Delta Weight Sync"), written from the layout's description only
-(shared FORMAT.md section 3) with numpy, zstandard, xxhash and the
+(docs/format.md, "Encodings") with numpy, zstandard, xxhash and the
 safetensors library. It is the other side hfdelta must interoperate with; it
 deliberately knows nothing of hfdelta's extensions (hfdelta_* keys, files/).
 """
