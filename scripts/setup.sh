@@ -11,7 +11,7 @@ packages=(
   nlohmann-json3-dev libxxhash-dev libzstd-dev libboost-filesystem-dev
   libcli11-dev doctest-dev
   zstd xxhash
-  jq  # tests/readme_commands.sh: the README's commands use it
+  jq  # tests/readme_commands.sh: the documented commands use it
   xfsprogs  # tests: copy-on-write clones on a loop-mounted XFS
   bindfs fuse3  # tests/e2e_publish.cpp: a FUSE filesystem without rename flags, as NFS
   rclone  # tests/object_store.sh: publishing through S3

@@ -1,4 +1,4 @@
-// Fault injection for the crash-safety tests (README, "Developer notes: fault
+// Fault injection for the crash-safety tests (docs/hacking.md, "Fault
 // injection"). Private to the library: io.cpp calls it in every function that
 // changes a file or directory.
 #pragma once

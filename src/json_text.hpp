@@ -18,7 +18,7 @@ inline constexpr int kMaxJsonDepth = 64;
 
 // What one JSON document may hold. A parsed document costs up to about 100
 // bytes of memory per value (a key counts as one), so these bound the memory
-// a hostile file can make a reader take (README, "Hostile input").
+// a hostile file can make a reader take (docs/crash-safety.md, "Hostile input").
 struct JsonLimits {
   std::uint64_t bytes;   // the whole text
   std::uint64_t values;  // values and keys, at every depth

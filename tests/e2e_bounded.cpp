@@ -1,8 +1,8 @@
 // End-to-end: hostile JSON costs bounded memory. Every JSON document hfdelta
 // reads (safetensors headers and indexes of a delta, of BASE and NEW, of
 // LOCAL; LOCAL's checksum record, state and transaction manifest) is refused
-// past the limits the README documents, and whatever the input, no process
-// peaks above 256 MiB resident (measured with wait4's ru_maxrss).
+// past the limits docs/crash-safety.md documents, and whatever the input, no
+// process peaks above 256 MiB resident (measured with wait4's ru_maxrss).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -21,7 +21,7 @@ namespace {
 
 constexpr long kMaxRssKib = 256 * 1024;
 
-// The README's limits ("Hostile input").
+// The limits of docs/crash-safety.md, "Hostile input".
 constexpr std::uint64_t kHeaderBytes = 32u << 20;
 constexpr std::uint64_t kIndexBytes = 64u << 20;
 constexpr std::uint64_t kManifestBytes = 16u << 20;

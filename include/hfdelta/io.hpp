@@ -2,7 +2,7 @@
 // descriptors with pread/pwrite for in-place patching, and atomic publication.
 // Every call here that changes a file or directory (write, rename, remove,
 // flush, copy) is a numbered write step, where the crash-safety tests inject
-// faults (README, "Developer notes: fault injection").
+// faults (docs/hacking.md, "Fault injection").
 #pragma once
 
 #include <cstddef>

@@ -44,8 +44,9 @@
 # Environment: HFDELTA_BUILDDIR (default build: binaries in BUILDDIR/src and BUILDDIR/tools),
 # or HFDELTA_DIFF, HFDELTA_APPLY, HFDELTA_GEN; LAB_TMP (where the work dir
 # goes, default /tmp). Without the --full option (a build before it), the
-# full version is published as the README describes for earlier builds (a
-# copy under a hidden name, then a rename) and has no delta sidecar.
+# full version is published by hand the way docs/format.md ("Full versions")
+# describes (a copy under a hidden name, then a rename) and has no delta
+# sidecar.
 # Exit: 0 every LOCAL identical, 1 a failure, 2 usage, 77 cannot run here
 # (the reason is printed).
 set -euo pipefail

@@ -1,5 +1,5 @@
 """Stacked entries (encoding "stack", hfdelta_format 4) read by hand with the
-real readers, following the layout README.md documents.
+real readers, following the layout docs/format.md documents.
 
 delta-diff --squash of a chain written with xor, then overwrite, then xor
 gives a tensor changed at every step three parts that do not compose without

@@ -1,10 +1,10 @@
-"""The README's Python examples, run as written: the trainer's loop that
-publishes after every optimizer step, and the host's pull that has the engine
-reload (contrib/reload-vllm.sh against the stand-in engine
+"""The Python examples of docs/python.md, run as written: the trainer's loop
+that publishes after every optimizer step, and the host's pull that has the
+engine reload (contrib/reload-vllm.sh against the stand-in engine
 scripts/lab/engine/fake_engine.py).
 
-Each ```python block of the README's "## Python" section runs in a process of
-its own, with the README's paths (/models/base, /shared/weights,
+Each ```python block of docs/python.md runs in a process of its own, with the
+page's paths (/models/base, /shared/weights,
 /var/lib/hfdelta/mirror, /local/model) replaced by temporary ones and a
 prelude defining what a trainer has (`model`, `train_step`, `num_steps`):
 a tiny generated model as numpy arrays behind a torch-like state_dict().
@@ -66,23 +66,21 @@ PRELUDE = textwrap.dedent("""
 
 
 def python_blocks() -> list[str]:
-    text = (REPO / "README.md").read_text()
-    section = re.search(r"^## Python\n(.*?)(?=^## )", text, re.S | re.M)
-    assert section, "README.md has no '## Python' section"
-    blocks = re.findall(r"^```python\n(.*?)^```", section.group(1), re.S | re.M)
-    assert blocks, "the README's Python section has no python block"
+    text = (REPO / "docs" / "python.md").read_text()
+    blocks = re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)
+    assert blocks, "docs/python.md has no python block"
     return blocks
 
 
 def run_block(block: str, paths: dict[str, Path], env: dict[str, str], cwd: Path) -> str:
     code = block
-    for readme_path, real in paths.items():
-        code = code.replace(f'"{readme_path}"', repr(str(real)))
+    for page_path, real in paths.items():
+        code = code.replace(f'"{page_path}"', repr(str(real)))
     code = code.replace('"contrib/', repr(str(REPO / "contrib")) + ' + "/')
     prelude = f"BASE = {str(paths['/models/base'])!r}\n" + PRELUDE
     r = subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, env=env, cwd=cwd,
                        timeout=300)
-    assert r.returncode == 0, f"README block failed:\n{code}\n--- stderr:\n{r.stderr}"
+    assert r.returncode == 0, f"docs/python.md block failed:\n{code}\n--- stderr:\n{r.stderr}"
     return r.stdout
 
 
@@ -92,7 +90,7 @@ def test_readme_trainer_loop_and_host_pull(series: list[Path], tmp_path: Path) -
     paths = {"/models/base": base, "/shared/weights": tmp_path / "weights",
              "/var/lib/hfdelta/mirror": tmp_path / "mirror", "/local/model": tmp_path / "local"}
     paths["/shared/weights"].mkdir()
-    hfdelta.init(base, paths["/local/model"], sync=False)  # the host, set up as the README's Usage says
+    hfdelta.init(base, paths["/local/model"], sync=False)  # the host, set up as the README's quickstart says
     log, port_file = tmp_path / "engine.jsonl", tmp_path / "engine.port"
     engine = subprocess.Popen([sys.executable, str(REPO / "scripts" / "lab" / "engine" / "fake_engine.py"),
                                "--port-file", str(port_file), "--log", str(log)])
@@ -107,7 +105,7 @@ def test_readme_trainer_loop_and_host_pull(series: list[Path], tmp_path: Path) -
     finally:
         engine.terminate()
         engine.wait(timeout=30)
-    assert len(outputs) >= 2, "the README's Python section should show the trainer's loop and the host's pull"
+    assert len(outputs) >= 2, "docs/python.md should show the trainer's loop and the host's pull"
     # the trainer published a version per step, and its mirror holds the last
     published = sorted(os.listdir(paths["/shared/weights"]))
     assert published == ["weight_v000001", "weight_v000002", "weight_v000003"]
