@@ -517,11 +517,14 @@ print(" ".join(sorted(m["id"] for m in json.load(urllib.request.urlopen(sys.argv
     rows+=("| $v | $(jnum seconds <<<"$a" | awk '{ printf "%.3f", $1 }') | $name | $(sed -n "s/.*load_lora_adapter $name: \([0-9.]*\) s/\1/p" "$hl") | $(sed -n 's/.*unload_lora_adapter [^:]*: \([0-9.]*\) s/\1/p' "$hl") | $models | $(jnum tokens_equal <<<"$same") | $(jnum max_logprob_diff <<<"$same") | $(cached <<<"$same") | $ok | $(jnum differing_requests <<<"$moved") |")
     log "version $v as $name: same as a fresh engine with that adapter: $ok $same; differs from version $((v - 1)): $mv_ok; served: $models"
   done
-  # Control (reported): the next version loaded in place under the last name.
+  # Control (reported): the next version loaded in place under the last name
+  # and from the same path (its copy overwritten), so that the prefix cache's
+  # keys (adapter name and path) stay those of the old version.
   v=$((versions + 1)) name=tiny-v$(printf '%06d' "$versions")
   (cd "$work" && "$bin/delta-apply" -q --root root --target "$v" local) || die "delta-apply to version $v failed"
+  cp "$work/local/adapter_model.safetensors" "$work/local/adapter_config.json" "$VLLM_LORA_COPY_TO/$name/"
   "${check_py[@]}" post "$main_url" /v1/load_lora_adapter \
-    "{\"lora_name\": \"$name\", \"lora_path\": \"$work/local\", \"load_inplace\": true}" >/dev/null \
+    "{\"lora_name\": \"$name\", \"lora_path\": \"$VLLM_LORA_COPY_TO/$name\", \"load_inplace\": true}" >/dev/null \
     || die "load_inplace failed"
   "${check_py[@]}" query "$main_url" "$name" "$work/out/main_inplace.json"
   fresh_lora "$v"
@@ -540,7 +543,7 @@ print(" ".join(sorted(m["id"] for m in json.load(urllib.request.urlopen(sys.argv
     echo "|---:|---:|---|---:|---:|---|---|---:|---|---|---|"
     printf '%s\n' "${rows[@]}"
     echo
-    echo "Control: version $v loaded in place (load_inplace) under the name $name: same as a fresh engine: $ok ($c)."
+    echo "Control: version $v loaded in place (load_inplace) under the name and path of $name: same as a fresh engine: $ok ($c)."
   } > "$work/results.md"
   echo; cat "$work/results.md"; echo
   [ "$bad" -eq 0 ] || die "outputs did not match (see above)"
