@@ -72,7 +72,7 @@ timed() {
 
 # pair KIND SERIES: every encoding on save_000 -> save_001 of SERIES.
 pair() {
-  local kind=$1 s=$2 base=$2/save_000 new=$2/save_001 enc d l r
+  local kind=$1 base=$2/save_000 new=$2/save_001 enc d l r
   bench bound "$base" "$new" --append "$rec" --label "series=$kind" >/dev/null
   bench layout "$base" --append "$rec" --label "series=$kind" --label what=save >/dev/null
   for enc in $encodings; do
