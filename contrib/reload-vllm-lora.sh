@@ -18,12 +18,15 @@
 #   GET  /v1/models              the adapters loaded
 #   POST /v1/unload_lora_adapter {"lora_name": "NAME-vOLDER"}, for each older NAME-v*
 #
-# Why a new name rather than reloading the same one in place: vLLM keys its
-# prefix cache and its adapter caches by the adapter, so a new name gets new
-# KV blocks, while a request to the old name can never be answered with a mix
-# of versions. Clients send requests with "model": the name in the state file
-# (or the newest NAME-v* in GET /v1/models). Requests already running on the
-# old name finish on it; vLLM drops its weights from its caches once unloaded.
+# Why a new name rather than reloading the same one in place (load_inplace):
+# vLLM keys its prefix cache by the adapter's name and path, so in place the
+# KV blocks computed with the old version are reused for the new one
+# (scripts/lab/engine-test.sh --lora shows it), while a new name gets new
+# blocks, and a request is answered by one version from start to end.
+# Clients send requests with "model": the name in the state file (or the
+# newest NAME-v* in GET /v1/models). Requests already running on the old
+# name finish on it; once unloaded, vLLM accepts no new request for it, and
+# its weights leave the engine's adapter cache when evicted.
 #
 # vLLM reads the adapter from disk when it loads it, and again if it evicted
 # it from its CPU cache; LOCAL changes at the next pull, so with
