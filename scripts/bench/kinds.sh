@@ -14,19 +14,24 @@
 #   wire size of every encoding against the order-0 entropy bound
 #   (hfdelta-bench bound), diff and apply times; every apply checked byte for
 #   byte.
+# - LoRA adapters: a rank-16 PEFT adapter of the qwen3-0.6b shape
+#   (--preset qwen3-0.6b --lora 16), in f32 (PEFT's default) and in bf16:
+#   every element moves at every step; wire of every encoding against the
+#   bound and the adapter's size.
 #
 # Usage: scripts/bench/kinds.sh [--bin DIR] [--out DIR] [--repeat N] [--fp8-lrs "A B"]
-#                               [--moe-preset P] [--fp8-preset P]
+#                               [--moe-preset P] [--fp8-preset P] [--sections "moe fp8 lora"]
 #   --bin DIR      delta-diff, delta-apply, hfdelta-gen and hfdelta-bench (default: BUILDDIR's)
 #   --out DIR      results: OUT/kinds.md, OUT/kinds.json, OUT/kinds-records.jsonl
 #                  (default BUILDDIR/bench); scratch in OUT/kinds-work, removed at the end
 #   --repeat N     runs of every timed command, the minimum reported (default 3)
+#   --sections S   which kinds to measure (default "moe fp8 lora")
 # HFDELTA_BUILDDIR picks the build directory (default build).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
 builddir=${HFDELTA_BUILDDIR:-build}
-bin='' out='' repeat=3 fp8_lrs="1e-6 1e-5" moe_preset=qwen3-moe fp8_preset=small
+bin='' out='' repeat=3 fp8_lrs="1e-6 1e-5" moe_preset=qwen3-moe fp8_preset=small sections="moe fp8 lora"
 while [ $# -gt 0 ]; do
   case $1 in
     --bin) bin=$2; shift 2 ;;
@@ -35,6 +40,7 @@ while [ $# -gt 0 ]; do
     --fp8-lrs) fp8_lrs=$2; shift 2 ;;
     --moe-preset) moe_preset=$2; shift 2 ;;
     --fp8-preset) fp8_preset=$2; shift 2 ;;
+    --sections) sections=$2; shift 2 ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "kinds: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -70,9 +76,10 @@ timed() {
   bench run --append "$rec" "${labels[@]}" -- "$@" >/dev/null || die "failed: $*"
 }
 
-# pair KIND SERIES: every encoding on save_000 -> save_001 of SERIES.
+# pair KIND SERIES [FROM]: every encoding on save_FROM -> the next save of SERIES (FROM: 0).
 pair() {
-  local kind=$1 base=$2/save_000 new=$2/save_001 enc d l r
+  local kind=$1 from=${3:-0} enc d l r
+  local base=$2/save_00$from new=$2/save_00$((from + 1))
   bench bound "$base" "$new" --append "$rec" --label "series=$kind" >/dev/null
   bench layout "$base" --append "$rec" --label "series=$kind" --label what=save >/dev/null
   for enc in $encodings; do
@@ -97,19 +104,27 @@ pair() {
   rm -rf "$work/local-$kind"
 }
 
-log "mixture of experts: $moe_preset, experts apart and stacked"
-for v in experts stacked; do
+want() { [[ " $sections " == *" $1 "* ]]; }
+want moe && log "mixture of experts: $moe_preset, experts apart and stacked"
+want moe && for v in experts stacked; do
   flags=()
   [ "$v" = stacked ] && flags=(--stack-experts)
   "$B/hfdelta-gen" --preset "$moe_preset" --saves 1 --lr 1e-6 "${flags[@]}" "$work/moe-$v" 2>&1 | tail -n 1
   pair "moe-$v" "$work/moe-$v"
   rm -rf "$work/moe-$v"
 done
-for lr in $fp8_lrs; do
+want fp8 && for lr in $fp8_lrs; do
   log "FP8 with block scales: $fp8_preset at lr $lr"
   "$B/hfdelta-gen" --preset "$fp8_preset" --fp8 --saves 1 --lr "$lr" "$work/fp8-$lr" 2>&1 | tail -n 1
   pair "fp8-lr$lr" "$work/fp8-$lr"
   rm -rf "$work/fp8-$lr"
+done
+want lora && for dt in f32 bf16; do
+  log "LoRA adapter: qwen3-0.6b shape, rank 16, $dt"
+  # Save 1 -> 2: at step 1 only B moves (A's gradient is zero while B is).
+  "$B/hfdelta-gen" --preset qwen3-0.6b --lora 16 --dtype "$dt" --saves 2 "$work/lora-$dt" 2>&1 | tail -n 1
+  pair "lora-$dt" "$work/lora-$dt" 1
+  rm -rf "$work/lora-$dt"
 done
 bench machine "$work" --append "$rec" >/dev/null
 bench note --kind load --label "loadavg=$(cut -d' ' -f1-3 /proc/loadavg)" --append "$rec" >/dev/null

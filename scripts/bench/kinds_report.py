@@ -7,8 +7,9 @@ Mixture of experts: for each encoding, the minimum diff and apply --no-sync
 wall time of the save with its experts apart (moe-experts) and stacked
 (moe-stacked, the same bytes in fewer tensors), their ratio, and the time
 per extra tensor: (t_apart - t_stacked) / (tensors_apart - tensors_stacked).
-FP8: for each learning rate and encoding, the wire bytes against the
-order-0 bound of the change, and the times.
+FP8 (each learning rate) and LoRA adapters (each dtype): for each encoding,
+the wire bytes against the order-0 bound of the change and against the save,
+and the times.
 """
 import argparse
 import json
@@ -44,8 +45,8 @@ def main():
     best = {k: min(v) for k, v in times.items()}
     encodings = sorted({e for (_, e, _) in best}, key=lambda e: ["sparse", "context", "auto", "xor", "overwrite"].index(e)
                        if e in ["sparse", "context", "auto", "xor", "overwrite"] else 9)
-    out = {"commit": a.commit, "machine": machine, "moe": [], "fp8": []}
-    md = ["# Checkpoint kinds: mixture of experts and FP8", ""]
+    out = {"commit": a.commit, "machine": machine, "moe": [], "fp8": [], "lora": []}
+    md = ["# Checkpoint kinds: mixture of experts, FP8, LoRA", ""]
     md.append(f"Commit {a.commit}; {machine.get('nproc', '?')} CPUs ({machine.get('cpu_model', '?')}), "
               f"load average at the end {machine.get('loadavg', '?')}; page cache warm; minimum of "
               f"{max((len(v) for v in times.values()), default=0)} runs.")
@@ -83,12 +84,12 @@ def main():
             md.append("| " + " | ".join(cells) + " |")
         out["moe_layout"] = {"apart": xa, "stacked": xs, "bound_apart": ba, "bound_stacked": bs}
         md.append("")
-    fp8 = sorted({s for s in bound if s.startswith("fp8-")})
-    if fp8:
-        md += ["## FP8 with block scales: wire against the order-0 bound", "",
-               "| lr | density | bound | encoding | wire | wire / bound | diff | apply `--no-sync` |",
-               "|---|---:|---:|---|---:|---:|---:|---:|"]
-        for s in fp8:
+    others = sorted({s for s in bound if s.startswith(("fp8-", "lora-"))})
+    if others:
+        md += ["## FP8 with block scales and LoRA adapters: wire against the order-0 bound", "",
+               "| series | save | density | bound | encoding | wire | wire / bound | wire / save | diff | apply `--no-sync` |",
+               "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+        for s in others:
             b = bound[s]
             for e in encodings:
                 w = size.get((s, e))
@@ -96,11 +97,13 @@ def main():
                     continue
                 ratio = w / b["bound_bytes"] if b["bound_bytes"] else float("nan")
                 d, ap = best.get((s, e, "diff")), best.get((s, e, "apply_nosync"))
-                out["fp8"].append({"series": s, "encoding": e, "wire": w, "bound_bytes": b["bound_bytes"],
-                                   "wire_over_bound": ratio, "density": b["density"], "diff_s": d,
-                                   "apply_nosync_s": ap})
-                md.append(f"| {s[len('fp8-lr'):]} | {b['density'] * 100:.2f}% | {b['bound_bytes'] / 1e6:.3f} MB | {e} | "
-                          f"{w / 1e6:.3f} MB | {ratio:.3f} | {d:.3f} s | {ap:.3f} s |")
+                out["fp8" if s.startswith("fp8-") else "lora"].append(
+                    {"series": s, "encoding": e, "wire": w, "bound_bytes": b["bound_bytes"],
+                     "wire_over_bound": ratio, "density": b["density"], "save_bytes": b["full_bytes"],
+                     "diff_s": d, "apply_nosync_s": ap})
+                md.append(f"| {s} | {b['full_bytes'] / 1e6:.1f} MB | {b['density'] * 100:.2f}% | "
+                          f"{b['bound_bytes'] / 1e6:.3f} MB | {e} | {w / 1e6:.3f} MB | {ratio:.3f} | "
+                          f"{w / b['full_bytes']:.3f} | {d:.3f} s | {ap:.3f} s |")
         md.append("")
     open(a.md, "w").write("\n".join(md) + "\n")
     json.dump(out, open(a.json, "w"), indent=1)
