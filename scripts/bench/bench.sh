@@ -36,8 +36,9 @@
 #   --work DIR         scratch directory for the series (default OUT/work; removed at the end)
 #   --keep             keep the scratch directory
 #   --sections "S ..." which parts to run: main squash mem publish kinds (default all);
-#                      kinds: mixture of experts (qwen3-moe, experts apart against stacked) and
-#                      FP8 with block scales, scripts/bench/kinds.sh, in OUT/kinds.md
+#                      kinds: mixture of experts (qwen3-moe, experts apart against stacked),
+#                      FP8 with block scales and LoRA adapters, scripts/bench/kinds.sh, in
+#                      OUT/kinds.md
 # Each option has an environment variable: BENCH_PRESET, BENCH_SAVES, BENCH_LRS,
 # BENCH_TARGET_LR, BENCH_REPEAT, BENCH_PEER_PAIRS, BENCH_MEM_PRESETS,
 # BENCH_STEPS_PER_SAVE, BENCH_OUT, BENCH_WORK, BENCH_KEEP=1, BENCH_SECTIONS; HFDELTA_BUILDDIR
@@ -474,7 +475,7 @@ if want publish; then
 fi
 
 if want kinds; then
-  log "checkpoint kinds: mixture of experts and FP8 (scripts/bench/kinds.sh)"
+  log "checkpoint kinds: mixture of experts, FP8, LoRA (scripts/bench/kinds.sh)"
   t0=$(date +%s.%N)
   "$repo/scripts/bench/kinds.sh" --bin "$B" --out "$out" --repeat "$repeat" | sed 's/^/   /'
   note timing "what=checkpoint kinds" "seconds=$(elapsed "$t0")"
