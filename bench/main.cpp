@@ -13,6 +13,8 @@
 //   run -- CMD...      run a command: wall time, max RSS (GNU time -v and wait4), and the
 //                      peak VmRSS / RssAnon of its process tree, sampled from /proc
 //   size PATH...       total bytes of the regular files under the paths
+//   layout PATH...     tensors, safetensors header bytes and JSON (index, config) bytes under the
+//                      paths (checkpoints or deltas)
 //   machine PATH       CPU, memory, kernel and the disk holding PATH
 //   note               a record made of labels only
 //   report RECORDS     builds results.md and results.json from a records file
@@ -55,12 +57,12 @@ struct Args {
   std::string where = ".";  // machine
   std::string note_kind = "note";
   std::string records, md_out, json_out;  // report
-  bench::RecordOut bound_out, floor_out, warm_out, run_out, size_out, machine_out, note_out;
+  bench::RecordOut bound_out, floor_out, warm_out, run_out, size_out, machine_out, note_out, layout_out;
 };
 
 struct Subcommands {
   CLI::App *bound = nullptr, *floor = nullptr, *warm = nullptr, *run = nullptr;
-  CLI::App *size = nullptr, *machine = nullptr, *note = nullptr, *report = nullptr;
+  CLI::App *size = nullptr, *machine = nullptr, *note = nullptr, *report = nullptr, *layout = nullptr;
 };
 
 // The subcommands that read checkpoints: bound, readfloor, warm.
@@ -101,6 +103,10 @@ void add_other_commands(CLI::App& app, Args& a, Subcommands& sc) {
   sc.size->add_option("PATH", a.paths)->required();
   add_record_options(sc.size, a.size_out);
 
+  sc.layout = app.add_subcommand("layout", "Tensors, safetensors header and JSON bytes under the paths");
+  sc.layout->add_option("PATH", a.paths)->required();
+  add_record_options(sc.layout, a.layout_out);
+
   sc.machine = app.add_subcommand("machine", "Describe the machine and the disk holding PATH");
   sc.machine->add_option("PATH", a.where);
   add_record_options(sc.machine, a.machine_out);
@@ -138,6 +144,7 @@ int run_subcommand(const Args& a, const Subcommands& sc) {
          a.floor_out);
   if (*sc.warm) emit(to_record(warm(a.paths, a.threads)), "warm", a.warm_out);
   if (*sc.size) emit(to_record(measure_size(a.paths)), "size", a.size_out);
+  if (*sc.layout) emit(to_record(measure_layout(a.paths)), "layout", a.layout_out);
   if (*sc.machine) emit(to_record(describe_machine(a.where)), "machine", a.machine_out);
   if (*sc.note) emit(json::object(), a.note_kind, a.note_out);
   if (*sc.report) write_report(sort_records(read_records(a.records)), a.md_out, a.json_out);

@@ -630,6 +630,39 @@ Size measure_size(const std::vector<std::string>& paths) {
   return r;
 }
 
+Layout measure_layout(const std::vector<std::string>& paths) {
+  Layout r;
+  r.paths = paths;
+  auto ends = [](const std::string& s, const std::string& suf) {
+    return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
+  };
+  for (const auto& p : paths) {
+    std::vector<fs::path> files;
+    if (fs::is_directory(p)) {
+      for (fs::recursive_directory_iterator it(p), end; it != end; ++it)
+        if (fs::is_regular_file(it->symlink_status())) files.push_back(it->path());
+    } else {
+      files.emplace_back(p);
+    }
+    for (const auto& f : files) {
+      const std::string name = f.filename().string();
+      const std::uint64_t size = fs::file_size(f);
+      ++r.files;
+      r.bytes += size;
+      if (ends(name, ".json")) {
+        ++r.json_files;
+        r.json_bytes += size;
+      } else if (ends(name, ".safetensors")) {
+        const hfdelta::SafetensorsHeader h = hfdelta::read_safetensors(f);
+        ++r.safetensors_files;
+        r.tensors += h.tensors.size();
+        r.header_bytes += h.data_start();
+      }
+    }
+  }
+  return r;
+}
+
 Machine describe_machine(const std::string& path) {
   Machine m;
   describe_cpu(m);

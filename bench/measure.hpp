@@ -99,6 +99,17 @@ struct Size {
 
 Size measure_size(const std::vector<std::string>& paths);
 
+// What the layout of checkpoints or delta directories costs: their tensors,
+// the safetensors headers (8-byte length and JSON, every .safetensors file)
+// and the JSON files (indexes, configs), all files below the paths counted.
+struct Layout {
+  std::vector<std::string> paths;
+  std::uint64_t safetensors_files = 0, tensors = 0, header_bytes = 0;
+  std::uint64_t json_files = 0, json_bytes = 0, bytes = 0, files = 0;
+};
+
+Layout measure_layout(const std::vector<std::string>& paths);
+
 // The mount holding a path (the longest mount point above it), from /proc/mounts.
 struct Mount {
   std::string device, mount, fs_type;

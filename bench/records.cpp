@@ -65,6 +65,17 @@ json to_record(const ReadFloor& f) {
           {"checksum", f.checksum}};
 }
 
+json to_record(const Layout& l) {
+  return {{"paths", l.paths},
+          {"files", l.files},
+          {"bytes", l.bytes},
+          {"safetensors_files", l.safetensors_files},
+          {"tensors", l.tensors},
+          {"header_bytes", l.header_bytes},
+          {"json_files", l.json_files},
+          {"json_bytes", l.json_bytes}};
+}
+
 json to_record(const Warm& w) { return {{"files", w.files}, {"bytes", w.bytes}, {"seconds", w.seconds}}; }
 
 json to_record(const Run& r) {

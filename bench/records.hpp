@@ -30,6 +30,7 @@ nlohmann::json to_record(const ReadFloor& f);
 nlohmann::json to_record(const Warm& w);
 nlohmann::json to_record(const Run& r);
 nlohmann::json to_record(const Size& s);
+nlohmann::json to_record(const Layout& l);
 nlohmann::json to_record(const Machine& m);
 
 // Every record of a records file, in order.

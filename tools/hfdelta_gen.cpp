@@ -1,6 +1,9 @@
 // hfdelta-gen: writes a series of HF checkpoint directories that look like
 // successive saves of a bf16 training run (test data for diff/apply, demos and
-// benchmarks).
+// benchmarks). Besides dense models: mixture-of-experts (Qwen3-MoE layout,
+// --experts or the *-moe presets), fine-grained FP8 (--fp8: F8_E4M3 weights
+// with an F32 weight_scale_inv per 128x128 block), and PEFT LoRA adapters
+// (--lora R: adapter_model.safetensors and adapter_config.json).
 //
 // Every element's trajectory is a pure function of (seed, tensor name, element
 // index, step): an fp32 master weight trained by Adam on pseudo-random
@@ -54,6 +57,8 @@ struct ModelShape {
   std::uint64_t hidden = 0, layers = 0, intermediate = 0, vocab = 0;
   std::uint64_t heads = 0, kv_heads = 0, head_dim = 0;
   bool tie_embeddings = false;
+  // Mixture of experts (Qwen3-MoE): 0 experts is a dense MLP.
+  std::uint64_t experts = 0, experts_per_tok = 0, moe_intermediate = 0;
 };
 
 struct Preset {
@@ -63,13 +68,18 @@ struct Preset {
 
 // tiny ≈ 1.8 MB, small ≈ 116 MB, qwen3-0.6b ≈ 1.2 GB per bf16 save. tiny and
 // small keep a separate lm_head (Llama-like) so that tensor exists in tests.
+// tiny-moe ≈ 4.5 MB and 405 tensors (64 experts in each of 2 layers);
+// qwen3-moe has Qwen3-30B-A3B's tensor count (48 layers of 128 experts,
+// 18 867 tensors) at a width that keeps a bf16 save near 170 MB.
 const Preset kPresets[] = {
     {"tiny", {128, 2, 384, 2048, 4, 2, 32, false}},
     {"small", {512, 8, 1536, 32000, 8, 4, 64, false}},
     {"qwen3-0.6b", {1024, 28, 3072, 151936, 16, 8, 128, true}},
+    {"tiny-moe", {128, 2, 384, 2048, 4, 2, 32, false, 64, 4, 32}},
+    {"qwen3-moe", {128, 48, 768, 32000, 4, 2, 32, false, 128, 8, 32}},
 };
 
-enum class Dtype { bf16, f16, f32 };
+enum class Dtype { bf16, f16, f32, f8e4m3 };
 
 struct DtypeInfo {
   const char* cli;
@@ -83,6 +93,7 @@ DtypeInfo dtype_info(Dtype d) {
     case Dtype::bf16: return {"bf16", "BF16", "bfloat16", 2};
     case Dtype::f16: return {"f16", "F16", "float16", 2};
     case Dtype::f32: return {"f32", "F32", "float32", 4};
+    case Dtype::f8e4m3: return {"f8e4m3", "F8_E4M3", "float8_e4m3fn", 1};
   }
   return {"?", "?", "?", 0};
 }
@@ -101,6 +112,17 @@ struct Tensor {
   float row_sigma = 0;       // log-normal spread of per-row, per-step gradient scale
   std::size_t shard = 0;
   std::uint64_t offset = 0;  // absolute file offset of its first byte in its shard
+  Dtype dtype = Dtype::bf16;
+  // Routed expert rows: rows [k*expert_rows, (k+1)*expert_rows) belong to
+  // expert expert_base + k, which gets a gradient only at the steps the router
+  // sends it tokens (a whole expert, all three projections, at once).
+  std::uint64_t expert_rows = 0, expert_base = 0, layer_key = 0;
+  // FP8: index of this weight's weight_scale_inv tensor (written with it);
+  // a scale tensor is derived, never trained on its own.
+  std::size_t scale = SIZE_MAX;
+  bool derived = false;
+  bool zero_init = false;      // LoRA B: starts at zero
+  bool no_first_grad = false;  // LoRA A: no gradient at step 1, since B is still zero
 };
 
 struct Shard {
@@ -206,6 +228,7 @@ void encode(const float* w, std::size_t n, Dtype dt, std::uint8_t* out) {
       }
       break;
     case Dtype::f32: std::memcpy(out, w, 4 * n); break;
+    case Dtype::f8e4m3: fail(Exit::failure, "FP8 weights are quantised with their block scales");
   }
 }
 
@@ -226,27 +249,35 @@ struct Options {
   std::uint64_t chunk = 1ull << 20;
   bool force = false;
   bool json = false;
+  bool fp8 = false;                // F8_E4M3 linear weights with 128x128 block scales
+  std::uint64_t lora_rank = 0;     // > 0: a PEFT LoRA adapter of this rank instead of the model
+  bool stack_experts = false;      // experts of a layer as three [E, rows, cols] tensors
 };
+
+constexpr std::uint64_t kFp8Block = 128;  // weight_block_size [128, 128]
+constexpr float kFp8Max = 448.0f;         // largest finite F8_E4M3 (e4m3fn)
 
 bool checked_mul(std::uint64_t a, std::uint64_t b, std::uint64_t& out) { return !__builtin_mul_overflow(a, b, &out); }
 
 // ---- the model's tensors ----------------------------------------------------
 
-std::vector<Tensor> model_tensors(const ModelShape& m, std::uint64_t seed) {
-  std::vector<Tensor> ts;
-  auto add = [&](std::string name, std::vector<std::uint64_t> shape, bool norm, bool sparse = false) {
+class TensorList {
+ public:
+  TensorList(std::uint64_t seed, Dtype dtype) : seed_(seed), dtype_(dtype) {}
+  Tensor& add(std::string name, std::vector<std::uint64_t> shape, bool norm, bool sparse = false) {
     Tensor t;
     t.name = std::move(name);
     t.shape = std::move(shape);
     t.is_norm = norm;
     t.sparse_rows = sparse;
+    t.dtype = dtype_;
     t.elements = 1;
     for (auto d : t.shape)
       if (!checked_mul(t.elements, d, t.elements) || t.elements > (1ull << 40))
         fail(Exit::usage, "tensor " + t.name + " is too large");
     t.cols = t.shape.back();
     // Keyed by name, not position: a tensor keeps its values if layers are added.
-    t.key = mix(seed, fnv1a(t.name));
+    t.key = mix(seed_, fnv1a(t.name));
     const std::uint64_t p = mix(t.key, kTensorParams);
     // Per-element gradients of a large-batch LLM run are tiny, around Adam's
     // eps, so eps damps the update and the gradient scale (spread over a
@@ -255,37 +286,125 @@ std::vector<Tensor> model_tensors(const ModelShape& m, std::uint64_t seed) {
     t.grad_scale = static_cast<float>(2e-9 * std::pow(10.0, unit(p)));
     t.bias = static_cast<float>(0.6 * unit(splitmix64(p)));
     t.row_sigma = static_cast<float>(0.2 + 0.6 * unit(splitmix64(p + 1)));
-    ts.push_back(std::move(t));
-  };
+    ts_.push_back(std::move(t));
+    return ts_.back();
+  }
+  // A linear weight: with fp8, F8_E4M3 followed by its F32 weight_scale_inv,
+  // one per 128x128 block (ceil in both dimensions), as fine-grained FP8
+  // checkpoints (DeepSeek-V3, Qwen3-*-FP8) store them.
+  Tensor& linear(std::string name, std::vector<std::uint64_t> shape, bool fp8) {
+    add(name, shape, false);
+    if (!fp8) return ts_.back();
+    const std::size_t w = ts_.size() - 1;
+    ts_[w].dtype = Dtype::f8e4m3;
+    if (ts_[w].elements >= (1ull << 32)) fail(Exit::usage, "FP8 tensor " + ts_[w].name + " is too large");
+    std::vector<std::uint64_t> sshape = shape;
+    for (auto& d : sshape) d = (d + kFp8Block - 1) / kFp8Block;
+    if (sshape.size() == 3) sshape[0] = shape[0];  // stacked experts: blocks per expert
+    std::string sname = name;
+    sname.replace(sname.size() - std::string("weight").size(), std::string::npos, "weight_scale_inv");
+    Tensor& sc = add(sname, sshape, false);
+    sc.dtype = Dtype::f32;
+    sc.derived = true;
+    ts_[w].scale = ts_.size() - 1;
+    return ts_[w];
+  }
+  std::vector<Tensor> take() { return std::move(ts_); }
+
+ private:
+  std::uint64_t seed_;
+  Dtype dtype_;
+  std::vector<Tensor> ts_;
+};
+
+// The seven projections LoRA adapts, with (out, in) features.
+std::vector<std::pair<std::string, std::pair<std::uint64_t, std::uint64_t>>> lora_targets(const ModelShape& m) {
   const std::uint64_t q = m.heads * m.head_dim, kv = m.kv_heads * m.head_dim;
-  add("model.embed_tokens.weight", {m.vocab, m.hidden}, false, true);
+  return {{"self_attn.q_proj", {q, m.hidden}},          {"self_attn.k_proj", {kv, m.hidden}},
+          {"self_attn.v_proj", {kv, m.hidden}},         {"self_attn.o_proj", {m.hidden, q}},
+          {"mlp.gate_proj", {m.intermediate, m.hidden}}, {"mlp.up_proj", {m.intermediate, m.hidden}},
+          {"mlp.down_proj", {m.hidden, m.intermediate}}};
+}
+
+// A PEFT adapter: lora_A [r, in] and lora_B [out, r] for every target module,
+// named as PEFT's save_pretrained names them.
+std::vector<Tensor> lora_tensors(const ModelShape& m, std::uint64_t rank, std::uint64_t seed, Dtype dt) {
+  TensorList ts(seed, dt);
+  for (std::uint64_t i = 0; i < m.layers; ++i)
+    for (const auto& [mod, dims] : lora_targets(m)) {
+      const std::string p = "base_model.model.model.layers." + std::to_string(i) + "." + mod + ".";
+      Tensor& a = ts.add(p + "lora_A.weight", {rank, dims.second}, false);
+      // Adapter gradients are large against Adam's eps (few parameters, each
+      // seeing the whole batch), so every element moves by about lr per step.
+      a.grad_scale = 1e-3f;
+      a.no_first_grad = true;
+      Tensor& b = ts.add(p + "lora_B.weight", {dims.first, rank}, false);
+      b.grad_scale = 1e-3f;
+      b.zero_init = true;
+    }
+  return ts.take();
+}
+
+std::vector<Tensor> model_tensors(const Options& o) {
+  const ModelShape& m = o.shape;
+  if (o.lora_rank > 0) return lora_tensors(m, o.lora_rank, o.seed, o.dtype);
+  TensorList ts(o.seed, o.dtype);
+  const bool f8 = o.fp8;
+  const std::uint64_t q = m.heads * m.head_dim, kv = m.kv_heads * m.head_dim;
+  ts.add("model.embed_tokens.weight", {m.vocab, m.hidden}, false, true);
   for (std::uint64_t i = 0; i < m.layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
-    add(p + "self_attn.q_proj.weight", {q, m.hidden}, false);
-    add(p + "self_attn.k_proj.weight", {kv, m.hidden}, false);
-    add(p + "self_attn.v_proj.weight", {kv, m.hidden}, false);
-    add(p + "self_attn.o_proj.weight", {m.hidden, q}, false);
-    add(p + "self_attn.q_norm.weight", {m.head_dim}, true);
-    add(p + "self_attn.k_norm.weight", {m.head_dim}, true);
-    add(p + "mlp.gate_proj.weight", {m.intermediate, m.hidden}, false);
-    add(p + "mlp.up_proj.weight", {m.intermediate, m.hidden}, false);
-    add(p + "mlp.down_proj.weight", {m.hidden, m.intermediate}, false);
-    add(p + "input_layernorm.weight", {m.hidden}, true);
-    add(p + "post_attention_layernorm.weight", {m.hidden}, true);
+    ts.linear(p + "self_attn.q_proj.weight", {q, m.hidden}, f8);
+    ts.linear(p + "self_attn.k_proj.weight", {kv, m.hidden}, f8);
+    ts.linear(p + "self_attn.v_proj.weight", {kv, m.hidden}, f8);
+    ts.linear(p + "self_attn.o_proj.weight", {m.hidden, q}, f8);
+    ts.add(p + "self_attn.q_norm.weight", {m.head_dim}, true);
+    ts.add(p + "self_attn.k_norm.weight", {m.head_dim}, true);
+    if (m.experts == 0) {
+      ts.linear(p + "mlp.gate_proj.weight", {m.intermediate, m.hidden}, f8);
+      ts.linear(p + "mlp.up_proj.weight", {m.intermediate, m.hidden}, f8);
+      ts.linear(p + "mlp.down_proj.weight", {m.hidden, m.intermediate}, f8);
+    } else {
+      // The router stays in the model dtype in FP8 checkpoints.
+      ts.add(p + "mlp.gate.weight", {m.experts, m.hidden}, false);
+      const std::uint64_t lk = mix(o.seed, fnv1a(p + "mlp.experts"));
+      const std::uint64_t mi = m.moe_intermediate, h = m.hidden;
+      auto expert = [&](const std::string& name, std::vector<std::uint64_t> shape, std::uint64_t base,
+                        std::uint64_t rows) {
+        Tensor& t = ts.linear(name, std::move(shape), f8);
+        t.layer_key = lk;
+        t.expert_base = base;
+        t.expert_rows = rows;
+      };
+      if (o.stack_experts) {
+        const std::uint64_t E = m.experts;
+        expert(p + "mlp.experts.gate_proj.weight", {E, mi, h}, 0, mi);
+        expert(p + "mlp.experts.up_proj.weight", {E, mi, h}, 0, mi);
+        expert(p + "mlp.experts.down_proj.weight", {E, h, mi}, 0, h);
+      } else {
+        for (std::uint64_t e = 0; e < m.experts; ++e) {
+          const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+          expert(x + "gate_proj.weight", {mi, h}, e, mi);
+          expert(x + "up_proj.weight", {mi, h}, e, mi);
+          expert(x + "down_proj.weight", {h, mi}, e, h);
+        }
+      }
+    }
+    ts.add(p + "input_layernorm.weight", {m.hidden}, true);
+    ts.add(p + "post_attention_layernorm.weight", {m.hidden}, true);
   }
-  add("model.norm.weight", {m.hidden}, true);
-  if (!m.tie_embeddings) add("lm_head.weight", {m.vocab, m.hidden}, false);
-  return ts;
+  ts.add("model.norm.weight", {m.hidden}, true);
+  if (!m.tie_embeddings) ts.add("lm_head.weight", {m.vocab, m.hidden}, false);
+  return ts.take();
 }
 
 // Greedy packing in model order, as HF's save_pretrained does: a new shard
 // starts when the next tensor would push the current one past the limit.
 std::vector<Shard> plan_shards(std::vector<Tensor>& ts, const Options& o) {
-  const std::size_t es = dtype_info(o.dtype).size;
   std::vector<std::vector<std::size_t>> groups(1);
   std::uint64_t cur = 0;
   for (std::size_t i = 0; i < ts.size(); ++i) {
-    const std::uint64_t nb = ts[i].elements * es;
+    const std::uint64_t nb = ts[i].elements * dtype_info(ts[i].dtype).size;
     if (!o.single_file && !groups.back().empty() && cur + nb > o.max_shard_size) {
       groups.emplace_back();
       cur = 0;
@@ -298,7 +417,9 @@ std::vector<Shard> plan_shards(std::vector<Tensor>& ts, const Options& o) {
   for (std::size_t k = 0; k < groups.size(); ++k) {
     Shard& s = shards[k];
     s.tensors = groups[k];
-    if (o.single_file) {
+    if (o.lora_rank > 0) {
+      s.file = "adapter_model.safetensors";
+    } else if (o.single_file) {
       s.file = "model.safetensors";
     } else {
       char buf[64];
@@ -308,7 +429,8 @@ std::vector<Shard> plan_shards(std::vector<Tensor>& ts, const Options& o) {
     std::vector<hfdelta::TensorSpec> specs;
     std::map<std::string, std::size_t> by_name;
     for (std::size_t i : s.tensors) {
-      specs.push_back({ts[i].name, dtype_info(o.dtype).safetensors, ts[i].shape, ts[i].elements * es});
+      specs.push_back({ts[i].name, dtype_info(ts[i].dtype).safetensors, ts[i].shape,
+                       ts[i].elements * dtype_info(ts[i].dtype).size});
       by_name[ts[i].name] = i;
     }
     s.layout = hfdelta::layout_safetensors(std::move(specs), &meta);
@@ -328,6 +450,15 @@ constexpr float kBeta1 = 0.9f, kBeta2 = 0.999f, kEps = 1e-8f, kInitStd = 0.02f;
 // Gradient scale of one row at one step; 0 for an embedding row whose token is
 // not in the batch. Token frequencies are skewed: many rows are rarely hit.
 float row_scale(const Tensor& t, std::uint64_t row, std::uint64_t step) {
+  if (t.no_first_grad && step == 1) return 0.0f;
+  if (t.expert_rows > 0) {
+    // Routed expert: each gets tokens at a step with its own probability
+    // (load imbalance: 0.5 to 1); without tokens, no gradient (Adam's momentum
+    // still moves it).
+    const std::uint64_t ek = mix(t.layer_key, t.expert_base + row / t.expert_rows);
+    const double p = 0.5 + 0.5 * unit(mix(ek, kRowFreq));
+    if (unit(mix(mix(ek, kRowActive), step)) >= p) return 0.0f;
+  }
   if (t.sparse_rows) {
     const double u = unit(mix(mix(t.key, kRowFreq), row));
     const double p = 0.02 + 0.98 * u * u;
@@ -341,20 +472,84 @@ float row_scale(const Tensor& t, std::uint64_t row, std::uint64_t step) {
 struct Buffers {
   std::vector<float> w, m, v, dir;
   std::vector<std::uint8_t> out, prev;
+  std::vector<float> scale;                        // FP8: this chunk's block scales
+  std::vector<std::uint8_t> scale_out, scale_prev;  // ... as F32 bytes
   Buffers(std::size_t n, std::size_t es) : w(n), m(n), v(n), dir(n), out(n * es), prev(n * es) {}
 };
 
 struct Run {
   const Options& o;
+  const std::vector<Tensor>& tensors;
   std::vector<std::vector<hfdelta::File>>& files;  // [save][shard]; pwrite is safe across threads
 };
+
+// F8_E4M3 (e4m3fn: bias 7, no infinities, 0x7F NaN), round to nearest even,
+// saturating at 448 as FP8 quantisers do.
+inline std::uint8_t to_e4m3(float f) {
+  const std::uint8_t sign = std::signbit(f) ? 0x80 : 0;
+  const float a = std::fabs(f);
+  if (std::isnan(f)) return 0x7F;
+  if (a >= kFp8Max) return sign | 0x7E;
+  int e = 0;
+  std::frexp(a, &e);
+  int E = std::max(e - 1, -6);  // unbiased exponent; below -6 the subnormal grid
+  float q = std::nearbyint(std::ldexp(a, 3 - E));  // multiples of 2^(E-3)
+  if (q >= 16.0f) {
+    ++E;
+    q = 8.0f;
+  }
+  if (q < 8.0f) return sign | static_cast<std::uint8_t>(q);  // E == -6: subnormal (or zero)
+  const int bits = ((E + 7) << 3) | (static_cast<int>(q) - 8);
+  return sign | static_cast<std::uint8_t>(std::min(bits, 0x7E));
+}
+
+// FP8 blocks of one chunk: matrix shape R x C (the last two dimensions), and
+// the chunk's first row within its matrix and row count.
+struct Fp8Chunk {
+  std::uint64_t R = 0, C = 0, row0 = 0, rows = 0, first_scale = 0, nscales = 0, ncb = 0;
+};
+
+Fp8Chunk fp8_chunk(const Tensor& t, std::uint64_t a, std::uint64_t b) {
+  Fp8Chunk c;
+  c.C = t.shape.back();
+  c.R = t.shape.size() >= 2 ? t.shape[t.shape.size() - 2] : 1;
+  const std::uint64_t mat = a / (c.R * c.C);
+  c.row0 = (a - mat * c.R * c.C) / c.C;
+  c.rows = (b - a) / c.C;
+  c.ncb = (c.C + kFp8Block - 1) / kFp8Block;
+  const std::uint64_t nrb = (c.R + kFp8Block - 1) / kFp8Block;
+  c.first_scale = (mat * nrb + c.row0 / kFp8Block) * c.ncb;
+  c.nscales = ((c.rows + kFp8Block - 1) / kFp8Block) * c.ncb;
+  return c;
+}
+
+// Quantises the chunk's master weights: per 128x128 block, scale_inv =
+// amax / 448 (F32) and q = e4m3(w / scale_inv).
+void quantise_fp8(const Fp8Chunk& c, const float* w, Buffers& buf) {
+  const std::size_t ns = c.nscales;
+  buf.scale.assign(ns, 0.0f);
+  for (std::uint64_t r = 0; r < c.rows; ++r)
+    for (std::uint64_t col = 0; col < c.C; ++col) {
+      float& s = buf.scale[(r / kFp8Block) * c.ncb + col / kFp8Block];
+      s = std::max(s, std::fabs(w[r * c.C + col]));
+    }
+  for (auto& s : buf.scale) s = s > 0.0f ? s / kFp8Max : 1.0f;
+  for (std::uint64_t r = 0; r < c.rows; ++r)
+    for (std::uint64_t col = 0; col < c.C; ++col) {
+      const float s = buf.scale[(r / kFp8Block) * c.ncb + col / kFp8Block];
+      buf.out[r * c.C + col] = to_e4m3(w[r * c.C + col] / s);
+    }
+  buf.scale_out.resize(4 * ns);
+  std::memcpy(buf.scale_out.data(), buf.scale.data(), 4 * ns);
+}
 
 // One chunk [a, b) of one tensor through every step, writing each save's bytes.
 void run_chunk(const Run& r, const Tensor& t, std::uint64_t a, std::uint64_t b, Buffers& buf,
                std::vector<std::uint64_t>& changed) {
   const std::size_t n = b - a;
   const std::uint64_t hi = a >> 32;
-  const std::size_t es = dtype_info(r.o.dtype).size;
+  const std::size_t es = dtype_info(t.dtype).size;
+  const bool fp8 = t.scale != SIZE_MAX;
   float* w = buf.w.data();
   float* m = buf.m.data();
   float* v = buf.v.data();
@@ -363,11 +558,13 @@ void run_chunk(const Run& r, const Tensor& t, std::uint64_t a, std::uint64_t b, 
 
   if (t.is_norm) {
     std::fill_n(w, n, 1.0f);
+  } else if (t.zero_init) {
+    std::fill_n(w, n, 0.0f);
   } else {
     const std::uint32_t ka = element_key(t.key, kInitA, 0, hi), kb = element_key(t.key, kInitB, 0, hi);
     for (std::size_t i = 0; i < n; ++i) {
       const std::uint32_t lo = lo0 + static_cast<std::uint32_t>(i);
-      w[i] = kInitStd * gauss16(hash32(ka, lo), hash32(kb, lo));
+      w[i] = (t.no_first_grad ? 1.0f / std::sqrt(float(t.cols)) : kInitStd) * gauss16(hash32(ka, lo), hash32(kb, lo));
     }
   }
   const std::uint32_t kd = element_key(t.key, kDirection, 0, hi);
@@ -380,8 +577,22 @@ void run_chunk(const Run& r, const Tensor& t, std::uint64_t a, std::uint64_t b, 
   auto write = [&](std::uint64_t save, const std::vector<std::uint8_t>& bytes) {
     r.files[save][t.shard].pwrite_all(bytes.data(), n * es, t.offset + a * es);
   };
-  encode(w, n, r.o.dtype, buf.prev.data());
-  write(0, buf.prev);
+  Fp8Chunk fc;
+  const Tensor* sct = fp8 ? &r.tensors[t.scale] : nullptr;
+  auto save_bytes = [&](std::uint64_t save) {  // encodes w into buf.out (and the scales), writes them
+    if (!fp8) {
+      encode(w, n, t.dtype, buf.out.data());
+    } else {
+      quantise_fp8(fc, w, buf);
+      r.files[save][sct->shard].pwrite_all(buf.scale_out.data(), buf.scale_out.size(),
+                                           sct->offset + 4 * fc.first_scale);
+    }
+    write(save, buf.out);
+  };
+  if (fp8) fc = fp8_chunk(t, a, b);
+  save_bytes(0);
+  std::swap(buf.out, buf.prev);
+  std::swap(buf.scale_out, buf.scale_prev);
 
   const std::uint64_t K = r.o.steps_per_save;
   for (std::uint64_t s = 1; s <= r.o.saves; ++s) {
@@ -404,10 +615,13 @@ void run_chunk(const Run& r, const Tensor& t, std::uint64_t a, std::uint64_t b, 
         }
       }
     }
-    encode(w, n, r.o.dtype, buf.out.data());
+    save_bytes(s);
     changed[s] += hfdelta::count_changes({buf.out.data(), n * es}, {buf.prev.data(), n * es}, es).elements;
-    write(s, buf.out);
+    if (fp8)
+      changed[s] += hfdelta::count_changes({buf.scale_out.data(), buf.scale_out.size()},
+                                           {buf.scale_prev.data(), buf.scale_prev.size()}, 4).elements;
     std::swap(buf.out, buf.prev);
+    std::swap(buf.scale_out, buf.scale_prev);
   }
 }
 
@@ -417,9 +631,11 @@ void run_chunk(const Run& r, const Tensor& t, std::uint64_t a, std::uint64_t b, 
 std::uint64_t bos_id(const ModelShape& m) { return m.vocab > 151645 ? 151643 : m.vocab - std::min<std::uint64_t>(m.vocab, 3); }
 std::uint64_t eos_id(const ModelShape& m) { return m.vocab > 151645 ? 151645 : m.vocab - 1; }
 
-json config_json(const ModelShape& m, Dtype dt) {
+json config_json(const Options& o) {
+  const ModelShape& m = o.shape;
+  const Dtype dt = o.dtype;
   const std::uint64_t bos = bos_id(m), eos = eos_id(m);
-  return {
+  json c = {
       {"architectures", {"Qwen3ForCausalLM"}},
       {"attention_bias", false},
       {"attention_dropout", 0.0},
@@ -447,6 +663,50 @@ json config_json(const ModelShape& m, Dtype dt) {
       {"use_sliding_window", false},
       {"vocab_size", m.vocab},
   };
+  if (m.experts > 0) {  // Qwen3-MoE: every layer sparse
+    c["architectures"] = {"Qwen3MoeForCausalLM"};
+    c["model_type"] = "qwen3_moe";
+    c["num_experts"] = m.experts;
+    c["num_experts_per_tok"] = m.experts_per_tok;
+    c["moe_intermediate_size"] = m.moe_intermediate;
+    c["decoder_sparse_step"] = 1;
+    c["mlp_only_layers"] = json::array();
+    c["norm_topk_prob"] = true;
+    c["output_router_logits"] = false;
+    c["router_aux_loss_coef"] = 0.001;
+  }
+  if (o.fp8)
+    c["quantization_config"] = {{"activation_scheme", "dynamic"},
+                                {"fmt", "e4m3"},
+                                {"quant_method", "fp8"},
+                                {"weight_block_size", {kFp8Block, kFp8Block}}};
+  return c;
+}
+
+// PEFT's adapter_config.json for a LoRA of rank r on the seven projections.
+json adapter_config_json(const Options& o) {
+  json targets = json::array();
+  for (const auto& [mod, dims] : lora_targets(o.shape)) targets.push_back(mod.substr(mod.find('.') + 1));
+  return {{"alpha_pattern", json::object()},
+          {"auto_mapping", nullptr},
+          {"base_model_name_or_path", "hfdelta-gen/" + o.preset},
+          {"bias", "none"},
+          {"fan_in_fan_out", false},
+          {"inference_mode", true},
+          {"init_lora_weights", true},
+          {"layers_pattern", nullptr},
+          {"layers_to_transform", nullptr},
+          {"lora_alpha", 2 * o.lora_rank},
+          {"lora_dropout", 0.0},
+          {"modules_to_save", nullptr},
+          {"peft_type", "LORA"},
+          {"r", o.lora_rank},
+          {"rank_pattern", json::object()},
+          {"revision", nullptr},
+          {"target_modules", targets},
+          {"task_type", "CAUSAL_LM"},
+          {"use_dora", false},
+          {"use_rslora", false}};
 }
 
 json generation_config_json(const ModelShape& m) {
@@ -512,6 +772,11 @@ void validate(const Options& o) {
   if (o.saves > 100000) fail(Exit::usage, "--saves is limited to 100000");
   if (!(o.lr >= 0.0) || !std::isfinite(o.lr)) fail(Exit::usage, "--lr must be a finite number >= 0");
   if (o.max_shard_size == 0) fail(Exit::usage, "--max-shard-size must be positive");
+  if (m.experts > 0 && (m.experts_per_tok == 0 || m.experts_per_tok > m.experts || m.moe_intermediate == 0))
+    fail(Exit::usage, "--experts needs --experts-per-tok between 1 and --experts, and --moe-intermediate");
+  if (o.lora_rank > 0 && (o.fp8 || m.experts > 0))
+    fail(Exit::usage, "--lora adapts a dense model: not with --fp8 or --experts");
+  if (o.stack_experts && m.experts == 0) fail(Exit::usage, "--stack-experts needs --experts");
   if (o.chunk == 0 || !std::has_single_bit(o.chunk) || o.chunk > (1ull << 30))
     fail(Exit::usage, "--chunk-elements must be a power of two up to 2^30");
 }
@@ -525,11 +790,11 @@ struct Model {
 
 Model plan_model(const Options& o) {
   Model model;
-  model.tensors = model_tensors(o.shape, o.seed);
+  model.tensors = model_tensors(o);
   model.shards = plan_shards(model.tensors, o);
   for (const auto& t : model.tensors) {
     model.elements += t.elements;
-    model.tensor_bytes += t.elements * dtype_info(o.dtype).size;
+    model.tensor_bytes += t.elements * dtype_info(t.dtype).size;
   }
   return model;
 }
@@ -539,7 +804,11 @@ using SmallFiles = std::vector<std::pair<std::string, std::string>>;
 
 SmallFiles small_files(const Options& o, const Model& model) {
   SmallFiles small;
-  small.emplace_back("config.json", config_json(o.shape, o.dtype).dump(2) + "\n");
+  if (o.lora_rank > 0) {  // an adapter directory: no model config, one weight file
+    small.emplace_back("adapter_config.json", adapter_config_json(o).dump(2) + "\n");
+    return small;
+  }
+  small.emplace_back("config.json", config_json(o).dump(2) + "\n");
   small.emplace_back("generation_config.json", generation_config_json(o.shape).dump(2) + "\n");
   small.emplace_back("tokenizer_config.json", tokenizer_config_json().dump(2) + "\n");
   if (!o.single_file) {
@@ -605,11 +874,23 @@ struct Work {
   std::uint64_t begin, end;
 };
 
+// An FP8 weight is cut at 128-row bands of each matrix (its last two
+// dimensions), so that every chunk holds whole scale blocks; its scale tensor
+// is written with it.
 std::vector<Work> cut_work(const std::vector<Tensor>& tensors, std::uint64_t chunk) {
   std::vector<Work> work;
-  for (std::size_t i = 0; i < tensors.size(); ++i)
-    for (std::uint64_t a = 0; a < tensors[i].elements; a += chunk)
-      work.push_back({i, a, std::min(tensors[i].elements, a + chunk)});
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    if (t.derived) continue;
+    if (t.scale == SIZE_MAX) {
+      for (std::uint64_t a = 0; a < t.elements; a += chunk) work.push_back({i, a, std::min(t.elements, a + chunk)});
+      continue;
+    }
+    const std::uint64_t C = t.shape.back(), R = t.shape.size() >= 2 ? t.shape[t.shape.size() - 2] : 1;
+    const std::uint64_t band = std::max<std::uint64_t>(1, chunk / (kFp8Block * C)) * kFp8Block;
+    for (std::uint64_t m0 = 0; m0 < t.elements; m0 += R * C)
+      for (std::uint64_t r0 = 0; r0 < R; r0 += band) work.push_back({i, m0 + r0 * C, m0 + std::min(R, r0 + band) * C});
+  }
   return work;
 }
 
@@ -618,15 +899,15 @@ std::vector<Work> cut_work(const std::vector<Tensor>& tensors, std::uint64_t chu
 // error of any thread stops the others and is rethrown.
 std::vector<std::uint64_t> write_chunks(const Options& o, const std::vector<Tensor>& tensors, ShardFiles& files) {
   const std::vector<Work> work = cut_work(tensors, o.chunk);
-  const Run r{o, files};
+  const Run r{o, tensors, files};
   const std::uint64_t nsaves = o.saves + 1;
-  const std::size_t es = dtype_info(o.dtype).size;
+  const std::size_t es = 4;  // the widest element
   std::vector<std::uint64_t> changed(nsaves, 0);
   std::exception_ptr error;
   std::atomic<bool> failed{false};
   std::uint64_t largest = 0;
-  for (const auto& t : tensors) largest = std::max(largest, t.elements);
-  const auto chunk_cap = static_cast<std::size_t>(std::min(o.chunk, largest));
+  for (const auto& wk : work) largest = std::max(largest, wk.end - wk.begin);
+  const auto chunk_cap = static_cast<std::size_t>(largest);
   const auto nwork = static_cast<std::int64_t>(work.size());
 #pragma omp parallel
   {
@@ -711,7 +992,13 @@ json params_json(const Options& o) {
           {"seed", o.seed},
           {"max_shard_size", o.max_shard_size},
           {"single_file", o.single_file},
-          {"chunk_elements", o.chunk}};
+          {"chunk_elements", o.chunk},
+          {"num_experts", m.experts},
+          {"num_experts_per_tok", m.experts_per_tok},
+          {"moe_intermediate_size", m.moe_intermediate},
+          {"stack_experts", o.stack_experts},
+          {"fp8", o.fp8},
+          {"lora_rank", o.lora_rank}};
 }
 
 // The --json description of the series, on stdout.
@@ -766,13 +1053,14 @@ int run(Options& o) {
 // ---- the command line ---------------------------------------------------------------
 
 // Shape overrides, applied on top of the preset, and the dtype, as given.
-constexpr int kDims = 7;
-const char* const kDimFlags[kDims] = {"--hidden", "--layers",    "--intermediate", "--vocab",
-                                      "--heads",  "--kv-heads", "--head-dim"};
-std::uint64_t ModelShape::*const kDimFields[kDims] = {&ModelShape::hidden,       &ModelShape::layers,
-                                                      &ModelShape::intermediate, &ModelShape::vocab,
-                                                      &ModelShape::heads,        &ModelShape::kv_heads,
-                                                      &ModelShape::head_dim};
+constexpr int kDims = 10;
+const char* const kDimFlags[kDims] = {"--hidden",  "--layers",   "--intermediate", "--vocab",
+                                      "--heads",   "--kv-heads", "--head-dim",     "--experts",
+                                      "--experts-per-tok", "--moe-intermediate"};
+std::uint64_t ModelShape::*const kDimFields[kDims] = {
+    &ModelShape::hidden,   &ModelShape::layers,   &ModelShape::intermediate,    &ModelShape::vocab,
+    &ModelShape::heads,    &ModelShape::kv_heads, &ModelShape::head_dim,        &ModelShape::experts,
+    &ModelShape::experts_per_tok, &ModelShape::moe_intermediate};
 
 struct ShapeArgs {
   std::uint64_t dims[kDims] = {};
@@ -780,6 +1068,8 @@ struct ShapeArgs {
   bool tie = false;
   CLI::Option* tie_opt = nullptr;
   std::string dtype = "bf16";
+  CLI::Option* dtype_opt = nullptr;
+  CLI::Option* lr_opt = nullptr;
 };
 
 void add_shape_options(CLI::App& app, Options& o, ShapeArgs& a) {
@@ -793,13 +1083,23 @@ void add_shape_options(CLI::App& app, Options& o, ShapeArgs& a) {
 void add_run_options(CLI::App& app, Options& o, ShapeArgs& a) {
   app.add_option("--saves", o.saves, "Saves after the initial one")->capture_default_str();
   app.add_option("--steps-per-save", o.steps_per_save, "Optimizer steps between saves")->capture_default_str();
-  app.add_option("--lr", o.lr, "Adam learning rate")->capture_default_str();
+  a.lr_opt = app.add_option("--lr", o.lr, "Adam learning rate (--lora: default 1e-4)")->capture_default_str();
   app.add_option("--seed", o.seed, "Random seed")->capture_default_str();
   app.add_option("--max-shard-size", o.max_shard_size, "Largest shard (e.g. 200MB, 1GiB)")
       ->transform(CLI::AsSizeValue(true))
       ->capture_default_str();
   app.add_flag("--single-file", o.single_file, "Write one model.safetensors, no index");
-  app.add_option("--dtype", a.dtype, "Output dtype")->check(CLI::IsMember({"bf16", "f16", "f32"}))->capture_default_str();
+  a.dtype_opt = app.add_option("--dtype", a.dtype, "Output dtype (--lora: default f32, as PEFT keeps adapters)")
+                    ->check(CLI::IsMember({"bf16", "f16", "f32"}))
+                    ->capture_default_str();
+  app.add_flag("--fp8", o.fp8,
+               "Linear weights in F8_E4M3 with an F32 weight_scale_inv per 128x128 block (fine-grained FP8)");
+  app.add_option("--lora", o.lora_rank,
+                 "Write a PEFT LoRA adapter of this rank for the model (adapter_model.safetensors, "
+                 "adapter_config.json) instead of the model")
+      ->check(CLI::Range(1, 4096));
+  app.add_flag("--stack-experts", o.stack_experts,
+               "Each layer's experts as three [experts, rows, cols] tensors (same bytes, fewer tensors)");
   app.add_option("--threads", o.threads, "Worker threads (default: all cores)")->check(CLI::Range(1, 4096));
   app.add_option("--chunk-elements", o.chunk, "Elements per work item (power of two; output does not depend on it)")
       ->capture_default_str();
@@ -815,6 +1115,11 @@ void resolve_shape(Options& o, const ShapeArgs& a) {
     if (a.dim_opts[i]->count() > 0) o.shape.*kDimFields[i] = a.dims[i];
   if (a.tie_opt->count() > 0) o.shape.tie_embeddings = a.tie;
   o.dtype = a.dtype == "f16" ? Dtype::f16 : a.dtype == "f32" ? Dtype::f32 : Dtype::bf16;
+  if (o.lora_rank > 0) {
+    if (a.dtype_opt->count() == 0) o.dtype = Dtype::f32;
+    if (a.lr_opt->count() == 0) o.lr = 1e-4;
+    o.single_file = true;
+  }
 }
 
 }  // namespace

@@ -35,7 +35,10 @@
 #   --out DIR          results directory (default BUILDDIR/bench)
 #   --work DIR         scratch directory for the series (default OUT/work; removed at the end)
 #   --keep             keep the scratch directory
-#   --sections "S ..." which parts to run: main squash mem publish (default all)
+#   --sections "S ..." which parts to run: main squash mem publish kinds (default all);
+#                      kinds: mixture of experts (qwen3-moe, experts apart against stacked),
+#                      FP8 with block scales and LoRA adapters, scripts/bench/kinds.sh, in
+#                      OUT/kinds.md
 # Each option has an environment variable: BENCH_PRESET, BENCH_SAVES, BENCH_LRS,
 # BENCH_TARGET_LR, BENCH_REPEAT, BENCH_PEER_PAIRS, BENCH_MEM_PRESETS,
 # BENCH_STEPS_PER_SAVE, BENCH_OUT, BENCH_WORK, BENCH_KEEP=1, BENCH_SECTIONS; HFDELTA_BUILDDIR
@@ -60,7 +63,7 @@ steps=${BENCH_STEPS_PER_SAVE:-1}
 out=${BENCH_OUT:-}
 work=${BENCH_WORK:-}
 keep=${BENCH_KEEP:-0}
-sections=${BENCH_SECTIONS:-"main squash mem publish"}
+sections=${BENCH_SECTIONS:-"main squash mem publish kinds"}
 builddir=${HFDELTA_BUILDDIR:-build}
 interval_ms=5
 
@@ -85,7 +88,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 for sct in $sections; do
-  case $sct in main | squash | mem | publish) ;; *) die "unknown section $sct (main squash mem publish)" ;; esac
+  case $sct in main | squash | mem | publish | kinds) ;; *) die "unknown section $sct (main squash mem publish kinds)" ;; esac
 done
 want() { [[ " $sections " == *" $1 "* ]]; }
 [[ $saves =~ ^[1-9][0-9]*$ ]] || die "--saves must be a positive integer"
@@ -471,11 +474,21 @@ if want publish; then
   [ "$keep" = 1 ] || rm -rf "$series" "$work/publish"
 fi
 
+if want kinds; then
+  log "checkpoint kinds: mixture of experts, FP8, LoRA (scripts/bench/kinds.sh)"
+  t0=$(date +%s.%N)
+  "$repo/scripts/bench/kinds.sh" --bin "$B" --out "$out" --repeat "$repeat" | sed 's/^/   /'
+  note timing "what=checkpoint kinds" "seconds=$(elapsed "$t0")"
+fi
+
 [ "$keep" = 1 ] || rm -rf "$work"
 note timing "what=whole run" "seconds=$(elapsed "$t_start")"
 bench report "$rec" --md "$out/results.md" --json "$out/results.json"
 if want publish; then
   { echo; echo "## Publishing from the trainer's memory (preset $preset, lr $target_lr)"; echo; cat "$out/publish.md"; } >>"$out/results.md"
+fi
+if want kinds; then
+  { echo; sed 's/^# /## /; s/^## \([A-Z]\)/### \1/' "$out/kinds.md"; } >>"$out/results.md"
 fi
 log "done: $out/results.md, $out/results.json"
 echo

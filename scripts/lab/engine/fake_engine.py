@@ -3,7 +3,9 @@
 
 Serves the vLLM 0.32 dev-mode endpoints the vLLM script uses (/pause,
 /collective_rpc, /reset_prefix_cache, /update_weight_version, /resume,
-/weight_info) and SGLang's /update_weights_from_disk and /model_info. It
+/weight_info), its runtime LoRA endpoints (VLLM_ALLOW_RUNTIME_LORA_UPDATING:
+/v1/load_lora_adapter, /v1/unload_lora_adapter, and /v1/models listing the
+adapters loaded) and SGLang's /update_weights_from_disk and /model_info. It
 checks each request the way the engines' handlers would (query parameters,
 JSON body fields and types, an absolute model path that is a directory),
 answers 422 when a request is wrong, keeps the engine state (paused,
@@ -15,12 +17,15 @@ Test controls, on the command line:
   --delay PATH=SECONDS   sleep before answering PATH (repeatable)
   --reset-false N        /reset_prefix_cache answers {"success": false} N times
 and over HTTP: GET /_state (paused, weight_version, counts), POST /_restart
-(weight_version back to "default", as after an engine restart).
+(weight_version back to "default" and no adapters, as after an engine restart).
+/_state's "adapters" maps each loaded adapter name to its path and the
+SHA-256 of the adapter_model.safetensors it held when loaded.
 
 Usage: fake_engine.py --port-file FILE --log FILE [options]
 It listens on 127.0.0.1, on a free port it writes to --port-file.
 """
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -31,7 +36,7 @@ from urllib.parse import parse_qs, urlsplit
 
 lock = threading.Lock()
 state = {"paused": False, "weight_version": "default", "reset_false_left": 0,
-         "reloads": 0, "model_path": None}
+         "reloads": 0, "model_path": None, "adapters": {}, "lora_loads": 0}
 
 
 def parse_pairs(items, conv):
@@ -154,6 +159,58 @@ class Handler(BaseHTTPRequestHandler):
     def r_GET_weight_info(self, q, body):
         return self.reply(200, {"weight_version": state["weight_version"]})
 
+    # --- vLLM 0.32 runtime LoRA updating ------------------------------------------
+    def r_POST_v1_load_lora_adapter(self, q, body):
+        if not isinstance(body, dict):
+            return self.reply(400, {"detail": "Request body must be a JSON object"})
+        allowed = {"lora_name", "lora_path", "load_inplace", "is_3d_lora_weight"}
+        if set(body) - allowed:
+            return self.bad(f"unknown fields {sorted(set(body) - allowed)}")
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if not isinstance(name, str) or not isinstance(path, str) or not name or not path:
+            return self.reply(400, {"error": {"message": "Both 'lora_name' and 'lora_path' must be provided.",
+                                              "type": "InvalidUserInput", "code": 400}})
+        if name == "tiny":
+            return self.reply(400, {"error": {"message": f"The lora adapter '{name}' conflicts with a served "
+                                              "base model.", "type": "InvalidUserInput", "code": 400}})
+        with lock:
+            if name in state["adapters"] and not body.get("load_inplace"):
+                return self.reply(400, {"error": {"message": f"The lora adapter '{name}' has already been loaded. "
+                                                  "If you want to load the adapter in place, set 'load_inplace' "
+                                                  "to True.", "type": "InvalidUserInput", "code": 400}})
+        st = os.path.join(path, "adapter_model.safetensors")
+        if not (os.path.isabs(path) and os.path.isfile(os.path.join(path, "adapter_config.json"))
+                and os.path.isfile(st)):
+            return self.reply(404, {"error": {"message": f"Loading lora {name} failed: No adapter found for "
+                                              f"{path}", "type": "NotFoundError", "code": 404}})
+        with open(st, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+        with lock:
+            state["adapters"][name] = {"path": path, "sha256": digest}
+            state["lora_loads"] += 1
+        return self.reply(200, f"Success: LoRA adapter '{name}' added successfully.")
+
+    def r_POST_v1_unload_lora_adapter(self, q, body):
+        if not isinstance(body, dict):
+            return self.reply(400, {"detail": "Request body must be a JSON object"})
+        name = body.get("lora_name")
+        if not isinstance(name, str) or not name:
+            return self.reply(400, {"error": {"message": "'lora_name' needs to be provided to unload a LoRA "
+                                              "adapter.", "type": "InvalidUserInput", "code": 400}})
+        with lock:
+            if name not in state["adapters"]:
+                return self.reply(404, {"error": {"message": f"The lora adapter '{name}' cannot be found.",
+                                                  "type": "NotFoundError", "code": 404}})
+            del state["adapters"][name]
+        return self.reply(200, f"Success: LoRA adapter '{name}' removed successfully.")
+
+    def r_GET_v1_models(self, q, body):
+        with lock:
+            data = [{"id": "tiny", "object": "model", "root": "/base", "parent": None}]
+            data += [{"id": n, "object": "model", "root": a["path"], "parent": "tiny"}
+                     for n, a in state["adapters"].items()]
+        return self.reply(200, {"object": "list", "data": data})
+
     # --- SGLang -----------------------------------------------------------------
     def r_POST_update_weights_from_disk(self, q, body):
         if not isinstance(body, dict):
@@ -189,7 +246,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def r_POST__restart(self, q, body):
         with lock:
-            state.update(paused=False, weight_version="default")
+            state.update(paused=False, weight_version="default", adapters={})
         return self.reply(200, {"status": "restarted"})
 
 

@@ -12,6 +12,15 @@ the tensor's standard deviation, like an optimizer step, and must change the
 greedy output (16 tokens, transformers) of at least one of check_outputs.py's
 prompts; if it does not, the step is doubled and tried again. Prints one JSON
 line per save.
+
+  --moe: a Qwen3MoeForCausalLM instead (64 experts of 32, 4 per token, in each
+  of the 2 layers: 399 tensors).
+  --lora R: OUTDIR/base is the model, and OUTDIR/save_000.. are versions of a
+  PEFT LoRA adapter of rank R on it (adapter_model.safetensors in F32,
+  adapter_config.json; q, k, v, o, gate, up and down projections): every
+  element of A and B moves at every save (by SCALE times its tensor's standard
+  deviation, at DENSITY 1), as an adapter's training moves them, and the
+  greedy output of the merged model must change.
 """
 import argparse
 import json
@@ -20,6 +29,7 @@ import sys
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from safetensors.torch import save_file
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -66,19 +76,30 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--density", type=float, default=0.05)
     ap.add_argument("--scale", type=float, default=0.1)
+    ap.add_argument("--moe", action="store_true")
+    ap.add_argument("--lora", type=int, default=0)
     a = ap.parse_args()
     torch.manual_seed(a.seed)
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
     tok = make_tokenizer(512)
     vocab = len(tok)
-    cfg = Qwen2Config(vocab_size=vocab, hidden_size=128, intermediate_size=256,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      head_dim=32, max_position_embeddings=512, initializer_range=0.1,
-                      tie_word_embeddings=False, bos_token_id=tok.eos_token_id,
-                      eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
-    model = Qwen2ForCausalLM(cfg).to(torch.bfloat16).eval()
+    common = dict(vocab_size=vocab, hidden_size=128, intermediate_size=256,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=32, max_position_embeddings=512, initializer_range=0.1,
+                  tie_word_embeddings=False, bos_token_id=tok.eos_token_id,
+                  eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
+    if a.moe:
+        from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+        cfg = Qwen3MoeConfig(num_experts=64, num_experts_per_tok=4, moe_intermediate_size=32,
+                             decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
+                             **common)
+        model = Qwen3MoeForCausalLM(cfg).to(torch.bfloat16).eval()
+    else:
+        model = Qwen2ForCausalLM(Qwen2Config(**common)).to(torch.bfloat16).eval()
     model.generation_config.do_sample = False
+    if a.lora:
+        return lora_saves(a, model, tok)
 
     def save(i, extra):
         d = os.path.join(a.outdir, f"save_{i:03d}")
@@ -116,6 +137,65 @@ def main():
         prev = outs
         save(i, {"changed_fraction": round(changed / total, 4), "scale": scale,
                  "prompts_changed": differ})
+    return 0
+
+
+TARGETS = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
+
+
+def lora_saves(a, model, tok):
+    """OUTDIR/base, and adapter versions OUTDIR/save_NNN whose outputs differ."""
+    base_dir = os.path.join(a.outdir, "base")
+    model.save_pretrained(base_dir, safe_serialization=True)
+    tok.save_pretrained(base_dir)
+    r, alpha = a.lora, 2 * a.lora
+    gen = torch.Generator().manual_seed(a.seed + 2)
+    mods = {n: m for n, m in model.named_modules() if any(n.endswith(t) for t in TARGETS)}
+    base_w = {n: m.weight.detach().clone() for n, m in mods.items()}
+    ad = {}
+    for n, m in mods.items():
+        out_f, in_f = m.weight.shape
+        # Trained a while already: B is no longer zero.
+        ad[f"base_model.model.{n}.lora_A.weight"] = torch.randn(r, in_f, generator=gen) / in_f ** 0.5
+        ad[f"base_model.model.{n}.lora_B.weight"] = torch.randn(out_f, r, generator=gen) * 0.05
+
+    def merged_greedy(weights):
+        with torch.no_grad():
+            for n, m in mods.items():
+                delta = weights[f"base_model.model.{n}.lora_B.weight"] @ weights[f"base_model.model.{n}.lora_A.weight"]
+                m.weight.copy_((base_w[n].float() + (alpha / r) * delta).to(torch.bfloat16))
+        return greedy(model, tok)
+
+    def save(i, weights, extra):
+        d = os.path.join(a.outdir, f"save_{i:03d}")
+        os.makedirs(d)
+        save_file({k: v.contiguous() for k, v in weights.items()}, os.path.join(d, "adapter_model.safetensors"),
+                  metadata={"format": "pt"})
+        cfg = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": alpha,
+               "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False, "inference_mode": True,
+               "target_modules": sorted(t.split(".")[1] for t in TARGETS), "modules_to_save": None,
+               "base_model_name_or_path": base_dir, "use_rslora": False, "use_dora": False}
+        with open(os.path.join(d, "adapter_config.json"), "w") as f:
+            json.dump(cfg, f, indent=2)
+        print(json.dumps({"save": d, **extra}), flush=True)
+
+    prev = merged_greedy(ad)
+    save(0, ad, {"base": base_dir, "rank": r, "adapter_params": sum(v.numel() for v in ad.values())})
+    for i in range(1, a.saves + 1):
+        scale = a.scale
+        for attempt in range(6):
+            new = {k: v + torch.randn(v.shape, generator=gen) * (scale * v.std().item()) for k, v in ad.items()}
+            outs = merged_greedy(new)
+            differ = [j for j, (x, y) in enumerate(zip(outs, prev)) if x != y]
+            if differ:
+                break
+            scale *= 2
+        else:
+            print(f"adapter save {i}: greedy outputs unchanged even at scale {scale}", file=sys.stderr)
+            return 1
+        ad, prev = new, outs
+        save(i, ad, {"changed_fraction": 1.0, "scale": scale, "prompts_changed": differ})
     return 0
 
 
