@@ -70,7 +70,7 @@ struct Counts {
 // XOR values, in parallel over chunks of the tensor.
 template <class T>
 Counts bound_small(const std::uint8_t* a, const std::uint8_t* b, std::uint64_t n, int threads,
-                    std::vector<std::vector<std::uint64_t>>& hists) {
+                   std::vector<std::vector<std::uint64_t>>& hists) {
   constexpr std::size_t kValues = std::size_t{1} << (8 * sizeof(T));
   std::vector<std::uint64_t> total(kValues, 0);
   std::uint64_t k = 0;
@@ -151,7 +151,8 @@ ContextBound bound_in_contexts(const std::uint8_t* a, const std::uint8_t* b, std
   const std::size_t contexts = std::size_t{1} << f.bits;
   std::vector<std::uint64_t> per_n(contexts, 0);
   std::vector<std::vector<std::uint32_t>> parts(static_cast<std::size_t>(threads));  // context << 16 | xor
-  std::vector<std::vector<std::uint64_t>> counts(static_cast<std::size_t>(threads), std::vector<std::uint64_t>(contexts, 0));
+  std::vector<std::vector<std::uint64_t>> counts(static_cast<std::size_t>(threads),
+                                                 std::vector<std::uint64_t>(contexts, 0));
 #pragma omp parallel num_threads(threads)
   {
     const auto tid = static_cast<std::size_t>(omp_get_thread_num());
@@ -162,7 +163,8 @@ ContextBound bound_in_contexts(const std::uint8_t* a, const std::uint8_t* b, std
       const auto va = load<std::uint16_t>(a + 2 * i);
       const std::uint32_t c = (va >> f.shift) & (contexts - 1);
       ++cnt[c];
-      if (const std::uint16_t x = static_cast<std::uint16_t>(va ^ load<std::uint16_t>(b + 2 * i))) out.push_back(c << 16 | x);
+      if (const std::uint16_t x = static_cast<std::uint16_t>(va ^ load<std::uint16_t>(b + 2 * i)))
+        out.push_back(c << 16 | x);
     }
   }
   std::vector<std::uint32_t> all;
@@ -216,18 +218,23 @@ std::uint64_t dir_bytes(const fs::path& dir, std::uint64_t* files = nullptr) {
 }
 
 // The bound of one tensor, read as elements of `w` bytes (1, 2, 4 or 8; else bytes, and `w` becomes 1).
-Counts bound_tensor(const std::uint8_t* pa, const std::uint8_t* pb, std::uint64_t nbytes, std::size_t& w,
-                    int threads, std::vector<std::vector<std::uint64_t>>& hists) {
+Counts bound_tensor(const std::uint8_t* pa, const std::uint8_t* pb, std::uint64_t nbytes, std::size_t& w, int threads,
+                    std::vector<std::vector<std::uint64_t>>& hists) {
   const std::uint64_t n = nbytes / w;
   switch (w) {
-    case 1: return bound_small<std::uint8_t>(pa, pb, n, threads, hists);
-    case 2: return bound_small<std::uint16_t>(pa, pb, n, threads, hists);
-    case 4: return bound_wide<std::uint32_t>(pa, pb, n, threads);
-    case 8: return bound_wide<std::uint64_t>(pa, pb, n, threads);
-    default: w = 1; return bound_small<std::uint8_t>(pa, pb, nbytes, threads, hists);
+    case 1:
+      return bound_small<std::uint8_t>(pa, pb, n, threads, hists);
+    case 2:
+      return bound_small<std::uint16_t>(pa, pb, n, threads, hists);
+    case 4:
+      return bound_wide<std::uint32_t>(pa, pb, n, threads);
+    case 8:
+      return bound_wide<std::uint64_t>(pa, pb, n, threads);
+    default:
+      w = 1;
+      return bound_small<std::uint8_t>(pa, pb, nbytes, threads, hists);
   }
 }
-
 
 // ---- reading -------------------------------------------------------------------
 
@@ -237,8 +244,8 @@ struct Piece {
 };
 
 // One pass reading every piece through pread into a 1 MiB buffer per thread.
-double read_pass(std::vector<hfdelta::File>& files, const std::vector<Piece>& pieces, int threads,
-                 std::uint64_t* sink, PassKind kind = {}) {
+double read_pass(std::vector<hfdelta::File>& files, const std::vector<Piece>& pieces, int threads, std::uint64_t* sink,
+                 PassKind kind = {}) {
   constexpr std::size_t kBuf = 1u << 20;
   std::uint64_t acc = 0;
   const auto t0 = Clock::now();
@@ -275,7 +282,6 @@ std::vector<Piece> cut_pieces(const std::vector<hfdelta::File>& files) {
   }
   return pieces;
 }
-
 
 // ---- run -----------------------------------------------------------------------
 
@@ -373,7 +379,6 @@ std::string make_time_file() {
   return tmpl;
 }
 
-
 // ---- machine -------------------------------------------------------------------
 
 std::string first_line(const fs::path& p) {
@@ -433,7 +438,8 @@ std::optional<Mount> find_mount(const fs::path& path) {
   std::size_t best = 0;
   std::optional<Mount> found;
   while (f >> dev >> mnt >> type && std::getline(f, rest))
-    if (abs.rfind(mnt, 0) == 0 && mnt.size() >= best && (abs.size() == mnt.size() || mnt == "/" || abs[mnt.size()] == '/')) {
+    if (abs.rfind(mnt, 0) == 0 && mnt.size() >= best &&
+        (abs.size() == mnt.size() || mnt == "/" || abs[mnt.size()] == '/')) {
       best = mnt.size();
       found = Mount{dev, mnt, type};
     }
@@ -484,8 +490,7 @@ Bound measure_bound(const std::string& base, const std::string& target, int thre
   const int threads = threads_or_all(threads_opt);
   const hfdelta::Checkpoint a = hfdelta::open_checkpoint(base);
   const hfdelta::Checkpoint b = hfdelta::open_checkpoint(target);
-  if (a.tensors.size() != b.tensors.size())
-    throw std::runtime_error("bound: BASE and NEW have different tensor sets");
+  if (a.tensors.size() != b.tensors.size()) throw std::runtime_error("bound: BASE and NEW have different tensor sets");
   std::vector<hfdelta::MappedFile> ma, mb;
   for (const auto& s : a.shards) ma.emplace_back(a.dir / s.file);
   for (const auto& s : b.shards) mb.emplace_back(b.dir / s.file);
@@ -505,7 +510,8 @@ Bound measure_bound(const std::string& base, const std::string& target, int thre
       throw std::runtime_error("bound: " + name + " changes dtype or size");
     std::size_t w = hfdelta::dtype_size(tb.dtype);
     if (w == 0 || tb.nbytes() % w != 0) w = 1;
-    const std::uint8_t* pa = ma[ia->second.shard].bytes(a.shards[ia->second.shard].header.file_offset(ta), ta.nbytes()).data();
+    const std::uint8_t* pa =
+        ma[ia->second.shard].bytes(a.shards[ia->second.shard].header.file_offset(ta), ta.nbytes()).data();
     const std::uint8_t* pb = mb[rb.shard].bytes(b.shards[rb.shard].header.file_offset(tb), tb.nbytes()).data();
     // Tensors with a 2-byte context field are read once, for both bounds.
     const hfdelta::ContextField field = w == 2 ? hfdelta::context_field(tb.dtype, 2) : hfdelta::ContextField{};
@@ -538,7 +544,9 @@ Bound measure_bound(const std::string& base, const std::string& target, int thre
 
 // ---- reading -------------------------------------------------------------------
 
-double ReadFloor::best() const { return seconds.empty() ? warm_pass_s : *std::min_element(seconds.begin(), seconds.end()); }
+double ReadFloor::best() const {
+  return seconds.empty() ? warm_pass_s : *std::min_element(seconds.begin(), seconds.end());
+}
 
 ReadFloor measure_readfloor(const std::vector<std::string>& dirs, int repeat, int threads_opt, PassKind kind) {
   ReadFloor r;

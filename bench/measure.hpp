@@ -25,11 +25,11 @@ struct Bound {
   };
   std::string base, target;
   std::uint64_t tensors = 0, tensors_changed = 0, elements = 0, elements_changed = 0;
-  std::uint64_t tensor_bytes = 0;  // the tensors' data
-  std::uint64_t shard_bytes = 0;   // NEW's shard files
-  std::uint64_t full_bytes = 0;    // every regular file of NEW
+  std::uint64_t tensor_bytes = 0;            // the tensors' data
+  std::uint64_t shard_bytes = 0;             // NEW's shard files
+  std::uint64_t full_bytes = 0;              // every regular file of NEW
   double position_bits = 0, value_bits = 0;  // summed over the tensors
-  double conditioned_bits = 0;  // given the base exponent (2-byte context fields; else the order-0 bits)
+  double conditioned_bits = 0;               // given the base exponent (2-byte context fields; else the order-0 bits)
   int threads = 0;
   double seconds = 0;
   std::optional<std::vector<Tensor>> per_tensor;  // with --per-tensor
@@ -81,7 +81,7 @@ struct Run {
   std::vector<std::string> argv;  // the command as given
   int exit = 0;                   // its exit code, 128 + the signal that ended it
   double wall_s = 0, user_s = 0, sys_s = 0;
-  long ru_maxrss_kib = 0;  // wait4's
+  long ru_maxrss_kib = 0;                                    // wait4's
   std::uint64_t peak_vm_rss_kib = 0, peak_rss_anon_kib = 0;  // of the process tree, sampled
   std::uint64_t samples = 0;
   double interval_ms = 0;

@@ -47,9 +47,14 @@ json to_record(const Bound& b) {
   if (b.per_tensor) {
     json tensors = json::array();
     for (const Bound::Tensor& t : *b.per_tensor)
-      tensors.push_back({{"name", t.name}, {"dtype", t.dtype}, {"width", t.width}, {"elements", t.elements},
-                         {"changed", t.changed}, {"distinct_xor", t.distinct_xor},
-                         {"position_bits", t.position_bits}, {"value_bits", t.value_bits}});
+      tensors.push_back({{"name", t.name},
+                         {"dtype", t.dtype},
+                         {"width", t.width},
+                         {"elements", t.elements},
+                         {"changed", t.changed},
+                         {"distinct_xor", t.distinct_xor},
+                         {"position_bits", t.position_bits},
+                         {"value_bits", t.value_bits}});
     r["per_tensor"] = tensors;
   }
   return r;
@@ -57,23 +62,25 @@ json to_record(const Bound& b) {
 
 json to_record(const ReadFloor& f) {
   const double best = f.best();
-  return {{"paths", f.paths},          {"files", f.files},        {"bytes", f.bytes},
-          {"hash", f.kind.hash},       {"write_back", f.kind.write_back},
-          {"threads", f.threads},      {"warm_pass_s", f.warm_pass_s}, {"seconds", f.seconds},
-          {"min_s", best},             {"median_s", median(f.seconds)},
+  return {{"paths", f.paths},
+          {"files", f.files},
+          {"bytes", f.bytes},
+          {"hash", f.kind.hash},
+          {"write_back", f.kind.write_back},
+          {"threads", f.threads},
+          {"warm_pass_s", f.warm_pass_s},
+          {"seconds", f.seconds},
+          {"min_s", best},
+          {"median_s", median(f.seconds)},
           {"gb_per_s", best > 0 ? static_cast<double>(f.bytes) / best / 1e9 : 0.0},
           {"checksum", f.checksum}};
 }
 
 json to_record(const Layout& l) {
-  return {{"paths", l.paths},
-          {"files", l.files},
-          {"bytes", l.bytes},
-          {"safetensors_files", l.safetensors_files},
-          {"tensors", l.tensors},
-          {"header_bytes", l.header_bytes},
-          {"json_files", l.json_files},
-          {"json_bytes", l.json_bytes}};
+  return {{"paths", l.paths},           {"files", l.files},
+          {"bytes", l.bytes},           {"safetensors_files", l.safetensors_files},
+          {"tensors", l.tensors},       {"header_bytes", l.header_bytes},
+          {"json_files", l.json_files}, {"json_bytes", l.json_bytes}};
 }
 
 json to_record(const Warm& w) { return {{"files", w.files}, {"bytes", w.bytes}, {"seconds", w.seconds}}; }

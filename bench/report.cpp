@@ -76,12 +76,18 @@ bool same_lr(const std::string& a, const std::string& b) {
 
 // The run's setup and notes (machine, config, version, load, timing, marked), whatever their series.
 void add_setup_record(Records& rs, const json& r, const std::string& kind) {
-  if (kind == "machine") rs.machine = r;
-  else if (kind == "config") rs.config.update(r);
-  else if (kind == "version") rs.versions.push_back(r);
-  else if (kind == "load") rs.loads.push_back(r);
-  else if (kind == "timing") rs.timings.push_back(r);
-  else if (kind == "marked") rs.marked_rec = r;
+  if (kind == "machine")
+    rs.machine = r;
+  else if (kind == "config")
+    rs.config.update(r);
+  else if (kind == "version")
+    rs.versions.push_back(r);
+  else if (kind == "load")
+    rs.loads.push_back(r);
+  else if (kind == "timing")
+    rs.timings.push_back(r);
+  else if (kind == "marked")
+    rs.marked_rec = r;
 }
 
 void add_mem_record(Records& rs, const json& r, const std::string& kind) {
@@ -101,15 +107,19 @@ void add_squash_record(Records& rs, const json& r, const std::string& kind) {
 void add_main_record(Records& rs, const json& r, const std::string& kind) {
   const std::string lr = lab(r, "lr");
   const int pair = std::atoi(lab(r, "pair").c_str());
-  if (kind == "bound") rs.pair_of(lr, pair).bound = r;
+  if (kind == "bound")
+    rs.pair_of(lr, pair).bound = r;
   else if (kind == "readfloor") {
     PairData& p = rs.pair_of(lr, pair);
     const std::string what = lab(r, "what");
-    (what == "local" ? p.floor_local : what == "local_rewrite" ? p.floor_local_rewrite
-                                     : what == "inputs_hashed" ? p.floor_inputs_hashed
-                                                               : p.floor_inputs) = num(r, "min_s");
-  } else if (kind == "run") rs.pair_of(lr, pair).tool(lab(r, "tool")).modes[lab(r, "mode")].add(r);
-  else if (kind == "size") rs.pair_of(lr, pair).tool(lab(r, "tool")).wire = num(r, "bytes");
+    (what == "local"           ? p.floor_local
+     : what == "local_rewrite" ? p.floor_local_rewrite
+     : what == "inputs_hashed" ? p.floor_inputs_hashed
+                               : p.floor_inputs) = num(r, "min_s");
+  } else if (kind == "run")
+    rs.pair_of(lr, pair).tool(lab(r, "tool")).modes[lab(r, "mode")].add(r);
+  else if (kind == "size")
+    rs.pair_of(lr, pair).tool(lab(r, "tool")).wire = num(r, "bytes");
 }
 
 // Pairs by lr, then pair; in each, hfdelta encodings first, then the peers,
@@ -127,7 +137,8 @@ const PairData* find_marked(const Records& rs, const std::string& target_lr) {
   const PairData* marked = nullptr;
   if (!rs.marked_rec.is_null()) {
     for (const auto& p : rs.pairs)
-      if (same_lr(p.lr, lab(rs.marked_rec, "lr")) && p.pair == std::atoi(lab(rs.marked_rec, "pair").c_str())) marked = &p;
+      if (same_lr(p.lr, lab(rs.marked_rec, "lr")) && p.pair == std::atoi(lab(rs.marked_rec, "pair").c_str()))
+        marked = &p;
   } else {
     std::vector<const PairData*> at;
     for (const auto& p : rs.pairs)
@@ -144,7 +155,9 @@ const PairData* find_marked(const Records& rs, const std::string& target_lr) {
 // The report under construction: the sorted records and the Markdown so far.
 struct Report {
   Report(const Records& records, const std::string& lr)
-      : rs(records), target_lr(lr), preset(records.config.value("preset", std::string("?"))),
+      : rs(records),
+        target_lr(lr),
+        preset(records.config.value("preset", std::string("?"))),
         marked(find_marked(records, lr)) {}
 
   const Records& rs;
@@ -161,10 +174,13 @@ void md_setup(Report& rep) {
   const json& config = rep.rs.config;
   const std::string peers = config.value("peer_pairs", "?");
   rep.md << "# hfdelta benchmark\n\n";
-  rep.md << "Preset `" << rep.preset << "`, " << config.value("saves", "?") << " saves after the initial one per learning rate, "
+  rep.md << "Preset `" << rep.preset << "`, " << config.value("saves", "?")
+         << " saves after the initial one per learning rate, "
          << "learning rates " << config.value("lrs", "?") << ", steps per save " << config.value("steps_per_save", "1")
          << "; peers and 1-thread runs at "
-         << (peers == "all" ? "every pair" : peers == "median" ? "the median pair of each lr" : "the marked pair only")
+         << (peers == "all"      ? "every pair"
+             : peers == "median" ? "the median pair of each lr"
+                                 : "the marked pair only")
          << ". Commit " << config.value("commit", "?") << ", started " << config.value("started", "?") << ".\n\n";
 }
 
@@ -172,8 +188,8 @@ void md_machine(Report& rep) {
   const json& machine = rep.rs.machine;
   if (machine.is_null()) return;
   const json& d = machine.value("disk", json::object());
-  rep.md << "Machine: " << machine.value("nproc", 0) << " CPUs (" << machine.value("cpu_model", std::string("?")) << "), "
-         << fmt("%.1f GiB", machine.value("mem_total_bytes", 0.0) / (1024.0 * 1024 * 1024)) << " memory, "
+  rep.md << "Machine: " << machine.value("nproc", 0) << " CPUs (" << machine.value("cpu_model", std::string("?"))
+         << "), " << fmt("%.1f GiB", machine.value("mem_total_bytes", 0.0) / (1024.0 * 1024 * 1024)) << " memory, "
          << machine.value("kernel", std::string("?")) << ", " << machine.value("os", std::string("")) << "; disk "
          << d.value("device", std::string("?")) << " (" << d.value("fs_type", std::string("?")) << ", model "
          << (d.value("model", std::string()).empty() ? "unknown" : d.value("model", std::string())) << ", rotational "
@@ -191,21 +207,22 @@ void md_versions(Report& rep) {
 
 void md_method(Report& rep) {
   const json& config = rep.rs.config;
-  rep.md << "Method: every timed step runs with the page cache warm (its inputs are read once right before it, "
-            "after a `sync`), "
-         << config.value("repeat", "2")
-         << " runs each; times below are the **minimum** of the runs (results.json has every run and the median). "
-            "Peak RSS is GNU time's maximum resident set size; peak RssAnon is the largest sum of RssAnon over the "
-            "command's process tree, sampled from /proc every "
-         << config.value("interval_ms", "5")
-         << " ms (mapped file pages are not anonymous memory). Read floor: one warm pass of pread into a 1 MiB buffer "
-            "per thread over every shard file, all threads, minimum of 3 passes. hfdelta applies into a LOCAL made with "
-            "`delta-apply --init` before each run; the peers (`zstd -3 --long=31 --patch-from`, `xdelta3 -e -s` with its "
-            "default settings, `rsync -a -I --no-whole-file --only-write-batch` / `--read-batch`) rebuild NEW beside "
-            "BASE and never flush, so they compare with `--no-sync`. zstd and xdelta3 work per shard file (summed; the "
-            "other files of the checkpoint do not change between saves); every apply result is checked with cmp "
-            "against NEW. Order-0 bound: per tensor N·H(k/N) bits for the positions plus "
-            "Σ c_v·log2(k/c_v) bits for the changed elements' XOR values at element width.\n\n";
+  rep.md
+      << "Method: every timed step runs with the page cache warm (its inputs are read once right before it, "
+         "after a `sync`), "
+      << config.value("repeat", "2")
+      << " runs each; times below are the **minimum** of the runs (results.json has every run and the median). "
+         "Peak RSS is GNU time's maximum resident set size; peak RssAnon is the largest sum of RssAnon over the "
+         "command's process tree, sampled from /proc every "
+      << config.value("interval_ms", "5")
+      << " ms (mapped file pages are not anonymous memory). Read floor: one warm pass of pread into a 1 MiB buffer "
+         "per thread over every shard file, all threads, minimum of 3 passes. hfdelta applies into a LOCAL made with "
+         "`delta-apply --init` before each run; the peers (`zstd -3 --long=31 --patch-from`, `xdelta3 -e -s` with its "
+         "default settings, `rsync -a -I --no-whole-file --only-write-batch` / `--read-batch`) rebuild NEW beside "
+         "BASE and never flush, so they compare with `--no-sync`. zstd and xdelta3 work per shard file (summed; the "
+         "other files of the checkpoint do not change between saves); every apply result is checked with cmp "
+         "against NEW. Order-0 bound: per tensor N·H(k/N) bits for the positions plus "
+         "Σ c_v·log2(k/c_v) bits for the changed elements' XOR values at element width.\n\n";
 }
 
 void md_loads(Report& rep) {
@@ -228,8 +245,8 @@ void md_pairs(Report& rep) {
             "read+hash+write-back LOCAL |\n"
             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const auto& p : rep.rs.pairs) {
-    rep.md << "| " << p.lr << " | " << rep.pair_name(p) << " | " << fmt("%.3f%%", 100 * num(p.bound, "density")) << " | "
-           << mib(num(p.bound, "full_bytes")) << " | " << mib(num(p.bound, "bound_bytes")) << " | "
+    rep.md << "| " << p.lr << " | " << rep.pair_name(p) << " | " << fmt("%.3f%%", 100 * num(p.bound, "density"))
+           << " | " << mib(num(p.bound, "full_bytes")) << " | " << mib(num(p.bound, "bound_bytes")) << " | "
            << fmt("%.2f%%", 100 * ratio(num(p.bound, "bound_bytes"), num(p.bound, "full_bytes"))) << " | "
            << mib(num(p.bound, "conditioned_bound_bytes")) << " | "
            << fmt("%.3f", ratio(num(p.bound, "conditioned_bound_bytes"), num(p.bound, "bound_bytes"))) << " | "
@@ -246,7 +263,8 @@ void md_pairs(Report& rep) {
 }
 
 void md_wire(Report& rep) {
-  rep.md << "## Wire bytes\n\n| lr | pair | tool | wire | wire/bound | wire/xor | wire/full |\n|---|---|---|---:|---:|---:|---:|\n";
+  rep.md << "## Wire bytes\n\n| lr | pair | tool | wire | wire/bound | wire/xor | wire/full "
+            "|\n|---|---|---|---:|---:|---:|---:|\n";
   for (const auto& p : rep.rs.pairs) {
     const ToolData* x = p.find("hfdelta-xor");
     for (const auto& t : p.tool_order) {
@@ -260,7 +278,8 @@ void md_wire(Report& rep) {
 }
 
 void md_diff(Report& rep) {
-  rep.md << "\n## Diff (BASE, NEW → delta)\n\n| lr | pair | tool | wall | CPU | diff/read floor | /read+hash floor | 1 thread | 1 thread/all | peak RSS | peak RssAnon |\n"
+  rep.md << "\n## Diff (BASE, NEW → delta)\n\n| lr | pair | tool | wall | CPU | diff/read floor | /read+hash floor | 1 "
+            "thread | 1 thread/all | peak RSS | peak RssAnon |\n"
             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const auto& p : rep.rs.pairs)
     for (const auto& t : p.tool_order) {
@@ -270,8 +289,9 @@ void md_diff(Report& rep) {
       if (!s) continue;
       rep.md << "| " << p.lr << " | " << rep.pair_name(p) << " | " << t << " | " << fmt("%.3f s", s->min()) << " | "
              << fmt("%.2f s", s->cpu()) << " | " << fmt("%.2f", ratio(s->min(), p.floor_inputs)) << " | "
-             << fmt("%.2f", ratio(s->min(), p.floor_inputs_hashed)) << " | " << fmt("%.3f s", s1 ? s1->min() : NAN) << " | " << fmt("%.2f", s1 ? ratio(s1->min(), s->min()) : NAN)
-             << " | " << kib_mib(s->max_rss_kib) << " | " << kib_mib(s->peak_anon_kib) << " |\n";
+             << fmt("%.2f", ratio(s->min(), p.floor_inputs_hashed)) << " | " << fmt("%.3f s", s1 ? s1->min() : NAN)
+             << " | " << fmt("%.2f", s1 ? ratio(s1->min(), s->min()) : NAN) << " | " << kib_mib(s->max_rss_kib) << " | "
+             << kib_mib(s->peak_anon_kib) << " |\n";
     }
 }
 
@@ -296,12 +316,13 @@ void md_apply_row(Report& rep, const PairData& p, const std::string& t, const To
          << fmt("%.2f", ratio(nosync ? nosync->min() : NAN, p.floor_local)) << " | "
          << fmt("%.2f", ratio(nosync ? nosync->min() : NAN, p.floor_local_rewrite)) << " | "
          << fmt("%.2f s", nosync ? nosync->cpu() : NAN) << " | " << fmt("%.3f s", n1 ? n1->min() : NAN) << " | "
-         << fmt("%.2f", n1 && n ? ratio(n1->min(), n->min()) : NAN) << " | " << kib_mib(rss) << " | "
-         << kib_mib(anon) << " |\n";
+         << fmt("%.2f", n1 && n ? ratio(n1->min(), n->min()) : NAN) << " | " << kib_mib(rss) << " | " << kib_mib(anon)
+         << " |\n";
 }
 
 void md_apply(Report& rep) {
-  rep.md << "\n## Apply (delta → LOCAL)\n\n| lr | pair | tool | wall (flushing) | /read floor | wall --no-sync | /read floor | /rewrite floor | CPU | 1 thread --no-sync | 1 thread/all | peak RSS | peak RssAnon |\n"
+  rep.md << "\n## Apply (delta → LOCAL)\n\n| lr | pair | tool | wall (flushing) | /read floor | wall --no-sync | /read "
+            "floor | /rewrite floor | CPU | 1 thread --no-sync | 1 thread/all | peak RSS | peak RssAnon |\n"
             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const auto& p : rep.rs.pairs)
     for (const auto& t : p.tool_order) md_apply_row(rep, p, t, p.tools.at(t));
@@ -336,9 +357,14 @@ json tool_json(const PairData& p, const std::string& t, const ToolData& d) {
 json pairs_json(const Report& rep) {
   json jpairs = json::array();
   for (const auto& p : rep.rs.pairs) {
-    json jp = {{"lr", p.lr}, {"pair", p.pair}, {"base", "save_" + fmt("%03.0f", p.pair - 1)},
-               {"new", "save_" + fmt("%03.0f", p.pair)}, {"marked", &p == rep.marked}, {"bound", p.bound},
-               {"read_floor_inputs_s", jnum(p.floor_inputs)}, {"read_floor_local_s", jnum(p.floor_local)},
+    json jp = {{"lr", p.lr},
+               {"pair", p.pair},
+               {"base", "save_" + fmt("%03.0f", p.pair - 1)},
+               {"new", "save_" + fmt("%03.0f", p.pair)},
+               {"marked", &p == rep.marked},
+               {"bound", p.bound},
+               {"read_floor_inputs_s", jnum(p.floor_inputs)},
+               {"read_floor_local_s", jnum(p.floor_local)},
                {"read_hash_floor_inputs_s", jnum(p.floor_inputs_hashed)},
                {"read_hash_write_back_floor_local_s", jnum(p.floor_local_rewrite)}};
     json jt = json::object();
@@ -363,7 +389,8 @@ BestPeers best_peers(const PairData& p) {
     if (is_hfdelta(t)) continue;
     const ToolData& d = p.tools.at(t);
     if (!std::isnan(d.wire) && (std::isnan(b.wire) || d.wire < b.wire)) b.wire = d.wire, b.wire_name = t;
-    if (const Stat* s = d.mode("diff"); s && (std::isnan(b.diff) || s->min() < b.diff)) b.diff = s->min(), b.diff_name = t;
+    if (const Stat* s = d.mode("diff"); s && (std::isnan(b.diff) || s->min() < b.diff))
+      b.diff = s->min(), b.diff_name = t;
     if (const Stat* s = d.mode("apply"); s && (std::isnan(b.apply) || s->min() < b.apply))
       b.apply = s->min(), b.apply_name = t;
   }
@@ -380,8 +407,12 @@ struct TargetRows {
     const char* status = std::isnan(r) ? "not measured" : (r <= goal ? "met" : "not met");
     md << "| " << encoding << " | " << what << " | " << measured << " | " << fmt("%.3f", r) << " | " << goal_text
        << " | " << (std::string(status) == "met" ? "**met**" : status) << " |\n";
-    out.push_back({{"encoding", encoding}, {"target", what}, {"measured", measured}, {"ratio", jnum(r)},
-                   {"goal", goal}, {"status", status}});
+    out.push_back({{"encoding", encoding},
+                   {"target", what},
+                   {"measured", measured},
+                   {"ratio", jnum(r)},
+                   {"goal", goal},
+                   {"status", status}});
   }
 };
 
@@ -391,7 +422,8 @@ void own_targets(TargetRows& rows, const PairData& p, const ToolData& d) {
   const ToolData* x = p.find("hfdelta-xor");
   const Stat* diff = d.mode("diff");
   const Stat* apn = d.mode("apply_nosync");
-  rows.row("total wire ≤ 1.15 × order-0 bound", mib(d.wire) + " vs " + mib(bound), ratio(d.wire, bound), 1.15, "≤ 1.15");
+  rows.row("total wire ≤ 1.15 × order-0 bound", mib(d.wire) + " vs " + mib(bound), ratio(d.wire, bound), 1.15,
+           "≤ 1.15");
   rows.row("total wire ≤ 0.6 × xor wire", mib(d.wire) + " vs " + mib(x ? x->wire : NAN),
            ratio(d.wire, x ? x->wire : NAN), 0.6, "≤ 0.6");
   rows.row("delta-diff wall ≤ 2 × read floor (BASE+NEW)",
@@ -403,10 +435,11 @@ void own_targets(TargetRows& rows, const PairData& p, const ToolData& d) {
   const double anon = d.peak_anon();
   rows.row("peak RssAnon ≤ 256 MiB (diff and apply)", kib_mib(anon), ratio(anon, 256.0 * 1024), 1, "≤ 1");
   if (rows.encoding == "hfdelta-context") {  // issue #17's targets for the context encoding
-    rows.row("total wire ≤ 0.75 × order-0 bound", mib(d.wire) + " vs " + mib(bound), ratio(d.wire, bound), 0.75, "≤ 0.75");
+    rows.row("total wire ≤ 0.75 × order-0 bound", mib(d.wire) + " vs " + mib(bound), ratio(d.wire, bound), 0.75,
+             "≤ 0.75");
     const double cond = num(p.bound, "conditioned_bound_bytes");
-    rows.row("total wire ≤ 1.05 × bound given the base exponent", mib(d.wire) + " vs " + mib(cond), ratio(d.wire, cond), 1.05,
-             "≤ 1.05");
+    rows.row("total wire ≤ 1.05 × bound given the base exponent", mib(d.wire) + " vs " + mib(cond), ratio(d.wire, cond),
+             1.05, "≤ 1.05");
     rows.row("delta-apply --no-sync wall ≤ 2.5 × read floor (LOCAL)",
              fmt("%.3f s", apn ? apn->min() : NAN) + " vs " + fmt("%.3f s", p.floor_local),
              apn ? ratio(apn->min(), p.floor_local) : NAN, 2.5, "≤ 2.5");
@@ -419,8 +452,9 @@ void peer_targets(TargetRows& rows, const ToolData& d, const BestPeers& b) {
   const Stat* diff = d.mode("diff");
   const Stat* ap = d.mode("apply");
   const Stat* apn = d.mode("apply_nosync");
-  rows.row("diff faster than every peer", fmt("%.3f s", diff ? diff->min() : NAN) + " vs " + fmt("%.3f s", b.diff) +
-               " (" + (b.diff_name.empty() ? "none" : b.diff_name) + ")",
+  rows.row("diff faster than every peer",
+           fmt("%.3f s", diff ? diff->min() : NAN) + " vs " + fmt("%.3f s", b.diff) + " (" +
+               (b.diff_name.empty() ? "none" : b.diff_name) + ")",
            diff ? ratio(diff->min(), b.diff) : NAN, eps, "< 1");
   rows.row("apply --no-sync faster than every peer",
            fmt("%.3f s", apn ? apn->min() : NAN) + " vs " + fmt("%.3f s", b.apply) + " (" +
@@ -475,8 +509,10 @@ json md_squash_bytes(Report& rep) {
   rep.md << "\n## Squash (a chain of " << saves << " deltas, lr " << rep.target_lr << ")\n\n"
          << "`sparse`: the default encoding at every step; `mixed`: xor and sparse in turn, so the entries of one "
             "tensor stack; `context`: the context encoding at every step, squashed against the first save "
-            "(`--squash-base`; the direct diff is `--encoding context` too). Chain: the " << saves << " deltas together; direct: one diff of the first and last saves.\n\n"
-         << "| chain | chain bytes | squashed | direct diff | squashed/direct | squashed/chain | squash wall | squash peak RSS |\n"
+            "(`--squash-base`; the direct diff is `--encoding context` too). Chain: the "
+         << saves << " deltas together; direct: one diff of the first and last saves.\n\n"
+         << "| chain | chain bytes | squashed | direct diff | squashed/direct | squashed/chain | squash wall | squash "
+            "peak RSS |\n"
             "|---|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const std::string& kind : rep.rs.squash_order) {
     const ToolMap& m = rep.rs.squash.at(kind);
@@ -548,10 +584,14 @@ void memory_row(Report& rep, json& jmem, const std::string& pr, double full, con
     keep_max(is_diff ? danon : aanon, s.peak_anon_kib);
     keep_max(is_diff ? drss : arss, s.max_rss_kib);
   }
-  rep.md << "| " << pr << " | " << mib(full) << " | " << t << " | " << kib_mib(danon) << " | " << kib_mib(drss)
-         << " | " << kib_mib(aanon) << " | " << kib_mib(arss) << " |\n";
-  jmem.push_back({{"preset", pr}, {"full_bytes", full}, {"tool", t}, {"diff_peak_rss_anon_kib", jnum(danon)},
-                  {"diff_max_rss_kib", jnum(drss)}, {"apply_peak_rss_anon_kib", jnum(aanon)},
+  rep.md << "| " << pr << " | " << mib(full) << " | " << t << " | " << kib_mib(danon) << " | " << kib_mib(drss) << " | "
+         << kib_mib(aanon) << " | " << kib_mib(arss) << " |\n";
+  jmem.push_back({{"preset", pr},
+                  {"full_bytes", full},
+                  {"tool", t},
+                  {"diff_peak_rss_anon_kib", jnum(danon)},
+                  {"diff_max_rss_kib", jnum(drss)},
+                  {"apply_peak_rss_anon_kib", jnum(aanon)},
                   {"apply_max_rss_kib", jnum(arss)}});
 }
 
@@ -570,7 +610,8 @@ json memory(Report& rep) {
   std::sort(order.begin(), order.end());
   if (order.empty()) return jmem;
   rep.md << "\n## Peak memory against model size (lr " << rep.target_lr << ")\n\n"
-         << "| preset | full checkpoint | encoding | delta-diff peak RssAnon | delta-diff peak RSS | delta-apply peak RssAnon | delta-apply peak RSS |\n"
+         << "| preset | full checkpoint | encoding | delta-diff peak RssAnon | delta-diff peak RSS | delta-apply peak "
+            "RssAnon | delta-apply peak RSS |\n"
             "|---|---:|---|---:|---:|---:|---:|\n";
   const std::vector<std::string> encs = memory_tools(rep, mem, order);
   for (const auto& [full, pr] : order)
@@ -584,7 +625,8 @@ json memory(Report& rep) {
 void md_timings(Report& rep) {
   if (rep.rs.timings.empty()) return;
   rep.md << "\n## Run time\n\n";
-  for (const auto& t : rep.rs.timings) rep.md << "- " << lab(t, "what") << ": " << fmt("%.0f s", num(t, "seconds")) << "\n";
+  for (const auto& t : rep.rs.timings)
+    rep.md << "- " << lab(t, "what") << ": " << fmt("%.0f s", num(t, "seconds")) << "\n";
 }
 
 }  // namespace
@@ -596,7 +638,8 @@ double Stat::min() const { return walls.empty() ? NAN : *std::min_element(walls.
 double Stat::med() const { return median(walls); }
 
 double Stat::cpu() const {
-  return walls.empty() ? NAN : cpus[static_cast<std::size_t>(std::min_element(walls.begin(), walls.end()) - walls.begin())];
+  return walls.empty() ? NAN
+                       : cpus[static_cast<std::size_t>(std::min_element(walls.begin(), walls.end()) - walls.begin())];
 }
 
 void Stat::add(const json& r) {
@@ -610,9 +653,13 @@ void Stat::add(const json& r) {
 json Stat::to_json() const {
   if (empty()) return nullptr;
   auto n = [](double v) -> json { return std::isnan(v) ? json(nullptr) : json(v); };
-  return {{"runs", walls.size()},        {"wall_s", walls},           {"cpu_s", cpus},
-          {"min_s", min()},              {"median_s", med()},
-          {"max_rss_kib", n(max_rss_kib)}, {"peak_rss_anon_kib", n(peak_anon_kib)},
+  return {{"runs", walls.size()},
+          {"wall_s", walls},
+          {"cpu_s", cpus},
+          {"min_s", min()},
+          {"median_s", med()},
+          {"max_rss_kib", n(max_rss_kib)},
+          {"peak_rss_anon_kib", n(peak_anon_kib)},
           {"peak_vm_rss_kib", n(peak_vm_rss_kib)}};
 }
 
@@ -652,9 +699,12 @@ Records sort_records(std::vector<json> recs) {
   for (const json& r : rs.all) {
     const std::string kind = lab(r, "kind"), series = lab(r, "series");
     add_setup_record(rs, r, kind);
-    if (series == "mem") add_mem_record(rs, r, kind);
-    else if (series == "squash") add_squash_record(rs, r, kind);
-    else if (series == "main") add_main_record(rs, r, kind);
+    if (series == "mem")
+      add_mem_record(rs, r, kind);
+    else if (series == "squash")
+      add_squash_record(rs, r, kind);
+    else if (series == "main")
+      add_main_record(rs, r, kind);
   }
   order_pairs(rs.pairs);
   return rs;
@@ -681,10 +731,17 @@ void write_report(const Records& rs, const std::string& md_path, const std::stri
   md_timings(rep);
 
   std::ofstream(md_path) << rep.md.str();
-  json out = {{"machine", rs.machine},  {"config", rs.config},  {"tool_versions", rs.versions},
-              {"pairs", jpairs},        {"targets", jtargets},  {"memory_scaling", jmem}, {"squash", jsquash},
+  json out = {{"machine", rs.machine},
+              {"config", rs.config},
+              {"tool_versions", rs.versions},
+              {"pairs", jpairs},
+              {"targets", jtargets},
+              {"memory_scaling", jmem},
+              {"squash", jsquash},
               {"marked", rep.marked ? json{{"lr", rep.marked->lr}, {"pair", rep.marked->pair}} : json(nullptr)},
-              {"timings", rs.timings},  {"loads", rs.loads},    {"records", rs.all}};
+              {"timings", rs.timings},
+              {"loads", rs.loads},
+              {"records", rs.all}};
   std::ofstream(json_path) << out.dump(1) << '\n';
 }
 

@@ -29,7 +29,7 @@ struct Stat {
 // ("size" records) and its runs per mode.
 struct ToolData {
   double wire = NAN;
-  std::map<std::string, Stat> modes;  // diff, diff_1t, apply, apply_nosync, apply_nosync_1t
+  std::map<std::string, Stat> modes;             // diff, diff_1t, apply, apply_nosync, apply_nosync_1t
   const Stat* mode(const std::string& m) const;  // null when not measured
   double peak_anon() const;                      // over every mode
 };

@@ -31,6 +31,9 @@
 
 #include <cuda_runtime.h>
 
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/iterator/tabulate_output_iterator.h>
+#include <thrust/iterator/transform_iterator.h>
 #include <cub/agent/single_pass_scan_operators.cuh>
 #include <cub/block/block_exchange.cuh>
 #include <cub/block/block_reduce.cuh>
@@ -38,9 +41,6 @@
 #include <cub/device/device_segmented_reduce.cuh>
 #include <cub/device/device_select.cuh>
 #include <cuda/std/functional>
-#include <thrust/iterator/counting_iterator.h>
-#include <thrust/iterator/tabulate_output_iterator.h>
-#include <thrust/iterator/transform_iterator.h>
 
 #include <algorithm>
 #include <string>
@@ -52,13 +52,20 @@ namespace hfdelta::gpu {
 
 const char* name(Design d) {
   switch (d) {
-    case Design::tiles: return "tiles";
-    case Design::small_tiles: return "tiles16";
-    case Design::select: return "select";
-    case Design::pipelined_tiles: return "tiles64";
-    case Design::warp_tiles: return "tilesw";
-    case Design::warp_tiles64: return "tilesw64";
-    case Design::warp_tiles4: return "tilesw4";
+    case Design::tiles:
+      return "tiles";
+    case Design::small_tiles:
+      return "tiles16";
+    case Design::select:
+      return "select";
+    case Design::pipelined_tiles:
+      return "tiles64";
+    case Design::warp_tiles:
+      return "tilesw";
+    case Design::warp_tiles64:
+      return "tilesw64";
+    case Design::warp_tiles4:
+      return "tilesw4";
   }
   return "?";
 }
@@ -66,11 +73,12 @@ const char* name(Design d) {
 namespace {
 
 [[noreturn]] void cuda_fail(cudaError_t e, const char* call, int line) {
-  fail(Exit::failure, std::string("CUDA: ") + call + " (change_finder.cu:" + std::to_string(line) + "): " + cudaGetErrorString(e));
+  fail(Exit::failure,
+       std::string("CUDA: ") + call + " (change_finder.cu:" + std::to_string(line) + "): " + cudaGetErrorString(e));
 }
-#define CK(call)                                         \
-  do {                                                   \
-    const cudaError_t e_ = (call);                       \
+#define CK(call)                                           \
+  do {                                                     \
+    const cudaError_t e_ = (call);                         \
     if (e_ != cudaSuccess) cuda_fail(e_, #call, __LINE__); \
   } while (0)
 
@@ -78,11 +86,11 @@ constexpr int kThreads = 256;
 constexpr int kVecBytes = 16;
 // tiles: V vectors of each input a thread, a tile of 4 V KiB of each input
 template <int V>
-constexpr std::uint64_t kTileBytes = std::uint64_t{kThreads} * V * kVecBytes;
-constexpr int kThreadBytes = 32;                                          // rank: of the base a thread
+constexpr std::uint64_t kTileBytes = std::uint64_t{kThreads} * V* kVecBytes;
+constexpr int kThreadBytes = 32;  // rank: of the base a thread
 constexpr int kWords = kThreadBytes / 4;
-constexpr std::uint64_t kRankTileBytes = kThreads * kThreadBytes;         // 8 KiB
-constexpr unsigned kMaxGroups = 8;                                        // what the encoder writes (context_codec.cpp)
+constexpr std::uint64_t kRankTileBytes = kThreads * kThreadBytes;  // 8 KiB
+constexpr unsigned kMaxGroups = 8;                                 // what the encoder writes (context_codec.cpp)
 static_assert(kSparseChunkElements % kTileBytes<16> == 0, "a tile lies in one chunk");
 static_assert(kRankTileBytes == 2 * kThreads * kVecBytes, "a rank tile is two of a tile's vector rows");
 static_assert(kSparseChunkElements % kRankTileBytes == 0, "a rank tile lies in one chunk");
@@ -92,7 +100,8 @@ static_assert(kThreads == 256, "one thread per context of the sample's histogram
 // loads where they are inside (the caller has checked alignment), else byte
 // by byte, zeros past `nbytes`.
 template <bool kVec>
-__device__ inline void load_thread(const std::uint8_t* p, std::uint64_t at, std::uint64_t nbytes, std::uint32_t (&w)[kWords]) {
+__device__ inline void load_thread(const std::uint8_t* p, std::uint64_t at, std::uint64_t nbytes,
+                                   std::uint32_t (&w)[kWords]) {
   if (kVec && at + kThreadBytes <= nbytes) {
     const uint4* q = reinterpret_cast<const uint4*>(p + at);
     const uint4 v0 = __ldcs(q), v1 = __ldcs(q + 1);
@@ -133,9 +142,13 @@ __device__ inline std::uint64_t element_at(const std::uint32_t (&w)[N], int i) {
 template <int ES>
 __device__ inline unsigned changed_in(const uint4& a, const uint4& b) {
   if constexpr (ES == 1) {
-    return (__popc(__vcmpne4(a.x, b.x)) + __popc(__vcmpne4(a.y, b.y)) + __popc(__vcmpne4(a.z, b.z)) + __popc(__vcmpne4(a.w, b.w))) / 8;
+    return (__popc(__vcmpne4(a.x, b.x)) + __popc(__vcmpne4(a.y, b.y)) + __popc(__vcmpne4(a.z, b.z)) +
+            __popc(__vcmpne4(a.w, b.w))) /
+           8;
   } else if constexpr (ES == 2) {
-    return (__popc(__vcmpne2(a.x, b.x)) + __popc(__vcmpne2(a.y, b.y)) + __popc(__vcmpne2(a.z, b.z)) + __popc(__vcmpne2(a.w, b.w))) / 16;
+    return (__popc(__vcmpne2(a.x, b.x)) + __popc(__vcmpne2(a.y, b.y)) + __popc(__vcmpne2(a.z, b.z)) +
+            __popc(__vcmpne2(a.w, b.w))) /
+           16;
   } else if constexpr (ES == 4) {
     return unsigned{a.x != b.x} + unsigned{a.y != b.y} + unsigned{a.z != b.z} + unsigned{a.w != b.w};
   } else {
@@ -145,14 +158,29 @@ __device__ inline unsigned changed_in(const uint4& a, const uint4& b) {
 
 // A vector's bytes that differ (the sum of rules::changed_bytes over its elements).
 __device__ inline unsigned bytes_changed_in(const uint4& a, const uint4& b) {
-  return (__popc(__vcmpne4(a.x, b.x)) + __popc(__vcmpne4(a.y, b.y)) + __popc(__vcmpne4(a.z, b.z)) + __popc(__vcmpne4(a.w, b.w))) / 8;
+  return (__popc(__vcmpne4(a.x, b.x)) + __popc(__vcmpne4(a.y, b.y)) + __popc(__vcmpne4(a.z, b.z)) +
+          __popc(__vcmpne4(a.w, b.w))) /
+         8;
 }
 
-template <int ES> struct DiffWord;
-template <> struct DiffWord<1> { using type = std::uint8_t; };
-template <> struct DiffWord<2> { using type = std::uint16_t; };
-template <> struct DiffWord<4> { using type = std::uint32_t; };
-template <> struct DiffWord<8> { using type = std::uint64_t; };
+template <int ES>
+struct DiffWord;
+template <>
+struct DiffWord<1> {
+  using type = std::uint8_t;
+};
+template <>
+struct DiffWord<2> {
+  using type = std::uint16_t;
+};
+template <>
+struct DiffWord<4> {
+  using type = std::uint32_t;
+};
+template <>
+struct DiffWord<8> {
+  using type = std::uint64_t;
+};
 
 // The look-back of tiles: no wait before the first look at the tiles before
 // (a tile takes microseconds; CUB's default waits 450 ns at every tile) and
@@ -185,7 +213,7 @@ struct FindOut {
   unsigned long long* chunk_bytes;  // per chunk (tiles: zeroed): its changed bytes
   unsigned long long* total;        // all changes, also past cap
   std::uint64_t chunks;
-  unsigned long long* rank_start;   // nrank + 1: each rank tile's first change, then all changes
+  unsigned long long* rank_start;  // nrank + 1: each rank tile's first change, then all changes
   std::uint64_t nrank;
 };
 
@@ -210,9 +238,9 @@ __device__ __forceinline__ void look_back(CountState state, Shared& s, int tile,
 // (rank_first(k): the tile's changes before row k), and after the last tile
 // the total.
 template <int V, class RankFirst>
-__device__ __forceinline__ void record_tile(const FindOut& o, std::uint64_t base, std::uint64_t e_tile, int tile, int ntiles,
-                                            unsigned long long first, unsigned tile_count, unsigned tile_bytes,
-                                            RankFirst rank_first) {
+__device__ __forceinline__ void record_tile(const FindOut& o, std::uint64_t base, std::uint64_t e_tile, int tile,
+                                            int ntiles, unsigned long long first, unsigned tile_count,
+                                            unsigned tile_bytes, RankFirst rank_first) {
   if (threadIdx.x != 0) return;
   const std::uint64_t chunk = rules::chunk_of(e_tile);
   if (rules::index_in_chunk(e_tile) == 0) o.chunk_start[chunk] = first;
@@ -244,20 +272,22 @@ struct TileShared {
 
 // A thread's V vectors of each input in tile `tile`, all loads issued before any use.
 template <bool kVec, int V>
-__device__ inline void load_tile(const std::uint8_t* a, const std::uint8_t* b, std::uint64_t nbytes, int tile, uint4 (&va)[V],
-                                 uint4 (&vb)[V]) {
+__device__ inline void load_tile(const std::uint8_t* a, const std::uint8_t* b, std::uint64_t nbytes, int tile,
+                                 uint4 (&va)[V], uint4 (&vb)[V]) {
   const std::uint64_t base = std::uint64_t(tile) * kTileBytes<V>;
 #pragma unroll
-  for (int k = 0; k < V; ++k) va[k] = load_vec<kVec>(a, base + (std::uint64_t(k) * kThreads + threadIdx.x) * kVecBytes, nbytes);
+  for (int k = 0; k < V; ++k)
+    va[k] = load_vec<kVec>(a, base + (std::uint64_t(k) * kThreads + threadIdx.x) * kVecBytes, nbytes);
 #pragma unroll
-  for (int k = 0; k < V; ++k) vb[k] = load_vec<kVec>(b, base + (std::uint64_t(k) * kThreads + threadIdx.x) * kVecBytes, nbytes);
+  for (int k = 0; k < V; ++k)
+    vb[k] = load_vec<kVec>(b, base + (std::uint64_t(k) * kThreads + threadIdx.x) * kVecBytes, nbytes);
 }
 
 // One tile of `ntiles` from its loaded vectors: counted, numbered (the
 // look-back waits only on tiles claimed before: lower numbers), written.
 template <int ES, bool kContext, int V>
-__device__ inline void find_tile(int tile, int ntiles, const uint4 (&va)[V], const uint4 (&vb)[V], ContextField f, CountState state,
-                                 const FindOut& o, TileShared<V>& s) {
+__device__ inline void find_tile(int tile, int ntiles, const uint4 (&va)[V], const uint4 (&vb)[V], ContextField f,
+                                 CountState state, const FindOut& o, TileShared<V>& s) {
   static_assert(V % 2 == 0, "rank tiles of two rows");
   using Exchange = cub::BlockExchange<unsigned, kThreads, V>;
   using Scan = cub::BlockScan<unsigned, kThreads>;
@@ -323,8 +353,9 @@ __device__ inline void find_tile(int tile, int ntiles, const uint4 (&va)[V], con
 // tiles, tiles16: one tile per block, numbered by blockIdx (the look-back
 // waits only on tiles launched before).
 template <int ES, bool kVec, bool kContext, int V, int kMinBlocks>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) find_tiles(const std::uint8_t* a, const std::uint8_t* b, std::uint64_t nbytes,
-                                                                   ContextField f, CountState state, FindOut o) {
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
+    find_tiles(const std::uint8_t* a, const std::uint8_t* b, std::uint64_t nbytes, ContextField f, CountState state,
+               FindOut o) {
   __shared__ TileShared<V> s;
   uint4 va[V], vb[V];
   load_tile<kVec>(a, b, nbytes, static_cast<int>(blockIdx.x), va, vb);
@@ -338,9 +369,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) find_tiles(const std::ui
 // one it has: the loads stay in flight while the tile is counted, numbered
 // and written.
 template <int ES, bool kVec, bool kContext, int V, int kMinBlocks>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) find_tiles_pipelined(const std::uint8_t* a, const std::uint8_t* b,
-                                                                             std::uint64_t nbytes, ContextField f, CountState state,
-                                                                             FindOut o, int ntiles, unsigned* next_tile) {
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
+    find_tiles_pipelined(const std::uint8_t* a, const std::uint8_t* b, std::uint64_t nbytes, ContextField f,
+                         CountState state, FindOut o, int ntiles, unsigned* next_tile) {
   __shared__ TileShared<V> s;
   if (threadIdx.x == 0) s.next = static_cast<int>(atomicAdd(next_tile, 1u));
   __syncthreads();
@@ -413,8 +444,8 @@ __device__ inline uint4 difference_of(const uint4& a, const uint4& b) {
   } else {
     const std::uint64_t d0 = (std::uint64_t{b.y} << 32 | b.x) - (std::uint64_t{a.y} << 32 | a.x);
     const std::uint64_t d1 = (std::uint64_t{b.w} << 32 | b.z) - (std::uint64_t{a.w} << 32 | a.z);
-    return make_uint4(static_cast<std::uint32_t>(d0), static_cast<std::uint32_t>(d0 >> 32), static_cast<std::uint32_t>(d1),
-                      static_cast<std::uint32_t>(d1 >> 32));
+    return make_uint4(static_cast<std::uint32_t>(d0), static_cast<std::uint32_t>(d0 >> 32),
+                      static_cast<std::uint32_t>(d1), static_cast<std::uint32_t>(d1 >> 32));
   }
 }
 
@@ -438,7 +469,8 @@ __device__ inline unsigned changed_mask(const uint4& d) {
 
 // Element `i` (0 <= i < P, not a constant) of a vector's 4 words.
 template <int ES>
-__device__ inline std::uint64_t element_of(std::uint32_t w0, std::uint32_t w1, std::uint32_t w2, std::uint32_t w3, unsigned i) {
+__device__ inline std::uint64_t element_of(std::uint32_t w0, std::uint32_t w1, std::uint32_t w2, std::uint32_t w3,
+                                           unsigned i) {
   if constexpr (ES == 8) {
     return i ? (std::uint64_t{w3} << 32 | w2) : (std::uint64_t{w1} << 32 | w0);
   } else {
@@ -450,14 +482,14 @@ __device__ inline std::uint64_t element_of(std::uint32_t w0, std::uint32_t w1, s
 }
 
 template <int ES, bool kVec, bool kContext, int V, int kMinBlocks>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) find_tiles_warp(const std::uint8_t* a, const std::uint8_t* b,
-                                                                        std::uint64_t nbytes, ContextField f, CountState state,
-                                                                        FindOut o) {
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
+    find_tiles_warp(const std::uint8_t* a, const std::uint8_t* b, std::uint64_t nbytes, ContextField f,
+                    CountState state, FindOut o) {
   static_assert(V % 2 == 0, "rank tiles of two rows");
   using Scan = cub::BlockScan<unsigned, kThreads>;
   using Reduce = cub::BlockReduce<unsigned, kThreads>;
   using D = typename DiffWord<ES>::type;
-  constexpr int kPer = kVecBytes / ES;       // elements a vector
+  constexpr int kPer = kVecBytes / ES;  // elements a vector
   __shared__ WarpTileShared<V> s;
   const int tile = static_cast<int>(blockIdx.x), ntiles = static_cast<int>(gridDim.x);
   const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -475,9 +507,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) find_tiles_warp(const st
   for (int g = 0; g < V; g += G) {
     uint4 va[G], vb[G];
 #pragma unroll
-    for (int j = 0; j < G; ++j) va[j] = load_vec<kVec>(a, base + (std::uint64_t(g + j) * kThreads + threadIdx.x) * kVecBytes, nbytes);
+    for (int j = 0; j < G; ++j)
+      va[j] = load_vec<kVec>(a, base + (std::uint64_t(g + j) * kThreads + threadIdx.x) * kVecBytes, nbytes);
 #pragma unroll
-    for (int j = 0; j < G; ++j) vb[j] = load_vec<kVec>(b, base + (std::uint64_t(g + j) * kThreads + threadIdx.x) * kVecBytes, nbytes);
+    for (int j = 0; j < G; ++j)
+      vb[j] = load_vec<kVec>(b, base + (std::uint64_t(g + j) * kThreads + threadIdx.x) * kVecBytes, nbytes);
 #pragma unroll
     for (int j = 0; j < G; ++j) {
       const int k = g + j;
@@ -500,7 +534,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) find_tiles_warp(const st
   const unsigned long long first = s.first;
   const std::uint64_t e_tile = base / ES;
   // warp 0's first in each even row is a rank tile's first
-  record_tile<V>(o, base, e_tile, tile, ntiles, first, tile_count, tile_bytes, [&](int k) { return s.row[k * kWarps]; });
+  record_tile<V>(o, base, e_tile, tile, ntiles, first, tile_count, tile_bytes,
+                 [&](int k) { return s.row[k * kWarps]; });
 
   D* diff = static_cast<D*>(o.diff);
   const unsigned below = (1u << lane) - 1;
@@ -514,7 +549,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) find_tiles_warp(const st
     const unsigned c = __popc(m);
     unsigned to = s.row[k * kWarps + warp];
 #pragma unroll
-    for (int bit = 0; (1 << bit) <= kPer; ++bit) to += static_cast<unsigned>(__popc(__ballot_sync(0xffffffffu, c >> bit & 1u) & below)) << bit;
+    for (int bit = 0; (1 << bit) <= kPer; ++bit)
+      to += static_cast<unsigned>(__popc(__ballot_sync(0xffffffffu, c >> bit & 1u) & below)) << bit;
     // The lane's vector: elements e_v .. e_v + P - 1, each change written in
     // order to consecutive places after those of the lanes below.
     const std::uint64_t e_v = (base + (std::uint64_t(k) * kThreads + threadIdx.x) * kVecBytes) / ES;
@@ -533,8 +569,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) find_tiles_warp(const st
 // The floor for tiles' loads: both inputs read as a tile reads them, and
 // only their changed bytes counted (one atomic add per tile).
 template <bool kVec, int V, int kMinBlocks>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) read_tiles(const std::uint8_t* a, const std::uint8_t* b, std::uint64_t nbytes,
-                                                                   unsigned long long* total) {
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
+    read_tiles(const std::uint8_t* a, const std::uint8_t* b, std::uint64_t nbytes, unsigned long long* total) {
   using Reduce = cub::BlockReduce<unsigned, kThreads>;
   __shared__ typename Reduce::TempStorage tmp;
   uint4 va[V], vb[V];
@@ -587,7 +623,9 @@ struct MakeChange {
 
 struct IsChange {
   template <class C>
-  __host__ __device__ bool operator()(const C& c) const { return c.nb != 0; }
+  __host__ __device__ bool operator()(const C& c) const {
+    return c.nb != 0;
+  }
 };
 
 // Where DeviceSelect writes change j: its place in the per-change arrays
@@ -625,7 +663,8 @@ __device__ inline unsigned long long lower_bound(const std::uint32_t* index, uns
 }
 
 // Each chunk's and rank tile's first change from the selected indices.
-__global__ void bounds(const std::uint32_t* index, const unsigned long long* selected, FindOut o, std::uint64_t rank_elements) {
+__global__ void bounds(const std::uint32_t* index, const unsigned long long* selected, FindOut o,
+                       std::uint64_t rank_elements) {
   const std::uint64_t i = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const unsigned long long all = *selected, k = all < o.cap ? all : o.cap;
   if (i == 0) *o.total = all;
@@ -640,7 +679,8 @@ __global__ void bounds(const std::uint32_t* index, const unsigned long long* sel
 // counted by context, a block per chunk; contexts counted once per warp
 // (runs of one context are common).
 template <int ES>
-__global__ void __launch_bounds__(kThreads) sample_chunks(const std::uint8_t* a, std::uint64_t n, ContextField f, std::uint32_t* sample) {
+__global__ void __launch_bounds__(kThreads)
+    sample_chunks(const std::uint8_t* a, std::uint64_t n, ContextField f, std::uint32_t* sample) {
   __shared__ std::uint32_t hist[256];
   hist[threadIdx.x] = 0;
   __syncthreads();
@@ -653,7 +693,8 @@ __global__ void __launch_bounds__(kThreads) sample_chunks(const std::uint8_t* a,
     const bool in = e < n;
     const unsigned c = in ? rules::context_of(rules::load_element(a + e * ES, ES), f) : 256 + lane;
     const unsigned same = __match_any_sync(0xffffffffu, c);
-    if (in && lane == static_cast<unsigned>(__ffs(same) - 1)) atomicAdd(&hist[c], static_cast<std::uint32_t>(__popc(same)));
+    if (in && lane == static_cast<unsigned>(__ffs(same) - 1))
+      atomicAdd(&hist[c], static_cast<std::uint32_t>(__popc(same)));
   }
   __syncthreads();
   sample[blockIdx.x * 256ull + threadIdx.x] = hist[threadIdx.x];
@@ -665,10 +706,14 @@ __global__ void __launch_bounds__(kThreads) sample_chunks(const std::uint8_t* a,
 struct Counts {
   unsigned long long g03 = 0, g47 = 0;
   __host__ __device__ void add_group(unsigned g) { (g < 4 ? g03 : g47) += 1ull << (16 * (g % 4)); }
-  __host__ __device__ unsigned group(unsigned g) const { return static_cast<unsigned>(((g < 4 ? g03 : g47) >> (16 * (g % 4))) & 0xffff); }
+  __host__ __device__ unsigned group(unsigned g) const {
+    return static_cast<unsigned>(((g < 4 ? g03 : g47) >> (16 * (g % 4))) & 0xffff);
+  }
 };
 struct AddCounts {
-  __host__ __device__ Counts operator()(const Counts& x, const Counts& y) const { return {x.g03 + y.g03, x.g47 + y.g47}; }
+  __host__ __device__ Counts operator()(const Counts& x, const Counts& y) const {
+    return {x.g03 + y.g03, x.g47 + y.g47};
+  }
 };
 // The tiles' counts summed within their chunk: a scan that starts again at
 // each chunk (chunks only grow along the tiles, so this is associative).
@@ -691,9 +736,9 @@ using RankPrefix = cub::TilePrefixCallbackOp<ChunkCounts, AddInChunk, RankState>
 // it in its tile, and its thread's elements before it. A tile's changes are
 // changes [tile_start[tile], tile_start[tile + 1]) (find()'s rank_start).
 template <int ES, bool kVec>
-__global__ void __launch_bounds__(kThreads) rank_changes(const std::uint8_t* a, std::uint64_t nbytes, ContextField f,
-                                                         const ContextGroups* groups, const unsigned long long* tile_start,
-                                                         const std::uint32_t* pos, RankState state, std::uint32_t* rank) {
+__global__ void __launch_bounds__(kThreads)
+    rank_changes(const std::uint8_t* a, std::uint64_t nbytes, ContextField f, const ContextGroups* groups,
+                 const unsigned long long* tile_start, const std::uint32_t* pos, RankState state, std::uint32_t* rank) {
   using Scan = cub::BlockScan<Counts, kThreads>;
   constexpr int kPer = kThreadBytes / ES;
   constexpr int kTileElements = kRankTileBytes / ES;
@@ -805,7 +850,7 @@ struct ChangeFinder::Impl {
   std::uint32_t* rank = nullptr;
   ContextGroups* groups = nullptr;
   std::uint8_t* tile_state = nullptr;
-  std::uint8_t* temp = nullptr;              // CUB's
+  std::uint8_t* temp = nullptr;               // CUB's
   unsigned long long* host_counts = nullptr;  // page-locked
   unsigned long long* read_total = nullptr;   // read_floor()'s count, and its page-locked copy
   unsigned long long* host_read_total = nullptr;
@@ -813,10 +858,11 @@ struct ChangeFinder::Impl {
               cap_sample = 0, cap_rank = 0, cap_groups = 0, cap_tile_state = 0, cap_temp = 0, cap_host_counts = 0;
 
   ~Impl() {
-    for (void* p : {static_cast<void*>(pos), static_cast<void*>(diff), static_cast<void*>(ctx), static_cast<void*>(index),
-                    static_cast<void*>(nb), static_cast<void*>(counts), static_cast<void*>(rank_start), static_cast<void*>(sample),
-                    static_cast<void*>(rank), static_cast<void*>(groups), static_cast<void*>(tile_state), static_cast<void*>(temp),
-                    static_cast<void*>(read_total)})
+    for (void* p :
+         {static_cast<void*>(pos), static_cast<void*>(diff), static_cast<void*>(ctx), static_cast<void*>(index),
+          static_cast<void*>(nb), static_cast<void*>(counts), static_cast<void*>(rank_start),
+          static_cast<void*>(sample), static_cast<void*>(rank), static_cast<void*>(groups),
+          static_cast<void*>(tile_state), static_cast<void*>(temp), static_cast<void*>(read_total)})
       if (p) cudaFree(p);
     if (host_counts) cudaFreeHost(host_counts);
     if (host_read_total) cudaFreeHost(host_read_total);
@@ -890,7 +936,8 @@ void launch_tiles(const DeviceTensor& t, ChangeFinder::Impl& im, bool context, c
       kernel<<<blocks, kThreads, 0, im.stream>>>(a, b, t.nbytes, t.field, s, o, ntiles, next_tile);
     } else if constexpr (kWarp) {
       // context's kernel keeps the base too (8 V registers of data): tiles' 2 blocks (tilesw64: 1)
-      find_tiles_warp<ES, kVec, kContext, V, kContext ? kContextMinBlocks : kMinBlocks><<<ntiles, kThreads, 0, im.stream>>>(a, b, t.nbytes, t.field, s, o);
+      find_tiles_warp<ES, kVec, kContext, V, kContext ? kContextMinBlocks : kMinBlocks>
+          <<<ntiles, kThreads, 0, im.stream>>>(a, b, t.nbytes, t.field, s, o);
     } else {
       find_tiles<ES, kVec, kContext, V, kMinBlocks><<<ntiles, kThreads, 0, im.stream>>>(a, b, t.nbytes, t.field, s, o);
     }
@@ -909,9 +956,10 @@ void launch_select(const DeviceTensor& t, ChangeFinder::Impl& im, bool context, 
   const auto* b = static_cast<const std::uint8_t*>(t.next);
   unsigned long long* selected = o.total + 1;
   auto go = [&]<bool kAligned, bool kContext>() {
-    const auto in = thrust::make_transform_iterator(thrust::counting_iterator<std::uint32_t>(0), MakeChange<ES, kAligned>{a, b, t.field});
-    const auto out = thrust::make_tabulate_output_iterator(
-        PutChange<ES, kContext>{o.pos, static_cast<typename DiffWord<ES>::type*>(o.diff), o.ctx, im.index, im.nb, o.cap});
+    const auto in = thrust::make_transform_iterator(thrust::counting_iterator<std::uint32_t>(0),
+                                                    MakeChange<ES, kAligned>{a, b, t.field});
+    const auto out = thrust::make_tabulate_output_iterator(PutChange<ES, kContext>{
+        o.pos, static_cast<typename DiffWord<ES>::type*>(o.diff), o.ctx, im.index, im.nb, o.cap});
     std::size_t bytes = 0;
     CK(cub::DeviceSelect::If(nullptr, bytes, in, out, selected, static_cast<std::int64_t>(n), IsChange{}, im.stream));
     grow(im.temp, im.cap_temp, bytes);
@@ -927,18 +975,18 @@ void launch_select(const DeviceTensor& t, ChangeFinder::Impl& im, bool context, 
                                                                                                  kRankTileBytes / ES);
   CK(cudaGetLastError());
   std::size_t bytes = 0;
-  CK(cub::DeviceSegmentedReduce::Sum(nullptr, bytes, im.nb, o.chunk_bytes, static_cast<std::int64_t>(o.chunks), o.chunk_start,
-                                     o.chunk_start + 1, im.stream));
+  CK(cub::DeviceSegmentedReduce::Sum(nullptr, bytes, im.nb, o.chunk_bytes, static_cast<std::int64_t>(o.chunks),
+                                     o.chunk_start, o.chunk_start + 1, im.stream));
   grow(im.temp, im.cap_temp, bytes);
   bytes = im.cap_temp;
-  CK(cub::DeviceSegmentedReduce::Sum(im.temp, bytes, im.nb, o.chunk_bytes, static_cast<std::int64_t>(o.chunks), o.chunk_start,
-                                     o.chunk_start + 1, im.stream));
+  CK(cub::DeviceSegmentedReduce::Sum(im.temp, bytes, im.nb, o.chunk_bytes, static_cast<std::int64_t>(o.chunks),
+                                     o.chunk_start, o.chunk_start + 1, im.stream));
 }
 
 template <int ES>
 void launch_sample(const DeviceTensor& t, ChangeFinder::Impl& im, std::uint64_t chunks) {
-  sample_chunks<ES><<<static_cast<unsigned>(chunks), kThreads, 0, im.stream>>>(static_cast<const std::uint8_t*>(t.base), t.nbytes / ES,
-                                                                               t.field, im.sample);
+  sample_chunks<ES><<<static_cast<unsigned>(chunks), kThreads, 0, im.stream>>>(static_cast<const std::uint8_t*>(t.base),
+                                                                               t.nbytes / ES, t.field, im.sample);
   CK(cudaGetLastError());
 }
 
@@ -948,19 +996,25 @@ void launch_rank(const DeviceTensor& t, ChangeFinder::Impl& im) {
   const RankState s = tile_state<RankState>(im, ntiles);
   const auto* a = static_cast<const std::uint8_t*>(t.base);
   if (aligned(a, 16))
-    rank_changes<ES, true><<<ntiles, kThreads, 0, im.stream>>>(a, t.nbytes, t.field, im.groups, im.rank_start, im.pos, s, im.rank);
+    rank_changes<ES, true>
+        <<<ntiles, kThreads, 0, im.stream>>>(a, t.nbytes, t.field, im.groups, im.rank_start, im.pos, s, im.rank);
   else
-    rank_changes<ES, false><<<ntiles, kThreads, 0, im.stream>>>(a, t.nbytes, t.field, im.groups, im.rank_start, im.pos, s, im.rank);
+    rank_changes<ES, false>
+        <<<ntiles, kThreads, 0, im.stream>>>(a, t.nbytes, t.field, im.groups, im.rank_start, im.pos, s, im.rank);
   CK(cudaGetLastError());
 }
 
 template <class F>
 void by_es(std::size_t es, F&& f) {
   switch (es) {
-    case 1: return f.template operator()<1>();
-    case 2: return f.template operator()<2>();
-    case 4: return f.template operator()<4>();
-    case 8: return f.template operator()<8>();
+    case 1:
+      return f.template operator()<1>();
+    case 2:
+      return f.template operator()<2>();
+    case 4:
+      return f.template operator()<4>();
+    case 8:
+      return f.template operator()<8>();
   }
   fail(Exit::failure, "CUDA change finder: element size " + std::to_string(es));
 }
@@ -984,7 +1038,8 @@ void ChangeFinder::find(const DeviceTensor& tensor, bool context, Found& out) {
   Impl& im = *impl_;
   const DeviceTensor t = usable(tensor);
   if (t.es != rules::chunked_elem_size(t.es, t.nbytes))
-    fail(Exit::failure, "CUDA change finder: element size " + std::to_string(t.es) + " for a " + std::to_string(t.nbytes) + "-byte tensor");
+    fail(Exit::failure, "CUDA change finder: element size " + std::to_string(t.es) + " for a " +
+                            std::to_string(t.nbytes) + "-byte tensor");
   const std::uint64_t n = t.nbytes / t.es, chunks = rules::chunk_count(n);
   const std::uint64_t nrank = (t.nbytes + kRankTileBytes - 1) / kRankTileBytes;
   const bool select = design_ == Design::select && n < (std::uint64_t{1} << 32);
@@ -1016,8 +1071,9 @@ void ChangeFinder::find(const DeviceTensor& tensor, bool context, Found& out) {
     }
     CK(cudaEventRecord(im.ev[0], im.stream));
     if (n) {
-      const FindOut o{im.pos, im.diff, im.ctx, room, im.counts, im.counts + chunks + 1, im.counts + 2 * chunks + 1, chunks,
-                      im.rank_start, nrank};
+      const FindOut o{
+          im.pos, im.diff,       im.ctx, room, im.counts, im.counts + chunks + 1, im.counts + 2 * chunks + 1,
+          chunks, im.rank_start, nrank};
       if (select)
         by_es(t.es, [&]<int ES>() { launch_select<ES>(t, im, context, o); });
       else if (design_ == Design::small_tiles)
@@ -1027,7 +1083,9 @@ void ChangeFinder::find(const DeviceTensor& tensor, bool context, Found& out) {
       else if (design_ == Design::warp_tiles)
         by_es(t.es, [&]<int ES>() { launch_tiles<ES, 8, kWarpMinBlocks, false, true>(t, im, context, o); });
       else if (design_ == Design::warp_tiles64)
-        by_es(t.es, [&]<int ES>() { launch_tiles<ES, kWarp64V, kWarp64MinBlocks, false, true, kWarp64ContextMinBlocks>(t, im, context, o); });
+        by_es(t.es, [&]<int ES>() {
+          launch_tiles<ES, kWarp64V, kWarp64MinBlocks, false, true, kWarp64ContextMinBlocks>(t, im, context, o);
+        });
       else if (design_ == Design::warp_tiles4)
         by_es(t.es, [&]<int ES>() { launch_tiles<ES, kWarp4V, kWarp4MinBlocks, false, true>(t, im, context, o); });
       else
@@ -1038,7 +1096,8 @@ void ChangeFinder::find(const DeviceTensor& tensor, bool context, Found& out) {
       CK(cudaMemsetAsync(im.rank_start, 0, sizeof(unsigned long long), im.stream));
     }
     CK(cudaEventRecord(im.ev[1], im.stream));
-    CK(cudaMemcpyAsync(counts, im.counts, (2 * chunks + 2) * sizeof(unsigned long long), cudaMemcpyDeviceToHost, im.stream));
+    CK(cudaMemcpyAsync(counts, im.counts, (2 * chunks + 2) * sizeof(unsigned long long), cudaMemcpyDeviceToHost,
+                       im.stream));
     CK(cudaStreamSynchronize(im.stream));
     if (counts[2 * chunks + 1] <= room) break;
     room = counts[2 * chunks + 1];  // too many for the room: again, with room for all
@@ -1078,10 +1137,12 @@ std::uint64_t ChangeFinder::read_floor(const DeviceTensor& tensor) {
   if (t.nbytes) {
     if (design_ == Design::small_tiles || design_ == Design::pipelined_tiles || design_ == Design::warp_tiles4) {
       const int ntiles = tile_count(t.nbytes, kTileBytes<4>);
-      (vec ? read_tiles<true, 4, 3> : read_tiles<false, 4, 3>)<<<ntiles, kThreads, 0, im.stream>>>(a, b, t.nbytes, im.read_total);
+      (vec ? read_tiles<true, 4, 3> : read_tiles<false, 4, 3>)<<<ntiles, kThreads, 0, im.stream>>>(a, b, t.nbytes,
+                                                                                                   im.read_total);
     } else {
       const int ntiles = tile_count(t.nbytes, kTileBytes<8>);
-      (vec ? read_tiles<true, 8, 2> : read_tiles<false, 8, 2>)<<<ntiles, kThreads, 0, im.stream>>>(a, b, t.nbytes, im.read_total);
+      (vec ? read_tiles<true, 8, 2> : read_tiles<false, 8, 2>)<<<ntiles, kThreads, 0, im.stream>>>(a, b, t.nbytes,
+                                                                                                   im.read_total);
     }
     CK(cudaGetLastError());
   }
@@ -1121,7 +1182,8 @@ void ChangeFinder::apply(void* base, const Found& out) {
   Impl& im = *impl_;
   const std::uint64_t K = out.changes();
   if (K > im.room || out.chunks + 1 > im.cap_counts)
-    fail(Exit::failure, "CUDA change finder: apply() of " + std::to_string(K) + " changes, not those of the last find()");
+    fail(Exit::failure,
+         "CUDA change finder: apply() of " + std::to_string(K) + " changes, not those of the last find()");
   if (!K) return;
   const unsigned blocks = static_cast<unsigned>(std::min<std::uint64_t>((K + kThreads - 1) / kThreads, 65535));
   apply_kernel<<<blocks, kThreads, 0, im.stream>>>(static_cast<std::uint8_t*>(base), out.es, im.pos, im.diff, im.counts,
@@ -1134,8 +1196,8 @@ void ChangeFinder::rank(const DeviceTensor& tensor, std::span<const ContextGroup
   Impl& im = *impl_;
   const DeviceTensor t = usable(tensor);
   if (groups.size() != out.chunks || out.elements != t.nbytes / t.es)
-    fail(Exit::failure, "CUDA change finder: rank() of " + std::to_string(groups.size()) + " chunks' groups after find() of " +
-                            std::to_string(out.chunks));
+    fail(Exit::failure, "CUDA change finder: rank() of " + std::to_string(groups.size()) +
+                            " chunks' groups after find() of " + std::to_string(out.chunks));
   for (const ContextGroups& g : groups)
     if (g.G < 1 || g.G > kMaxGroups)
       fail(Exit::failure, "CUDA change finder: " + std::to_string(g.G) + " context groups (this path ranks up to " +

@@ -72,7 +72,9 @@ struct HostAllocator {
   }
   HostAllocator select_on_container_copy_construction() const { return {}; }
   template <class U>
-  bool operator==(const HostAllocator<U>& o) const { return mem == o.mem; }
+  bool operator==(const HostAllocator<U>& o) const {
+    return mem == o.mem;
+  }
 };
 template <class T>
 using HostVector = std::vector<T, HostAllocator<T>>;
@@ -81,14 +83,14 @@ using HostVector = std::vector<T, HostAllocator<T>>;
 struct Found {
   std::size_t es = 1;
   std::uint64_t elements = 0, chunks = 0;
-  HostVector<std::uint64_t> start;        // chunks + 1: each chunk's first change
-  HostVector<std::uint64_t> bytes;        // per chunk: changed bytes
-  HostVector<std::uint32_t> pos;          // per change: its element in its chunk
-  HostVector<std::uint8_t> diff;          // per change: new - old, es bytes
-  HostVector<std::uint8_t> ctx;           // context: per change, its base context
-  HostVector<std::uint32_t> sample;       // context: per chunk, 256 sampled-context counts
-  HostVector<std::uint32_t> rank;         // context, after rank(): per change
-  std::uint64_t host_bytes = 0;           // bytes copied from the device to get here
+  HostVector<std::uint64_t> start;   // chunks + 1: each chunk's first change
+  HostVector<std::uint64_t> bytes;   // per chunk: changed bytes
+  HostVector<std::uint32_t> pos;     // per change: its element in its chunk
+  HostVector<std::uint8_t> diff;     // per change: new - old, es bytes
+  HostVector<std::uint8_t> ctx;      // context: per change, its base context
+  HostVector<std::uint32_t> sample;  // context: per chunk, 256 sampled-context counts
+  HostVector<std::uint32_t> rank;    // context, after rank(): per change
+  std::uint64_t host_bytes = 0;      // bytes copied from the device to get here
   std::uint64_t changes() const { return start.empty() ? 0 : start.back(); }
   // Chunk c as the encoders take it (views into this).
   FoundChunk chunk(std::uint64_t c) const;
@@ -123,10 +125,10 @@ const char* name(Design d);
 
 // Time of the last find() or rank(), in milliseconds, by step (device events).
 struct Timing {
-  float find_ms = 0;          // on the device: from the inputs to the changes in device memory (find), or ranks (rank)
-  float copy_ms = 0;          // the copies of the changes (and counts) to the host's page-locked memory
-  float total_ms = 0;         // all of it, with find's wait for the count of changes
-  bool found_again = false;   // find: more changes than room for them, found again with room
+  float find_ms = 0;         // on the device: from the inputs to the changes in device memory (find), or ranks (rank)
+  float copy_ms = 0;         // the copies of the changes (and counts) to the host's page-locked memory
+  float total_ms = 0;        // all of it, with find's wait for the count of changes
+  bool found_again = false;  // find: more changes than room for them, found again with room
 };
 
 // Finds changes on the current CUDA device; holds its scratch memory (grown

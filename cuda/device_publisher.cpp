@@ -98,8 +98,9 @@ DevicePublisher::Base& DevicePublisher::base_for(const DeviceTensorBytes& t, con
     for (const TensorInfo& ti : s.header.tensors) {
       if (ti.name != t.name) continue;
       if (ti.nbytes() != t.nbytes)
-        fail(Exit::failure, "tensor '" + std::string(t.name) + "': " + std::to_string(ti.nbytes()) + " bytes in mirror " +
-                                p_.mirror().string() + ", " + std::to_string(t.nbytes) + " given");
+        fail(Exit::failure, "tensor '" + std::string(t.name) + "': " + std::to_string(ti.nbytes()) +
+                                " bytes in mirror " + p_.mirror().string() + ", " + std::to_string(t.nbytes) +
+                                " given");
       const File f(c.dir / s.file, File::Mode::read);
       constexpr std::uint64_t kBlock = 64u << 20;
       std::vector<std::uint8_t> buf(std::min(kBlock, t.nbytes));
@@ -134,8 +135,9 @@ void DevicePublisher::put(const DeviceTensorBytes& t) {
     if (e != cudaSuccess || (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged))
       fail(Exit::usage, where + ": not in CUDA device memory");
     if (a.device != device_)
-      fail(Exit::usage, where + ": on CUDA device " + std::to_string(a.device) + ", but this publisher's tensors are on device " +
-                            std::to_string(device_) + " (one device per publisher)");
+      fail(Exit::usage, where + ": on CUDA device " + std::to_string(a.device) +
+                            ", but this publisher's tensors are on device " + std::to_string(device_) +
+                            " (one device per publisher)");
   }
   // Checks name, dtype, shape and size, starts the version; the mirror's record of the tensor.
   const std::optional<Hash128> record = p_.found_base(t.name, t.dtype, t.shape, t.nbytes);

@@ -39,7 +39,8 @@ std::vector<FoundChunk> chunks_of(const Found& f) {
 std::vector<std::uint8_t> sparse_entry(const Found& f, std::uint64_t nbytes, int level) {
   std::vector<std::uint8_t> out;
   Compressor comp(level);
-  encode_sparse_found(comp, f.es, nbytes, chunks_of(f), [&](std::span<const std::uint8_t> s) { out.insert(out.end(), s.begin(), s.end()); });
+  encode_sparse_found(comp, f.es, nbytes, chunks_of(f),
+                      [&](std::span<const std::uint8_t> s) { out.insert(out.end(), s.begin(), s.end()); });
   return out;
 }
 

@@ -14,7 +14,8 @@
 namespace hfdelta::gpu {
 
 // find(): changes, their differences and contexts, each chunk's sample.
-inline Found reference_find(std::span<const std::uint8_t> a, std::span<const std::uint8_t> b, std::size_t es, ContextField f) {
+inline Found reference_find(std::span<const std::uint8_t> a, std::span<const std::uint8_t> b, std::size_t es,
+                            ContextField f) {
   f = usable_field(f, es);
   Found r;
   r.es = es;
@@ -25,7 +26,8 @@ inline Found reference_find(std::span<const std::uint8_t> a, std::span<const std
   r.sample.assign(256 * r.chunks, 0);
   for (std::uint64_t e = 0; e < r.elements; ++e) {
     const std::uint64_t c = rules::chunk_of(e);
-    const std::uint64_t va = rules::load_element(a.data() + e * es, es), vb = rules::load_element(b.data() + e * es, es);
+    const std::uint64_t va = rules::load_element(a.data() + e * es, es),
+                        vb = rules::load_element(b.data() + e * es, es);
     if (rules::sampled(rules::index_in_chunk(e))) ++r.sample[256 * c + rules::context_of(va, f)];
     if (!rules::changed(va, vb)) continue;
     ++r.start[c + 1];
@@ -40,8 +42,8 @@ inline Found reference_find(std::span<const std::uint8_t> a, std::span<const std
 }
 
 // The CPU path's entry of a pair, what the found changes' must equal.
-inline std::vector<std::uint8_t> cpu_entry(std::span<const std::uint8_t> a, std::span<const std::uint8_t> b, std::size_t es,
-                                           ContextField f, bool context) {
+inline std::vector<std::uint8_t> cpu_entry(std::span<const std::uint8_t> a, std::span<const std::uint8_t> b,
+                                           std::size_t es, ContextField f, bool context) {
   Compressor c(3);
   std::vector<std::uint8_t> out;
   const ByteSink sink = [&](std::span<const std::uint8_t> s) { out.insert(out.end(), s.begin(), s.end()); };
@@ -53,7 +55,8 @@ inline std::vector<std::uint8_t> cpu_entry(std::span<const std::uint8_t> a, std:
 }
 
 // rank(): each change's count of base elements of its group before it in its chunk.
-inline void reference_rank(std::span<const std::uint8_t> a, ContextField f, std::span<const ContextGroups> groups, Found& r) {
+inline void reference_rank(std::span<const std::uint8_t> a, ContextField f, std::span<const ContextGroups> groups,
+                           Found& r) {
   f = usable_field(f, r.es);
   r.rank.assign(r.changes(), 0);
   for (std::uint64_t c = 0; c < r.chunks; ++c) {
@@ -61,7 +64,8 @@ inline void reference_rank(std::span<const std::uint8_t> a, ContextField f, std:
     std::uint64_t seen[kContextMaxGroups] = {}, j = r.start[c];
     const std::uint64_t e0 = c * kSparseChunkElements, e1 = std::min(r.elements, e0 + kSparseChunkElements);
     for (std::uint64_t e = e0; e < e1; ++e) {
-      const unsigned g = rules::group_of(rules::context_of(rules::load_element(a.data() + e * r.es, r.es), f), gs.lo, gs.G);
+      const unsigned g =
+          rules::group_of(rules::context_of(rules::load_element(a.data() + e * r.es, r.es), f), gs.lo, gs.G);
       if (j < r.start[c + 1] && r.pos[j] == e - e0) r.rank[j++] = static_cast<std::uint32_t>(seen[g]);
       ++seen[g];
     }

@@ -29,17 +29,17 @@
 #include <string>
 #include <vector>
 
-#include <boost/filesystem.hpp>
 #include <cuda_runtime.h>
+#include <boost/filesystem.hpp>
 
 #include "change_finder.hpp"
 #include "device_publisher.hpp"
-#include "hfdelta/apply.hpp"
-#include "hfdelta/io.hpp"
-#include "hfdelta/publisher.hpp"
 #include "found_reference.hpp"
+#include "hfdelta/apply.hpp"
 #include "hfdelta/codec.hpp"
 #include "hfdelta/error.hpp"
+#include "hfdelta/io.hpp"
+#include "hfdelta/publisher.hpp"
 #include "hfdelta/safetensors.hpp"
 
 using namespace hfdelta;
@@ -87,10 +87,10 @@ struct Case {
   std::size_t offset;
 };
 
-constexpr gpu::Design kAllDesigns[] = {gpu::Design::tiles, gpu::Design::small_tiles, gpu::Design::select,
-                                       gpu::Design::pipelined_tiles, gpu::Design::warp_tiles, gpu::Design::warp_tiles64,
-                                       gpu::Design::warp_tiles4};  // the newest last
-std::vector<gpu::Design> designs(std::begin(kAllDesigns), std::end(kAllDesigns));  // --design: one
+constexpr gpu::Design kAllDesigns[] = {
+    gpu::Design::tiles,      gpu::Design::small_tiles,  gpu::Design::select,     gpu::Design::pipelined_tiles,
+    gpu::Design::warp_tiles, gpu::Design::warp_tiles64, gpu::Design::warp_tiles4};  // the newest last
+std::vector<gpu::Design> designs(std::begin(kAllDesigns), std::end(kAllDesigns));   // --design: one
 
 std::vector<gpu::ChangeFinder> finders_of(const std::vector<gpu::Design>& ds) {
   std::vector<gpu::ChangeFinder> fs(ds.size());
@@ -127,8 +127,9 @@ int check_case(std::vector<gpu::ChangeFinder>& finders, const Case& k) {
         error = e.what();
       }
       const bool same = error.empty() && got == want;
-      std::printf("%s %-7s %-7s  %s  (%llu changes, entry %zu bytes)\n", same ? "PASS" : "FAIL", context ? "context" : "sparse",
-                  gpu::name(designs[di]), name, static_cast<unsigned long long>(f.changes()), want.size());
+      std::printf("%s %-7s %-7s  %s  (%llu changes, entry %zu bytes)\n", same ? "PASS" : "FAIL",
+                  context ? "context" : "sparse", gpu::name(designs[di]), name,
+                  static_cast<unsigned long long>(f.changes()), want.size());
       if (!same) {
         ++failures;
         if (!error.empty()) {
@@ -136,13 +137,16 @@ int check_case(std::vector<gpu::ChangeFinder>& finders, const Case& k) {
           continue;
         }
         const gpu::Found r = gpu::reference_find(p.base, p.next, l.es, l.field);
-        std::printf("     entry %zu bytes, CPU's %zu, first difference at byte %zu; changes %llu, reference %llu; starts %s, "
-                    "changed bytes %s, positions %s, differences %s\n",
-                    got.size(), want.size(), first_difference(got, want), static_cast<unsigned long long>(f.changes()),
-                    static_cast<unsigned long long>(r.changes()), f.start == r.start ? "same" : "differ",
-                    f.bytes == r.bytes ? "same" : "differ", f.pos == r.pos ? "same" : "differ", f.diff == r.diff ? "same" : "differ");
+        std::printf(
+            "     entry %zu bytes, CPU's %zu, first difference at byte %zu; changes %llu, reference %llu; starts %s, "
+            "changed bytes %s, positions %s, differences %s\n",
+            got.size(), want.size(), first_difference(got, want), static_cast<unsigned long long>(f.changes()),
+            static_cast<unsigned long long>(r.changes()), f.start == r.start ? "same" : "differ",
+            f.bytes == r.bytes ? "same" : "differ", f.pos == r.pos ? "same" : "differ",
+            f.diff == r.diff ? "same" : "differ");
         if (context && f.pos == r.pos)
-          std::printf("     contexts %s, sample %s\n", f.ctx == r.ctx ? "same" : "differ", f.sample == r.sample ? "same" : "differ");
+          std::printf("     contexts %s, sample %s\n", f.ctx == r.ctx ? "same" : "differ",
+                      f.sample == r.sample ? "same" : "differ");
       }
     }
   }
@@ -163,12 +167,19 @@ int identity() {
     cases.push_back({"F8_E5M2", M + 4097, density, 0});
   }
   const Case odd[] = {
-      {"BF16", 2, 1.0, 0},           {"BF16", 2 * 31, 0.1, 0},       {"BF16", 2 * 33, 0.1, 0},   {"BF16", 2 * 4099, 0.01, 0},
+      {"BF16", 2, 1.0, 0},
+      {"BF16", 2 * 31, 0.1, 0},
+      {"BF16", 2 * 33, 0.1, 0},
+      {"BF16", 2 * 4099, 0.01, 0},
       {"BF16", 2 * 4099 + 1, 0.1, 0},  // odd bytes: 1-byte elements, no field
       {"BF16", 2 * (M + 3), 0.01, 2},  // unaligned pointers
-      {"F32", 4 * 100003, 0.05, 4},    {"F8_E4M3", 1000001, 0.02, 1},  {"F64", 8 * 300001, 0.1, 0}, {"I32", 4 * 250000, 0.1, 0},
-      {"BF16", 2 * 100000, 0.0, 0},    {"BF16", 2 * 65536, 1.0, 0},
-      {"F32", 4 * 5000, 0.01, 1},      // pointers not aligned to the element
+      {"F32", 4 * 100003, 0.05, 4},
+      {"F8_E4M3", 1000001, 0.02, 1},
+      {"F64", 8 * 300001, 0.1, 0},
+      {"I32", 4 * 250000, 0.1, 0},
+      {"BF16", 2 * 100000, 0.0, 0},
+      {"BF16", 2 * 65536, 1.0, 0},
+      {"F32", 4 * 5000, 0.01, 1},  // pointers not aligned to the element
   };
   cases.insert(cases.end(), std::begin(odd), std::end(odd));
   int failures = 0;
@@ -197,7 +208,8 @@ void write_save(const fs::path& dir, const Save& save) {
   f.pwrite_all(l.prefix.data(), l.prefix.size(), 0);
   for (const TensorInfo& ti : l.tensors)
     for (const GenTensor& t : save)
-      if (t.name == ti.name && !t.bytes.empty()) f.pwrite_all(t.bytes.data(), t.bytes.size(), l.prefix.size() + ti.begin);
+      if (t.name == ti.name && !t.bytes.empty())
+        f.pwrite_all(t.bytes.data(), t.bytes.size(), l.prefix.size() + ti.begin);
 }
 
 // Version 0 at random; each next version changes about 1% of every tensor's
@@ -280,7 +292,8 @@ int expect_code(const std::function<void()>& f, Exit want, const char* what) {
       std::printf("PASS refused: %s (%s)\n", what, e.what());
       return 0;
     }
-    std::printf("FAIL refused: %s: exit %d, not %d (%s)\n", what, static_cast<int>(e.code()), static_cast<int>(want), e.what());
+    std::printf("FAIL refused: %s: exit %d, not %d (%s)\n", what, static_cast<int>(e.code()), static_cast<int>(want),
+                e.what());
     return 1;
   }
   std::printf("FAIL refused: %s: not refused\n", what);
@@ -338,19 +351,21 @@ int publisher_check() {
       std::string why;
       const bool same = same_tree(sa.out, sb.out, why);
       const bool names = sa.out.filename() == sb.out.filename();
-      const bool advanced = pa.version() == v && pb.version() == v &&
-                            same_contents(mb / "model.safetensors", t / ("save" + std::to_string(v)) / "model.safetensors");
+      const bool advanced =
+          pa.version() == v && pb.version() == v &&
+          same_contents(mb / "model.safetensors", t / ("save" + std::to_string(v)) / "model.safetensors");
       const std::uint64_t loads = after.loads - mid.loads, host = after.host_bytes - mid.host_bytes;
       const bool ok = same && names && advanced && loads == want_loads && sb.diff.tensors_changed == N;
       failures += !ok;
-      std::printf("%s publisher %-7s version %zu: %s, %s, mirror %s; bases loaded %llu (want %llu); device->host %llu bytes "
-                  "for %llu tensor bytes (%.3f%%), %llu elements changed\n",
-                  ok ? "PASS" : "FAIL", enc, v, same ? "version directories identical" : ("versions DIFFER: " + why).c_str(),
-                  names ? sb.out.filename().string().c_str() : "OTHER NAMES", advanced ? "advanced" : "NOT ADVANCED",
-                  static_cast<unsigned long long>(loads), static_cast<unsigned long long>(want_loads),
-                  static_cast<unsigned long long>(host), static_cast<unsigned long long>(total),
-                  100.0 * static_cast<double>(host) / static_cast<double>(total),
-                  static_cast<unsigned long long>(sb.diff.elements_changed));
+      std::printf(
+          "%s publisher %-7s version %zu: %s, %s, mirror %s; bases loaded %llu (want %llu); device->host %llu bytes "
+          "for %llu tensor bytes (%.3f%%), %llu elements changed\n",
+          ok ? "PASS" : "FAIL", enc, v, same ? "version directories identical" : ("versions DIFFER: " + why).c_str(),
+          names ? sb.out.filename().string().c_str() : "OTHER NAMES", advanced ? "advanced" : "NOT ADVANCED",
+          static_cast<unsigned long long>(loads), static_cast<unsigned long long>(want_loads),
+          static_cast<unsigned long long>(host), static_cast<unsigned long long>(total),
+          100.0 * static_cast<double>(host) / static_cast<double>(total),
+          static_cast<unsigned long long>(sb.diff.elements_changed));
       (void)before;
     }
     std::printf("     %s: bases on the device %llu bytes (the tensors': %llu)\n", enc,
@@ -369,8 +384,11 @@ int publisher_check() {
     gpu::DevicePublisher dp(p);
     DeviceSave d(series[1]);
     const GenTensor& g = series[1][0];
-    failures += expect_code([&] { dp.put({g.name, g.dtype, g.shape, d.data[0], g.bytes.size()}); }, Exit::usage,
-                            "xor from device memory");
+    failures += expect_code(
+        [&] {
+          dp.put({g.name, g.dtype, g.shape, d.data[0], g.bytes.size()});
+        },
+        Exit::usage, "xor from device memory");
     PublisherOptions os = o;
     os.encoding = Encoding::sparse;
     const fs::path r2 = t / "root-host-pointer", m2 = t / "mirror-host-pointer";
@@ -378,8 +396,11 @@ int publisher_check() {
     init_local(t / "save0", m2, 0, ao);
     MemoryPublisher p2(r2, m2, os);
     gpu::DevicePublisher dp2(p2);
-    failures += expect_code([&] { dp2.put({g.name, g.dtype, g.shape, g.bytes.data(), g.bytes.size()}); }, Exit::usage,
-                            "host memory given as device memory");
+    failures += expect_code(
+        [&] {
+          dp2.put({g.name, g.dtype, g.shape, g.bytes.data(), g.bytes.size()});
+        },
+        Exit::usage, "host memory given as device memory");
   }
   boost::system::error_code ec;
   fs::remove_all(t, ec);
@@ -429,7 +450,9 @@ Measured measure(gpu::ChangeFinder& finder, const gpu::DeviceTensor& t, ContextF
   std::vector<float> find, copy, cfind, crank;
   for (int i = 0; i <= reps; ++i) {
     finder.find(t, false, f);
-    if (i) find.push_back(finder.timing().find_ms), copy.push_back(finder.timing().copy_ms), m.again |= finder.timing().found_again;
+    if (i)
+      find.push_back(finder.timing().find_ms), copy.push_back(finder.timing().copy_ms),
+          m.again |= finder.timing().found_again;
   }
   m.changes = f.changes(), m.host_bytes = f.host_bytes;
   gpu::Found fc;
@@ -448,9 +471,9 @@ bool throughput(std::uint64_t nbytes) {
   std::vector<gpu::ChangeFinder> finders = finders_of(designs);
   const int kReps = std::max(1, reps_wanted);
   bool goal_met = false;
-  std::printf("\n%-8s %7s %-7s | %8s | %8s %5s %7s %7s | %8s %5s %7s %7s | %9s %10s %8s %8s\n", "dtype", "density", "design",
-              "D2D GB/s", "find GB/s", "ratio", "find ms", "copy ms", "+ctx GB/s", "ratio", "ctx ms", "rank ms", "changes",
-              "to host B", "B/change", "host/N");
+  std::printf("\n%-8s %7s %-7s | %8s | %8s %5s %7s %7s | %8s %5s %7s %7s | %9s %10s %8s %8s\n", "dtype", "density",
+              "design", "D2D GB/s", "find GB/s", "ratio", "find ms", "copy ms", "+ctx GB/s", "ratio", "ctx ms",
+              "rank ms", "changes", "to host B", "B/change", "host/N");
   struct Row {
     const char* dtype;
     double density;
@@ -461,7 +484,8 @@ bool throughput(std::uint64_t nbytes) {
     // The row's name for --only: bf16-0.1, bf16-1, bf16-10, f32-1, f8-1.
     std::string key = r.dtype;
     key = key.substr(0, key.find('_'));
-    std::transform(key.begin(), key.end(), key.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    std::transform(key.begin(), key.end(), key.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
     char pct[32];
     std::snprintf(pct, sizeof pct, "-%g", 100 * r.density);
     key += pct;
@@ -484,8 +508,9 @@ bool throughput(std::uint64_t nbytes) {
           if (i) ms.push_back(reader.timing().find_ms);
         }
         const float read = median(ms);
-        std::printf("%-8s %6.2f%% %-7s | %8.0f | %8.0f %4.0f%% %7.3f %7s | (changed bytes counted: %llu)\n", r.dtype, 100 * r.density,
-                    "read", gb / copy, gb / read, 100 * copy / read, read, "-", static_cast<unsigned long long>(counted));
+        std::printf("%-8s %6.2f%% %-7s | %8.0f | %8.0f %4.0f%% %7.3f %7s | (changed bytes counted: %llu)\n", r.dtype,
+                    100 * r.density, "read", gb / copy, gb / read, 100 * copy / read, read, "-",
+                    static_cast<unsigned long long>(counted));
       }
       gpu::Found first;  // the first design's changes, which the others must equal
       for (std::size_t di = 0; di < designs.size(); ++di) {
@@ -495,16 +520,19 @@ bool throughput(std::uint64_t nbytes) {
           std::string agree;
           if (di == 0)
             first = f;
-          else if (first.chunks == f.chunks && (f.start != first.start || f.bytes != first.bytes || f.pos != first.pos || f.diff != first.diff))
+          else if (first.chunks == f.chunks &&
+                   (f.start != first.start || f.bytes != first.bytes || f.pos != first.pos || f.diff != first.diff))
             agree = "  (CHANGES DIFFER FROM tiles')";
           const double ratio = copy / m.find_ms, ratio_ctx = sparse_only ? 0.0 : copy / (m.ctx_ms + m.rank_ms);
-          std::printf("%-8s %6.2f%% %-7s | %8.0f | %8.0f %4.0f%% %7.3f %7.3f | %8.0f %4.0f%% %7.3f %7.3f | %9llu %10llu %8.2f %7.4f%%%s%s\n",
-                      r.dtype, 100 * r.density, gpu::name(designs[di]), gb / copy, gb / m.find_ms, 100 * ratio, m.find_ms,
-                      m.copy_ms, sparse_only ? 0.0 : gb / (m.ctx_ms + m.rank_ms), 100 * ratio_ctx, m.ctx_ms, m.rank_ms,
-                      static_cast<unsigned long long>(m.changes), static_cast<unsigned long long>(m.host_bytes),
-                      m.changes ? static_cast<double>(m.host_bytes) / static_cast<double>(m.changes) : 0.0,
-                      100.0 * static_cast<double>(m.host_bytes) / static_cast<double>(nbytes), m.again ? "  (found again)" : "",
-                      agree.c_str());
+          std::printf(
+              "%-8s %6.2f%% %-7s | %8.0f | %8.0f %4.0f%% %7.3f %7.3f | %8.0f %4.0f%% %7.3f %7.3f | %9llu %10llu %8.2f "
+              "%7.4f%%%s%s\n",
+              r.dtype, 100 * r.density, gpu::name(designs[di]), gb / copy, gb / m.find_ms, 100 * ratio, m.find_ms,
+              m.copy_ms, sparse_only ? 0.0 : gb / (m.ctx_ms + m.rank_ms), 100 * ratio_ctx, m.ctx_ms, m.rank_ms,
+              static_cast<unsigned long long>(m.changes), static_cast<unsigned long long>(m.host_bytes),
+              m.changes ? static_cast<double>(m.host_bytes) / static_cast<double>(m.changes) : 0.0,
+              100.0 * static_cast<double>(m.host_bytes) / static_cast<double>(nbytes), m.again ? "  (found again)" : "",
+              agree.c_str());
           if (r.dtype == std::string("BF16") && r.density == 0.01 && ratio >= 0.7) goal_met = true;
         } catch (const std::exception& e) {
           std::printf("%-8s %6.2f%% %-7s | ERROR: %s\n", r.dtype, 100 * r.density, gpu::name(designs[di]), e.what());
@@ -517,17 +545,18 @@ bool throughput(std::uint64_t nbytes) {
     }
     std::fflush(stdout);
   }
-  std::printf("(%.0f MiB tensors, medians of %d; GB/s: tensor bytes per second; D2D: cudaMemcpy device to device;\n"
-              " ratio: D2D time over find time; find: sparse's change finding on the device, from both inputs to the\n"
-              " changes and counts in device memory; copy ms: the copies of the changes to page-locked host memory;\n"
-              " ctx ms: context's find (with contexts and the sample), rank ms: its ranks on the device; +ctx GB/s:\n"
-              " over both; to host B: sparse's bytes copied to the host. tiles: one kernel, 32 KiB tiles; tiles16:\n"
-              " 16 KiB tiles; select: cub::DeviceSelect::If; tiles64: 16 KiB tiles, as many blocks as fit, each loading\n"
-              " its next tile before working on the one it has; tilesw (the default): 32 KiB tiles in at most 80\n"
-              " registers (sparse), each lane's place from its warp's by ballots; tilesw64: tilesw with 64 KiB tiles;\n"
-              " tilesw4: 16 KiB tiles in at most 64 registers (sparse); read: the floor for tiles' loads,\n"
-              " both inputs read as tiles reads them (32 KiB tiles) and only their changed bytes counted%s)\n",
-              static_cast<double>(nbytes) / (1 << 20), kReps, sparse_only ? "; --sparse: no context columns" : "");
+  std::printf(
+      "(%.0f MiB tensors, medians of %d; GB/s: tensor bytes per second; D2D: cudaMemcpy device to device;\n"
+      " ratio: D2D time over find time; find: sparse's change finding on the device, from both inputs to the\n"
+      " changes and counts in device memory; copy ms: the copies of the changes to page-locked host memory;\n"
+      " ctx ms: context's find (with contexts and the sample), rank ms: its ranks on the device; +ctx GB/s:\n"
+      " over both; to host B: sparse's bytes copied to the host. tiles: one kernel, 32 KiB tiles; tiles16:\n"
+      " 16 KiB tiles; select: cub::DeviceSelect::If; tiles64: 16 KiB tiles, as many blocks as fit, each loading\n"
+      " its next tile before working on the one it has; tilesw (the default): 32 KiB tiles in at most 80\n"
+      " registers (sparse), each lane's place from its warp's by ballots; tilesw64: tilesw with 64 KiB tiles;\n"
+      " tilesw4: 16 KiB tiles in at most 64 registers (sparse); read: the floor for tiles' loads,\n"
+      " both inputs read as tiles reads them (32 KiB tiles) and only their changed bytes counted%s)\n",
+      static_cast<double>(nbytes) / (1 << 20), kReps, sparse_only ? "; --sparse: no context columns" : "");
   return goal_met;
 }
 
@@ -557,7 +586,9 @@ int main(int argc, char** argv) {
         for (const gpu::Design x : kAllDesigns)
           if (d == gpu::name(x)) designs.push_back(x), known = true;
         if (!known) {
-          std::fprintf(stderr, "hfdelta-gpu-check: no design %s (tiles, tiles16, select, tiles64, tilesw, tilesw64, tilesw4)\n", d.c_str());
+          std::fprintf(stderr,
+                       "hfdelta-gpu-check: no design %s (tiles, tiles16, select, tiles64, tilesw, tilesw64, tilesw4)\n",
+                       d.c_str());
           return 2;
         }
       }
@@ -568,11 +599,13 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--sparse") == 0) {
       sparse_only = true;
     } else {
-      std::fprintf(stderr,
-                   "usage: hfdelta-gpu-check [--identity | --publisher | --throughput] [--design D[,D...]] (D: tiles, tiles16,\n"
-                   "       select, tiles64, tilesw, tilesw64, tilesw4) [--mib N (throughput tensor size, default 512)] [--only ROW (throughput: one row,\n"
-                   "       bf16-0.1 bf16-1 bf16-10 f32-1 f8-1)] [--reps N (throughput repeats, default 7)] [--sparse\n"
-                   "       (throughput: sparse's find only)]\n");
+      std::fprintf(
+          stderr,
+          "usage: hfdelta-gpu-check [--identity | --publisher | --throughput] [--design D[,D...]] (D: tiles, tiles16,\n"
+          "       select, tiles64, tilesw, tilesw64, tilesw4) [--mib N (throughput tensor size, default 512)] [--only "
+          "ROW (throughput: one row,\n"
+          "       bf16-0.1 bf16-1 bf16-10 f32-1 f8-1)] [--reps N (throughput repeats, default 7)] [--sparse\n"
+          "       (throughput: sparse's find only)]\n");
       return 2;
     }
   }

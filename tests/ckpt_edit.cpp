@@ -82,7 +82,8 @@ void Ckpt::save(const fs::path& dir) const {
     write_file(dir / kIndexName, idx.dump(2) + "\n");
   }
   for (const auto& [rel, content] : files) {
-    if (by_file.count(rel) || rel == kIndexName) throw std::runtime_error("other file " + rel + " collides with a weight file");
+    if (by_file.count(rel) || rel == kIndexName)
+      throw std::runtime_error("other file " + rel + " collides with a weight file");
     write_file(dir / rel, content);
   }
 }

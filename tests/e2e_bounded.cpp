@@ -92,8 +92,7 @@ void write_header_only(const fs::path& p, const std::string& header) {
 // The first weight file of a checkpoint or delta directory.
 fs::path first_weight_file(const fs::path& dir) {
   for (const auto& f : list_files(dir))
-    if (f.size() > 12 && f.substr(f.size() - 12) == ".safetensors" && f.find('/') == std::string::npos)
-      return dir / f;
+    if (f.size() > 12 && f.substr(f.size() - 12) == ".safetensors" && f.find('/') == std::string::npos) return dir / f;
   FAIL("no weight file in " << dir.string());
   return {};
 }
@@ -137,8 +136,7 @@ TEST_CASE("bounded memory: delta headers of a hundred megabytes and of the most 
   Setup s;
   SUBCASE("a 100 MB header of metadata keys, within the format's limit") {
     const fs::path d = s.copy_delta("big");
-    write_header_only(first_weight_file(d),
-                      "{\"__metadata__\":" + many_keys(99'000'000, ~0ull, "m", "") + "}");
+    write_header_only(first_weight_file(d), "{\"__metadata__\":" + many_keys(99'000'000, ~0ull, "m", "") + "}");
     refuse_delta(s, d, "100 MB header");
   }
   SUBCASE("a header at hfdelta's byte limit, with twice the values allowed") {
@@ -151,7 +149,8 @@ TEST_CASE("bounded memory: delta headers of a hundred megabytes and of the most 
     // The most a header may cost: as many values as allowed, long keys.
     const fs::path d = s.copy_delta("within");
     const std::string header =
-        "{\"__metadata__\":" + many_keys(kHeaderBytes - 32, kMaxValues / 2 - 4, "model.layers.0.", std::string(40, 'v')) + "}";
+        "{\"__metadata__\":" +
+        many_keys(kHeaderBytes - 32, kMaxValues / 2 - 4, "model.layers.0.", std::string(40, 'v')) + "}";
     REQUIRE(header.size() > kHeaderBytes / 2);
     write_header_only(first_weight_file(d), header);
     refuse_delta(s, d, "header within the limits");  // refused later: not the delta's entries
@@ -214,8 +213,10 @@ TEST_CASE("bounded memory: LOCAL's checksum record, manifest and headers, and de
     const fs::path rec = s.local / ".weight_sync" / "checksums" / "000000.json";
     std::string text = read_json(rec).dump();
     text.pop_back();
-    text += ",\"padding\":" + many_keys(kIndexBytes - text.size() - 64, kMaxValues / 2 - 1000,
-                                        "model.layers.10.mlp.experts.100.", std::string(32, 'f')) + "}";
+    text += ",\"padding\":" +
+            many_keys(kIndexBytes - text.size() - 64, kMaxValues / 2 - 1000, "model.layers.10.mlp.experts.100.",
+                      std::string(32, 'f')) +
+            "}";
     REQUIRE(text.size() > kIndexBytes / 2);
     write_file(rec, text);
     const Measured v = apply_m({"--verify", s.local.string()});
@@ -254,8 +255,8 @@ TEST_CASE("bounded memory: LOCAL's checksum record, manifest and headers, and de
     fs::create_directories(s.t->path() / "out");
     copy_tree(save_dir(s.series, 0), base);
     write_header_only(first_weight_file(base), "{\"__metadata__\":" + many_keys(99'000'000, ~0ull, "m", "") + "}");
-    const Measured d = diff_m({"-q", base.string(), save_dir(s.series, 1).string(),
-                              version_dir(s.t->path() / "out", 1).string()});
+    const Measured d =
+        diff_m({"-q", base.string(), save_dir(s.series, 1).string(), version_dir(s.t->path() / "out", 1).string()});
     CHECK_MESSAGE(d.code == 3, d.describe());
     check_peak(d, "delta-diff, BASE weight file with a 100 MB header");
   }

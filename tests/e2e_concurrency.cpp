@@ -24,20 +24,18 @@ using namespace e2e;
 
 namespace {
 
-
 std::string sh_quote(const std::string& s) {
   std::string q = "'";
   for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return q + "'";
 }
 
-
-
 // delta-apply started in the background, its output going to files; waited
 // for (and killed first if still running) on destruction.
 class Background {
  public:
-  Background(const std::vector<std::string>& args, const fs::path& out_dir) : out_(out_dir / "bg.out"), err_(out_dir / "bg.err") {
+  Background(const std::vector<std::string>& args, const fs::path& out_dir)
+      : out_(out_dir / "bg.out"), err_(out_dir / "bg.err") {
     std::vector<std::string> argv{apply_bin()};
     argv.insert(argv.end(), args.begin(), args.end());
     posix_spawn_file_actions_t fa;
@@ -113,7 +111,9 @@ struct Setup {
     local = t / "local";
     fs::create_directories(root);
     for (int v = 1; v <= 2; ++v)
-      E2E_REQUIRE_CODE(diff({"-q", save_dir(series, v - 1).string(), save_dir(series, v).string(), version_dir(root, v).string()}), 0);
+      E2E_REQUIRE_CODE(
+          diff({"-q", save_dir(series, v - 1).string(), save_dir(series, v).string(), version_dir(root, v).string()}),
+          0);
     E2E_REQUIRE_CODE(apply({"-q", "--init", save_dir(series, 0).string(), local.string()}), 0);
   }
   fs::path delta(int v) const { return version_dir(root, v); }
@@ -175,9 +175,10 @@ TEST_CASE("concurrency: --then runs under the lock with HFDELTA_LOCAL and HFDELT
   Setup s;
   const fs::path out = s.t / "then.out";
   // Inside the hook, the lock is still held: a --status that may not wait gives up.
-  const std::string hook = "printf '%s\\n%s\\n' \"$HFDELTA_VERSION\" \"$HFDELTA_LOCAL\" > " + sh_quote(out.string()) +
-                           "; \"$HFDELTA_APPLY\" --status --lock-timeout 0 \"$HFDELTA_LOCAL\" >/dev/null 2>&1; echo $? >> " +
-                           sh_quote(out.string());
+  const std::string hook =
+      "printf '%s\\n%s\\n' \"$HFDELTA_VERSION\" \"$HFDELTA_LOCAL\" > " + sh_quote(out.string()) +
+      "; \"$HFDELTA_APPLY\" --status --lock-timeout 0 \"$HFDELTA_LOCAL\" >/dev/null 2>&1; echo $? >> " +
+      sh_quote(out.string());
   {
     const RunResult r = apply({"-q", "--then", hook, "--root", s.root.string(), s.local.string()});
     E2E_REQUIRE_CODE(r, 0);
@@ -192,7 +193,8 @@ TEST_CASE("concurrency: --then runs under the lock with HFDELTA_LOCAL and HFDELT
   }
   {  // and after --init
     fs::remove(out);
-    const RunResult r = apply({"-q", "--then", hook, "--init", "--init-version", "5", save_dir(s.series, 1).string(), s.local.string()});
+    const RunResult r = apply(
+        {"-q", "--then", hook, "--init", "--init-version", "5", save_dir(s.series, 1).string(), s.local.string()});
     E2E_REQUIRE_CODE(r, 0);
     CHECK(read_file(out) == "000005\n" + s.local.string() + "\n8\n");
   }

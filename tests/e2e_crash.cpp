@@ -14,7 +14,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <tuple>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -26,6 +25,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "e2e_util.hpp"
 
@@ -62,10 +62,6 @@ const Sampling& sampling() {
   return s;
 }
 
-
-
-
-
 // delta-apply ARGS with the N-th write step failing in `mode` ("kill" or "error").
 RunResult apply_faulty(const std::vector<std::string>& args, long at, const char* mode) {
   ScopedEnv a("HFDELTA_FAULT_AT", std::to_string(at));
@@ -78,7 +74,6 @@ std::vector<std::string> with_json(const std::vector<std::string>& args) {
   v.insert(v.end(), args.begin(), args.end());
   return v;
 }
-
 
 // Every directory below `dir` outside .weight_sync, relative, sorted: the
 // snapshots compare files only, and a stray or vanished directory matters too.
@@ -159,7 +154,8 @@ void check_target(const Scenario& s, Problems& p, long at, const std::string& wh
   const TreeDiff d = tree_equal(s.local, s.trees.at(s.target));
   if (!d.equal) p.add(when + ": LOCAL is not the target: " + d.differences.front(), at);
   const json st = state_json(s.local);
-  if (st != json{{"version", s.target}}) p.add(when + ": state.json is " + st.dump() + ", not {\"version\": \"" + s.target + "\"}", at);
+  if (st != json{{"version", s.target}})
+    p.add(when + ": state.json is " + st.dump() + ", not {\"version\": \"" + s.target + "\"}", at);
   if (clean && has_txn(s.local)) p.add(when + ": .weight_sync/txn is left behind", at);
 }
 
@@ -180,7 +176,9 @@ void check_rerun(const Scenario& s, Problems& p, long at, const std::string& pen
   if (j.is_object()) {
     if (j.value("to_version", json()) != json(s.target)) p.add("re-run: to_version is not the target", at);
     if (!pending.empty() && j.value("rolled_back", json()) != json(pending))
-      p.add("re-run: rolled_back is " + j.value("rolled_back", json()).dump() + " though state.json had pending " + pending, at);
+      p.add("re-run: rolled_back is " + j.value("rolled_back", json()).dump() + " though state.json had pending " +
+                pending,
+            at);
   }
   check_target(s, p, at, "after the re-run");
 }
@@ -201,9 +199,12 @@ StateSeen check_recorded_state(const Scenario& s, Problems& p, long at, bool one
       return seen;
     }
     for (auto it = st.begin(); it != st.end(); ++it) {
-      if (it.key() != "version" && it.key() != "pending") p.add("state.json has key \"" + it.key() + "\"", at);
-      else if (!it->is_string()) p.add("state.json \"" + it.key() + "\" is not a string", at);
-      else (it.key() == "version" ? seen.version : seen.pending) = it->get<std::string>();
+      if (it.key() != "version" && it.key() != "pending")
+        p.add("state.json has key \"" + it.key() + "\"", at);
+      else if (!it->is_string())
+        p.add("state.json \"" + it.key() + "\" is not a string", at);
+      else
+        (it.key() == "version" ? seen.version : seen.pending) = it->get<std::string>();
     }
   }
   if (!s.trees.count(seen.version)) {
@@ -214,8 +215,8 @@ StateSeen check_recorded_state(const Scenario& s, Problems& p, long at, bool one
     // Nothing pending: the recorded version's bytes must all be in place.
     const TreeDiff d = tree_equal(s.local, s.trees.at(seen.version));
     if (!d.equal)
-      p.add("state.json records version \"" + seen.version + "\" with nothing pending, but LOCAL is not that version: " +
-                d.differences.front(),
+      p.add("state.json records version \"" + seen.version +
+                "\" with nothing pending, but LOCAL is not that version: " + d.differences.front(),
             at);
   } else {
     if (!s.trees.count(seen.pending) || seen.pending == seen.version)
@@ -241,7 +242,9 @@ void check_status(const Scenario& s, Problems& p, long at, const StateSeen& seen
     // The journal may be complete before state.json is marked: still interrupted.
     if (!has_txn(s.local)) p.add("--status exits 10 with nothing pending and no transaction", at);
   } else if (r.code != (seen.version.empty() ? 11 : 0)) {
-    p.add("--status exits " + std::to_string(r.code) + " for state version \"" + seen.version + "\" with nothing pending", at);
+    p.add(
+        "--status exits " + std::to_string(r.code) + " for state version \"" + seen.version + "\" with nothing pending",
+        at);
   }
   json j;
   try {
@@ -251,7 +254,8 @@ void check_status(const Scenario& s, Problems& p, long at, const StateSeen& seen
     return;
   }
   const json want_version = seen.version.empty() ? json() : json(seen.version);
-  if (j.value("version", json("?")) != want_version) p.add("--status reports version " + j.value("version", json()).dump(), at);
+  if (j.value("version", json("?")) != want_version)
+    p.add("--status reports version " + j.value("version", json()).dump(), at);
   const json pend = j.value("pending", json());
   if ((r.code == 10) == pend.is_null()) p.add("--status: exit code and \"pending\" disagree", at);
   if (!seen.pending.empty() && pend != json(seen.pending)) p.add("--status reports pending " + pend.dump(), at);
@@ -322,7 +326,8 @@ long error_every_step(const Scenario& s, long kill_steps, Problems& p, Problems&
       continue;
     }
     if (r.code != 1) p.add("exit " + std::to_string(r.code) + " instead of 1: " + first_line(r.err), n);
-    if (!contains(r.err, "injected fault")) p.add("the message does not say \"injected fault\": " + first_line(r.err), n);
+    if (!contains(r.err, "injected fault"))
+      p.add("the message does not say \"injected fault\": " + first_line(r.err), n);
     const StateSeen seen = check_recorded_state(s, p, n, !s.per_version);
     // A pull that committed versions before the failure keeps them
     // (check_recorded_state compared LOCAL with the version it records).
@@ -334,11 +339,13 @@ long error_every_step(const Scenario& s, long kill_steps, Problems& p, Problems&
     // reported apart (as a warning) from differences in the files.
     const std::vector<std::string> now = list_dirs(s.local);
     if (!moved && now != dirs)
-      stray_dirs.add("directories differ from before the failed run: " + join(dirs) + " before, " + join(now) + " now", n);
+      stray_dirs.add("directories differ from before the failed run: " + join(dirs) + " before, " + join(now) + " now",
+                     n);
     if (has_txn(s.local)) p.add(".weight_sync/txn is left after the failed run", n);
     const RunResult st = apply({"--status", s.local.string()});
     const int want = s.old_version.empty() && seen.version.empty() ? 11 : 0;
-    if (st.code != want) p.add("--status after the failed run exits " + std::to_string(st.code) + ", not " + std::to_string(want), n);
+    if (st.code != want)
+      p.add("--status after the failed run exits " + std::to_string(st.code) + ", not " + std::to_string(want), n);
     check_rerun(s, p, n, "");
   }
   FAIL(s.name << ": still faulting after " << kMaxSteps << " write steps");
@@ -364,7 +371,8 @@ long persist_every_step(const Scenario& s, long kill_steps, Problems& p, long& k
       continue;
     }
     if (r.code != 1) p.add("exit " + std::to_string(r.code) + " instead of 1: " + first_line(r.err), n);
-    if (!contains(r.err, "injected fault")) p.add("the message does not say \"injected fault\": " + first_line(r.err), n);
+    if (!contains(r.err, "injected fault"))
+      p.add("the message does not say \"injected fault\": " + first_line(r.err), n);
     const StateSeen seen = check_recorded_state(s, p, n, !s.per_version);
     const bool moved = s.per_version && seen.pending.empty() && seen.version != s.old_version;
     const RunResult st = apply({"--status", s.local.string()});
@@ -380,7 +388,8 @@ long persist_every_step(const Scenario& s, long kill_steps, Problems& p, long& k
       for (const auto& line : d.differences)
         if (line.rfind(".weight_sync/txn/", 0) != 0) p.add("LOCAL differs from before the failed run: " + line, n);
       const int want = s.old_version.empty() && seen.version.empty() ? 11 : 0;
-      if (st.code != want) p.add("--status after the failed run exits " + std::to_string(st.code) + ", not " + std::to_string(want), n);
+      if (st.code != want)
+        p.add("--status after the failed run exits " + std::to_string(st.code) + ", not " + std::to_string(want), n);
     }
     check_rerun(s, p, n, seen.pending);
   }
@@ -403,8 +412,9 @@ void run_scenario(const Scenario& s) {
   CHECK_MESSAGE(pp.empty(), s.name << ", every write step failing from each one on:\n" << pp.text("write step"));
   CHECK(t.kill_steps > 0);
   totals()[s.name] = t;
-  MESSAGE(s.name << " (" << sampling().describe() << "): " << t.kill_steps << " write steps killed, " << t.error_steps << " failed with an I/O error ("
-                 << t.swallowed << " of them in the cleanup after the commit, which the run ignores); with every step "
+  MESSAGE(s.name << " (" << sampling().describe() << "): " << t.kill_steps << " write steps killed, " << t.error_steps
+                 << " failed with an I/O error (" << t.swallowed
+                 << " of them in the cleanup after the commit, which the run ignores); with every step "
                  << "failing from one on, " << t.kept << " of " << t.persist_steps << " runs kept their journal");
 }
 
@@ -477,13 +487,15 @@ struct Inputs {
     root_dir = d / "root-dir";
     root_auto = d / "root-auto";
     root_sparse = d / "root-sparse";
-    for (const fs::path& r : {root_xor, root_overwrite, root_plain, root_dir, root_auto, root_sparse}) fs::create_directories(r);
+    for (const fs::path& r : {root_xor, root_overwrite, root_plain, root_dir, root_auto, root_sparse})
+      fs::create_directories(r);
     require_diff(plain_base, plain_next, version_dir(root_auto, 1), "auto");  // context entries (and xor where smaller)
     require_diff(plain_base, plain_next, version_dir(root_sparse, 1), "sparse");
     {
       bool context = false;  // the auto delta is meant to cover context entries
       const json idx = delta_index(version_dir(root_auto, 1));
-      for (const auto& [name, enc] : idx["metadata"]["hfdelta_encodings"].items()) context = context || enc == "context";
+      for (const auto& [name, enc] : idx["metadata"]["hfdelta_encodings"].items())
+        context = context || enc == "context";
       REQUIRE(context);
     }
     require_diff(base, next, version_dir(root_xor, 1), "xor");
@@ -493,7 +505,8 @@ struct Inputs {
     auto ops_of = [](const fs::path& delta) {
       std::map<std::string, std::string> ops;
       const json idx = delta_index(delta);
-      for (const auto& f : idx["metadata"]["hfdelta_files"]) ops[f["path"].get<std::string>()] = f["op"].get<std::string>();
+      for (const auto& f : idx["metadata"]["hfdelta_files"])
+        ops[f["path"].get<std::string>()] = f["op"].get<std::string>();
       return ops;
     };
     for (const fs::path& r : {root_xor, root_overwrite}) {
@@ -527,7 +540,8 @@ struct Inputs {
     write_file(other_start / "stale" / "deep" / "x.txt", "stray\n");
 
     big = gen_series(d / "big", 1,
-                     {"--hidden", "64", "--vocab", "65536", "--layers", "1", "--intermediate", "128", "--tie-embeddings", "--lr", "1e-5"});
+                     {"--hidden", "64", "--vocab", "65536", "--layers", "1", "--intermediate", "128",
+                      "--tie-embeddings", "--lr", "1e-5"});
     root_big = d / "root-big";
     fs::create_directories(root_big);
     require_diff(save_dir(big, 0), save_dir(big, 1), version_dir(root_big, 1), "auto");
@@ -553,7 +567,7 @@ struct Inputs {
     for (const auto& op : sidx["metadata"]["hfdelta_shards"]) shard_ops.insert(op["op"].get<std::string>());
     REQUIRE(shard_ops == std::multiset<std::string>{"build", "build", "header", "remove"});
     REQUIRE(ops_of(version_dir(root_struct, 1)).size() == 2);  // config.json and the index
-    REQUIRE(sidx["weight_map"].contains("a.weight"));  // model-a is patched in place
+    REQUIRE(sidx["weight_map"].contains("a.weight"));          // model-a is patched in place
     st_start = d / "start-struct";
     REQUIRE(require_init(st0, st_start) == "000000");
 
@@ -562,8 +576,8 @@ struct Inputs {
     require_diff(save_dir(series, 0), save_dir(series, 1), version_dir(root_mixed, 1), "xor");
     require_diff(save_dir(series, 1), save_dir(series, 2), version_dir(root_mixed, 2), "sparse");
     stacked = d / "stacked";
-    const RunResult sq = diff({"--json", "--squash", version_dir(root_mixed, 1).string(), version_dir(root_mixed, 2).string(),
-                               stacked.string()});
+    const RunResult sq = diff({"--json", "--squash", version_dir(root_mixed, 1).string(),
+                               version_dir(root_mixed, 2).string(), stacked.string()});
     E2E_REQUIRE_CODE(sq, 0);
     REQUIRE(parse_json(sq.out)["entries_stacked"].get<int>() >= 2);
   }
@@ -617,7 +631,8 @@ TEST_CASE("crash: xor delta, no file turned into a directory, 2 threads, a fault
 
 TEST_CASE("crash: default (sparse) delta, 2 threads, a fault at every write step") {
   const Inputs& in = inputs();
-  run_scenario(single_delta("sparse delta, 2 threads", in.root_sparse, in.plain_start, in.plain_base, in.plain_next, "2"));
+  run_scenario(
+      single_delta("sparse delta, 2 threads", in.root_sparse, in.plain_start, in.plain_base, in.plain_next, "2"));
 }
 
 TEST_CASE("crash: auto (context) delta, 2 threads, a fault at every write step") {
@@ -644,7 +659,8 @@ TEST_CASE("crash: --no-sync one-pass apply of an xor delta with file changes, a 
   run_scenario(single_delta("xor delta, --no-sync", in.root_xor, in.base_start, in.base, in.next, "1", true));
 }
 
-TEST_CASE("crash: one tensor patched in chunk ranges by 2 threads, with and without --no-sync, a fault at every write step") {
+TEST_CASE(
+    "crash: one tensor patched in chunk ranges by 2 threads, with and without --no-sync, a fault at every write step") {
   const Inputs& in = inputs();
   for (bool no_sync : {false, true})
     run_scenario(single_delta(no_sync ? "split entry, --no-sync, 2 threads" : "split entry, 2 threads", in.root_big,
@@ -654,10 +670,13 @@ TEST_CASE("crash: one tensor patched in chunk ranges by 2 threads, with and with
 // Weight files built in the transaction's stage directory and swapped in,
 // a header rewritten in place, a weight file removed, with in-place patches
 // and carried files in the same transaction.
-TEST_CASE("crash: structural delta (build, header rewrite, remove), with and without --no-sync, a fault at every write step") {
+TEST_CASE(
+    "crash: structural delta (build, header rewrite, remove), with and without --no-sync, a fault at every write "
+    "step") {
   const Inputs& in = inputs();
   run_scenario(single_delta("structural delta", in.root_struct, in.st_start, in.st0, in.st1, "1"));
-  run_scenario(single_delta("structural delta, --no-sync, 2 threads", in.root_struct, in.st_start, in.st0, in.st1, "2", true));
+  run_scenario(
+      single_delta("structural delta, --no-sync, 2 threads", in.root_struct, in.st_start, in.st0, in.st1, "2", true));
 }
 
 // Stacked entries: each laid part by part over a scratch copy in the
@@ -751,8 +770,8 @@ TEST_CASE("crash: fault points, totals") {
       << " ignored after commit)";
     kill += t.kill_steps, error += t.error_steps, swallowed += t.swallowed;
   }
-  MESSAGE("fault points per scenario:" << o.str() << "\n  total: " << kill << " killed, " << error
-                                       << " I/O errors (" << swallowed << " ignored after commit)");
+  MESSAGE("fault points per scenario:" << o.str() << "\n  total: " << kill << " killed, " << error << " I/O errors ("
+                                       << swallowed << " ignored after commit)");
 }
 
 // Kills at random moments of a pull; `no_sync` pulls default (sparse)
@@ -809,7 +828,8 @@ static void random_kills(bool no_sync) {
       // exit, whose helper process may then log a stray line about threads it
       // could not stop. The leak checks are the unkilled runs' (same command).
       const char* lsan = std::getenv("LSAN_OPTIONS");
-      const ScopedEnv no_leak_check("LSAN_OPTIONS", (lsan ? std::string(lsan) + ":" : std::string()) + "detect_leaks=0");
+      const ScopedEnv no_leak_check("LSAN_OPTIONS",
+                                    (lsan ? std::string(lsan) + ":" : std::string()) + "detect_leaks=0");
       return spawn(argv);
     }();
     std::this_thread::sleep_for(std::chrono::duration<double>(d));
@@ -829,9 +849,8 @@ static void random_kills(bool no_sync) {
   }
   CHECK_MESSAGE(p.empty(), s.name << ":\n" << p.text("run"));
   MESSAGE(s.name << ": " << kRuns << " runs of " << tree_size(save_dir(series, 0)) << "-byte checkpoints, one pull "
-                           << longest << " s at most; " << mid_run << " kills landed mid-run (" << intermediate
-                           << " of them after version 1 was recorded), " << (kRuns - mid_run)
-                           << " runs had finished");
+                 << longest << " s at most; " << mid_run << " kills landed mid-run (" << intermediate
+                 << " of them after version 1 was recorded), " << (kRuns - mid_run) << " runs had finished");
 }
 
 TEST_CASE("crash: random SIGKILLs of a --root pull of 2 versions converge") { random_kills(false); }

@@ -13,9 +13,6 @@ using namespace e2e;
 
 namespace {
 
-
-
-
 std::vector<std::string> shard_files(const fs::path& dir) {
   std::vector<std::string> v;
   for (const auto& f : list_names(dir))
@@ -30,8 +27,8 @@ void chain_round_trip(const fs::path& series, const fs::path& root, const fs::pa
                       const std::string& encoding) {
   fs::create_directories(root);
   for (int v = 1; v <= n; ++v) {
-    const RunResult r = diff({"-q", "--encoding", encoding, save_dir(series, v - 1).string(), save_dir(series, v).string(),
-                              version_dir(root, v).string()});
+    const RunResult r = diff({"-q", "--encoding", encoding, save_dir(series, v - 1).string(),
+                              save_dir(series, v).string(), version_dir(root, v).string()});
     E2E_REQUIRE_CODE(r, 0);
     REQUIRE(fs::is_directory(version_dir(root, v)));
     CHECK(delta_index(version_dir(root, v))["metadata"]["delta_encoding"] == encoding);
@@ -122,8 +119,8 @@ TEST_CASE("mixed dtypes built by hand: only changed tensors travel, as U8 [L] wi
       if (x.name == n) return x.bytes;
     throw std::runtime_error("no tensor " + n);
   };
-  find(target, "bf16.w")[13] ^= 0x01;                      // one byte only
-  for (auto& c : find(target, "f32.w")) c ^= 0xff;          // every byte
+  find(target, "bf16.w")[13] ^= 0x01;               // one byte only
+  for (auto& c : find(target, "f32.w")) c ^= 0xff;  // every byte
   find(target, "f8.w")[3] ^= 0x40, find(target, "f8.w")[17] ^= 0x02;
   find(target, "i64.idx")[16] ^= 0x01, find(target, "i64.idx")[17] ^= 0x80;  // one element, two bytes
   find(target, "bool.mask")[9] = 1;
@@ -139,7 +136,8 @@ TEST_CASE("mixed dtypes built by hand: only changed tensors travel, as U8 [L] wi
   fs::create_directories(t / "root");
   const fs::path out = version_dir(t / "root", 1);
 
-  const RunResult d = diff({"--json", "--encoding", encoding, (t / "base").string(), (t / "new").string(), out.string()});
+  const RunResult d =
+      diff({"--json", "--encoding", encoding, (t / "base").string(), (t / "new").string(), out.string()});
   E2E_REQUIRE_CODE(d, 0);
   const json s = parse_json(d.out);
   CHECK(s["tensors"] == 10);
@@ -396,9 +394,9 @@ TEST_CASE("re-applying the same delta is a no-op that leaves LOCAL unchanged (bo
   const fs::path series = gen_series(t / "series", 1, {"--max-shard-size", "600KB"});
   fs::create_directories(t / "root");
   const fs::path out = version_dir(t / "root", 1);
-  E2E_REQUIRE_CODE(diff({"-q", "--encoding", encoding, save_dir(series, 0).string(), save_dir(series, 1).string(),
-                         out.string()}),
-                   0);
+  E2E_REQUIRE_CODE(
+      diff({"-q", "--encoding", encoding, save_dir(series, 0).string(), save_dir(series, 1).string(), out.string()}),
+      0);
   const fs::path local = t / "local";
   E2E_REQUIRE_CODE(apply({"-q", "--init", save_dir(series, 0).string(), local.string()}), 0);
   E2E_REQUIRE_CODE(apply({"-q", out.string(), local.string()}), 0);
@@ -428,7 +426,7 @@ TEST_CASE("--init run twice: the second run is a no-op that rewrites nothing") {
 
   std::map<std::string, ino_t> inodes;
   for (const auto& f : list_files(local)) {
-    struct stat st{};
+    struct stat st {};
     REQUIRE(::stat((local / f).c_str(), &st) == 0);
     inodes[f] = st.st_ino;
   }
@@ -443,7 +441,7 @@ TEST_CASE("--init run twice: the second run is a no-op that rewrites nothing") {
   CHECK(j["files_removed"] == 0);
   E2E_CHECK_UNCHANGED(snap);
   for (const auto& f : list_files(local)) {
-    struct stat st{};
+    struct stat st {};
     REQUIRE(::stat((local / f).c_str(), &st) == 0);
     CHECK_MESSAGE(inodes[f] == st.st_ino, f << " was rewritten by a no-op --init");
   }
@@ -497,7 +495,8 @@ TEST_CASE("xor delta frames decode with plain ZSTD_decompress to old XOR new, ch
 
   // Delta files are numbered from 0, contiguously, and each holds only its entries.
   std::set<std::string> delta_files;
-  for (auto it = idx["weight_map"].begin(); it != idx["weight_map"].end(); ++it) delta_files.insert(it->get<std::string>());
+  for (auto it = idx["weight_map"].begin(); it != idx["weight_map"].end(); ++it)
+    delta_files.insert(it->get<std::string>());
   const auto on_disk = shard_files(out);
   CHECK(std::set<std::string>(on_disk.begin(), on_disk.end()) == delta_files);
   for (std::size_t i = 0; i < on_disk.size(); ++i) {
@@ -598,11 +597,11 @@ TEST_CASE("delta-diff output does not depend on --threads, --no-sync or the run"
   E2E_REQUIRE_CODE(diff({"-q", "--threads", "1", save_dir(series, 0).string(), save_dir(series, 1).string(),
                          version_dir(t / "r1", 1).string()}),
                    0);
-  E2E_REQUIRE_CODE(diff({"-q", "--threads", "3", "--no-sync", save_dir(series, 0).string(), save_dir(series, 1).string(),
-                         version_dir(t / "r2", 1).string()}),
+  E2E_REQUIRE_CODE(diff({"-q", "--threads", "3", "--no-sync", save_dir(series, 0).string(),
+                         save_dir(series, 1).string(), version_dir(t / "r2", 1).string()}),
                    0);
-  E2E_REQUIRE_CODE(diff({"-q", save_dir(series, 0).string(), save_dir(series, 1).string(), version_dir(t / "r3", 1).string()}),
-                   0);
+  E2E_REQUIRE_CODE(
+      diff({"-q", save_dir(series, 0).string(), save_dir(series, 1).string(), version_dir(t / "r3", 1).string()}), 0);
   E2E_CHECK_TREE_EQUAL(version_dir(t / "r1", 1), version_dir(t / "r2", 1));
   E2E_CHECK_TREE_EQUAL(version_dir(t / "r1", 1), version_dir(t / "r3", 1));
   // A higher level gives other frames that apply to the same result.

@@ -17,7 +17,6 @@ using namespace e2e;
 
 namespace {
 
-
 #define CHECK_ERR_MENTIONS(res, text) \
   CHECK_MESSAGE(contains((res).err, (text)), "stderr should mention \"" << (text) << "\"\n" << (res).describe())
 
@@ -25,14 +24,15 @@ namespace {
 struct Chain {
   TempDir t;
   fs::path series, root, local;
-  explicit Chain(int n, const std::string& encoding = "xor", std::vector<std::string> gen = {"--max-shard-size", "600KB"}) {
+  explicit Chain(int n, const std::string& encoding = "xor",
+                 std::vector<std::string> gen = {"--max-shard-size", "600KB"}) {
     series = gen_series(t / "series", n, gen);
     root = t / "root";
     local = t / "local";
     fs::create_directories(root);
     for (int v = 1; v <= n; ++v) {
-      const RunResult r = diff({"-q", "--encoding", encoding, save_dir(series, v - 1).string(), save_dir(series, v).string(),
-                                version_dir(root, v).string()});
+      const RunResult r = diff({"-q", "--encoding", encoding, save_dir(series, v - 1).string(),
+                                save_dir(series, v).string(), version_dir(root, v).string()});
       E2E_REQUIRE_CODE(r, 0);
     }
     E2E_REQUIRE_CODE(apply({"-q", "--init", save_dir(series, 0).string(), local.string()}), 0);
@@ -212,7 +212,7 @@ TEST_CASE("malformed safetensors in BASE or NEW: delta-diff exit 3 naming the fi
   CHECK_ERR_MENTIONS(r, broken.string());
   CHECK_FALSE(fs::exists(out));
   CHECK_MESSAGE(list_names(root).empty(), "left in ROOT: " << list_names(root).size() << " entries, first "
-                                                          << (list_names(root).empty() ? "" : list_names(root)[0]));
+                                                           << (list_names(root).empty() ? "" : list_names(root)[0]));
 }
 
 TEST_CASE("OUT already exists: exit 7 and the existing OUT untouched") {
@@ -226,12 +226,11 @@ TEST_CASE("OUT already exists: exit 7 and the existing OUT untouched") {
   }
   SUBCASE("a directory with something else in it") { write_file(out / "marker.txt", "someone else's\n"); }
   SUBCASE("an empty directory") { fs::create_directories(out); }
-  SUBCASE("a regular file") {
-    write_file(out, "not a directory\n");
-  }
+  SUBCASE("a regular file") { write_file(out, "not a directory\n"); }
   const auto names_before = list_names(root);
   const Snapshot before = fs::is_directory(out) ? snapshot(out) : Snapshot{{"", read_file(out)}};
-  const RunResult r = diff({"--encoding", "overwrite", save_dir(series, 1).string(), save_dir(series, 0).string(), out.string()});
+  const RunResult r =
+      diff({"--encoding", "overwrite", save_dir(series, 1).string(), save_dir(series, 0).string(), out.string()});
   E2E_CHECK_CODE(r, 7);
   CHECK_ERR_MENTIONS(r, out.string());
   const Snapshot after = fs::is_directory(out) ? snapshot(out) : Snapshot{{"", read_file(out)}};
@@ -350,8 +349,10 @@ TEST_CASE("damaged or hostile delta: delta-apply exit 3 and LOCAL byte-identical
       json idx = delta_index(c.delta(1));
       const std::string content = "{\"version\": \"000009\"}\n";
       write_file(c.delta(1) / "files" / ".weight_sync" / "state.json", content);
-      idx["metadata"]["hfdelta_files"].push_back(
-          {{"path", ".weight_sync/state.json"}, {"op", "put"}, {"size", content.size()}, {"xxh3-128", xxh3_hex(content)}});
+      idx["metadata"]["hfdelta_files"].push_back({{"path", ".weight_sync/state.json"},
+                                                  {"op", "put"},
+                                                  {"size", content.size()},
+                                                  {"xxh3-128", xxh3_hex(content)}});
       write_json(c.delta(1) / "model.safetensors.index.json", idx);
       mention = ".weight_sync";
     };
@@ -452,7 +453,9 @@ TEST_CASE("usage errors: exit 2, nothing created or changed") {
   SUBCASE("delta-diff version 0 without --base-version") {
     is_diff = true, args = {S0, S1, (c.t / "out" / "weight_v000000").string()};
   }
-  SUBCASE("delta-diff --base-version not below the version") { is_diff = true, args = {"--base-version", "5", S0, S1, out.string()}; }
+  SUBCASE("delta-diff --base-version not below the version") {
+    is_diff = true, args = {"--base-version", "5", S0, S1, out.string()};
+  }
   const LocalSnapshot snap(c.local);
   const RunResult r = is_diff ? diff(args) : apply(args);
   E2E_CHECK_CODE(r, 2);

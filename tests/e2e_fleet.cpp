@@ -24,7 +24,8 @@ namespace {
   CHECK_MESSAGE(contains((res).err, (text)), "stderr should mention \"" << (text) << "\"\n" << (res).describe())
 
 // delta-diff -q BASE NEW ROOT (its newest version + 1).
-RunResult publish(const fs::path& base, const fs::path& target, const fs::path& root, const std::string& enc = "sparse") {
+RunResult publish(const fs::path& base, const fs::path& target, const fs::path& root,
+                  const std::string& enc = "sparse") {
   return diff({"-q", "--encoding", enc, base.string(), target.string(), root.string()});
 }
 
@@ -123,7 +124,8 @@ TEST_CASE("fleet: a host offline during a prune takes the full version, and says
   TempDir t;
   const fs::path s = gen_series(t / "series", 4);
   const fs::path root = root_of(t, s, 2);
-  const fs::path at0 = host_at(t, s, "at0", 0, root), at1 = host_at(t, s, "at1", 1, root), at2 = host_at(t, s, "at2", 2, root);
+  const fs::path at0 = host_at(t, s, "at0", 0, root), at1 = host_at(t, s, "at1", 1, root),
+                 at2 = host_at(t, s, "at2", 2, root);
   E2E_REQUIRE_CODE(diff({"-q", "--full", save_dir(s, 2).string(), save_dir(s, 3).string(), root.string()}), 0);
   CHECK(fs::is_directory(root / "delta_v000003"));
   E2E_REQUIRE_CODE(diff({"-q", "--prune", root.string()}), 0);
@@ -169,11 +171,13 @@ TEST_CASE("fleet: --squash across a chain that does not connect exits 3 and writ
   const fs::path s = gen_series(t / "series", 4);
   const fs::path root = root_of(t, s, 2);
   publish_unchecked(save_dir(s, 1), save_dir(s, 3), root, 3, t.path());
-  const RunResult r = diff({"--squash", version_dir(root, 1).string(), version_dir(root, 3).string(), (t / "sq").string()});
+  const RunResult r =
+      diff({"--squash", version_dir(root, 1).string(), version_dir(root, 3).string(), (t / "sq").string()});
   E2E_CHECK_CODE(r, 3);
   CHECK_ERR_MENTIONS(r, "does not connect");
   CHECK_FALSE(fs::exists(t / "sq"));
-  E2E_CHECK_CODE(diff({"-q", "--squash", version_dir(root, 1).string(), version_dir(root, 2).string(), (t / "ok").string()}), 0);
+  E2E_CHECK_CODE(
+      diff({"-q", "--squash", version_dir(root, 1).string(), version_dir(root, 2).string(), (t / "ok").string()}), 0);
 }
 
 TEST_CASE("fleet: --withdraw takes a bad version back; hosts that applied it are told, and take a newer full version") {
@@ -232,7 +236,8 @@ TEST_CASE("fleet: --withdraw takes a bad version back; hosts that applied it are
   CHECK(contains(j["fallback"].get<std::string>(), "withdrawn"));
   E2E_CHECK_TREE_EQUAL(applied, save_dir(s, 4));
   // --squash skips the withdrawn number
-  E2E_CHECK_CODE(diff({"-q", "--squash", version_dir(root, 2).string(), version_dir(root, 4).string(), (t / "sq").string()}), 0);
+  E2E_CHECK_CODE(
+      diff({"-q", "--squash", version_dir(root, 2).string(), version_dir(root, 4).string(), (t / "sq").string()}), 0);
   // a prune removes it with the versions before the full one; the numbering goes on
   const RunResult pr = diff({"--json", "--prune", root.string()});
   E2E_REQUIRE_CODE(pr, 0);

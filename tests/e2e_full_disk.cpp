@@ -17,8 +17,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -45,8 +45,10 @@ class SmallFs {
  public:
   SmallFs(const fs::path& dir, std::uint64_t size, FsKind kind = FsKind::tmpfs) : dir_(dir), kind_(kind) {
     fs::create_directories(dir);
-    if (kind == FsKind::tmpfs) mount_tmpfs(size);
-    else mount_ext4(size);
+    if (kind == FsKind::tmpfs)
+      mount_tmpfs(size);
+    else
+      mount_ext4(size);
   }
   ~SmallFs() {
     if (why_.empty()) unmount(dir_);
@@ -60,7 +62,7 @@ class SmallFs {
   fs::path operator/(const std::string& rel) const { return dir_ / rel; }
 
   std::uint64_t available() const {
-    struct statvfs sv{};
+    struct statvfs sv {};
     REQUIRE(::statvfs(dir_.c_str(), &sv) == 0);
     return static_cast<std::uint64_t>(sv.f_bavail) * sv.f_frsize;
   }
@@ -78,10 +80,11 @@ class SmallFs {
     while ((rc = ::posix_fallocate(fd, 0, static_cast<off_t>(n))) == ENOSPC && kind_ == FsKind::ext4 && n > 64 * kPage)
       n -= 64 * kPage;
     if (kind_ == FsKind::ext4 && rc == ENOSPC) rc = 0;
-    struct stat st{};
+    struct stat st {};
     REQUIRE(::fstat(fd, &st) == 0);
     const std::vector<char> page(kPage, 'f');
-    for (off_t at = st.st_size; available() > bytes && ::pwrite(fd, page.data(), kPage, at) == static_cast<ssize_t>(kPage);)
+    for (off_t at = st.st_size;
+         available() > bytes && ::pwrite(fd, page.data(), kPage, at) == static_cast<ssize_t>(kPage);)
       at += static_cast<off_t>(kPage);
     ::close(fd);
     REQUIRE_MESSAGE(rc == 0, "posix_fallocate on the small filesystem: " << std::strerror(rc));
@@ -97,8 +100,8 @@ class SmallFs {
     if (::mount("tmpfs", dir_.c_str(), "tmpfs", 0, opts.c_str()) != 0) why_ = std::strerror(errno);
   }
   void mount_ext4(std::uint64_t size) {
-    why_ = mount_loop_image(dir_, size, {"mkfs.ext4", "-q", "-F", "-b", "4096", "-m", "0", "-E",
-                                         "lazy_itable_init=0,lazy_journal_init=0"});
+    why_ = mount_loop_image(
+        dir_, size, {"mkfs.ext4", "-q", "-F", "-b", "4096", "-m", "0", "-E", "lazy_itable_init=0,lazy_journal_init=0"});
   }
   void sync_fs() const {
     const int fd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY);
@@ -113,8 +116,8 @@ class SmallFs {
 // One command of delta-apply on a LOCAL that lives on the small filesystem.
 struct Case {
   std::string name;
-  fs::path start;                 // LOCAL before the command ("" or an empty dir: none)
-  fs::path old_tree, new_tree;    // the checkpoints LOCAL may hold after it
+  fs::path start;               // LOCAL before the command ("" or an empty dir: none)
+  fs::path old_tree, new_tree;  // the checkpoints LOCAL may hold after it
   std::string old_version, target;
   std::function<std::vector<std::string>(const fs::path& local)> args;
   // A --root pull commits each version as it goes: the versions a failed
@@ -179,7 +182,8 @@ int run_with_free(SmallFs& small, const Case& c, std::uint64_t free_bytes, Outco
   const std::string now = state_version(local);
   const bool kept = now != c.old_version && c.kept.count(now);
   const TreeDiff d = tree_equal(local, kept ? c.kept.at(now) : c.old_tree);
-  CHECK_MESSAGE(d.equal, "LOCAL is not its old version after the failed run: " << (d.equal ? "" : d.differences.front()));
+  CHECK_MESSAGE(d.equal,
+                "LOCAL is not its old version after the failed run: " << (d.equal ? "" : d.differences.front()));
   CHECK(state_json(local) == expected_state(kept ? now : c.old_version));
   CHECK_FALSE(has_txn(local));
   const RunResult st = apply({"--status", local.string()});
@@ -211,7 +215,8 @@ struct SweepOpts {
 // The least free space (in pages) a command needs, found by bisection, then a
 // sweep from none to that in about `points` steps, each page near the edge
 // included. `size`: of the small filesystem's contents.
-void sweep_free_space(const std::string& name, std::uint64_t size, const RunWithFree& run, SweepOpts opts = {}, int points = 24) {
+void sweep_free_space(const std::string& name, std::uint64_t size, const RunWithFree& run, SweepOpts opts = {},
+                      int points = 24) {
   const std::unique_ptr<TempDir> t = scratch_dir();
   size = size / kPage * kPage + (1 << 20);
   // ext4's own journal, inode tables and bitmaps on top (its journal is 4 MiB on a filesystem this small).
@@ -239,7 +244,8 @@ void sweep_free_space(const std::string& name, std::uint64_t size, const RunWith
   for (const auto& e : o.errors) phases += "\n  " + e;
   MESSAGE(name << " (" << small.kind_name() << "): needs " << hi << " pages free (" << hi * kPage << " bytes); "
                << pages.size() << " runs between none and that, " << o.failed
-               << " failed with ENOSPC, cleaned up and converged " << o.converged << " times; failures seen at:" << phases);
+               << " failed with ENOSPC, cleaned up and converged " << o.converged
+               << " times; failures seen at:" << phases);
   CHECK(o.failed == o.converged);
   CHECK(o.failed > 0);
   CHECK_MESSAGE(o.errors.size() >= opts.phases, name << ": the failures landed in " << o.errors.size()
@@ -249,7 +255,8 @@ void sweep_free_space(const std::string& name, std::uint64_t size, const RunWith
 void sweep(const Case& c, SweepOpts opts = {}) {
   sweep_free_space(
       c.name, tree_size(c.start) + 3 * tree_size(c.new_tree),
-      [&c](SmallFs& small, std::uint64_t free_bytes, Outcome& o) { return run_with_free(small, c, free_bytes, o); }, opts);
+      [&c](SmallFs& small, std::uint64_t free_bytes, Outcome& o) { return run_with_free(small, c, free_bytes, o); },
+      opts);
 }
 
 // delta-diff publishing into a ROOT on the small filesystem: a new version,
@@ -362,7 +369,12 @@ Inputs& inputs() {
 
 Case single(const std::string& name, const fs::path& delta, const std::vector<std::string>& opts) {
   const Inputs& in = inputs();
-  return {name, in.start0, save_dir(in.series, 0), save_dir(in.series, 1), "000000", "000001",
+  return {name,
+          in.start0,
+          save_dir(in.series, 0),
+          save_dir(in.series, 1),
+          "000000",
+          "000001",
           [delta, opts](const fs::path& local) {
             std::vector<std::string> a = opts;
             a.push_back(delta.string());
@@ -388,7 +400,12 @@ TEST_CASE("full disk: apply of a default (sparse) delta") {
 TEST_CASE("full disk: structural delta (build, header rewrite, remove)") {
   const Inputs& in = inputs();
   for (const bool no_sync : {false, true}) {
-    Case c{no_sync ? "structural delta, --no-sync" : "structural delta", in.st_start, in.st0, in.st1, "000000", "000001",
+    Case c{no_sync ? "structural delta, --no-sync" : "structural delta",
+           in.st_start,
+           in.st0,
+           in.st1,
+           "000000",
+           "000001",
            [&in, no_sync](const fs::path& local) {
              std::vector<std::string> a{version_dir(in.root_struct, 1).string(), local.string()};
              if (no_sync) a.insert(a.begin(), "--no-sync");
@@ -401,8 +418,13 @@ TEST_CASE("full disk: structural delta (build, header rewrite, remove)") {
 TEST_CASE("full disk: --root chain of 3 versions with a full version in the middle, synced and --no-sync") {
   const Inputs& in = inputs();
   for (const bool no_sync : {false, true})
-    sweep({no_sync ? "--root chain 0 -> 3, --no-sync" : "--root chain 0 -> 3", in.start0, save_dir(in.series, 0), in.v3_new,
-           "000000", "000003", [&in, no_sync](const fs::path& local) {
+    sweep({no_sync ? "--root chain 0 -> 3, --no-sync" : "--root chain 0 -> 3",
+           in.start0,
+           save_dir(in.series, 0),
+           in.v3_new,
+           "000000",
+           "000003",
+           [&in, no_sync](const fs::path& local) {
              std::vector<std::string> a{"--threads", "1", "--root", in.chain.string(), local.string()};
              if (no_sync) a.insert(a.begin(), "--no-sync");
              return a;
@@ -422,8 +444,8 @@ TEST_CASE("full disk: --init into an empty LOCAL and over another model, synced 
            [&in, with_mode](const fs::path& local) {
              return with_mode({"--init", save_dir(in.series, 1).string(), local.string()});
            }});
-    sweep({"--init over another model" + mode, in.other_start, in.other_start, save_dir(in.series, 1), "000000", "000005",
-           [&in, with_mode](const fs::path& local) {
+    sweep({"--init over another model" + mode, in.other_start, in.other_start, save_dir(in.series, 1), "000000",
+           "000005", [&in, with_mode](const fs::path& local) {
              return with_mode({"--init", "--init-version", "5", save_dir(in.series, 1).string(), local.string()});
            }});
   }
@@ -435,8 +457,8 @@ TEST_CASE("full disk: ext4, apply of a delta turning a directory into a file, jo
   const Inputs& in = inputs();
   for (const bool no_sync : {false, true}) {
     const fs::path delta = version_dir(no_sync ? in.root_dir_auto : in.root_dir, 1);
-    sweep({no_sync ? "directory into a file, sparse delta, --no-sync" : "directory into a file, xor delta", in.dir_start,
-           in.dir_base, in.dir_next, "000000", "000001",
+    sweep({no_sync ? "directory into a file, sparse delta, --no-sync" : "directory into a file, xor delta",
+           in.dir_start, in.dir_base, in.dir_next, "000000", "000001",
            [delta, no_sync](const fs::path& local) {
              std::vector<std::string> a{"--threads", no_sync ? "2" : "1", delta.string(), local.string()};
              if (no_sync) a.insert(a.begin(), "--no-sync");
@@ -506,22 +528,29 @@ TEST_CASE("full disk: delta-diff publishing a version, and --squash of a chain")
     const fs::path reference = version_dir(ref / ("diff-" + enc), 1);
     fs::create_directories(reference.parent_path());
     require_diff(save_dir(in.series, 0), save_dir(in.series, 1), reference, enc);
-    sweep(PublishCase{"delta-diff --encoding " + enc, empty, reference, "weight_v000001", [&in, enc](const fs::path& root) {
-                        return std::vector<std::string>{"-q", "--encoding", enc, save_dir(in.series, 0).string(),
-                                                        save_dir(in.series, 1).string(), version_dir(root, 1).string()};
+    sweep(PublishCase{"delta-diff --encoding " + enc, empty, reference, "weight_v000001",
+                      [&in, enc](const fs::path& root) {
+                        return std::vector<std::string>{"-q",
+                                                        "--encoding",
+                                                        enc,
+                                                        save_dir(in.series, 0).string(),
+                                                        save_dir(in.series, 1).string(),
+                                                        version_dir(root, 1).string()};
                       }});
   }
   {
     const fs::path reference = version_dir(ref / "diff-struct", 1);
     fs::create_directories(reference.parent_path());
     require_diff(in.st0, in.st1, reference, "auto");
-    sweep(PublishCase{"delta-diff of a structural change", empty, reference, "weight_v000001", [&in](const fs::path& root) {
-                        return std::vector<std::string>{"-q", "--encoding", "auto", in.st0.string(), in.st1.string(),
-                                                        version_dir(root, 1).string()};
-                      }});
+    sweep(PublishCase{
+        "delta-diff of a structural change", empty, reference, "weight_v000001", [&in](const fs::path& root) {
+          return std::vector<std::string>{
+              "-q", "--encoding", "auto", in.st0.string(), in.st1.string(), version_dir(root, 1).string()};
+        }});
   }
   const fs::path squashed = ref / "squash";
-  E2E_REQUIRE_CODE(diff({"-q", "--squash", version_dir(seed, 1).string(), version_dir(seed, 3).string(), squashed.string()}), 0);
+  E2E_REQUIRE_CODE(
+      diff({"-q", "--squash", version_dir(seed, 1).string(), version_dir(seed, 3).string(), squashed.string()}), 0);
   // Its scratch file is reserved whole before anything else is written, so
   // nearly every shortage shows there: one phase is all a sweep can expect.
   sweep(PublishCase{"--squash of versions 1 to 3", seed, squashed, "catchup",

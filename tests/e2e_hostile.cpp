@@ -28,11 +28,8 @@ using namespace e2e;
 
 namespace {
 
-
-
 // A temporary directory on a RAM-backed filesystem when there is one with
 // room (hundreds of runs here), else in the usual place.
-
 
 long& hostile_total() {
   static long n = 0;
@@ -76,7 +73,7 @@ struct Bench {
   // (LOCAL is not its base: only an apply can tell).
   fs::path delta;
   bool fits_local = false;  // the attempts test whether entries fit LOCAL's tensors: only delta-apply can see that
-  Snapshot pristine;  // LOCAL before every attempt, state.json included
+  Snapshot pristine;        // LOCAL before every attempt, state.json included
   Problems problems;
   std::map<std::string, long> codes;     // exit code → attempts
   std::map<std::string, long> accepted;  // what an attempt that exited 0 changed → attempts
@@ -104,15 +101,18 @@ struct Bench {
     if (r.code == 0) {
       const TreeDiff d = tree_equal(local, target);
       const json st = state_json(local);
-      if (!d.equal) problems.add(what + ": exit 0 but LOCAL is not the target: " + d.differences.front(), at);
-      else if (st != json{{"version", "000001"}}) problems.add(what + ": exit 0 but state.json is " + st.dump(), at);
-      else if (has_txn(local)) problems.add(what + ": exit 0 but .weight_sync/txn is left", at);
-      else ++accepted[harmless.empty() ? what : harmless];
+      if (!d.equal)
+        problems.add(what + ": exit 0 but LOCAL is not the target: " + d.differences.front(), at);
+      else if (st != json{{"version", "000001"}})
+        problems.add(what + ": exit 0 but state.json is " + st.dump(), at);
+      else if (has_txn(local))
+        problems.add(what + ": exit 0 but .weight_sync/txn is left", at);
+      else
+        ++accepted[harmless.empty() ? what : harmless];
       reset();
       return 0;
     }
-    if (!refusals.count(r.code))
-      problems.add(what + ": exit " + std::to_string(r.code) + ": " + first_line(r.err), at);
+    if (!refusals.count(r.code)) problems.add(what + ": exit " + std::to_string(r.code) + ": " + first_line(r.err), at);
     const std::vector<std::string> diff = snapshot_diff(pristine, snapshot(local, true), "before", "after");
     if (!diff.empty()) {
       problems.add(what + ": refused (exit " + std::to_string(r.code) + ") but LOCAL changed: " + diff.front(), at);
@@ -127,11 +127,12 @@ struct Bench {
 
   // --inspect's answer `ins` against delta-apply's exit `code`.
   void check_inspect(const RunResult& ins, int code, const std::string& what, const std::string& at) {
-    const bool of_delta = (code == 3 || code == 6) && !after_reset && !fits_local;  // after_reset: LOCAL is what is hostile
+    const bool of_delta =
+        (code == 3 || code == 6) && !after_reset && !fits_local;  // after_reset: LOCAL is what is hostile
     const int want = of_delta ? code : 0;
     if (ins.code != want)
-      problems.add(what + ": delta-apply exit " + std::to_string(code) + " but --inspect exit " + std::to_string(ins.code) + ": " +
-                       first_line(ins.err),
+      problems.add(what + ": delta-apply exit " + std::to_string(code) + " but --inspect exit " +
+                       std::to_string(ins.code) + ": " + first_line(ins.err),
                    at);
   }
 
@@ -151,7 +152,8 @@ struct Bench {
 struct Inputs {
   std::unique_ptr<TempDir> t = scratch_dir();
   // root_auto: context entries (and xor where smaller); root_sparse: the default.
-  fs::path series, next, start, other, root_xor, root_overwrite, root_auto, root_sparse, other_xor, other_overwrite, other_auto,
+  fs::path series, next, start, other, root_xor, root_overwrite, root_auto, root_sparse, other_xor, other_overwrite,
+      other_auto,
       other_context;  // other_auto: the default encoding (sparse)
   // A structural delta (weight files built, rewritten in place, removed and
   // patched, files carried), LOCAL at its base, and the same delta of another
@@ -173,9 +175,9 @@ struct Inputs {
     for (const auto& [root, enc] : {std::pair{root_xor, "xor"}, std::pair{root_overwrite, "overwrite"},
                                     std::pair{root_auto, "auto"}, std::pair{root_sparse, "sparse"}}) {
       fs::create_directories(root);
-      E2E_REQUIRE_CODE(diff({"-q", "--encoding", enc, save_dir(series, 0).string(), next.string(),
-                             version_dir(root, 1).string()}),
-                       0);
+      E2E_REQUIRE_CODE(
+          diff({"-q", "--encoding", enc, save_dir(series, 0).string(), next.string(), version_dir(root, 1).string()}),
+          0);
       const json idx = delta_index(version_dir(root, 1));
       REQUIRE(idx["weight_map"].size() >= 4);
       REQUIRE(idx["metadata"]["hfdelta_files"].size() == 1);
@@ -190,14 +192,16 @@ struct Inputs {
     other_overwrite = version_dir(d / "other-overwrite", 1);
     fs::create_directories(other_xor.parent_path());
     fs::create_directories(other_overwrite.parent_path());
-    E2E_REQUIRE_CODE(diff({"-q", "--encoding", "xor", save_dir(os, 0).string(), save_dir(os, 1).string(), other_xor.string()}), 0);
+    E2E_REQUIRE_CODE(
+        diff({"-q", "--encoding", "xor", save_dir(os, 0).string(), save_dir(os, 1).string(), other_xor.string()}), 0);
     other_auto = version_dir(d / "other-auto", 1);
     fs::create_directories(other_auto.parent_path());
     E2E_REQUIRE_CODE(diff({"-q", save_dir(os, 0).string(), save_dir(os, 1).string(), other_auto.string()}), 0);
     other_context = version_dir(d / "other-context", 1);
     fs::create_directories(other_context.parent_path());
-    E2E_REQUIRE_CODE(
-        diff({"-q", "--encoding", "context", save_dir(os, 0).string(), save_dir(os, 1).string(), other_context.string()}), 0);
+    E2E_REQUIRE_CODE(diff({"-q", "--encoding", "context", save_dir(os, 0).string(), save_dir(os, 1).string(),
+                           other_context.string()}),
+                     0);
     E2E_REQUIRE_CODE(diff({"-q", "--encoding", "overwrite", save_dir(os, 0).string(), save_dir(os, 1).string(),
                            other_overwrite.string()}),
                      0);
@@ -219,7 +223,8 @@ struct Inputs {
     write_structural_checkpoint(d / "other-struct-1", 1, 2);
     other_struct = version_dir(d / "other-struct", 1);
     fs::create_directories(other_struct.parent_path());
-    E2E_REQUIRE_CODE(diff({"-q", (d / "other-struct-0").string(), (d / "other-struct-1").string(), other_struct.string()}), 0);
+    E2E_REQUIRE_CODE(
+        diff({"-q", (d / "other-struct-0").string(), (d / "other-struct-1").string(), other_struct.string()}), 0);
   }
 };
 
@@ -370,8 +375,9 @@ IndexChange classify_index(const json& original, const std::string& text) {
     std::string g;
     for (std::size_t start = 1; start <= p.size();) {
       const std::size_t slash = std::min(p.find('/', start), p.size());
-      const bool keyed = g == "/weight_map" || g == "/metadata/hfdelta_base_checksums" || g == "/metadata/hfdelta_files" ||
-                         g == "/metadata/hfdelta_shards" || g == "/metadata/hfdelta_encodings";
+      const bool keyed = g == "/weight_map" || g == "/metadata/hfdelta_base_checksums" ||
+                         g == "/metadata/hfdelta_files" || g == "/metadata/hfdelta_shards" ||
+                         g == "/metadata/hfdelta_encodings";
       g += '/';
       g += keyed ? std::string("*") : p.substr(start, slash - start);
       start = slash + 1;
@@ -383,8 +389,8 @@ IndexChange classify_index(const json& original, const std::string& text) {
     c.fields += p;
     if (p == "/metadata/version" || p == "/metadata/base_version") c.refusals.insert(4);
     if (p == "/metadata/delta_encoding" || p == "/metadata/compression_format" || p == "/metadata/checksum_format" ||
-        p == "/metadata/hfdelta_format" || p == "/metadata/hfdelta_files/*/op" || p == "/metadata/hfdelta_shards/*/op" ||
-        p == "/metadata/hfdelta_encodings/*")
+        p == "/metadata/hfdelta_format" || p == "/metadata/hfdelta_files/*/op" ||
+        p == "/metadata/hfdelta_shards/*/op" || p == "/metadata/hfdelta_encodings/*")
       c.refusals.insert(6);
   }
   return c;
@@ -405,7 +411,8 @@ void spread(std::vector<Flip>& out, const std::string& file, const std::string& 
   const std::uint64_t n = end - begin;
   std::set<std::uint64_t> seen;
   for (int i = 0; i < count; ++i) {
-    const std::uint64_t off = begin + (n * static_cast<std::uint64_t>(2 * i + 1)) / static_cast<std::uint64_t>(2 * count);
+    const std::uint64_t off =
+        begin + (n * static_cast<std::uint64_t>(2 * i + 1)) / static_cast<std::uint64_t>(2 * count);
     if (!seen.insert(off).second) continue;
     out.push_back({file, region, off, (i * 3 + salt) % 8});
   }
@@ -424,18 +431,39 @@ std::vector<Flip> flips_for(const fs::path& delta) {
   // New safetensors headers of a structural delta: the whole file is a header.
   for (const auto& f : list_files(delta)) {
     if (f.rfind("headers/", 0) != 0) continue;
-    for (int i = 0; i < 8; ++i) v.push_back({f, "new header's length", static_cast<std::uint64_t>(i), (i * 5 + salt) % 8});
+    for (int i = 0; i < 8; ++i)
+      v.push_back({f, "new header's length", static_cast<std::uint64_t>(i), (i * 5 + salt) % 8});
     spread(v, f, "new header's JSON", 8, fs::file_size(delta / f), 28, salt);
     ++salt;
   }
-  spread(v, "model.safetensors.index.json", "index JSON", 0, fs::file_size(delta / "model.safetensors.index.json"), 90, 2);
+  spread(v, "model.safetensors.index.json", "index JSON", 0, fs::file_size(delta / "model.safetensors.index.json"), 90,
+         2);
   // The first letter of every key the format gives meaning to: a renamed key
   // is an absent one to a reader.
   const std::string text = read_file(delta / "model.safetensors.index.json");
-  for (const char* key : {"metadata", "weight_map", "version", "base_version", "delta_encoding", "compression_format",
-                          "checksum_format", "total_size", "hfdelta_format", "hfdelta_base_checksums", "hfdelta_files",
-                          "path", "op", "size", "xxh3-128", "hfdelta_encodings", "hfdelta_shards", "file", "header",
-                          "base_header", "tensors", "name", "from"}) {
+  for (const char* key : {"metadata",
+                          "weight_map",
+                          "version",
+                          "base_version",
+                          "delta_encoding",
+                          "compression_format",
+                          "checksum_format",
+                          "total_size",
+                          "hfdelta_format",
+                          "hfdelta_base_checksums",
+                          "hfdelta_files",
+                          "path",
+                          "op",
+                          "size",
+                          "xxh3-128",
+                          "hfdelta_encodings",
+                          "hfdelta_shards",
+                          "file",
+                          "header",
+                          "base_header",
+                          "tensors",
+                          "name",
+                          "from"}) {
     const std::size_t at = text.find("\"" + std::string(key) + "\":");
     if (at != std::string::npos) v.push_back({"model.safetensors.index.json", "index JSON", at + 1, 0});
   }
@@ -508,9 +536,8 @@ void run_truncations(Attack& a) {
         refusals = c.refusals;
         if (c.same) harmless = "index JSON truncated to the same JSON";
       }
-      a.b.attempt(a.single(), refusals, "truncated " + f, f + " cut to " + std::to_string(n) + " of " +
-                                                               std::to_string(whole.size()) + " bytes",
-                  harmless);
+      a.b.attempt(a.single(), refusals, "truncated " + f,
+                  f + " cut to " + std::to_string(n) + " of " + std::to_string(whole.size()) + " bytes", harmless);
     }
     write_bytes(p, whole);
   }
@@ -518,7 +545,9 @@ void run_truncations(Attack& a) {
 
 }  // namespace
 
-TEST_CASE("hostile: one flipped bit anywhere in an xor, overwrite, default (sparse) or auto (context) delta is refused, LOCAL untouched") {
+TEST_CASE(
+    "hostile: one flipped bit anywhere in an xor, overwrite, default (sparse) or auto (context) delta is refused, "
+    "LOCAL untouched") {
   for (const auto& [name, root] : {std::pair{"xor", inputs().root_xor}, std::pair{"overwrite", inputs().root_overwrite},
                                    std::pair{"sparse", inputs().root_sparse}, std::pair{"auto", inputs().root_auto}}) {
     Attack a(root);
@@ -539,7 +568,8 @@ TEST_CASE("hostile: every delta file truncated at 20+ lengths is refused, LOCAL 
 }
 
 TEST_CASE("hostile: frames of the wrong size, decompression bombs, wrong checksums") {
-  for (const auto& [name, root] : {std::pair{"xor", inputs().root_xor}, std::pair{"overwrite", inputs().root_overwrite}}) {
+  for (const auto& [name, root] :
+       {std::pair{"xor", inputs().root_xor}, std::pair{"overwrite", inputs().root_overwrite}}) {
     Attack a(root);
     const bool is_xor = std::string(name) == "xor";
     const Entry big = pick_entry(a.delta, false), small = pick_entry(a.delta, true);
@@ -612,9 +642,8 @@ TEST_CASE("hostile: frames of the wrong size, decompression bombs, wrong checksu
 
 TEST_CASE("hostile: a delta of another base, with and without base checksums, is refused with exit 5") {
   const Inputs& in = inputs();
-  for (const auto& [name, src] :
-       {std::pair{"xor", in.other_xor}, std::pair{"overwrite", in.other_overwrite}, std::pair{"auto", in.other_auto},
-        std::pair{"context", in.other_context}}) {
+  for (const auto& [name, src] : {std::pair{"xor", in.other_xor}, std::pair{"overwrite", in.other_overwrite},
+                                  std::pair{"auto", in.other_auto}, std::pair{"context", in.other_context}}) {
     Attack a(in.root_xor);
     fs::remove_all(a.delta);
     copy_tree(src, a.delta);
@@ -626,7 +655,8 @@ TEST_CASE("hostile: a delta of another base, with and without base checksums, is
     no_sync.insert(no_sync.begin(), "--no-sync");
     code = a.b.attempt(no_sync, {5}, "delta made against another base, --no-sync", name);
     CHECK(code == 5);
-    if (std::string(name) == "auto" || std::string(name) == "context") {  // sparse and context entries exist only with hfdelta's keys
+    if (std::string(name) == "auto" ||
+        std::string(name) == "context") {  // sparse and context entries exist only with hfdelta's keys
       a.b.report("deltas of another base (auto)");
       continue;
     }
@@ -693,7 +723,8 @@ TEST_CASE("hostile: crafted safetensors headers in a delta file") {
 TEST_CASE("hostile: weight_map entries naming files outside the delta's top level") {
   Attack a(inputs().root_xor);
   const Entry e = pick_entry(a.delta, false);
-  for (const std::string& target : std::vector<std::string>{"../x.safetensors", "/etc/x", "sub/x.safetensors", "./" + e.file, "", "."}) {
+  for (const std::string& target :
+       std::vector<std::string>{"../x.safetensors", "/etc/x", "sub/x.safetensors", "./" + e.file, "", "."}) {
     // The file is really there where it can be, so only the path rule refuses it.
     if (target == "../x.safetensors") fs::copy_file(a.delta / e.file, a.delta.parent_path() / "x.safetensors");
     if (target == "sub/x.safetensors") {
@@ -821,7 +852,8 @@ struct StructAttack : Attack {
       const int got = b.attempt(args, {code}, w, w);
       CHECK_MESSAGE(got == code, w << ": exit " << got << ", expected " << code << ":\n" << b.last_err);
       for (const auto& n : names)
-        CHECK_MESSAGE(b.last_err.find(n) != std::string::npos, w << ": the message does not name " << n << ":\n" << b.last_err);
+        CHECK_MESSAGE(b.last_err.find(n) != std::string::npos, w << ": the message does not name " << n << ":\n"
+                                                                 << b.last_err);
     }
     restore();
   }
@@ -853,7 +885,8 @@ const char* const kIndex = "model.safetensors.index.json";
 
 }  // namespace
 
-TEST_CASE("hostile: a structural delta's new headers missing, truncated or with a byte flipped are refused with exit 3") {
+TEST_CASE(
+    "hostile: a structural delta's new headers missing, truncated or with a byte flipped are refused with exit 3") {
   StructAttack a;
   const json idx = delta_index(a.delta);
   std::vector<std::string> headers;  // the header rewrite's and both builds'
@@ -925,7 +958,8 @@ TEST_CASE("hostile: a structural delta's hfdelta_shards edited (index resealed) 
       for (const std::string name : {"b.weight", "b.norm"}) {
         const json& t = h.header.at(name);
         const std::uint64_t n = t["data_offsets"][1].get<std::uint64_t>() - t["data_offsets"][0].get<std::uint64_t>();
-        infos.push_back({name, t["dtype"].get<std::string>(), t["shape"].get<std::vector<std::uint64_t>>(), pos, pos + n});
+        infos.push_back(
+            {name, t["dtype"].get<std::string>(), t["shape"].get<std::vector<std::uint64_t>>(), pos, pos + n});
         pos += n;
       }
       const std::map<std::string, std::string> md = st_metadata(h);
@@ -966,7 +1000,9 @@ TEST_CASE("hostile: a structural delta's hfdelta_shards edited (index resealed) 
     a.refused(5, "base_header wrong", {bf});
   }
   SUBCASE("operations on weight files LOCAL does not have: exit 5") {
-    a.edit_metadata([](json& md) { md["hfdelta_shards"].push_back({{"file", "model-z.safetensors"}, {"op", "remove"}}); });
+    a.edit_metadata([](json& md) {
+      md["hfdelta_shards"].push_back({{"file", "model-z.safetensors"}, {"op", "remove"}});
+    });
     a.refused(5, "remove of a file LOCAL lacks", {kIndex, "model-z.safetensors"});
     a.edit_metadata([](json& md) { md["hfdelta_shards"].push_back({{"file", "config.json"}, {"op", "remove"}}); });
     a.refused(5, "remove of a file that is not a weight file", {kIndex, "config.json"});
@@ -1018,8 +1054,9 @@ void move_build(const StructAttack& a, const std::string& to) {
 // hfdelta_files may not touch it, and neither may a weight file operation.
 TEST_CASE("hostile: a structural build into LOCAL/.weight_sync is refused with exit 3") {
   StructAttack a;
-  for (const std::string& to : {std::string(".weight_sync/state.json"), std::string(".weight_sync/lock"),
-                                std::string(".weight_sync/evil.safetensors"), std::string(".weight_sync/txn/x.safetensors")}) {
+  for (const std::string& to :
+       {std::string(".weight_sync/state.json"), std::string(".weight_sync/lock"),
+        std::string(".weight_sync/evil.safetensors"), std::string(".weight_sync/txn/x.safetensors")}) {
     move_build(a, to);
     a.refused(3, "build of " + to, {kIndex, to});
   }
@@ -1071,7 +1108,8 @@ TEST_CASE("hostile: structural operations on paths outside LOCAL or through syml
   a.b.report("structural operations on paths they may not touch");
 }
 
-TEST_CASE("hostile: a structural delta applied to a LOCAL that is not its base is refused with exit 5, LOCAL untouched") {
+TEST_CASE(
+    "hostile: a structural delta applied to a LOCAL that is not its base is refused with exit 5, LOCAL untouched") {
   const Inputs& in = inputs();
   SUBCASE("a delta of another model of the same layouts") {
     StructAttack a(in.other_struct.parent_path());
@@ -1092,39 +1130,45 @@ TEST_CASE("hostile: a structural delta applied to a LOCAL that is not its base i
   };
   // A tensor only copied into a built file (no entry, no base checksum).
   SUBCASE("a tensor copied into a built file differs") {
-    local_edited("LOCAL's e.moved differs", [](const fs::path& local) {
-      StFile f = read_st(local / "model-e.safetensors");
-      f.raw[static_cast<std::size_t>(f.file_range("e.moved").first)] ^= 1;
-      write_bytes(local / "model-e.safetensors", f.raw);
-    }, {"model-d.safetensors", "e.moved"});
+    local_edited("LOCAL's e.moved differs",
+                 [](const fs::path& local) {
+                   StFile f = read_st(local / "model-e.safetensors");
+                   f.raw[static_cast<std::size_t>(f.file_range("e.moved").first)] ^= 1;
+                   write_bytes(local / "model-e.safetensors", f.raw);
+                 },
+                 {"model-d.safetensors", "e.moved"});
     a.b.report("LOCAL not the base: a copied tensor");
   }
   // A header rewritten in place whose base header is not LOCAL's (same length).
   SUBCASE("the header to rewrite differs") {
-    local_edited("LOCAL's model-b header differs", [](const fs::path& local) {
-      Bytes b = read_bytes(local / "model-b.safetensors");
-      const std::string text(b.begin(), b.end());
-      const std::size_t at = text.find("\"base\"");
-      REQUIRE(at != std::string::npos);
-      b[at + 1] = 'c';  // "case": the same length
-      write_bytes(local / "model-b.safetensors", b);
-    }, {"model-b.safetensors"});
+    local_edited("LOCAL's model-b header differs",
+                 [](const fs::path& local) {
+                   Bytes b = read_bytes(local / "model-b.safetensors");
+                   const std::string text(b.begin(), b.end());
+                   const std::size_t at = text.find("\"base\"");
+                   REQUIRE(at != std::string::npos);
+                   b[at + 1] = 'c';  // "case": the same length
+                   write_bytes(local / "model-b.safetensors", b);
+                 },
+                 {"model-b.safetensors"});
     a.b.report("LOCAL not the base: a header");
   }
   // A tensor of another length where a build copies from.
   SUBCASE("a tensor a build copies from has another length") {
-    local_edited("LOCAL's e.moved of another length", [](const fs::path& local) {
-      StFile f = read_st(local / "model-e.safetensors");
-      std::vector<TensorData> ts;
-      for (const auto& name : f.tensor_names()) {
-        const auto& h = f.header[name];
-        Bytes bytes = f.tensor(name);
-        std::vector<std::uint64_t> shape = h["shape"].get<std::vector<std::uint64_t>>();
-        if (name == "e.moved") shape = {20}, bytes.resize(80);
-        ts.push_back({name, h["dtype"].get<std::string>(), shape, bytes});
-      }
-      write_safetensors(local / "model-e.safetensors", ts);
-    }, {kIndex, "model-d.safetensors", "e.moved"});
+    local_edited("LOCAL's e.moved of another length",
+                 [](const fs::path& local) {
+                   StFile f = read_st(local / "model-e.safetensors");
+                   std::vector<TensorData> ts;
+                   for (const auto& name : f.tensor_names()) {
+                     const auto& h = f.header[name];
+                     Bytes bytes = f.tensor(name);
+                     std::vector<std::uint64_t> shape = h["shape"].get<std::vector<std::uint64_t>>();
+                     if (name == "e.moved") shape = {20}, bytes.resize(80);
+                     ts.push_back({name, h["dtype"].get<std::string>(), shape, bytes});
+                   }
+                   write_safetensors(local / "model-e.safetensors", ts);
+                 },
+                 {kIndex, "model-d.safetensors", "e.moved"});
     a.b.report("LOCAL not the base: a tensor's length");
   }
 }
@@ -1176,8 +1220,10 @@ void link_out(const Attack& a, const std::string& rel) {
   const fs::path away = a.t->path() / "elsewhere" / rel;
   fs::create_directories(away.parent_path());
   fs::rename(a.delta / rel, away);
-  if (fs::is_directory(away)) fs::create_directory_symlink(away, a.delta / rel);
-  else fs::create_symlink(away, a.delta / rel);
+  if (fs::is_directory(away))
+    fs::create_directory_symlink(away, a.delta / rel);
+  else
+    fs::create_symlink(away, a.delta / rel);
 }
 
 // A weight file an entry of the delta patches, as its hfdelta_targets says.
@@ -1205,12 +1251,14 @@ std::vector<HostileDelta> hostile_deltas() {
                  fs::remove(a.delta / kIndex);
                  fs::create_symlink(a.t->path() / "nowhere.json", a.delta / kIndex);
                }});
-  v.push_back({"a delta file is a symlink", false, 3, false, [](Attack& a) { link_out(a, delta_files(a.delta).front()); }});
+  v.push_back(
+      {"a delta file is a symlink", false, 3, false, [](Attack& a) { link_out(a, delta_files(a.delta).front()); }});
   v.push_back({"a symlink the index does not name, at the delta's top level", false, 3, false,
                [](Attack& a) { fs::create_symlink("/etc/hostname", a.delta / "README.md"); }});
   v.push_back({"headers/ is a symlink to a directory of the same headers", true, 3, false,
                [](Attack& a) { link_out(a, "headers"); }});
-  v.push_back({"a new header is a symlink", true, 3, false, [](Attack& a) { link_out(a, "headers/model-c.safetensors"); }});
+  v.push_back(
+      {"a new header is a symlink", true, 3, false, [](Attack& a) { link_out(a, "headers/model-c.safetensors"); }});
   // hfdelta_files over what the delta itself treats as a weight file.
   v.push_back({"hfdelta_files put of a weight file hfdelta_targets names", false, 3, false, [evil](Attack& a) {
                  const std::string f = target_of(a);
@@ -1225,29 +1273,36 @@ std::vector<HostileDelta> hostile_deltas() {
                  write_file(a.delta / "files" / "model-d.safetensors", evil);
                  edit_index(a, [&](json& md) { md["hfdelta_files"].push_back(carried("model-d.safetensors", evil)); });
                }});
-  v.push_back({"hfdelta_files remove of a weight file whose header hfdelta_shards rewrites", true, 3, false, [](Attack& a) {
-                 edit_index(a, [](json& md) { md["hfdelta_files"].push_back({{"path", "model-b.safetensors"}, {"op", "remove"}}); });
-               }});
+  v.push_back(
+      {"hfdelta_files remove of a weight file whose header hfdelta_shards rewrites", true, 3, false, [](Attack& a) {
+         edit_index(a, [](json& md) {
+           md["hfdelta_files"].push_back({{"path", "model-b.safetensors"}, {"op", "remove"}});
+         });
+       }});
   // A weight file of LOCAL the delta treats as a plain file: LOCAL is not
   // its base (exit 5), which only an apply can see.
   for (const std::string op : {"put", "remove"})
-    v.push_back({"hfdelta_files " + op + " of a weight file of LOCAL the delta does not name", false, 5, true, [evil, op](Attack& a) {
-                   const std::string f = "model-00001-of-00004.safetensors";
-                   REQUIRE(fs::exists(a.b.local / f));
-                   if (op == "put") write_file(a.delta / "files" / f, evil);
-                   edit_index(a, [&](json& md) {
-                     for (auto it = md["hfdelta_targets"].begin(); it != md["hfdelta_targets"].end();)
-                       it = *it == f ? md["hfdelta_targets"].erase(it) : std::next(it);
-                     md["hfdelta_files"].push_back(op == "put" ? carried(f, evil) : json{{"path", f}, {"op", "remove"}});
-                   });
-                 }});
+    v.push_back(
+        {"hfdelta_files " + op + " of a weight file of LOCAL the delta does not name", false, 5, true,
+         [evil, op](Attack& a) {
+           const std::string f = "model-00001-of-00004.safetensors";
+           REQUIRE(fs::exists(a.b.local / f));
+           if (op == "put") write_file(a.delta / "files" / f, evil);
+           edit_index(a, [&](json& md) {
+             for (auto it = md["hfdelta_targets"].begin(); it != md["hfdelta_targets"].end();)
+               it = *it == f ? md["hfdelta_targets"].erase(it) : std::next(it);
+             md["hfdelta_files"].push_back(op == "put" ? carried(f, evil) : json{{"path", f}, {"op", "remove"}});
+           });
+         }});
   v.push_back({"hfdelta_files put into .weight_sync", false, 3, false, [evil](Attack& a) {
                  write_file(a.delta / "files" / ".weight_sync" / "state.json", evil);
-                 edit_index(a, [&](json& md) { md["hfdelta_files"].push_back(carried(".weight_sync/state.json", evil)); });
+                 edit_index(a,
+                            [&](json& md) { md["hfdelta_files"].push_back(carried(".weight_sync/state.json", evil)); });
                }});
   v.push_back({"a carried file of another size than recorded", false, 3, false,
                [](Attack& a) { write_file(a.delta / "files" / "config.json", "{}\n"); }});
-  v.push_back({"a delta file missing", false, 3, false, [](Attack& a) { fs::remove(a.delta / delta_files(a.delta).front()); }});
+  v.push_back(
+      {"a delta file missing", false, 3, false, [](Attack& a) { fs::remove(a.delta / delta_files(a.delta).front()); }});
   v.push_back({"an entry that is not a zstd frame", false, 3, false, [](Attack& a) {
                  const Entry e = pick_entry(a.delta, false);
                  replace_entry(a.delta / e.file, e.tensor, bytes_of("not a zstd frame at all"));
@@ -1281,7 +1336,8 @@ TEST_CASE("hostile: --inspect and delta-apply refuse every listed hostile delta 
       h.build(a);
       const RunResult ins = diff({"-q", "--inspect", a.delta.string()});
       const int got = a.b.attempt(a.single(), {h.code}, h.name, h.name);  // checks LOCAL is untouched
-      CHECK_MESSAGE(got == h.code, h.name << ": delta-apply exit " << got << ", expected " << h.code << ":\n" << a.b.last_err);
+      CHECK_MESSAGE(got == h.code, h.name << ": delta-apply exit " << got << ", expected " << h.code << ":\n"
+                                          << a.b.last_err);
       CHECK_MESSAGE(ins.code == (h.of_local ? 0 : h.code), h.name << ": " << ins.describe());
       a.b.report(h.name);
     };
@@ -1299,9 +1355,9 @@ TEST_CASE("hostile: --inspect and delta-apply refuse every listed hostile delta 
 
 TEST_CASE("hostile: --inspect and delta-apply both accept the valid deltas the hostile ones are made from") {
   const Inputs& in = inputs();
-  for (const auto& [kind, root] : {std::pair{"xor", in.root_xor}, std::pair{"overwrite", in.root_overwrite},
-                                   std::pair{"auto", in.root_auto}, std::pair{"sparse", in.root_sparse},
-                                   std::pair{"structural", in.root_struct}}) {
+  for (const auto& [kind, root] :
+       {std::pair{"xor", in.root_xor}, std::pair{"overwrite", in.root_overwrite}, std::pair{"auto", in.root_auto},
+        std::pair{"sparse", in.root_sparse}, std::pair{"structural", in.root_struct}}) {
     const char* name = kind;  // clang 14 cannot capture a structured binding (CAPTURE)
     CAPTURE(name);
     const bool st = std::string(name) == "structural";

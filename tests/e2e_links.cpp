@@ -133,7 +133,8 @@ static std::map<std::string, std::int64_t> mtimes(const fs::path& dir) {
   return m;
 }
 
-TEST_CASE("hard links: a --root chain refuses a shared weight file before its first step; a full version in it copies") {
+TEST_CASE(
+    "hard links: a --root chain refuses a shared weight file before its first step; a full version in it copies") {
   TempDir t;
   const fs::path series = gen_series(t / "series", 2, {"--max-shard-size", "600KB"});
   const fs::path root = t / "root", full_root = t / "full-root";
@@ -296,7 +297,8 @@ TEST_CASE("symbolic links: LOCAL keeps refusing them") {
   CHECK(read_bytes(elsewhere) == outside);
 }
 
-TEST_CASE("symbolic links: a link anywhere inside LOCAL is refused by every form, nothing moved or written through it") {
+TEST_CASE(
+    "symbolic links: a link anywhere inside LOCAL is refused by every form, nothing moved or written through it") {
   TempDir t;
   const fs::path series = gen_series(t / "series", 2);
   const fs::path root = t / "root";
@@ -328,7 +330,8 @@ TEST_CASE("symbolic links: a link anywhere inside LOCAL is refused by every form
         {"a delta", {"-q", version_dir(root, 1).string(), local.string()}},
         {"a delta, --no-sync", {"-q", "--no-sync", version_dir(root, 1).string(), local.string()}},
         {"--root", {"-q", "--root", root.string(), local.string()}},
-        {"--init of the next save", {"-q", "--init", "--init-version", "1", save_dir(series, 1).string(), local.string()}},
+        {"--init of the next save",
+         {"-q", "--init", "--init-version", "1", save_dir(series, 1).string(), local.string()}},
         {"--init of the same save", {"-q", "--init", save_dir(series, 0).string(), local.string()}},
     };
     for (const auto& [what, args] : forms) {
@@ -418,7 +421,9 @@ void cp_reflink(const fs::path& from, const fs::path& to) {
 
 }  // namespace
 
-TEST_CASE("copy-on-write clones: LOCALs cloned with cp --reflink are patched on their own, the other trees keep their bytes") {
+TEST_CASE(
+    "copy-on-write clones: LOCALs cloned with cp --reflink are patched on their own, the other trees keep their "
+    "bytes") {
   Setup s;
   const ReflinkFs xfs(s.t / "xfs");  // unmounted before s.t is removed
   if (!xfs.mounted()) {

@@ -35,17 +35,18 @@ struct Tree {
     const Tree now(dir);
     std::string out;
     std::vector<std::string> d;
-    std::set_symmetric_difference(paths.begin(), paths.end(), now.paths.begin(), now.paths.end(), std::back_inserter(d));
+    std::set_symmetric_difference(paths.begin(), paths.end(), now.paths.begin(), now.paths.end(),
+                                  std::back_inserter(d));
     for (const auto& p : d) out += p + ": created or removed\n";
     for (const auto& line : snapshot_diff(files, now.files, "before", "after")) out += line + "\n";
     return out;
   }
 };
 
-#define CHECK_NOTHING_CHANGED(tree)                 \
-  do {                                              \
-    const std::string e2e_c_ = (tree).changes();    \
-    CHECK_MESSAGE(e2e_c_.empty(), e2e_c_);          \
+#define CHECK_NOTHING_CHANGED(tree)              \
+  do {                                           \
+    const std::string e2e_c_ = (tree).changes(); \
+    CHECK_MESSAGE(e2e_c_.empty(), e2e_c_);       \
   } while (0)
 
 // Saves 0 to 2, delta 1 published under ROOT, LOCAL initialised from save 0.
@@ -68,7 +69,8 @@ struct Setup {
 
 // ---- --init deletes only what it owns ---------------------------------------------
 
-TEST_CASE("mistakes: --init into a non-empty directory that is not a LOCAL: exit 7, nothing touched; --force replaces it") {
+TEST_CASE(
+    "mistakes: --init into a non-empty directory that is not a LOCAL: exit 7, nothing touched; --force replaces it") {
   Setup s;
   // A trainer's checkpoint with a file of its own, and a directory of other models.
   const fs::path trainer = s.t / "trainer", models = s.t / "models";
@@ -84,7 +86,9 @@ TEST_CASE("mistakes: --init into a non-empty directory that is not a LOCAL: exit
   SUBCASE("--init LOCAL SRC, swapped: named as swapped, not answered with --force") {
     args = {"--init", s.local.string(), trainer.string()}, victim = trainer, code = 3, mention = "swapped";
   }
-  SUBCASE("--init SRC into a directory of other models") { args = {"--init", s.save(0).string(), models.string()}, victim = models; }
+  SUBCASE("--init SRC into a directory of other models") {
+    args = {"--init", s.save(0).string(), models.string()}, victim = models;
+  }
   const Tree before(s.t.path());
   const RunResult r = apply(args);
   E2E_CHECK_CODE(r, code);
@@ -131,8 +135,12 @@ TEST_CASE("mistakes: --init from an SRC that cannot be copied into LOCAL: exit 3
   SUBCASE("a delta version as SRC into a new LOCAL") {
     args = {"--init", s.delta().string(), fresh.string()}, mention = "delta version";
   }
-  SUBCASE("SRC is LOCAL") { args = {"--init", s.local.string(), (s.t / "." / "local").string()}, mention = "same directory"; }
-  SUBCASE("SRC inside LOCAL") { args = {"--init", (s.local / "sub").string(), s.local.string()}, mention = "inside LOCAL"; }
+  SUBCASE("SRC is LOCAL") {
+    args = {"--init", s.local.string(), (s.t / "." / "local").string()}, mention = "same directory";
+  }
+  SUBCASE("SRC inside LOCAL") {
+    args = {"--init", (s.local / "sub").string(), s.local.string()}, mention = "inside LOCAL";
+  }
   SUBCASE("LOCAL inside SRC, not there yet") {
     args = {"--init", s.save(0).string(), (s.save(0) / "copy").string()}, mention = "inside SRC";
   }
@@ -145,7 +153,8 @@ TEST_CASE("mistakes: --init from an SRC that cannot be copied into LOCAL: exit 3
 
 // ---- delta-diff refuses what cannot be a checkpoint, and doubts what looks wrong --------
 
-TEST_CASE("mistakes: delta-diff of a NEW without weight files or of a delta version: exit 3 naming it, nothing published") {
+TEST_CASE(
+    "mistakes: delta-diff of a NEW without weight files or of a delta version: exit 3 naming it, nothing published") {
   Setup s;
   const fs::path partial = s.t / "step_0200", out = version_dir(s.root, 2);
   write_file(partial / "config.json", read_file(s.save(1) / "config.json"));
@@ -170,7 +179,8 @@ TEST_CASE("mistakes: delta-diff warns when most elements changed or the delta ou
   const RunResult i = diff({"-q", "--inspect", version_dir(s.root, 2).string()});
   E2E_CHECK_CODE(i, 0);
   CHECK_MESSAGE(i.err.empty(), i.describe());
-  const RunResult q = diff({"-q", "--squash", s.delta().string(), version_dir(s.root, 2).string(), (s.t / "squashed").string()});
+  const RunResult q =
+      diff({"-q", "--squash", s.delta().string(), version_dir(s.root, 2).string(), (s.t / "squashed").string()});
   E2E_CHECK_CODE(q, 0);
   CHECK_MESSAGE(q.err.empty(), q.describe());
 
@@ -201,7 +211,8 @@ TEST_CASE("mistakes: delta-diff warns when most elements changed or the delta ou
 
 // ---- nothing is created before the arguments are checked ---------------------------
 
-TEST_CASE("mistakes: swapped paths (a version or root where LOCAL belongs, a LOCAL where DELTA or ROOT belongs): exit 3") {
+TEST_CASE(
+    "mistakes: swapped paths (a version or root where LOCAL belongs, a LOCAL where DELTA or ROOT belongs): exit 3") {
   Setup s;
   const fs::path other = s.t / "other-local";
   E2E_REQUIRE_CODE(apply({"-q", "--init", s.save(0).string(), other.string()}), 0);
@@ -220,7 +231,8 @@ TEST_CASE("mistakes: swapped paths (a version or root where LOCAL belongs, a LOC
   CHECK_NOTHING_CHANGED(before);
 }
 
-TEST_CASE("mistakes: a LOCAL that does not exist is refused by every form but --init, pointing to --init, creating nothing") {
+TEST_CASE(
+    "mistakes: a LOCAL that does not exist is refused by every form but --init, pointing to --init, creating nothing") {
   Setup s;
   const fs::path typo = s.t / "loacl" / "model";
   std::vector<std::string> args;
@@ -332,7 +344,8 @@ TEST_CASE("mistakes: a root or OUT inside BASE or NEW is refused (exit 3, naming
   CHECK_NOTHING_CHANGED(before);
 }
 
-TEST_CASE("mistakes: a ROOT that does not exist yet: every form that publishes says to create the root first (exit 2)") {
+TEST_CASE(
+    "mistakes: a ROOT that does not exist yet: every form that publishes says to create the root first (exit 2)") {
   Setup s;
   const fs::path missing = s.t / "weights";
   std::vector<std::string> args;
@@ -386,14 +399,17 @@ TEST_CASE("mistakes: Publisher(root, mirror) with wrong paths is refused before 
   SUBCASE("swapped, the root still empty (would create ROOT/.weight_sync/, stranding every host)") {
     root = mirror, mir = empty_root, mentions = {mirror.string(), "swapped"};
   }
-  SUBCASE("swapped, the root publishing versions") { root = mirror, mir = s.root, mentions = {mirror.string(), "swapped"}; }
+  SUBCASE("swapped, the root publishing versions") {
+    root = mirror, mir = s.root, mentions = {mirror.string(), "swapped"};
+  }
   SUBCASE("a host's LOCAL as the root (would publish weight_v000001 into it)") {
     root = s.local, mir = mirror, mentions = {s.local.string(), "swapped"};
   }
   SUBCASE("the mirror as the root too") { root = mirror, mir = mirror, mentions = {mirror.string()}; }
   SUBCASE("a root inside the mirror") {
     fs::create_directories(mirror / "weights");
-    root = mirror / "weights", mir = mirror, mentions = {(mirror / "weights").string(), "inside mirror " + mirror.string()};
+    root = mirror / "weights", mir = mirror,
+    mentions = {(mirror / "weights").string(), "inside mirror " + mirror.string()};
   }
   SUBCASE("the mirror inside the root") {
     const fs::path inner = empty_root / "mirror";
@@ -403,7 +419,8 @@ TEST_CASE("mistakes: Publisher(root, mirror) with wrong paths is refused before 
   SUBCASE("a mirror never initialised (would create MIRROR/.weight_sync/)") {
     const fs::path plain = s.t / "plain";
     copy_tree(s.save(0), plain);
-    root = empty_root, mir = plain, code = 11, mentions = {plain.string(), "delta-apply --init CHECKPOINT " + plain.string()};
+    root = empty_root, mir = plain, code = 11,
+    mentions = {plain.string(), "delta-apply --init CHECKPOINT " + plain.string()};
   }
   SUBCASE("a root that does not exist") {
     root = s.t / "typo", mir = mirror, code = 2, mentions = {"create the publication root first"};
@@ -491,8 +508,8 @@ TEST_CASE("mistakes: zero-padded numbers are decimal, as versions are written (0
   fs::create_directories(out.parent_path());
   E2E_CHECK_CODE(apply({"-q", "--init", "--init-version", "000010", s.save(0).string(), fresh.string()}), 0);
   CHECK(state_version(fresh) == "000010");
-  E2E_CHECK_CODE(diff({"-q", "--delta-version", "000010", "--base-version", "09", s.save(1).string(), s.save(2).string(),
-                       out.string()}),
+  E2E_CHECK_CODE(diff({"-q", "--delta-version", "000010", "--base-version", "09", s.save(1).string(),
+                       s.save(2).string(), out.string()}),
                  0);
   CHECK(delta_index(out)["metadata"]["base_version"] == "000009");
 }
@@ -518,15 +535,17 @@ TEST_CASE("mistakes: every form takes its options in any order, its path after t
   std::vector<std::vector<std::string>> same;  // command lines that must print the same
   std::string what;
   SUBCASE("--inspect --json DELTA") {
-    what = "json", same = {{"--inspect", delta, "--json"}, {"--json", "--inspect", delta}, {"--inspect", "--json", delta}};
+    what = "json",
+    same = {{"--inspect", delta, "--json"}, {"--json", "--inspect", delta}, {"--inspect", "--json", delta}};
   }
   SUBCASE("--inspect -q DELTA") { what = "quiet", same = {{"--inspect", delta, "-q"}, {"--inspect", "-q", delta}}; }
   SUBCASE("--prune --dry-run ROOT") {
-    what = "text", same = {{"--prune", root, "--dry-run"}, {"--prune", "--dry-run", root},
-                           {"--dry-run", "--prune", root}};
+    what = "text",
+    same = {{"--prune", root, "--dry-run"}, {"--prune", "--dry-run", root}, {"--dry-run", "--prune", root}};
   }
   SUBCASE("--prune --keep-from N --dry-run ROOT") {
-    what = "text", same = {{"--prune", root, "--keep-from", "1", "--dry-run"}, {"--prune", "--keep-from", "1", "--dry-run", root}};
+    what = "text",
+    same = {{"--prune", root, "--keep-from", "1", "--dry-run"}, {"--prune", "--keep-from", "1", "--dry-run", root}};
   }
   SUBCASE("--prune --json --dry-run ROOT") {
     what = "json", same = {{"--prune", root, "--json", "--dry-run"}, {"--prune", "--json", "--dry-run", root}};

@@ -62,7 +62,8 @@ TEST_CASE("--json: one object for every outcome, failures included") {
                   "exists", version_dir(root, 1).string());
   }
   SUBCASE("delta-apply: out of order (4), a usage error (2), a damaged delta (3)") {
-    check_failure(apply({"--json", "--root", root.string(), "--target", "9", local.string()}), 4, "out_of_order", root.string());
+    check_failure(apply({"--json", "--root", root.string(), "--target", "9", local.string()}), 4, "out_of_order",
+                  root.string());
     const RunResult u = apply({"--json", "--bogus", local.string()});
     E2E_CHECK_CODE(u, 2);
     CHECK(one_object(u)["error"]["kind"] == "usage");
@@ -129,7 +130,8 @@ TEST_CASE("stdout that cannot be written is an error; --version is the program's
   const RunResult full = run({"/bin/sh", "-c", "\"$0\" --status \"$1\" > /dev/full", apply_bin(), local.string()});
   E2E_CHECK_CODE(full, 1);
   CHECK(contains(full.err, "cannot write to standard output"));
-  const RunResult fullj = run({"/bin/sh", "-c", "\"$0\" --json --status \"$1\" > /dev/full", apply_bin(), local.string()});
+  const RunResult fullj =
+      run({"/bin/sh", "-c", "\"$0\" --json --status \"$1\" > /dev/full", apply_bin(), local.string()});
   E2E_CHECK_CODE(fullj, 1);
 
   for (const auto& [bin, name] : {std::pair{diff_bin(), "delta-diff"}, std::pair{apply_bin(), "delta-apply"}}) {
@@ -169,8 +171,8 @@ TEST_CASE("--status and --verify on a read-only LOCAL and as a user who cannot w
   } else {
     fs::permissions(t.path(), fs::add_perms | fs::others_exe | fs::others_read);
     for (const char* form : {"--status", "--verify"}) {
-      const RunResult r = run({setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", apply_bin(), form, "--json",
-                               local.string()});
+      const RunResult r = run(
+          {setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", apply_bin(), form, "--json", local.string()});
       E2E_CHECK_CODE(r, 0);
       CHECK(contains(r.out, "\"clean\""));
     }
@@ -178,7 +180,8 @@ TEST_CASE("--status and --verify on a read-only LOCAL and as a user who cannot w
   // A writer holds the lock: the readers wait, and give up at --lock-timeout (exit 8).
   const pid_t held = spawn({"/usr/bin/flock", (local / ".weight_sync" / "lock").string(), "sleep", "5"});
   ::usleep(300 * 1000);
-  for (const char* form : {"--status", "--verify"}) E2E_CHECK_CODE(apply({form, "--lock-timeout", "0.2", local.string()}), 8);
+  for (const char* form : {"--status", "--verify"})
+    E2E_CHECK_CODE(apply({form, "--lock-timeout", "0.2", local.string()}), 8);
   ::kill(held, SIGTERM);
   ::waitpid(held, nullptr, 0);
 }
@@ -195,8 +198,8 @@ TEST_CASE("progress: on a terminal by default, with --progress in a log; never w
   const fs::path s = t / "series";
   E2E_REQUIRE_CODE(run({gen_bin(), "--preset", "small", "--saves", "1", s.string()}), 0);
   auto diff_cmd = [&](const std::string& out, const std::string& extra) {
-    return diff_bin() + " --threads 1 --encoding auto --level 12 " + extra + " " + save_dir(s, 0).string() + " " + save_dir(s, 1).string() +
-           " " + (t / out).string() + " --delta-version 1";
+    return diff_bin() + " --threads 1 --encoding auto --level 12 " + extra + " " + save_dir(s, 0).string() + " " +
+           save_dir(s, 1).string() + " " + (t / out).string() + " --delta-version 1";
   };
   // Under script(1) stderr is a terminal: progress redrawn in place, cleared before the summary.
   const RunResult tty = run({script, "-qec", diff_cmd("d1", ""), "/dev/null"});

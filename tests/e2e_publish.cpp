@@ -31,7 +31,8 @@ int wait_code(pid_t pid) {
 }
 
 bool is_mount_point(const fs::path& dir) {
-  struct stat a{}, b{};
+  struct stat a {
+  }, b{};
   return ::stat(dir.c_str(), &a) == 0 && ::stat(dir.parent_path().c_str(), &b) == 0 && a.st_dev != b.st_dev;
 }
 
@@ -58,15 +59,20 @@ class FuseMount {
     const std::string bindfs = system_tool("bindfs");
     unmount_ = system_tool("fusermount3");
     if (unmount_.empty()) unmount_ = system_tool("fusermount");
-    if (::access("/dev/fuse", R_OK | W_OK) != 0) why_ = "/dev/fuse is not usable (" + std::string(std::strerror(errno)) + ")";
-    else if (bindfs.empty()) why_ = "bindfs is not installed (scripts/setup.sh installs it)";
-    else if (unmount_.empty()) why_ = "fusermount3 is not installed (scripts/setup.sh installs fuse3)";
+    if (::access("/dev/fuse", R_OK | W_OK) != 0)
+      why_ = "/dev/fuse is not usable (" + std::string(std::strerror(errno)) + ")";
+    else if (bindfs.empty())
+      why_ = "bindfs is not installed (scripts/setup.sh installs it)";
+    else if (unmount_.empty())
+      why_ = "fusermount3 is not installed (scripts/setup.sh installs fuse3)";
     if (!why_.empty()) return;
     fs::create_directories(backing);
     fs::create_directories(mnt);
     const RunResult r = run({bindfs, backing.string(), mnt.string()});  // returns once mounted
-    if (r.code != 0) why_ = r.cmdline + ": exit " + std::to_string(r.code) + ": " + first_line(r.err);
-    else if (!is_mount_point(mnt)) why_ = r.cmdline + ": nothing mounted";
+    if (r.code != 0)
+      why_ = r.cmdline + ": exit " + std::to_string(r.code) + ": " + first_line(r.err);
+    else if (!is_mount_point(mnt))
+      why_ = r.cmdline + ": nothing mounted";
   }
   ~FuseMount() {
     if (is_mount_point(mnt_) && run({unmount_, "-u", mnt_.string()}).code != 0) run({unmount_, "-uz", mnt_.string()});
@@ -106,7 +112,8 @@ std::vector<int> publish_twice(const fs::path& base, const fs::path& target, con
 // the version is whole, nothing is left behind, LOCAL converges.
 void publish_and_pull(const fs::path& series, const fs::path& root, const fs::path& local) {
   require_init(save_dir(series, 0), local);
-  const RunResult first = diff({"-q", save_dir(series, 0).string(), save_dir(series, 1).string(), version_dir(root, 1).string()});
+  const RunResult first =
+      diff({"-q", save_dir(series, 0).string(), save_dir(series, 1).string(), version_dir(root, 1).string()});
   E2E_REQUIRE_CODE(first, 0);
   CHECK(pull(root, local)["to_version"] == "000001");
   E2E_CHECK_TREE_EQUAL(local, save_dir(series, 1));
@@ -152,7 +159,8 @@ TEST_CASE("publishing on a FUSE mount that rejects rename flags (bindfs, as NFS)
   CHECK(list_names(t / "backing" / "root") == list_names(t / "mnt" / "root"));
   // Anything already at OUT is refused there too, and left as it was.
   write_file(t / "mnt" / "root" / "weight_v000005", "a file\n");
-  const RunResult r = diff({save_dir(series, 3).string(), save_dir(series, 4).string(), (t / "mnt" / "root" / "weight_v000005").string()});
+  const RunResult r = diff(
+      {save_dir(series, 3).string(), save_dir(series, 4).string(), (t / "mnt" / "root" / "weight_v000005").string()});
   E2E_CHECK_CODE(r, 7);
   CHECK(read_file(t / "mnt" / "root" / "weight_v000005") == "a file\n");
   CHECK(hidden_names(t / "mnt" / "root").empty());
@@ -179,7 +187,9 @@ struct Published {
 
 }  // namespace
 
-TEST_CASE("delta-diff refuses an OUT that would make the root inconsistent: its exit code, a message naming it, nothing created") {
+TEST_CASE(
+    "delta-diff refuses an OUT that would make the root inconsistent: its exit code, a message naming it, nothing "
+    "created") {
   Published p;
   const std::string S1 = p.save(1), S2 = p.save(2);
   const fs::path R = p.root;
@@ -189,15 +199,19 @@ TEST_CASE("delta-diff refuses an OUT that would make the root inconsistent: its 
   SUBCASE("seven digits") {
     args = {S1, S2, (R / "weight_v0000002").string()}, want = 2, mention = "weight_v0000002\" is not a version name";
   }
-  SUBCASE("one digit") { args = {S1, S2, (R / "weight_v2").string()}, want = 2, mention = "weight_v2\" is not a version name"; }
+  SUBCASE("one digit") {
+    args = {S1, S2, (R / "weight_v2").string()}, want = 2, mention = "weight_v2\" is not a version name";
+  }
   SUBCASE("letters after the digits") {
     args = {S1, S2, (R / "weight_v000002x").string()}, want = 2, mention = "is not a version name";
   }
   SUBCASE("--delta-version disagreeing with the name") {
-    args = {"--delta-version", "3", S1, S2, (R / "weight_v000002").string()}, want = 2, mention = "disagrees with the name";
+    args = {"--delta-version", "3", S1, S2, (R / "weight_v000002").string()}, want = 2,
+    mention = "disagrees with the name";
   }
   SUBCASE("a version that skips one") {
-    args = {S1, S2, (R / "weight_v000003").string()}, want = 4, mention = "newest published is 000001, so the next is 000002";
+    args = {S1, S2, (R / "weight_v000003").string()}, want = 4,
+    mention = "newest published is 000001, so the next is 000002";
   }
   SUBCASE("a version already passed") {
     E2E_REQUIRE_CODE(diff({"-q", S1, S2, (R / "weight_v000002").string()}), 0);

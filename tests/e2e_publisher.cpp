@@ -89,7 +89,9 @@ TEST_CASE("publisher: a version with tensors neither given nor declared unchange
   CHECK(list_names(root).empty() == false);  // the step's temporary directory, still open
   const std::vector<std::uint8_t> two(2);
   const std::vector<std::uint64_t> shape{1};
-  CHECK(code_of([&] { p.put({"no.such.tensor", "BF16", shape, two}); }) == static_cast<int>(hfdelta::Exit::unsupported));
+  CHECK(code_of([&] {
+          p.put({"no.such.tensor", "BF16", shape, two});
+        }) == static_cast<int>(hfdelta::Exit::unsupported));
   p.abort();
   CHECK(list_names(root).empty());
   // all but one, the rest declared unchanged: published
@@ -123,14 +125,16 @@ TEST_CASE("publisher: opening catches a mirror up from ROOT, and refuses a root 
   CHECK(code_of([&] { hfdelta::MemoryPublisher q(root, mirror, o); }) == static_cast<int>(hfdelta::Exit::lock_timeout));
 }
 
-TEST_CASE("publisher: tensors larger than a chunk, split over threads, across versions: delta-diff's bytes, progress whole") {
+TEST_CASE(
+    "publisher: tensors larger than a chunk, split over threads, across versions: delta-diff's bytes, progress whole") {
   // The tiny preset's tensors are all below one sparse chunk (1M elements);
   // these are cut into ranges of chunks and hashed in a unit of their own.
   TempDir t;
   auto make = [&](const fs::path& dir, unsigned seed) {
     std::mt19937 rng(seed);
     std::vector<TensorData> ts;
-    auto add = [&](const std::string& name, const std::string& dtype, std::vector<std::uint64_t> shape, std::size_t es) {
+    auto add = [&](const std::string& name, const std::string& dtype, std::vector<std::uint64_t> shape,
+                   std::size_t es) {
       std::uint64_t n = 1;
       for (auto d : shape) n *= d;
       Bytes b(n * es);
@@ -139,7 +143,7 @@ TEST_CASE("publisher: tensors larger than a chunk, split over threads, across ve
       for (std::uint64_t i = 0; i < n / 100; ++i) b[(rng() % n) * es] ^= 1;  // about 1% of the elements
       ts.push_back({name, dtype, std::move(shape), std::move(b)});
     };
-    add("big.bf16", "BF16", {4096, 1100}, 2);    // 4.5M elements, 5 chunks
+    add("big.bf16", "BF16", {4096, 1100}, 2);          // 4.5M elements, 5 chunks
     add("big.f32", "F32", {3 * 1024 * 1024 + 17}, 4);  // odd length
     add("small", "BF16", {1000}, 2);
     write_safetensors(dir / "model.safetensors", ts);
@@ -166,9 +170,10 @@ TEST_CASE("publisher: tensors larger than a chunk, split over threads, across ve
       CHECK(std::string(s.what) == "publish");
       CHECK(s.done == s.total);
       p.publish(false);
-      E2E_REQUIRE_CODE(diff({"-q", "--no-sync", "--threads", "2", "--encoding", enc, saves[static_cast<std::size_t>(v - 1)].string(),
-                             saves[static_cast<std::size_t>(v)].string(), ref.string()}),
-                       0);
+      E2E_REQUIRE_CODE(
+          diff({"-q", "--no-sync", "--threads", "2", "--encoding", enc, saves[static_cast<std::size_t>(v - 1)].string(),
+                saves[static_cast<std::size_t>(v)].string(), ref.string()}),
+          0);
       E2E_CHECK_TREE_EQUAL(version_dir(root, v), version_dir(ref, v));
     }
     p.wait();

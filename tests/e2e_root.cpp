@@ -10,7 +10,6 @@ using namespace e2e;
 
 namespace {
 
-
 #define CHECK_ERR_MENTIONS(res, text) \
   CHECK_MESSAGE(contains((res).err, (text)), "stderr should mention \"" << (text) << "\"\n" << (res).describe())
 
@@ -23,7 +22,8 @@ void publish_full(const fs::path& root, int v, const fs::path& src) {
 
 void publish_delta(const fs::path& root, int v, const fs::path& base, const fs::path& target,
                    const std::string& encoding = "xor") {
-  const RunResult r = diff({"-q", "--encoding", encoding, base.string(), target.string(), version_dir(root, v).string()});
+  const RunResult r =
+      diff({"-q", "--encoding", encoding, base.string(), target.string(), version_dir(root, v).string()});
   E2E_REQUIRE_CODE(r, 0);
 }
 

@@ -48,14 +48,16 @@ RunResult pull_raw(const fs::path& root, const fs::path& local, const std::vecto
 
 }  // namespace
 
-TEST_CASE("--full BASE NEW ROOT: the delta beside the full version first, both with markers; hosts take the cheaper path") {
+TEST_CASE(
+    "--full BASE NEW ROOT: the delta beside the full version first, both with markers; hosts take the cheaper path") {
   TempDir t;
   const fs::path s = gen_series(t / "series", 6, {"--lr", "1e-3"});
   const fs::path root = t / "root";
   publish_series(s, root, 3, 0);
-  const RunResult r = diff({"--json", "--full", save_dir(s, 3).string(), save_dir(s, 4).string(), root.string(),
-                            "--post-publish", "echo \"$HFDELTA_NAME $HFDELTA_VERSION $HFDELTA_ROOT\" >> " + (t / "hooks").string() +
-                                                  "; test -f \"$HFDELTA_VERSION_PATH/hfdelta_complete.json\""});
+  const RunResult r =
+      diff({"--json", "--full", save_dir(s, 3).string(), save_dir(s, 4).string(), root.string(), "--post-publish",
+            "echo \"$HFDELTA_NAME $HFDELTA_VERSION $HFDELTA_ROOT\" >> " + (t / "hooks").string() +
+                "; test -f \"$HFDELTA_VERSION_PATH/hfdelta_complete.json\""});
   E2E_REQUIRE_CODE(r, 0);
   const json j = parse_json(r.out);
   CHECK(j["version"] == "000004");
@@ -63,7 +65,8 @@ TEST_CASE("--full BASE NEW ROOT: the delta beside the full version first, both w
   CHECK(j["sidecar"]["out"] == sidecar_dir(root, 4).string());
   CHECK(j["sidecar"]["base_version"] == "000003");
   // The hook ran for each directory once it was published, the delta first.
-  CHECK(read_file(t / "hooks") == "delta_v000004 000004 " + root.string() + "\nweight_v000004 000004 " + root.string() + "\n");
+  CHECK(read_file(t / "hooks") ==
+        "delta_v000004 000004 " + root.string() + "\nweight_v000004 000004 " + root.string() + "\n");
   for (int v = 5; v <= 6; ++v)
     E2E_REQUIRE_CODE(diff({"-q", save_dir(s, v - 1).string(), save_dir(s, v).string(), root.string()}), 0);
 
@@ -96,7 +99,8 @@ TEST_CASE("--full BASE NEW ROOT: the delta beside the full version first, both w
     require_init(save_dir(s, 0), local, "0");
     std::uint64_t deltas = 0;
     for (int v = 1; v <= 6; ++v) deltas += tree_size(v == 4 ? sidecar_dir(root, 4) : version_dir(root, v));
-    const std::uint64_t full = tree_size(version_dir(root, 4)) + tree_size(version_dir(root, 5)) + tree_size(version_dir(root, 6));
+    const std::uint64_t full =
+        tree_size(version_dir(root, 4)) + tree_size(version_dir(root, 5)) + tree_size(version_dir(root, 6));
     REQUIRE(full < deltas);  // the series is made so: large steps
     const json p = pull(root, local);
     CHECK(p["full_copied"] == "000004");
@@ -114,7 +118,8 @@ TEST_CASE("--full BASE NEW ROOT: the delta beside the full version first, both w
   SUBCASE("--prune keeps the full version and the delta beside it, removes what is older") {
     const RunResult pr = diff({"--json", "--prune", root.string()});
     E2E_REQUIRE_CODE(pr, 0);
-    CHECK(list_names(root) == std::vector<std::string>{"delta_v000004", "weight_v000004", "weight_v000005", "weight_v000006"});
+    CHECK(list_names(root) ==
+          std::vector<std::string>{"delta_v000004", "weight_v000004", "weight_v000005", "weight_v000006"});
     const fs::path local = t / "after-prune";
     require_init(save_dir(s, 3), local, "3");
     CHECK(pull(root, local)["sidecars_applied"] == 1);
@@ -131,8 +136,8 @@ TEST_CASE("--full NEW ROOT: a full version alone; refused sources create nothing
   CHECK_FALSE(fs::exists(sidecar_dir(root, 2)));
   check_full_version(version_dir(root, 2), save_dir(s, 2));
   const Snapshot before = snapshot(root);
-  E2E_CHECK_CODE(diff({"--full", version_dir(root, 1).string(), root.string()}), 3);          // a delta
-  E2E_CHECK_CODE(diff({"--full", (t / "missing").string(), root.string()}), 2);             // no such path
+  E2E_CHECK_CODE(diff({"--full", version_dir(root, 1).string(), root.string()}), 3);            // a delta
+  E2E_CHECK_CODE(diff({"--full", (t / "missing").string(), root.string()}), 2);                 // no such path
   E2E_CHECK_CODE(diff({"--full", save_dir(s, 2).string(), version_dir(root, 2).string()}), 7);  // exists
   E2E_CHECK_CODE(diff({"--full", save_dir(s, 2).string(), version_dir(root, 4).string()}), 4);  // not next
   CHECK(snapshot(root) == before);
@@ -144,7 +149,8 @@ TEST_CASE("a version still arriving is not published yet; a damaged complete one
   const fs::path root = t / "root", staged = t / "staged";
   publish_series(s, root, 2, 0);
   fs::create_directories(staged);
-  E2E_REQUIRE_CODE(diff({"-q", save_dir(s, 2).string(), save_dir(s, 3).string(), (staged / "weight_v000003").string()}), 0);
+  E2E_REQUIRE_CODE(diff({"-q", save_dir(s, 2).string(), save_dir(s, 3).string(), (staged / "weight_v000003").string()}),
+                   0);
   const fs::path local = t / "local";
   require_init(save_dir(s, 0), local, "0");
   REQUIRE(pull(root, local)["to_version"] == "000002");
@@ -233,23 +239,29 @@ TEST_CASE("damaged complete versions: a delta, and a full version a new host cop
   }
 }
 
-TEST_CASE("hooks: --post-publish failure exits 13 with the version published; --pre-read runs first, failure exits 14") {
+TEST_CASE(
+    "hooks: --post-publish failure exits 13 with the version published; --pre-read runs first, failure exits 14") {
   TempDir t;
   const fs::path s = gen_series(t / "series", 3);
   const fs::path root = t / "root";
   publish_series(s, root, 1, 0);
 
   SUBCASE("--post-publish fails after a delta: exit 13, the version stays published") {
-    const RunResult r = diff({save_dir(s, 1).string(), save_dir(s, 2).string(), root.string(), "--post-publish", "exit 5"});
+    const RunResult r =
+        diff({save_dir(s, 1).string(), save_dir(s, 2).string(), root.string(), "--post-publish", "exit 5"});
     E2E_CHECK_CODE(r, 13);
     CHECK_ERR_MENTIONS(r, "--post-publish command failed (exit status 5)");
     CHECK(fs::exists(version_dir(root, 2) / "hfdelta_complete.json"));
   }
-  SUBCASE("--post-publish fails on the delta beside a full version: the full one is not published; a re-run "
-          "keeps that delta and finishes") {
-    const std::vector<std::string> args{"--full", save_dir(s, 1).string(), save_dir(s, 2).string(), root.string(),
-                                        "--post-publish", "test \"$HFDELTA_NAME\" != delta_v000002 || test -f " +
-                                                              (t / "ok").string()};
+  SUBCASE(
+      "--post-publish fails on the delta beside a full version: the full one is not published; a re-run "
+      "keeps that delta and finishes") {
+    const std::vector<std::string> args{"--full",
+                                        save_dir(s, 1).string(),
+                                        save_dir(s, 2).string(),
+                                        root.string(),
+                                        "--post-publish",
+                                        "test \"$HFDELTA_NAME\" != delta_v000002 || test -f " + (t / "ok").string()};
     E2E_CHECK_CODE(diff(args), 13);
     CHECK(fs::exists(sidecar_dir(root, 2)));
     CHECK_FALSE(fs::exists(version_dir(root, 2)));
@@ -274,9 +286,12 @@ TEST_CASE("hooks: --post-publish failure exits 13 with the version published; --
     require_init(save_dir(s, 0), local, "0");
     // The hook brings version 2 into the root, as a sync from an object store would.
     fs::create_directories(t / "remote");
-    E2E_REQUIRE_CODE(diff({"-q", save_dir(s, 1).string(), save_dir(s, 2).string(), (t / "remote" / "weight_v000002").string()}), 0);
-    const RunResult r = pull_raw(root, local, {"--pre-read", "test \"$HFDELTA_LOCAL\" = " + local.string() + " && cp -r " +
-                                                                 (t / "remote" / "weight_v000002").string() + " \"$HFDELTA_ROOT\"/"});
+    E2E_REQUIRE_CODE(
+        diff({"-q", save_dir(s, 1).string(), save_dir(s, 2).string(), (t / "remote" / "weight_v000002").string()}), 0);
+    const RunResult r =
+        pull_raw(root, local,
+                 {"--pre-read", "test \"$HFDELTA_LOCAL\" = " + local.string() + " && cp -r " +
+                                    (t / "remote" / "weight_v000002").string() + " \"$HFDELTA_ROOT\"/"});
     E2E_REQUIRE_CODE(r, 0);
     CHECK(parse_json(r.out)["to_version"] == "000002");
   }
@@ -291,20 +306,20 @@ TEST_CASE("hooks: --post-publish failure exits 13 with the version published; --
   }
 }
 
-TEST_CASE("a newer version published while delta-diff ROOT writes: the slower publisher exits 7, the root stays consistent") {
+TEST_CASE(
+    "a newer version published while delta-diff ROOT writes: the slower publisher exits 7, the root stays consistent") {
   TempDir t;
   const fs::path s = gen_series(t / "series", 3);
   const fs::path root = t / "root";
   publish_series(s, root, 1, 0);
   // Stopped at its first write step, version 2 already chosen; meanwhile another publisher takes 2.
-  const Signalled r = signal_at_step({diff_bin(), save_dir(s, 1).string(), save_dir(s, 2).string(), root.string()}, 1, SIGCONT,
-                                     [&] {
-                                       // Not paused itself: the fault variables are for the first one only.
-                                       E2E_REQUIRE_CODE(run({"/usr/bin/env", "-u", "HFDELTA_FAULT_AT", "-u", "HFDELTA_FAULT_MODE",
-                                                             diff_bin(), "-q", save_dir(s, 1).string(),
-                                                             save_dir(s, 2).string(), root.string()}),
-                                                        0);
-                                     });
+  const Signalled r =
+      signal_at_step({diff_bin(), save_dir(s, 1).string(), save_dir(s, 2).string(), root.string()}, 1, SIGCONT, [&] {
+        // Not paused itself: the fault variables are for the first one only.
+        E2E_REQUIRE_CODE(run({"/usr/bin/env", "-u", "HFDELTA_FAULT_AT", "-u", "HFDELTA_FAULT_MODE", diff_bin(), "-q",
+                              save_dir(s, 1).string(), save_dir(s, 2).string(), root.string()}),
+                         0);
+      });
   REQUIRE(r.paused);
   CHECK(r.code == 7);
   CHECK(contains(r.err, "weight_v000002"));

@@ -9,10 +9,10 @@
 // once they are old enough.
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/wait.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <ctime>
@@ -36,7 +36,8 @@ std::string signame(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM 
 // signals (in turn by step), continues it and waits for it to exit.
 Signalled signal_in_turn(const std::vector<std::string>& argv, int step) {
   const Signalled s = signal_at_step(argv, step, kSignals[step % 3]);
-  if (!s.paused) REQUIRE_MESSAGE(s.code == 0, "not stopped at write step " << step << ", exit " << s.code << ": " << s.err);
+  if (!s.paused)
+    REQUIRE_MESSAGE(s.code == 0, "not stopped at write step " << step << ", exit " << s.code << ": " << s.err);
   return s;
 }
 
@@ -83,7 +84,7 @@ void sweep_apply(Setup& s, const std::string& name, const std::vector<std::strin
     const int sig = kSignals[step % 3];
     INFO(name << ", " << signame(sig) << " at write step " << step << ": exit " << r.code << "\n" << r.err);
     if (!r.paused) break;  // fewer steps: it ran to the end
-    if (r.code == 0) {  // the signal came after the commit: the version is applied
+    if (r.code == 0) {     // the signal came after the commit: the version is applied
       CHECK(tree_equal(local, new_tree).equal);
       CHECK(state_version(local) == new_version);
     } else {
@@ -154,14 +155,20 @@ TEST_CASE("signals: delta-diff and --squash remove their temporary directory at 
   Setup s;
   const fs::path empty = s.t->path() / "empty-root";
   fs::create_directories(empty);
-  sweep_publish("delta-diff", empty, s.t->path(), [&s](const fs::path& root) {
-    return std::vector<std::string>{"-q", save_dir(s.series, 0).string(), save_dir(s.series, 1).string(),
-                                    version_dir(root, 1).string()};
-  }, "weight_v000001");
-  sweep_publish("--squash", s.root, s.t->path(), [](const fs::path& root) {
-    return std::vector<std::string>{"-q", "--squash", version_dir(root, 1).string(), version_dir(root, 3).string(),
-                                    (root / "catchup").string()};
-  }, "catchup");
+  sweep_publish(
+      "delta-diff", empty, s.t->path(),
+      [&s](const fs::path& root) {
+        return std::vector<std::string>{"-q", save_dir(s.series, 0).string(), save_dir(s.series, 1).string(),
+                                        version_dir(root, 1).string()};
+      },
+      "weight_v000001");
+  sweep_publish(
+      "--squash", s.root, s.t->path(),
+      [](const fs::path& root) {
+        return std::vector<std::string>{"-q", "--squash", version_dir(root, 1).string(), version_dir(root, 3).string(),
+                                        (root / "catchup").string()};
+      },
+      "catchup");
 }
 
 TEST_CASE("signals: a delta-apply waiting for the lock stops; --then starts with no signal blocked") {
@@ -170,7 +177,8 @@ TEST_CASE("signals: a delta-apply waiting for the lock stops; --then starts with
   copy_tree(s.start, local);
   // Another process holds the lock: this test, with flock.
   const fs::path lock = local / ".weight_sync" / "lock";
-  const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);  // not inherited: the loop below looks for the child's own
+  const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC,
+                        0644);  // not inherited: the loop below looks for the child's own
   REQUIRE(fd >= 0);
   REQUIRE(::flock(fd, LOCK_EX) == 0);
   const TempDir t;
@@ -198,9 +206,8 @@ TEST_CASE("signals: a delta-apply waiting for the lock stops; --then starts with
 
   // --then: the command's signal mask is empty, so it stops on Ctrl-C.
   const fs::path mask = t / "mask";
-  const RunResult r =
-      apply({"-q", "--then", "grep SigBlk /proc/self/status > " + mask.string(), version_dir(s.root, 1).string(),
-             local.string()});
+  const RunResult r = apply({"-q", "--then", "grep SigBlk /proc/self/status > " + mask.string(),
+                             version_dir(s.root, 1).string(), local.string()});
   E2E_REQUIRE_CODE(r, 0);
   CHECK(contains(read_file(mask), "0000000000000000"));
 }

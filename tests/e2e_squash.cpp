@@ -20,11 +20,10 @@ using namespace e2e;
 
 namespace {
 
-
-
 // Diffs C_{v-1} -> C_v into ROOT/weight_v for v = 1..n.
 // Version v of `root` is the delta C_{v-1} -> C_v written with encodings[v-1].
-void write_mixed_chain(const std::vector<fs::path>& ckpts, const fs::path& root, const std::vector<std::string>& encodings) {
+void write_mixed_chain(const std::vector<fs::path>& ckpts, const fs::path& root,
+                       const std::vector<std::string>& encodings) {
   fs::create_directories(root);
   for (std::size_t v = 1; v <= encodings.size(); ++v) {
     CAPTURE(v);
@@ -72,7 +71,8 @@ json squash_ok(const fs::path& root, int a, int b, const fs::path& out, bool no_
   std::vector<std::string> args{"--json"};
   if (no_sync) args.push_back("--no-sync");
   args.insert(args.end(), extra.begin(), extra.end());
-  for (const auto& s : {std::string("--squash"), version_dir(root, a).string(), version_dir(root, b).string(), out.string()})
+  for (const auto& s :
+       {std::string("--squash"), version_dir(root, a).string(), version_dir(root, b).string(), out.string()})
     args.push_back(s);
   const RunResult r = diff(args);
   E2E_REQUIRE_CODE(r, 0);
@@ -81,8 +81,8 @@ json squash_ok(const fs::path& root, int a, int b, const fs::path& out, bool no_
   CHECK(j["version"] == v6(b));
   CHECK(j["base_version"] == v6(base));
   CHECK(j["deltas"] == b - a + 1);
-  for (const char* k : {"entries", "entries_composed", "entries_dropped", "files_changed", "files_removed", "input_bytes",
-                        "delta_bytes"})
+  for (const char* k : {"entries", "entries_composed", "entries_dropped", "files_changed", "files_removed",
+                        "input_bytes", "delta_bytes"})
     CHECK_MESSAGE(j[k].is_number_unsigned(), k);
   CHECK(j["seconds"].is_number());
   for (const char* k : {"weight_files_built", "headers_rewritten", "weight_files_removed"})
@@ -108,11 +108,12 @@ json squash_ok(const fs::path& root, int a, int b, const fs::path& out, bool no_
 // Applies `delta` (versions a-1 -> b) to a fresh LOCAL initialised from
 // C_{a-1} with version a-1, and checks it is C_b byte for byte, records b and
 // verifies clean.
-void check_squash_applies(const fs::path& delta, const std::vector<fs::path>& ckpts, int a, int b, const fs::path& local,
-                          bool no_sync = true) {
+void check_squash_applies(const fs::path& delta, const std::vector<fs::path>& ckpts, int a, int b,
+                          const fs::path& local, bool no_sync = true) {
   CAPTURE(no_sync);
   fs::remove_all(local);
-  E2E_REQUIRE_CODE(apply({"-q", "--no-sync", "--init", ckpts[a - 1].string(), "--init-version", std::to_string(a - 1), local.string()}),
+  E2E_REQUIRE_CODE(apply({"-q", "--no-sync", "--init", ckpts[a - 1].string(), "--init-version", std::to_string(a - 1),
+                          local.string()}),
                    0);
   REQUIRE(state_version(local) == v6(a - 1));
   std::vector<std::string> args{"-q"};
@@ -124,7 +125,6 @@ void check_squash_applies(const fs::path& delta, const std::vector<fs::path>& ck
   CHECK(state_json(local) == json{{"version", v6(b)}});
   E2E_CHECK_CODE(apply({"--verify", local.string()}), 0);
 }
-
 
 std::string squash_name(int a, int b) { return "sq_" + std::to_string(a) + "_" + std::to_string(b); }
 
@@ -306,7 +306,8 @@ class RandomEditor {
       }
     }
     const std::size_t es = dtype_size(t.dtype), elems = t.bytes.size() / es;
-    const std::size_t m = pick(0, 4) == 0 ? elems : static_cast<std::size_t>(pick(1, static_cast<int>(std::min<std::size_t>(elems, 6))));
+    const std::size_t m =
+        pick(0, 4) == 0 ? elems : static_cast<std::size_t>(pick(1, static_cast<int>(std::min<std::size_t>(elems, 6))));
     for (std::size_t i = 0; i < m; ++i) {
       const std::size_t e = m == elems ? i : static_cast<std::size_t>(pick(0, static_cast<int>(elems) - 1));
       if (t.dtype == "BOOL") {
@@ -352,17 +353,20 @@ class RandomEditor {
         const std::string n = choose(ns);
         CkptTensor& t = c.at(n);
         const std::uint64_t elems = t.bytes.size() / dtype_size(t.dtype);
-        if (t.shape.size() != 1) t.shape = {elems};
-        else if (elems % 2 == 0) t.shape = {2, elems / 2};
-        else t.shape = {1, elems};
+        if (t.shape.size() != 1)
+          t.shape = {elems};
+        else if (elems % 2 == 0)
+          t.shape = {2, elems / 2};
+        else
+          t.shape = {1, elems};
         log << "  reshape " << n << "\n";
         break;
       }
       case 4: {
         // Retype keeping the element size (the bytes stay valid for either).
         static const std::map<std::string, std::string> same = {{"BF16", "F16"}, {"F16", "BF16"}, {"F32", "I32"},
-                                                                {"I32", "F32"}, {"F64", "I64"}, {"I64", "F64"},
-                                                                {"U8", "I8"}, {"I8", "U8"}};
+                                                                {"I32", "F32"},  {"F64", "I64"},  {"I64", "F64"},
+                                                                {"U8", "I8"},    {"I8", "U8"}};
         const std::string n = choose(ns);
         CkptTensor& t = c.at(n);
         if (auto it = same.find(t.dtype); it != same.end()) {
@@ -415,12 +419,14 @@ class RandomEditor {
       }
       case 10:
       case 11: {
-        const std::string p = "extra/" + std::string(pick(0, 1) ? "sub/" : "") + "f" + std::to_string(pick(0, 3)) + ".txt";
+        const std::string p =
+            "extra/" + std::string(pick(0, 1) ? "sub/" : "") + "f" + std::to_string(pick(0, 3)) + ".txt";
         if (c.files.count(p) && pick(0, 1)) {
           c.files.erase(p);
           log << "  remove file " << p << "\n";
         } else {
-          c.files[p] = "step " + std::to_string(step) + " " + std::string(static_cast<std::size_t>(pick(0, 30)), 'x') + "\n";
+          c.files[p] =
+              "step " + std::to_string(step) + " " + std::string(static_cast<std::size_t>(pick(0, 30)), 'x') + "\n";
           log << "  put file " << p << "\n";
         }
         break;
@@ -611,8 +617,10 @@ SQUASH_RANDOM_CHAIN(7)
 SQUASH_RANDOM_CHAIN(8)
 SQUASH_RANDOM_CHAIN(9)
 #undef SQUASH_RANDOM_CHAIN
-#define SQUASH_MIXED_CHAIN(seed) \
-  TEST_CASE("squash: random chain of structural and value edits, an encoding per step, seed " #seed) { random_chain(seed, true); }
+#define SQUASH_MIXED_CHAIN(seed)                                                                       \
+  TEST_CASE("squash: random chain of structural and value edits, an encoding per step, seed " #seed) { \
+    random_chain(seed, true);                                                                          \
+  }
 SQUASH_MIXED_CHAIN(10)
 SQUASH_MIXED_CHAIN(11)
 SQUASH_MIXED_CHAIN(12)
@@ -740,7 +748,8 @@ json inspected(const fs::path& delta, const std::string& tensor) {
 
 }  // namespace
 
-TEST_CASE("squash: a tensor patched by entries of different kinds gets a stacked entry that applies as the chain does") {
+TEST_CASE(
+    "squash: a tensor patched by entries of different kinds gets a stacked entry that applies as the chain does") {
   // keep.a's entries of steps 1..3, by encoding; runs of one kind compose
   // into one part (sparse differences add, xor masks XOR, overwrites merge).
   struct Case {
@@ -889,8 +898,12 @@ TEST_CASE("squash: a tensor created within the chain composes from entries of an
     CAPTURE(second);
     const fs::path root = t / ("root_" + first + "_" + second);
     fs::create_directories(root);
-    E2E_REQUIRE_CODE(diff({"-q", "--no-sync", "--encoding", first, ckpts[0].string(), ckpts[1].string(), version_dir(root, 1).string()}), 0);
-    E2E_REQUIRE_CODE(diff({"-q", "--no-sync", "--encoding", second, ckpts[1].string(), ckpts[2].string(), version_dir(root, 2).string()}), 0);
+    E2E_REQUIRE_CODE(diff({"-q", "--no-sync", "--encoding", first, ckpts[0].string(), ckpts[1].string(),
+                           version_dir(root, 1).string()}),
+                     0);
+    E2E_REQUIRE_CODE(diff({"-q", "--no-sync", "--encoding", second, ckpts[1].string(), ckpts[2].string(),
+                           version_dir(root, 2).string()}),
+                     0);
     REQUIRE(entry_names(version_dir(root, 2)) == std::set<std::string>{"fresh.d"});
     const fs::path out = t / ("sq_" + first + "_" + second);
     const json j = squash_ok(root, 1, 2, out);
@@ -932,8 +945,8 @@ namespace {
 
 // Runs delta-diff ARGS, which must fail with `code` and a message naming each
 // of `names`, leaving no OUT and nothing new beside it or in `root`.
-void check_refused(const std::vector<std::string>& args, int code, const std::vector<std::string>& names, const fs::path& out,
-                   const fs::path& root) {
+void check_refused(const std::vector<std::string>& args, int code, const std::vector<std::string>& names,
+                   const fs::path& out, const fs::path& root) {
   fs::create_directories(out.parent_path());
   const Snapshot root_before = snapshot(root);
   const std::vector<std::string> beside = list_names(out.parent_path());
@@ -982,14 +995,13 @@ TEST_CASE("squash: FIRST and LAST that do not name a chain of deltas are refused
   SUBCASE("FIRST and LAST in different directories") {
     const fs::path other = t / "other";
     copy_tree(root, other);
-    check_refused(squash_args(v1, version_dir(other, 3), out), 3, {v1.string(), version_dir(other, 3).string()}, out, root);
+    check_refused(squash_args(v1, version_dir(other, 3), out), 3, {v1.string(), version_dir(other, 3).string()}, out,
+                  root);
   }
   SUBCASE("LAST older than FIRST") {
     check_refused(squash_args(v2, v1, out), 3, {v1.string(), v2.string()}, out, root);
   }
-  SUBCASE("LAST is FIRST") {
-    check_refused(squash_args(v2, v2, out), 3, {v2.string()}, out, root);
-  }
+  SUBCASE("LAST is FIRST") { check_refused(squash_args(v2, v2, out), 3, {v2.string()}, out, root); }
   SUBCASE("a version missing in between") {
     fs::remove_all(v2);
     check_refused(squash_args(v1, v3, out), 3, {v2.string()}, out, root);
@@ -1036,8 +1048,8 @@ TEST_CASE("squash: FIRST and LAST that do not name a chain of deltas are refused
     fs::remove_all(v2);
     const fs::path aside = t / "aside" / v2.filename().string();
     fs::create_directories(aside.parent_path());
-    E2E_REQUIRE_CODE(diff({"-q", "--no-sync", "--delta-version", "2", "--base-version", "0", ckpts[0].string(), ckpts[2].string(),
-                           aside.string()}),
+    E2E_REQUIRE_CODE(diff({"-q", "--no-sync", "--delta-version", "2", "--base-version", "0", ckpts[0].string(),
+                           ckpts[2].string(), aside.string()}),
                      0);
     fs::rename(aside, v2);
     check_refused(squash_args(v1, v3, out), 3, {v2.string()}, out, root);
@@ -1155,8 +1167,14 @@ std::vector<std::string> on_base(const fs::path& ckpt) { return {"--squash-base"
 // what a squash with --squash-base A must write.
 void direct_context(const fs::path& a, const fs::path& b, const fs::path& out, int base, int version,
                     const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> args{"-q", "--no-sync", "--encoding", "context", "--delta-version", std::to_string(version),
-                                "--base-version", std::to_string(base)};
+  std::vector<std::string> args{"-q",
+                                "--no-sync",
+                                "--encoding",
+                                "context",
+                                "--delta-version",
+                                std::to_string(version),
+                                "--base-version",
+                                std::to_string(base)};
   args.insert(args.end(), extra.begin(), extra.end());
   for (const auto& p : {a, b, out}) args.push_back(p.string());
   fs::create_directories(out.parent_path());
@@ -1186,7 +1204,9 @@ std::vector<fs::path> series_checkpoints(const fs::path& dir, int n) {
 
 }  // namespace
 
-TEST_CASE("squash: a chain of context deltas stays stacked, and with --squash-base is the direct context diff byte for byte") {
+TEST_CASE(
+    "squash: a chain of context deltas stays stacked, and with --squash-base is the direct context diff byte for "
+    "byte") {
   TempDir t;
   const int n = 3;
   const std::vector<fs::path> ckpts = series_checkpoints(t / "series", n);
@@ -1208,7 +1228,8 @@ TEST_CASE("squash: a chain of context deltas stays stacked, and with --squash-ba
   // checksums, every delta file and the completion marker), at any level.
   for (const std::string level : {"", "7"}) {
     CAPTURE(level);
-    const std::vector<std::string> lv = level.empty() ? std::vector<std::string>{} : std::vector<std::string>{"--level", level};
+    const std::vector<std::string> lv =
+        level.empty() ? std::vector<std::string>{} : std::vector<std::string>{"--level", level};
     for (const auto& range : std::vector<std::pair<int, int>>{{1, n}, {2, n}}) {
       const int a = range.first, b = range.second;
       CAPTURE(a);
@@ -1345,7 +1366,8 @@ TEST_CASE("squash: every sub-range of a structural chain of context deltas appli
         CAPTURE(name);
         const json& sb = is["metadata"]["hfdelta_base_checksums"];
         const json& db = id["metadata"]["hfdelta_base_checksums"];
-        if (!id["weight_map"].contains(name) || !sb.contains(name) || !db.contains(name) || sb[name] != db[name]) continue;
+        if (!id["weight_map"].contains(name) || !sb.contains(name) || !db.contains(name) || sb[name] != db[name])
+          continue;
         CHECK(read_st(out / it->get<std::string>()).tensor(name) ==
               read_st(direct / id["weight_map"][name].get<std::string>()).tensor(name));
         ++compared;
@@ -1367,8 +1389,9 @@ TEST_CASE("squash: --squash-base that is not the chain's first base is refused (
   };
   SUBCASE("another save of the series") {
     // Each tensor read from CKPT names CKPT's weight file and the tensor.
-    check_refused(args(ckpts[1]), 5, {ckpts[1].string() + "/model-0000", "tensor '", "not the checkpoint of the chain's first base"},
-                  out, root);
+    check_refused(args(ckpts[1]), 5,
+                  {ckpts[1].string() + "/model-0000", "tensor '", "not the checkpoint of the chain's first base"}, out,
+                  root);
   }
   SUBCASE("the last save") { check_refused(args(ckpts[3]), 5, {ckpts[3].string(), "tensor '"}, out, root); }
   SUBCASE("a checkpoint without the chain's tensors") {
@@ -1379,10 +1402,13 @@ TEST_CASE("squash: --squash-base that is not the chain's first base is refused (
   SUBCASE("a delta version") {
     check_refused(args(version_dir(root, 1)), 3, {version_dir(root, 1).string(), "delta version"}, out, root);
   }
-  SUBCASE("a directory that does not exist") { check_refused(args(t / "nowhere"), 2, {(t / "nowhere").string()}, out, root); }
+  SUBCASE("a directory that does not exist") {
+    check_refused(args(t / "nowhere"), 2, {(t / "nowhere").string()}, out, root);
+  }
 }
 
-TEST_CASE("squash: with --squash-base, an entry that does not give the checksum its delta records is refused (exit 5)") {
+TEST_CASE(
+    "squash: with --squash-base, an entry that does not give the checksum its delta records is refused (exit 5)") {
   // weight_v000003's recorded checksum of one tensor, one hex digit changed
   // (the header keeps its length): composed on the real bytes, the entry
   // laid gives another checksum, and no squash is written. (The newest
@@ -1414,6 +1440,6 @@ TEST_CASE("squash: --squash-base without --squash is refused (exit 2)") {
   const std::vector<fs::path> ckpts = refusal_checkpoints(t / "ckpt");
   fs::create_directories(t / "root");
   const fs::path out = t / "root" / "weight_v000001";
-  check_refused({"--no-sync", "--squash-base", ckpts[0].string(), ckpts[0].string(), ckpts[1].string(), out.string()}, 2,
-                {"--squash-base", "--squash"}, out, t / "root");
+  check_refused({"--no-sync", "--squash-base", ckpts[0].string(), ckpts[0].string(), ckpts[1].string(), out.string()},
+                2, {"--squash-base", "--squash"}, out, t / "root");
 }

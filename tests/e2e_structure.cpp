@@ -48,8 +48,8 @@ struct StTensor {
 
 struct StView {
   std::uint64_t header_len = 0, size = 0;
-  Bytes prefix;                    // 8-byte length and header
-  std::vector<StTensor> tensors;   // by data offset
+  Bytes prefix;                   // 8-byte length and header
+  std::vector<StTensor> tensors;  // by data offset
 };
 
 struct CkptView {
@@ -69,8 +69,9 @@ CkptView view_of(const fs::path& dir) {
       const auto [b, e] = st.file_range(n);
       sv.tensors.push_back({n, f, b, e, st.tensor(n)});
     }
-    std::stable_sort(sv.tensors.begin(), sv.tensors.end(),
-                     [](const StTensor& x, const StTensor& y) { return x.begin != y.begin ? x.begin < y.begin : x.end < y.end; });
+    std::stable_sort(sv.tensors.begin(), sv.tensors.end(), [](const StTensor& x, const StTensor& y) {
+      return x.begin != y.begin ? x.begin < y.begin : x.end < y.end;
+    });
     for (const auto& t : sv.tensors) v.tensors[t.name] = t;
   }
   return v;
@@ -104,7 +105,6 @@ std::map<std::string, std::string> expected_ops(const CkptView& base, const Ckpt
 bool all_zero(const Bytes& b) {
   return std::all_of(b.begin(), b.end(), [](std::uint8_t c) { return c == 0; });
 }
-
 
 const json& shard_entry(const json& index, const std::string& file) {
   for (const auto& e : index["metadata"]["hfdelta_shards"])
@@ -248,8 +248,8 @@ std::set<std::string> dirs_of(const fs::path& dir) {
 // agrees, nothing is left over in LOCAL or its state directory.
 void check_local(const fs::path& local, const fs::path& target) {
   E2E_CHECK_TREE_EQUAL(local, target);
-  CHECK_MESSAGE(dirs_of(local) == dirs_of(target), "directories " << describe(dirs_of(local)) << ", expected "
-                                                                  << describe(dirs_of(target)));
+  CHECK_MESSAGE(dirs_of(local) == dirs_of(target),
+                "directories " << describe(dirs_of(local)) << ", expected " << describe(dirs_of(target)));
   E2E_CHECK_CODE(apply({"--verify", local.string()}), 0);
   CHECK_FALSE(has_txn(local));
   const std::string v = state_version(local);
@@ -706,7 +706,8 @@ TEST_CASE("structure: other files added, changed and removed, in subdirectories 
   p.write();
   const Outcome o = p.check(all_variants());
   std::map<std::string, std::string> files;
-  for (const auto& f : o.index["metadata"]["hfdelta_files"]) files[f["path"].get<std::string>()] = f["op"].get<std::string>();
+  for (const auto& f : o.index["metadata"]["hfdelta_files"])
+    files[f["path"].get<std::string>()] = f["op"].get<std::string>();
   CHECK(files["notes.txt"] == "put");
   CHECK(files["config.json"] == "put");
   CHECK(files["generation_config.json"] == "remove");
@@ -838,7 +839,8 @@ TEST_CASE("structure: a tensor of several sparse chunks, unknown dtypes, weight 
   SUBCASE("several weight files without an index: one renamed, one rewritten") {
     // Without an index every top-level .safetensors file is a weight file.
     const auto at = [&](const std::string& n) { return p.base.at(n).bytes; };
-    write_safetensors(p.base_dir() / "first.safetensors", {{"model.big.weight", "BF16", {128, 256}, at("model.big.weight")}});
+    write_safetensors(p.base_dir() / "first.safetensors",
+                      {{"model.big.weight", "BF16", {128, 256}, at("model.big.weight")}});
     write_safetensors(p.base_dir() / "second.safetensors", {{"model.a.weight", "F16", {4, 8}, at("model.a.weight")},
                                                             {"model.c.bias", "F32", {16}, at("model.c.bias")}});
     write_file(p.base_dir() / "config.json", "{}\n");
@@ -861,7 +863,7 @@ TEST_CASE("structure: a structural delta on a LOCAL that is not its base: exit 5
   p.next = p.base;
   p.next.rename("model.big.weight", "model.layers.0.renamed_big.weight");  // F1 built, copying it
   p.next.metadata[F2]["format"] = "np";                                    // F2's header rewritten
-  for (const auto& n : p.base.tensors_in(F3)) p.next.remove(n);           // F3 removed
+  for (const auto& n : p.base.tensors_in(F3)) p.next.remove(n);            // F3 removed
   p.write();
   const fs::path delta = version_dir(p.t / "root", 1);
   fs::create_directories(p.t / "root");
@@ -1027,19 +1029,27 @@ std::vector<std::uint64_t> reshape_of(std::uint64_t n, Rng& r) {
     if (n % d == 0) divisors.push_back(d);
   const std::uint64_t a = r.pick(divisors);
   switch (r.below(3)) {
-    case 0: return {n};
-    case 1: return {a, n / a};
-    default: return {n / a, 1, a};
+    case 0:
+      return {n};
+    case 1:
+      return {a, n / a};
+    default:
+      return {n / a, 1, a};
   }
 }
 
 std::vector<std::uint64_t> random_shape(Rng& r) {
   switch (r.below(6)) {
-    case 0: return {};  // scalar
-    case 1: return {r.below(3), 4};  // possibly 0 elements
-    case 2: return {1 + r.below(64)};
-    case 3: return {1 + r.below(16), 1 + r.below(16)};
-    default: return {1 + r.below(4), 1 + r.below(8), 1 + r.below(8)};
+    case 0:
+      return {};  // scalar
+    case 1:
+      return {r.below(3), 4};  // possibly 0 elements
+    case 2:
+      return {1 + r.below(64)};
+    case 3:
+      return {1 + r.below(16), 1 + r.below(16)};
+    default:
+      return {1 + r.below(4), 1 + r.below(8), 1 + r.below(8)};
   }
 }
 
@@ -1074,8 +1084,9 @@ std::string random_edit(Ckpt& c, Rng& r, int& counter) {
   const std::vector<std::string> files = c.weight_files();
   auto new_name = [&] {
     std::string n;
-    do n = "t." + std::to_string(r.below(8)) + "." + std::string(1 + r.below(6), static_cast<char>('a' + r.below(26))) +
-           std::to_string(counter++);
+    do
+      n = "t." + std::to_string(r.below(8)) + "." + std::string(1 + r.below(6), static_cast<char>('a' + r.below(26))) +
+          std::to_string(counter++);
     while (c.has(n));
     return n;
   };
@@ -1108,7 +1119,9 @@ std::string random_edit(Ckpt& c, Rng& r, int& counter) {
       std::string to = victim;
       if (r.chance(50)) {
         // A name as long, which can keep the header's length.
-        do to[victim.size() - 1 - r.below(std::min<std::size_t>(victim.size(), 3))] = static_cast<char>('a' + r.below(26));
+        do
+          to[victim.size() - 1 - r.below(std::min<std::size_t>(victim.size(), 3))] =
+              static_cast<char>('a' + r.below(26));
         while (c.has(to));
       } else {
         to = new_name();
@@ -1164,10 +1177,18 @@ std::string random_edit(Ckpt& c, Rng& r, int& counter) {
       const std::string f = r.pick(files);
       auto& m = c.metadata[f];
       switch (r.below(4)) {
-        case 0: m["format"] = m["format"] == "pt" ? "np" : "pt"; break;  // same length
-        case 1: m["k" + std::to_string(r.below(5))] = std::to_string(r.next()); break;
-        case 2: m.erase(m.empty() ? std::string() : m.begin()->first); break;
-        default: c.metadata.erase(f); break;
+        case 0:
+          m["format"] = m["format"] == "pt" ? "np" : "pt";
+          break;  // same length
+        case 1:
+          m["k" + std::to_string(r.below(5))] = std::to_string(r.next());
+          break;
+        case 2:
+          m.erase(m.empty() ? std::string() : m.begin()->first);
+          break;
+        default:
+          c.metadata.erase(f);
+          break;
       }
       log << "edit __metadata__ of " << f;
       break;
@@ -1204,7 +1225,8 @@ std::string random_edit(Ckpt& c, Rng& r, int& counter) {
         const std::size_t m = 1 + r.below(std::min<std::size_t>(b.size(), 16));
         for (std::size_t j = 0; j < m; ++j) {
           std::uint8_t& x = b[r.below(b.size())];
-          x = c.at(n).dtype == "BOOL" ? static_cast<std::uint8_t>(x ^ 1) : static_cast<std::uint8_t>(x ^ (1 + r.below(255)));
+          x = c.at(n).dtype == "BOOL" ? static_cast<std::uint8_t>(x ^ 1)
+                                      : static_cast<std::uint8_t>(x ^ (1 + r.below(255)));
         }
         log << " " << n;
       }
@@ -1216,7 +1238,8 @@ std::string random_edit(Ckpt& c, Rng& r, int& counter) {
   for (const auto& f : c.weight_files()) c.files.erase(f);
   if (!c.sharded)
     for (auto it = c.files.begin(); it != c.files.end();)
-      it = it->first.find('/') == std::string::npos && ends_with(it->first, ".safetensors") ? c.files.erase(it) : std::next(it);
+      it = it->first.find('/') == std::string::npos && ends_with(it->first, ".safetensors") ? c.files.erase(it)
+                                                                                            : std::next(it);
   return log.str();
 }
 
@@ -1248,7 +1271,8 @@ TEST_CASE("structure: random structural and value edits, chained through direct 
     for (int v = 1; v <= kVersions && ok; ++v) {
       CAPTURE(v);
       const std::size_t edits = 1 + r.below(4);
-      for (std::size_t e = 0; e < edits; ++e) history += "  v" + std::to_string(v) + ": " + random_edit(c, r, counter) + "\n";
+      for (std::size_t e = 0; e < edits; ++e)
+        history += "  v" + std::to_string(v) + ": " + random_edit(c, r, counter) + "\n";
       INFO("edits so far:\n" << history);
       dirs.push_back(t / ("v" + std::to_string(v)));
       c.save(dirs.back());
@@ -1268,7 +1292,9 @@ TEST_CASE("structure: random structural and value edits, chained through direct 
       for (const auto& [f, op] : ops_of(index)) seen[op] += 1;
       for (const auto& e : index["metadata"].value("hfdelta_shards", json::array()))
         for (const auto& bt : e.value("tensors", json::array()))
-          seen[!bt.contains("from") ? "tensor from zeros" : bt["from"] == bt["name"] ? "tensor copied" : "tensor renamed or moved"] += 1;
+          seen[!bt.contains("from")       ? "tensor from zeros"
+               : bt["from"] == bt["name"] ? "tensor copied"
+                                          : "tensor renamed or moved"] += 1;
       seen[index["metadata"]["hfdelta_files"].empty() ? "no file operation" : "file operations"] += 1;
 
       std::vector<std::string> aargs{"-q"};

@@ -14,7 +14,6 @@ using namespace e2e;
 
 namespace {
 
-
 #define CHECK_ERR_MENTIONS(res, text) \
   CHECK_MESSAGE(contains((res).err, (text)), "stderr should mention \"" << (text) << "\"\n" << (res).describe())
 
@@ -25,7 +24,6 @@ fs::path shard_of(const fs::path& dir, const std::string& tensor) {
   if (!fs::exists(dir / "model.safetensors.index.json")) return dir / "model.safetensors";
   return dir / read_json(dir / "model.safetensors.index.json").at("weight_map").at(tensor).get<std::string>();
 }
-
 
 std::size_t dtype_bytes(const std::string& dtype) {
   if (dtype == "BF16" || dtype == "F16" || dtype == "I16" || dtype == "U16") return 2;
@@ -76,7 +74,6 @@ json inspect_json(const fs::path& delta) {
   return parse_json(r.out);
 }
 
-
 // ---- a publication root ---------------------------------------------------------
 
 void publish_full(const fs::path& root, int v, const fs::path& src) { copy_tree(src, version_dir(root, v)); }
@@ -84,7 +81,6 @@ void publish_full(const fs::path& root, int v, const fs::path& src) { copy_tree(
 void publish_delta(const fs::path& root, int v, const fs::path& base, const fs::path& target) {
   E2E_REQUIRE_CODE(diff({"-q", base.string(), target.string(), version_dir(root, v).string()}), 0);
 }
-
 
 std::vector<std::string> v6s(std::initializer_list<int> vs) {
   std::vector<std::string> out;
@@ -168,7 +164,7 @@ TEST_CASE("--inspect: per-tensor changed counts, lengths and checksums match the
   const json j = inspect_json(delta);
   CAPTURE(j.dump(2));
   CHECK(keys_of(j) == std::set<std::string>{"delta", "version", "base_version", "format", "encoding", "index_checksum",
-                                             "tensors", "files", "weight_files", "totals", "schema", "ok"});
+                                            "tensors", "files", "weight_files", "totals", "schema", "ok"});
   CHECK(j["weight_files"] == json::array());  // the same layout: no weight-file operations
   CHECK(j["delta"] == delta.string());
   CHECK(j["version"] == "000001");
@@ -179,9 +175,9 @@ TEST_CASE("--inspect: per-tensor changed counts, lengths and checksums match the
   CHECK(j["format"] == meta["hfdelta_format"]);
   // auto keeps context or xor entries: revision 5 (context) unless every one went xor.
   const int want_format = want_encoding == "xor" || want_encoding == "overwrite" ? 1
-                          : want_encoding == "sparse"                           ? 2
-                          : want_encoding == "context"                          ? 5
-                                                                                : meta["hfdelta_format"].get<int>();
+                          : want_encoding == "sparse"                            ? 2
+                          : want_encoding == "context"                           ? 5
+                                                                                 : meta["hfdelta_format"].get<int>();
   CHECK(j["format"] == want_format);
   CHECK(j["index_checksum"] == meta["hfdelta_index_checksum"]);
 
@@ -194,8 +190,8 @@ TEST_CASE("--inspect: per-tensor changed counts, lengths and checksums match the
     const std::string name = e.at("name").get<std::string>();
     INFO("tensor " << name);
     CHECK(keys_of(e) == std::set<std::string>{"name", "file", "encoding", "entry_bytes", "tensor_bytes", "element_size",
-                                               "changed_elements", "changed_bytes", "checksum", "base_checksum",
-                                               "stack_parts", "needs_base"});
+                                              "changed_elements", "changed_bytes", "checksum", "base_checksum",
+                                              "stack_parts", "needs_base"});
     CHECK(e["stack_parts"].is_null());  // a diff never stacks; see e2e_squash
     listed.insert(name);
     const Expected x = expected(base, target, name);
@@ -235,7 +231,8 @@ TEST_CASE("--inspect: per-tensor changed counts, lengths and checksums match the
   }
   CHECK(listed == changed);
   if (want_encoding == "auto")
-    WARN_MESSAGE(per_encoding.size() == 2, "this auto delta has entries of one encoding only; both were meant to be covered");
+    WARN_MESSAGE(per_encoding.size() == 2,
+                 "this auto delta has entries of one encoding only; both were meant to be covered");
 
   const json files = j["files"];
   REQUIRE(files.size() == 2);
@@ -243,19 +240,25 @@ TEST_CASE("--inspect: per-tensor changed counts, lengths and checksums match the
   for (const json& f : files) by_path[f.at("path").get<std::string>()] = f;
   REQUIRE(by_path.count("extra/notes.txt"));
   REQUIRE(by_path.count("generation_config.json"));
-  CHECK(by_path["extra/notes.txt"] == json{{"path", "extra/notes.txt"}, {"op", "put"}, {"size", 14},
+  CHECK(by_path["extra/notes.txt"] == json{{"path", "extra/notes.txt"},
+                                           {"op", "put"},
+                                           {"size", 14},
                                            {"checksum", xxh3_hex(std::string("carried whole\n"))}});
   CHECK(by_path["generation_config.json"] ==
         json{{"path", "generation_config.json"}, {"op", "remove"}, {"size", nullptr}, {"checksum", nullptr}});
 
   const json tot = j["totals"];
   CHECK(keys_of(tot) == std::set<std::string>{"tensors", "entries", "entry_bytes", "tensor_bytes", "changed_elements",
-                                               "changed_bytes", "files_put", "files_removed", "file_bytes", "delta_bytes",
-                                               "weight_files_built", "headers_rewritten", "weight_files_removed"});
+                                              "changed_bytes", "files_put", "files_removed", "file_bytes",
+                                              "delta_bytes", "weight_files_built", "headers_rewritten",
+                                              "weight_files_removed"});
   for (const char* k : {"weight_files_built", "headers_rewritten", "weight_files_removed"}) CHECK(tot[k] == 0);
   CHECK(tot["tensors"] == changed.size());
-  CHECK(tot["entries"] == json{{"sparse", per_encoding["sparse"]}, {"xor", per_encoding["xor"]},
-                               {"overwrite", per_encoding["overwrite"]}, {"stack", 0}, {"context", per_encoding["context"]}});
+  CHECK(tot["entries"] == json{{"sparse", per_encoding["sparse"]},
+                               {"xor", per_encoding["xor"]},
+                               {"overwrite", per_encoding["overwrite"]},
+                               {"stack", 0},
+                               {"context", per_encoding["context"]}});
   CHECK(tot["entry_bytes"] == sum_entry);
   CHECK(tot["changed_elements"] == sum_elements);
   CHECK(tot["changed_bytes"] == sum_bytes);
@@ -291,7 +294,8 @@ TEST_CASE("--inspect: a structural delta's weight-file operations, and a damaged
   write_safetensors(t / "base" / "model.safetensors", {{"a", "F32", {4}, a}, {"bb", "F16", {8}, bb}});
   // NEW: `a` changed, `bb` renamed (a longer name: the file is built), a new
   // tensor, and a second weight file holding one more new tensor.
-  write_safetensors(t / "new" / "model.safetensors", {{"a", "F32", {4}, a2}, {"bbb", "F16", {8}, bb}, {"n", "I32", {3}, n}});
+  write_safetensors(t / "new" / "model.safetensors",
+                    {{"a", "F32", {4}, a2}, {"bbb", "F16", {8}, bb}, {"n", "I32", {3}, n}});
   write_safetensors(t / "new" / "extra.safetensors", {{"e", "U8", {8}, e}});
   const fs::path delta = t / "weight_v000001";
   E2E_REQUIRE_CODE(diff({"-q", (t / "base").string(), (t / "new").string(), delta.string()}), 0);
@@ -302,12 +306,22 @@ TEST_CASE("--inspect: a structural delta's weight-file operations, and a damaged
   CHECK(j["encoding"] == "auto");
   const auto header_bytes = [&](const char* f) { return read_st(t / "new" / f).data_start(); };
   CHECK(j["weight_files"] == json::array({
-                                 {{"file", "extra.safetensors"}, {"op", "build"}, {"header_bytes", header_bytes("extra.safetensors")},
-                                  {"size", fs::file_size(t / "new" / "extra.safetensors")}, {"tensors", 1}, {"copied", 0},
-                                  {"renamed", 0}, {"new", 1}},
-                                 {{"file", "model.safetensors"}, {"op", "build"}, {"header_bytes", header_bytes("model.safetensors")},
-                                  {"size", fs::file_size(t / "new" / "model.safetensors")}, {"tensors", 3}, {"copied", 1},
-                                  {"renamed", 1}, {"new", 1}},
+                                 {{"file", "extra.safetensors"},
+                                  {"op", "build"},
+                                  {"header_bytes", header_bytes("extra.safetensors")},
+                                  {"size", fs::file_size(t / "new" / "extra.safetensors")},
+                                  {"tensors", 1},
+                                  {"copied", 0},
+                                  {"renamed", 0},
+                                  {"new", 1}},
+                                 {{"file", "model.safetensors"},
+                                  {"op", "build"},
+                                  {"header_bytes", header_bytes("model.safetensors")},
+                                  {"size", fs::file_size(t / "new" / "model.safetensors")},
+                                  {"tensors", 3},
+                                  {"copied", 1},
+                                  {"renamed", 1},
+                                  {"new", 1}},
                              }));
   CHECK(j["totals"]["weight_files_built"] == 2);
   CHECK(j["totals"]["headers_rewritten"] == 0);
@@ -466,15 +480,16 @@ TEST_CASE("--inspect refuses what is not a delta (exit 3), and bad command lines
   }
   SUBCASE("usage errors") {
     const std::string d = (t / "d").string();
-    for (const auto& args : std::vector<std::vector<std::string>>{
-             {},                                                   // no form at all
-             {"--inspect"},                                        // DELTA missing
-             {"--inspect", d, "extra"},                            // a positional too
-             {"--inspect", d, "--encoding", "xor"},                // an option of the diff form
-             {"--inspect", d, "--prune", d},                       // two forms
-             {"--keep-from", "3", save_dir(s, 0).string(), save_dir(s, 1).string(), d},  // --prune's option alone
-             {"--prune", d, "--keep-from", "x"},                   // not a number
-             {save_dir(s, 0).string(), save_dir(s, 1).string()}})  // OUT missing
+    for (const auto& args :
+         std::vector<std::vector<std::string>>{{},                                     // no form at all
+                                               {"--inspect"},                          // DELTA missing
+                                               {"--inspect", d, "extra"},              // a positional too
+                                               {"--inspect", d, "--encoding", "xor"},  // an option of the diff form
+                                               {"--inspect", d, "--prune", d},         // two forms
+                                               {"--keep-from", "3", save_dir(s, 0).string(), save_dir(s, 1).string(),
+                                                d},                                 // --prune's option alone
+                                               {"--prune", d, "--keep-from", "x"},  // not a number
+                                               {save_dir(s, 0).string(), save_dir(s, 1).string()}})  // OUT missing
     {
       const RunResult r = diff(args);
       E2E_CHECK_CODE(r, 2);
@@ -647,7 +662,9 @@ TEST_CASE("--prune refusals: exit 3 for a root or kept full version it cannot re
   }
 }
 
-TEST_CASE("hfdelta-bench readfloor: plain, --hash and --hash --write-back read every shard byte and leave the files as they were") {
+TEST_CASE(
+    "hfdelta-bench readfloor: plain, --hash and --hash --write-back read every shard byte and leave the files as they "
+    "were") {
   TempDir t;
   const fs::path ck = save_dir(gen_series(t / "series", 0), 0);
   std::uint64_t shard_bytes = 0;

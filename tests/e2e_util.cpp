@@ -34,9 +34,7 @@ namespace e2e {
 
 namespace {
 
-[[noreturn]] void sys_error(const std::string& what) {
-  throw std::runtime_error(what + ": " + std::strerror(errno));
-}
+[[noreturn]] void sys_error(const std::string& what) { throw std::runtime_error(what + ": " + std::strerror(errno)); }
 
 // A file descriptor on an unlinked temporary file, closed on destruction.
 struct CaptureFile {
@@ -97,8 +95,10 @@ pid_t spawn(const std::vector<std::string>& argv, int out_fd, int err_fd) {
   if (posix_spawn_file_actions_init(&fa) != 0) throw std::runtime_error("posix_spawn_file_actions_init failed");
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
   for (const auto& [fd, to] : {std::pair{out_fd, 1}, std::pair{err_fd, 2}}) {
-    if (fd >= 0) posix_spawn_file_actions_adddup2(&fa, fd, to);
-    else posix_spawn_file_actions_addopen(&fa, to, "/dev/null", O_WRONLY, 0);
+    if (fd >= 0)
+      posix_spawn_file_actions_adddup2(&fa, fd, to);
+    else
+      posix_spawn_file_actions_addopen(&fa, to, "/dev/null", O_WRONLY, 0);
   }
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -124,8 +124,10 @@ RunResult run(const std::vector<std::string>& argv) {
   while (::waitpid(pid, &status, 0) < 0) {
     if (errno != EINTR) sys_error("waitpid " + argv[0]);
   }
-  if (WIFEXITED(status)) r.code = WEXITSTATUS(status);
-  else if (WIFSIGNALED(status)) r.code = 128 + WTERMSIG(status);
+  if (WIFEXITED(status))
+    r.code = WEXITSTATUS(status);
+  else if (WIFSIGNALED(status))
+    r.code = 128 + WTERMSIG(status);
   r.out = out.read_all();
   r.err = err.read_all();
   return r;
@@ -212,9 +214,12 @@ void copy_tree(const fs::path& from, const fs::path& to) {
   for (auto it = fs::recursive_directory_iterator(from); it != fs::recursive_directory_iterator(); ++it) {
     const fs::path dst = to / fs::relative(it->path(), from);
     const fs::file_status st = it->symlink_status();
-    if (fs::is_symlink(st)) fs::copy_symlink(it->path(), dst);
-    else if (fs::is_directory(st)) fs::create_directories(dst);
-    else write_bytes(dst, read_bytes(it->path()));
+    if (fs::is_symlink(st))
+      fs::copy_symlink(it->path(), dst);
+    else if (fs::is_directory(st))
+      fs::create_directories(dst);
+    else
+      write_bytes(dst, read_bytes(it->path()));
   }
 }
 
@@ -533,7 +538,7 @@ std::string first_line(const std::string& s) {
 
 std::unique_ptr<TempDir> scratch_dir() {
   std::optional<ScopedEnv> env;
-  struct statvfs sv{};
+  struct statvfs sv {};
   if (::statvfs("/dev/shm", &sv) == 0 && ::access("/dev/shm", W_OK) == 0 &&
       static_cast<unsigned long long>(sv.f_bavail) * sv.f_frsize >= (2ull << 30))
     env.emplace("TMPDIR", "/dev/shm");
@@ -606,7 +611,8 @@ Bytes seeded_bytes(const std::string& name, std::size_t n, std::uint32_t seed) {
 // so that a save differs sparsely from the one before.
 Bytes touched(Bytes b, int g) {
   if (g == 0) return b;
-  for (std::size_t i = static_cast<std::size_t>(g) % 5; i < b.size(); i += 5) b[i] ^= static_cast<std::uint8_t>(0x11 * g);
+  for (std::size_t i = static_cast<std::size_t>(g) % 5; i < b.size(); i += 5)
+    b[i] ^= static_cast<std::uint8_t>(0x11 * g);
   return b;
 }
 
@@ -635,7 +641,8 @@ void write_structural_checkpoint(const fs::path& dir, int layout, std::uint32_t 
     shards["model-c.safetensors"] = {tensor("c.weight", "F32", 32, layout), tensor("c.emb", "BF16", 48),
                                      tensor("c.new", "F32", 8)};
     TensorData zero{"d.zero", "F32", {6}, Bytes(24, 0)};
-    shards["model-d.safetensors"] = {tensor("e.moved", "F32", 24), tensor("d.renamed", "BF16", 16, 0, "e.renamed"), zero};
+    shards["model-d.safetensors"] = {tensor("e.moved", "F32", 24), tensor("d.renamed", "BF16", 16, 0, "e.renamed"),
+                                     zero};
   }
   json weight_map = json::object();
   std::uint64_t total = 0;

@@ -2,13 +2,13 @@
 // directories, write safetensors files by hand, read the published layout.
 #pragma once
 
-#include <cstdint>
 #include <boost/filesystem.hpp>
+#include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
-#include <cstdlib>
 #include <set>
 #include <string>
 #include <utility>
@@ -146,9 +146,9 @@ struct StFile {
   json header;  // the parsed header object
   Bytes raw;    // the whole file
   std::uint64_t data_start() const { return 8 + header_len; }
-  std::vector<std::string> tensor_names() const;  // sorted, without __metadata__
-  json metadata() const;                          // __metadata__ or null
-  Bytes tensor(const std::string& name) const;    // the tensor's bytes
+  std::vector<std::string> tensor_names() const;                                      // sorted, without __metadata__
+  json metadata() const;                                                              // __metadata__ or null
+  Bytes tensor(const std::string& name) const;                                        // the tensor's bytes
   std::pair<std::uint64_t, std::uint64_t> file_range(const std::string& name) const;  // [begin, end) in the file
 };
 StFile read_st(const fs::path& p);
@@ -248,8 +248,10 @@ class ScopedEnv {
     ::setenv(name, value.c_str(), 1);
   }
   ~ScopedEnv() {
-    if (old_) ::setenv(name_, old_->c_str(), 1);
-    else ::unsetenv(name_);
+    if (old_)
+      ::setenv(name_, old_->c_str(), 1);
+    else
+      ::unsetenv(name_);
   }
   ScopedEnv(const ScopedEnv&) = delete;
   ScopedEnv& operator=(const ScopedEnv&) = delete;
@@ -281,23 +283,23 @@ bool has_journal(const fs::path& local);
 // doctest checks whose failure message carries the command's whole output, or
 // the list of differing files.
 
-#define E2E_CHECK_CODE(res, want)                                          \
-  do {                                                                     \
-    const ::e2e::RunResult& e2e_r_ = (res);                                \
-    CHECK_MESSAGE(e2e_r_.code == (want), e2e_r_.describe());               \
+#define E2E_CHECK_CODE(res, want)                            \
+  do {                                                       \
+    const ::e2e::RunResult& e2e_r_ = (res);                  \
+    CHECK_MESSAGE(e2e_r_.code == (want), e2e_r_.describe()); \
   } while (0)
-#define E2E_REQUIRE_CODE(res, want)                                        \
-  do {                                                                     \
-    const ::e2e::RunResult& e2e_r_ = (res);                                \
-    REQUIRE_MESSAGE(e2e_r_.code == (want), e2e_r_.describe());             \
+#define E2E_REQUIRE_CODE(res, want)                            \
+  do {                                                         \
+    const ::e2e::RunResult& e2e_r_ = (res);                    \
+    REQUIRE_MESSAGE(e2e_r_.code == (want), e2e_r_.describe()); \
   } while (0)
-#define E2E_CHECK_TREE_EQUAL(a, b)                                         \
-  do {                                                                     \
-    const ::e2e::TreeDiff e2e_t_ = ::e2e::tree_equal((a), (b));            \
-    CHECK_MESSAGE(e2e_t_.equal, e2e_t_.report());                          \
+#define E2E_CHECK_TREE_EQUAL(a, b)                              \
+  do {                                                          \
+    const ::e2e::TreeDiff e2e_t_ = ::e2e::tree_equal((a), (b)); \
+    CHECK_MESSAGE(e2e_t_.equal, e2e_t_.report());               \
   } while (0)
-#define E2E_CHECK_UNCHANGED(snap)                                          \
-  do {                                                                     \
-    const ::e2e::TreeDiff e2e_t_ = (snap).compare();                       \
-    CHECK_MESSAGE(e2e_t_.equal, e2e_t_.report());                          \
+#define E2E_CHECK_UNCHANGED(snap)                    \
+  do {                                               \
+    const ::e2e::TreeDiff e2e_t_ = (snap).compare(); \
+    CHECK_MESSAGE(e2e_t_.equal, e2e_t_.report());    \
   } while (0)

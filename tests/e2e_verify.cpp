@@ -39,9 +39,9 @@ struct Setup {
         copy_tree(save_dir(series, 3), version_dir(root, 3));
         continue;
       }
-      E2E_REQUIRE_CODE(diff({"-q", save_dir(series, v - 1).string(), save_dir(series, v).string(),
-                             version_dir(root, v).string()}),
-                       0);
+      E2E_REQUIRE_CODE(
+          diff({"-q", save_dir(series, v - 1).string(), save_dir(series, v).string(), version_dir(root, v).string()}),
+          0);
     }
     local = t / "local";
     E2E_REQUIRE_CODE(apply({"-q", "--init", save_dir(series, 0).string(), local.string()}), 0);
@@ -124,7 +124,8 @@ TEST_CASE("--verify: every kind of damage is exit 12 and named") {
          write_json(l / "config.json", c);
        },
        "config.json: contents differ"},
-      {"a stray file", [](const fs::path& l) { write_file(l / "stray.bin", "x"); }, "stray.bin: file not in the record"},
+      {"a stray file", [](const fs::path& l) { write_file(l / "stray.bin", "x"); },
+       "stray.bin: file not in the record"},
       {"a missing file", [](const fs::path& l) { fs::remove(l / "generation_config.json"); },
        "generation_config.json: file of version 000001 is missing"},
       {"a weight file cut short",
@@ -148,7 +149,8 @@ TEST_CASE("--verify: every kind of damage is exit 12 and named") {
     for (const auto& p : v.j["problems"]) all += p.get<std::string>() + "\n";
     CHECK_MESSAGE(all.find(d.expect) != std::string::npos, all);
     // Re-initialising from the version's full checkpoint repairs it.
-    E2E_REQUIRE_CODE(apply({"-q", "--init", "--init-version", "1", save_dir(s.series, 1).string(), s.local.string()}), 0);
+    E2E_REQUIRE_CODE(apply({"-q", "--init", "--init-version", "1", save_dir(s.series, 1).string(), s.local.string()}),
+                     0);
     CHECK(verify(s.local).code == 0);
   }
 }
@@ -189,7 +191,8 @@ TEST_CASE("--verify: interrupted, uninitialised, and no record") {
   CHECK(verify(s.local).code == 0);
 }
 
-TEST_CASE("an interrupted LOCAL whose rollback fails again: journal kept and said so, --status 10, a clean run converges") {
+TEST_CASE(
+    "an interrupted LOCAL whose rollback fails again: journal kept and said so, --status 10, a clean run converges") {
   // A killed run left LOCAL interrupted; the next run (the delta again, or
   // --recover) meets a disk on which every write from some step on fails, so
   // its rollback of the interrupted apply fails part way. It must do nothing
@@ -258,7 +261,8 @@ TEST_CASE("an interrupted LOCAL whose rollback fails again: journal kept and sai
       reset(interrupted);
       const RunResult r = apply_faulty({"--recover", local.string()}, n, "persist");
       INFO("killed at write step " << kill_at << ", then --recover with every write failing from step " << n
-                                   << " on: exit " << r.code << "\n" << r.err);
+                                   << " on: exit " << r.code << "\n"
+                                   << r.err);
       if (r.code == 0) {
         steps = n - 1;
         break;
@@ -271,12 +275,13 @@ TEST_CASE("an interrupted LOCAL whose rollback fails again: journal kept and sai
       reset(interrupted);
       const RunResult r = apply_faulty(args, n, "persist");
       INFO("killed at write step " << kill_at << ", then the delta again with every write failing from step " << n
-                                   << " on: exit " << r.code << "\n" << r.err);
+                                   << " on: exit " << r.code << "\n"
+                                   << r.err);
       ++failed;
       check_kept(r);
     }
   }
   MESSAGE("interrupted LOCAL (killed at write steps " << journaled.front() << " and " << journaled.back() << "): "
-                                                     << failed << " runs whose rollback of it failed part way");
+                                                      << failed << " runs whose rollback of it failed part way");
   CHECK(failed >= 4);
 }

@@ -41,7 +41,8 @@ void put_save(hfdelta::MemoryPublisher& p, const fs::path& base, const fs::path&
         p.put({t.name, t.dtype, t.shape, b});
         continue;
       }
-      const auto tb = std::find_if(hb.tensors.begin(), hb.tensors.end(), [&](const auto& x) { return x.name == t.name; });
+      const auto tb =
+          std::find_if(hb.tensors.begin(), hb.tensors.end(), [&](const auto& x) { return x.name == t.name; });
       REQUIRE(tb != hb.tensors.end());
       const auto a = mb.bytes(hb.file_offset(*tb), tb->nbytes());
       const hfdelta::ChunkLayout l = hfdelta::chunk_layout(t.dtype, t.nbytes());
@@ -90,7 +91,8 @@ TEST_CASE("publisher, found changes: the versions put() publishes from the bytes
   }
 }
 
-TEST_CASE("publisher, found changes: refused for encodings other than sparse and context, and against an altered mirror") {
+TEST_CASE(
+    "publisher, found changes: refused for encodings other than sparse and context, and against an altered mirror") {
   TempDir t;
   const fs::path series = gen_series(t / "series", 2);
   for (const std::string enc : {"xor", "auto"}) {

@@ -2,8 +2,8 @@
 // no LOCAL directory exists, and planning has no way to create one.
 #include <cstring>
 
-#include <boost/filesystem/operations.hpp>
 #include <doctest/doctest.h>
+#include <boost/filesystem/operations.hpp>
 
 #include "apply/apply_plan.hpp"
 #include "hfdelta/error.hpp"
@@ -36,7 +36,8 @@ LocalView local_view() {
   lv.dir = kLocal;
   lv.version = 1;
   lv.checkpoint.dir = kLocal;
-  lv.checkpoint.shards.push_back({"model.safetensors", header_of({{"a", "F32", {2}, 8}, {"b", "BF16", {2u << 20}, 4u << 20}})});
+  lv.checkpoint.shards.push_back(
+      {"model.safetensors", header_of({{"a", "F32", {2}, 8}, {"b", "BF16", {2u << 20}, 4u << 20}})});
   lv.checkpoint.shards.push_back({"other.safetensors", header_of({{"c", "F32", {4}, 16}})});
   for (std::size_t s = 0; s < lv.checkpoint.shards.size(); ++s)
     for (std::size_t i = 0; i < lv.checkpoint.shards[s].header.tensors.size(); ++i)
@@ -132,19 +133,20 @@ TEST_CASE("plan: refusals before anything is written") {
   LocalView lv = local_view();
   SUBCASE("an entry for a tensor LOCAL does not have") {
     const DeltaInMemory m = delta_of({{"zz", Encoding::xor_bytes}});
-    expect_error(unit::error_of([&] { plan_apply(m.d, lv, 1); }), Exit::bad_input, {"'zz' does not exist in", kLocal.string()});
+    expect_error(unit::error_of([&] { plan_apply(m.d, lv, 1); }), Exit::bad_input,
+                 {"'zz' does not exist in", kLocal.string()});
   }
   SUBCASE("a weight file patched in place that is hard-linked elsewhere") {
     lv.hard_links["model.safetensors"] = 2;
     const DeltaInMemory m = delta_of({{"a", Encoding::xor_bytes}});
     expect_error(unit::error_of([&] { plan_apply(m.d, lv, 1); }), Exit::bad_input,
-                       {(kLocal / "model.safetensors").string(), "2 hard links", "nothing was changed"});
+                 {(kLocal / "model.safetensors").string(), "2 hard links", "nothing was changed"});
   }
   SUBCASE("a plain-file operation on what is a weight file in LOCAL") {
     DeltaInMemory m = delta_of({{"a", Encoding::xor_bytes}});
     m.d.index.files.push_back({"other.safetensors", FileChange::Op::remove, 0, {}});
     expect_error(unit::error_of([&] { plan_apply(m.d, lv, 1); }), Exit::verify_failed,
-                       {"removes", (kLocal / "other.safetensors").string(), "is a weight file there"});
+                 {"removes", (kLocal / "other.safetensors").string(), "is a weight file there"});
   }
   SUBCASE("removing a weight file LOCAL does not have") {
     DeltaInMemory m = delta_of({{"a", Encoding::xor_bytes}});
@@ -153,7 +155,7 @@ TEST_CASE("plan: refusals before anything is written") {
     so.op = ShardOp::Op::remove;
     m.d.index.shards.push_back(so);
     expect_error(unit::error_of([&] { plan_apply(m.d, lv, 1); }), Exit::verify_failed,
-                       {"hfdelta_shards \"gone.safetensors\" removes a weight file", "nothing was changed"});
+                 {"hfdelta_shards \"gone.safetensors\" removes a weight file", "nothing was changed"});
   }
   CHECK_FALSE(bfs::exists(kLocal.parent_path()));
 }
@@ -168,10 +170,13 @@ TEST_CASE("plan: file operations and weight files removed, in execution order") 
   so.file = "other.safetensors";
   so.op = ShardOp::Op::remove;
   m.d.index.shards.push_back(so);
-  lv.named = {{"config.json", LocalView::Kind::regular}, {"new.txt", LocalView::Kind::none},
-              {"old.txt", LocalView::Kind::regular}, {"other.safetensors", LocalView::Kind::regular}};
+  lv.named = {{"config.json", LocalView::Kind::regular},
+              {"new.txt", LocalView::Kind::none},
+              {"old.txt", LocalView::Kind::regular},
+              {"other.safetensors", LocalView::Kind::regular}};
   const ApplyPlan p = plan_apply(m.d, lv, 1);
-  CHECK(p.manifest.shards == std::vector<std::string>{"model.safetensors"});  // the removed file is not patched in place
+  CHECK(p.manifest.shards ==
+        std::vector<std::string>{"model.safetensors"});  // the removed file is not patched in place
   REQUIRE(p.manifest.files.size() == 4);
   CHECK(p.manifest.files[0].path == "config.json");
   CHECK(p.manifest.files[0].op == TxnFile::Op::put);

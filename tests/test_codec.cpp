@@ -15,14 +15,14 @@
 
 #include <zstd.h>
 
-#include "unit_util.hpp"
 #include "hfdelta/codec.hpp"
 #include "hfdelta/error.hpp"
+#include "unit_util.hpp"
 
 using namespace hfdelta;
-using unit::TempDir;
 using unit::contains;
 using unit::error_of;
+using unit::TempDir;
 
 namespace {
 
@@ -30,8 +30,6 @@ using Bytes = std::vector<std::uint8_t>;
 
 constexpr std::size_t kKiB = 1024;
 constexpr std::size_t kMiB = 1024 * 1024;
-
-
 
 Bytes random_bytes(std::size_t n, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -81,7 +79,8 @@ Bytes zstd_plain(const Bytes& frame) {
 
 Bytes encode_xor_frame(Compressor& c, const Bytes& a, const Bytes& b) {
   Bytes frame;
-  const std::uint64_t n = encode_xor(c, a, b, [&](std::span<const std::uint8_t> s) { frame.insert(frame.end(), s.begin(), s.end()); });
+  const std::uint64_t n =
+      encode_xor(c, a, b, [&](std::span<const std::uint8_t> s) { frame.insert(frame.end(), s.begin(), s.end()); });
   CHECK(n == frame.size());
   return frame;
 }
@@ -89,8 +88,8 @@ Bytes encode_xor_frame(Compressor& c, const Bytes& a, const Bytes& b) {
 Bytes encode_overwrite_frame(Compressor& c, const Bytes& a, const Bytes& b) {
   const std::uint64_t changed = count_changes(a, b, 1).bytes;
   Bytes frame;
-  const std::uint64_t n =
-      encode_overwrite(c, a, b, changed, [&](std::span<const std::uint8_t> s) { frame.insert(frame.end(), s.begin(), s.end()); });
+  const std::uint64_t n = encode_overwrite(
+      c, a, b, changed, [&](std::span<const std::uint8_t> s) { frame.insert(frame.end(), s.begin(), s.end()); });
   CHECK(n == frame.size());
   return frame;
 }
@@ -180,7 +179,8 @@ void expect_bad_frame(const std::optional<Error>& e, const std::string& what) {
   CHECK(contains(e->what(), what));
 }
 
-std::optional<Error> xor_error(const Bytes& frame, std::uint64_t nbytes, bool* out_of_range, std::uint64_t* calls = nullptr) {
+std::optional<Error> xor_error(const Bytes& frame, std::uint64_t nbytes, bool* out_of_range,
+                               std::uint64_t* calls = nullptr) {
   Decompressor d;
   return error_of([&] {
     decode_xor(d, frame, nbytes, "t.xor", [&](std::uint64_t off, std::span<const std::uint8_t> piece) {
@@ -195,14 +195,15 @@ std::optional<Error> overwrite_error(const Bytes& frame, std::uint64_t nbytes, b
   Decompressor dp, dv;
   std::optional<std::uint64_t> prev;
   return error_of([&] {
-    decode_overwrite(dp, dv, frame, nbytes, "t.ow", [&](std::span<const std::uint64_t> pos, std::span<const std::uint8_t> val) {
-      if (pos.size() != val.size()) *out_of_range = true;
-      for (auto p : pos) {
-        if (p >= nbytes || (prev && p <= *prev)) *out_of_range = true;
-        prev = p;
-      }
-      if (patched) *patched += pos.size();
-    });
+    decode_overwrite(dp, dv, frame, nbytes, "t.ow",
+                     [&](std::span<const std::uint64_t> pos, std::span<const std::uint8_t> val) {
+                       if (pos.size() != val.size()) *out_of_range = true;
+                       for (auto p : pos) {
+                         if (p >= nbytes || (prev && p <= *prev)) *out_of_range = true;
+                         prev = p;
+                       }
+                       if (patched) *patched += pos.size();
+                     });
   });
 }
 
@@ -307,7 +308,9 @@ TEST_CASE("codec: count_changes counts elements once and bytes separately") {
   SUBCASE("hand-made changes, inside the fast 64-byte blocks and in the tail") {
     Bytes b = a;
     // Element 0 (bytes 0..7): bytes 0 and 1 changed. Byte 7 changed.
-    b[0] = 1; b[1] = 2; b[7] = 3;
+    b[0] = 1;
+    b[1] = 2;
+    b[7] = 3;
     // Byte 70 only.
     b[70] = 4;
     // Bytes 200..203: four bytes in a row.
@@ -463,12 +466,8 @@ TEST_CASE("codec: the overwrite frame is the published layout, byte for byte") {
     b[0x1020305] = 4;
     Compressor c(1);
     const Bytes content = zstd_plain(encode_overwrite_frame(c, a, b));
-    const Bytes want{4, 0, 0, 0,
-                     0x02, 0x01, 0x00, 0x00,
-                     0x01, 0x01, 0x01, 0x00,
-                     0x04, 0x03, 0x02, 0x01,
-                     0x05, 0x03, 0x02, 0x01,
-                     1, 2, 3, 4};
+    const Bytes want{4,    0,    0,    0,    0x02, 0x01, 0x00, 0x00, 0x01, 0x01, 0x01, 0x00,
+                     0x04, 0x03, 0x02, 0x01, 0x05, 0x03, 0x02, 0x01, 1,    2,    3,    4};
     CHECK(content == want);
     Decompressor d1, d2;
     CHECK(apply_overwrite(d1, d2, a, encode_overwrite_frame(c, a, b), a.size()) == b);
@@ -488,19 +487,20 @@ TEST_CASE("codec: overwrite positions are strictly ascending and inside the tens
   std::vector<std::uint64_t> seen;
   std::size_t calls = 0;
   std::size_t bad_order = 0, bad_range = 0, bad_value = 0;
-  decode_overwrite(dp, dv, frame, n, "t.ow", [&](std::span<const std::uint64_t> pos, std::span<const std::uint8_t> val) {
-    ++calls;
-    REQUIRE(pos.size() == val.size());
-    for (std::size_t i = 0; i < pos.size(); ++i) {
-      if (pos[i] >= n) {
-        ++bad_range;
-        continue;
-      }
-      if (!seen.empty() && pos[i] <= seen.back()) ++bad_order;
-      if (val[i] != b[pos[i]]) ++bad_value;
-      seen.push_back(pos[i]);
-    }
-  });
+  decode_overwrite(dp, dv, frame, n, "t.ow",
+                   [&](std::span<const std::uint64_t> pos, std::span<const std::uint8_t> val) {
+                     ++calls;
+                     REQUIRE(pos.size() == val.size());
+                     for (std::size_t i = 0; i < pos.size(); ++i) {
+                       if (pos[i] >= n) {
+                         ++bad_range;
+                         continue;
+                       }
+                       if (!seen.empty() && pos[i] <= seen.back()) ++bad_order;
+                       if (val[i] != b[pos[i]]) ++bad_value;
+                       seen.push_back(pos[i]);
+                     }
+                   });
   CHECK(bad_range == 0);
   CHECK(bad_order == 0);
   CHECK(bad_value == 0);
@@ -532,9 +532,7 @@ TEST_CASE("codec: contexts are reusable, also after a failure") {
   CHECK(apply_overwrite(dp, dv, a1, encode_overwrite_frame(c, a1, b1), a1.size()) == b1);
   // An encoder told the wrong change count fails without emitting a frame that
   // could pass for a good one, and the compressor is still usable.
-  const auto e = error_of([&] {
-    encode_overwrite(c, a1, b1, 5, [](std::span<const std::uint8_t>) {});
-  });
+  const auto e = error_of([&] { encode_overwrite(c, a1, b1, 5, [](std::span<const std::uint8_t>) {}); });
   REQUIRE(e);
   CHECK(e->code() == Exit::failure);
   CHECK(apply_overwrite(dp, dv, a2, encode_overwrite_frame(c, a2, b2), a2.size()) == b2);
@@ -639,7 +637,8 @@ TEST_CASE("codec: hostile overwrite frames are refused as bad input") {
       expect_bad_frame(overwrite_error(zframe(overwrite_content(1, {10}, {1}), with_size), n, &oor, &patched),
                        "outside");
       expect_bad_frame(
-          overwrite_error(zframe(overwrite_content(2, {0, 0xffffffffu}, {1, 2}), with_size), n, &oor, &patched), "t.ow");
+          overwrite_error(zframe(overwrite_content(2, {0, 0xffffffffu}, {1, 2}), with_size), n, &oor, &patched),
+          "t.ow");
     }
     {  // positions not ascending or duplicated
       expect_bad_frame(overwrite_error(zframe(overwrite_content(2, {5, 3}, {1, 2}), with_size), n, &oor, &patched),
@@ -650,7 +649,8 @@ TEST_CASE("codec: hostile overwrite frames are refused as bad input") {
           overwrite_error(zframe(overwrite_content(3, {0, 9, 1}, {1, 2, 3}), with_size), n, &oor, &patched), "t.ow");
     }
     {  // fewer or more value bytes than K
-      expect_bad_frame(overwrite_error(zframe(overwrite_content(2, {1, 2}, {7}), with_size), n, &oor, &patched), "t.ow");
+      expect_bad_frame(overwrite_error(zframe(overwrite_content(2, {1, 2}, {7}), with_size), n, &oor, &patched),
+                       "t.ow");
       expect_bad_frame(overwrite_error(zframe(overwrite_content(2, {1, 2}, {}), with_size), n, &oor, &patched), "t.ow");
       // More values than K: without a declared content size this is only
       // seen at the end of the frame, after the (in-range) batch went out.
@@ -666,9 +666,9 @@ TEST_CASE("codec: hostile overwrite frames are refused as bad input") {
       expect_bad_frame(overwrite_error(zframe(Bytes{}, with_size), n, &oor, &patched), "t.ow");
     }
     {  // huge K with a claimed huge tensor and a tiny frame
-      expect_bad_frame(
-          overwrite_error(zframe(overwrite_content(0xffffffffu, {}, {}), with_size), std::uint64_t{1} << 40, &oor, &patched),
-          "t.ow");
+      expect_bad_frame(overwrite_error(zframe(overwrite_content(0xffffffffu, {}, {}), with_size),
+                                       std::uint64_t{1} << 40, &oor, &patched),
+                       "t.ow");
     }
     // None of the frames above may reach the callback.
     CHECK(patched == 0);
@@ -716,10 +716,10 @@ TEST_CASE("codec: hostile overwrite frames from a real frame") {
     for (std::uint32_t i = 0; i < 20'000; ++i) pos.push_back(i * 2);
     pos.push_back(5);
     std::uint64_t patched = 0;
-    expect_bad_frame(overwrite_error(zframe(overwrite_content(static_cast<std::uint32_t>(pos.size()), pos,
-                                                              Bytes(pos.size(), 1))),
-                                     n, &oor, &patched),
-                     "ascending");
+    expect_bad_frame(
+        overwrite_error(zframe(overwrite_content(static_cast<std::uint32_t>(pos.size()), pos, Bytes(pos.size(), 1))), n,
+                        &oor, &patched),
+        "ascending");
     CHECK(patched < pos.size());
   }
   CHECK_FALSE(oor);
@@ -736,9 +736,8 @@ TEST_CASE("codec: overwrite refuses tensors of 4 GiB or more before reading them
     const std::span<const std::uint8_t> big(static_cast<const std::uint8_t*>(p), size);
     Compressor c(1);
     bool sink_called = false;
-    const auto e = error_of([&] {
-      encode_overwrite(c, big, big, 0, [&](std::span<const std::uint8_t>) { sink_called = true; });
-    });
+    const auto e =
+        error_of([&] { encode_overwrite(c, big, big, 0, [&](std::span<const std::uint8_t>) { sink_called = true; }); });
     ::munmap(p, size);
     REQUIRE(e);
     INFO(e->what());

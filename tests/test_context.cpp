@@ -21,7 +21,8 @@ namespace {
 Bytes encode(const Bytes& a, const Bytes& b, std::size_t es, ContextField f) {
   Compressor c(3);
   Bytes out;
-  const std::uint64_t n = encode_context(c, a, b, es, f, [&](std::span<const std::uint8_t> s) { out.insert(out.end(), s.begin(), s.end()); });
+  const std::uint64_t n = encode_context(
+      c, a, b, es, f, [&](std::span<const std::uint8_t> s) { out.insert(out.end(), s.begin(), s.end()); });
   CHECK(n == out.size());
   return out;
 }
@@ -45,18 +46,19 @@ Bytes patched(const Bytes& a, const Bytes& entry, std::uint64_t c0 = 0, std::uin
     piece_end = off + n;
     return std::span<const std::uint8_t>(a.data() + off, n);
   };
-  decode_context_chunks(entry, a.size(), c0, c1, "test", base,
-                        [&](std::span<const std::uint64_t> offs, std::span<const std::uint8_t> x, std::size_t es, SparseOp op) {
-                          REQUIRE((op == SparseOp::add_zigzag && x.size() == offs.size() * es));
-                          for (std::size_t i = 0; i < offs.size(); ++i) {
-                            // within the piece just read, whole elements, ascending
-                            ok = ok && offs[i] + es <= piece_end && offs[i] % es == 0 && (first || offs[i] > last);
-                            if (offs[i] + es > r.size()) FAIL("change past the tensor's end");
-                            first = false;
-                            last = offs[i];
-                            sparse_apply_value(r.data() + offs[i], x.data() + i * es, es, op);
-                          }
-                        });
+  decode_context_chunks(
+      entry, a.size(), c0, c1, "test", base,
+      [&](std::span<const std::uint64_t> offs, std::span<const std::uint8_t> x, std::size_t es, SparseOp op) {
+        REQUIRE((op == SparseOp::add_zigzag && x.size() == offs.size() * es));
+        for (std::size_t i = 0; i < offs.size(); ++i) {
+          // within the piece just read, whole elements, ascending
+          ok = ok && offs[i] + es <= piece_end && offs[i] % es == 0 && (first || offs[i] > last);
+          if (offs[i] + es > r.size()) FAIL("change past the tensor's end");
+          first = false;
+          last = offs[i];
+          sparse_apply_value(r.data() + offs[i], x.data() + i * es, es, op);
+        }
+      });
   CHECK(ok);
   return r;
 }
@@ -135,12 +137,14 @@ TEST_CASE("context: every build of the loops (baseline, x86-64-v3, AVX-512BW) wr
   for (std::size_t i = 0; i < fa.size(); ++i) fa[i] = w(rng), fb[i] = i % 7 ? fa[i] : fa[i] * 1.0001f;
   const Bytes a4 = bytes_of(fa), b4 = bytes_of(fb);
   Bytes a1(5000), b1(5000);
-  for (std::size_t i = 0; i < a1.size(); ++i) a1[i] = static_cast<std::uint8_t>(rng()), b1[i] = i % 5 ? a1[i] : static_cast<std::uint8_t>(a1[i] + 1);
+  for (std::size_t i = 0; i < a1.size(); ++i)
+    a1[i] = static_cast<std::uint8_t>(rng()), b1[i] = i % 5 ? a1[i] : static_cast<std::uint8_t>(a1[i] + 1);
   std::vector<Bytes> first;
   for (int level = 0; level <= widest; ++level) {
     CAPTURE(level);
     REQUIRE(context_isa_level(level) == level);
-    const std::vector<Bytes> entries = {encode(a, b, 2, context_field("BF16", 2)), encode(a4, b4, 4, context_field("F32", 4)),
+    const std::vector<Bytes> entries = {encode(a, b, 2, context_field("BF16", 2)),
+                                        encode(a4, b4, 4, context_field("F32", 4)),
                                         encode(a1, b1, 1, context_field("F8_E4M3", 1))};
     CHECK(patched(a, entries[0]) == b);
     CHECK(patched(a4, entries[1]) == b4);
@@ -174,11 +178,11 @@ TEST_CASE("context: zero, subnormal, inf and NaN bases, exponent changes and sig
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   const float sub = std::numeric_limits<float>::denorm_min();
   const std::vector<std::pair<float, float>> cases = {
-      {0.0f, 1e-30f}, {-0.0f, 0.0f}, {0.0f, -0.0f},            // zero bases, and a zero's sign flip
-      {sub, 2 * sub}, {sub * 3, 0.0f}, {1e-39f, 1e-38f},       // subnormal bases, into the normal range
-      {inf, 1.0f}, {-inf, inf}, {nan, 2.0f}, {1.0f, nan},      // inf and NaN bases and targets
-      {1.0f, 0.99999994f}, {0.5f, 1.0f}, {1.9999999f, 2.0f},  // exponent changes both ways
-      {1.5f, -1.5f}, {-3.0f, 3.0f}, {1e-20f, -1e20f},          // sign flips, near and far
+      {0.0f, 1e-30f},      {-0.0f, 0.0f},   {0.0f, -0.0f},                    // zero bases, and a zero's sign flip
+      {sub, 2 * sub},      {sub * 3, 0.0f}, {1e-39f, 1e-38f},                 // subnormal bases, into the normal range
+      {inf, 1.0f},         {-inf, inf},     {nan, 2.0f},        {1.0f, nan},  // inf and NaN bases and targets
+      {1.0f, 0.99999994f}, {0.5f, 1.0f},    {1.9999999f, 2.0f},               // exponent changes both ways
+      {1.5f, -1.5f},       {-3.0f, 3.0f},   {1e-20f, -1e20f},                 // sign flips, near and far
   };
   for (int rep = 0; rep < 50; ++rep)
     for (auto [x, y] : cases) {
@@ -197,10 +201,12 @@ TEST_CASE("context: every element size, and non-float dtypes") {
     b = a;
     for (std::size_t i = 0; i < 2000; ++i) {
       const std::size_t e = (rng() % (a.size() / es)) * es;
-      for (std::size_t k = 0; k < es; ++k) b[e + k] = static_cast<std::uint8_t>(rng());  // any difference, wide ones too
+      for (std::size_t k = 0; k < es; ++k)
+        b[e + k] = static_cast<std::uint8_t>(rng());  // any difference, wide ones too
     }
     // An exponent-like field of each size, and none (integers, bool).
-    const ContextField fields[] = {{}, {static_cast<std::uint8_t>(8 * es - (es == 1 ? 5 : 9)), static_cast<std::uint8_t>(es == 1 ? 4 : 8)}};
+    const ContextField fields[] = {
+        {}, {static_cast<std::uint8_t>(8 * es - (es == 1 ? 5 : 9)), static_cast<std::uint8_t>(es == 1 ? 4 : 8)}};
     for (const ContextField f : fields) round_trip(a, b, es, f);
   }
 }
@@ -226,7 +232,8 @@ TEST_CASE("context: tensors of several chunks, and chunks decoded apart") {
   Bytes r = a;
   for (std::uint64_t c = 0; c < 3; ++c) {
     const Bytes part = patched(a, e, c, c + 1);
-    const std::uint64_t lo = c * kContextChunkElements * 2, hi = std::min<std::uint64_t>(a.size(), lo + kContextChunkElements * 2);
+    const std::uint64_t lo = c * kContextChunkElements * 2,
+                        hi = std::min<std::uint64_t>(a.size(), lo + kContextChunkElements * 2);
     std::copy(part.begin() + static_cast<std::ptrdiff_t>(lo), part.begin() + static_cast<std::ptrdiff_t>(hi),
               r.begin() + static_cast<std::ptrdiff_t>(lo));
   }

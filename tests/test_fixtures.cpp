@@ -20,21 +20,21 @@
 #include <boost/filesystem/operations.hpp>
 #include <nlohmann/json.hpp>
 
-#include "unit_util.hpp"
 #include "hfdelta/apply.hpp"
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/hash.hpp"
 #include "hfdelta/io.hpp"
-#include "store/local_store.hpp"
 #include "hfdelta/safetensors.hpp"
+#include "store/local_store.hpp"
+#include "unit_util.hpp"
 
 using namespace hfdelta;
-using unit::TempDir;
+using nlohmann::json;
 using unit::contains;
 using unit::error_of;
-using nlohmann::json;
+using unit::TempDir;
 namespace fs = boost::filesystem;
 
 namespace {
@@ -46,7 +46,6 @@ fs::path testdata() {
 }
 
 json manifest() { return json::parse(read_small_file(testdata() / "MANIFEST.json")); }
-
 
 // Every regular file below `dir`, relative, outside .weight_sync.
 std::set<std::string> files_below(const fs::path& dir) {
@@ -115,13 +114,25 @@ TEST_CASE("fixtures: numpy_all_dtypes holds every dtype safetensors.numpy writes
     bool known;          // hfdelta knows its element size
   };
   const std::vector<D> dtypes = {
-      {"BOOL", "bool", 1, true},       {"U8", "u8", 1, true},           {"I8", "i8", 1, true},
-      {"I16", "i16", 2, true},         {"U16", "u16", 2, true},         {"I32", "i32", 4, true},
-      {"U32", "u32", 4, true},         {"I64", "i64", 8, true},         {"U64", "u64", 8, true},
-      {"F16", "f16", 2, true},         {"BF16", "bf16", 2, true},       {"F32", "f32", 4, true},
-      {"F64", "f64", 8, true},         {"F8_E4M3", "f8_e4m3", 1, true}, {"F8_E5M2", "f8_e5m2", 1, true},
-      {"F8_E8M0", "f8_e8m0", 1, true}, {"F8_E4M3FNUZ", "f8_e4m3fnuz", 1, false},
-      {"F8_E5M2FNUZ", "f8_e5m2fnuz", 1, false}, {"C64", "c64", 8, false},
+      {"BOOL", "bool", 1, true},
+      {"U8", "u8", 1, true},
+      {"I8", "i8", 1, true},
+      {"I16", "i16", 2, true},
+      {"U16", "u16", 2, true},
+      {"I32", "i32", 4, true},
+      {"U32", "u32", 4, true},
+      {"I64", "i64", 8, true},
+      {"U64", "u64", 8, true},
+      {"F16", "f16", 2, true},
+      {"BF16", "bf16", 2, true},
+      {"F32", "f32", 4, true},
+      {"F64", "f64", 8, true},
+      {"F8_E4M3", "f8_e4m3", 1, true},
+      {"F8_E5M2", "f8_e5m2", 1, true},
+      {"F8_E8M0", "f8_e8m0", 1, true},
+      {"F8_E4M3FNUZ", "f8_e4m3fnuz", 1, false},
+      {"F8_E5M2FNUZ", "f8_e5m2fnuz", 1, false},
+      {"C64", "c64", 8, false},
   };
   const SafetensorsHeader h = read_safetensors(testdata() / "producers" / "numpy_all_dtypes.safetensors");
   CHECK(h.metadata == std::map<std::string, std::string>{{"format", "np"}});
@@ -162,8 +173,8 @@ TEST_CASE("fixtures: scalars and empty tensors without __metadata__") {
   CHECK_FALSE(h.has_metadata);
   CHECK(h.tensors.size() == 7);
   const std::map<std::string, std::pair<std::string, std::vector<std::uint64_t>>> want = {
-      {"scalar.f32", {"F32", {}}},     {"scalar.bf16", {"BF16", {}}},      {"scalar.bool", {"BOOL", {}}},
-      {"scalar.i64", {"I64", {}}},     {"empty.f16", {"F16", {0}}},        {"empty.u8_2d", {"U8", {4, 0}}},
+      {"scalar.f32", {"F32", {}}},       {"scalar.bf16", {"BF16", {}}}, {"scalar.bool", {"BOOL", {}}},
+      {"scalar.i64", {"I64", {}}},       {"empty.f16", {"F16", {0}}},   {"empty.u8_2d", {"U8", {4, 0}}},
       {"empty.f8", {"F8_E5M2", {0, 3}}},
   };
   for (const auto& [tensor, ds] : want) {
@@ -177,7 +188,8 @@ TEST_CASE("fixtures: scalars and empty tensors without __metadata__") {
   // The values, read back through the offsets.
   const MappedFile f(testdata() / "producers" / "numpy_scalars_empty.safetensors");
   const auto f32 = f.bytes(h.file_offset(*h.find("scalar.f32")), 4);
-  CHECK(std::vector<std::uint8_t>(f32.begin(), f32.end()) == std::vector<std::uint8_t>{0x00, 0x00, 0x50, 0x40});  // 3.25f
+  CHECK(std::vector<std::uint8_t>(f32.begin(), f32.end()) ==
+        std::vector<std::uint8_t>{0x00, 0x00, 0x50, 0x40});  // 3.25f
   const auto bf16 = f.bytes(h.file_offset(*h.find("scalar.bf16")), 2);
   CHECK(std::vector<std::uint8_t>(bf16.begin(), bf16.end()) == std::vector<std::uint8_t>{0x00, 0xc0});  // -2.0
   const auto i64 = f.bytes(h.file_offset(*h.find("scalar.i64")), 8);
@@ -197,8 +209,8 @@ TEST_CASE("fixtures: torch_all_dtypes, including the packed F4 type") {
   const TensorInfo* f4 = h.find("float4_e2m1fn_x2.matrix");
   REQUIRE(f4);
   CHECK(f4->dtype == "F4");
-  CHECK(dtype_size("F4") == 0);                                   // carried as opaque bytes
-  CHECK(f4->shape == std::vector<std::uint64_t>{5, 14});          // shape counts 4-bit values
+  CHECK(dtype_size("F4") == 0);                           // carried as opaque bytes
+  CHECK(f4->shape == std::vector<std::uint64_t>{5, 14});  // shape counts 4-bit values
   CHECK(f4->nbytes() == 35);
   for (const char* n : {"bool", "uint8", "int8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16",
                         "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu"}) {
@@ -218,8 +230,8 @@ namespace {
 // U32 before I32, ...).
 int writer_rank(const std::string& dtype) {
   static const std::vector<std::string> ascending = {
-      "BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16", "U16", "F16", "BF16",
-      "I32", "U32", "F32", "C64", "F64", "I64", "U64"};
+      "BOOL", "U8",   "I8",  "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16", "U16",
+      "F16",  "BF16", "I32", "U32",     "F32",     "C64",     "F64",         "I64",         "U64"};
   for (std::size_t i = 0; i < ascending.size(); ++i)
     if (ascending[i] == dtype) return static_cast<int>(i);
   return -1;
@@ -341,7 +353,8 @@ TEST_CASE("fixtures: slime-style deltas from the reference publisher apply byte 
     // Through a publication root, onto a fresh LOCAL.
     const fs::path root = tmp.path() / "root";
     fs::create_directories(root / "weight_v000001");
-    for (const auto& e : fs::directory_iterator(delta)) fs::copy_file(e.path(), root / "weight_v000001" / e.path().filename());
+    for (const auto& e : fs::directory_iterator(delta))
+      fs::copy_file(e.path(), root / "weight_v000001" / e.path().filename());
     const fs::path local2 = tmp.path() / "local2";
     init_local(base, local2, 0, opts);
     const ApplyResult p = pull(root, local2, std::nullopt, opts);

@@ -21,32 +21,29 @@
 #include <string>
 #include <vector>
 
+#include <xxhash.h>
 #include <boost/filesystem/operations.hpp>
 #include <nlohmann/json.hpp>
-#include <xxhash.h>
 
-#include "unit_util.hpp"
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/hash.hpp"
 #include "hfdelta/io.hpp"
-#include "store/local_store.hpp"
 #include "hfdelta/safetensors.hpp"
 #include "hfdelta/version.hpp"
+#include "store/local_store.hpp"
+#include "unit_util.hpp"
 
 using namespace hfdelta;
-using unit::TempDir;
+using nlohmann::json;
 using unit::contains;
 using unit::error_of;
-using nlohmann::json;
+using unit::TempDir;
 
 namespace {
 
 namespace bfs = boost::filesystem;
-
-
-
 
 void write_text(const bfs::path& p, const std::string& text) {
   bfs::create_directories(p.parent_path());
@@ -132,10 +129,10 @@ TEST_CASE("format: version strings and directory names") {
   CHECK(version_from_dirname("weight_v1234567") == std::optional<std::uint64_t>(1234567));
   for (std::uint64_t v : {0ull, 1ull, 42ull, 999999ull, 1000000ull, 987654321ull})
     CHECK(version_from_dirname(version_dirname(v)) == std::optional<std::uint64_t>(v));
-  for (const char* bad : {"weight_v12", "weight_vabc123", "weight_v00000a", ".weight_v000001.tmp-x",
-                          "weight_v000001.tmp-x", "weight_v000001.tmp", "Weight_v000001", "weight_v-00001",
-                          "weight_v-000001", "", "weight_v", "xweight_v000001", "weight_v 000001", "weight_v000001 ",
-                          "weight_v+00001", "weight-v000001", "weight_v000001/"}) {
+  for (const char* bad :
+       {"weight_v12", "weight_vabc123", "weight_v00000a", ".weight_v000001.tmp-x", "weight_v000001.tmp-x",
+        "weight_v000001.tmp", "Weight_v000001", "weight_v-00001", "weight_v-000001", "", "weight_v", "xweight_v000001",
+        "weight_v 000001", "weight_v000001 ", "weight_v+00001", "weight-v000001", "weight_v000001/"}) {
     CAPTURE(bad);
     CHECK_FALSE(version_from_dirname(bad).has_value());
   }
@@ -188,9 +185,10 @@ TEST_CASE("format: parse_hash_hex refuses wrong lengths and non-hex digits") {
   const Hash128 h = parse_hash_hex(good, "x");
   CHECK(h.high == 0x0123456789abcdefull);
   CHECK(h.low == 0xfedcba9876543210ull);
-  for (const std::string& bad : {std::string(""), good.substr(1), good + "0", std::string(31, 'a'), std::string(33, 'a'),
-                                std::string("g") + good.substr(1), good.substr(0, 31) + "-", std::string("0x") + good.substr(2),
-                                good.substr(0, 16) + " " + good.substr(17), std::string(32, ' ')}) {
+  for (const std::string& bad :
+       {std::string(""), good.substr(1), good + "0", std::string(31, 'a'), std::string(33, 'a'),
+        std::string("g") + good.substr(1), good.substr(0, 31) + "-", std::string("0x") + good.substr(2),
+        good.substr(0, 16) + " " + good.substr(17), std::string(32, ' ')}) {
     CAPTURE(bad);
     expect_error(error_of([&] { parse_hash_hex(bad, "the-checksum"); }), Exit::bad_input, {"the-checksum"});
   }
@@ -298,9 +296,10 @@ TEST_CASE("format: read_delta_index refusals") {
   // The index is edited on purpose here: reseal its checksum so that each
   // case reaches the rule it is about.
   auto refused = [&](const json& j) {
-    write_text(idx, j.contains("metadata") && j["metadata"].is_object() && j["metadata"].contains("hfdelta_index_checksum")
-                        ? seal_delta_index(j.dump())
-                        : j.dump());
+    write_text(idx,
+               j.contains("metadata") && j["metadata"].is_object() && j["metadata"].contains("hfdelta_index_checksum")
+                   ? seal_delta_index(j.dump())
+                   : j.dump());
     return error_of([&] { read_delta_index(tmp.path()); });
   };
   {
@@ -372,7 +371,8 @@ TEST_CASE("format: read_delta_index refusals") {
     expect_error(refused(j), Exit::bad_input, {w, "stack"});
     j["metadata"]["delta_encoding"] = "auto";
     j["metadata"]["hfdelta_encodings"] = json::object();
-    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) j["metadata"]["hfdelta_encodings"][it.key()] = "stack";
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it)
+      j["metadata"]["hfdelta_encodings"][it.key()] = "stack";
     for (const int rev : {1, 2, 3}) {
       CAPTURE(rev);
       j["metadata"]["hfdelta_format"] = rev;
@@ -426,8 +426,8 @@ TEST_CASE("format: read_delta_index refusals") {
     }
     const std::string h = std::string(32, 'a');
     json j = valid_delta_index();
-    j["metadata"]["hfdelta_files"] = json::array({{{"path", "x"}, {"op", "remove"}},
-                                                   {{"path", "x"}, {"op", "put"}, {"size", 1}, {"xxh3-128", h}}});
+    j["metadata"]["hfdelta_files"] =
+        json::array({{{"path", "x"}, {"op", "remove"}}, {{"path", "x"}, {"op", "put"}, {"size", 1}, {"xxh3-128", h}}});
     expect_error(refused(j), Exit::bad_input, {w, "\"x\"", "twice"});
     j["metadata"]["hfdelta_files"] = json::array({{{"path", "x"}, {"op", "chmod"}}});
     expect_error(refused(j), Exit::unsupported, {w, "chmod"});
@@ -611,7 +611,8 @@ TEST_CASE("format: hfdelta_shards refusals") {
     expect_error(refused(with_entry(2, [](json& e) { e["file"] = 5; })), Exit::bad_input, {w, "\"file\" and \"op\""});
     expect_error(refused(with_entry(2, [](json& e) { e["op"] = json::array({"remove"}); })), Exit::bad_input,
                  {w, "\"file\" and \"op\""});
-    expect_error(refused(with_shards(json::array({"model-e.safetensors"}))), Exit::bad_input, {w, "\"file\" and \"op\""});
+    expect_error(refused(with_shards(json::array({"model-e.safetensors"}))), Exit::bad_input,
+                 {w, "\"file\" and \"op\""});
   }
   SUBCASE("a file listed twice") {
     json j = valid;
@@ -622,20 +623,22 @@ TEST_CASE("format: hfdelta_shards refusals") {
     expect_error(refused(with_entry(1, [](json& e) { e["tensors"][2]["name"] = "c.new"; })), Exit::bad_input,
                  {w, "'c.new'", "built twice"});
     json two = valid;
-    two["metadata"]["hfdelta_shards"].push_back({{"file", "model-f.safetensors"},
-                                                 {"op", "build"},
-                                                 {"header", {{"size", 64}, {"xxh3-128", hex128(1, 1)}}},
-                                                 {"size", 100},
-                                                 {"tensors", json::array({{{"name", "c.weight"}, {"xxh3-128", hex128(2, 2)}}})}});
+    two["metadata"]["hfdelta_shards"].push_back(
+        {{"file", "model-f.safetensors"},
+         {"op", "build"},
+         {"header", {{"size", 64}, {"xxh3-128", hex128(1, 1)}}},
+         {"size", 100},
+         {"tensors", json::array({{{"name", "c.weight"}, {"xxh3-128", hex128(2, 2)}}})}});
     expect_error(refused(two), Exit::bad_input, {w, "model-f.safetensors", "'c.weight'", "built twice"});
     // The same name as a `from` is no conflict: a base tensor may be copied twice.
     json copies = two;
-    copies["metadata"]["hfdelta_shards"][3]["tensors"][0] = {{"name", "f.copy"}, {"from", "c.weight"}, {"xxh3-128", hex128(2, 2)}};
+    copies["metadata"]["hfdelta_shards"][3]["tensors"][0] = {
+        {"name", "f.copy"}, {"from", "c.weight"}, {"xxh3-128", hex128(2, 2)}};
     accepted(copies);
   }
   SUBCASE("paths that are absolute or leave the directory") {
-    for (const char* bad : {"/etc/model.safetensors", "../model.safetensors", "sub/../../x.safetensors", "a/../b", "./a",
-                            "a//b", "", "..", "a\\b"}) {
+    for (const char* bad : {"/etc/model.safetensors", "../model.safetensors", "sub/../../x.safetensors", "a/../b",
+                            "./a", "a//b", "", "..", "a\\b"}) {
       CAPTURE(bad);
       for (std::size_t i : {0, 1, 2})
         expect_error(refused(with_entry(i, [&](json& e) { e["file"] = bad; })), Exit::bad_input, {w, "hfdelta_shards"});
@@ -655,36 +658,46 @@ TEST_CASE("format: hfdelta_shards refusals") {
     }
     for (const json& bad : {json(-8), json("184"), json(184.5), json(nullptr)}) {
       CAPTURE(bad.dump());
-      expect_error(refused(with_entry(1, [&](json& e) { e["header"]["size"] = bad; })), Exit::bad_input, {w, hc, "\"size\""});
+      expect_error(refused(with_entry(1, [&](json& e) { e["header"]["size"] = bad; })), Exit::bad_input,
+                   {w, hc, "\"size\""});
     }
     expect_error(refused(with_entry(0, [](json& e) { e.erase("header"); })), Exit::bad_input, {w, hb, "\"header\""});
     expect_error(refused(with_entry(1, [](json& e) { e["header"] = "abc"; })), Exit::bad_input, {w, hc, "\"header\""});
   }
   SUBCASE("bad or missing checksums") {
-    for (const json& bad : {json("xyz"), json(std::string(31, 'a')), json(std::string(33, 'a')), json(std::string(31, 'a') + "g"),
-                            json(5)}) {
+    for (const json& bad : {json("xyz"), json(std::string(31, 'a')), json(std::string(33, 'a')),
+                            json(std::string(31, 'a') + "g"), json(5)}) {
       CAPTURE(bad.dump());
       expect_error(refused(with_entry(0, [&](json& e) { e["header"]["xxh3-128"] = bad; })), Exit::bad_input, {w, hb});
       expect_error(refused(with_entry(0, [&](json& e) { e["base_header"] = bad; })), Exit::bad_input, {w, hb});
       expect_error(refused(with_entry(1, [&](json& e) { e["header"]["xxh3-128"] = bad; })), Exit::bad_input, {w, hc});
-      expect_error(refused(with_entry(1, [&](json& e) { e["tensors"][1]["xxh3-128"] = bad; })), Exit::bad_input, {w, hc});
+      expect_error(refused(with_entry(1, [&](json& e) { e["tensors"][1]["xxh3-128"] = bad; })), Exit::bad_input,
+                   {w, hc});
     }
-    expect_error(refused(with_entry(0, [](json& e) { e.erase("base_header"); })), Exit::bad_input, {w, hb, "base_header"});
-    expect_error(refused(with_entry(1, [](json& e) { e["tensors"][0].erase("xxh3-128"); })), Exit::bad_input, {w, hc, "xxh3-128"});
-    expect_error(refused(with_entry(1, [](json& e) { e["header"].erase("xxh3-128"); })), Exit::bad_input, {w, hc, "xxh3-128"});
+    expect_error(refused(with_entry(0, [](json& e) { e.erase("base_header"); })), Exit::bad_input,
+                 {w, hb, "base_header"});
+    expect_error(refused(with_entry(1, [](json& e) { e["tensors"][0].erase("xxh3-128"); })), Exit::bad_input,
+                 {w, hc, "xxh3-128"});
+    expect_error(refused(with_entry(1, [](json& e) { e["header"].erase("xxh3-128"); })), Exit::bad_input,
+                 {w, hc, "xxh3-128"});
     // Upper-case hex digits are the same checksum.
     const DeltaIndex up = parse_delta_index(
-        seal_delta_index(with_entry(0, [](json& e) { e["base_header"] = "9999AAAABBBBCCCCDDDDEEEEFFFF0000"; }).dump()), w);
+        seal_delta_index(with_entry(0, [](json& e) { e["base_header"] = "9999AAAABBBBCCCCDDDDEEEEFFFF0000"; }).dump()),
+        w);
     CHECK(shard_op(up, hb)->base_header_hash == structural_index().shards[0].base_header_hash);
   }
   SUBCASE("build entries: size, tensor list, names, `from`") {
     expect_error(refused(with_entry(1, [](json& e) { e.erase("size"); })), Exit::bad_input, {w, hc, "\"size\""});
     expect_error(refused(with_entry(1, [](json& e) { e["size"] = -1; })), Exit::bad_input, {w, hc, "\"size\""});
     expect_error(refused(with_entry(1, [](json& e) { e.erase("tensors"); })), Exit::bad_input, {w, hc, "\"tensors\""});
-    expect_error(refused(with_entry(1, [](json& e) { e["tensors"] = json::object(); })), Exit::bad_input, {w, hc, "\"tensors\""});
-    expect_error(refused(with_entry(1, [](json& e) { e["tensors"][0].erase("name"); })), Exit::bad_input, {w, hc, "\"name\""});
-    expect_error(refused(with_entry(1, [](json& e) { e["tensors"][0]["name"] = 3; })), Exit::bad_input, {w, hc, "\"name\""});
-    expect_error(refused(with_entry(1, [](json& e) { e["tensors"][1] = "c.weight"; })), Exit::bad_input, {w, hc, "\"name\""});
+    expect_error(refused(with_entry(1, [](json& e) { e["tensors"] = json::object(); })), Exit::bad_input,
+                 {w, hc, "\"tensors\""});
+    expect_error(refused(with_entry(1, [](json& e) { e["tensors"][0].erase("name"); })), Exit::bad_input,
+                 {w, hc, "\"name\""});
+    expect_error(refused(with_entry(1, [](json& e) { e["tensors"][0]["name"] = 3; })), Exit::bad_input,
+                 {w, hc, "\"name\""});
+    expect_error(refused(with_entry(1, [](json& e) { e["tensors"][1] = "c.weight"; })), Exit::bad_input,
+                 {w, hc, "\"name\""});
     for (const json& bad : {json(7), json(nullptr), json::array({"c.weight"}), json::object()}) {
       CAPTURE(bad.dump());
       expect_error(refused(with_entry(1, [&](json& e) { e["tensors"][1]["from"] = bad; })), Exit::bad_input,
@@ -741,7 +754,8 @@ TEST_CASE("format: scan_root") {
   // v1: delta; v2: full with an index; v3: full, single file.
   write_text(root / "weight_v000001" / kIndexFile, valid_delta_index().dump());
   write_st(root / "weight_v000002" / "model.safetensors", {f32("a", 2)});
-  write_text(root / "weight_v000002" / kIndexFile, R"({"metadata": {"total_size": 8}, "weight_map": {"a": "model.safetensors"}})");
+  write_text(root / "weight_v000002" / kIndexFile,
+             R"({"metadata": {"total_size": 8}, "weight_map": {"a": "model.safetensors"}})");
   write_st(root / "weight_v000003" / "model.safetensors", {f32("a", 2)});
   // Things that are not published versions.
   bfs::create_directories(root / ".weight_v000004.tmp-x");
@@ -907,8 +921,8 @@ TEST_CASE("format: open_checkpoint, single file") {
   REQUIRE(c.shards.size() == 1);
   CHECK(c.shards[0].file == "model.safetensors");
   CHECK(c.index_files.empty());
-  CHECK(c.other_files ==
-        std::vector<std::string>{"config.json", "sub/chat_template.jinja", "sub/deeper/x.safetensors", "tokenizer.json"});
+  CHECK(c.other_files == std::vector<std::string>{"config.json", "sub/chat_template.jinja", "sub/deeper/x.safetensors",
+                                                  "tokenizer.json"});
   REQUIRE(c.tensors.size() == 3);
   for (const char* t : {"a", "b", "c"}) {
     CAPTURE(t);
@@ -1022,7 +1036,8 @@ TEST_CASE("format: open_checkpoint without an index") {
     expect_error(error_of([&] { open_checkpoint(d); }), Exit::bad_input, {"'a'", "also in"});
   }
   SUBCASE("not a directory") {
-    expect_error(error_of([&] { open_checkpoint(d / "adapter_model.safetensors"); }), Exit::bad_input, {"not a directory"});
+    expect_error(error_of([&] { open_checkpoint(d / "adapter_model.safetensors"); }), Exit::bad_input,
+                 {"not a directory"});
     expect_error(error_of([&] { open_checkpoint(d / "missing"); }), Exit::usage, {"missing", "does not exist"});
   }
 }
@@ -1061,7 +1076,7 @@ TEST_CASE("format: copy_file_atomic and same_contents") {
   copy_file_atomic(src, dst, true);
   CHECK(read_text(dst) == data);
   CHECK(same_contents(src, dst));
-  struct stat st{};
+  struct stat st {};
   REQUIRE(::stat(dst.c_str(), &st) == 0);
   CHECK((st.st_mode & 0777) == 0644);
 
@@ -1105,8 +1120,8 @@ TEST_CASE("format: check_relative_path") {
     CAPTURE(ok);
     CHECK_NOTHROW(check_relative_path(ok, "ctx"));
   }
-  const std::vector<std::string> bad{"",    "/a",    "/",     "..",   "../a", "a/..", "a/../b", ".",       "./a",
-                                     "a/.", "a//b",  "a/",    "//a",  "a\\b", "..\\a", std::string("a\0b", 3)};
+  const std::vector<std::string> bad{"",    "/a",  "/",    "..", "../a", "a/..", "a/../b", ".",
+                                     "./a", "a/.", "a//b", "a/", "//a",  "a\\b", "..\\a",  std::string("a\0b", 3)};
   for (const auto& b : bad) {
     CAPTURE(b);
     const auto e = error_of([&] { check_relative_path(b, "the-ctx"); });

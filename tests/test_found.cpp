@@ -38,7 +38,7 @@ TEST_CASE("change rules: differences, zigzag, signed values, contexts, groups, c
     CHECK(m[es] == 0);  // nothing past the element
   }
   CHECK(zigzag(1, 2) == 2);
-  CHECK(zigzag(0x80, 1) == 0xff);                  // -128
+  CHECK(zigzag(0x80, 1) == 0xff);  // -128
   CHECK(signed_value(0xffff, 0xffff).mag_minus1 == 0);
   CHECK(signed_value(0xffff, 0xffff).neg == 1);
   CHECK(signed_value(3, 0xff).mag_minus1 == 2);
@@ -68,10 +68,11 @@ TEST_CASE("found changes: sparse and context entries byte for byte the CPU encod
   };
   const std::uint64_t M = kSparseChunkElements;
   const Case cases[] = {
-      {"BF16", 2, 1.0},        {"BF16", 66, 0.1},         {"BF16", 2 * (M + 4097), 0.01}, {"BF16", 2 * 4099, 0.001},
-      {"BF16", 2 * 1001 + 1, 0.1},  // odd bytes: 1-byte elements, no field
-      {"F16", 2 * 70001, 0.05}, {"F32", 4 * (M + 33), 0.02},  {"F8_E4M3", 2 * M + 7, 0.01},  {"F8_E5M2", 5003, 0.1},
-      {"F64", 8 * 3001, 0.1},   {"I32", 4 * 5000, 0.1},    {"BF16", 2 * 5000, 0.0},
+      {"BF16", 2, 1.0},          {"BF16", 66, 0.1},           {"BF16", 2 * (M + 4097), 0.01},
+      {"BF16", 2 * 4099, 0.001}, {"BF16", 2 * 1001 + 1, 0.1},  // odd bytes: 1-byte elements, no field
+      {"F16", 2 * 70001, 0.05},  {"F32", 4 * (M + 33), 0.02}, {"F8_E4M3", 2 * M + 7, 0.01},
+      {"F8_E5M2", 5003, 0.1},    {"F64", 8 * 3001, 0.1},      {"I32", 4 * 5000, 0.1},
+      {"BF16", 2 * 5000, 0.0},
   };
   for (const Case& k : cases) {
     const ChunkLayout l = chunk_layout(k.dtype, k.nbytes);

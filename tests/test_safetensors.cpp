@@ -19,21 +19,20 @@
 #include <boost/filesystem/operations.hpp>
 #include <nlohmann/json.hpp>
 
-#include "unit_util.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/safetensors.hpp"
+#include "unit_util.hpp"
 
 using namespace hfdelta;
-using unit::TempDir;
 using unit::contains;
 using unit::error_of;
+using unit::TempDir;
 
 namespace {
 
 namespace bfs = boost::filesystem;
 
 constexpr const char* kWhat = "bad.safetensors";
-
 
 std::string le64(std::uint64_t v) {
   std::string s(8, '\0');
@@ -57,8 +56,6 @@ void write_bytes(const bfs::path& p, const std::string& bytes) {
   f.close();
   REQUIRE(f.good());
 }
-
-
 
 // Parses `file` (the whole file in memory) and expects bad_input naming the
 // file and every needle.
@@ -93,9 +90,8 @@ struct DtypeCase {
   std::size_t size;
 };
 constexpr DtypeCase kAllDtypes[] = {
-    {"BOOL", 1}, {"U8", 1},  {"I8", 1},   {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"F8_E8M0", 1},
-    {"I16", 2},  {"U16", 2}, {"F16", 2},  {"BF16", 2},    {"I32", 4},     {"U32", 4},
-    {"F32", 4},  {"I64", 8}, {"U64", 8},  {"F64", 8},
+    {"BOOL", 1}, {"U8", 1},   {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"F8_E8M0", 1}, {"I16", 2}, {"U16", 2},
+    {"F16", 2},  {"BF16", 2}, {"I32", 4}, {"U32", 4},     {"F32", 4},     {"I64", 8},     {"U64", 8}, {"F64", 8},
 };
 
 }  // namespace
@@ -153,7 +149,7 @@ TEST_CASE("safetensors: invalid UTF-8 in a string is refused") {
   // A lone continuation byte, a truncated sequence, an overlong '/', a UTF-16
   // surrogate encoded as UTF-8, in a metadata value and in a tensor name.
   for (const std::string& bad : {std::string("\xff"), std::string("\xc3"), std::string("\xc0\xaf"),
-                                std::string("\xed\xa0\x80"), std::string("\x80")}) {
+                                 std::string("\xed\xa0\x80"), std::string("\x80")}) {
     const std::string in_meta = "{\"__metadata__\":{\"k\":\"" + bad + "\"}}";
     expect_bad(st_file(in_meta, 0), {"not valid UTF-8 JSON"});
     const std::string in_name = "{\"t" + bad + "\":" + tensor_json("U8", "[1]", 0, 1) + "}";
@@ -229,7 +225,8 @@ TEST_CASE("safetensors: data_offsets must be two non-negative integers with begi
 
 TEST_CASE("safetensors: offsets must tile the buffer from 0 with no gap and no overlap") {
   SUBCASE("gap between tensors") {
-    const std::string h = "{\"a\":" + tensor_json("F32", "[1]", 0, 4) + ",\"b\":" + tensor_json("F32", "[1]", 8, 12) + "}";
+    const std::string h =
+        "{\"a\":" + tensor_json("F32", "[1]", 0, 4) + ",\"b\":" + tensor_json("F32", "[1]", 8, 12) + "}";
     expect_bad(st_file(h, 12), {"'b'", "gap", "8", "4"});
   }
   SUBCASE("first tensor not at offset 0") {
@@ -237,15 +234,18 @@ TEST_CASE("safetensors: offsets must tile the buffer from 0 with no gap and no o
     expect_bad(st_file(h, 8), {"'a'", "gap", "begin at 4"});
   }
   SUBCASE("overlapping tensors") {
-    const std::string h = "{\"a\":" + tensor_json("F32", "[2]", 0, 8) + ",\"b\":" + tensor_json("F32", "[2]", 4, 12) + "}";
+    const std::string h =
+        "{\"a\":" + tensor_json("F32", "[2]", 0, 8) + ",\"b\":" + tensor_json("F32", "[2]", 4, 12) + "}";
     expect_bad(st_file(h, 12), {"'b'", "overlap"});
   }
   SUBCASE("two tensors on the same bytes") {
-    const std::string h = "{\"a\":" + tensor_json("F32", "[1]", 0, 4) + ",\"b\":" + tensor_json("F32", "[1]", 0, 4) + "}";
+    const std::string h =
+        "{\"a\":" + tensor_json("F32", "[1]", 0, 4) + ",\"b\":" + tensor_json("F32", "[1]", 0, 4) + "}";
     expect_bad(st_file(h, 4), {"overlap"});
   }
   SUBCASE("empty tensor inside another tensor's bytes") {
-    const std::string h = "{\"a\":" + tensor_json("F32", "[1]", 0, 4) + ",\"e\":" + tensor_json("F32", "[0]", 2, 2) + "}";
+    const std::string h =
+        "{\"a\":" + tensor_json("F32", "[1]", 0, 4) + ",\"e\":" + tensor_json("F32", "[0]", 2, 2) + "}";
     expect_bad(st_file(h, 4), {"'e'", "overlap"});
   }
 }
@@ -265,8 +265,7 @@ TEST_CASE("safetensors: the last end must be the end of the file") {
 }
 
 TEST_CASE("safetensors: byte span must equal product(shape) x dtype size") {
-  expect_bad(st_file("{\"w\":" + tensor_json("F32", "[2, 3]", 0, 20) + "}", 20),
-             {"'w'", "needs 24", "span 20", "F32"});
+  expect_bad(st_file("{\"w\":" + tensor_json("F32", "[2, 3]", 0, 20) + "}", 20), {"'w'", "needs 24", "span 20", "F32"});
   expect_bad(st_file("{\"w\":" + tensor_json("BF16", "[]", 0, 1) + "}", 1), {"'w'", "needs 2"});
   expect_bad(st_file("{\"w\":" + tensor_json("F64", "[0]", 0, 8) + "}", 8), {"'w'", "needs 0"});
   expect_bad(st_file("{\"w\":" + tensor_json("U8", "[3]", 0, 4) + "}", 4), {"'w'", "needs 3"});
@@ -274,16 +273,13 @@ TEST_CASE("safetensors: byte span must equal product(shape) x dtype size") {
 
 TEST_CASE("safetensors: arithmetic overflow is refused") {
   SUBCASE("shape product overflows 64 bits") {
-    expect_bad(st_file("{\"w\":" + tensor_json("U8", "[4294967296, 4294967296]", 0, 0) + "}", 0),
-               {"'w'", "overflows"});
+    expect_bad(st_file("{\"w\":" + tensor_json("U8", "[4294967296, 4294967296]", 0, 0) + "}", 0), {"'w'", "overflows"});
     // Also for dtypes the tool does not know: the shape itself is nonsense.
-    expect_bad(st_file("{\"w\":" + tensor_json("F4", "[4294967296, 4294967297]", 0, 0) + "}", 0),
-               {"'w'", "overflows"});
+    expect_bad(st_file("{\"w\":" + tensor_json("F4", "[4294967296, 4294967297]", 0, 0) + "}", 0), {"'w'", "overflows"});
   }
   SUBCASE("shape fits but times the dtype size overflows") {
     // 2^62 elements of 8 bytes = 2^65.
-    expect_bad(st_file("{\"w\":" + tensor_json("F64", "[4611686018427387904]", 0, 0) + "}", 0),
-               {"'w'", "overflows"});
+    expect_bad(st_file("{\"w\":" + tensor_json("F64", "[4611686018427387904]", 0, 0) + "}", 0), {"'w'", "overflows"});
     // 2^63 elements of 2 bytes = 2^64, just one past the maximum.
     expect_bad(st_file("{\"w\":" + tensor_json("BF16", "[2, 4611686018427387904]", 0, 0) + "}", 0),
                {"'w'", "overflows"});
@@ -347,8 +343,8 @@ TEST_CASE("safetensors: scalars and empty tensors") {
   }
   SUBCASE("empty tensors, several at the same offset") {
     const std::string h = "{\"a\":" + tensor_json("F32", "[1]", 0, 4) + ",\"e1\":" + tensor_json("F32", "[0]", 4, 4) +
-                          ",\"e2\":" + tensor_json("BF16", "[2, 0, 3]", 4, 4) + ",\"b\":" +
-                          tensor_json("F32", "[1]", 4, 8) + ",\"e3\":" + tensor_json("U8", "[0]", 8, 8) +
+                          ",\"e2\":" + tensor_json("BF16", "[2, 0, 3]", 4, 4) +
+                          ",\"b\":" + tensor_json("F32", "[1]", 4, 8) + ",\"e3\":" + tensor_json("U8", "[0]", 8, 8) +
                           ",\"e0\":" + tensor_json("I64", "[0, 4611686018427387904]", 0, 0) + "}";
     const std::string file = st_file(h, 8);
     const auto hdr = parse_safetensors(file, file.size(), kWhat);
@@ -365,7 +361,8 @@ TEST_CASE("safetensors: scalars and empty tensors") {
     CHECK(hdr.find("e0")->elements() == 0);
   }
   SUBCASE("only empty tensors, empty buffer") {
-    const std::string h = "{\"x\":" + tensor_json("F16", "[0]", 0, 0) + ",\"y\":" + tensor_json("F16", "[0, 5]", 0, 0) + "}";
+    const std::string h =
+        "{\"x\":" + tensor_json("F16", "[0]", 0, 0) + ",\"y\":" + tensor_json("F16", "[0, 5]", 0, 0) + "}";
     const std::string file = st_file(h, 0);
     const auto hdr = parse_safetensors(file, file.size(), kWhat);
     CHECK(hdr.tensors.size() == 2);
@@ -532,7 +529,9 @@ TEST_CASE("safetensors: read_safetensors errors name the path") {
 
 // ---- writing -------------------------------------------------------------------
 
-TEST_CASE("safetensors: layout orders data as the reference writer (dtype enumeration, last first) then name, header padded to 8") {
+TEST_CASE(
+    "safetensors: layout orders data as the reference writer (dtype enumeration, last first) then name, header padded "
+    "to 8") {
   const auto L = layout_safetensors({{"z_u8", "U8", {3}, 3},
                                      {"a_f16", "F16", {2}, 4},
                                      {"opaque", "F4", {5}, 3},

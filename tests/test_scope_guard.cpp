@@ -28,8 +28,7 @@ TEST_CASE("OnFailure: an exception caught inside its scope is no failure of the 
     const OnFailure undo([&] { ++undone; });
     try {
       throw std::runtime_error("handled");
-    } catch (const std::runtime_error&) {
-    }
+    } catch (const std::runtime_error&) {}
   }
   CHECK(undone == 0);
 }

@@ -14,8 +14,8 @@
 #include <set>
 #include <vector>
 
-#include <boost/filesystem.hpp>
 #include <zstd.h>
+#include <boost/filesystem.hpp>
 
 #include "hfdelta/apply.hpp"
 #include "hfdelta/codec.hpp"
@@ -35,7 +35,8 @@ namespace {
 Bytes encode(const Bytes& a, const Bytes& b, std::size_t es) {
   Compressor c(3);
   Bytes out;
-  const std::uint64_t n = encode_sparse(c, a, b, es, [&](std::span<const std::uint8_t> s) { out.insert(out.end(), s.begin(), s.end()); });
+  const std::uint64_t n =
+      encode_sparse(c, a, b, es, [&](std::span<const std::uint8_t> s) { out.insert(out.end(), s.begin(), s.end()); });
   CHECK(n == out.size());
   return out;
 }
@@ -45,17 +46,18 @@ Bytes patched(const Bytes& a, const Bytes& entry) {
   Bytes r = a;
   std::uint64_t last = 0;
   bool first = true;
-  decode_sparse(entry, a.size(), "test", [&](std::span<const std::uint64_t> offs, std::span<const std::uint8_t> x, std::size_t es, SparseOp op) {
-    REQUIRE(x.size() == offs.size() * es);
-    for (std::size_t i = 0; i < offs.size(); ++i) {
-      REQUIRE(offs[i] + es <= r.size());
-      REQUIRE(offs[i] % es == 0);
-      if (!first) REQUIRE(offs[i] > last);
-      first = false;
-      last = offs[i];
-      sparse_apply_value(r.data() + offs[i], x.data() + i * es, es, op);
-    }
-  });
+  decode_sparse(entry, a.size(), "test",
+                [&](std::span<const std::uint64_t> offs, std::span<const std::uint8_t> x, std::size_t es, SparseOp op) {
+                  REQUIRE(x.size() == offs.size() * es);
+                  for (std::size_t i = 0; i < offs.size(); ++i) {
+                    REQUIRE(offs[i] + es <= r.size());
+                    REQUIRE(offs[i] % es == 0);
+                    if (!first) REQUIRE(offs[i] > last);
+                    first = false;
+                    last = offs[i];
+                    sparse_apply_value(r.data() + offs[i], x.data() + i * es, es, op);
+                  }
+                });
   return r;
 }
 
@@ -172,7 +174,7 @@ TEST_CASE("sparse: several chunks, changes on chunk borders") {
 }
 
 TEST_CASE("sparse: a position past 4 GiB decodes without allocating the tensor") {
-  const std::uint64_t nbytes = (5ull << 30) + 8;  // 5 GiB of 8-byte elements
+  const std::uint64_t nbytes = (5ull << 30) + 8;      // 5 GiB of 8-byte elements
   const std::uint64_t elem = (4ull << 30) / 8 + 123;  // element at byte 4 GiB + 984
   Bytes x(8, 0);
   x[0] = 0xaa;
@@ -180,10 +182,12 @@ TEST_CASE("sparse: a position past 4 GiB decodes without allocating the tensor")
   const Bytes entry = handmade(8, nbytes, {3, elem}, Bytes{1, 0, 0, 0, 0, 0, 0, 0, 0xaa, 0, 0, 0, 0, 0, 0, 1});
   std::vector<std::uint64_t> seen;
   std::vector<std::uint8_t> first_bytes;
-  decode_sparse(entry, nbytes, "test", [&](std::span<const std::uint64_t> offs, std::span<const std::uint8_t> xs, std::size_t es, SparseOp) {
-    CHECK(es == 8);
-    for (std::size_t i = 0; i < offs.size(); ++i) seen.push_back(offs[i]), first_bytes.push_back(xs[i * es]);
-  });
+  decode_sparse(entry, nbytes, "test",
+                [&](std::span<const std::uint64_t> offs, std::span<const std::uint8_t> xs, std::size_t es, SparseOp) {
+                  CHECK(es == 8);
+                  for (std::size_t i = 0; i < offs.size(); ++i)
+                    seen.push_back(offs[i]), first_bytes.push_back(xs[i * es]);
+                });
   REQUIRE(first_bytes.size() == 2);
   CHECK(first_bytes[1] == 0xaa);
   REQUIRE(seen.size() == 2);
@@ -228,9 +232,10 @@ TEST_CASE("sparse: hostile entries are refused as malformed input") {
     f[i] ^= 0x10;
     ++flipped_total;
     const auto code = error_code([&] {
-      decode_sparse(f, 4096, "test", [](std::span<const std::uint64_t> offs, std::span<const std::uint8_t>, std::size_t es, SparseOp) {
-        for (auto o : offs) REQUIRE(o + es <= 4096);
-      });
+      decode_sparse(f, 4096, "test",
+                    [](std::span<const std::uint64_t> offs, std::span<const std::uint8_t>, std::size_t es, SparseOp) {
+                      for (auto o : offs) REQUIRE(o + es <= 4096);
+                    });
     });
     if (code) {
       CHECK(*code == Exit::bad_input);
@@ -248,10 +253,9 @@ TEST_CASE("sparse and auto deltas apply end to end, and auto is never larger tha
   std::mt19937 rng(9);
   auto write = [&](const fs::path& d, const std::vector<Bytes>& data) {
     fs::create_directories(d);
-    const auto L = layout_safetensors({{"w.bf16", "BF16", {256, 64}, 256 * 64 * 2},
-                                       {"w.f32", "F32", {1000}, 4000},
-                                       {"w.same", "U8", {77}, 77}},
-                                      nullptr);
+    const auto L = layout_safetensors(
+        {{"w.bf16", "BF16", {256, 64}, 256 * 64 * 2}, {"w.f32", "F32", {1000}, 4000}, {"w.same", "U8", {77}, 77}},
+        nullptr);
     Bytes file(L.prefix.begin(), L.prefix.end());
     file.resize(L.file_size);
     for (const auto& t : L.tensors) {
@@ -352,7 +356,8 @@ TEST_CASE("hostile: chunk tables that wrap around, legacy zstd frames, JSON nest
   for (int i = 0; i < 8; ++i) file[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
   file += header;
   CHECK(error_code([&] { parse_safetensors(file, file.size(), "deep.safetensors"); }) == Exit::bad_input);
-  const std::string index = "{\"metadata\":{\"delta_encoding\":\"xor\",\"compression_format\":" + deep + "},\"weight_map\":{}}";
+  const std::string index =
+      "{\"metadata\":{\"delta_encoding\":\"xor\",\"compression_format\":" + deep + "},\"weight_map\":{}}";
   CHECK(error_code([&] { parse_delta_index(index, "deep index"); }) == Exit::bad_input);
 }
 
@@ -391,13 +396,14 @@ struct Decoded {
 
 Decoded decode_all(const Bytes& entry, std::uint64_t nbytes) {
   Decoded d;
-  decode_sparse(entry, nbytes, "test", [&](std::span<const std::uint64_t> offs, std::span<const std::uint8_t> v, std::size_t es, SparseOp op) {
-    REQUIRE((d.es == 0 || d.es == es));
-    d.es = es;
-    d.ops.insert(op);
-    d.offs.insert(d.offs.end(), offs.begin(), offs.end());
-    d.values.insert(d.values.end(), v.begin(), v.end());
-  });
+  decode_sparse(entry, nbytes, "test",
+                [&](std::span<const std::uint64_t> offs, std::span<const std::uint8_t> v, std::size_t es, SparseOp op) {
+                  REQUIRE((d.es == 0 || d.es == es));
+                  d.es = es;
+                  d.ops.insert(op);
+                  d.offs.insert(d.offs.end(), offs.begin(), offs.end());
+                  d.values.insert(d.values.end(), v.begin(), v.end());
+                });
   return d;
 }
 
@@ -476,7 +482,8 @@ void check_hfs2(const Bytes& a, const Bytes& b, std::size_t dtype_size) {
   }
   std::size_t wrong = 0;
   for (std::size_t i = 0; i < want.size(); ++i)
-    wrong += load_le(d.values.data() + i * es, es) != ref_zigzag(load_le(a.data() + want[i], es), load_le(b.data() + want[i], es), es);
+    wrong += load_le(d.values.data() + i * es, es) !=
+             ref_zigzag(load_le(a.data() + want[i], es), load_le(b.data() + want[i], es), es);
   CHECK(wrong == 0);
   CHECK((patched(a, e) == b));
 }
@@ -528,15 +535,34 @@ void check_stored_values(std::size_t es, const std::vector<ValueCase>& cases) {
 TEST_CASE("sparse HFS2: exact stored values, wrap-around at the maximum included") {
   // A one-ulp step is 2 (up) or 1 (down) whatever carries it causes; the
   // most negative difference is the largest value.
-  check_stored_values(1, {{0x00, 0x01, 2},   {0x01, 0x00, 1},   {0xff, 0x00, 2},  {0x00, 0xff, 1},
-                          {0x7f, 0x80, 2},   {0x80, 0x7f, 1},   {0x00, 0x80, 0xff}, {0x00, 0x7f, 0xfe},
-                          {0x10, 0x0e, 3},   {0x3c, 0x3f, 6}});
-  check_stored_values(2, {{0x3f80, 0x3f81, 2},   {0x3f81, 0x3f80, 1},   {0x0000, 0xffff, 1},   {0xffff, 0x0000, 2},
-                          {0x7fff, 0x8000, 2},   {0x8000, 0x7fff, 1},   {0x3fff, 0x4000, 2},   {0x0000, 0x8000, 0xffff},
-                          {0x0000, 0x7fff, 0xfffe}, {0x4000, 0x3f80, 0xff}});
-  check_stored_values(4, {{0x3f800000, 0x3f800001, 2}, {0x3f800000, 0x3f7fffff, 1}, {0xffffffff, 0, 2},
-                          {0, 0xffffffff, 1},           {0x7fffffff, 0x80000000, 2}, {0, 0x80000000, 0xffffffff},
-                          {0x00ffffff, 0x01000000, 2},  {100, 90, 19}});
+  check_stored_values(1, {{0x00, 0x01, 2},
+                          {0x01, 0x00, 1},
+                          {0xff, 0x00, 2},
+                          {0x00, 0xff, 1},
+                          {0x7f, 0x80, 2},
+                          {0x80, 0x7f, 1},
+                          {0x00, 0x80, 0xff},
+                          {0x00, 0x7f, 0xfe},
+                          {0x10, 0x0e, 3},
+                          {0x3c, 0x3f, 6}});
+  check_stored_values(2, {{0x3f80, 0x3f81, 2},
+                          {0x3f81, 0x3f80, 1},
+                          {0x0000, 0xffff, 1},
+                          {0xffff, 0x0000, 2},
+                          {0x7fff, 0x8000, 2},
+                          {0x8000, 0x7fff, 1},
+                          {0x3fff, 0x4000, 2},
+                          {0x0000, 0x8000, 0xffff},
+                          {0x0000, 0x7fff, 0xfffe},
+                          {0x4000, 0x3f80, 0xff}});
+  check_stored_values(4, {{0x3f800000, 0x3f800001, 2},
+                          {0x3f800000, 0x3f7fffff, 1},
+                          {0xffffffff, 0, 2},
+                          {0, 0xffffffff, 1},
+                          {0x7fffffff, 0x80000000, 2},
+                          {0, 0x80000000, 0xffffffff},
+                          {0x00ffffff, 0x01000000, 2},
+                          {100, 90, 19}});
   check_stored_values(8, {{~0ull, 0, 2},
                           {0, ~0ull, 1},
                           {0x7fffffffffffffffull, 0x8000000000000000ull, 2},
@@ -577,8 +603,18 @@ TEST_CASE("sparse HFS2: gaps of 1, 2 and 3 varint bytes, up to the last element 
   REQUIRE(chunks.size() == 1);
   CHECK(chunks[0].count == elems.size());
   const std::uint64_t last_gap = (n - 1) - 33028;  // 1015547 = 0x0f7efb
-  const Bytes want{0x00, 0x00, 0x7f, 0x80, 0x01, 0xff, 0x7f, 0x80, 0x80, 0x01,
-                   static_cast<std::uint8_t>(0x80 | (last_gap & 0x7f)), static_cast<std::uint8_t>(0x80 | ((last_gap >> 7) & 0x7f)),
+  const Bytes want{0x00,
+                   0x00,
+                   0x7f,
+                   0x80,
+                   0x01,
+                   0xff,
+                   0x7f,
+                   0x80,
+                   0x80,
+                   0x01,
+                   static_cast<std::uint8_t>(0x80 | (last_gap & 0x7f)),
+                   static_cast<std::uint8_t>(0x80 | ((last_gap >> 7) & 0x7f)),
                    static_cast<std::uint8_t>(last_gap >> 14)};
   CHECK((chunks[0].gaps == want));
   CHECK((patched(a, encode(a, b, 2)) == b));
@@ -599,7 +635,8 @@ TEST_CASE("sparse HFS2: every pair of 1-byte values") {
   // 65536 elements, old = i & 0xff and new = i >> 8: each stored value is
   // checked against the reference zigzag, the equal pairs must be skipped.
   Bytes a(65536), b(65536);
-  for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<std::uint8_t>(i), b[i] = static_cast<std::uint8_t>(i >> 8);
+  for (std::size_t i = 0; i < a.size(); ++i)
+    a[i] = static_cast<std::uint8_t>(i), b[i] = static_cast<std::uint8_t>(i >> 8);
   check_hfs2(a, b, 1);
 }
 
@@ -735,7 +772,8 @@ TEST_CASE("sparse HFS2: random byte masks over many blocks and unaligned views")
       // The same through an unaligned span into the original buffers.
       Compressor c(3);
       Bytes e;
-      encode_sparse(c, std::span<const std::uint8_t>(buf_a.data() + shift, len), std::span<const std::uint8_t>(buf_b.data() + shift, len), es,
+      encode_sparse(c, std::span<const std::uint8_t>(buf_a.data() + shift, len),
+                    std::span<const std::uint8_t>(buf_b.data() + shift, len), es,
                     [&](std::span<const std::uint8_t> s) { e.insert(e.end(), s.begin(), s.end()); });
       CHECK((e == encode(a, b, es)));
     }
@@ -790,7 +828,8 @@ TEST_CASE("sparse HFS1: entries from before HFS2 still decode, as XOR values") {
       const Bytes a = random_bytes(elems * es, 53);
       Bytes b = a;
       std::mt19937 rng(54);
-      for (std::size_t i = 0; i < elems / 50 + 1; ++i) b[rng() % b.size()] ^= static_cast<std::uint8_t>(1 + rng() % 255);
+      for (std::size_t i = 0; i < elems / 50 + 1; ++i)
+        b[rng() % b.size()] ^= static_cast<std::uint8_t>(1 + rng() % 255);
       b.back() = static_cast<std::uint8_t>(b.back() + 1);  // the last element, with a carry-free step
       std::vector<std::uint64_t> positions;
       Bytes xors;
@@ -848,8 +887,8 @@ TEST_CASE("sparse_apply_value: both ops, every element size, nothing outside the
   CHECK(applied(2, 0xffff, 2, SparseOp::add_zigzag) == 0x0000);  // wraps, does not spill past the element
   CHECK(applied(2, 0x0000, 1, SparseOp::add_zigzag) == 0xffff);
   CHECK(applied(2, 0x1234, 0, SparseOp::add_zigzag) == 0x1234);
-  CHECK(applied(1, 0x80, 0xff, SparseOp::add_zigzag) == 0x00);   // -128
-  CHECK(applied(1, 0x80, 0xfe, SparseOp::add_zigzag) == 0xff);   // +127
+  CHECK(applied(1, 0x80, 0xff, SparseOp::add_zigzag) == 0x00);  // -128
+  CHECK(applied(1, 0x80, 0xfe, SparseOp::add_zigzag) == 0xff);  // +127
   CHECK(applied(4, 0xffffffff, 2, SparseOp::add_zigzag) == 0);
   CHECK(applied(4, 0x80000000, 1, SparseOp::add_zigzag) == 0x7fffffff);
   CHECK(applied(4, 0, 0xffffffff, SparseOp::add_zigzag) == 0x80000000);
@@ -893,7 +932,8 @@ void write_checkpoint(const fs::path& d, const std::vector<TensorData>& ts) {
   f.close();
 }
 
-fs::path diff_to(const fs::path& base, const fs::path& target, const fs::path& out, std::optional<Encoding> enc, int threads) {
+fs::path diff_to(const fs::path& base, const fs::path& target, const fs::path& out, std::optional<Encoding> enc,
+                 int threads) {
   DiffOptions o;
   o.encoding = enc;
   o.version = 1;
@@ -950,7 +990,8 @@ Bytes xor_pattern(Bytes data) {
 Bytes bf16_weights(std::size_t elems, std::uint32_t seed) {
   std::mt19937 rng(seed);
   Bytes v(2 * elems);
-  for (std::size_t i = 0; i < elems; ++i) v[2 * i] = static_cast<std::uint8_t>(rng()), v[2 * i + 1] = static_cast<std::uint8_t>(0x3c + rng() % 3);
+  for (std::size_t i = 0; i < elems; ++i)
+    v[2 * i] = static_cast<std::uint8_t>(rng()), v[2 * i + 1] = static_cast<std::uint8_t>(0x3c + rng() % 3);
   return v;
 }
 
@@ -958,7 +999,8 @@ Bytes bf16_weights(std::size_t elems, std::uint32_t seed) {
 Bytes ulp_steps(Bytes data, std::size_t es, std::size_t every, std::uint32_t seed) {
   std::mt19937 rng(seed);
   for (std::size_t off = 0; off < data.size(); off += es)
-    if (rng() % every == 0) store_le(data.data() + off, load_le(data.data() + off, es) + (rng() % 2 ? 1 + rng() % 2 : ~0ull - rng() % 2), es);
+    if (rng() % every == 0)
+      store_le(data.data() + off, load_le(data.data() + off, es) + (rng() % 2 ? 1 + rng() % 2 : ~0ull - rng() % 2), es);
   return data;
 }
 
@@ -1022,7 +1064,8 @@ TEST_CASE("diff: a tensor split into chunk ranges over threads gives the same de
     }
     for (int threads : {2, 3, 4}) {
       CAPTURE(threads);
-      const fs::path out = diff_to(dir / "s0", dir / "s1", dir / ("d_" + tag + "_" + std::to_string(threads)), enc, threads);
+      const fs::path out =
+          diff_to(dir / "s0", dir / "s1", dir / ("d_" + tag + "_" + std::to_string(threads)), enc, threads);
       const auto got = tree(out);
       REQUIRE(got.size() == want.size());
       for (const auto& [file, bytes] : want) {
@@ -1043,7 +1086,8 @@ TEST_CASE("auto: every changed tensor's entry is no larger than its xor entry, o
   struct Pair {
     const char* name;
     std::vector<TensorData> v0, v1;
-    std::vector<std::string> want_xor, want_sparse;  // what auto must choose, where it is clear (want_sparse: the chunked encoding, context)
+    std::vector<std::string> want_xor,
+        want_sparse;  // what auto must choose, where it is clear (want_sparse: the chunked encoding, context)
   };
   std::vector<Pair> pairs;
   {
@@ -1052,8 +1096,10 @@ TEST_CASE("auto: every changed tensor's entry is no larger than its xor entry, o
                 u0 = random_bytes(1000, 74);
     Bytes u1 = u0;
     for (auto& x : u1) x = static_cast<std::uint8_t>(x + 1);  // zigzag 2 everywhere: sparse is nearly free
-    p.v0 = {{"bf16.exact", "BF16", {512, 512}, e0}, {"bf16.sampled", "BF16", {1024, 640}, s0},
-            {"f32.all", "F32", {300}, f0},           {"u8.plus_one", "U8", {1000}, u0}};
+    p.v0 = {{"bf16.exact", "BF16", {512, 512}, e0},
+            {"bf16.sampled", "BF16", {1024, 640}, s0},
+            {"f32.all", "F32", {300}, f0},
+            {"u8.plus_one", "U8", {1000}, u0}};
     p.v1 = {{"bf16.exact", "BF16", {512, 512}, ulp_steps(e0, 2, 50, 75)},
             {"bf16.sampled", "BF16", {1024, 640}, ulp_steps(s0, 2, 50, 76)},
             {"f32.all", "F32", {300}, random_bytes(1200, 77)},
@@ -1074,8 +1120,10 @@ TEST_CASE("auto: every changed tensor's entry is no larger than its xor entry, o
     Bytes m1 = xor_pattern(m0);
     std::copy(m0.begin(), m0.begin() + 256 * 1024, m1.begin());
     for (std::size_t i = 0; i < 256 * 1024; i += 4096) m1[i] ^= 1;
-    p.v0 = {{"bf16.pattern", "BF16", {256, 256}, b0}, {"f32.pattern.large", "F32", {512, 1024}, f0},
-            {"f64.few", "F64", {100}, d0},            {"u8.pattern", "U8", {5000}, u0},
+    p.v0 = {{"bf16.pattern", "BF16", {256, 256}, b0},
+            {"f32.pattern.large", "F32", {512, 1024}, f0},
+            {"f64.few", "F64", {100}, d0},
+            {"u8.pattern", "U8", {5000}, u0},
             {"f32.mixed", "F32", {1024, 1024}, m0}};
     p.v1 = {{"bf16.pattern", "BF16", {256, 256}, xor_pattern(b0)},
             {"f32.pattern.large", "F32", {512, 1024}, xor_pattern(f0)},

@@ -9,8 +9,8 @@
 #include <string_view>
 #include <vector>
 
-#include <boost/filesystem.hpp>
 #include <doctest/doctest.h>
+#include <boost/filesystem.hpp>
 
 #include "hfdelta/error.hpp"
 

@@ -90,10 +90,14 @@ struct DtypeInfo {
 
 DtypeInfo dtype_info(Dtype d) {
   switch (d) {
-    case Dtype::bf16: return {"bf16", "BF16", "bfloat16", 2};
-    case Dtype::f16: return {"f16", "F16", "float16", 2};
-    case Dtype::f32: return {"f32", "F32", "float32", 4};
-    case Dtype::f8e4m3: return {"f8e4m3", "F8_E4M3", "float8_e4m3fn", 1};
+    case Dtype::bf16:
+      return {"bf16", "BF16", "bfloat16", 2};
+    case Dtype::f16:
+      return {"f16", "F16", "float16", 2};
+    case Dtype::f32:
+      return {"f32", "F32", "float32", 4};
+    case Dtype::f8e4m3:
+      return {"f8e4m3", "F8_E4M3", "float8_e4m3fn", 1};
   }
   return {"?", "?", "?", 0};
 }
@@ -105,11 +109,11 @@ struct Tensor {
   bool is_norm = false;      // RMSNorm weight: starts at 1.0
   bool sparse_rows = false;  // embedding: rows of tokens absent from a batch get no gradient
   std::uint64_t elements = 0;
-  std::uint64_t cols = 0;    // last dimension; gradient scale varies per row
-  std::uint64_t key = 0;     // mix of seed and name: the root of all its random streams
-  float grad_scale = 0;      // typical gradient magnitude, near Adam's eps
-  float bias = 0;            // strength of a persistent gradient direction
-  float row_sigma = 0;       // log-normal spread of per-row, per-step gradient scale
+  std::uint64_t cols = 0;  // last dimension; gradient scale varies per row
+  std::uint64_t key = 0;   // mix of seed and name: the root of all its random streams
+  float grad_scale = 0;    // typical gradient magnitude, near Adam's eps
+  float bias = 0;          // strength of a persistent gradient direction
+  float row_sigma = 0;     // log-normal spread of per-row, per-step gradient scale
   std::size_t shard = 0;
   std::uint64_t offset = 0;  // absolute file offset of its first byte in its shard
   Dtype dtype = Dtype::bf16;
@@ -146,7 +150,14 @@ constexpr std::uint64_t mix(std::uint64_t a, std::uint64_t b) { return splitmix6
 
 // Distinct streams per tensor.
 enum Stream : std::uint64_t {
-  kInitA = 1, kInitB, kDirection, kNoise, kRowScale, kRowFreq, kRowActive, kTensorParams,
+  kInitA = 1,
+  kInitB,
+  kDirection,
+  kNoise,
+  kRowScale,
+  kRowFreq,
+  kRowActive,
+  kTensorParams,
 };
 
 // Key of a per-element stream: element indices are hashed as 32-bit words, so
@@ -193,7 +204,7 @@ std::uint64_t fnv1a(const std::string& s) {
 inline std::uint16_t to_bf16(float f) {
   const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
   if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40);  // quiet NaN
-  return static_cast<std::uint16_t>((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);  // round to nearest even
+  return static_cast<std::uint16_t>((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);                 // round to nearest even
 }
 
 // IEEE binary16, round to nearest even, with subnormals and overflow to inf.
@@ -227,8 +238,11 @@ void encode(const float* w, std::size_t n, Dtype dt, std::uint8_t* out) {
         std::memcpy(out + 2 * i, &v, 2);
       }
       break;
-    case Dtype::f32: std::memcpy(out, w, 4 * n); break;
-    case Dtype::f8e4m3: fail(Exit::failure, "FP8 weights are quantised with their block scales");
+    case Dtype::f32:
+      std::memcpy(out, w, 4 * n);
+      break;
+    case Dtype::f8e4m3:
+      fail(Exit::failure, "FP8 weights are quantised with their block scales");
   }
 }
 
@@ -249,9 +263,9 @@ struct Options {
   std::uint64_t chunk = 1ull << 20;
   bool force = false;
   bool json = false;
-  bool fp8 = false;                // F8_E4M3 linear weights with 128x128 block scales
-  std::uint64_t lora_rank = 0;     // > 0: a PEFT LoRA adapter of this rank instead of the model
-  bool stack_experts = false;      // experts of a layer as three [E, rows, cols] tensors
+  bool fp8 = false;             // F8_E4M3 linear weights with 128x128 block scales
+  std::uint64_t lora_rank = 0;  // > 0: a PEFT LoRA adapter of this rank instead of the model
+  bool stack_experts = false;   // experts of a layer as three [E, rows, cols] tensors
 };
 
 constexpr std::uint64_t kFp8Block = 128;  // weight_block_size [128, 128]
@@ -320,8 +334,8 @@ class TensorList {
 // The seven projections LoRA adapts, with (out, in) features.
 std::vector<std::pair<std::string, std::pair<std::uint64_t, std::uint64_t>>> lora_targets(const ModelShape& m) {
   const std::uint64_t q = m.heads * m.head_dim, kv = m.kv_heads * m.head_dim;
-  return {{"self_attn.q_proj", {q, m.hidden}},          {"self_attn.k_proj", {kv, m.hidden}},
-          {"self_attn.v_proj", {kv, m.hidden}},         {"self_attn.o_proj", {m.hidden, q}},
+  return {{"self_attn.q_proj", {q, m.hidden}},           {"self_attn.k_proj", {kv, m.hidden}},
+          {"self_attn.v_proj", {kv, m.hidden}},          {"self_attn.o_proj", {m.hidden, q}},
           {"mlp.gate_proj", {m.intermediate, m.hidden}}, {"mlp.up_proj", {m.intermediate, m.hidden}},
           {"mlp.down_proj", {m.hidden, m.intermediate}}};
 }
@@ -472,7 +486,7 @@ float row_scale(const Tensor& t, std::uint64_t row, std::uint64_t step) {
 struct Buffers {
   std::vector<float> w, m, v, dir;
   std::vector<std::uint8_t> out, prev;
-  std::vector<float> scale;                        // FP8: this chunk's block scales
+  std::vector<float> scale;                         // FP8: this chunk's block scales
   std::vector<std::uint8_t> scale_out, scale_prev;  // ... as F32 bytes
   Buffers(std::size_t n, std::size_t es) : w(n), m(n), v(n), dir(n), out(n * es), prev(n * es) {}
 };
@@ -492,7 +506,7 @@ inline std::uint8_t to_e4m3(float f) {
   if (a >= kFp8Max) return sign | 0x7E;
   int e = 0;
   std::frexp(a, &e);
-  int E = std::max(e - 1, -6);  // unbiased exponent; below -6 the subnormal grid
+  int E = std::max(e - 1, -6);                     // unbiased exponent; below -6 the subnormal grid
   float q = std::nearbyint(std::ldexp(a, 3 - E));  // multiples of 2^(E-3)
   if (q >= 16.0f) {
     ++E;
@@ -619,7 +633,8 @@ void run_chunk(const Run& r, const Tensor& t, std::uint64_t a, std::uint64_t b, 
     changed[s] += hfdelta::count_changes({buf.out.data(), n * es}, {buf.prev.data(), n * es}, es).elements;
     if (fp8)
       changed[s] += hfdelta::count_changes({buf.scale_out.data(), buf.scale_out.size()},
-                                           {buf.scale_prev.data(), buf.scale_prev.size()}, 4).elements;
+                                           {buf.scale_prev.data(), buf.scale_prev.size()}, 4)
+                        .elements;
     std::swap(buf.out, buf.prev);
     std::swap(buf.scale_out, buf.scale_prev);
   }
@@ -628,7 +643,9 @@ void run_chunk(const Run& r, const Tensor& t, std::uint64_t a, std::uint64_t b, 
 // ---- small files --------------------------------------------------------------
 
 // Qwen's special token ids where the vocabulary has them, else its last ids.
-std::uint64_t bos_id(const ModelShape& m) { return m.vocab > 151645 ? 151643 : m.vocab - std::min<std::uint64_t>(m.vocab, 3); }
+std::uint64_t bos_id(const ModelShape& m) {
+  return m.vocab > 151645 ? 151643 : m.vocab - std::min<std::uint64_t>(m.vocab, 3);
+}
 std::uint64_t eos_id(const ModelShape& m) { return m.vocab > 151645 ? 151645 : m.vocab - 1; }
 
 json config_json(const Options& o) {
@@ -711,22 +728,22 @@ json adapter_config_json(const Options& o) {
 
 json generation_config_json(const ModelShape& m) {
   const std::uint64_t bos = bos_id(m), eos = eos_id(m);
-  return {{"bos_token_id", bos}, {"do_sample", true}, {"eos_token_id", {eos, bos}},
-          {"pad_token_id", bos}, {"temperature", 0.6},  {"top_k", 20},
-          {"top_p", 0.95},       {"transformers_version", "4.51.0"}};
+  return {{"bos_token_id", bos},
+          {"do_sample", true},
+          {"eos_token_id", {eos, bos}},
+          {"pad_token_id", bos},
+          {"temperature", 0.6},
+          {"top_k", 20},
+          {"top_p", 0.95},
+          {"transformers_version", "4.51.0"}};
 }
 
 json tokenizer_config_json() {
-  return {{"add_bos_token", false},
-          {"add_prefix_space", false},
-          {"bos_token", nullptr},
-          {"clean_up_tokenization_spaces", false},
-          {"eos_token", "<|im_end|>"},
-          {"errors", "replace"},
-          {"model_max_length", 131072},
-          {"pad_token", "<|endoftext|>"},
-          {"split_special_tokens", false},
-          {"tokenizer_class", "Qwen2Tokenizer"},
+  return {{"add_bos_token", false},        {"add_prefix_space", false},
+          {"bos_token", nullptr},          {"clean_up_tokenization_spaces", false},
+          {"eos_token", "<|im_end|>"},     {"errors", "replace"},
+          {"model_max_length", 131072},    {"pad_token", "<|endoftext|>"},
+          {"split_special_tokens", false}, {"tokenizer_class", "Qwen2Tokenizer"},
           {"unk_token", nullptr}};
 }
 
@@ -762,9 +779,8 @@ bool path_exists(const fs::path& p) { return fs::symlink_status(p).type() != fs:
 void validate(const Options& o) {
   const ModelShape& m = o.shape;
   const std::pair<const char*, std::uint64_t> dims[] = {
-      {"--hidden", m.hidden}, {"--layers", m.layers},     {"--intermediate", m.intermediate},
-      {"--vocab", m.vocab},   {"--heads", m.heads},       {"--kv-heads", m.kv_heads},
-      {"--head-dim", m.head_dim}};
+      {"--hidden", m.hidden}, {"--layers", m.layers},     {"--intermediate", m.intermediate}, {"--vocab", m.vocab},
+      {"--heads", m.heads},   {"--kv-heads", m.kv_heads}, {"--head-dim", m.head_dim}};
   for (const auto& [flag, value] : dims)
     if (value == 0 || value >= (1ull << 32)) fail(Exit::usage, std::string(flag) + " must be between 1 and 2^32-1");
   if (m.heads % m.kv_heads != 0) fail(Exit::usage, "--heads must be a multiple of --kv-heads");
@@ -955,7 +971,7 @@ struct Written {
   const Model& model;
   const SaveDirs& dirs;
   const std::vector<std::uint64_t>& changed;  // [save]
-  std::size_t small_count = 0;  // small files per save
+  std::size_t small_count = 0;                // small files per save
   std::uint64_t bytes_per_save = 0;
   double seconds = 0;
 };
@@ -1016,11 +1032,16 @@ void print_series_json(const Options& o, const Written& w) {
   json shard_files = json::array();
   for (const auto& s : w.model.shards) shard_files.push_back(s.file);
   json out = {
-      {"outdir", w.dirs.outdir.string()},  {"paths", paths},
-      {"saves", series},                   {"tensors", w.model.tensors.size()},
-      {"elements", w.model.elements},      {"tensor_bytes", w.model.tensor_bytes},
-      {"bytes_per_save", w.bytes_per_save}, {"shard_files", shard_files},
-      {"threads", omp_get_max_threads()},  {"seconds", w.seconds},
+      {"outdir", w.dirs.outdir.string()},
+      {"paths", paths},
+      {"saves", series},
+      {"tensors", w.model.tensors.size()},
+      {"elements", w.model.elements},
+      {"tensor_bytes", w.model.tensor_bytes},
+      {"bytes_per_save", w.bytes_per_save},
+      {"shard_files", shard_files},
+      {"threads", omp_get_max_threads()},
+      {"seconds", w.seconds},
       {"params", params_json(o)},
   };
   std::printf("%s\n", out.dump().c_str());
@@ -1054,12 +1075,12 @@ int run(Options& o) {
 
 // Shape overrides, applied on top of the preset, and the dtype, as given.
 constexpr int kDims = 10;
-const char* const kDimFlags[kDims] = {"--hidden",  "--layers",   "--intermediate", "--vocab",
-                                      "--heads",   "--kv-heads", "--head-dim",     "--experts",
+const char* const kDimFlags[kDims] = {"--hidden",          "--layers",          "--intermediate", "--vocab",
+                                      "--heads",           "--kv-heads",        "--head-dim",     "--experts",
                                       "--experts-per-tok", "--moe-intermediate"};
 std::uint64_t ModelShape::*const kDimFields[kDims] = {
-    &ModelShape::hidden,   &ModelShape::layers,   &ModelShape::intermediate,    &ModelShape::vocab,
-    &ModelShape::heads,    &ModelShape::kv_heads, &ModelShape::head_dim,        &ModelShape::experts,
+    &ModelShape::hidden,          &ModelShape::layers,          &ModelShape::intermediate, &ModelShape::vocab,
+    &ModelShape::heads,           &ModelShape::kv_heads,        &ModelShape::head_dim,     &ModelShape::experts,
     &ModelShape::experts_per_tok, &ModelShape::moe_intermediate};
 
 struct ShapeArgs {
@@ -1075,9 +1096,13 @@ struct ShapeArgs {
 void add_shape_options(CLI::App& app, Options& o, ShapeArgs& a) {
   std::vector<std::string> presets;
   for (const auto& p : kPresets) presets.emplace_back(p.name);
-  app.add_option("--preset", o.preset, "Model size to start from")->check(CLI::IsMember(presets))->capture_default_str();
-  for (int i = 0; i < kDims; ++i) a.dim_opts[i] = app.add_option(kDimFlags[i], a.dims[i], "Override the preset's value");
-  a.tie_opt = app.add_flag("--tie-embeddings,!--no-tie-embeddings", a.tie, "Share embed_tokens with lm_head (override)");
+  app.add_option("--preset", o.preset, "Model size to start from")
+      ->check(CLI::IsMember(presets))
+      ->capture_default_str();
+  for (int i = 0; i < kDims; ++i)
+    a.dim_opts[i] = app.add_option(kDimFlags[i], a.dims[i], "Override the preset's value");
+  a.tie_opt =
+      app.add_flag("--tie-embeddings,!--no-tie-embeddings", a.tie, "Share embed_tokens with lm_head (override)");
 }
 
 void add_run_options(CLI::App& app, Options& o, ShapeArgs& a) {
@@ -1127,9 +1152,10 @@ void resolve_shape(Options& o, const ShapeArgs& a) {
 int main(int argc, char** argv) {
   Options o;
   ShapeArgs a;
-  CLI::App app{"Writes OUTDIR/save_000 .. save_NNN: HF checkpoints resembling successive saves of a "
-               "training run (test data for hfdelta)",
-               "hfdelta-gen"};
+  CLI::App app{
+      "Writes OUTDIR/save_000 .. save_NNN: HF checkpoints resembling successive saves of a "
+      "training run (test data for hfdelta)",
+      "hfdelta-gen"};
   app.add_option("OUTDIR", o.outdir, "Directory to write the saves into")->required();
   add_shape_options(app, o, a);
   add_run_options(app, o, a);

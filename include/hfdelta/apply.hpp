@@ -33,12 +33,13 @@ struct ApplyOptions {
 struct ApplyResult {
   std::optional<std::uint64_t> from_version;  // none: LOCAL was new
   std::uint64_t to_version = 0;
-  std::vector<std::uint64_t> applied;  // versions applied, in order (a full version counts)
+  std::vector<std::uint64_t> applied;        // versions applied, in order (a full version counts)
   std::optional<std::uint64_t> rolled_back;  // an interrupted apply of this version was undone first
   bool noop = false;
-  bool record_rewritten = false;  // --init found SRC's bytes in place and only rewrote a missing or damaged checksum record
+  bool record_rewritten =
+      false;  // --init found SRC's bytes in place and only rewrote a missing or damaged checksum record
   std::uint64_t tensors_patched = 0;
-  std::uint64_t delta_bytes = 0;     // bytes of delta entries read
+  std::uint64_t delta_bytes = 0;  // bytes of delta entries read
   std::uint64_t files_written = 0, files_removed = 0;
   double seconds = 0;
   // pull only: how many versions ROOT publishes, and the newest (none:
@@ -82,8 +83,8 @@ struct ApplyResult {
 // and a non-empty LOCAL that is not one unless opts.force (Error(exists)).
 // With SRC's bytes already in place it still rewrites a missing or damaged
 // checksum record of `version`.
-ApplyResult init_local(const boost::filesystem::path& src, const boost::filesystem::path& local,
-                       std::uint64_t version, const ApplyOptions& opts);
+ApplyResult init_local(const boost::filesystem::path& src, const boost::filesystem::path& local, std::uint64_t version,
+                       const ApplyOptions& opts);
 
 // Applies one delta version directory on top of LOCAL's version.
 ApplyResult apply_delta(const boost::filesystem::path& delta, const boost::filesystem::path& local,

@@ -56,8 +56,8 @@ struct ChangeCount {
   std::uint64_t elements = 0;
   std::uint64_t bytes = 0;
 };
-ChangeCount count_changes(std::span<const std::uint8_t> old_bytes,
-                          std::span<const std::uint8_t> new_bytes, std::size_t elem_size);
+ChangeCount count_changes(std::span<const std::uint8_t> old_bytes, std::span<const std::uint8_t> new_bytes,
+                          std::size_t elem_size);
 
 // A zstd compression context reused across frames (one per thread).
 class Compressor {
@@ -89,8 +89,8 @@ std::uint64_t encode_xor(Compressor& c, std::span<const std::uint8_t> old_bytes,
 // `changed_bytes` is count_changes(...).bytes. Tensors of 4 GiB or more cannot
 // be expressed (32-bit positions): throws Error(unsupported).
 std::uint64_t encode_overwrite(Compressor& c, std::span<const std::uint8_t> old_bytes,
-                               std::span<const std::uint8_t> new_bytes,
-                               std::uint64_t changed_bytes, const ByteSink& sink);
+                               std::span<const std::uint8_t> new_bytes, std::uint64_t changed_bytes,
+                               const ByteSink& sink);
 
 // Elements per independently coded chunk of the sparse encoding.
 inline constexpr std::uint64_t kSparseChunkElements = 1u << 20;
@@ -118,15 +118,15 @@ void sparse_entry_head(std::size_t sparse_es, std::uint64_t nbytes, std::uint8_t
 // instead of scanning the views, for the same entry bytes. Views the caller
 // keeps alive while the chunk is encoded.
 struct FoundChunk {
-  std::uint64_t elements = 0;            // the chunk's elements
-  std::uint64_t count = 0;               // its changed elements
-  std::uint64_t bytes_changed = 0;       // their bytes that differ
-  const std::uint32_t* pos = nullptr;    // per change: its element in the chunk, ascending
-  const std::uint8_t* diff = nullptr;    // per change: new - old, elem_size bytes little-endian
+  std::uint64_t elements = 0;          // the chunk's elements
+  std::uint64_t count = 0;             // its changed elements
+  std::uint64_t bytes_changed = 0;     // their bytes that differ
+  const std::uint32_t* pos = nullptr;  // per change: its element in the chunk, ascending
+  const std::uint8_t* diff = nullptr;  // per change: new - old, elem_size bytes little-endian
   // The context encoding's only:
-  const std::uint8_t* ctx = nullptr;     // per change: its base element's context
-  const std::uint32_t* sample = nullptr; // 256 counts: the contexts of the chunk's sampled base elements
-  const std::uint32_t* rank = nullptr;   // per change: how many base elements of its context group precede it
+  const std::uint8_t* ctx = nullptr;      // per change: its base element's context
+  const std::uint32_t* sample = nullptr;  // 256 counts: the contexts of the chunk's sampled base elements
+  const std::uint32_t* rank = nullptr;    // per change: how many base elements of its context group precede it
 };
 
 // Builds one chunk of a sparse entry from views scanned in order, so a caller
@@ -171,8 +171,7 @@ class SparseChunkEncoder {
 // Encodes one tensor in the sparse encoding. `elem_size` is the dtype's size
 // (1 for dtypes this tool does not know). Returns the entry's size in bytes.
 std::uint64_t encode_sparse(Compressor& c, std::span<const std::uint8_t> old_bytes,
-                            std::span<const std::uint8_t> new_bytes, std::size_t elem_size,
-                            const ByteSink& sink);
+                            std::span<const std::uint8_t> new_bytes, std::size_t elem_size, const ByteSink& sink);
 
 // A sparse entry of a tensor of `nbytes` bytes (`elem_size`: sparse_elem_size)
 // from its chunks' changes found elsewhere: the bytes encode_sparse writes.
@@ -283,8 +282,7 @@ class Decompressor {
 // Receives consecutive pieces of the decoded XOR stream: (offset, bytes).
 using XorPatch = std::function<void(std::uint64_t, std::span<const std::uint8_t>)>;
 // Receives batches of (ascending positions, their new byte values).
-using OverwritePatch =
-    std::function<void(std::span<const std::uint64_t>, std::span<const std::uint8_t>)>;
+using OverwritePatch = std::function<void(std::span<const std::uint64_t>, std::span<const std::uint8_t>)>;
 
 // Receives batches of changed elements: byte offsets (ascending), their
 // stored values, `elem_size` bytes per element, and what the values mean.
@@ -293,11 +291,10 @@ using SparsePatch =
 
 // Decoders throw Error(bad_input) naming `what` when the frame is corrupt or
 // decodes to more or fewer bytes than `nbytes` implies.
-void decode_xor(Decompressor& d, std::span<const std::uint8_t> frame, std::uint64_t nbytes,
-                const std::string& what, const XorPatch& patch);
-void decode_overwrite(Decompressor& positions, Decompressor& values,
-                      std::span<const std::uint8_t> frame, std::uint64_t nbytes,
-                      const std::string& what, const OverwritePatch& patch);
+void decode_xor(Decompressor& d, std::span<const std::uint8_t> frame, std::uint64_t nbytes, const std::string& what,
+                const XorPatch& patch);
+void decode_overwrite(Decompressor& positions, Decompressor& values, std::span<const std::uint8_t> frame,
+                      std::uint64_t nbytes, const std::string& what, const OverwritePatch& patch);
 
 void decode_sparse(std::span<const std::uint8_t> entry, std::uint64_t nbytes, const std::string& what,
                    const SparsePatch& patch);
@@ -338,14 +335,15 @@ inline constexpr std::size_t kStackPartSize = 32;
 struct StackPart {
   Encoding enc = Encoding::xor_bytes;  // never stack
   std::uint64_t size = 0;
-  Hash128 hash;                          // of the tensor after this part
-  std::span<const std::uint8_t> bytes;   // read_stack: the part within the entry
+  Hash128 hash;                         // of the tensor after this part
+  std::span<const std::uint8_t> bytes;  // read_stack: the part within the entry
 };
 // The head of a stacked entry of `parts` (their bytes follow it).
 std::vector<std::uint8_t> stack_head(const std::vector<StackPart>& parts);
 // Splits a stacked entry into its parts; throws Error(bad_input) naming
 // `what` unless the head is well formed, the parts fill the entry, and the
 // last part ends at `new_hash` (the checksum the delta records for the tensor).
-std::vector<StackPart> read_stack(std::span<const std::uint8_t> entry, const Hash128& new_hash, const std::string& what);
+std::vector<StackPart> read_stack(std::span<const std::uint8_t> entry, const Hash128& new_hash,
+                                  const std::string& what);
 
 }  // namespace hfdelta

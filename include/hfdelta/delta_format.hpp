@@ -79,21 +79,21 @@ struct DeltaIndex {
   std::uint64_t version = 0;
   std::uint64_t base_version = 0;
   Encoding encoding = Encoding::xor_bytes;
-  bool per_tensor = false;                           // delta_encoding "auto": see `encodings`
-  std::map<std::string, Encoding> encodings;         // tensor -> its encoding (per_tensor only)
-  bool context_parts = false;                        // a stacked entry holds context parts (revision 5)
-  std::map<std::string, std::string> weight_map;     // tensor -> delta file
-  std::map<std::string, Hash128> base_checksums;     // tensor -> hash of its base bytes (hfdelta only)
-  std::vector<FileChange> files;                     // hfdelta only
-  std::vector<ShardOp> shards;                       // hfdelta only (revision 3), by file name
+  bool per_tensor = false;                        // delta_encoding "auto": see `encodings`
+  std::map<std::string, Encoding> encodings;      // tensor -> its encoding (per_tensor only)
+  bool context_parts = false;                     // a stacked entry holds context parts (revision 5)
+  std::map<std::string, std::string> weight_map;  // tensor -> delta file
+  std::map<std::string, Hash128> base_checksums;  // tensor -> hash of its base bytes (hfdelta only)
+  std::vector<FileChange> files;                  // hfdelta only
+  std::vector<ShardOp> shards;                    // hfdelta only (revision 3), by file name
   // Delta file -> the weight file of the target its entries patch (entries
   // are grouped by target file); lets a chain of deltas be composed without
   // the checkpoints. Written since revision 3, for every delta.
   std::map<std::string, std::string> targets;
   // As written in the index, for --inspect.
-  std::string encoding_name;                          // metadata.delta_encoding
-  std::optional<std::uint64_t> format_revision;       // metadata.hfdelta_format (none: a plain slime-layout delta)
-  std::optional<Hash128> index_checksum;              // metadata.hfdelta_index_checksum
+  std::string encoding_name;                     // metadata.delta_encoding
+  std::optional<std::uint64_t> format_revision;  // metadata.hfdelta_format (none: a plain slime-layout delta)
+  std::optional<Hash128> index_checksum;         // metadata.hfdelta_index_checksum
   bool structural() const { return !shards.empty(); }
 };
 
@@ -161,13 +161,15 @@ void write_delta_file(const boost::filesystem::path& path, const std::vector<Del
 // index and its completion marker (write_marker), flushes `dirs` (tmp and
 // its subdirectories) if `sync`, and publishes it as `out` (publish_dir).
 // Returns the size of every file of the delta.
-std::uint64_t publish_delta(const boost::filesystem::path& tmp, const boost::filesystem::path& out, const std::string& index,
-                            std::uint64_t version, const std::set<boost::filesystem::path>& dirs, bool sync);
+std::uint64_t publish_delta(const boost::filesystem::path& tmp, const boost::filesystem::path& out,
+                            const std::string& index, std::uint64_t version,
+                            const std::set<boost::filesystem::path>& dirs, bool sync);
 
 // Maps a file a delta carries (files/..., headers/...) after checking it is a
 // regular file of the size and checksum the index records; `listed` names
 // the index key, for errors (Error(bad_input)).
-MappedFile open_carried(const boost::filesystem::path& p, std::uint64_t size, const Hash128& hash, const std::string& listed);
+MappedFile open_carried(const boost::filesystem::path& p, std::uint64_t size, const Hash128& hash,
+                        const std::string& listed);
 
 // Parses the new header a build operation carries (the bytes of
 // headers/<file>, `where`) for a file of so.size bytes, and checks that it

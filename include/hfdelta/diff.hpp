@@ -18,11 +18,11 @@ struct DiffOptions {
   // of each tensor kept (recorded per tensor in the index): never larger
   // than xor, tensor by tensor, at two to four times the diff time.
   std::optional<Encoding> encoding = Encoding::sparse;
-  int level = 3;             // zstd level
+  int level = 3;  // zstd level
   std::uint64_t version = 0;
   std::uint64_t base_version = 0;
-  int threads = 0;           // 0: all cores
-  bool sync = true;          // flush the delta before publishing it
+  int threads = 0;   // 0: all cores
+  bool sync = true;  // flush the delta before publishing it
   // The publication root OUT is published into (empty: a delta outside any
   // root). Where it publishes version base_version, BASE must hold the bytes
   // that version records, checked before the delta is published
@@ -40,9 +40,13 @@ struct DiffSummary {
   std::uint64_t full_bytes = 0;     // size of every file of NEW
   std::uint64_t delta_bytes = 0;    // size of every file of the delta
   std::uint64_t files_changed = 0, files_removed = 0;
-  std::uint64_t tensors_sparse = 0, tensors_xor = 0, tensors_overwrite = 0, tensors_context = 0;  // entries per encoding
+  std::uint64_t tensors_sparse = 0, tensors_xor = 0, tensors_overwrite = 0,
+                tensors_context = 0;  // entries per encoding
   void count_entry(Encoding e) {
-    ++(e == Encoding::sparse ? tensors_sparse : e == Encoding::xor_bytes ? tensors_xor : e == Encoding::context ? tensors_context : tensors_overwrite);
+    ++(e == Encoding::sparse      ? tensors_sparse
+       : e == Encoding::xor_bytes ? tensors_xor
+       : e == Encoding::context   ? tensors_context
+                                  : tensors_overwrite);
   }
   // Structural changes: weight files built anew, whose header is rewritten in
   // place, removed; tensors without base bytes (new, or of another length).

@@ -10,18 +10,18 @@ namespace hfdelta {
 // scripts and cron jobs branch on them, so values never change meaning.
 enum class Exit : int {
   ok = 0,
-  failure = 1,        // I/O error or anything unexpected
-  usage = 2,          // bad command line
-  bad_input = 3,      // malformed safetensors, index, delta or checkpoint
-  out_of_order = 4,   // delta's base is not the local version / missing version
-  verify_failed = 5,  // checksum mismatch after patching, or base mismatch
-  unsupported = 6,    // change the delta format cannot express (yet)
-  exists = 7,         // output directory already exists
-  lock_timeout = 8,   // could not take the local lock in time
-  then_failed = 9,    // the --then command failed (the apply itself succeeded)
-  interrupted = 10,   // --status: an apply was interrupted; the next run rolls it back
-  uninitialised = 11, // --status: LOCAL has no recorded version
-  corrupt = 12,       // --verify: LOCAL's bytes differ from its version's recorded checksums
+  failure = 1,          // I/O error or anything unexpected
+  usage = 2,            // bad command line
+  bad_input = 3,        // malformed safetensors, index, delta or checkpoint
+  out_of_order = 4,     // delta's base is not the local version / missing version
+  verify_failed = 5,    // checksum mismatch after patching, or base mismatch
+  unsupported = 6,      // change the delta format cannot express (yet)
+  exists = 7,           // output directory already exists
+  lock_timeout = 8,     // could not take the local lock in time
+  then_failed = 9,      // the --then command failed (the apply itself succeeded)
+  interrupted = 10,     // --status: an apply was interrupted; the next run rolls it back
+  uninitialised = 11,   // --status: LOCAL has no recorded version
+  corrupt = 12,         // --verify: LOCAL's bytes differ from its version's recorded checksums
   hook_published = 13,  // delta-diff --post-publish failed (the version stays published)
   hook_pre_read = 14,   // delta-apply --pre-read failed (LOCAL untouched)
 };

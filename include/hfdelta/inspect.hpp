@@ -23,20 +23,20 @@ struct InspectEntry {
   std::string tensor;
   std::string file;  // delta file holding the entry
   Encoding encoding = Encoding::xor_bytes;
-  std::uint64_t entry_bytes = 0;               // L of the U8 [L] entry
-  std::optional<std::uint64_t> tensor_bytes;   // target length: sparse head, xor frame; not overwrite
-  std::optional<std::uint64_t> element_size;   // sparse, context: the element size its positions use
+  std::uint64_t entry_bytes = 0;                  // L of the U8 [L] entry
+  std::optional<std::uint64_t> tensor_bytes;      // target length: sparse head, xor frame; not overwrite
+  std::optional<std::uint64_t> element_size;      // sparse, context: the element size its positions use
   std::optional<std::uint64_t> changed_elements;  // sparse, context: sum of the chunks' K
   // context (also as a stacked part): its positions count base elements of
   // each context group, so whether they fit is known only against the base
   // (delta-apply checks it, before the checksums).
   bool needs_base = false;
-  std::optional<std::uint64_t> changed_bytes;     // xor: non-zero bytes of the mask; overwrite: K
+  std::optional<std::uint64_t> changed_bytes;  // xor: non-zero bytes of the mask; overwrite: K
   // stack: its parts (each checked like an entry of its kind); the net
   // change of parts laid one after another is not known without the base.
   std::uint64_t parts = 0;
-  Hash128 checksum;                            // XXH3-128 of the tensor's new bytes
-  std::optional<Hash128> base_checksum;        // hfdelta deltas only
+  Hash128 checksum;                      // XXH3-128 of the tensor's new bytes
+  std::optional<Hash128> base_checksum;  // hfdelta deltas only
 };
 
 // One non-weight file operation (hfdelta_files).

@@ -57,7 +57,7 @@ class File {
   void pread_exact(void* buf, std::size_t n, std::uint64_t offset) const;
   void pwrite_all(const void* buf, std::size_t n, std::uint64_t offset);
   void write_all(const void* buf, std::size_t n);  // at the current position
-  void truncate(std::uint64_t n);  // sets the size; a file grown reads as zeros there
+  void truncate(std::uint64_t n);                  // sets the size; a file grown reads as zeros there
   // Sets the size to at least n with the blocks allocated (posix_fallocate):
   // a full disk is an error here, not a SIGBUS when a mapping is written.
   void reserve(std::uint64_t n);

@@ -26,8 +26,8 @@ struct PruneOptions {
 struct PrunedVersion {
   std::uint64_t version = 0;
   boost::filesystem::path path;
-  bool full = false;  // an ordinary checkpoint, not a delta
-  bool sidecar = false;  // ROOT/delta_vNNNNNN, the delta beside full version NNNNNN
+  bool full = false;       // an ordinary checkpoint, not a delta
+  bool sidecar = false;    // ROOT/delta_vNNNNNN, the delta beside full version NNNNNN
   bool withdrawn = false;  // ROOT/withdrawn_vNNNNNN (delta-diff --withdraw), with its sidecar if any
 };
 

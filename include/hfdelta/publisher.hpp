@@ -51,9 +51,9 @@ namespace hfdelta {
 
 struct PublisherOptions {
   std::optional<Encoding> encoding = Encoding::sparse;  // none: "auto"
-  int level = 3;             // zstd level
-  int threads = 0;           // 0: all cores
-  bool sync = true;          // flush the delta, and the mirror, before recording them
+  int level = 3;                                        // zstd level
+  int threads = 0;                                      // 0: all cores
+  bool sync = true;                                     // flush the delta, and the mirror, before recording them
   double lock_timeout = -1;  // seconds to wait for another publisher of the mirror (< 0: forever)
   // Advance the mirror in a thread of its own once the version is
   // published, so that the trainer goes on at once; the next call (or
@@ -85,9 +85,9 @@ struct TensorFound {
 
 // What opening found and did to bring mirror and root together.
 struct PublisherOpening {
-  std::uint64_t version = 0;                  // the mirror's: the newest published
-  std::optional<std::uint64_t> rolled_back;   // an interrupted mirror advance, undone
-  std::vector<std::uint64_t> caught_up;       // versions applied to the mirror from ROOT
+  std::uint64_t version = 0;                 // the mirror's: the newest published
+  std::optional<std::uint64_t> rolled_back;  // an interrupted mirror advance, undone
+  std::vector<std::uint64_t> caught_up;      // versions applied to the mirror from ROOT
 };
 
 struct PublishSummary {
@@ -146,8 +146,8 @@ class MemoryPublisher {
   // makes of the encoding, name, dtype, shape and size (the same errors),
   // and returns the checksum the mirror records for the tensor at the
   // version's base (none where it records none).
-  std::optional<Hash128> found_base(std::string_view name, std::string_view dtype,
-                                    std::span<const std::uint64_t> shape, std::uint64_t nbytes);
+  std::optional<Hash128> found_base(std::string_view name, std::string_view dtype, std::span<const std::uint64_t> shape,
+                                    std::uint64_t nbytes);
   // The checksum of a tensor's bytes as given to the version under way (by
   // put() or put_found()); none where it was not given.
   std::optional<Hash128> given_checksum(std::string_view name) const;

@@ -38,7 +38,7 @@ struct TensorInfo {
 struct SafetensorsHeader {
   std::uint64_t header_len = 0;  // N: JSON bytes after the 8-byte length
   std::uint64_t file_size = 0;
-  std::string header;            // the N raw bytes, for byte-exact comparison
+  std::string header;  // the N raw bytes, for byte-exact comparison
   bool has_metadata = false;
   std::map<std::string, std::string> metadata;
   std::vector<TensorInfo> tensors;  // sorted by data offset
@@ -59,8 +59,7 @@ bool same_tensor_ranges(const SafetensorsHeader& a, const SafetensorsHeader& b);
 // Parses and validates a header. `bytes` holds at least the file's first
 // 8 + N bytes (the whole file is fine); `file_size` is the file's real size;
 // `what` names the file in error messages. Throws Error(Exit::bad_input).
-SafetensorsHeader parse_safetensors(std::string_view bytes, std::uint64_t file_size,
-                                    const std::string& what);
+SafetensorsHeader parse_safetensors(std::string_view bytes, std::uint64_t file_size, const std::string& what);
 
 // Reads just the header of a file (two preads) and validates it.
 SafetensorsHeader read_safetensors(const boost::filesystem::path& path);
@@ -84,15 +83,13 @@ struct SafetensorsLayout {
 // (the reference's enumeration, last first: U64, I64, F64, ..., BOOL) then name, header padded with spaces to a multiple of 8.
 // `min_header_len` reserves header room (padding with spaces), which lets a
 // streaming writer put the data first and the header last.
-SafetensorsLayout layout_safetensors(std::vector<TensorSpec> specs,
-                                     const std::map<std::string, std::string>* metadata,
+SafetensorsLayout layout_safetensors(std::vector<TensorSpec> specs, const std::map<std::string, std::string>* metadata,
                                      std::uint64_t min_header_len = 0);
 
 // Builds the 8-byte-length-prefixed header for tensors whose offsets are
 // already decided, padded with spaces to exactly `header_len` bytes when given
 // (0: the smallest multiple of 8). Throws if it does not fit.
 std::string encode_safetensors_header(const std::vector<TensorInfo>& tensors,
-                                      const std::map<std::string, std::string>* metadata,
-                                      std::uint64_t header_len = 0);
+                                      const std::map<std::string, std::string>* metadata, std::uint64_t header_len = 0);
 
 }  // namespace hfdelta

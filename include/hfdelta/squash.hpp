@@ -33,8 +33,8 @@
 namespace hfdelta {
 
 struct SquashOptions {
-  int level = 3;    // zstd level of composed entries
-  int threads = 0;  // 0: all cores
+  int level = 3;     // zstd level of composed entries
+  int threads = 0;   // 0: all cores
   bool sync = true;  // flush OUT before publishing it
   // The checkpoint (HF directory) whose version is the first delta's base:
   // context entries are then composed against its bytes (see above). A
@@ -45,8 +45,8 @@ struct SquashOptions {
 
 struct SquashSummary {
   std::uint64_t version = 0, base_version = 0;
-  std::uint64_t deltas = 0;           // versions squashed
-  std::uint64_t entries = 0;          // entries of OUT
+  std::uint64_t deltas = 0;            // versions squashed
+  std::uint64_t entries = 0;           // entries of OUT
   std::uint64_t entries_composed = 0;  // of those, composed of two or more
   std::uint64_t entries_dropped = 0;   // changes that cancelled out
   std::uint64_t entries_stacked = 0;   // of OUT's entries, stacks of runs of different kinds

@@ -15,7 +15,7 @@ struct VerifyReport {
   enum class State { clean, interrupted, uninitialised, corrupt } state = State::clean;
   std::optional<std::uint64_t> version, pending;
   std::uint64_t weight_files = 0, tensors = 0, files = 0, bytes = 0;  // what was checked
-  std::vector<std::string> problems;  // one line each, naming the file
+  std::vector<std::string> problems;                                  // one line each, naming the file
 };
 
 // Re-hashes LOCAL against the record of its version, under LOCAL's lock,

@@ -25,9 +25,9 @@ namespace hfdelta {
 struct WithdrawResult {
   boost::filesystem::path root;
   std::uint64_t version = 0;
-  boost::filesystem::path withdrawn;             // ROOT/withdrawn_vNNNNNN
+  boost::filesystem::path withdrawn;               // ROOT/withdrawn_vNNNNNN
   std::optional<boost::filesystem::path> sidecar;  // ROOT/withdrawn_delta_vNNNNNN, if there was one
-  bool already = false;                          // withdrawn by an earlier run: nothing changed
+  bool already = false;                            // withdrawn by an earlier run: nothing changed
   // Newer versions published on it: no delta path reaches them any more;
   // withdraw them too, or publish a full version.
   std::vector<std::uint64_t> stranded;

@@ -22,8 +22,8 @@ void raise_hfdelta_error(int code, const std::string& message) {
   try {
     const nb::module_ errors = nb::module_::import_("hfdelta.errors");
     const std::string path = path_of_message(message);
-    const nb::object exc = errors.attr("_from_code")(code, message, error_kind(code),
-                                                     path.empty() ? nb::none() : nb::cast(path));
+    const nb::object exc =
+        errors.attr("_from_code")(code, message, error_kind(code), path.empty() ? nb::none() : nb::cast(path));
     PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
   } catch (nb::python_error& e) {
     e.restore();  // hfdelta.errors itself failed: say so rather than hide it
@@ -36,7 +36,7 @@ void translate(const std::exception_ptr& p, void*) {
   } catch (const Error& e) {
     raise_hfdelta_error(static_cast<int>(e.code()), e.what());
   } catch (const std::bad_alloc&) {
-    throw;  // nanobind's own translator: MemoryError
+    throw;                             // nanobind's own translator: MemoryError
   } catch (const std::exception& e) {  // as the CLI: anything unexpected is exit 1
     raise_hfdelta_error(static_cast<int>(Exit::failure), e.what());
   }
@@ -46,8 +46,9 @@ void translate(const std::exception_ptr& p, void*) {
 
 void bind_errors(nb::module_& m) {
   nb::register_exception_translator(translate);
-  m.def("error_kind", [](int code) { return std::string(error_kind(code)); }, nb::arg("exit_code"),
-        "The stable name of an exit code, as the CLI's --json error object has it (\"bad_input\", ...).");
+  m.def(
+      "error_kind", [](int code) { return std::string(error_kind(code)); }, nb::arg("exit_code"),
+      "The stable name of an exit code, as the CLI's --json error object has it (\"bad_input\", ...).");
   m.def("path_of_message", &path_of_message, nb::arg("message"),
         "The path an error message names, as the CLI's --json error object has it (\"\" for none).");
 }

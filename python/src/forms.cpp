@@ -11,12 +11,12 @@
 #include <utility>
 #include <vector>
 
-#include <boost/filesystem/path.hpp>
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
+#include <boost/filesystem/path.hpp>
 
 #include "bindings.hpp"
 #include "hfdelta/apply.hpp"
@@ -25,12 +25,12 @@
 #include "hfdelta/inspect.hpp"
 #include "hfdelta/option_rules.hpp"
 #include "hfdelta/prune.hpp"
-#include "hfdelta/withdraw.hpp"
 #include "hfdelta/publication.hpp"
 #include "hfdelta/report_json.hpp"
 #include "hfdelta/squash.hpp"
 #include "hfdelta/verify.hpp"
 #include "hfdelta/version.hpp"
+#include "hfdelta/withdraw.hpp"
 #include "progress_callback.hpp"
 
 namespace nb = nanobind;
@@ -71,7 +71,6 @@ auto released(nb::handle progress, Work&& work) {
   const ProgressCallback feed(progress);
   return work();
 }
-
 
 // What a Python exception was, for a message: "ValueError('boom')". Needs the GIL.
 std::string describe(nb::python_error& e) {
@@ -143,12 +142,15 @@ std::pair<std::string, std::vector<std::string>> diff(const std::string& base, c
 }
 
 std::pair<std::string, std::vector<std::string>> full(const std::string& target, const std::string& out_arg,
-                                                      const std::optional<std::string>& base, const std::string& encoding,
-                                                      int level, Version delta_version, Version base_version,
-                                                      int threads, bool sync, nb::handle progress) {
+                                                      const std::optional<std::string>& base,
+                                                      const std::string& encoding, int level, Version delta_version,
+                                                      Version base_version, int threads, bool sync,
+                                                      nb::handle progress) {
   return released(progress, [&] {
-    if (base) check_out_apart(stripped(out_arg), {{"BASE", stripped(*base)}, {"NEW", stripped(target)}});
-    else check_out_apart(stripped(out_arg), {{"NEW", stripped(target)}});
+    if (base)
+      check_out_apart(stripped(out_arg), {{"BASE", stripped(*base)}, {"NEW", stripped(target)}});
+    else
+      check_out_apart(stripped(out_arg), {{"NEW", stripped(target)}});
     const PublishTarget t = publish_target(stripped(out_arg), delta_version);
     DiffSummary s;
     std::string side;
@@ -243,8 +245,7 @@ std::string status(const std::string& local_arg, std::optional<double> lock_time
   });
 }
 
-std::string verify(const std::string& local_arg, std::optional<double> lock_timeout, int threads,
-                   nb::handle progress) {
+std::string verify(const std::string& local_arg, std::optional<double> lock_timeout, int threads, nb::handle progress) {
   const ApplyOptions o = apply_options(lock_timeout, threads, true);
   return released(progress, [&] {
     const std::string local = stripped(local_arg);
@@ -274,7 +275,8 @@ void bind_forms(nb::module_& m) {
   m.def("inspect", &inspect, "delta"_a, "delta-diff --inspect DELTA: the --json object.");
   m.def("prune", &prune, "root"_a, "keep_from"_a.none(), "dry_run"_a, "sync"_a,
         "delta-diff --prune ROOT: the --json object.");
-  m.def("withdraw", &withdraw, "version_dir"_a, "sync"_a, "delta-diff --withdraw ROOT/weight_vNNNNNN: the --json object.");
+  m.def("withdraw", &withdraw, "version_dir"_a, "sync"_a,
+        "delta-diff --withdraw ROOT/weight_vNNNNNN: the --json object.");
   m.def("init", &init, "src"_a, "local"_a, "version"_a, "force"_a, "lock_timeout"_a.none(), "threads"_a, "sync"_a,
         "then"_a.none(), "progress"_a.none(), "delta-apply --init SRC LOCAL: the --json object.");
   m.def("apply", &apply, "delta"_a, "local"_a, "lock_timeout"_a.none(), "threads"_a, "sync"_a, "then"_a.none(),

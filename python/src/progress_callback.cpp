@@ -40,7 +40,7 @@ void ProgressCallback::loop() {
 
 bool ProgressCallback::report() {
   const progress::Snapshot s = progress::snapshot();
-  if (!s.what || s.phase == start_phase_) return true;  // nothing begun by this call yet
+  if (!s.what || s.phase == start_phase_) return true;                           // nothing begun by this call yet
   if (reported_ && s.phase == last_phase_ && s.done == last_done_) return true;  // nothing moved
   reported_ = true, last_phase_ = s.phase, last_done_ = s.done;
   nb::gil_scoped_acquire gil;

@@ -46,12 +46,18 @@ std::string safetensors_dtype(nb::dlpack::dtype d) {
   const auto code = static_cast<Code>(d.code);
   const std::string bits = std::to_string(d.bits);
   switch (code) {
-    case Code::Float: return d.bits == 16 || d.bits == 32 || d.bits == 64 ? "F" + bits : "";
-    case Code::Bfloat: return d.bits == 16 ? "BF16" : "";
-    case Code::Int: return d.bits == 8 || d.bits == 16 || d.bits == 32 || d.bits == 64 ? "I" + bits : "";
-    case Code::UInt: return d.bits == 8 || d.bits == 16 || d.bits == 32 || d.bits == 64 ? "U" + bits : "";
-    case Code::Bool: return d.bits == 8 ? "BOOL" : "";
-    default: return "";
+    case Code::Float:
+      return d.bits == 16 || d.bits == 32 || d.bits == 64 ? "F" + bits : "";
+    case Code::Bfloat:
+      return d.bits == 16 ? "BF16" : "";
+    case Code::Int:
+      return d.bits == 8 || d.bits == 16 || d.bits == 32 || d.bits == 64 ? "I" + bits : "";
+    case Code::UInt:
+      return d.bits == 8 || d.bits == 16 || d.bits == 32 || d.bits == 64 ? "U" + bits : "";
+    case Code::Bool:
+      return d.bits == 8 ? "BOOL" : "";
+    default:
+      return "";
   }
 }
 
@@ -86,8 +92,9 @@ Tensor tensor_of(std::string name, const Array& a, const std::optional<std::stri
   t.name = std::move(name);
   const std::string where = "tensor '" + t.name + "'";
   if (!row_major(a))
-    fail(Exit::usage, where + ": not contiguous in row-major order (give a contiguous copy: numpy.ascontiguousarray, "
-                              "Tensor.contiguous())");
+    fail(Exit::usage, where +
+                          ": not contiguous in row-major order (give a contiguous copy: numpy.ascontiguousarray, "
+                          "Tensor.contiguous())");
   t.dtype = dtype ? *dtype : safetensors_dtype(a.dtype());
   if (t.dtype.empty())
     fail(Exit::usage, where + ": a DLPack dtype (code " + std::to_string(a.dtype().code) + ", " +
@@ -100,8 +107,9 @@ Tensor tensor_of(std::string name, const Array& a, const std::optional<std::stri
   t.nbytes = a.nbytes();
   t.device_type = a.device_type(), t.device_id = a.device_id();
   if (t.device_type != nb::device::cpu::value && !t.on_cuda())
-    fail(Exit::usage, where + ": not in host memory nor on a CUDA device (DLPack device (" + std::to_string(t.device_type) +
-                          ", " + std::to_string(t.device_id) + ")): copy it to the host first");
+    fail(Exit::usage, where + ": not in host memory nor on a CUDA device (DLPack device (" +
+                          std::to_string(t.device_type) + ", " + std::to_string(t.device_id) +
+                          ")): copy it to the host first");
 #ifndef HFDELTA_CUDA
   if (t.on_cuda())
     fail(Exit::usage, where + ": on a CUDA device (DLPack device (2, " + std::to_string(t.device_id) +
@@ -217,8 +225,8 @@ void bind_publisher(nb::module_& m) {
   nb::class_<Publisher>(m, "_Publisher")
       .def(
           "__init__",
-          [](Publisher* self, const std::string& root, const std::string& mirror, const std::string& encoding, int level,
-             int threads, bool sync, std::optional<double> lock_timeout, bool background) {
+          [](Publisher* self, const std::string& root, const std::string& mirror, const std::string& encoding,
+             int level, int threads, bool sync, std::optional<double> lock_timeout, bool background) {
             hfdelta::python::check_level(level);
             hfdelta::python::check_threads(threads);
             hfdelta::PublisherOptions o;
@@ -252,9 +260,10 @@ void bind_publisher(nb::module_& m) {
 #ifdef HFDELTA_CUDA
              if (self.dev) {
                const hfdelta::gpu::DevicePublishStats& d = self.dev->stats();
-               return nlohmann::json{{"device", self.dev->device()}, {"tensors", d.tensors}, {"tensor_bytes", d.tensor_bytes},
-                                     {"host_bytes", d.host_bytes}, {"loads", d.loads}, {"load_bytes", d.load_bytes},
-                                     {"base_bytes", self.dev->base_bytes()}}
+               return nlohmann::json{
+                   {"device", self.dev->device()},        {"tensors", d.tensors}, {"tensor_bytes", d.tensor_bytes},
+                   {"host_bytes", d.host_bytes},          {"loads", d.loads},     {"load_bytes", d.load_bytes},
+                   {"base_bytes", self.dev->base_bytes()}}
                    .dump();
              }
 #endif
@@ -265,11 +274,12 @@ void bind_publisher(nb::module_& m) {
              const Busy busy(self);
              return opening_json(self.get().opening()).dump();
            })
-      .def("begin", [](Publisher& self) {
-        const Busy busy(self);
-        nb::gil_scoped_release release;
-        self.get().begin();
-      })
+      .def("begin",
+           [](Publisher& self) {
+             const Busy busy(self);
+             nb::gil_scoped_release release;
+             self.get().begin();
+           })
       .def(
           "put",
           [](Publisher& self, const std::string& name, const Array& a, std::optional<std::string> dtype,
@@ -314,21 +324,23 @@ void bind_publisher(nb::module_& m) {
             return publish_report(s, self.encoding, mirror, self.mirror);
           },
           "rest_unchanged"_a, "wait"_a)
-      .def("abort", [](Publisher& self) {
-        const Busy busy(self);
-        nb::gil_scoped_release release;
-        if (self.p) self.p->abort();
-      })
-      .def("wait", [](Publisher& self) -> std::optional<std::string> {
-        const Busy busy(self);
-        std::optional<hfdelta::ApplyResult> r;
-        {
-          nb::gil_scoped_release release;
-          r = self.get().wait();
-        }
-        if (!r) return std::nullopt;
-        return hfdelta::json_report(hfdelta::change_json(self.mirror, *r)).dump();
-      })
+      .def("abort",
+           [](Publisher& self) {
+             const Busy busy(self);
+             nb::gil_scoped_release release;
+             if (self.p) self.p->abort();
+           })
+      .def("wait",
+           [](Publisher& self) -> std::optional<std::string> {
+             const Busy busy(self);
+             std::optional<hfdelta::ApplyResult> r;
+             {
+               nb::gil_scoped_release release;
+               r = self.get().wait();
+             }
+             if (!r) return std::nullopt;
+             return hfdelta::json_report(hfdelta::change_json(self.mirror, *r)).dump();
+           })
       .def("close", [](Publisher& self) {
         const Busy busy(self);
         nb::gil_scoped_release release;

@@ -29,21 +29,36 @@ json json_report(json j) {
 
 const char* error_kind(int code) {
   switch (static_cast<Exit>(code)) {
-    case Exit::ok: return "ok";
-    case Exit::failure: return "failure";
-    case Exit::usage: return "usage";
-    case Exit::bad_input: return "bad_input";
-    case Exit::out_of_order: return "out_of_order";
-    case Exit::verify_failed: return "verify_failed";
-    case Exit::unsupported: return "unsupported";
-    case Exit::exists: return "exists";
-    case Exit::lock_timeout: return "lock_timeout";
-    case Exit::then_failed: return "then_failed";
-    case Exit::interrupted: return "interrupted";
-    case Exit::uninitialised: return "uninitialised";
-    case Exit::corrupt: return "corrupt";
-    case Exit::hook_published: return "post_publish_failed";
-    case Exit::hook_pre_read: return "pre_read_failed";
+    case Exit::ok:
+      return "ok";
+    case Exit::failure:
+      return "failure";
+    case Exit::usage:
+      return "usage";
+    case Exit::bad_input:
+      return "bad_input";
+    case Exit::out_of_order:
+      return "out_of_order";
+    case Exit::verify_failed:
+      return "verify_failed";
+    case Exit::unsupported:
+      return "unsupported";
+    case Exit::exists:
+      return "exists";
+    case Exit::lock_timeout:
+      return "lock_timeout";
+    case Exit::then_failed:
+      return "then_failed";
+    case Exit::interrupted:
+      return "interrupted";
+    case Exit::uninitialised:
+      return "uninitialised";
+    case Exit::corrupt:
+      return "corrupt";
+    case Exit::hook_published:
+      return "post_publish_failed";
+    case Exit::hook_pre_read:
+      return "pre_read_failed";
   }
   return code > 128 ? "stopped" : "failure";
 }
@@ -72,14 +87,31 @@ json error_json(int code, const std::string& msg) {
 
 json diff_json(const std::string& out, const std::string& encoding, const DiffSummary& s) {
   const double density = s.elements ? double(s.elements_changed) / double(s.elements) : 0.0;
-  return {{"out", out}, {"version", format_version(s.version)}, {"base_version", format_version(s.base_version)},
-          {"encoding", encoding}, {"tensors", s.tensors}, {"tensors_changed", s.tensors_changed},
-          {"elements", s.elements}, {"elements_changed", s.elements_changed}, {"density", density},
-          {"tensor_bytes", s.tensor_bytes}, {"bytes_changed", s.bytes_changed}, {"full_bytes", s.full_bytes},
-          {"delta_bytes", s.delta_bytes}, {"files_changed", s.files_changed}, {"files_removed", s.files_removed},
-          {"entries", {{"sparse", s.tensors_sparse}, {"xor", s.tensors_xor}, {"overwrite", s.tensors_overwrite}, {"context", s.tensors_context}}},
-          {"structure", {{"weight_files_built", s.shards_built}, {"headers_rewritten", s.shards_rewritten},
-                         {"weight_files_removed", s.shards_removed}, {"tensors_new", s.tensors_new}}},
+  return {{"out", out},
+          {"version", format_version(s.version)},
+          {"base_version", format_version(s.base_version)},
+          {"encoding", encoding},
+          {"tensors", s.tensors},
+          {"tensors_changed", s.tensors_changed},
+          {"elements", s.elements},
+          {"elements_changed", s.elements_changed},
+          {"density", density},
+          {"tensor_bytes", s.tensor_bytes},
+          {"bytes_changed", s.bytes_changed},
+          {"full_bytes", s.full_bytes},
+          {"delta_bytes", s.delta_bytes},
+          {"files_changed", s.files_changed},
+          {"files_removed", s.files_removed},
+          {"entries",
+           {{"sparse", s.tensors_sparse},
+            {"xor", s.tensors_xor},
+            {"overwrite", s.tensors_overwrite},
+            {"context", s.tensors_context}}},
+          {"structure",
+           {{"weight_files_built", s.shards_built},
+            {"headers_rewritten", s.shards_rewritten},
+            {"weight_files_removed", s.shards_removed},
+            {"tensors_new", s.tensors_new}}},
           {"seconds", s.seconds}};
 }
 
@@ -103,9 +135,12 @@ json squash_json(const std::string& out, const SquashSummary& s) {
           {"seconds", s.seconds}};
 }
 
-json full_json(const std::string& out, const FullSummary& f, const DiffSummary* sidecar, const std::string& sidecar_out) {
-  json j = {{"out", out},     {"version", format_version(f.version)}, {"full", true},      {"files", f.files},
-            {"bytes", f.bytes}, {"seconds", f.seconds},                 {"sidecar", nullptr}};
+json full_json(const std::string& out, const FullSummary& f, const DiffSummary* sidecar,
+               const std::string& sidecar_out) {
+  json j = {{"out", out},        {"version", format_version(f.version)},
+            {"full", true},      {"files", f.files},
+            {"bytes", f.bytes},  {"seconds", f.seconds},
+            {"sidecar", nullptr}};
   if (sidecar)
     j["sidecar"] = {{"out", sidecar_out},
                     {"base_version", format_version(sidecar->base_version)},
@@ -134,9 +169,10 @@ json change_json(const std::string& local, const ApplyResult& r) {
   if (r.then_error)  // applied, then the `then` hook failed: exit 9, said here, in the one object
     j.update({{"ok", false},
               {"exit_code", static_cast<int>(Exit::then_failed)},
-              {"error", {{"kind", error_kind(static_cast<int>(Exit::then_failed))},
-                         {"message", *r.then_error},
-                         {"path", boost::filesystem::absolute(local).string()}}}});
+              {"error",
+               {{"kind", error_kind(static_cast<int>(Exit::then_failed))},
+                {"message", *r.then_error},
+                {"path", boost::filesystem::absolute(local).string()}}}});
   if (r.published) {  // --root: what ROOT publishes, and how far LOCAL is behind its newest
     j["versions_published"] = *r.published;
     j["newest_version"] = version_json(r.newest);
@@ -161,10 +197,14 @@ const char* status_state_name(const LocalStatus& s) {
   return s.pending ? "interrupted" : s.version ? "clean" : "uninitialised";
 }
 
-Exit status_exit(const LocalStatus& s) { return s.pending ? Exit::interrupted : s.version ? Exit::ok : Exit::uninitialised; }
+Exit status_exit(const LocalStatus& s) {
+  return s.pending ? Exit::interrupted : s.version ? Exit::ok : Exit::uninitialised;
+}
 
 json status_json(const std::string& local, const LocalStatus& s) {
-  json j{{"local", local}, {"state", status_state_name(s)}, {"version", version_json(s.version)},
+  json j{{"local", local},
+         {"state", status_state_name(s)},
+         {"version", version_json(s.version)},
          {"pending", version_json(s.pending)}};
   j.update(state_outcome(status_exit(s)));
   return j;

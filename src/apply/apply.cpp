@@ -41,11 +41,13 @@ std::uint64_t full_version_of(const fs::path& dir) {
 bool already_applied(const OpenDelta& d, const LocalState& st, const fs::path& local) {
   const DeltaIndex& idx = d.index;
   if (!st.version)
-    fail(Exit::out_of_order, local.string() + ": has no recorded version; initialise it with --init or a full version first");
+    fail(Exit::out_of_order,
+         local.string() + ": has no recorded version; initialise it with --init or a full version first");
   if (st.version == idx.version) return true;
   if (idx.base_version != *st.version)
     fail(Exit::out_of_order, d.dir.string() + ": delta " + format_version(idx.version) + " applies on top of version " +
-                                 format_version(idx.base_version) + ", but LOCAL is at version " + format_version(*st.version));
+                                 format_version(idx.base_version) + ", but LOCAL is at version " +
+                                 format_version(*st.version));
   return false;
 }
 
@@ -61,9 +63,9 @@ ApplyResult apply_opened(Txn& txn, const OpenDelta& d, const fs::path& local, co
     r.seconds = seconds_since(t0);
     return r;
   }
-  const LocalView lv = survey_local(local, *st.version, d);              // reads LOCAL, writes nothing
+  const LocalView lv = survey_local(local, *st.version, d);           // reads LOCAL, writes nothing
   ApplyPlan plan = plan_apply(d, lv, default_threads(opts.threads));  // cannot write
-  execute_plan(txn, d, plan, local, opts);                             // stage, execute, record
+  execute_plan(txn, d, plan, local, opts);                            // stage, execute, record
   r.tensors_patched = plan.tensors_patched;
   r.delta_bytes = plan.delta_bytes;
   for (const auto& f : plan.manifest.files)
@@ -201,12 +203,13 @@ ApplyResult apply_delta(const fs::path& delta, const fs::path& local, const Appl
   require_dir(delta, "give a published version directory (ROOT/weight_vNNNNNN)");
   check_not_local(delta, "a published version", "delta-apply DELTA LOCAL");
   std::optional<DeltaIndex> idx = read_index_if_delta(delta);  // the one read of its index
-  if (!idx) {                                                   // a full version: as --init
+  if (!idx) {                                                  // a full version: as --init
     const std::uint64_t version = full_version_of(delta);
     check_src(delta, local);
     return locked(local, opts, [&](Txn& txn) { return init_locked(txn, delta, local, version, opts); });
   }
-  return locked(local, opts, [&](Txn& txn) { return apply_opened(txn, open_delta(delta, std::move(*idx)), local, opts); });
+  return locked(local, opts,
+                [&](Txn& txn) { return apply_opened(txn, open_delta(delta, std::move(*idx)), local, opts); });
 }
 
 ApplyResult recover_local(const fs::path& local, const ApplyOptions& opts) {
@@ -244,8 +247,8 @@ struct RootView {
   std::vector<VersionDir> versions;  // ascending, complete
   std::map<std::uint64_t, CompletionMarker> markers;
   std::map<std::uint64_t, fs::path> sidecars;
-  std::set<std::uint64_t> withdrawn;  // delta-diff --withdraw
-  bool markers_required = false;  // --require-marker
+  std::set<std::uint64_t> withdrawn;        // delta-diff --withdraw
+  bool markers_required = false;            // --require-marker
   std::optional<std::uint64_t> incomplete;  // the first version above LOCAL not completely there
   std::string waiting_for;
   std::vector<std::uint64_t> beyond;  // complete versions above `incomplete`: a stall, not an upload?
@@ -397,14 +400,15 @@ std::optional<std::vector<OpenDelta>> open_path(std::vector<Link>& links, std::s
 // LOCAL cannot be taken (a version pruned, withdrawn, damaged, or `refused`)
 // a full version is, and the plan says why. Every delta of the chosen path
 // is checked whole before LOCAL is touched.
-PullPlan plan_pull(const fs::path& root, const RootView& v, std::optional<std::uint64_t> local_version, std::uint64_t want,
-                   const fs::path& local, const std::set<std::uint64_t>& refused) {
+PullPlan plan_pull(const fs::path& root, const RootView& v, std::optional<std::uint64_t> local_version,
+                   std::uint64_t want, const fs::path& local, const std::set<std::uint64_t>& refused) {
   const VersionDir* full = nullptr;
   for (auto it = v.versions.rbegin(); it != v.versions.rend() && !full; ++it)
     if (it->version <= want && !v.index_of(*it)) full = &*it;
   if (!full && !local_version)
-    fail(Exit::out_of_order, local.string() + ": has no version, and " + root.string() + " has no full version at or below " +
-                                 format_version(want) + "; initialise it with --init");
+    fail(Exit::out_of_order, local.string() + ": has no version, and " + root.string() +
+                                 " has no full version at or below " + format_version(want) +
+                                 "; initialise it with --init");
   std::string why_deltas, why_full;
   std::optional<std::vector<Link>> deltas, after_full;
   if (local_version) deltas = delta_path(root, v, *local_version, want, refused, why_deltas);
@@ -504,8 +508,8 @@ ApplyResult pull_locked(Txn& txn, const fs::path& root, const fs::path& local, s
                                  (v.withdrawn.count(want) ? " (it was withdrawn)" : ""));
   r.to_version = want;
   if (st.version && *st.version > want)
-    fail(Exit::out_of_order, local.string() + ": is at version " + format_version(*st.version) + ", newer than the target " +
-                                 format_version(want));
+    fail(Exit::out_of_order, local.string() + ": is at version " + format_version(*st.version) +
+                                 ", newer than the target " + format_version(want));
   if (st.version == want) return nothing_to_do(r, st, t0);
   // A delta LOCAL refuses (its base bytes are not LOCAL's) leaves LOCAL at
   // the version before it; a full version above it is taken instead, if
@@ -520,8 +524,10 @@ ApplyResult pull_locked(Txn& txn, const fs::path& root, const fs::path& local, s
     } catch (const Error& e) {
       if (!refusal) throw;
       fail(refusal->code(), std::string(refusal->what()) + "\n" + local.string() + " keeps version " +
-                                format_version(cur.value_or(0)) + ", the last it could apply; no full version above it "
-                                "to take instead (" + e.what() + ")");
+                                format_version(cur.value_or(0)) +
+                                ", the last it could apply; no full version above it "
+                                "to take instead (" +
+                                e.what() + ")");
     }
     if (!p.fallback.empty()) r.fallback += (r.fallback.empty() ? "" : "; ") + p.fallback;
     std::optional<std::uint64_t> refused_at;
@@ -550,7 +556,8 @@ ApplyResult pull_locked(Txn& txn, const fs::path& root, const fs::path& local, s
 
 }  // namespace
 
-ApplyResult pull(const fs::path& root, const fs::path& local, std::optional<std::uint64_t> target, const ApplyOptions& opts) {
+ApplyResult pull(const fs::path& root, const fs::path& local, std::optional<std::uint64_t> target,
+                 const ApplyOptions& opts) {
   check_local_path(local, Exit::out_of_order);
   require_dir(root, "give the publication root (is the share mounted?)");
   check_not_local(root, "a publication root", "delta-apply --root ROOT LOCAL");

@@ -49,9 +49,9 @@ void check_split_bases(ExecuteContext& ctx) {
     std::vector<std::uint8_t> buf;
     const Hash128 h = hash_file_range(ctx.files[p.local_shard], p.offset, p.nbytes, buf);
     if (h != *p.base_hash)
-      fail(Exit::verify_failed, ctx.shard_path(p.local_shard) + ": tensor '" + p.tensor + "' is not the base of delta " +
-                                    format_version(ctx.version()) + " (checksum " + h.hex() + ", the delta expects " +
-                                    p.base_hash->hex() + "); nothing was changed");
+      fail(Exit::verify_failed, ctx.shard_path(p.local_shard) + ": tensor '" + p.tensor +
+                                    "' is not the base of delta " + format_version(ctx.version()) + " (checksum " +
+                                    h.hex() + ", the delta expects " + p.base_hash->hex() + "); nothing was changed");
   });
 }
 
@@ -65,8 +65,8 @@ void check_split_results(ExecuteContext& ctx) {
     const Hash128 h = hash_file_range(ctx.files[p.local_shard], p.offset, p.nbytes, buf);
     std::lock_guard<std::mutex> g(mu);
     if (h != p.new_hash)
-      bad.push_back("tensor '" + p.tensor + "' in " + ctx.shard_path(p.local_shard) + " reads back with checksum " + h.hex() +
-                    ", the delta records " + p.new_hash.hex());
+      bad.push_back("tensor '" + p.tensor + "' in " + ctx.shard_path(p.local_shard) + " reads back with checksum " +
+                    h.hex() + ", the delta records " + p.new_hash.hex());
   });
   if (bad.empty()) return;
   std::string msg = "verification failed after applying " + ctx.d.dir.string() + "; LOCAL was rolled back:";
@@ -94,14 +94,17 @@ void build_file(const ExecuteContext& ctx, const Build& bd, const std::vector<Fi
     if (t.src) copy_range(src[t.src->first], t.src->second, t.nbytes, out, t.dst);
     if (t.entry) {
       const Patch& p = ctx.plan.build_patches[*t.entry];
-      if (!p.stack.empty()) lay_stack(p, out, buf, name, ctx.version());
-      else journal_patch(p, out, nullptr, buf, name, ctx.version(), &out);
+      if (!p.stack.empty())
+        lay_stack(p, out, buf, name, ctx.version());
+      else
+        journal_patch(p, out, nullptr, buf, name, ctx.version(), &out);
       continue;
     }
     const Hash128 h = hash_file_range(out, t.dst, t.nbytes, buf);
     if (h != t.hash)
-      fail(Exit::verify_failed, name + ": tensor '" + t.name + "' has checksum " + h.hex() + " when built, the delta records " +
-                                    t.hash.hex() + "; LOCAL is not this delta's base, nothing was changed");
+      fail(Exit::verify_failed, name + ": tensor '" + t.name + "' has checksum " + h.hex() +
+                                    " when built, the delta records " + t.hash.hex() +
+                                    "; LOCAL is not this delta's base, nothing was changed");
   }
   if (ctx.opts.sync) out.sync();
   out.close();
@@ -113,12 +116,14 @@ void stage_files(ExecuteContext& ctx) {
   const DeltaIndex& idx = ctx.d.index;
   for (std::size_t k = 0; k < idx.files.size(); ++k) {
     const FileChange& fc = idx.files[k];
-    if (fc.op == FileChange::Op::put) copy_file_atomic(ctx.d.dir / kFilesDir / fc.path, stage_path(ctx, k), ctx.opts.sync);
+    if (fc.op == FileChange::Op::put)
+      copy_file_atomic(ctx.d.dir / kFilesDir / fc.path, stage_path(ctx, k), ctx.opts.sync);
   }
   if (ctx.plan.builds.empty()) return;
   std::vector<File> src;
   for (const auto& f : ctx.plan.sources) src.emplace_back(ctx.local / f, File::Mode::read);
-  parallel_for(ctx.plan.builds.size(), ctx.threads, [&](std::size_t k, std::size_t) { build_file(ctx, ctx.plan.builds[k], src); });
+  parallel_for(ctx.plan.builds.size(), ctx.threads,
+               [&](std::size_t k, std::size_t) { build_file(ctx, ctx.plan.builds[k], src); });
 }
 
 void run_unit(ExecuteContext& ctx, const Unit& u, JournalWriter& jw, std::vector<std::uint8_t>& buf, bool write) {
@@ -159,23 +164,25 @@ void write_from_journal(ExecuteContext& ctx) {
   parallel_for(ctx.plan.manifest.parts, ctx.threads, [&](std::size_t i, std::size_t) {
     const fs::path part = txn_part(ctx.step, i);
     TensorWriter tw(ctx.files, part.string());
-    const JournalEdges edges{[&](std::uint32_t shard, std::uint64_t offset) {
-                               auto it = at.find({shard, offset});
-                               if (it == at.end()) fail(Exit::failure, part.string() + ": journal names a tensor this delta does not patch");
-                               tw.begin(patches[it->second]);
-                             },
-                             [&] {
-                               const Patch& p = tw.patch();
-                               const Hash128 h = tw.end();
-                               if (p.split) return;  // checked by check_split_results
-                               std::lock_guard<std::mutex> g(mu);
-                               if (h != p.new_hash)
-                                 mismatches.push_back("tensor '" + p.tensor + "' in " + ctx.shard_path(p.local_shard) +
-                                                      " was written with checksum " + h.hex() + ", the delta records " +
-                                                      p.new_hash.hex());
-                             }};
-    replay_journal(part, true, [&](std::uint32_t, std::span<const std::uint64_t> o, std::span<const std::uint8_t> b) { tw.change(o, b); },
-                   &edges);
+    const JournalEdges edges{
+        [&](std::uint32_t shard, std::uint64_t offset) {
+          auto it = at.find({shard, offset});
+          if (it == at.end()) fail(Exit::failure, part.string() + ": journal names a tensor this delta does not patch");
+          tw.begin(patches[it->second]);
+        },
+        [&] {
+          const Patch& p = tw.patch();
+          const Hash128 h = tw.end();
+          if (p.split) return;  // checked by check_split_results
+          std::lock_guard<std::mutex> g(mu);
+          if (h != p.new_hash)
+            mismatches.push_back("tensor '" + p.tensor + "' in " + ctx.shard_path(p.local_shard) +
+                                 " was written with checksum " + h.hex() + ", the delta records " + p.new_hash.hex());
+        }};
+    replay_journal(
+        part, true,
+        [&](std::uint32_t, std::span<const std::uint64_t> o, std::span<const std::uint8_t> b) { tw.change(o, b); },
+        &edges);
   });
   if (mismatches.empty()) return;
   std::string msg = "verification failed after applying " + ctx.d.dir.string() + "; LOCAL was rolled back:";
@@ -188,7 +195,8 @@ void write_from_journal(ExecuteContext& ctx) {
 // whole when the base version has none.
 void record(ExecuteContext& ctx) {
   std::optional<ChecksumRecord> rec = read_record(ctx.local, *ctx.plan.manifest.base);
-  const ChecksumRecord next = rec ? next_record(std::move(*rec), ctx.d.index, ctx.plan) : compute_record(ctx.local, ctx.opts.threads);
+  const ChecksumRecord next =
+      rec ? next_record(std::move(*rec), ctx.d.index, ctx.plan) : compute_record(ctx.local, ctx.opts.threads);
   write_record(ctx.local, ctx.version(), next, ctx.opts.sync);
 }
 
@@ -254,8 +262,10 @@ void execute_plan(Txn& txn, const OpenDelta& d, ApplyPlan& plan, const fs::path&
   for (Patch& p : plan.patches) p.live = !opts.sync;  // without flushing, LOCAL is patched as the entries are decoded
   for (const auto& f : plan.manifest.shards) ctx.files.emplace_back(local / f, File::Mode::read_write);
   check_split_bases(ctx);
-  if (opts.sync) execute_journaled(ctx);
-  else execute_one_pass(ctx);
+  if (opts.sync)
+    execute_journaled(ctx);
+  else
+    execute_one_pass(ctx);
   for (auto& f : ctx.files) f.close();
 }
 

@@ -23,8 +23,9 @@ namespace fs = boost::filesystem;
 
 void check_has_weights(const Checkpoint& c, const fs::path& src) {
   if (c.shards.empty())
-    fail(Exit::bad_input, src.string() + ": has no weight files (*.safetensors); refusing to make LOCAL a checkpoint "
-                                         "without weights (an unmounted share, or a save still being written?)");
+    fail(Exit::bad_input, src.string() +
+                              ": has no weight files (*.safetensors); refusing to make LOCAL a checkpoint "
+                              "without weights (an unmounted share, or a save still being written?)");
 }
 
 namespace {
@@ -64,13 +65,15 @@ std::vector<std::string> files_of(const Checkpoint& c) {
 // What makes LOCAL a copy of SRC: its files not in SRC removed, SRC's files
 // that differ put (compared in parallel: this is the bulk of the work of an
 // idempotent re-run).
-Manifest init_manifest(const fs::path& src, const fs::path& local, const std::vector<std::string>& want, const ApplyOptions& opts) {
+Manifest init_manifest(const fs::path& src, const fs::path& local, const std::vector<std::string>& want,
+                       const ApplyOptions& opts) {
   std::vector<char> differs(want.size(), 0);
   parallel_for(want.size(), default_threads(opts.threads), [&](std::size_t i, std::size_t) {
     const fs::path dst = local / want[i];
     boost::system::error_code ec;
     // A hard-linked file is replaced by a copy, so LOCAL's files are its own.
-    differs[i] = !fs::is_regular_file(fs::symlink_status(dst, ec)) || hard_linked(dst) || !same_contents(src / want[i], dst);
+    differs[i] =
+        !fs::is_regular_file(fs::symlink_status(dst, ec)) || hard_linked(dst) || !same_contents(src / want[i], dst);
   });
   Manifest m;
   for (const auto& rel : list_local_files(local))
@@ -113,18 +116,20 @@ void check_copies(const fs::path& step, const Manifest& m, const fs::path& local
     if (m.files[i].op == TxnFile::Op::put) at[m.files[i].path] = txn_stage(step, i);
   for (const auto& [rel, p] : at)
     if (!expect.files.count(rel))
-      fail(Exit::bad_input, (src / rel).string() + ": is not listed in the version's completion marker " + kCompleteFile);
+      fail(Exit::bad_input,
+           (src / rel).string() + ": is not listed in the version's completion marker " + kCompleteFile);
   parallel_for(want.size(), default_threads(opts.threads), [&](std::size_t i, std::size_t) {
     if (!matches_marker(at.at(want[i]), expect.files.at(want[i])))
-      fail(Exit::bad_input, (src / want[i]).string() + ": its copy does not match the size and checksum the version's "
-                                                       "completion marker records; the published version is damaged");
+      fail(Exit::bad_input, (src / want[i]).string() +
+                                ": its copy does not match the size and checksum the version's "
+                                "completion marker records; the published version is damaged");
   });
 }
 
 }  // namespace
 
-ApplyResult init_locked(Txn& txn, const fs::path& src, const fs::path& local, std::uint64_t version, const ApplyOptions& opts,
-                        const CompletionMarker* expect) {
+ApplyResult init_locked(Txn& txn, const fs::path& src, const fs::path& local, std::uint64_t version,
+                        const ApplyOptions& opts, const CompletionMarker* expect) {
   const auto t0 = Clock::now();
   const Checkpoint c = open_checkpoint(src);  // validates every weight file before LOCAL is touched
   const std::vector<std::string> want = files_of(c);

@@ -26,7 +26,8 @@ double seconds_since(Clock::time_point t0);
 
 // The operation failed (`cause`) and undoing it failed too (`undo`): the
 // journal is kept, so the next run finishes the rollback. Says so, with both.
-[[noreturn]] void fail_rollback(const boost::filesystem::path& local, const std::exception_ptr& cause, const std::exception& undo);
+[[noreturn]] void fail_rollback(const boost::filesystem::path& local, const std::exception_ptr& cause,
+                                const std::exception& undo);
 
 // The next run's recover() failed (`e`): whatever it undid stays undone, and
 // the rest waits for the run after. Says so, and what LOCAL reads as now.
@@ -55,6 +56,7 @@ ApplyResult init_locked(Txn& txn, const boost::filesystem::path& src, const boos
 
 // Stages, executes and records `plan` of delta `d` in a step of `txn`:
 // journaled first and then written (opts.sync), or in one pass.
-void execute_plan(Txn& txn, const OpenDelta& d, ApplyPlan& plan, const boost::filesystem::path& local, const ApplyOptions& opts);
+void execute_plan(Txn& txn, const OpenDelta& d, ApplyPlan& plan, const boost::filesystem::path& local,
+                  const ApplyOptions& opts);
 
 }  // namespace hfdelta

@@ -147,10 +147,14 @@ SparsePatch sparse_sink(Walker& w) {
       for (std::size_t i = 0; i < offs.size(); ++i) w.element<ES>(offs[i], x.data() + i * ES, op);
     };
     switch (es) {
-      case 1: return each.template operator()<1>();
-      case 2: return each.template operator()<2>();
-      case 4: return each.template operator()<4>();
-      default: return each.template operator()<8>();
+      case 1:
+        return each.template operator()<1>();
+      case 2:
+        return each.template operator()<2>();
+      case 4:
+        return each.template operator()<4>();
+      default:
+        return each.template operator()<8>();
     }
   };
 }
@@ -267,7 +271,7 @@ Checksums lay_sparse(const Patch& p, const File& f, JournalWriter* jw, std::vect
 }
 
 Checksums lay_context(const Patch& p, const File& f, JournalWriter* jw, std::vector<std::uint8_t>& buf, File* out,
-                       const std::string& what) {
+                      const std::string& what) {
   Walker w(f, p, jw, buf, out);
   decode_context(p.frame, p.nbytes, what, base_view(w), sparse_sink(w));
   w.finish();
@@ -277,9 +281,10 @@ Checksums lay_context(const Patch& p, const File& f, JournalWriter* jw, std::vec
 Checksums lay_overwrite(const Patch& p, const File& f, JournalWriter* jw, std::vector<std::uint8_t>& buf, File* out,
                         Decompressor& d1, Decompressor& d2, const std::string& what) {
   Walker w(f, p, jw, buf, out);
-  decode_overwrite(d1, d2, p.frame, p.nbytes, what, [&](std::span<const std::uint64_t> pos, std::span<const std::uint8_t> val) {
-    for (std::size_t k = 0; k < pos.size(); ++k) w.set(pos[k], val[k]);
-  });
+  decode_overwrite(d1, d2, p.frame, p.nbytes, what,
+                   [&](std::span<const std::uint64_t> pos, std::span<const std::uint8_t> val) {
+                     for (std::size_t k = 0; k < pos.size(); ++k) w.set(pos[k], val[k]);
+                   });
   w.finish();
   return checksums_of(w);
 }
@@ -299,19 +304,22 @@ void journal_patch(const Patch& p, const File& f, JournalWriter* jw, std::vector
   if (jw) jw->end_tensor();
   const std::string outcome = p.live ? "LOCAL was rolled back" : "nothing was changed";
   if (p.base_hash && c.before != *p.base_hash)
-    fail(Exit::verify_failed, local_file + ": tensor '" + p.tensor + "' is not the base of delta " + format_version(version) +
-                                  " (checksum " + c.before.hex() + ", the delta expects " + p.base_hash->hex() + "); " + outcome);
+    fail(Exit::verify_failed, local_file + ": tensor '" + p.tensor + "' is not the base of delta " +
+                                  format_version(version) + " (checksum " + c.before.hex() + ", the delta expects " +
+                                  p.base_hash->hex() + "); " + outcome);
   if (c.after != p.new_hash)
     fail(Exit::verify_failed, local_file + ": tensor '" + p.tensor + "' patched by " + what + " would have checksum " +
                                   c.after.hex() + ", the delta records " + p.new_hash.hex() +
                                   " (LOCAL is not this delta's base, or the delta is damaged); " + outcome);
 }
 
-void lay_stack(const Patch& p, File& f, std::vector<std::uint8_t>& buf, const std::string& local_file, std::uint64_t version) {
+void lay_stack(const Patch& p, File& f, std::vector<std::uint8_t>& buf, const std::string& local_file,
+               std::uint64_t version) {
   for (std::size_t i = 0; i < p.stack.size(); ++i) {
     Patch q;
     q.tensor = p.tensor;
-    q.delta_file = p.delta_file + " (stacked part " + std::to_string(i + 1) + " of " + std::to_string(p.stack.size()) + ")";
+    q.delta_file =
+        p.delta_file + " (stacked part " + std::to_string(i + 1) + " of " + std::to_string(p.stack.size()) + ")";
     q.frame = p.stack[i].bytes;
     q.encoding = p.stack[i].enc;
     q.new_hash = p.stack[i].hash;
@@ -323,8 +331,8 @@ void lay_stack(const Patch& p, File& f, std::vector<std::uint8_t>& buf, const st
   }
 }
 
-void journal_stack(const Patch& p, const File& f, const fs::path& scratch, JournalWriter* jw, std::vector<std::uint8_t>& buf,
-                   const std::string& local_file, std::uint64_t version, File* out) {
+void journal_stack(const Patch& p, const File& f, const fs::path& scratch, JournalWriter* jw,
+                   std::vector<std::uint8_t>& buf, const std::string& local_file, std::uint64_t version, File* out) {
   File s(scratch, File::Mode::create_exclusive);
   {
     const OnFailure remove_scratch([&] {

@@ -58,7 +58,8 @@ void journal_patch(const Patch& p, const File& f, JournalWriter* jw, std::vector
 // Lays the parts of a stacked entry over [p.offset, p.offset + p.nbytes) of
 // `f` in order, nothing journaled (a file being built, or a scratch copy);
 // each part is checked against the checksum it records.
-void lay_stack(const Patch& p, File& f, std::vector<std::uint8_t>& buf, const std::string& local_file, std::uint64_t version);
+void lay_stack(const Patch& p, File& f, std::vector<std::uint8_t>& buf, const std::string& local_file,
+               std::uint64_t version);
 
 // A stacked entry in place: its parts are laid over a copy of the tensor in
 // `scratch` (inside the transaction's step, so nothing outlives it), and the

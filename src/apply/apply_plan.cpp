@@ -67,10 +67,10 @@ struct PlanContext {
   const LocalView& lv;
   const Checkpoint& lc;
   ApplyPlan& plan;
-  std::string iw;                                                    // the delta's index, for messages
+  std::string iw;  // the delta's index, for messages
   std::string nothing = "; LOCAL is not this delta's base, nothing was changed";
-  std::vector<std::uint32_t> slot;                                   // LOCAL weight file -> manifest slot (~0u: not in place)
-  std::map<std::string, Loc> where;                                  // tensors patched in place, by their name in the target
+  std::vector<std::uint32_t> slot;   // LOCAL weight file -> manifest slot (~0u: not in place)
+  std::map<std::string, Loc> where;  // tensors patched in place, by their name in the target
   std::map<std::string, std::pair<std::size_t, std::size_t>> built;  // tensor -> (build, its tensor)
 
   std::string local_path(const std::string& rel) const { return (lv.dir / rel).string(); }
@@ -101,7 +101,8 @@ void plan_slots(PlanContext& ctx) {
   }
   for (const auto& [name, ref] : ctx.lc.tensors)
     if (ctx.slot[ref.shard] != ~0u && !shard_op(ctx.idx, ctx.lc.shards[ref.shard].file))
-      ctx.where[name] = {ctx.slot[ref.shard], ctx.lc.shards[ref.shard].header.file_offset(ctx.lc.info(ref)), ctx.lc.info(ref).nbytes()};
+      ctx.where[name] = {ctx.slot[ref.shard], ctx.lc.shards[ref.shard].header.file_offset(ctx.lc.info(ref)),
+                         ctx.lc.info(ref).nbytes()};
 }
 
 // A "header" operation: the new header laid over the old one in place (same
@@ -116,7 +117,8 @@ void plan_header_rewrite(PlanContext& ctx, const ShardOp& so, const Shard& ls) {
   const std::uint32_t sl = ctx.slot[static_cast<std::size_t>(&ls - ctx.lc.shards.data())];
   for (const auto& t : nh.tensors) ctx.where[t.name] = {sl, nh.file_offset(t), t.nbytes()};
   auto& renames = ctx.plan.renames[so.file];
-  for (std::size_t i = 0; i < nh.tensors.size(); ++i) renames.emplace_back(nh.tensors[i].name, ls.header.tensors[i].name);
+  for (std::size_t i = 0; i < nh.tensors.size(); ++i)
+    renames.emplace_back(nh.tensors[i].name, ls.header.tensors[i].name);
   Patch p;
   p.tensor = "(header)";
   p.delta_file = hp;
@@ -151,9 +153,10 @@ void plan_build(PlanContext& ctx, const ShardOp& so, const std::string& what) {
       auto it = ctx.lc.tensors.find(*st.from);
       if (it == ctx.lc.tensors.end() || ctx.lc.info(it->second).nbytes() != t.nbytes())
         fail(Exit::verify_failed, what + ": tensor '" + t.name + "' is built from '" + *st.from + "' of " +
-                                      std::to_string(t.nbytes()) + " bytes, which " + ctx.lv.dir.string() + " does not have" +
-                                      ctx.nothing);
-      bt.src = std::make_pair(it->second.shard, ctx.lc.shards[it->second.shard].header.file_offset(ctx.lc.info(it->second)));
+                                      std::to_string(t.nbytes()) + " bytes, which " + ctx.lv.dir.string() +
+                                      " does not have" + ctx.nothing);
+      bt.src =
+          std::make_pair(it->second.shard, ctx.lc.shards[it->second.shard].header.file_offset(ctx.lc.info(it->second)));
     }
     ctx.built[t.name] = {ctx.plan.builds.size(), bd.tensors.size()};
     bd.tensors.push_back(std::move(bt));
@@ -169,8 +172,10 @@ void plan_shard_ops(PlanContext& ctx) {
                        : so.op == ShardOp::Op::header ? " rewrites the header of a weight file "
                                                       : nullptr;
     if (verb && !ls) fail(Exit::verify_failed, what + verb + ctx.lv.dir.string() + " does not have" + ctx.nothing);
-    if (so.op == ShardOp::Op::header) plan_header_rewrite(ctx, so, *ls);
-    else if (so.op == ShardOp::Op::build) plan_build(ctx, so, what);
+    if (so.op == ShardOp::Op::header)
+      plan_header_rewrite(ctx, so, *ls);
+    else if (so.op == ShardOp::Op::build)
+      plan_build(ctx, so, what);
   }
 }
 
@@ -193,12 +198,13 @@ void plan_entries(PlanContext& ctx) {
     Patch p = patch_of(ctx.d, e);
     auto check_target = [&](const std::string& in) {
       if (target != ctx.idx.targets.end() && target->second != in)
-        fail(Exit::bad_input, p.delta_file + ": entry '" + p.tensor + "' patches " + in + ", but hfdelta_targets names " + target->second);
+        fail(Exit::bad_input, p.delta_file + ": entry '" + p.tensor + "' patches " + in +
+                                  ", but hfdelta_targets names " + target->second);
     };
     if (auto bi = ctx.built.find(p.tensor); bi != ctx.built.end()) {
       Build& bd = ctx.plan.builds[bi->second.first];
       BuildTensor& bt = bd.tensors[bi->second.second];  // its checksum checked by open_delta
-      if (!bt.src) p.base_hash.reset();               // its base is zeros
+      if (!bt.src) p.base_hash.reset();                 // its base is zeros
       check_target(bd.file);
       p.offset = bt.dst;
       p.nbytes = bt.nbytes;
@@ -207,7 +213,8 @@ void plan_entries(PlanContext& ctx) {
       continue;
     }
     auto lt = ctx.where.find(p.tensor);
-    if (lt == ctx.where.end()) fail(Exit::bad_input, p.delta_file + ": tensor '" + p.tensor + "' does not exist in " + ctx.lv.dir.string());
+    if (lt == ctx.where.end())
+      fail(Exit::bad_input, p.delta_file + ": tensor '" + p.tensor + "' does not exist in " + ctx.lv.dir.string());
     check_target(ctx.plan.manifest.shards[lt->second.slot]);
     p.local_shard = lt->second.slot;
     p.offset = lt->second.offset;
@@ -244,8 +251,9 @@ void plan_file_ops(PlanContext& ctx) {
     // open_delta; a weight file of LOCAL it treats as a plain file means
     // LOCAL is not its base.
     if (weights.count(fc.path) && !swap)
-      fail(Exit::verify_failed, ctx.iw + ": hfdelta_files " + (put ? "replaces" : "removes") + " " + ctx.local_path(fc.path) +
-                                    " as a plain file, but it is a weight file there" + ctx.nothing);
+      fail(Exit::verify_failed, ctx.iw + ": hfdelta_files " + (put ? "replaces" : "removes") + " " +
+                                    ctx.local_path(fc.path) + " as a plain file, but it is a weight file there" +
+                                    ctx.nothing);
     const LocalView::Kind k = ctx.lv.kind(fc.path);
     m.files.push_back({fc.path, put ? TxnFile::Op::put : TxnFile::Op::remove,
                        put ? k == LocalView::Kind::regular : k != LocalView::Kind::none && !swap});
@@ -267,8 +275,7 @@ void plan_file_ops(PlanContext& ctx) {
 // byte 4, and both encodings chunk alike.
 std::uint64_t entry_chunks(Patch& p) {
   static_assert(kContextHeadSize >= kSparseHeadSize);
-  if (!p.replace.empty() || !chunked(p.encoding) || p.frame.size() < kSparseHeadSize)
-    return 0;
+  if (!p.replace.empty() || !chunked(p.encoding) || p.frame.size() < kSparseHeadSize) return 0;
   std::uint32_t es = 0;
   std::memcpy(&es, p.frame.data() + 4, 4);  // checked again by the decoder
   if (es != sparse_elem_size(es, p.nbytes)) return 0;
@@ -293,7 +300,8 @@ void plan_units(ApplyPlan& plan, int threads) {
     plan.split.push_back(i);
     for (const ChunkRange& r : ranges) plan.units.push_back({i, r.c0, r.c1, r.bytes});
   }
-  std::stable_sort(plan.units.begin(), plan.units.end(), [](const Unit& a, const Unit& b) { return a.bytes > b.bytes; });
+  std::stable_sort(plan.units.begin(), plan.units.end(),
+                   [](const Unit& a, const Unit& b) { return a.bytes > b.bytes; });
 }
 
 }  // namespace
@@ -337,8 +345,10 @@ ChecksumRecord next_record(ChecksumRecord rec, const DeltaIndex& idx, const Appl
   for (const Patch& p : plan.patches)
     if (p.replace.empty()) rec.weights[plan.manifest.shards[p.local_shard]].tensors[p.tensor] = p.new_hash;
   for (const FileChange& fc : idx.files) {
-    if (fc.op == FileChange::Op::put) rec.files[fc.path] = {fc.size, fc.hash}, rec.weights.erase(fc.path);
-    else rec.files.erase(fc.path);
+    if (fc.op == FileChange::Op::put)
+      rec.files[fc.path] = {fc.size, fc.hash}, rec.weights.erase(fc.path);
+    else
+      rec.files.erase(fc.path);
   }
   return rec;
 }

@@ -29,10 +29,10 @@ namespace hfdelta {
 // What the plan needs to know of LOCAL, read before planning.
 struct LocalView {
   enum class Kind { none, regular, other };
-  boost::filesystem::path dir;  // for messages only
-  std::uint64_t version = 0;    // its recorded version, the delta's base
-  Checkpoint checkpoint;        // its weight files and headers
-  std::map<std::string, Kind> named;  // every path the delta names: what LOCAL has there
+  boost::filesystem::path dir;                      // for messages only
+  std::uint64_t version = 0;                        // its recorded version, the delta's base
+  Checkpoint checkpoint;                            // its weight files and headers
+  std::map<std::string, Kind> named;                // every path the delta names: what LOCAL has there
   std::map<std::string, std::uint64_t> hard_links;  // weight files with more than one link
   Kind kind(const std::string& path) const;
 };
@@ -85,7 +85,7 @@ struct Build {
   std::uint64_t size = 0;
   std::span<const std::uint8_t> prefix;  // the new header bytes
   std::vector<BuildTensor> tensors;
-  std::size_t mfile = 0;                 // its put in the manifest
+  std::size_t mfile = 0;  // its put in the manifest
 };
 
 // A unit of parallel work: a whole entry, or chunks [c0, c1) of a split one.

@@ -23,12 +23,13 @@ void fail_rollback(const fs::path& local, const std::exception_ptr& cause, const
     std::rethrow_exception(cause);
   } catch (const std::exception& e) {
     why = e.what();
-  } catch (...) {
-  }
+  } catch (...) {}
   // A failed step's own error is often the rollback's too (a full disk).
   std::string msg = why;
-  if (std::string(undo.what()) != why) msg += "\nrolling it back failed too: " + std::string(undo.what());
-  else msg += "\nrolling it back failed too";
+  if (std::string(undo.what()) != why)
+    msg += "\nrolling it back failed too: " + std::string(undo.what());
+  else
+    msg += "\nrolling it back failed too";
   msg += "\n" + local.string() + " is left interrupted (--status exits 10) with its undo journal in " + kStateDir +
          "/txn; once the cause is fixed (free space?), the next delta-apply on it, or delta-apply --recover, "
          "finishes the rollback";
@@ -46,15 +47,17 @@ void fail_recover(const fs::path& local, const Error& e) {
   if (pending) {
     msg += local.string() + " is left interrupted (--status exits 10)";
     if (exists_nofollow(txn_root(local))) msg += " with its undo journal in " + std::string(kStateDir) + "/txn";
-    msg += "; once the cause is fixed (free space?), the next delta-apply on it, or delta-apply --recover, "
-           "finishes the rollback";
+    msg +=
+        "; once the cause is fixed (free space?), the next delta-apply on it, or delta-apply --recover, "
+        "finishes the rollback";
   } else {
     msg += "once the cause is fixed, the next delta-apply on it, or delta-apply --recover, tries again";
   }
   fail(e.code(), msg);
 }
 
-void run_step(Txn& txn, const fs::path& local, const Manifest& m, const ApplyOptions& opts, const std::function<void()>& body) {
+void run_step(Txn& txn, const fs::path& local, const Manifest& m, const ApplyOptions& opts,
+              const std::function<void()>& body) {
   // Before the manifest: while it is missing, there is nothing to undo.
   reserve_rollback(txn.step(), m, opts.sync);
   write_manifest(txn.step(), m, opts.sync);

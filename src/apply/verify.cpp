@@ -70,7 +70,8 @@ VerifyReport verify_local(const fs::path& local, double lock_timeout, int thread
       if (!w.tensors.count(t)) problem(L + f + ": tensor '" + t + "' is not in the record");
   }
   for (const auto& [f, w] : now.weights)
-    if (!rec->weights.count(f)) problem(L + f + ": weight file not in the record of version " + format_version(*rep.version));
+    if (!rec->weights.count(f))
+      problem(L + f + ": weight file not in the record of version " + format_version(*rep.version));
   for (const auto& [f, r] : rec->files) {
     auto it = now.files.find(f);
     if (it == now.files.end())

@@ -7,17 +7,17 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <cmath>
-#include <cstdlib>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
 #include <mutex>
 #include <optional>
 #include <string_view>
 #include <thread>
-#include <cstdio>
-#include <cstring>
-#include <iostream>
 
 #include "hfdelta/error.hpp"
 #include "hfdelta/option_rules.hpp"
@@ -92,14 +92,17 @@ std::string progress_text(const progress::Snapshot& s, double rate, bool tty) {
     std::snprintf(line, sizeof line, "%s: %llu of %llu entries (%.0f%%), %.0f s left", s.what,
                   static_cast<unsigned long long>(s.done), static_cast<unsigned long long>(s.total), pct, left);
   else
-    std::snprintf(line, sizeof line, "%s: %s of %s (%.0f%%), %s/s, %.0f s left", s.what, human_bytes(double(s.done)).c_str(),
-                  human_bytes(double(s.total)).c_str(), pct, human_bytes(rate).c_str(), left);
+    std::snprintf(line, sizeof line, "%s: %s of %s (%.0f%%), %s/s, %.0f s left", s.what,
+                  human_bytes(double(s.done)).c_str(), human_bytes(double(s.total)).c_str(), pct,
+                  human_bytes(rate).c_str(), left);
   return tty ? std::string("\r\033[K") + line : std::string(line) + "\n";
 }
 
 }  // namespace
 
-bool progress_wanted(bool asked, bool quiet, bool json) { return !quiet && !json && (asked || ::isatty(STDERR_FILENO)); }
+bool progress_wanted(bool asked, bool quiet, bool json) {
+  return !quiet && !json && (asked || ::isatty(STDERR_FILENO));
+}
 
 ProgressLine::ProgressLine(bool enabled) {
   if (!enabled) return;
@@ -234,7 +237,8 @@ int version_flag(const std::string& prog, int argc, char** argv, bool& handled) 
   const std::string what = prog == "delta-apply" ? "--init-version N" : "--delta-version N";
   return check_stdout(prog, report(prog, static_cast<int>(Exit::usage),
                                    "--version prints the program's version and takes nothing else; the version "
-                                   "number to write is " + what,
+                                   "number to write is " +
+                                       what,
                                    json_in_argv(argc, argv)));
 }
 
@@ -314,9 +318,9 @@ void run_shell(const std::string& command, const std::vector<std::pair<std::stri
     if (errno != EINTR) fail(code, option + ": waitpid: " + std::string(std::strerror(errno)));
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
   fail(code, option + " command failed (" +
-                              (WIFEXITED(status) ? "exit status " + std::to_string(WEXITSTATUS(status))
-                                                 : "signal " + std::to_string(WTERMSIG(status))) +
-                              "): " + command);
+                 (WIFEXITED(status) ? "exit status " + std::to_string(WEXITSTATUS(status))
+                                    : "signal " + std::to_string(WTERMSIG(status))) +
+                 "): " + command);
 }
 
 std::string human_bytes(double n) {

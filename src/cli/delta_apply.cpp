@@ -7,10 +7,10 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_common.hpp"
-#include "hfdelta/signals.hpp"
 #include "hfdelta/apply.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/report_json.hpp"
+#include "hfdelta/signals.hpp"
 #include "hfdelta/verify.hpp"
 #include "hfdelta/version.hpp"
 
@@ -83,8 +83,9 @@ void add_options(CLI::App& app, Options& o) {
       ->transform(cli::whole_number())
       ->check(cli::threads());
   app.add_flag("--no-sync", o.no_sync, "Do not flush data before recording the version");
-  app.add_flag("--progress", o.progress,
-               "Show progress on stderr (bytes done, rate, time left); the default on a terminal, never with -q or --json");
+  app.add_flag(
+      "--progress", o.progress,
+      "Show progress on stderr (bytes done, rate, time left); the default on a terminal, never with -q or --json");
   app.add_flag("--json", o.json_out, "Print the result as one JSON object on stdout");
   app.add_flag("-q,--quiet", o.quiet, "Print nothing on success");
 }
@@ -93,10 +94,14 @@ void add_options(CLI::App& app, Options& o) {
 std::string local_path(const Options& o) {
   const std::size_t want = (o.root.empty() && !o.status && !o.recover && !o.verify) ? 2 : 1;
   if (o.paths.size() != want) {
-    const std::string form = !o.root.empty() ? "--root ROOT LOCAL" : o.status ? "--status LOCAL" : o.recover ? "--recover LOCAL"
-                             : o.verify ? "--verify LOCAL" : o.init ? "--init SRC LOCAL" : "DELTA LOCAL";
-    throw CLI::ValidationError("delta-apply " + form + " takes " + std::to_string(want) + " path" + (want == 1 ? "" : "s") +
-                               ", not " + std::to_string(o.paths.size()));
+    const std::string form = !o.root.empty() ? "--root ROOT LOCAL"
+                             : o.status      ? "--status LOCAL"
+                             : o.recover     ? "--recover LOCAL"
+                             : o.verify      ? "--verify LOCAL"
+                             : o.init        ? "--init SRC LOCAL"
+                                             : "DELTA LOCAL";
+    throw CLI::ValidationError("delta-apply " + form + " takes " + std::to_string(want) + " path" +
+                               (want == 1 ? "" : "s") + ", not " + std::to_string(o.paths.size()));
   }
   return o.paths.back();
 }
@@ -120,8 +125,10 @@ void print_status_human(const std::string& local, const LocalStatus& s, const ch
 void run_status(const Options& o, const std::string& local) {
   const LocalStatus s = local_status(local, o.apply);
   const Exit code = status_exit(s);
-  if (o.json_out) cli::print_json(status_json(local, s));
-  else if (!o.quiet) print_status_human(local, s, status_state_name(s));
+  if (o.json_out)
+    cli::print_json(status_json(local, s));
+  else if (!o.quiet)
+    print_status_human(local, s, status_state_name(s));
   if (code != Exit::ok) throw Error(code, "");
 }
 
@@ -130,8 +137,8 @@ void run_status(const Options& o, const std::string& local) {
 void print_verify_human(const std::string& local, const VerifyReport& v) {
   std::printf("%s: %s, version %s", local.c_str(), verify_state_name(v.state), version_or_none(v.version).c_str());
   if (v.state == VerifyReport::State::clean || v.state == VerifyReport::State::corrupt)
-    std::printf(" (%llu weight files, %llu tensors, %llu other files, %s checked)", ull(v.weight_files),
-                ull(v.tensors), ull(v.files), cli::human_bytes(double(v.bytes)).c_str());
+    std::printf(" (%llu weight files, %llu tensors, %llu other files, %s checked)", ull(v.weight_files), ull(v.tensors),
+                ull(v.files), cli::human_bytes(double(v.bytes)).c_str());
   print_pending(v.pending);
   std::printf("\n");
   for (const auto& p : v.problems) std::printf("  %s\n", p.c_str());
@@ -142,8 +149,10 @@ void run_verify(const Options& o, const std::string& local) {
   const VerifyReport v = verify_local(local, o.apply.lock_timeout, o.apply.threads);
   cli::ProgressLine::stop_current();
   const Exit code = verify_exit(v);
-  if (o.json_out) cli::print_json(verify_json(local, v));
-  else if (!o.quiet || v.state != VerifyReport::State::clean) print_verify_human(local, v);
+  if (o.json_out)
+    cli::print_json(verify_json(local, v));
+  else if (!o.quiet || v.state != VerifyReport::State::clean)
+    print_verify_human(local, v);
   if (code != Exit::ok) throw Error(code, "");
 }
 
@@ -152,7 +161,8 @@ void run_verify(const Options& o, const std::string& local) {
 // Runs the form that changes LOCAL, with --then's command hooked in.
 ApplyResult run_change(Options& o, const std::string& local) {
   if (!o.then.empty())
-    o.apply.then = [command = o.then, abs = boost::filesystem::absolute(local).lexically_normal().string()](std::uint64_t v) {
+    o.apply.then = [command = o.then,
+                    abs = boost::filesystem::absolute(local).lexically_normal().string()](std::uint64_t v) {
       cli::run_shell(command, {{"HFDELTA_LOCAL", abs}, {"HFDELTA_VERSION", format_version(v)}}, Exit::then_failed,
                      "--then");
     };
@@ -203,14 +213,16 @@ void print_change_human(const std::string& local, const ApplyResult& r, bool rec
     std::printf("%s: nothing published yet; %s\n", local.c_str(),
                 r.from_version ? ("stays at version " + from).c_str() : "no version yet");
   } else if (r.noop) {
-    std::printf("%s: already at %sversion %s\n", local.c_str(), r.newest == r.to_version ? "the newest " : "", to.c_str());
+    std::printf("%s: already at %sversion %s\n", local.c_str(), r.newest == r.to_version ? "the newest " : "",
+                to.c_str());
   } else {
     if (!r.fallback.empty()) std::printf("%s: %s\n", local.c_str(), r.fallback.c_str());
-    std::printf("%s: version %s -> %s (%zu step%s), %llu tensors patched from %s of deltas, %llu files written, "
-                "%llu removed, %.3f s\n",
-                local.c_str(), from.c_str(), to.c_str(), r.applied.size(), r.applied.size() == 1 ? "" : "s",
-                ull(r.tensors_patched), cli::human_bytes(double(r.delta_bytes)).c_str(), ull(r.files_written),
-                ull(r.files_removed), r.seconds);
+    std::printf(
+        "%s: version %s -> %s (%zu step%s), %llu tensors patched from %s of deltas, %llu files written, "
+        "%llu removed, %.3f s\n",
+        local.c_str(), from.c_str(), to.c_str(), r.applied.size(), r.applied.size() == 1 ? "" : "s",
+        ull(r.tensors_patched), cli::human_bytes(double(r.delta_bytes)).c_str(), ull(r.files_written),
+        ull(r.files_removed), r.seconds);
   }
 }
 
@@ -230,8 +242,10 @@ void run_command(Options& o) {
   if (o.verify) return run_verify(o, local);
   const ApplyResult r = run_change(o, local);
   cli::ProgressLine::stop_current();
-  if (o.json_out) cli::print_json(change_json(local, r));
-  else if (!o.quiet) print_change_human(local, r, o.recover);
+  if (o.json_out)
+    cli::print_json(change_json(local, r));
+  else if (!o.quiet)
+    print_change_human(local, r, o.recover);
   if (r.then_error) throw Error(Exit::then_failed, *r.then_error);  // after the summary: the version is applied
 }
 
@@ -240,15 +254,17 @@ void run_command(Options& o) {
 int main(int argc, char** argv) {
   hfdelta::handle_stop_signals();  // first: every thread started later inherits the mask
   CLI::App app{"Bring a host-local checkpoint to a new version, in place. See delta-apply(1).", "delta-apply"};
-  cli::set_usage(app,
-                 "  delta-apply [OPTIONS] [--then CMD] DELTA LOCAL\n"
-                 "  delta-apply --init [--init-version N] [--force] [OPTIONS] SRC LOCAL\n"
-                 "  delta-apply --root ROOT [--target N] [--pre-read CMD] [--require-marker] [--then CMD] [OPTIONS] LOCAL\n"
-                 "  delta-apply --status [--json] [--lock-timeout S] LOCAL\n"
-                 "  delta-apply --verify [--json] [--lock-timeout S] LOCAL\n"
-                 "  delta-apply --recover LOCAL\n"
-                 "  delta-apply --version");
+  cli::set_usage(
+      app,
+      "  delta-apply [OPTIONS] [--then CMD] DELTA LOCAL\n"
+      "  delta-apply --init [--init-version N] [--force] [OPTIONS] SRC LOCAL\n"
+      "  delta-apply --root ROOT [--target N] [--pre-read CMD] [--require-marker] [--then CMD] [OPTIONS] LOCAL\n"
+      "  delta-apply --status [--json] [--lock-timeout S] LOCAL\n"
+      "  delta-apply --verify [--json] [--lock-timeout S] LOCAL\n"
+      "  delta-apply --recover LOCAL\n"
+      "  delta-apply --version");
   Options o;
   add_options(app, o);
-  return cli::run(app, argc, argv, [&] { run_command(o); }, &o.json_out);
+  return cli::run(
+      app, argc, argv, [&] { run_command(o); }, &o.json_out);
 }

@@ -7,7 +7,6 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_common.hpp"
-#include "hfdelta/signals.hpp"
 #include "hfdelta/diff.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/inspect.hpp"
@@ -15,6 +14,7 @@
 #include "hfdelta/prune.hpp"
 #include "hfdelta/publication.hpp"
 #include "hfdelta/report_json.hpp"
+#include "hfdelta/signals.hpp"
 #include "hfdelta/squash.hpp"
 #include "hfdelta/version.hpp"
 #include "hfdelta/withdraw.hpp"
@@ -46,34 +46,39 @@ void print_inspection(const DeltaInspection& d) {
   if (!d.files.empty()) std::printf("  %-9s  %10s  %-32s  %s\n", "FILE OP", "SIZE", "CHECKSUM", "PATH");
   for (const auto& f : d.files) {
     const bool put = f.op == FileChange::Op::put;
-    std::printf("  %-9s  %10s  %-32s  %s\n", put ? "put" : "remove", put ? cli::human_bytes(double(f.size)).c_str() : "-",
-                put ? f.checksum.hex().c_str() : "-", f.path.c_str());
+    std::printf("  %-9s  %10s  %-32s  %s\n", put ? "put" : "remove",
+                put ? cli::human_bytes(double(f.size)).c_str() : "-", put ? f.checksum.hex().c_str() : "-",
+                f.path.c_str());
   }
   if (!d.shards.empty())
     std::printf("  %-9s  %10s  %10s  %-40s  %s\n", "WEIGHT OP", "SIZE", "HEADER", "TENSORS", "FILE");
   for (const auto& s : d.shards) {
     const bool build = s.op == ShardOp::Op::build;
     const std::string tensors = build ? std::to_string(s.tensors) + " (" + std::to_string(s.copied) + " copied, " +
-                                            std::to_string(s.renamed) + " renamed or moved, " + std::to_string(s.fresh) + " new)"
+                                            std::to_string(s.renamed) + " renamed or moved, " +
+                                            std::to_string(s.fresh) + " new)"
                                       : "-";
     std::printf("  %-9s  %10s  %10s  %-40s  %s\n",
-                s.op == ShardOp::Op::remove ? "remove" : s.op == ShardOp::Op::header ? "header" : "build",
+                s.op == ShardOp::Op::remove   ? "remove"
+                : s.op == ShardOp::Op::header ? "header"
+                                              : "build",
                 build ? cli::human_bytes(double(s.size)).c_str() : "-",
                 s.op == ShardOp::Op::remove ? "-" : cli::human_bytes(double(s.header_bytes)).c_str(), tensors.c_str(),
                 s.file.c_str());
   }
   std::printf("  total   %zu tensors (%llu sparse, %llu context, %llu xor, %llu overwrite, %llu stacked), entries %s\n",
-              d.entries.size(), ull(d.entries_sparse), ull(d.entries_context), ull(d.entries_xor), ull(d.entries_overwrite),
-              ull(d.entries_stacked), cli::human_bytes(double(d.entry_bytes)).c_str());
+              d.entries.size(), ull(d.entries_sparse), ull(d.entries_context), ull(d.entries_xor),
+              ull(d.entries_overwrite), ull(d.entries_stacked), cli::human_bytes(double(d.entry_bytes)).c_str());
   bool needs_base = false;
   for (const auto& e : d.entries) needs_base = needs_base || e.needs_base;
   if (needs_base)
-    std::printf("  context entries are checked whole but for their positions, which count base elements per context "
-                "group: delta-apply checks those against LOCAL\n");
-  std::printf("  changed %llu elements (sparse and context entries), %llu bytes (xor and overwrite entries)\n", ull(d.changed_elements),
-              ull(d.changed_bytes));
-  std::printf("  files   %llu put (%s), %llu removed\n", ull(d.files_put), cli::human_bytes(double(d.file_bytes)).c_str(),
-              ull(d.files_removed));
+    std::printf(
+        "  context entries are checked whole but for their positions, which count base elements per context "
+        "group: delta-apply checks those against LOCAL\n");
+  std::printf("  changed %llu elements (sparse and context entries), %llu bytes (xor and overwrite entries)\n",
+              ull(d.changed_elements), ull(d.changed_bytes));
+  std::printf("  files   %llu put (%s), %llu removed\n", ull(d.files_put),
+              cli::human_bytes(double(d.file_bytes)).c_str(), ull(d.files_removed));
   if (!d.shards.empty())
     std::printf("  weights %llu files built, %llu headers rewritten, %llu files removed\n", ull(d.shards_built),
                 ull(d.shards_rewritten), ull(d.shards_removed));
@@ -86,15 +91,20 @@ void print_prune(const PruneResult& r) {
     std::printf("%s: no full version%s; nothing to remove (a host initialised outside the root needs every delta)\n",
                 root.c_str(), r.keep_from ? (" at or below " + format_version(*r.keep_from)).c_str() : "");
   } else {
-    std::printf("%s: keeping full version %s%s and the %zu version(s) after it\n", root.c_str(),
-                format_version(*r.base_full).c_str(),
-                r.keep_from ? (" (the newest at or below " + format_version(*r.keep_from) + ")").c_str() : " (the newest)",
-                std::size_t(std::count_if(r.kept.begin(), r.kept.end(), [](const PrunedVersion& d) { return !d.sidecar; })) - 1);
+    std::printf(
+        "%s: keeping full version %s%s and the %zu version(s) after it\n", root.c_str(),
+        format_version(*r.base_full).c_str(),
+        r.keep_from ? (" (the newest at or below " + format_version(*r.keep_from) + ")").c_str() : " (the newest)",
+        std::size_t(std::count_if(r.kept.begin(), r.kept.end(), [](const PrunedVersion& d) { return !d.sidecar; })) -
+            1);
   }
   const char* verb = r.dry_run ? "would remove" : "removed";
   for (const auto& d : r.removed)
     std::printf("  %s  %s  (%s)\n", verb, d.path.filename().string().c_str(),
-                d.withdrawn ? "withdrawn" : d.full ? "full" : d.sidecar ? "delta beside a full version" : "delta");
+                d.withdrawn ? "withdrawn"
+                : d.full    ? "full"
+                : d.sidecar ? "delta beside a full version"
+                            : "delta");
   for (const auto& p : r.leftovers)
     std::printf("  %s  %s  (left by an interrupted prune)\n", verb, p.filename().string().c_str());
   std::printf("  %s %zu version(s) and %zu leftover(s), %s%s\n", verb, r.removed.size(), r.leftovers.size(),
@@ -108,7 +118,8 @@ struct Options {
   std::string base, target, out, encoding = "sparse", inspect, prune, withdraw, post_publish, squash_base;
   std::optional<std::uint64_t> version, base_version, keep_from;
   DiffOptions diff;
-  bool no_sync = false, json_out = false, quiet = false, dry_run = false, squash = false, full = false, progress = false;
+  bool no_sync = false, json_out = false, quiet = false, dry_run = false, squash = false, full = false,
+       progress = false;
 };
 
 // The options whose presence decides the form, as CLI11 records them.
@@ -144,20 +155,21 @@ void add_diff_options(CLI::App& app, Options& o, Given& g) {
           ->type_name("N")
           ->transform(cli::whole_number()));
   g.diff_only.push_back(app.add_option("--base-version", o.base_version, "Version of BASE (default: version - 1)")
-                                     ->type_name("M")
-                                     ->transform(cli::whole_number()));
-  g.diff_only.push_back(
-      app.add_option("--threads", o.diff.threads, "Worker threads (default: all cores)")
-          ->transform(cli::whole_number())
-          ->check(cli::threads()));
+                            ->type_name("M")
+                            ->transform(cli::whole_number()));
+  g.diff_only.push_back(app.add_option("--threads", o.diff.threads, "Worker threads (default: all cores)")
+                            ->transform(cli::whole_number())
+                            ->check(cli::threads()));
   g.post_publish = app.add_option("--post-publish", o.post_publish,
                                   "Shell command to run after each version directory is published and durable "
                                   "(HFDELTA_VERSION, HFDELTA_VERSION_PATH, HFDELTA_NAME and HFDELTA_ROOT are set), "
                                   "e.g. to upload it to an object store; failure exits 13");
   app.add_flag("--no-sync", o.no_sync, "Do not flush the delta (with --prune: ROOT) to disk before publishing it");
-  app.add_flag("--progress", o.progress,
-               "Show progress on stderr (bytes done, rate, time left); the default on a terminal, never with -q or --json");
-  app.add_flag("--json", o.json_out, "Print the summary (or the --inspect or --prune report) as one JSON object on stdout");
+  app.add_flag(
+      "--progress", o.progress,
+      "Show progress on stderr (bytes done, rate, time left); the default on a terminal, never with -q or --json");
+  app.add_flag("--json", o.json_out,
+               "Print the summary (or the --inspect or --prune report) as one JSON object on stdout");
   app.add_flag("-q,--quiet", o.quiet, "Print no summary (or report)");
 }
 
@@ -202,7 +214,8 @@ void add_form_options(CLI::App& app, Options& o, Given& g) {
                     ->type_name("N")
                     ->transform(cli::whole_number())
                     ->group(prune_group);
-  g.dry_run = app.add_flag("--dry-run", o.dry_run, "Print what --prune would remove; remove nothing")->group(prune_group);
+  g.dry_run =
+      app.add_flag("--dry-run", o.dry_run, "Print what --prune would remove; remove nothing")->group(prune_group);
   g.withdraw = app.add_option("--withdraw", o.withdraw,
                               "Take version directory VERSION (ROOT/weight_vNNNNNN) back out of its root: renamed to "
                               "ROOT/withdrawn_vNNNNNN, so hosts that never applied it skip it, its number is never "
@@ -219,7 +232,8 @@ enum class Form { diff, inspect, squash, prune, full, withdraw };
 void check_exclusive(const Given& g) {
   if (*g.inspect && *g.prune) throw CLI::ValidationError("--inspect", "cannot be combined with --prune");
   if (*g.withdraw && (*g.inspect || *g.prune || *g.squash || *g.full || *g.post_publish))
-    throw CLI::ValidationError("--withdraw", "cannot be combined with --inspect, --prune, --squash, --full or --post-publish");
+    throw CLI::ValidationError("--withdraw",
+                               "cannot be combined with --inspect, --prune, --squash, --full or --post-publish");
   if (*g.squash && (*g.inspect || *g.prune))
     throw CLI::ValidationError("--squash", "cannot be combined with --inspect or --prune");
   if (*g.full && (*g.inspect || *g.prune || *g.squash))
@@ -318,9 +332,10 @@ void print_withdraw(const WithdrawResult& r) {
                 r.sidecar ? (", and its delta beside it " + r.sidecar->filename().string()).c_str() : "");
   std::printf("  the next version is published on %s\n",
               r.newest ? ("version " + format_version(*r.newest)).c_str() : "nothing: publish a full version");
-  std::printf("  hosts that applied version %s are refused by their next pull until they take a newer full version "
-              "(delta-diff --full NEW ROOT) or are re-initialised (delta-apply --init CHECKPOINT LOCAL --init-version M)\n",
-              v.c_str());
+  std::printf(
+      "  hosts that applied version %s are refused by their next pull until they take a newer full version "
+      "(delta-diff --full NEW ROOT) or are re-initialised (delta-apply --init CHECKPOINT LOCAL --init-version M)\n",
+      v.c_str());
   if (!r.stranded.empty()) {
     std::string list;
     for (const auto s : r.stranded) list += (list.empty() ? "" : ", ") + format_version(s);
@@ -401,13 +416,15 @@ void print_diff_human(const Options& o, const DiffSummary& s) {
   std::printf("%s: version %s on base %s, %s\n", o.out.c_str(), format_version(s.version).c_str(),
               format_version(s.base_version).c_str(), o.encoding.c_str());
   std::printf("  tensors changed  %llu of %llu\n", ull(s.tensors_changed), ull(s.tensors));
-  std::printf("  changed          %llu of %llu elements (density %.4f%%), %s of bytes differ\n", ull(s.elements_changed),
-              ull(s.elements), 100.0 * density, cli::human_bytes(double(s.bytes_changed)).c_str());
+  std::printf("  changed          %llu of %llu elements (density %.4f%%), %s of bytes differ\n",
+              ull(s.elements_changed), ull(s.elements), 100.0 * density,
+              cli::human_bytes(double(s.bytes_changed)).c_str());
   std::printf("  files            %llu changed, %llu removed\n", ull(s.files_changed), ull(s.files_removed));
   if (s.shards_built || s.shards_rewritten || s.shards_removed)
-    std::printf("  structure        %llu weight files built, %llu headers rewritten, %llu weight files removed, "
-                "%llu tensors without base bytes\n",
-                ull(s.shards_built), ull(s.shards_rewritten), ull(s.shards_removed), ull(s.tensors_new));
+    std::printf(
+        "  structure        %llu weight files built, %llu headers rewritten, %llu weight files removed, "
+        "%llu tensors without base bytes\n",
+        ull(s.shards_built), ull(s.shards_rewritten), ull(s.shards_removed), ull(s.tensors_new));
   std::printf("  delta            %s for a %s checkpoint (%.3f%%)\n", cli::human_bytes(double(s.delta_bytes)).c_str(),
               cli::human_bytes(double(s.full_bytes)).c_str(),
               s.full_bytes ? 100.0 * double(s.delta_bytes) / double(s.full_bytes) : 0.0);
@@ -439,8 +456,8 @@ void print_full(const Options& o, const PublishTarget& t, const FullSummary& f, 
       std::printf("%s: delta beside the full version, version %s on base %s, %s\n", side.c_str(),
                   format_version(s->version).c_str(), format_version(s->base_version).c_str(),
                   cli::human_bytes(double(s->delta_bytes)).c_str());
-    std::printf("%s: full version %s, %llu files, %s, %.3f s\n", t.out.string().c_str(), format_version(f.version).c_str(),
-                ull(f.files), cli::human_bytes(double(f.bytes)).c_str(), f.seconds);
+    std::printf("%s: full version %s, %llu files, %s, %.3f s\n", t.out.string().c_str(),
+                format_version(f.version).c_str(), ull(f.files), cli::human_bytes(double(f.bytes)).c_str(), f.seconds);
   }
 }
 
@@ -451,8 +468,10 @@ void run_full(Options o) {
     o.target = o.base;
     o.base.clear();
   }
-  if (o.base.empty()) check_out_apart(o.out, {{"NEW", o.target}});
-  else check_out_apart(o.out, {{"BASE", o.base}, {"NEW", o.target}});
+  if (o.base.empty())
+    check_out_apart(o.out, {{"NEW", o.target}});
+  else
+    check_out_apart(o.out, {{"BASE", o.base}, {"NEW", o.target}});
   const PublishTarget t = publish_target(o.out, o.version);
   DiffSummary s;
   std::string side;
@@ -478,12 +497,18 @@ void run_command(const Given& g, Options& o) {
   strip_slashes(o);
   const cli::ProgressLine progress_line(cli::progress_wanted(o.progress, o.quiet, o.json_out));
   switch (choose_form(g, o)) {
-    case Form::inspect: return run_inspect(o);
-    case Form::prune: return run_prune(o);
-    case Form::squash: return run_squash(o);
-    case Form::diff: return run_diff(o);
-    case Form::full: return run_full(o);
-    case Form::withdraw: return run_withdraw(o);
+    case Form::inspect:
+      return run_inspect(o);
+    case Form::prune:
+      return run_prune(o);
+    case Form::squash:
+      return run_squash(o);
+    case Form::diff:
+      return run_diff(o);
+    case Form::full:
+      return run_full(o);
+    case Form::withdraw:
+      return run_withdraw(o);
   }
 }
 
@@ -491,24 +516,27 @@ void run_command(const Given& g, Options& o) {
 
 int main(int argc, char** argv) {
   hfdelta::handle_stop_signals();  // first: every thread started later inherits the mask
-  CLI::App app{"Write the delta version directory OUT that turns checkpoint BASE into NEW; "
-               "or describe a delta (--inspect); or remove the versions of a publication root no host can need (--prune).",
-               "delta-diff"};
-  cli::set_usage(app,
-                 "  delta-diff [OPTIONS] BASE NEW OUT             write a delta (OUT: ROOT/weight_vNNNNNN)\n"
-                 "  delta-diff [OPTIONS] BASE NEW ROOT            the same, as ROOT's newest version + 1\n"
-                 "  delta-diff --full [OPTIONS] [BASE] NEW ROOT   publish NEW as a full version (and the delta beside it)\n"
-                 "  delta-diff --inspect DELTA [--json]           describe and check a delta version directory\n"
-                 "  delta-diff --squash [OPTIONS] FIRST LAST OUT  one delta equal to the versions FIRST..LAST of a root\n"
-                 "  delta-diff --prune ROOT [--keep-from N] [--dry-run] [--json]\n"
-                 "                                                remove versions no delta-apply --root pull to N or later needs\n"
-                 "  delta-diff --withdraw ROOT/weight_vNNNNNN [--json]\n"
-                 "                                                take a bad version back out of its root\n"
-                 "  delta-diff --version");
+  CLI::App app{
+      "Write the delta version directory OUT that turns checkpoint BASE into NEW; "
+      "or describe a delta (--inspect); or remove the versions of a publication root no host can need (--prune).",
+      "delta-diff"};
+  cli::set_usage(
+      app,
+      "  delta-diff [OPTIONS] BASE NEW OUT             write a delta (OUT: ROOT/weight_vNNNNNN)\n"
+      "  delta-diff [OPTIONS] BASE NEW ROOT            the same, as ROOT's newest version + 1\n"
+      "  delta-diff --full [OPTIONS] [BASE] NEW ROOT   publish NEW as a full version (and the delta beside it)\n"
+      "  delta-diff --inspect DELTA [--json]           describe and check a delta version directory\n"
+      "  delta-diff --squash [OPTIONS] FIRST LAST OUT  one delta equal to the versions FIRST..LAST of a root\n"
+      "  delta-diff --prune ROOT [--keep-from N] [--dry-run] [--json]\n"
+      "                                                remove versions no delta-apply --root pull to N or later needs\n"
+      "  delta-diff --withdraw ROOT/weight_vNNNNNN [--json]\n"
+      "                                                take a bad version back out of its root\n"
+      "  delta-diff --version");
   app.footer("See delta-diff(1).");
   Options o;
   Given g;
   add_diff_options(app, o, g);
   add_form_options(app, o, g);
-  return cli::run(app, argc, argv, [&] { run_command(g, o); }, &o.json_out);
+  return cli::run(
+      app, argc, argv, [&] { run_command(g, o); }, &o.json_out);
 }

@@ -20,7 +20,9 @@
 namespace hfdelta::rules {
 
 // All ones in an element of `es` bytes.
-HFDELTA_HD constexpr std::uint64_t element_ones(std::size_t es) { return es >= 8 ? ~0ull : (std::uint64_t{1} << (8 * es)) - 1; }
+HFDELTA_HD constexpr std::uint64_t element_ones(std::size_t es) {
+  return es >= 8 ? ~0ull : (std::uint64_t{1} << (8 * es)) - 1;
+}
 
 // An element of `es` bytes at `p`, little-endian.
 HFDELTA_HD inline std::uint64_t load_element(const std::uint8_t* p, std::size_t es) {
@@ -93,9 +95,13 @@ HFDELTA_HD constexpr std::size_t chunked_elem_size(std::size_t es, std::uint64_t
 }
 
 // Chunks of kSparseChunkElements elements over `n` elements.
-HFDELTA_HD constexpr std::uint64_t chunk_count(std::uint64_t n) { return n == 0 ? 0 : (n - 1) / kSparseChunkElements + 1; }
+HFDELTA_HD constexpr std::uint64_t chunk_count(std::uint64_t n) {
+  return n == 0 ? 0 : (n - 1) / kSparseChunkElements + 1;
+}
 HFDELTA_HD constexpr std::uint64_t chunk_of(std::uint64_t e) { return e / kSparseChunkElements; }
-HFDELTA_HD constexpr std::uint32_t index_in_chunk(std::uint64_t e) { return static_cast<std::uint32_t>(e % kSparseChunkElements); }
+HFDELTA_HD constexpr std::uint32_t index_in_chunk(std::uint64_t e) {
+  return static_cast<std::uint32_t>(e % kSparseChunkElements);
+}
 
 // The context encoder's estimate of how many base elements each context has
 // (it steers the groups only): the first kSampleRun elements of every

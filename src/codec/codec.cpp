@@ -32,16 +32,22 @@ void check_declared_size(std::span<const std::uint8_t> frame, std::uint64_t expe
   const unsigned long long cs = ZSTD_getFrameContentSize(frame.data(), frame.size());
   if (cs == ZSTD_CONTENTSIZE_ERROR) fail(Exit::bad_input, what + ": not a zstd frame");
   if (cs != ZSTD_CONTENTSIZE_UNKNOWN && cs != expect)
-    fail(Exit::bad_input, what + ": zstd frame declares " + std::to_string(cs) + " bytes, expected " + std::to_string(expect));
+    fail(Exit::bad_input,
+         what + ": zstd frame declares " + std::to_string(cs) + " bytes, expected " + std::to_string(expect));
 }
 
 std::string_view encoding_name(Encoding e) {
   switch (e) {
-    case Encoding::xor_bytes: return "xor";
-    case Encoding::overwrite: return "overwrite";
-    case Encoding::sparse: return "sparse";
-    case Encoding::stack: return "stack";
-    case Encoding::context: return "context";
+    case Encoding::xor_bytes:
+      return "xor";
+    case Encoding::overwrite:
+      return "overwrite";
+    case Encoding::sparse:
+      return "sparse";
+    case Encoding::stack:
+      return "stack";
+    case Encoding::context:
+      return "context";
   }
   return "?";
 }
@@ -145,7 +151,10 @@ void Compressor::compress_frame(std::span<const std::uint8_t> in, std::vector<st
 std::uint64_t encode_xor(Compressor& c, std::span<const std::uint8_t> a, std::span<const std::uint8_t> b,
                          const ByteSink& sink) {
   std::uint64_t frame = 0;
-  const ByteSink counted = [&](std::span<const std::uint8_t> s) { frame += s.size(); sink(s); };
+  const ByteSink counted = [&](std::span<const std::uint8_t> s) {
+    frame += s.size();
+    sink(s);
+  };
   std::vector<std::uint8_t> buf(kChunk);
   c.begin(b.size());
   for (std::size_t off = 0; off < b.size(); off += kChunk) {
@@ -163,7 +172,10 @@ std::uint64_t encode_overwrite(Compressor& c, std::span<const std::uint8_t> a, s
     fail(Exit::unsupported, "overwrite encoding stores 32-bit positions; a tensor of " + std::to_string(b.size()) +
                                 " bytes needs the xor encoding");
   std::uint64_t frame = 0;
-  const ByteSink counted = [&](std::span<const std::uint8_t> s) { frame += s.size(); sink(s); };
+  const ByteSink counted = [&](std::span<const std::uint8_t> s) {
+    frame += s.size();
+    sink(s);
+  };
   std::vector<std::uint8_t> buf(kChunk);
   c.begin(4 + 5 * changed);
   put_le32(buf.data(), static_cast<std::uint32_t>(changed));
@@ -368,10 +380,14 @@ SparseHead read_sparse_head(std::span<const std::uint8_t> entry, const std::stri
 
 void sparse_apply_value(std::uint8_t* elem, const std::uint8_t* v, std::size_t es, SparseOp op) {
   switch (es) {
-    case 1: return sparse_apply_value_t<1>(elem, v, op);
-    case 2: return sparse_apply_value_t<2>(elem, v, op);
-    case 4: return sparse_apply_value_t<4>(elem, v, op);
-    case 8: return sparse_apply_value_t<8>(elem, v, op);
+    case 1:
+      return sparse_apply_value_t<1>(elem, v, op);
+    case 2:
+      return sparse_apply_value_t<2>(elem, v, op);
+    case 4:
+      return sparse_apply_value_t<4>(elem, v, op);
+    case 8:
+      return sparse_apply_value_t<8>(elem, v, op);
   }
   fail(Exit::failure, "sparse: element size " + std::to_string(es));
 }
@@ -402,7 +418,8 @@ inline void SparseChunkEncoder::put(std::uint64_t e, std::uint64_t zz) {
   std::memcpy(gaps_.get() + gaps_len_, &v, 4);
   gaps_len_ += 1 + two + three;
   next_ = e + 1;
-  for (std::size_t k = 0; k < ES; ++k) planes_[k * kSparseChunkElements + count_] = static_cast<std::uint8_t>(zz >> (8 * k));
+  for (std::size_t k = 0; k < ES; ++k)
+    planes_[k * kSparseChunkElements + count_] = static_cast<std::uint8_t>(zz >> (8 * k));
   ++count_;
 }
 
@@ -417,17 +434,23 @@ inline void SparseChunkEncoder::add(std::uint64_t e, const std::uint8_t* a, cons
 
 template <std::size_t ES>
 void SparseChunkEncoder::take_t(const FoundChunk& fc) {
-  for (std::uint64_t j = 0; j < fc.count; ++j) put<ES>(fc.pos[j], rules::zigzag(rules::load_element(fc.diff + j * ES, ES), ES));
+  for (std::uint64_t j = 0; j < fc.count; ++j)
+    put<ES>(fc.pos[j], rules::zigzag(rules::load_element(fc.diff + j * ES, ES), ES));
   bytes_ += fc.bytes_changed;
 }
 
 void SparseChunkEncoder::take(const FoundChunk& fc) {
-  if (fc.count > kSparseChunkElements) fail(Exit::failure, "sparse encoder: a chunk of " + std::to_string(fc.count) + " changes");
+  if (fc.count > kSparseChunkElements)
+    fail(Exit::failure, "sparse encoder: a chunk of " + std::to_string(fc.count) + " changes");
   switch (es_) {
-    case 1: return take_t<1>(fc);
-    case 2: return take_t<2>(fc);
-    case 4: return take_t<4>(fc);
-    case 8: return take_t<8>(fc);
+    case 1:
+      return take_t<1>(fc);
+    case 2:
+      return take_t<2>(fc);
+    case 4:
+      return take_t<4>(fc);
+    case 8:
+      return take_t<8>(fc);
   }
   fail(Exit::failure, "sparse encoder: element size " + std::to_string(es_));
 }
@@ -439,10 +462,14 @@ void SparseChunkEncoder::scan_t(const std::uint8_t* a, const std::uint8_t* b, st
 
 void SparseChunkEncoder::scan(const std::uint8_t* a, const std::uint8_t* b, std::size_t n, std::uint64_t first) {
   switch (es_) {
-    case 1: return scan_t<1>(a, b, n, first);
-    case 2: return scan_t<2>(a, b, n, first);
-    case 4: return scan_t<4>(a, b, n, first);
-    case 8: return scan_t<8>(a, b, n, first);
+    case 1:
+      return scan_t<1>(a, b, n, first);
+    case 2:
+      return scan_t<2>(a, b, n, first);
+    case 4:
+      return scan_t<4>(a, b, n, first);
+    case 8:
+      return scan_t<8>(a, b, n, first);
   }
   fail(Exit::failure, "sparse encoder: element size " + std::to_string(es_));
 }
@@ -483,8 +510,8 @@ std::uint64_t encode_sparse(Compressor& c, std::span<const std::uint8_t> a, std:
   return total;
 }
 
-std::uint64_t encode_sparse_found(Compressor& c, std::size_t es, std::uint64_t nbytes, std::span<const FoundChunk> chunks,
-                                  const ByteSink& sink) {
+std::uint64_t encode_sparse_found(Compressor& c, std::size_t es, std::uint64_t nbytes,
+                                  std::span<const FoundChunk> chunks, const ByteSink& sink) {
   if (es != sparse_elem_size(es, nbytes) || chunks.size() != sparse_chunk_count(nbytes, es))
     fail(Exit::failure, "sparse encoder: " + std::to_string(chunks.size()) + " found chunks of " + std::to_string(es) +
                             "-byte elements for a " + std::to_string(nbytes) + "-byte tensor");
@@ -508,21 +535,22 @@ void decode_sparse(std::span<const std::uint8_t> entry, std::uint64_t nbytes, co
 
 namespace {
 
-
 // The entry's head, taken and checked against a tensor of `nbytes` bytes.
 SparseHead take_sparse_head(EntryCursor& in, std::uint64_t nbytes) {
   const SparseHead head = read_sparse_head(in.entry, in.what);
   in.take(kSparseHeadSize);
   const std::uint32_t es = head.es;
   if (es != sparse_elem_size(es, nbytes) || (es != 1 && es != 2 && es != 4 && es != 8))
-    in.bad("has element size " + std::to_string(es) + ", which does not fit a " + std::to_string(nbytes) + "-byte tensor");
+    in.bad("has element size " + std::to_string(es) + ", which does not fit a " + std::to_string(nbytes) +
+           "-byte tensor");
   if (head.nbytes != nbytes)
     in.bad("is for a " + std::to_string(head.nbytes) + "-byte tensor, the target has " + std::to_string(nbytes));
   const std::uint64_t chunk_elems = head.chunk_elements, chunks = head.chunks;
   const std::uint64_t n = nbytes / es;
   // Revision 2 fixes the chunk size; a hostile one could make every element
   // a chunk of its own, or the chunk count wrap around.
-  if (chunk_elems != kSparseChunkElements) in.bad("has chunks of " + std::to_string(chunk_elems) + " elements, not " + std::to_string(kSparseChunkElements));
+  if (chunk_elems != kSparseChunkElements)
+    in.bad("has chunks of " + std::to_string(chunk_elems) + " elements, not " + std::to_string(kSparseChunkElements));
   if (chunks != (n == 0 ? 0 : (n - 1) / chunk_elems + 1)) in.bad("has an inconsistent chunk table");
   return head;
 }
@@ -584,7 +612,8 @@ struct SparseScratch {
   Decompressor& dg;
   std::vector<std::unique_ptr<Decompressor>>& dp;
 
-  explicit SparseScratch(std::uint32_t es) : offs(kBatch), values(kBatch * es), plane(kBatch), dg(gaps_context()), dp(plane_contexts()) {
+  explicit SparseScratch(std::uint32_t es)
+      : offs(kBatch), values(kBatch * es), plane(kBatch), dg(gaps_context()), dp(plane_contexts()) {
     while (dp.size() < es) dp.push_back(std::make_unique<Decompressor>());
   }
   static Decompressor& gaps_context() {
@@ -671,13 +700,11 @@ void decode_xor(Decompressor& d, std::span<const std::uint8_t> frame, std::uint6
   FrameReader r(d, frame, what);
   std::uint64_t off = 0;
   for (auto piece = r.next(); !piece.empty(); piece = r.next()) {
-    if (piece.size() > nbytes - off)
-      r.bad("decodes to more than the tensor's " + std::to_string(nbytes) + " bytes");
+    if (piece.size() > nbytes - off) r.bad("decodes to more than the tensor's " + std::to_string(nbytes) + " bytes");
     patch(off, piece);
     off += piece.size();
   }
-  if (off != nbytes)
-    r.bad("decodes to " + std::to_string(off) + " bytes, the tensor has " + std::to_string(nbytes));
+  if (off != nbytes) r.bad("decodes to " + std::to_string(off) + " bytes, the tensor has " + std::to_string(nbytes));
 }
 
 void decode_overwrite(Decompressor& dp, Decompressor& dv, std::span<const std::uint8_t> frame, std::uint64_t nbytes,
@@ -686,7 +713,8 @@ void decode_overwrite(Decompressor& dp, Decompressor& dv, std::span<const std::u
   std::uint8_t kb[4];
   pos.read(kb, 4);
   const std::uint64_t k = get_le32(kb);
-  if (k > nbytes) pos.bad("declares " + std::to_string(k) + " changed bytes in a " + std::to_string(nbytes) + "-byte tensor");
+  if (k > nbytes)
+    pos.bad("declares " + std::to_string(k) + " changed bytes in a " + std::to_string(nbytes) + "-byte tensor");
   check_declared_size(frame, 4 + 5 * k, what);
   // A second reader over the same frame walks the values while the first
   // walks the positions, so memory stays bounded whatever K is.
@@ -705,7 +733,8 @@ void decode_overwrite(Decompressor& dp, Decompressor& dv, std::span<const std::u
     val.read(values.data(), m);
     for (std::size_t i = 0; i < m; ++i) {
       const std::uint64_t p = get_le32(raw.data() + 4 * i);
-      if (p >= nbytes) pos.bad("has position " + std::to_string(p) + " outside the " + std::to_string(nbytes) + "-byte tensor");
+      if (p >= nbytes)
+        pos.bad("has position " + std::to_string(p) + " outside the " + std::to_string(nbytes) + "-byte tensor");
       if (!first && p <= prev) pos.bad("has positions out of ascending order at " + std::to_string(p));
       positions[i] = prev = p;
       first = false;
@@ -728,7 +757,10 @@ std::vector<std::uint8_t> stack_head(const std::vector<StackPart>& parts) {
     std::uint8_t* r = h.data() + kStackHeadSize + i * kStackPartSize;
     const StackPart& p = parts[i];
     if (p.enc == Encoding::stack) fail(Exit::failure, "stack_head: a stacked entry cannot hold another");
-    put_le32(r, p.enc == Encoding::xor_bytes ? 0 : p.enc == Encoding::overwrite ? 1 : p.enc == Encoding::sparse ? 2 : 3);
+    put_le32(r, p.enc == Encoding::xor_bytes   ? 0
+                : p.enc == Encoding::overwrite ? 1
+                : p.enc == Encoding::sparse    ? 2
+                                               : 3);
     put_le64(r + 8, p.size);
     put_le64(r + 16, p.hash.high);
     put_le64(r + 24, p.hash.low);
@@ -736,7 +768,8 @@ std::vector<std::uint8_t> stack_head(const std::vector<StackPart>& parts) {
   return h;
 }
 
-std::vector<StackPart> read_stack(std::span<const std::uint8_t> entry, const Hash128& new_hash, const std::string& what) {
+std::vector<StackPart> read_stack(std::span<const std::uint8_t> entry, const Hash128& new_hash,
+                                  const std::string& what) {
   if (entry.size() < kStackHeadSize || std::memcmp(entry.data(), kMagicStack, 4) != 0)
     fail(Exit::bad_input, what + ": stacked entry does not start with HFK1");
   const std::uint64_t n = get_le32(entry.data() + 4);
@@ -751,8 +784,12 @@ std::vector<StackPart> read_stack(std::span<const std::uint8_t> entry, const Has
     StackPart& p = parts[i];
     const std::uint32_t code = get_le32(r);
     if (code > 3 || get_le32(r + 4) != 0)
-      fail(Exit::bad_input, what + ": part " + std::to_string(i) + " of the stacked entry has unknown encoding " + std::to_string(code));
-    p.enc = code == 0 ? Encoding::xor_bytes : code == 1 ? Encoding::overwrite : code == 2 ? Encoding::sparse : Encoding::context;
+      fail(Exit::bad_input,
+           what + ": part " + std::to_string(i) + " of the stacked entry has unknown encoding " + std::to_string(code));
+    p.enc = code == 0   ? Encoding::xor_bytes
+            : code == 1 ? Encoding::overwrite
+            : code == 2 ? Encoding::sparse
+                        : Encoding::context;
     p.size = get_le64(r + 8);
     p.hash = {get_le64(r + 16), get_le64(r + 24)};
     if (p.size > entry.size() - at)
@@ -761,10 +798,11 @@ std::vector<StackPart> read_stack(std::span<const std::uint8_t> entry, const Has
     at += p.size;
   }
   if (at != entry.size())
-    fail(Exit::bad_input, what + ": stacked entry has " + std::to_string(entry.size() - at) + " bytes after its last part");
+    fail(Exit::bad_input,
+         what + ": stacked entry has " + std::to_string(entry.size() - at) + " bytes after its last part");
   if (parts.back().hash != new_hash)
-    fail(Exit::bad_input, what + ": stacked entry ends at checksum " + parts.back().hash.hex() + ", but the delta records " +
-                              new_hash.hex());
+    fail(Exit::bad_input, what + ": stacked entry ends at checksum " + parts.back().hash.hex() +
+                              ", but the delta records " + new_hash.hex());
   return parts;
 }
 

@@ -47,7 +47,10 @@ inline std::uint64_t element_mask(std::uint64_t m) {
   if constexpr (ES >= 2) m |= m >> 1;
   if constexpr (ES >= 4) m |= m >> 2;
   if constexpr (ES >= 8) m |= m >> 4;
-  constexpr std::uint64_t lanes = ES == 1 ? ~0ull : ES == 2 ? 0x5555555555555555ull : ES == 4 ? 0x1111111111111111ull : 0x0101010101010101ull;
+  constexpr std::uint64_t lanes = ES == 1   ? ~0ull
+                                  : ES == 2 ? 0x5555555555555555ull
+                                  : ES == 4 ? 0x1111111111111111ull
+                                            : 0x0101010101010101ull;
   return m & lanes;
 }
 
@@ -70,7 +73,6 @@ inline void for_each_change(const std::uint8_t* a, const std::uint8_t* b, std::s
   for (std::size_t off = 64 * blocks; off < len; off += ES)
     if (std::memcmp(a + off, b + off, ES) != 0) f(off);
 }
-
 
 // Pulls decoded bytes out of one untrusted zstd frame, a bounded buffer at a
 // time, and insists that the input is exactly one complete frame. Errors are

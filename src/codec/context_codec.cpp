@@ -51,10 +51,10 @@ namespace hfdelta {
 namespace {
 
 constexpr char kMagicContext[4] = {'H', 'F', 'C', '1'};
-constexpr unsigned kMaxRice = 24;          // gaps are below 2^20
-constexpr double kGroupCostBits = 40;      // a group's own bytes in the chunk head, about
+constexpr unsigned kMaxRice = 24;      // gaps are below 2^20
+constexpr double kGroupCostBits = 40;  // a group's own bytes in the chunk head, about
 constexpr std::size_t kEncoderGroups = 8;
-constexpr std::uint64_t kNone = ~0ull;     // a group's countdown when it has no change left
+constexpr std::uint64_t kNone = ~0ull;  // a group's countdown when it has no change left
 
 void put_varint(std::vector<std::uint8_t>& out, std::uint64_t v) {
   while (v >= 0x80) {
@@ -124,8 +124,9 @@ struct BitReader {
 // widens them to 32-bit lanes: extract_contexts_avx2 keeps 16).
 template <std::size_t ES>
 void extract_contexts(const std::uint8_t* p, std::size_t n, unsigned sh, std::uint64_t mask, std::uint8_t* out) {
-  using U = std::conditional_t<ES == 1, std::uint8_t,
-                               std::conditional_t<ES == 2, std::uint16_t, std::conditional_t<ES == 4, std::uint32_t, std::uint64_t>>>;
+  using U = std::conditional_t<
+      ES == 1, std::uint8_t,
+      std::conditional_t<ES == 2, std::uint16_t, std::conditional_t<ES == 4, std::uint32_t, std::uint64_t>>>;
   const U m = static_cast<U>(mask);
   for (std::size_t i = 0; i < n; ++i) {
     U v;
@@ -150,7 +151,8 @@ inline void threshold_masks_generic(const std::uint8_t* c, const Thresholds& th,
     const __m128i t = _mm_set1_epi8(static_cast<char>(th.t[j]));
     std::uint64_t m = 0;
     for (int k = 0; k < 4; ++k)  // unsigned c >= t: max(c, t) == c
-      m |= static_cast<std::uint64_t>(static_cast<std::uint16_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_max_epu8(v[k], t), v[k]))))
+      m |= static_cast<std::uint64_t>(
+               static_cast<std::uint16_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_max_epu8(v[k], t), v[k]))))
            << (16 * k);
     out[j] = m;
   }
@@ -176,34 +178,42 @@ int cpu_level() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") ? 2 : 1;
 }
 
-__attribute__((target("avx512f,avx512bw"))) inline void threshold_masks_avx512(const std::uint8_t* c, const Thresholds& th,
-                                                                              std::uint64_t* out) {
+__attribute__((target("avx512f,avx512bw"))) inline void threshold_masks_avx512(const std::uint8_t* c,
+                                                                               const Thresholds& th,
+                                                                               std::uint64_t* out) {
   const __m512i v = _mm512_loadu_si512(c);
-  for (std::size_t j = 0; j < th.n; ++j) out[j] = _mm512_cmpge_epu8_mask(v, _mm512_set1_epi8(static_cast<char>(th.t[j])));
+  for (std::size_t j = 0; j < th.n; ++j)
+    out[j] = _mm512_cmpge_epu8_mask(v, _mm512_set1_epi8(static_cast<char>(th.t[j])));
 }
 
 // extract_contexts for 2-byte elements, 32 at a time in 16-bit lanes.
 __attribute__((target("avx2"))) inline void extract_contexts_avx2(const std::uint8_t* p, std::size_t n, unsigned sh,
-                                                                 std::uint64_t mask, std::uint8_t* out) {
+                                                                  std::uint64_t mask, std::uint8_t* out) {
   const __m128i count = _mm_cvtsi32_si128(static_cast<int>(sh));
   const __m256i m = _mm256_set1_epi16(static_cast<short>(mask));
   std::size_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    const __m256i x0 = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * i)), count), m);
-    const __m256i x1 = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * i + 32)), count), m);
+    const __m256i x0 =
+        _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * i)), count), m);
+    const __m256i x1 = _mm256_and_si256(
+        _mm256_srl_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * i + 32)), count), m);
     // packus interleaves the 128-bit lanes: the permute puts them back in order.
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_permute4x64_epi64(_mm256_packus_epi16(x0, x1), 0xd8));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
+                        _mm256_permute4x64_epi64(_mm256_packus_epi16(x0, x1), 0xd8));
   }
   extract_contexts<2>(p + 2 * i, n - i, sh, mask, out + i);
 }
 
-__attribute__((target("avx2"))) inline void threshold_masks_avx2(const std::uint8_t* c, const Thresholds& th, std::uint64_t* out) {
+__attribute__((target("avx2"))) inline void threshold_masks_avx2(const std::uint8_t* c, const Thresholds& th,
+                                                                 std::uint64_t* out) {
   const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c));
   const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 32));
   for (std::size_t j = 0; j < th.n; ++j) {
     const __m256i t = _mm256_set1_epi8(static_cast<char>(th.t[j]));
-    const std::uint64_t lo = static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_max_epu8(v0, t), v0)));
-    const std::uint64_t hi = static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_max_epu8(v1, t), v1)));
+    const std::uint64_t lo =
+        static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_max_epu8(v0, t), v0)));
+    const std::uint64_t hi =
+        static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_max_epu8(v1, t), v1)));
     out[j] = lo | hi << 32;
   }
 }
@@ -217,7 +227,8 @@ int g_level = kCpuLevel;  // the build in use: the CPU's widest, unless a test c
 // The context of each of `n` elements (extract_contexts), at the widest
 // level the caller is built for.
 template <std::size_t ES, int L>
-[[gnu::always_inline]] inline void contexts_of(const std::uint8_t* p, std::size_t n, unsigned sh, std::uint64_t mask, std::uint8_t* out) {
+[[gnu::always_inline]] inline void contexts_of(const std::uint8_t* p, std::size_t n, unsigned sh, std::uint64_t mask,
+                                               std::uint8_t* out) {
 #if HFDELTA_HAVE_V3
   if constexpr (ES == 2 && L >= 1) return extract_contexts_avx2(p, n, sh, mask, out);
 #endif
@@ -227,7 +238,8 @@ template <std::size_t ES, int L>
 // Each group's elements among 64 (`valid`: those that exist): group g is at
 // or above threshold g-1 and below threshold g.
 template <int L>
-[[gnu::always_inline]] inline void group_masks(const std::uint8_t* c, const Thresholds& th, std::uint64_t valid, std::uint64_t* gm) {
+[[gnu::always_inline]] inline void group_masks(const std::uint8_t* c, const Thresholds& th, std::uint64_t valid,
+                                               std::uint64_t* gm) {
   std::uint64_t m[kContextMaxGroups];
 #if HFDELTA_HAVE_V3
   if constexpr (L >= 2)
@@ -280,8 +292,8 @@ struct RankJob {
   const std::uint8_t* gtab;
   Thresholds th;
   std::size_t G;
-  std::uint64_t* slot;      // per group: its next slot
-  std::uint32_t* gaps;      // per slot
+  std::uint64_t* slot;       // per group: its next slot
+  std::uint32_t* gaps;       // per slot
   std::uint32_t* change_of;  // per slot: the change it holds
   // The value streams by slot, from each change's difference as its slot is
   // known (stores in any order cost less than loads in any order later).
@@ -319,7 +331,8 @@ template <int L>
     for (; j < r.K && r.pos[j] < b0 + 64; ++j) {
       const unsigned bit = static_cast<unsigned>(r.pos[j] - b0);
       const std::size_t g = r.gtab[cb[bit]];
-      const std::uint64_t rank = seen[g] + static_cast<std::uint64_t>(std::popcount(gm[g] & ((std::uint64_t{1} << bit) - 1)));
+      const std::uint64_t rank =
+          seen[g] + static_cast<std::uint64_t>(std::popcount(gm[g] & ((std::uint64_t{1} << bit) - 1)));
       place_change(r, j, g, rank, next_rank, ones);
     }
     for (std::size_t g = 0; g < r.G; ++g) seen[g] += static_cast<std::uint64_t>(std::popcount(gm[g]));
@@ -366,8 +379,8 @@ ContextField context_field(std::string_view dtype, std::size_t es) {
     ContextField f;
   };
   static constexpr Row kRows[] = {
-      {"BF16", 2, {7, 8}},    {"F16", 2, {10, 5}},  {"F32", 4, {23, 8}},
-      {"F64", 8, {55, 8}},    {"F8_E4M3", 1, {3, 4}}, {"F8_E5M2", 1, {2, 5}},
+      {"BF16", 2, {7, 8}}, {"F16", 2, {10, 5}},    {"F32", 4, {23, 8}},
+      {"F64", 8, {55, 8}}, {"F8_E4M3", 1, {3, 4}}, {"F8_E5M2", 1, {2, 5}},
   };
   for (const Row& r : kRows)
     if (r.dtype == dtype && r.es == es) return r.f;
@@ -399,12 +412,12 @@ struct ContextChunkEncoder::Impl {
   std::size_t es = 1;
   ContextField field;
   std::uint64_t mask = 0;
-  std::uint64_t n = 0;                              // elements scanned
-  std::unique_ptr<std::uint8_t[]> ctx;              // per element: its context
-  std::unique_ptr<std::uint32_t[]> pos;             // per change: its element
-  std::unique_ptr<std::uint64_t[]> diff;            // per change: new - old, modulo 2^(8 es)
-  std::unique_ptr<std::uint32_t[]> gaps;            // per slot (changes group-major)
-  std::unique_ptr<std::uint32_t[]> change_of;       // per slot: the change it holds
+  std::uint64_t n = 0;                         // elements scanned
+  std::unique_ptr<std::uint8_t[]> ctx;         // per element: its context
+  std::unique_ptr<std::uint32_t[]> pos;        // per change: its element
+  std::unique_ptr<std::uint64_t[]> diff;       // per change: new - old, modulo 2^(8 es)
+  std::unique_ptr<std::uint32_t[]> gaps;       // per slot (changes group-major)
+  std::unique_ptr<std::uint32_t[]> change_of;  // per slot: the change it holds
   std::vector<std::uint8_t> q, r, m, s, x, xm, frames, head;
   // take(): the changes' contexts and ranks as found, and their groups.
   const std::uint8_t* found_ctx = nullptr;
@@ -459,7 +472,8 @@ void ContextChunkEncoder::take(const FoundChunk& fc, const ContextGroups& groups
   if (fc.count > fc.elements || fc.elements > kContextChunkElements || groups.G < 1 || groups.G > kContextMaxGroups)
     fail(Exit::failure, "context encoder: a found chunk of " + std::to_string(fc.count) + " changes among " +
                             std::to_string(fc.elements) + " elements in " + std::to_string(groups.G) + " groups");
-  if (fc.count && (!fc.ctx || !fc.rank)) fail(Exit::failure, "context encoder: found changes without their contexts or ranks");
+  if (fc.count && (!fc.ctx || !fc.rank))
+    fail(Exit::failure, "context encoder: found changes without their contexts or ranks");
   for (std::uint64_t j = 0; j < fc.count; ++j) {
     im.pos[j] = fc.pos[j];
     im.diff[j] = rules::load_element(fc.diff + j * im.es, im.es);
@@ -474,10 +488,14 @@ void ContextChunkEncoder::take(const FoundChunk& fc, const ContextGroups& groups
 
 void ContextChunkEncoder::scan(const std::uint8_t* a, const std::uint8_t* b, std::size_t n, std::uint64_t first) {
   switch (impl_->es) {
-    case 1: return impl_->scan_t<1>(a, b, n, first, count_, bytes_);
-    case 2: return impl_->scan_t<2>(a, b, n, first, count_, bytes_);
-    case 4: return impl_->scan_t<4>(a, b, n, first, count_, bytes_);
-    case 8: return impl_->scan_t<8>(a, b, n, first, count_, bytes_);
+    case 1:
+      return impl_->scan_t<1>(a, b, n, first, count_, bytes_);
+    case 2:
+      return impl_->scan_t<2>(a, b, n, first, count_, bytes_);
+    case 4:
+      return impl_->scan_t<4>(a, b, n, first, count_, bytes_);
+    case 8:
+      return impl_->scan_t<8>(a, b, n, first, count_, bytes_);
   }
   fail(Exit::failure, "context encoder: element size " + std::to_string(impl_->es));
 }
@@ -529,7 +547,8 @@ unsigned choose_rice(const std::uint32_t* gaps, std::size_t cnt) {
   std::uint64_t sum = 0;
   for (std::size_t i = 0; i < cnt; ++i) sum += gaps[i];
   const auto scaled = static_cast<std::uint64_t>(static_cast<double>(sum) / static_cast<double>(cnt) * 0.6931);
-  const unsigned k0 = scaled == 0 ? 0 : std::min<unsigned>(static_cast<unsigned>(std::bit_width(scaled)) - 1, kMaxRice - 1);
+  const unsigned k0 =
+      scaled == 0 ? 0 : std::min<unsigned>(static_cast<unsigned>(std::bit_width(scaled)) - 1, kMaxRice - 1);
   unsigned best_k = k0;
   double best = 0;
   std::uint32_t hist[4][256];  // four tables taken in turn (see ContextChunkEncoder::end)
@@ -594,14 +613,16 @@ std::uint64_t ContextChunkEncoder::end(Compressor& c, const ByteSink& sink) {
     // otherwise wait on each other's increments.
     std::uint64_t hn4[4][256] = {}, hn[256];
     for (std::uint64_t b = 0; b < im.n; b += rules::kSampleEvery)
-      for (std::uint64_t i = b, e = std::min(im.n, b + rules::kSampleRun); i < e; ++i) hn4[i % 4][im.ctx[i]] += rules::kSampleWeight;
+      for (std::uint64_t i = b, e = std::min(im.n, b + rules::kSampleRun); i < e; ++i)
+        hn4[i % 4][im.ctx[i]] += rules::kSampleWeight;
     for (std::size_t c2 = 0; c2 < 256; ++c2) hn[c2] = hn4[0][c2] + hn4[1][c2] + hn4[2][c2] + hn4[3][c2];
     gs = groups_of(hn, hk, im.field);
   }
   const std::size_t G = gs.G;
 
   std::uint8_t gtab[256];
-  for (std::size_t c2 = 0; c2 < 256; ++c2) gtab[c2] = static_cast<std::uint8_t>(rules::group_of(static_cast<std::uint8_t>(c2), gs.lo, gs.G));
+  for (std::size_t c2 = 0; c2 < 256; ++c2)
+    gtab[c2] = static_cast<std::uint8_t>(rules::group_of(static_cast<std::uint8_t>(c2), gs.lo, gs.G));
   std::uint64_t gk[kContextMaxGroups] = {};
   for (std::size_t c2 = 0; c2 < 256; ++c2) gk[gtab[c2]] += hk[c2];
   // Slots group by group; gaps counted among each group's base elements.
@@ -610,9 +631,8 @@ std::uint64_t ContextChunkEncoder::end(Compressor& c, const ByteSink& sink) {
   for (std::size_t g = 0; g < G; ++g) start[g + 1] = start[g] + gk[g], slot[g] = start[g];
   im.m.resize(K);
   im.s.assign((K + 7) / 8, 0);
-  RankJob job{im.ctx.get(), im.n,       im.pos.get(), K,        gtab,        {},
-              G,            slot,       im.gaps.get(), im.change_of.get(), im.diff.get(), im.es,
-              im.m.data(),  im.s.data()};
+  RankJob job{im.ctx.get(),       im.n,          im.pos.get(), K,           gtab,       {}, G, slot, im.gaps.get(),
+              im.change_of.get(), im.diff.get(), im.es,        im.m.data(), im.s.data()};
   job.th.n = G - 1;
   for (std::size_t g = 1; g < G; ++g) job.th.t[g - 1] = gs.lo[g];
   if (im.found_ctx)
@@ -690,7 +710,8 @@ std::uint64_t encode_context(Compressor& c, std::span<const std::uint8_t> a, std
 std::uint64_t encode_context_found(Compressor& c, std::size_t es, std::uint64_t nbytes, ContextField field,
                                    std::span<const FoundChunk> chunks, std::span<const ContextGroups> groups,
                                    const ByteSink& sink) {
-  if (es != sparse_elem_size(es, nbytes) || chunks.size() != sparse_chunk_count(nbytes, es) || groups.size() != chunks.size())
+  if (es != sparse_elem_size(es, nbytes) || chunks.size() != sparse_chunk_count(nbytes, es) ||
+      groups.size() != chunks.size())
     fail(Exit::failure, "context encoder: " + std::to_string(chunks.size()) + " found chunks of " + std::to_string(es) +
                             "-byte elements for a " + std::to_string(nbytes) + "-byte tensor");
   if (field.bits > 8 || field.shift + field.bits > 8 * es) field = {};
@@ -726,7 +747,8 @@ Head take_head(EntryCursor& in, std::uint64_t nbytes) {
   r.chunks = get_le64(h + 24);
   r.field = {h[32], h[33]};
   if ((r.es != 1 && r.es != 2 && r.es != 4 && r.es != 8) || sparse_elem_size(r.es, nbytes) != r.es)
-    in.bad("has element size " + std::to_string(r.es) + ", which does not fit a " + std::to_string(nbytes) + "-byte tensor");
+    in.bad("has element size " + std::to_string(r.es) + ", which does not fit a " + std::to_string(nbytes) +
+           "-byte tensor");
   if (tb != nbytes) in.bad("is for a " + std::to_string(tb) + "-byte tensor, the target has " + std::to_string(nbytes));
   if (ce != kContextChunkElements)
     in.bad("has chunks of " + std::to_string(ce) + " elements, not " + std::to_string(kContextChunkElements));
@@ -783,9 +805,9 @@ void read_frame(Decompressor& d, std::span<const std::uint8_t> f, std::uint64_t 
 }
 
 // The padding bits after the last `bits` of a packed stream are zero.
-void check_padding(const EntryCursor& in, std::uint64_t ch, const std::uint8_t* p, std::uint64_t bits, const char* name) {
-  if (bits % 8 && (p[bits / 8] >> (bits % 8)))
-    bad_chunk(in, ch, std::string("has nonzero padding after its ") + name);
+void check_padding(const EntryCursor& in, std::uint64_t ch, const std::uint8_t* p, std::uint64_t bits,
+                   const char* name) {
+  if (bits % 8 && (p[bits / 8] >> (bits % 8))) bad_chunk(in, ch, std::string("has nonzero padding after its ") + name);
 }
 
 Chunk take_chunk(EntryCursor& in, const Head& h, std::uint64_t ch, Scratch& s, bool decode) {
@@ -801,7 +823,8 @@ Chunk take_chunk(EntryCursor& in, const Head& h, std::uint64_t ch, Scratch& s, b
   const std::uint32_t contexts = 1u << h.field.bits;
   for (std::size_t g = 1; g < c.G; ++g) {
     c.lo[g] = in.byte();
-    if (c.lo[g] <= c.lo[g - 1] || c.lo[g] >= contexts) bad_chunk(in, ch, "has context thresholds out of order or range");
+    if (c.lo[g] <= c.lo[g - 1] || c.lo[g] >= contexts)
+      bad_chunk(in, ch, "has context thresholds out of order or range");
   }
   unsigned rice[kContextMaxGroups];
   std::uint64_t rbits = 0;
@@ -1022,7 +1045,8 @@ void walk_chunk(const Chunk& c, const Head& h, const std::string& what, Scratch&
 }  // namespace
 
 void decode_context_chunks(std::span<const std::uint8_t> entry, std::uint64_t nbytes, std::uint64_t first,
-                           std::uint64_t last, const std::string& what, const BaseView& base, const SparsePatch& patch) {
+                           std::uint64_t last, const std::string& what, const BaseView& base,
+                           const SparsePatch& patch) {
   EntryCursor in{entry, what, "context entry"};
   const Head h = take_head(in, nbytes);
   Scratch& s = Scratch::get();
@@ -1031,10 +1055,18 @@ void decode_context_chunks(std::span<const std::uint8_t> entry, std::uint64_t nb
     const Chunk c = take_chunk(in, h, ch, s, mine);
     if (!mine || c.K == 0) continue;
     switch (h.es) {
-      case 1: walk_chunk<1>(c, h, what, s, base, patch); break;
-      case 2: walk_chunk<2>(c, h, what, s, base, patch); break;
-      case 4: walk_chunk<4>(c, h, what, s, base, patch); break;
-      default: walk_chunk<8>(c, h, what, s, base, patch); break;
+      case 1:
+        walk_chunk<1>(c, h, what, s, base, patch);
+        break;
+      case 2:
+        walk_chunk<2>(c, h, what, s, base, patch);
+        break;
+      case 4:
+        walk_chunk<4>(c, h, what, s, base, patch);
+        break;
+      default:
+        walk_chunk<8>(c, h, what, s, base, patch);
+        break;
     }
   }
   if (in.at != entry.size()) in.bad("is followed by " + std::to_string(entry.size() - in.at) + " extra bytes");

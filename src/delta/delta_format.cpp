@@ -21,7 +21,6 @@ using nlohmann::json;
 
 namespace {
 
-
 json load_index(const fs::path& p) {
   json j = parse_json_text(read_small_file(p, kIndexJson.bytes), p.string(), "index", kIndexJson);
   if (!j.is_object()) fail(Exit::bad_input, p.string() + ": not a JSON object");
@@ -102,9 +101,11 @@ void check_index_checksum(IndexContext& ctx) {
   if (!m.contains(key::format) && !m.contains(key::index_checksum)) return;
   if (!m.contains(key::format) || !m.contains(key::index_checksum) || !m[key::index_checksum].is_string())
     fail(Exit::bad_input, ctx.w + ": needs both metadata.hfdelta_format and metadata.hfdelta_index_checksum");
-  const Hash128 want = parse_hash_hex(m[key::index_checksum].get<std::string>(), ctx.w + ": metadata.hfdelta_index_checksum");
+  const Hash128 want =
+      parse_hash_hex(m[key::index_checksum].get<std::string>(), ctx.w + ": metadata.hfdelta_index_checksum");
   ctx.j["metadata"].erase(key::index_checksum);  // the checksum covers the index without itself
-  if (xxh3_128_of_dump(ctx.j) != want) fail(Exit::bad_input, ctx.w + ": index does not match its hfdelta_index_checksum (damaged)");
+  if (xxh3_128_of_dump(ctx.j) != want)
+    fail(Exit::bad_input, ctx.w + ": index does not match its hfdelta_index_checksum (damaged)");
   ctx.d.index_checksum = want;
 }
 
@@ -128,11 +129,15 @@ void read_tensor_encodings(IndexContext& ctx) {
   json& es = ctx.j["metadata"][key::encodings];
   for (auto it = es.begin(); it != es.end(); it = es.erase(it)) {
     const auto e = it->is_string() ? parse_encoding(it->get<std::string>()) : std::nullopt;
-    if (!e) fail(Exit::unsupported, w + ": hfdelta_encodings[\"" + it.key() + "\"] is " + it->dump() + ", not an encoding this build knows");
+    if (!e)
+      fail(Exit::unsupported,
+           w + ": hfdelta_encodings[\"" + it.key() + "\"] is " + it->dump() + ", not an encoding this build knows");
     if (*e == Encoding::stack && ctx.revision < 4)
-      fail(Exit::bad_input, w + ": hfdelta_encodings[\"" + it.key() + "\"] is \"stack\", which needs hfdelta_format 4 or later");
+      fail(Exit::bad_input,
+           w + ": hfdelta_encodings[\"" + it.key() + "\"] is \"stack\", which needs hfdelta_format 4 or later");
     if (*e == Encoding::context && ctx.revision < 5)
-      fail(Exit::bad_input, w + ": hfdelta_encodings[\"" + it.key() + "\"] is \"context\", which needs hfdelta_format 5 or later");
+      fail(Exit::bad_input,
+           w + ": hfdelta_encodings[\"" + it.key() + "\"] is \"context\", which needs hfdelta_format 5 or later");
     ctx.d.encodings.emplace(it.key(), *e);
   }
 }
@@ -145,7 +150,8 @@ void read_encoding(IndexContext& ctx) {
   if (enc_name == "auto") return read_tensor_encodings(ctx);
   const auto enc = parse_encoding(enc_name);
   if (!enc) fail(Exit::unsupported, w + ": unknown delta_encoding \"" + enc_name + "\"");
-  if (*enc == Encoding::stack) fail(Exit::bad_input, w + ": delta_encoding \"stack\" is only valid per tensor, in hfdelta_encodings");
+  if (*enc == Encoding::stack)
+    fail(Exit::bad_input, w + ": delta_encoding \"stack\" is only valid per tensor, in hfdelta_encodings");
   if (*enc == Encoding::context && ctx.revision < 5)
     fail(Exit::bad_input, w + ": delta_encoding \"context\" needs hfdelta_format 5 or later");
   ctx.d.encoding = *enc;
@@ -155,7 +161,8 @@ void read_encoding(IndexContext& ctx) {
 void expect_text(const IndexContext& ctx, const char* k, const char* want) {
   if (!ctx.m.contains(k)) return;
   if (!ctx.m[k].is_string() || ctx.m[k].get<std::string>() != want)
-    fail(Exit::unsupported, ctx.w + ": metadata." + k + " is " + ctx.m[k].dump() + ", this build supports only \"" + want + "\"");
+    fail(Exit::unsupported,
+         ctx.w + ": metadata." + k + " is " + ctx.m[k].dump() + ", this build supports only \"" + want + "\"");
 }
 
 void read_versions(IndexContext& ctx) {
@@ -167,14 +174,16 @@ void read_versions(IndexContext& ctx) {
 
 void read_weight_map(IndexContext& ctx) {
   const std::string& w = ctx.w;
-  if (!ctx.j.contains("weight_map") || !ctx.j["weight_map"].is_object()) fail(Exit::bad_input, w + ": no \"weight_map\" object");
+  if (!ctx.j.contains("weight_map") || !ctx.j["weight_map"].is_object())
+    fail(Exit::bad_input, w + ": no \"weight_map\" object");
   json& wm = ctx.j["weight_map"];
   for (auto it = wm.begin(); it != wm.end(); it = wm.erase(it)) {
     if (!it->is_string()) fail(Exit::bad_input, w + ": weight_map[\"" + it.key() + "\"] is not a file name");
     const std::string& file = it->get_ref<const std::string&>();
     check_relative_path(file, w + ": weight_map[\"" + it.key() + "\"]");
     if (file.find('/') != std::string::npos)
-      fail(Exit::bad_input, w + ": weight_map[\"" + it.key() + "\"] names a file outside the delta directory's top level");
+      fail(Exit::bad_input,
+           w + ": weight_map[\"" + it.key() + "\"] names a file outside the delta directory's top level");
     ctx.d.weight_map.emplace(it.key(), file);
   }
 }
@@ -186,7 +195,8 @@ void read_base_checksums(IndexContext& ctx) {
   if (!b.is_object()) fail(Exit::bad_input, w + ": metadata.hfdelta_base_checksums must be an object");
   for (auto it = b.begin(); it != b.end(); it = b.erase(it)) {
     if (!it->is_string()) fail(Exit::bad_input, w + ": hfdelta_base_checksums[\"" + it.key() + "\"] is not a string");
-    ctx.d.base_checksums.emplace(it.key(), parse_hash_hex(it->get<std::string>(), w + ": hfdelta_base_checksums[\"" + it.key() + "\"]"));
+    ctx.d.base_checksums.emplace(
+        it.key(), parse_hash_hex(it->get<std::string>(), w + ": hfdelta_base_checksums[\"" + it.key() + "\"]"));
   }
 }
 
@@ -233,7 +243,8 @@ struct ShardJson {
     return parse_hash_hex(o[k].get<std::string>(), what + " " + k);
   }
   std::uint64_t u64_at(const json& o, const char* k) const {
-    if (!o.contains(k) || !o[k].is_number_unsigned()) fail(Exit::bad_input, what + ": needs an integer \"" + std::string(k) + "\"");
+    if (!o.contains(k) || !o[k].is_number_unsigned())
+      fail(Exit::bad_input, what + ": needs an integer \"" + std::string(k) + "\"");
     return o[k].get<std::uint64_t>();
   }
   void read_header(ShardOp& so) const {
@@ -277,7 +288,8 @@ void read_build_op(const ShardJson& s, ShardOp& so, std::set<std::string>& seen)
     st.name = t["name"].get<std::string>();
     if (!seen.insert(st.name).second) fail(Exit::bad_input, what + ": tensor '" + st.name + "' is built twice");
     if (t.contains("from")) {
-      if (!t["from"].is_string()) fail(Exit::bad_input, what + ": tensor '" + st.name + "' has a \"from\" that is not a name");
+      if (!t["from"].is_string())
+        fail(Exit::bad_input, what + ": tensor '" + st.name + "' has a \"from\" that is not a name");
       st.from = t["from"].get<std::string>();
     }
     st.hash = s.hash_at(t, "xxh3-128");
@@ -285,7 +297,8 @@ void read_build_op(const ShardJson& s, ShardOp& so, std::set<std::string>& seen)
   }
 }
 
-ShardOp shard_op_of(const json& e, const std::string& w, std::set<std::string>& seen_files, std::set<std::string>& seen_tensors) {
+ShardOp shard_op_of(const json& e, const std::string& w, std::set<std::string>& seen_files,
+                    std::set<std::string>& seen_tensors) {
   if (!e.is_object() || !e.contains("file") || !e["file"].is_string() || !e.contains("op") || !e["op"].is_string())
     fail(Exit::bad_input, w + ": hfdelta_shards entry " + e.dump().substr(0, 200) + " needs \"file\" and \"op\"");
   ShardOp so;
@@ -349,7 +362,8 @@ DeltaIndex delta_index_from_json(json j, const std::string& w) {
   read_targets(ctx);
   if (ctx.d.per_tensor)
     for (const auto& [tensor, file] : ctx.d.weight_map)
-      if (!ctx.d.encodings.count(tensor)) fail(Exit::bad_input, w + ": hfdelta_encodings has no entry for '" + tensor + "'");
+      if (!ctx.d.encodings.count(tensor))
+        fail(Exit::bad_input, w + ": hfdelta_encodings has no entry for '" + tensor + "'");
   return std::move(ctx.d);
 }
 
@@ -395,7 +409,8 @@ std::uint64_t publish_delta(const fs::path& tmp, const fs::path& out, const std:
 MappedFile open_carried(const fs::path& p, std::uint64_t size, const Hash128& hash, const std::string& listed) {
   boost::system::error_code ec;
   if (!fs::is_regular_file(fs::symlink_status(p, ec)))
-    fail(Exit::bad_input, p.string() + ": listed in the delta index's " + listed + " but missing or not a regular file");
+    fail(Exit::bad_input,
+         p.string() + ": listed in the delta index's " + listed + " but missing or not a regular file");
   MappedFile m(p);
   if (m.size() != size || xxh3_128(m.bytes()) != hash)
     fail(Exit::bad_input, p.string() + ": does not match the size and checksum the delta index records");
@@ -408,7 +423,8 @@ SafetensorsHeader parse_built_header(std::string_view bytes, const ShardOp& so, 
     fail(Exit::bad_input, where + ": does not hold the tensors hfdelta_shards lists for " + so.file);
   for (std::size_t i = 0; i < h.tensors.size(); ++i)
     if (h.tensors[i].name != so.tensors[i].name)
-      fail(Exit::bad_input, where + ": tensor '" + h.tensors[i].name + "' is listed as '" + so.tensors[i].name + "' in hfdelta_shards");
+      fail(Exit::bad_input,
+           where + ": tensor '" + h.tensors[i].name + "' is listed as '" + so.tensors[i].name + "' in hfdelta_shards");
   return h;
 }
 
@@ -428,7 +444,8 @@ std::string seal_delta_index(std::string_view text) {
   if (!j.contains("metadata") || !j["metadata"].is_object()) return std::string(text);
   j["metadata"].erase(key::index_checksum);
   const std::string rest = j.dump();
-  j["metadata"][key::index_checksum] = xxh3_128({reinterpret_cast<const std::uint8_t*>(rest.data()), rest.size()}).hex();
+  j["metadata"][key::index_checksum] =
+      xxh3_128({reinterpret_cast<const std::uint8_t*>(rest.data()), rest.size()}).hex();
   return j.dump(2) + "\n";
 }
 
@@ -509,7 +526,8 @@ Hash128 check_delta_entry(const DeltaIndex& idx, const std::string& file, const 
   auto wm = idx.weight_map.find(t.name);
   if (wm == idx.weight_map.end() || wm->second != file)
     fail(Exit::bad_input, w + ": entry '" + t.name + "' is not mapped to this file by the delta index");
-  if (t.dtype != "U8" || t.shape.size() != 1) fail(Exit::bad_input, w + ": entry '" + t.name + "' must be U8 with shape [L]");
+  if (t.dtype != "U8" || t.shape.size() != 1)
+    fail(Exit::bad_input, w + ": entry '" + t.name + "' must be U8 with shape [L]");
   auto mh = hdr.metadata.find(t.name);
   if (mh == hdr.metadata.end()) fail(Exit::bad_input, w + ": __metadata__ has no checksum for '" + t.name + "'");
   return parse_hash_hex(mh->second, w + ": __metadata__[\"" + t.name + "\"]");

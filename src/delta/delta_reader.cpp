@@ -24,7 +24,8 @@ void check_no_symlinks(const fs::path& dir) {
   fs::recursive_directory_iterator it(dir, ec), end;
   for (; !ec && it != end; it.increment(ec))
     if (fs::is_symlink(it->symlink_status()))
-      fail(Exit::bad_input, it->path().string() + ": is a symlink; a delta is read from its own files only, never through a link");
+      fail(Exit::bad_input,
+           it->path().string() + ": is a symlink; a delta is read from its own files only, never through a link");
   if (ec) fail(Exit::failure, dir.string() + ": cannot list the delta directory: " + ec.message());
 }
 

@@ -23,13 +23,13 @@ namespace hfdelta {
 // One entry of a delta: the new bytes of one tensor, coded against its base.
 // Refers into its OpenDelta (names, mapping), so it lives as long as that.
 struct DeltaEntry {
-  const std::string* file = nullptr;     // the delta file holding it (a key of OpenDelta::headers)
-  const TensorInfo* info = nullptr;      // its entry in that file's header (name: the tensor's in the target)
+  const std::string* file = nullptr;  // the delta file holding it (a key of OpenDelta::headers)
+  const TensorInfo* info = nullptr;   // its entry in that file's header (name: the tensor's in the target)
   Encoding encoding = Encoding::xor_bytes;
-  std::span<const std::uint8_t> frame;   // the entry's bytes, in the file's mapping
-  Hash128 new_hash;                      // of the tensor's new bytes (the file's __metadata__)
-  std::optional<Hash128> base_hash;      // of its base bytes (hfdelta_base_checksums)
-  std::vector<StackPart> stack;          // a stacked entry's parts, in order (views into `frame`)
+  std::span<const std::uint8_t> frame;  // the entry's bytes, in the file's mapping
+  Hash128 new_hash;                     // of the tensor's new bytes (the file's __metadata__)
+  std::optional<Hash128> base_hash;     // of its base bytes (hfdelta_base_checksums)
+  std::vector<StackPart> stack;         // a stacked entry's parts, in order (views into `frame`)
 
   const std::string& tensor() const { return info->name; }
 };

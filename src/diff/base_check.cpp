@@ -35,7 +35,8 @@ void record_delta(VersionBytes& vb, const OpenDelta& d) {
     vb.files[f.path] = f.op == FileChange::Op::put ? std::optional<Hash128>(f.hash) : std::nullopt;
 }
 
-[[noreturn]] void differs(const std::string& role, const Checkpoint& c, const VersionBytes& want, const std::string& what) {
+[[noreturn]] void differs(const std::string& role, const Checkpoint& c, const VersionBytes& want,
+                          const std::string& what) {
   fail(Exit::verify_failed,
        role + " " + c.dir.string() + ": does not hold the bytes of version " + format_version(want.version) + " (" +
            want.dir.string() + "), the base the next version is published on: " + what +
@@ -78,8 +79,10 @@ VersionBytes recorded_bytes(const fs::path& root, std::uint64_t v) {
       vb.recorded = true;
     }
   } catch (const Error& e) {
-    fail(e.code(), "version " + format_version(v) + " of " + root.string() + ", the base of the next version, cannot "
-                       "be read (" + e.what() + "); withdraw it (delta-diff --withdraw " + vb.dir.string() +
+    fail(e.code(), "version " + format_version(v) + " of " + root.string() +
+                       ", the base of the next version, cannot "
+                       "be read (" +
+                       e.what() + "); withdraw it (delta-diff --withdraw " + vb.dir.string() +
                        ") before publishing on it");
   }
   return vb;

@@ -23,11 +23,11 @@ namespace hfdelta {
 struct VersionBytes {
   std::uint64_t version = 0;
   boost::filesystem::path dir;
-  bool recorded = false;                       // false: nothing checkable (a plain slime-layout delta)
-  std::map<std::string, Hash128> tensors;      // tensor -> checksum of its bytes at the version
-  std::map<std::string, Hash128> headers;      // weight file -> checksum of its 8-byte length and header
+  bool recorded = false;                                // false: nothing checkable (a plain slime-layout delta)
+  std::map<std::string, Hash128> tensors;               // tensor -> checksum of its bytes at the version
+  std::map<std::string, Hash128> headers;               // weight file -> checksum of its 8-byte length and header
   std::map<std::string, std::optional<Hash128>> files;  // other file -> its checksum; none: absent at the version
-  std::map<std::string, MarkedFile> full;      // a full version: every file, as its marker lists it
+  std::map<std::string, MarkedFile> full;               // a full version: every file, as its marker lists it
 };
 
 // Reads what version `v` of `root` records (a delta: each entry's new

@@ -110,7 +110,8 @@ void plan_build(ShardPlan& sp, std::size_t s) {
   op.replaces = sp.base.find_shard(ns.file) != nullptr;
   for (const auto& t : ns.header.tensors) {
     const auto b = sp.base.tensors.find(t.name);
-    add_work(sp, s, t, b != sp.base.tensors.end() && sp.base.info(b->second).nbytes() == t.nbytes() ? &b->second : nullptr);
+    add_work(sp, s, t,
+             b != sp.base.tensors.end() && sp.base.info(b->second).nbytes() == t.nbytes() ? &b->second : nullptr);
   }
   sp.ops.push_back(std::move(op));
 }
@@ -164,12 +165,12 @@ void pair_by_checksum(ShardPlan& sp, const std::vector<GoneTensor>& gone, const 
       orphan_hash[k] = hash_file_range(new_files[w.nfile], w.noff, w.nbytes, buf);
     } else {
       const TensorRef& r = gone[k - orphans.size()].second;
-      gone_hash[k - orphans.size()] =
-          hash_file_range(base_files[r.shard], base.shards[r.shard].header.file_offset(base.info(r)), base.info(r).nbytes(), buf);
+      gone_hash[k - orphans.size()] = hash_file_range(
+          base_files[r.shard], base.shards[r.shard].header.file_offset(base.info(r)), base.info(r).nbytes(), buf);
     }
   });
   using Key = std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>;  // length, checksum
-  std::map<Key, std::size_t> by_content;  // first by name wins
+  std::map<Key, std::size_t> by_content;                                // first by name wins
   for (std::size_t g = 0; g < gone.size(); ++g)
     by_content.emplace(Key{base.info(gone[g].second).nbytes(), gone_hash[g].high, gone_hash[g].low}, g);
   for (std::size_t k = 0; k < orphans.size(); ++k) {
@@ -192,10 +193,12 @@ void pair_lone_renames(ShardPlan& sp, const std::vector<GoneTensor>& gone) {
     if (w.from) used.insert(*w.from);
   }
   for (std::size_t g = 0; g < gone.size(); ++g)
-    if (!used.count(gone[g].first)) gone_of[{sp.base.info(gone[g].second).dtype, sp.base.info(gone[g].second).shape}].push_back(g);
+    if (!used.count(gone[g].first))
+      gone_of[{sp.base.info(gone[g].second).dtype, sp.base.info(gone[g].second).shape}].push_back(g);
   for (const auto& [kind, ws] : new_of) {
     auto it = gone_of.find(kind);
-    if (ws.size() == 1 && it != gone_of.end() && it->second.size() == 1) take_source(sp.base, sp.works[ws[0]], gone[it->second[0]]);
+    if (ws.size() == 1 && it != gone_of.end() && it->second.size() == 1)
+      take_source(sp.base, sp.works[ws[0]], gone[it->second[0]]);
   }
 }
 
@@ -211,8 +214,9 @@ void pair_lone_renames(ShardPlan& sp, const std::vector<GoneTensor>& gone) {
 //   name and length, else from a base tensor that is gone from NEW and has
 //   the same bytes (a rename or a move, found by checksum), else from zeros;
 // and base files NEW does not have are removed.
-static std::vector<ShardOp> plan_shards(const Checkpoint& base, const Checkpoint& target, const std::vector<File>& base_files,
-                                        const std::vector<File>& new_files, int threads, std::vector<Work>& works) {
+static std::vector<ShardOp> plan_shards(const Checkpoint& base, const Checkpoint& target,
+                                        const std::vector<File>& base_files, const std::vector<File>& new_files,
+                                        int threads, std::vector<Work>& works) {
   ShardPlan sp{base, target, works, {}};
   for (std::size_t s = 0; s < target.shards.size(); ++s)
     if (!plan_in_place(sp, s)) plan_build(sp, s);
@@ -283,10 +287,12 @@ void open_weight_files(DiffContext& ctx) {
 }
 
 void plan_tensors(DiffContext& ctx) {
-  ctx.shard_ops = plan_shards(ctx.base, ctx.target, ctx.base_files, ctx.new_files, default_threads(ctx.opts.threads), ctx.works);
+  ctx.shard_ops =
+      plan_shards(ctx.base, ctx.target, ctx.base_files, ctx.new_files, default_threads(ctx.opts.threads), ctx.works);
   for (const auto& op : ctx.shard_ops)
-    (op.op == ShardOp::Op::remove ? ctx.sum.shards_removed : op.op == ShardOp::Op::header ? ctx.sum.shards_rewritten
-                                                                                         : ctx.sum.shards_built) += 1;
+    (op.op == ShardOp::Op::remove   ? ctx.sum.shards_removed
+     : op.op == ShardOp::Op::header ? ctx.sum.shards_rewritten
+                                    : ctx.sum.shards_built) += 1;
 }
 
 // Each work's sources: the weight files, read in blocks (sparse, context,
@@ -381,11 +387,14 @@ void check_base(const DiffContext& ctx) {
   std::map<std::string, Hash128> hashed;
   for (const Work& w : ctx.works)
     if (!w.fresh && w.base_hashed) hashed.emplace(*w.from, w.base_hash);
-  check_holds(ctx.base, "BASE", want, [&](const std::string& t) -> std::optional<Hash128> {
-    const auto it = hashed.find(t);
-    if (it == hashed.end()) return std::nullopt;
-    return it->second;
-  }, default_threads(ctx.opts.threads));
+  check_holds(
+      ctx.base, "BASE", want,
+      [&](const std::string& t) -> std::optional<Hash128> {
+        const auto it = hashed.find(t);
+        if (it == hashed.end()) return std::nullopt;
+        return it->second;
+      },
+      default_threads(ctx.opts.threads));
 }
 
 // Encodes the tensors and writes the delta into `out`'s temporary directory.
@@ -397,7 +406,8 @@ void write_delta(DiffContext& ctx, DeltaWriter& out) {
   place_headers(ctx, idx, out);
   // One delta file per changed weight file, entries by name, so the output
   // does not depend on thread scheduling.
-  out.write_entries(idx, entries, [&](std::size_t i, File& f, std::uint64_t at) { ctx.encoder->write_entry(*of[i], f, at); });
+  out.write_entries(idx, entries,
+                    [&](std::size_t i, File& f, std::uint64_t at) { ctx.encoder->write_entry(*of[i], f, at); });
   ctx.encoder->close();
   for (const auto& fc : ctx.files) {
     if (fc.op != FileChange::Op::put) continue;
@@ -417,7 +427,8 @@ DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, 
   const fs::path out = fs::absolute(out_arg);
   check_delta_out(out);
   check_out_apart(out, {{"BASE", base_dir}, {"NEW", new_dir}});
-  DiffContext ctx{opts, open_input(base_dir, "BASE"), open_input(new_dir, "NEW"), {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};
+  DiffContext ctx{
+      opts, open_input(base_dir, "BASE"), open_input(new_dir, "NEW"), {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};
   ctx.sum.version = opts.version;
   ctx.sum.base_version = opts.base_version;
   ctx.files = file_changes(ctx.base, ctx.target);

@@ -91,7 +91,8 @@ struct XorStream {
 // read once, hashed (if `hashers`), compared and turned into sparse or
 // context changes while it is in cache; each finished chunk goes to the
 // thread's spool.
-RangeOut scan_range(const Work& w, std::uint64_t c0, std::uint64_t c1, Worker& wk, XorStream* xs, Hasher* hb, Hasher* hn) {
+RangeOut scan_range(const Work& w, std::uint64_t c0, std::uint64_t c1, Worker& wk, XorStream* xs, Hasher* hb,
+                    Hasher* hn) {
   RangeOut out;
   std::optional<Hasher> sum;  // a split tensor's range: its new bytes as encoded here
   if (!hn) hn = &sum.emplace();
@@ -134,9 +135,10 @@ RangeOut scan_range(const Work& w, std::uint64_t c0, std::uint64_t c1, Worker& w
 }
 
 [[noreturn]] void changed_while_read(const Work& w) {
-  fail(Exit::verify_failed, "tensor '" + w.t->name + "': its bytes changed while they were read (written by another "
-                            "thread or process meanwhile?); nothing was published: give bytes that stay unchanged "
-                            "until the call returns");
+  fail(Exit::verify_failed, "tensor '" + w.t->name +
+                                "': its bytes changed while they were read (written by another "
+                                "thread or process meanwhile?); nothing was published: give bytes that stay unchanged "
+                                "until the call returns");
 }
 
 // Makes a thread's scratch state on first use.
@@ -208,7 +210,8 @@ std::vector<Unit> chunk_units(std::span<Work* const> works, int threads) {
       units.push_back({Unit::Kind::fresh, i, 0, 0, 0, w.nbytes});
       continue;
     }
-    const std::vector<ChunkRange> ranges = split_chunk_ranges(w.nbytes, w.chunks, kSparseChunkElements * w.es, total, threads);
+    const std::vector<ChunkRange> ranges =
+        split_chunk_ranges(w.nbytes, w.chunks, kSparseChunkElements * w.es, total, threads);
     if (ranges.empty()) {
       w.ranges.resize(1);
       units.push_back({Unit::Kind::whole, i, 0, 0, w.chunks, w.nbytes});
@@ -376,7 +379,8 @@ void Encoder::chunk_pass(std::span<Work* const> works) {
 void Encoder::frame_pass(std::span<Work* const> works) {
   std::vector<std::size_t> order(works.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return works[x]->nbytes > works[y]->nbytes; });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t x, std::size_t y) { return works[x]->nbytes > works[y]->nbytes; });
   parallel_for(order.size(), threads_, [&](std::size_t k, std::size_t tid) {
     Work& w = *works[order[k]];
     progress::add(w.nbytes);  // counted as it starts: the frame is one step
@@ -412,8 +416,9 @@ void Encoder::encode_found(Work& w, std::span<const FoundChunk> chunks, std::spa
                           ": give the tensor's bytes");
   const bool context = *encoding_ == Encoding::context;
   if (w.fresh || chunks.size() != w.chunks || (context && groups.size() != chunks.size()))
-    fail(Exit::failure, "tensor '" + w.t->name + "': " + std::to_string(chunks.size()) + " chunks of found changes for " +
-                            std::to_string(w.chunks) + " chunks" + (w.fresh ? " of a tensor without base bytes" : ""));
+    fail(Exit::failure, "tensor '" + w.t->name + "': " + std::to_string(chunks.size()) +
+                            " chunks of found changes for " + std::to_string(w.chunks) + " chunks" +
+                            (w.fresh ? " of a tensor without base bytes" : ""));
   Worker& wk = *workers_[0];
   ensure_worker(wk, 0, tmp_, level_, false);
   w.encoding = *encoding_;
@@ -425,8 +430,8 @@ void Encoder::encode_found(Work& w, std::span<const FoundChunk> chunks, std::spa
     const FoundChunk& fc = chunks[c];
     const std::uint64_t cs = c * chunk_bytes, ce = std::min(w.nbytes, cs + chunk_bytes);
     if (fc.elements != (ce - cs) / w.es)
-      fail(Exit::failure, "tensor '" + w.t->name + "': found chunk " + std::to_string(c) + " of " + std::to_string(fc.elements) +
-                              " elements, not " + std::to_string((ce - cs) / w.es));
+      fail(Exit::failure, "tensor '" + w.t->name + "': found chunk " + std::to_string(c) + " of " +
+                              std::to_string(fc.elements) + " elements, not " + std::to_string((ce - cs) / w.es));
     std::uint64_t j = 0;
     for (std::uint64_t at = cs; at < ce; at += kBlock) {
       const std::size_t n = static_cast<std::size_t>(std::min(kBlock, ce - at));
@@ -437,7 +442,8 @@ void Encoder::encode_found(Work& w, std::span<const FoundChunk> chunks, std::spa
       const std::uint64_t e0 = (at - cs) / w.es, e1 = e0 + n / w.es;
       for (; j < fc.count && fc.pos[j] < e1; ++j) {
         if (fc.pos[j] < e0 || (j && fc.pos[j] <= fc.pos[j - 1]))
-          fail(Exit::failure, "tensor '" + w.t->name + "': found changes of chunk " + std::to_string(c) + " out of order");
+          fail(Exit::failure,
+               "tensor '" + w.t->name + "': found changes of chunk " + std::to_string(c) + " out of order");
         std::uint8_t* p = b + (fc.pos[j] - e0) * w.es;
         const std::uint64_t v = (rules::load_element(p, w.es) + rules::load_element(fc.diff + j * w.es, w.es)) & ones;
         for (std::size_t k = 0; k < w.es; ++k) p[k] = static_cast<std::uint8_t>(v >> (8 * k));

@@ -65,18 +65,18 @@ struct RangeOut {
 // One tensor of the new version, where its base bytes are, and everything
 // the units working on it produce.
 struct Work {
-  std::size_t nfile = 0, bfile = 0;      // weight file of the new version, of the base
+  std::size_t nfile = 0, bfile = 0;  // weight file of the new version, of the base
   const TensorInfo* t = nullptr;
-  const Source* nsrc = nullptr;          // where its new bytes are read (at noff)
-  const Source* bsrc = nullptr;          // where its base bytes are read (at boff); not fresh
+  const Source* nsrc = nullptr;  // where its new bytes are read (at noff)
+  const Source* bsrc = nullptr;  // where its base bytes are read (at boff); not fresh
   std::uint64_t noff = 0, boff = 0;
   std::uint64_t nbytes = 0;
-  bool fresh = false;                    // no base bytes: its entry is its bytes (xor with zeros)
-  const std::string* from = nullptr;     // the base tensor its bytes come from (not fresh)
-  std::size_t es = 1;                    // the chunked encodings' element size
-  ContextField field;                    // the context encoding's field (its dtype's exponent)
+  bool fresh = false;                 // no base bytes: its entry is its bytes (xor with zeros)
+  const std::string* from = nullptr;  // the base tensor its bytes come from (not fresh)
+  std::size_t es = 1;                 // the chunked encodings' element size
+  ContextField field;                 // the context encoding's field (its dtype's exponent)
   std::uint64_t chunks = 0;
-  std::vector<RangeOut> ranges;          // one per unit scanning it, in tensor order
+  std::vector<RangeOut> ranges;  // one per unit scanning it, in tensor order
   // A split tensor: the first chunk of each range, and the XXH3-128 of each
   // range's new bytes as the hash unit read them. Each range's encoder
   // reads them again: the sums must agree, else the bytes changed in
@@ -84,7 +84,7 @@ struct Work {
   std::vector<std::uint64_t> range_c0;
   std::vector<Hash128> range_sum;
   Hash128 base_hash, new_hash;
-  bool base_hashed = false;              // base_hash is of the base bytes as read here
+  bool base_hashed = false;  // base_hash is of the base bytes as read here
   // base_hash is known already (the publisher's mirror records it): the
   // base bytes are hashed all the same and must match it (Error(verify_failed)
   // naming `base_what`), so that a mirror altered since it was recorded is

@@ -56,12 +56,14 @@ std::vector<std::string> list_files(const fs::path& dir) {
     }
     if (fs::is_directory(st)) {
       // Followed, a directory link could leave the source or loop.
-      if (link) fail(Exit::bad_input, p.string() + ": is a symlink to a directory (" + link_target(p) +
-                                          "); only symlinked files are followed; copy it in (cp -rL)");
+      if (link)
+        fail(Exit::bad_input, p.string() + ": is a symlink to a directory (" + link_target(p) +
+                                  "); only symlinked files are followed; copy it in (cp -rL)");
       continue;
     }
     if (!fs::is_regular_file(st))
-      fail(Exit::bad_input, p.string() + ": not a regular file" + (link ? " (a symlink to " + link_target(p) + ")" : ""));
+      fail(Exit::bad_input,
+           p.string() + ": not a regular file" + (link ? " (a symlink to " + link_target(p) + ")" : ""));
     out.push_back(rel);
   }
   std::sort(out.begin(), out.end());
@@ -110,7 +112,8 @@ Checkpoint open_checkpoint(const fs::path& dir) {
         fail(Exit::bad_input, p.string() + ": weight_map[\"" + it.key() + "\"] names missing file " + shard);
       auto [at, fresh] = mapped.emplace(it.key(), shard);
       if (!fresh && at->second != shard)
-        fail(Exit::bad_input, p.string() + ": tensor '" + it.key() + "' is mapped to both " + at->second + " and " + shard);
+        fail(Exit::bad_input,
+             p.string() + ": tensor '" + it.key() + "' is mapped to both " + at->second + " and " + shard);
       shard_names.insert(shard);
     }
   }
@@ -126,8 +129,8 @@ Checkpoint open_checkpoint(const fs::path& dir) {
       const std::string& t = tensors[i].name;
       auto [at, fresh] = c.tensors.emplace(t, TensorRef{s, i});
       if (!fresh)
-        fail(Exit::bad_input, (dir / c.shards[s].file).string() + ": tensor '" + t + "' is also in " +
-                                  c.shards[at->second.shard].file);
+        fail(Exit::bad_input,
+             (dir / c.shards[s].file).string() + ": tensor '" + t + "' is also in " + c.shards[at->second.shard].file);
     }
   }
   if (!c.index_files.empty())

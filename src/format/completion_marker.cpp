@@ -53,16 +53,19 @@ CompletionMarker marker_of_json(const json& j, const std::string& w) {
   if (!j.is_object() || !j.contains("hfdelta_complete") || !j["hfdelta_complete"].is_number_unsigned())
     fail(Exit::bad_input, w + ": not a completion marker (no \"hfdelta_complete\" format number)");
   if (j["hfdelta_complete"].get<std::uint64_t>() != kMarkerFormat)
-    fail(Exit::unsupported, w + ": completion marker format " + j["hfdelta_complete"].dump() + " is newer than this build's");
+    fail(Exit::unsupported,
+         w + ": completion marker format " + j["hfdelta_complete"].dump() + " is newer than this build's");
   CompletionMarker m;
   try {
     m.version = parse_version(j.at("version").get<std::string>(), w);
     const std::string kind = j.at("kind").get<std::string>();
-    if (kind != "full" && kind != "delta") fail(Exit::bad_input, w + ": kind \"" + kind + "\" is neither full nor delta");
+    if (kind != "full" && kind != "delta")
+      fail(Exit::bad_input, w + ": kind \"" + kind + "\" is neither full nor delta");
     m.full = kind == "full";
     for (const auto& [rel, f] : j.at("files").items()) {
       check_relative_path(rel, w + ": file \"" + rel + "\"");
-      m.files[rel] = {f.at("size").get<std::uint64_t>(), parse_hash_hex(f.at("xxh3_128").get<std::string>(), w + ": " + rel)};
+      m.files[rel] = {f.at("size").get<std::uint64_t>(),
+                      parse_hash_hex(f.at("xxh3_128").get<std::string>(), w + ": " + rel)};
       m.bytes += m.files[rel].size;
     }
   } catch (const json::exception& e) {

@@ -24,9 +24,9 @@ struct MarkedFile {
 
 struct CompletionMarker {
   std::uint64_t version = 0;
-  bool full = false;                          // an ordinary checkpoint, not a delta
-  std::map<std::string, MarkedFile> files;   // relative path -> size, checksum
-  std::uint64_t bytes = 0;                    // sum of the sizes
+  bool full = false;                        // an ordinary checkpoint, not a delta
+  std::map<std::string, MarkedFile> files;  // relative path -> size, checksum
+  std::uint64_t bytes = 0;                  // sum of the sizes
 };
 
 // Lists and hashes every regular file below `dir` (the marker excepted) and
@@ -43,8 +43,8 @@ bool matches_marker(const boost::filesystem::path& p, const MarkedFile& want);
 // (Error(bad_input)), not an upload in progress: it is written whole.
 struct Completeness {
   bool complete = false;
-  std::string missing;                      // when not complete: what is not there yet
-  std::optional<CompletionMarker> marker;   // none: the directory has no marker
+  std::string missing;                     // when not complete: what is not there yet
+  std::optional<CompletionMarker> marker;  // none: the directory has no marker
 };
 // `required`: a directory without a marker is not published yet (else it is
 // taken as it is: a root of the plain slime layout, or of an older hfdelta).

@@ -24,15 +24,25 @@ struct DtypeEntry {
 };
 
 constexpr std::array<DtypeEntry, 16> kDtypes{{
-    {"BOOL", 1}, {"U8", 1}, {"I8", 1}, {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"F8_E8M0", 1},
-    {"I16", 2}, {"U16", 2}, {"F16", 2}, {"BF16", 2},
-    {"I32", 4}, {"U32", 4}, {"F32", 4},
-    {"I64", 8}, {"U64", 8}, {"F64", 8},
+    {"BOOL", 1},
+    {"U8", 1},
+    {"I8", 1},
+    {"F8_E5M2", 1},
+    {"F8_E4M3", 1},
+    {"F8_E8M0", 1},
+    {"I16", 2},
+    {"U16", 2},
+    {"F16", 2},
+    {"BF16", 2},
+    {"I32", 4},
+    {"U32", 4},
+    {"F32", 4},
+    {"I64", 8},
+    {"U64", 8},
+    {"F64", 8},
 }};
 
-[[noreturn]] void bad(const std::string& what, const std::string& msg) {
-  fail(Exit::bad_input, what + ": " + msg);
-}
+[[noreturn]] void bad(const std::string& what, const std::string& msg) { fail(Exit::bad_input, what + ": " + msg); }
 
 std::uint64_t read_le64(const char* p) {
   std::uint64_t v = 0;
@@ -40,9 +50,7 @@ std::uint64_t read_le64(const char* p) {
   return v;
 }
 
-bool mul_overflows(std::uint64_t a, std::uint64_t b, std::uint64_t* out) {
-  return __builtin_mul_overflow(a, b, out);
-}
+bool mul_overflows(std::uint64_t a, std::uint64_t b, std::uint64_t* out) { return __builtin_mul_overflow(a, b, out); }
 
 std::uint64_t as_u64(const json& v, const std::string& what, const std::string& field) {
   if (!v.is_number_unsigned()) bad(what, field + " must be a non-negative integer, got " + v.dump());
@@ -61,8 +69,8 @@ namespace {
 // The reference writer orders data by its dtype enumeration, last first; this
 // is that enumeration's order (which also puts larger alignments first).
 constexpr std::array<std::string_view, 20> kDtypeOrder{
-    "BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "I16",
-    "U16", "F16", "BF16", "I32", "U32", "F32", "C64", "F64", "I64", "U64"};
+    "BOOL", "F4",  "F6_E2M3", "F6_E3M2", "U8",  "I8",  "F8_E5M2", "F8_E4M3", "F8_E8M0", "I16",
+    "U16",  "F16", "BF16",    "I32",     "U32", "F32", "C64",     "F64",     "I64",     "U64"};
 
 int dtype_rank(std::string_view dtype) {
   for (std::size_t i = 0; i < kDtypeOrder.size(); ++i)
@@ -99,7 +107,8 @@ namespace {
 
 // The 8-byte header length against the format's limit, hfdelta's and the file.
 SafetensorsHeader check_header_length(std::uint64_t header_len, std::uint64_t file_size, const std::string& what) {
-  if (file_size < 8) bad(what, "file is " + std::to_string(file_size) + " bytes, shorter than the 8-byte header length");
+  if (file_size < 8)
+    bad(what, "file is " + std::to_string(file_size) + " bytes, shorter than the 8-byte header length");
   SafetensorsHeader h;
   h.file_size = file_size;
   h.header_len = header_len;
@@ -149,7 +158,8 @@ void parse_header_json(SafetensorsHeader& h, const std::string& what) {
     ti.begin = as_u64(t["data_offsets"][0], what, tw + ": data_offsets[0]");
     ti.end = as_u64(t["data_offsets"][1], what, tw + ": data_offsets[1]");
     if (ti.begin > ti.end)
-      bad(what, tw + ": data_offsets [" + std::to_string(ti.begin) + ", " + std::to_string(ti.end) + "] has begin after end");
+      bad(what,
+          tw + ": data_offsets [" + std::to_string(ti.begin) + ", " + std::to_string(ti.end) + "] has begin after end");
     std::uint64_t n = 1;
     for (auto d : ti.shape)
       if (mul_overflows(n, d, &n)) bad(what, tw + ": shape " + shape_string(ti.shape) + " overflows 64 bits");
@@ -170,8 +180,9 @@ void parse_header_json(SafetensorsHeader& h, const std::string& what) {
   std::uint64_t pos = 0;
   for (const auto& t : h.tensors) {
     if (t.begin != pos) {
-      bad(what, "tensor '" + t.name + "': data_offsets begin at " + std::to_string(t.begin) + " but the previous tensor ends at " +
-                    std::to_string(pos) + (t.begin > pos ? " (gap in the data buffer)" : " (overlap in the data buffer)"));
+      bad(what, "tensor '" + t.name + "': data_offsets begin at " + std::to_string(t.begin) +
+                    " but the previous tensor ends at " + std::to_string(pos) +
+                    (t.begin > pos ? " (gap in the data buffer)" : " (overlap in the data buffer)"));
     }
     pos = t.end;
   }
@@ -190,8 +201,6 @@ SafetensorsHeader parse_safetensors(std::string_view bytes, std::uint64_t file_s
   parse_header_json(h, what);
   return h;
 }
-
-
 
 bool same_tensor_ranges(const SafetensorsHeader& a, const SafetensorsHeader& b) {
   if (a.header_len != b.header_len || a.file_size != b.file_size || a.tensors.size() != b.tensors.size()) return false;
@@ -216,8 +225,7 @@ SafetensorsHeader read_safetensors(const fs::path& path) {
 // ---- writing ------------------------------------------------------------------
 
 std::string encode_safetensors_header(const std::vector<TensorInfo>& tensors,
-                                      const std::map<std::string, std::string>* metadata,
-                                      std::uint64_t header_len) {
+                                      const std::map<std::string, std::string>* metadata, std::uint64_t header_len) {
   json j = json::object();
   if (metadata) j["__metadata__"] = *metadata;
   for (const auto& t : tensors)
@@ -233,8 +241,7 @@ std::string encode_safetensors_header(const std::vector<TensorInfo>& tensors,
   return out + text;
 }
 
-SafetensorsLayout layout_safetensors(std::vector<TensorSpec> specs,
-                                     const std::map<std::string, std::string>* metadata,
+SafetensorsLayout layout_safetensors(std::vector<TensorSpec> specs, const std::map<std::string, std::string>* metadata,
                                      std::uint64_t min_header_len) {
   std::sort(specs.begin(), specs.end(), [](const TensorSpec& a, const TensorSpec& b) {
     const int ra = dtype_rank(a.dtype), rb = dtype_rank(b.dtype);

@@ -18,7 +18,7 @@ namespace {
 constexpr std::string_view kPrefix = "weight_v";
 constexpr std::string_view kWithdrawnPrefix = "withdrawn_v";
 constexpr std::string_view kSidecarPrefix = "delta_v";
-}
+}  // namespace
 
 std::string format_version(std::uint64_t v) {
   char buf[32];
@@ -101,8 +101,9 @@ void check_out_apart(const fs::path& out, const std::vector<std::pair<std::strin
   for (const auto& [role, in] : inputs) {
     const Nesting n = nesting(out, in);
     if (n == Nesting::apart) continue;
-    fail(Exit::bad_input, out.string() + (n == Nesting::same ? ": is " + role + " itself (" + in.string() + ")"
-                                                              : ": is inside " + role + " " + in.string()) +
+    fail(Exit::bad_input, out.string() +
+                              (n == Nesting::same ? ": is " + role + " itself (" + in.string() + ")"
+                                                  : ": is inside " + role + " " + in.string()) +
                               ": a publication root inside a checkpoint would be carried into every later delta as "
                               "the checkpoint's files, and into every host's LOCAL; put the root outside BASE and NEW "
                               "(nothing was written)");
@@ -153,14 +154,16 @@ PublishTarget next_in_root(const fs::path& root, std::optional<std::uint64_t> gi
   const auto newest = newest_version(root);
   const auto used = highest_used(root, newest);
   if (!used && !only_hidden(root))
-    fail(Exit::bad_input, root.string() + ": is an existing directory but not a publication root (it holds no "
+    fail(Exit::bad_input, root.string() +
+                              ": is an existing directory but not a publication root (it holds no "
                               "weight_vNNNNNN version and is not empty); to publish into it, name the version: " +
                               (root / version_dirname(given.value_or(1))).string());
   const std::uint64_t next = used ? *used + 1 : 1;
   if (given && *given != next)
-    fail(Exit::out_of_order, root.string() + ": --delta-version " + format_version(*given) + " is not the next version (" +
-                                 (used ? used_phrase(newest, *used) : "nothing published yet") +
-                                 ", so the next is " + format_version(next) + ")");
+    fail(Exit::out_of_order, root.string() + ": --delta-version " + format_version(*given) +
+                                 " is not the next version (" +
+                                 (used ? used_phrase(newest, *used) : "nothing published yet") + ", so the next is " +
+                                 format_version(next) + ")");
   return {root / version_dirname(next), next, newest, root};
 }
 
@@ -169,13 +172,15 @@ PublishTarget named_version(const fs::path& out, std::optional<std::uint64_t> gi
   const std::string name = out.filename().string();
   const auto v = version_from_dirname(name);
   if (!v || version_dirname(*v) != name)
-    fail(Exit::usage, out.string() + ": \"" + name + "\" is not a version name: weight_v and six digits, zero-padded "
+    fail(Exit::usage, out.string() + ": \"" + name +
+                          "\" is not a version name: weight_v and six digits, zero-padded "
                           "(e.g. weight_v000001)");
   if (given && *given != *v)
-    fail(Exit::usage, out.string() + ": --delta-version " + format_version(*given) + " disagrees with the name (version " +
-                          format_version(*v) + ")");
+    fail(Exit::usage, out.string() + ": --delta-version " + format_version(*given) +
+                          " disagrees with the name (version " + format_version(*v) + ")");
   boost::system::error_code ec;
-  if (fs::exists(fs::symlink_status(out, ec))) fail(Exit::exists, out.string() + ": already exists; refusing to overwrite");
+  if (fs::exists(fs::symlink_status(out, ec)))
+    fail(Exit::exists, out.string() + ": already exists; refusing to overwrite");
   const fs::path parent = out.parent_path().empty() ? fs::path(".") : out.parent_path();
   require_dir(parent, "create the publication root first (mkdir -p " + parent.string() + ")");
   const auto newest = newest_version(parent);

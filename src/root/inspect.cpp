@@ -4,9 +4,9 @@
 #include <cstring>
 #include <map>
 
+#include <zstd.h>
 #include <boost/filesystem/operations.hpp>
 #include <nlohmann/json.hpp>
-#include <zstd.h>
 
 #include "codec/codec_internal.hpp"
 #include "delta/delta_reader.hpp"
@@ -42,8 +42,10 @@ constexpr std::uint32_t kZstdMagic = 0xFD2FB528u;
 std::optional<std::uint64_t> check_frame_shape(std::span<const std::uint8_t> f, const std::string& what) {
   if (f.size() < 4 || le32(f.data()) != kZstdMagic) fail(Exit::bad_input, what + ": is not a zstd frame");
   const std::size_t n = ZSTD_findFrameCompressedSize(f.data(), f.size());
-  if (ZSTD_isError(n)) fail(Exit::bad_input, what + ": zstd frame is truncated or corrupt (" + ZSTD_getErrorName(n) + ")");
-  if (n != f.size()) fail(Exit::bad_input, what + ": zstd frame is followed by " + std::to_string(f.size() - n) + " extra bytes");
+  if (ZSTD_isError(n))
+    fail(Exit::bad_input, what + ": zstd frame is truncated or corrupt (" + ZSTD_getErrorName(n) + ")");
+  if (n != f.size())
+    fail(Exit::bad_input, what + ": zstd frame is followed by " + std::to_string(f.size() - n) + " extra bytes");
   const unsigned long long cs = ZSTD_getFrameContentSize(f.data(), f.size());
   if (cs == ZSTD_CONTENTSIZE_ERROR) fail(Exit::bad_input, what + ": zstd frame header is corrupt");
   if (cs == ZSTD_CONTENTSIZE_UNKNOWN) return std::nullopt;
@@ -85,7 +87,9 @@ void inspect_sparse(std::span<const std::uint8_t> e, const std::string& what, In
     const std::uint64_t gaps_len = le64(chunk_head + 8);
     const auto gaps = check_frame_shape({take(gaps_len), gaps_len}, cw + " positions");
     // Each position is a varint of at least one byte.
-    if (gaps && *gaps < k) bad("chunk " + std::to_string(ch) + " has " + std::to_string(*gaps) + " position bytes for " + std::to_string(k) + " changes");
+    if (gaps && *gaps < k)
+      bad("chunk " + std::to_string(ch) + " has " + std::to_string(*gaps) + " position bytes for " + std::to_string(k) +
+          " changes");
     for (std::uint32_t b = 0; b < es; ++b) {
       const std::uint64_t len = le64(chunk_head + 16 + 8 * b);
       const auto cs = check_frame_shape({take(len), len}, cw + " plane " + std::to_string(b));
@@ -145,7 +149,8 @@ void inspect_xor(std::span<const std::uint8_t> e, const std::string& what, Inspe
   Decompressor d;
   std::uint64_t nonzero = 0, len = 0;
   if (cs) {
-    decode_xor(d, e, *cs, what, [&](std::uint64_t, std::span<const std::uint8_t> piece) { nonzero += count_nonzero(piece); });
+    decode_xor(d, e, *cs, what,
+               [&](std::uint64_t, std::span<const std::uint8_t> piece) { nonzero += count_nonzero(piece); });
     len = *cs;
   } else {
     // Frames from other publishers may not declare their size: the length
@@ -162,11 +167,16 @@ void inspect_xor(std::span<const std::uint8_t> e, const std::string& what, Inspe
 
 void inspect_part(Encoding enc, std::span<const std::uint8_t> bytes, const std::string& what, InspectEntry& out) {
   switch (enc) {
-    case Encoding::sparse: return inspect_sparse(bytes, what, out);
-    case Encoding::overwrite: return inspect_overwrite(bytes, what, out);
-    case Encoding::xor_bytes: return inspect_xor(bytes, what, out);
-    case Encoding::context: return inspect_context(bytes, what, out);
-    case Encoding::stack: break;
+    case Encoding::sparse:
+      return inspect_sparse(bytes, what, out);
+    case Encoding::overwrite:
+      return inspect_overwrite(bytes, what, out);
+    case Encoding::xor_bytes:
+      return inspect_xor(bytes, what, out);
+    case Encoding::context:
+      return inspect_context(bytes, what, out);
+    case Encoding::stack:
+      break;
   }
   fail(Exit::bad_input, what + ": a stacked entry cannot hold another");
 }
@@ -214,7 +224,8 @@ DeltaInspection inspect_delta(const fs::path& dir) {
 
   // Every entry decoded in full, as delta-apply decodes it.
   for (const DeltaEntry& de : v.entries) r.entries.push_back(inspect_entry(v, de));
-  std::sort(r.entries.begin(), r.entries.end(), [](const InspectEntry& a, const InspectEntry& b) { return a.tensor < b.tensor; });
+  std::sort(r.entries.begin(), r.entries.end(),
+            [](const InspectEntry& a, const InspectEntry& b) { return a.tensor < b.tensor; });
 
   for (const auto& fc : idx.files) {
     r.files.push_back({fc.path, fc.op, fc.size, fc.hash});
@@ -317,7 +328,11 @@ json inspection_json(const DeltaInspection& d) {
           {"totals",
            {{"tensors", d.entries.size()},
             {"entries",
-             {{"sparse", d.entries_sparse}, {"xor", d.entries_xor}, {"overwrite", d.entries_overwrite}, {"stack", d.entries_stacked}, {"context", d.entries_context}}},
+             {{"sparse", d.entries_sparse},
+              {"xor", d.entries_xor},
+              {"overwrite", d.entries_overwrite},
+              {"stack", d.entries_stacked},
+              {"context", d.entries_context}}},
             {"entry_bytes", d.entry_bytes},
             // A sum over some entries only would read as the whole: null instead.
             {"tensor_bytes", all_lengths ? json(d.tensor_bytes) : json(nullptr)},

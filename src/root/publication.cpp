@@ -27,7 +27,8 @@ FullSummary publish_full(const fs::path& src, const fs::path& out, std::uint64_t
   if (is_delta_dir(src)) fail(Exit::bad_input, src.string() + ": is a delta version, not a full checkpoint");
   const Checkpoint c = open_checkpoint(src);  // every weight file valid before anything is copied
   if (c.shards.empty())
-    fail(Exit::bad_input, src.string() + ": has no weight files (*.safetensors); not a checkpoint (a save still being written?)");
+    fail(Exit::bad_input,
+         src.string() + ": has no weight files (*.safetensors); not a checkpoint (a save still being written?)");
   std::vector<std::string> rels;
   for (const auto& s : c.shards) rels.push_back(s.file);
   rels.insert(rels.end(), c.other_files.begin(), c.other_files.end());
@@ -55,8 +56,7 @@ FullSummary publish_full(const fs::path& src, const fs::path& out, std::uint64_t
   publish_dir(tmp, out);
   const StopDeferred published;  // a stop signal now no longer undoes anything
   if (sync) sync_dir(out.parent_path().empty() ? fs::path(".") : out.parent_path());
-  return {version, rels.size(), m.bytes,
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+  return {version, rels.size(), m.bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
 }
 
 fs::path publish_sidecar(const fs::path& base, const fs::path& src, const fs::path& full_out, const DiffOptions& opts,

@@ -40,7 +40,7 @@ struct Step {
   std::vector<Source> srcs;
   std::vector<Work> works;
   std::map<std::string, std::size_t, std::less<>> by_name;
-  std::string base_what;  // the mirror at the step's base version, for errors
+  std::string base_what;              // the mirror at the step's base version, for errors
   std::vector<char> given, declared;  // per work
   std::unique_ptr<DeltaWriter> writer;
   std::unique_ptr<Encoder> encoder;
@@ -91,8 +91,9 @@ void check_same_version(const fs::path& root, const fs::path& mirror, std::uint6
       const auto t = w.tensors.find(e.tensor());
       if (t == w.tensors.end() || t->second == e.new_hash) continue;
       fail(Exit::verify_failed,
-           dir.string() + ": tensor '" + e.tensor() + "' is not the one mirror " + mirror.string() + " holds at version " +
-               format_version(v) + ": ROOT and MIRROR were published by different publishers. Use the mirror this "
+           dir.string() + ": tensor '" + e.tensor() + "' is not the one mirror " + mirror.string() +
+               " holds at version " + format_version(v) +
+               ": ROOT and MIRROR were published by different publishers. Use the mirror this "
                "root was published from, or re-create the mirror from ROOT (delta-apply --init CHECKPOINT MIRROR, "
                "then delta-apply --root ROOT MIRROR)");
     }
@@ -100,27 +101,31 @@ void check_same_version(const fs::path& root, const fs::path& mirror, std::uint6
 }
 
 // Brings the mirror and ROOT together (see publisher.hpp).
-void reconcile(const fs::path& root, const fs::path& mirror, const PublisherOptions& opts,
-               PublisherOpening& opening) {
+void reconcile(const fs::path& root, const fs::path& mirror, const PublisherOptions& opts, PublisherOpening& opening) {
   const ApplyOptions ao = mirror_apply_options(opts);
   const ApplyResult rec = recover_local(mirror, ao);
   if (rec.rolled_back) opening.rolled_back = rec.rolled_back;
   const LocalState st = read_state(mirror);
   if (!st.version)
-    fail(Exit::uninitialised, mirror.string() + ": mirror has no recorded version; make it a copy of the version the "
-                              "hosts start from: delta-apply --init CHECKPOINT " + mirror.string());
+    fail(Exit::uninitialised, mirror.string() +
+                                  ": mirror has no recorded version; make it a copy of the version the "
+                                  "hosts start from: delta-apply --init CHECKPOINT " +
+                                  mirror.string());
   const std::uint64_t m = *st.version;
   const std::vector<VersionDir> versions = scan_root(root);
   const std::uint64_t newest = versions.empty() ? 0 : versions.back().version;
   if (versions.empty() && m != 0)
-    fail(Exit::out_of_order, root.string() + ": publishes no version, but mirror " + mirror.string() + " is at version " +
-                                 format_version(m) + ": open the publisher on the root the mirror was published to, "
+    fail(Exit::out_of_order, root.string() + ": publishes no version, but mirror " + mirror.string() +
+                                 " is at version " + format_version(m) +
+                                 ": open the publisher on the root the mirror was published to, "
                                  "or publish the mirror's checkpoint there first (delta-diff --full)");
   if (newest < m && scan_withdrawn(root).count(m))
-    fail(Exit::out_of_order, mirror.string() + ": mirror is at version " + format_version(m) + ", which was withdrawn "
-                             "from " + root.string() + "; re-create the mirror from the checkpoint of version " +
-                             format_version(newest) + " (delta-apply --init CHECKPOINT MIRROR --init-version " +
-                             std::to_string(newest) + ")");
+    fail(Exit::out_of_order, mirror.string() + ": mirror is at version " + format_version(m) +
+                                 ", which was withdrawn "
+                                 "from " +
+                                 root.string() + "; re-create the mirror from the checkpoint of version " +
+                                 format_version(newest) + " (delta-apply --init CHECKPOINT MIRROR --init-version " +
+                                 std::to_string(newest) + ")");
   if (newest < m)
     fail(Exit::out_of_order, root.string() + ": its newest version is " + format_version(newest) + ", but mirror " +
                                  mirror.string() + " is at version " + format_version(m) +
@@ -156,7 +161,8 @@ void plan_step(Step& st, const PublisherOptions& opts, const std::optional<Check
     st.files.emplace_back(st.layout.dir / sh.file, File::Mode::read);
     if (frames) st.maps.emplace_back(st.layout.dir / sh.file);
   }
-  for (std::size_t i = 0; i < st.files.size(); ++i) st.srcs.push_back({&st.files[i], frames ? &st.maps[i] : nullptr, nullptr});
+  for (std::size_t i = 0; i < st.files.size(); ++i)
+    st.srcs.push_back({&st.files[i], frames ? &st.maps[i] : nullptr, nullptr});
   for (std::size_t s = 0; s < st.layout.shards.size(); ++s) {
     const SafetensorsHeader& h = st.layout.shards[s].header;
     for (const TensorInfo& t : h.tensors) {
@@ -181,21 +187,22 @@ void plan_step(Step& st, const PublisherOptions& opts, const std::optional<Check
 std::size_t find_tensor(const Step& st, std::string_view name, const fs::path& mirror) {
   const auto it = st.by_name.find(name);
   if (it == st.by_name.end())
-    fail(Exit::unsupported, "tensor '" + std::string(name) + "': not in mirror " + mirror.string() + " (version " +
-                                format_version(st.base_version) +
-                                "); a publisher from memory patches the mirror's tensors only: publish a new tensor set "
-                                "as a full version (delta-diff --full) and re-create the mirror from it");
+    fail(Exit::unsupported,
+         "tensor '" + std::string(name) + "': not in mirror " + mirror.string() + " (version " +
+             format_version(st.base_version) +
+             "); a publisher from memory patches the mirror's tensors only: publish a new tensor set "
+             "as a full version (delta-diff --full) and re-create the mirror from it");
   return it->second;
 }
 
-void check_tensor(const Step& st, const Work& w, std::string_view name, std::string_view dtype, std::span<const std::uint64_t> shape,
-                  std::uint64_t nbytes, const fs::path& mirror) {
+void check_tensor(const Step& st, const Work& w, std::string_view name, std::string_view dtype,
+                  std::span<const std::uint64_t> shape, std::uint64_t nbytes, const fs::path& mirror) {
   const std::string where = "tensor '" + std::string(name) + "'";
   const bool same_shape = std::equal(shape.begin(), shape.end(), w.t->shape.begin(), w.t->shape.end());
   if (dtype != w.t->dtype || !same_shape)
-    fail(Exit::unsupported, where + ": " + std::string(dtype) + " " + shape_string({shape.begin(), shape.end()}) + ", but mirror " +
-                                mirror.string() + " (version " + format_version(st.base_version) + ") holds it as " +
-                                w.t->dtype + " " + shape_string(w.t->shape) +
+    fail(Exit::unsupported, where + ": " + std::string(dtype) + " " + shape_string({shape.begin(), shape.end()}) +
+                                ", but mirror " + mirror.string() + " (version " + format_version(st.base_version) +
+                                ") holds it as " + w.t->dtype + " " + shape_string(w.t->shape) +
                                 "; a publisher from memory keeps every dtype and shape: publish a changed layout as a "
                                 "full version (delta-diff --full) and re-create the mirror from it");
   if (nbytes != w.nbytes)
@@ -224,11 +231,13 @@ void check_complete(const Step& st, bool rest_unchanged) {
     if (!st.given[i] && !st.declared[i]) missing.push_back(st.works[i].t->name);
   if (missing.empty()) return;
   std::string list;
-  for (std::size_t i = 0; i < std::min<std::size_t>(missing.size(), 5); ++i) list += (i ? ", '" : "'") + missing[i] + "'";
+  for (std::size_t i = 0; i < std::min<std::size_t>(missing.size(), 5); ++i)
+    list += (i ? ", '" : "'") + missing[i] + "'";
   if (missing.size() > 5) list += ", ...";
-  fail(Exit::usage, std::to_string(missing.size()) + " tensor(s) of the mirror were neither given nor declared unchanged (" +
-                        list + "); give every tensor, or declare the others unchanged; version " +
-                        format_version(st.version) + " was not published");
+  fail(Exit::usage, std::to_string(missing.size()) +
+                        " tensor(s) of the mirror were neither given nor declared unchanged (" + list +
+                        "); give every tensor, or declare the others unchanged; version " + format_version(st.version) +
+                        " was not published");
 }
 
 // The summary delta-diff would print, counted over the mirror's tensors.
@@ -257,9 +266,12 @@ void count_step(const Step& st, const std::vector<const Work*>& changed, Publish
 [[noreturn]] void overtaken(const fs::path& root, const fs::path& mirror, std::uint64_t held, std::uint64_t newest) {
   fail(Exit::exists, (root / version_dirname(newest)).string() + ": version " + format_version(newest) +
                          " was published by another publisher meanwhile (a Publisher or delta-diff; this publisher's "
-                         "mirror " + mirror.string() + " is at " + format_version(held) + "); nothing was published. "
+                         "mirror " +
+                         mirror.string() + " is at " + format_version(held) +
+                         "); nothing was published. "
                          "One publisher per root: stop the other, then close this Publisher and open it again (opening "
-                         "catches the mirror up from ROOT), and publish on top of version " + format_version(newest));
+                         "catches the mirror up from ROOT), and publish on top of version " +
+                         format_version(newest));
 }
 
 // The version after `base` (the mirror's) begun: the mirror's layout and record, the delta's temporary
@@ -274,7 +286,8 @@ std::unique_ptr<Step> new_step(const fs::path& root, const fs::path& mirror, con
   if (t.newest.value_or(0) > base) overtaken(root, mirror, base, *t.newest);
   if (t.newest.value_or(0) != base)
     fail(Exit::out_of_order, root.string() + ": its newest version is " + format_version(t.newest.value_or(0)) +
-                                 ", not the mirror's (" + format_version(base) + "); another publisher, or a version "
+                                 ", not the mirror's (" + format_version(base) +
+                                 "); another publisher, or a version "
                                  "withdrawn since: open the publisher again");
   st->version = t.version;
   st->base_version = base;
@@ -304,11 +317,14 @@ void check_paths(const fs::path& root, const fs::path& mirror) {
   const std::string form = " (Publisher(root, mirror))";
   require_dir(root, "create the publication root first (mkdir -p " + root.string() + ")");
   if (exists_nofollow(root / kStateDir))
-    fail(Exit::bad_input, root.string() + ": has " + kStateDir + "/, so it is a LOCAL checkpoint (a host's, or a "
-                              "mirror), not a publication root; the arguments look swapped" + form);
+    fail(Exit::bad_input, root.string() + ": has " + kStateDir +
+                              "/, so it is a LOCAL checkpoint (a host's, or a "
+                              "mirror), not a publication root; the arguments look swapped" +
+                              form);
   if (const Nesting n = nesting(root, mirror); n != Nesting::apart)
-    fail(Exit::bad_input, root.string() + (n == Nesting::same ? ": ROOT and the mirror are the same directory"
-                                                              : ": ROOT is inside mirror " + mirror.string()) +
+    fail(Exit::bad_input, root.string() +
+                              (n == Nesting::same ? ": ROOT and the mirror are the same directory"
+                                                  : ": ROOT is inside mirror " + mirror.string()) +
                               "; the mirror is a LOCAL, apart from the root it publishes into" + form);
   if (nesting(mirror, root) == Nesting::inside)
     fail(Exit::bad_input, mirror.string() + ": the mirror is inside ROOT " + root.string() +
@@ -317,9 +333,9 @@ void check_paths(const fs::path& root, const fs::path& mirror) {
   if (!has_state_file(mirror))
     fail(Exit::uninitialised, mirror.string() + ": mirror has no recorded version (no " + kStateDir +
                                   "/state.json); make it a copy of the version the hosts start from: "
-                                  "delta-apply --init CHECKPOINT " + mirror.string());
+                                  "delta-apply --init CHECKPOINT " +
+                                  mirror.string());
 }
-
 
 }  // namespace
 
@@ -425,7 +441,8 @@ void MemoryPublisher::put_found(const TensorFound& t) {
   if (st.given[i] || st.declared[i])
     fail(Exit::usage, "tensor '" + std::string(t.name) + "': given twice for version " + format_version(st.version));
   if (s_->opts.encoding != Encoding::sparse && s_->opts.encoding != Encoding::context)
-    fail(Exit::usage, "tensor '" + std::string(t.name) + "': changes found elsewhere are encoded as sparse or context, not " +
+    fail(Exit::usage, "tensor '" + std::string(t.name) +
+                          "': changes found elsewhere are encoded as sparse or context, not " +
                           (s_->opts.encoding ? std::string(encoding_name(*s_->opts.encoding)) : std::string("auto")) +
                           ": give the tensor's bytes");
   check_tensor(st, w, t.name, t.dtype, t.shape, t.nbytes, s_->mirror);
@@ -447,7 +464,8 @@ std::optional<Hash128> MemoryPublisher::found_base(std::string_view name, std::s
   if (st.given[i] || st.declared[i])
     fail(Exit::usage, "tensor '" + std::string(name) + "': given twice for version " + format_version(st.version));
   if (s_->opts.encoding != Encoding::sparse && s_->opts.encoding != Encoding::context)
-    fail(Exit::usage, "tensor '" + std::string(name) + "': changes found elsewhere are encoded as sparse or context, not " +
+    fail(Exit::usage, "tensor '" + std::string(name) +
+                          "': changes found elsewhere are encoded as sparse or context, not " +
                           (s_->opts.encoding ? std::string(encoding_name(*s_->opts.encoding)) : std::string("auto")) +
                           ": give the tensor's bytes");
   check_tensor(st, w, name, dtype, shape, nbytes, s_->mirror);
@@ -485,16 +503,15 @@ PublishSummary MemoryPublisher::publish(bool rest_unchanged) {
   for (std::size_t i = 0; i < st.works.size(); ++i) {
     const Work& w = st.works[i];
     if (!st.given[i] || !w.changed()) continue;
-    entries.push_back({w.t->name, st.layout.shards[w.nfile].file, st.encoder->entry_size(w), w.new_hash, w.base_hash,
-                       w.encoding});
+    entries.push_back(
+        {w.t->name, st.layout.shards[w.nfile].file, st.encoder->entry_size(w), w.new_hash, w.base_hash, w.encoding});
     changed.push_back(&w);
   }
   count_step(st, changed, ps);
   DeltaIndex idx = step_index(st, s_->opts);
   try {
-    st.writer->write_entries(idx, entries, [&](std::size_t i, File& f, std::uint64_t at) {
-      st.encoder->write_entry(*changed[i], f, at);
-    });
+    st.writer->write_entries(
+        idx, entries, [&](std::size_t i, File& f, std::uint64_t at) { st.encoder->write_entry(*changed[i], f, at); });
     st.encoder->close();
     ps.diff.delta_bytes = st.writer->publish(idx);
   } catch (const std::exception& e) {

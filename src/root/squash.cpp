@@ -67,9 +67,9 @@ struct Trace {
 // A weight file some delta of the chain changed structurally.
 struct FileState {
   enum class Kind { header, built, removed } kind = Kind::header;
-  bool existed = false;   // the first base has a weight file of this name
-  Hash128 base_header;    // header: the first base's header checksum
-  fs::path header;        // header, built: the newest header bytes
+  bool existed = false;  // the first base has a weight file of this name
+  Hash128 base_header;   // header: the first base's header checksum
+  fs::path header;       // header, built: the newest header bytes
   std::uint64_t header_size = 0;
   Hash128 header_hash;
   std::uint64_t size = 0;  // built
@@ -175,21 +175,26 @@ void lay(const Op& op, std::span<std::uint8_t> buf, const std::string& what) {
       });
       break;
     case Encoding::sparse:
-      decode_sparse(op.frame, buf.size(), what,
-                    [&](std::span<const std::uint64_t> offs, std::span<const std::uint8_t> v, std::size_t es, SparseOp sop) {
-                      for (std::size_t i = 0; i < offs.size(); ++i) sparse_apply_value(buf.data() + offs[i], v.data() + i * es, es, sop);
-                    });
+      decode_sparse(
+          op.frame, buf.size(), what,
+          [&](std::span<const std::uint64_t> offs, std::span<const std::uint8_t> v, std::size_t es, SparseOp sop) {
+            for (std::size_t i = 0; i < offs.size(); ++i)
+              sparse_apply_value(buf.data() + offs[i], v.data() + i * es, es, sop);
+          });
       break;
     case Encoding::overwrite:
-      decode_overwrite(d1, d2, op.frame, buf.size(), what, [&](std::span<const std::uint64_t> pos, std::span<const std::uint8_t> v) {
-        for (std::size_t i = 0; i < pos.size(); ++i) buf[pos[i]] = v[i];
-      });
+      decode_overwrite(d1, d2, op.frame, buf.size(), what,
+                       [&](std::span<const std::uint64_t> pos, std::span<const std::uint8_t> v) {
+                         for (std::size_t i = 0; i < pos.size(); ++i) buf[pos[i]] = v[i];
+                       });
       break;
     case Encoding::context:  // only over the tensor's own bytes (from zeros, or the base checkpoint's)
       decode_context(
-          op.frame, buf.size(), what, [&](std::uint64_t off, std::size_t n) { return std::span<const std::uint8_t>(buf.subspan(off, n)); },
+          op.frame, buf.size(), what,
+          [&](std::uint64_t off, std::size_t n) { return std::span<const std::uint8_t>(buf.subspan(off, n)); },
           [&](std::span<const std::uint64_t> offs, std::span<const std::uint8_t> v, std::size_t es, SparseOp sop) {
-            for (std::size_t i = 0; i < offs.size(); ++i) sparse_apply_value(buf.data() + offs[i], v.data() + i * es, es, sop);
+            for (std::size_t i = 0; i < offs.size(); ++i)
+              sparse_apply_value(buf.data() + offs[i], v.data() + i * es, es, sop);
           });
       break;
     case Encoding::stack:  // split into its parts when the chain is read
@@ -315,7 +320,9 @@ void compose_trace(const Trace& tr, std::uint64_t n, OutEntry& out, const fs::pa
     for (const Op& op : tr.ops) {
       const Kind k = kind_of(op, what);
       // A context entry's key is its own: a run of one.
-      keys.emplace_back(k, k == Kind::add ? read_sparse_head(op.frame, what).es : k == Kind::context ? static_cast<std::uint32_t>(keys.size()) : 0u);
+      keys.emplace_back(k, k == Kind::add       ? read_sparse_head(op.frame, what).es
+                           : k == Kind::context ? static_cast<std::uint32_t>(keys.size())
+                                                : 0u);
     }
   std::vector<std::span<const Op>> runs;
   for (std::size_t i = 0; i < tr.ops.size();) {
@@ -342,7 +349,8 @@ std::vector<fs::path> chain_between(const fs::path& first, const fs::path& last)
   const auto va = version_from_dirname(a.filename().string()), vb = version_from_dirname(b.filename().string());
   for (const auto& [p, v] : {std::pair{first, va}, std::pair{last, vb}})
     if (!v) fail(Exit::bad_input, p.string() + ": --squash takes version directories named weight_vNNNNNN");
-  if (a.parent_path() != b.parent_path()) fail(Exit::bad_input, first.string() + " and " + last.string() + ": not in the same directory");
+  if (a.parent_path() != b.parent_path())
+    fail(Exit::bad_input, first.string() + " and " + last.string() + ": not in the same directory");
   if (*vb <= *va) fail(Exit::bad_input, last.string() + ": is not newer than " + first.string());
   std::vector<fs::path> chain;
   const std::set<std::uint64_t> withdrawn = scan_withdrawn(a.parent_path());
@@ -350,7 +358,8 @@ std::vector<fs::path> chain_between(const fs::path& first, const fs::path& last)
     const fs::path d = a.parent_path() / version_dirname(v);
     boost::system::error_code ec;
     if (withdrawn.count(v) && !fs::exists(d, ec)) continue;  // the next version is published on the one before
-    if (!fs::is_directory(d, ec)) fail(Exit::bad_input, d.string() + ": missing; the chain from " + first.string() + " is broken");
+    if (!fs::is_directory(d, ec))
+      fail(Exit::bad_input, d.string() + ": missing; the chain from " + first.string() + " is broken");
     chain.push_back(d);
   }
   return chain;
@@ -372,8 +381,8 @@ struct SquashContext {
   DeltaIndex idx;
   std::map<std::string, std::vector<std::pair<std::string, std::uint64_t>>> built;  // file -> tensors
   std::vector<OutEntry> entries;
-  std::vector<const Trace*> of;  // entries[i]'s trace
-  std::optional<Checkpoint> base;  // SquashOptions::base, opened
+  std::vector<const Trace*> of;         // entries[i]'s trace
+  std::optional<Checkpoint> base;       // SquashOptions::base, opened
   std::map<std::string, Hash128> left;  // check_connects: what the links so far leave
 };
 
@@ -414,8 +423,9 @@ void open_links(SquashContext& ctx, const std::vector<fs::path>& chain) {
     // through a symlink, carried files and headers are what the index records.
     OpenDelta v = open_delta(d, std::move(*index));
     if (!ctx.links.empty() && v.index.base_version != ctx.links.back().idx.version)
-      fail(Exit::bad_input, d.string() + ": applies on top of version " + format_version(v.index.base_version) + ", not " +
-                                format_version(ctx.links.back().idx.version) + " (" + ctx.links.back().dir.string() + ")");
+      fail(Exit::bad_input, d.string() + ": applies on top of version " + format_version(v.index.base_version) +
+                                ", not " + format_version(ctx.links.back().idx.version) + " (" +
+                                ctx.links.back().dir.string() + ")");
     check_connects(ctx.left, v);
     l.idx = std::move(v.index);
     l.maps = std::move(v.maps);
@@ -431,9 +441,10 @@ void check_files_known(const SquashContext& ctx, const Link& l) {
   if (!l.idx.structural()) return;
   for (const auto& [name, t] : ctx.traces)
     if (!t.file)
-      fail(Exit::unsupported, "cannot squash: " + l.dir.string() + " changes the weight files' layout, and tensor '" + name +
-                                  "' was patched by an earlier delta that does not record which weight file its entries patch "
-                                  "(hfdelta_targets; written by newer builds)");
+      fail(Exit::unsupported,
+           "cannot squash: " + l.dir.string() + " changes the weight files' layout, and tensor '" + name +
+               "' was patched by an earlier delta that does not record which weight file its entries patch "
+               "(hfdelta_targets; written by newer builds)");
 }
 
 // A header rewritten in place: its tensors keep their bytes, under new names.
@@ -477,7 +488,8 @@ void trace_shard_op(SquashContext& ctx, const Link& l, const ShardOp& so, const 
   st.header_hash = so.header_hash;
   if (so.op == ShardOp::Op::header) {
     if (fresh) st.kind = FileState::Kind::header, st.base_header = so.base_header_hash;
-    if (st.kind == FileState::Kind::removed && !fresh) fail(Exit::bad_input, what + ": rewrites the header of a removed file");
+    if (st.kind == FileState::Kind::removed && !fresh)
+      fail(Exit::bad_input, what + ": rewrites the header of a removed file");
     return trace_header_op(ctx, so, st, prev);
   }
   st.kind = FileState::Kind::built;
@@ -487,8 +499,8 @@ void trace_shard_op(SquashContext& ctx, const Link& l, const ShardOp& so, const 
 
 // Entry `ti` of delta file `file` of link `k`, laid over its tensor's trace
 // (a stacked entry as its parts, in order).
-void trace_entry(SquashContext& ctx, std::size_t k, const std::string& file, const SafetensorsHeader& hdr, const TensorInfo& ti,
-                 const Traces& prev) {
+void trace_entry(SquashContext& ctx, std::size_t k, const std::string& file, const SafetensorsHeader& hdr,
+                 const TensorInfo& ti, const Traces& prev) {
   const Link& l = ctx.links[k];
   const std::string w = (l.dir / file).string();
   const Hash128 checksum = check_delta_entry(l.idx, file, hdr, ti, w);
@@ -502,7 +514,8 @@ void trace_entry(SquashContext& ctx, std::size_t k, const std::string& file, con
   Trace& tr = ctx.traces.try_emplace(ti.name, trace_of(prev, ti.name)).first->second;
   if (const auto target = l.idx.targets.find(file); target != l.idx.targets.end()) {
     if (tr.file && *tr.file != target->second)
-      fail(Exit::bad_input, w + ": entry '" + ti.name + "' patches " + target->second + ", but the tensor is in " + *tr.file);
+      fail(Exit::bad_input,
+           w + ": entry '" + ti.name + "' patches " + target->second + ", but the tensor is in " + *tr.file);
     tr.file = target->second;
   }
   if (op.enc == Encoding::stack) {  // a squashed delta in the chain: its parts, in order
@@ -558,7 +571,8 @@ std::optional<ShardOp> out_shard_op(SquashContext& ctx, const std::string& file,
   for (const auto& [name, len] : ts) {
     auto it = ctx.traces.find(name);
     if (it == ctx.traces.end() || !it->second.hash || it->second.file != file)
-      fail(Exit::bad_input, st.header.string() + ": tensor '" + name + "' is not accounted for by the chain's hfdelta_shards");
+      fail(Exit::bad_input,
+           st.header.string() + ": tensor '" + name + "' is not accounted for by the chain's hfdelta_shards");
     so.tensors.push_back({name, it->second.origin, *it->second.hash});
   }
   return so;
@@ -608,7 +622,8 @@ std::uint64_t tensor_length(const SquashContext& ctx, const Trace& t, const std:
   std::uint64_t end = 0;
   for (const Op& op : t.ops) {
     Decompressor d1, d2;
-    decode_overwrite(d1, d2, op.frame, std::uint64_t{1} << 32, ctx.links[op.link].dir.string() + ": entry '" + op.name + "'",
+    decode_overwrite(d1, d2, op.frame, std::uint64_t{1} << 32,
+                     ctx.links[op.link].dir.string() + ": entry '" + op.name + "'",
                      [&](std::span<const std::uint64_t> pos, std::span<const std::uint8_t>) {
                        if (!pos.empty()) end = std::max(end, pos.back() + 1);
                      });
@@ -622,7 +637,8 @@ std::uint64_t tensor_length(const SquashContext& ctx, const Trace& t, const std:
 Checkpoint open_base(const fs::path& dir) {
   require_dir(dir, "--squash-base takes the checkpoint of the chain's first base");
   if (is_delta_dir(dir))
-    fail(Exit::bad_input, dir.string() + ": is a delta version; --squash-base takes the checkpoint of the chain's first base");
+    fail(Exit::bad_input,
+         dir.string() + ": is a delta version; --squash-base takes the checkpoint of the chain's first base");
   return open_checkpoint(dir);
 }
 
@@ -668,38 +684,42 @@ Hash128 read_hashed(const File& f, std::uint64_t offset, std::span<std::uint8_t>
 void compose_on_base(const SquashContext& ctx, const Trace& t, std::uint64_t len, OutEntry& e, const fs::path& spool) {
   const Checkpoint& ck = *ctx.base;
   const std::string& origin = *t.origin;
-  const std::string not_base = "--squash-base " + ck.dir.string() + " is not the checkpoint of the chain's first base (version " +
+  const std::string not_base = "--squash-base " + ck.dir.string() +
+                               " is not the checkpoint of the chain's first base (version " +
                                format_version(ctx.idx.base_version) + ")";
   const auto ref = ck.tensors.find(origin);
   if (ref == ck.tensors.end())
-    fail(Exit::verify_failed, ck.dir.string() + ": has no tensor '" + origin + "', which the chain's entries for '" + e.name +
-                                  "' are laid over; " + not_base);
+    fail(Exit::verify_failed, ck.dir.string() + ": has no tensor '" + origin + "', which the chain's entries for '" +
+                                  e.name + "' are laid over; " + not_base);
   const TensorInfo& info = ck.info(ref->second);
   const Shard& shard = ck.shards[ref->second.shard];
   const std::string w = (ck.dir / shard.file).string();
   const std::uint64_t n = info.nbytes();
   if (n != len)
-    fail(Exit::verify_failed, w + ": tensor '" + origin + "' has " + std::to_string(n) + " bytes, the chain's entries for '" +
-                                  e.name + "' patch " + std::to_string(len) + "; " + not_base);
+    fail(Exit::verify_failed, w + ": tensor '" + origin + "' has " + std::to_string(n) +
+                                  " bytes, the chain's entries for '" + e.name + "' patch " + std::to_string(len) +
+                                  "; " + not_base);
   Scratch base(spool.string() + "-base", n, 0), cur(spool.string() + "-cur", n, 0);
   const Hash128 h0 = read_hashed(File(w, File::Mode::read), shard.header.file_offset(info), base.bytes());
   const Op& first = t.ops.front();
   const std::string first_dir = ctx.links[first.link].dir.string();
   if (first.base_hash && h0 != *first.base_hash)
     fail(Exit::verify_failed, w + ": tensor '" + origin + "' has checksum " + h0.hex() + ", " + first_dir +
-                                  " records " + first.base_hash->hex() + " as the base of its entry '" + first.name + "'; " +
-                                  not_base);
+                                  " records " + first.base_hash->hex() + " as the base of its entry '" + first.name +
+                                  "'; " + not_base);
   std::copy(base.bytes().begin(), base.bytes().end(), cur.bytes().begin());
   for (std::size_t k = 0; k < t.ops.size(); ++k) {
     const Op& op = t.ops[k];
     const std::string what = ctx.links[op.link].dir.string() + ": entry '" + op.name + "'";
     if (k > 0 && op.base_hash && *op.base_hash != t.ops[k - 1].new_hash)
-      fail(Exit::verify_failed, what + ": its base checksum " + op.base_hash->hex() + " is not " + t.ops[k - 1].new_hash.hex() +
+      fail(Exit::verify_failed, what + ": its base checksum " + op.base_hash->hex() + " is not " +
+                                    t.ops[k - 1].new_hash.hex() +
                                     ", what the chain's entries before it leave (the chain is damaged)");
     lay(op, cur.bytes(), what);
     if (const Hash128 h = xxh3_128(cur.bytes()); h != op.new_hash)
-      fail(Exit::verify_failed, what + ", laid over " + w + "'s tensor '" + origin + "' and the entries before it, gives checksum " +
-                                    h.hex() + ", the delta records " + op.new_hash.hex() +
+      fail(Exit::verify_failed, what + ", laid over " + w + "'s tensor '" + origin +
+                                    "' and the entries before it, gives checksum " + h.hex() + ", the delta records " +
+                                    op.new_hash.hex() +
                                     (k == 0 && !first.base_hash ? " (" + not_base + ", or the delta is damaged)"
                                                                 : " (the chain is damaged)"));
   }
@@ -738,15 +758,18 @@ void compose_entries(SquashContext& ctx, const std::map<std::string, std::uint64
       return;
     }
     if (on_base(ctx, t))
-      return compose_on_base(ctx, t, tensor_length(ctx, t, e.name, lengths), e, tmp / (".compose-" + std::to_string(i)));
-    compose_trace(t, tensor_length(ctx, t, e.name, lengths), e, tmp / (".compose-" + std::to_string(i)), ctx.opts.level, ctx.links);
+      return compose_on_base(ctx, t, tensor_length(ctx, t, e.name, lengths), e,
+                             tmp / (".compose-" + std::to_string(i)));
+    compose_trace(t, tensor_length(ctx, t, e.name, lengths), e, tmp / (".compose-" + std::to_string(i)), ctx.opts.level,
+                  ctx.links);
   });
   for (const auto& e : ctx.entries) {
     if (e.pieces.empty()) {
       ++ctx.sum.entries_dropped;
       continue;
     }
-    ctx.sum.entries_composed += std::any_of(e.pieces.begin(), e.pieces.end(), [](const Piece& p) { return !p.composed.empty(); });
+    ctx.sum.entries_composed +=
+        std::any_of(e.pieces.begin(), e.pieces.end(), [](const Piece& p) { return !p.composed.empty(); });
     ctx.sum.entries_stacked += e.pieces.size() > 1;
   }
   std::erase_if(ctx.entries, [](const OutEntry& e) { return e.pieces.empty(); });
@@ -756,7 +779,8 @@ void compose_entries(SquashContext& ctx, const std::map<std::string, std::uint64
 void choose_encoding(SquashContext& ctx) {
   std::set<Encoding> encs;
   for (const auto& e : ctx.entries) encs.insert(e.enc());
-  ctx.idx.per_tensor = ctx.idx.structural() || encs.size() > 1 || encs.count(Encoding::stack);  // "stack" is per tensor only
+  ctx.idx.per_tensor =
+      ctx.idx.structural() || encs.size() > 1 || encs.count(Encoding::stack);  // "stack" is per tensor only
   ctx.idx.encoding = encs.empty() ? ctx.links.back().idx.encoding : *encs.begin();
   for (const auto& e : ctx.entries)
     for (const Piece& p : e.pieces) ctx.idx.context_parts = ctx.idx.context_parts || p.enc == Encoding::context;
@@ -786,7 +810,8 @@ void write_out_entries(SquashContext& ctx, DeltaWriter& out) {
   std::vector<NewDeltaEntry> des;
   for (const OutEntry& e : ctx.entries) des.push_back({e.name, e.file, e.size(), e.new_hash, e.base_hash, e.enc()});
   // One delta file per weight file patched, entries by name.
-  out.write_entries(ctx.idx, des, [&](std::size_t i, File& f, std::uint64_t at) { write_pieces(ctx.entries[i], f, at); });
+  out.write_entries(ctx.idx, des,
+                    [&](std::size_t i, File& f, std::uint64_t at) { write_pieces(ctx.entries[i], f, at); });
   ctx.sum.entries += des.size();
   boost::system::error_code ec;
   for (const auto& e : ctx.entries)

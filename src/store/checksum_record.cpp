@@ -27,7 +27,9 @@ namespace {
 constexpr const char* kRecordHint = "; delta-apply --init SRC LOCAL rewrites it";
 
 fs::path records_dir(const fs::path& local) { return local / kStateDir / "checksums"; }
-fs::path record_path(const fs::path& local, std::uint64_t v) { return records_dir(local) / (format_version(v) + ".json"); }
+fs::path record_path(const fs::path& local, std::uint64_t v) {
+  return records_dir(local) / (format_version(v) + ".json");
+}
 
 // One thing to hash: a weight file's header, one of its tensors, or a whole file.
 struct Item {
@@ -41,7 +43,8 @@ std::vector<Item> items_of(const Checkpoint& c) {
   std::vector<Item> items;
   for (const auto& s : c.shards) {
     items.push_back({s.file, "", true, 0, 8 + s.header.header_len, {}});
-    for (const auto& t : s.header.tensors) items.push_back({s.file, t.name, true, s.header.file_offset(t), t.nbytes(), {}});
+    for (const auto& t : s.header.tensors)
+      items.push_back({s.file, t.name, true, s.header.file_offset(t), t.nbytes(), {}});
   }
   return items;
 }
@@ -49,7 +52,8 @@ std::vector<Item> items_of(const Checkpoint& c) {
 void hash_items(const fs::path& dir, std::vector<Item>& items, int threads) {
   std::vector<std::size_t> order(items.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return items[a].size > items[b].size; });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return items[a].size > items[b].size; });
   std::uint64_t total = 0;
   for (const Item& it : items) total += it.size;
   progress::begin("hash", total);
@@ -99,7 +103,9 @@ ChecksumRecord compute_record(const fs::path& dir, const Checkpoint& c, int thre
   return record_of(c, items);
 }
 
-ChecksumRecord compute_record(const fs::path& dir, int threads) { return compute_record(dir, open_checkpoint(dir), threads); }
+ChecksumRecord compute_record(const fs::path& dir, int threads) {
+  return compute_record(dir, open_checkpoint(dir), threads);
+}
 
 fs::path record_file(const fs::path& local, std::uint64_t version) { return record_path(local, version); }
 

@@ -85,7 +85,9 @@ bool holds_only(const fs::path& dir, const fs::path& name) {
   return !ec && it == end;
 }
 
-std::size_t depth_of(const std::string& rel) { return static_cast<std::size_t>(std::count(rel.begin(), rel.end(), '/')) + 1; }
+std::size_t depth_of(const std::string& rel) {
+  return static_cast<std::size_t>(std::count(rel.begin(), rel.end(), '/')) + 1;
+}
 
 fs::path up_from(fs::path p, std::size_t up) {
   while (up-- > 0) p = p.parent_path();
@@ -355,7 +357,8 @@ void rollback(const fs::path& local, const fs::path& step, const Manifest& m, bo
     boost::system::error_code ec;
     // A put's own file is always a regular file: a directory at dst is one a
     // removal put back in a rollback cut short, which is not ours to remove.
-    const bool ours = !f.existed && !exists_nofollow(txn_stage(step, k)) && fs::is_regular_file(fs::symlink_status(dst, ec));
+    const bool ours =
+        !f.existed && !exists_nofollow(txn_stage(step, k)) && fs::is_regular_file(fs::symlink_status(dst, ec));
     if (exists_nofollow(txn_undo(step, k))) {
       if (ours) remove_path(dst);  // over the empty directory set aside for it
       rename_path(txn_undo(step, k), dst);
@@ -405,8 +408,7 @@ std::vector<fs::path> steps_of(const fs::path& local) {
   boost::system::error_code ec;
   const fs::path root = txn_root(local);
   if (!fs::is_directory(root, ec)) return {};
-  for (fs::directory_iterator it(root, ec), end; it != end && !ec; it.increment(ec))
-  {
+  for (fs::directory_iterator it(root, ec), end; it != end && !ec; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (name.empty() || name.size() > 9 || name.find_first_not_of("0123456789") != std::string::npos) continue;
     if (fs::is_directory(it->path())) v.emplace_back(std::stoull(name), it->path());
@@ -426,8 +428,7 @@ void discard(const fs::path& local, bool sync) {
   rename_path(root, gone);  // the commit point; past it nothing may fail the operation
   try {
     if (sync) sync_dir(root.parent_path());
-  } catch (const std::exception&) {
-  }
+  } catch (const std::exception&) {}
   boost::system::error_code ec;
   fs::remove_all(gone, ec);
 }
@@ -469,7 +470,8 @@ bool Txn::rollback_all() {
   if (kept_) return false;  // a step could not be undone: its journal stays for the next run
   {
     const OnFailure keep_journal([this] { kept_ = true; });
-    for (std::size_t k = done_.size(); k-- > 0;) rollback(local_, txn_root(local_) / std::to_string(k), done_[k], sync_);
+    for (std::size_t k = done_.size(); k-- > 0;)
+      rollback(local_, txn_root(local_) / std::to_string(k), done_[k], sync_);
   }
   done_.clear();
   try {

@@ -41,7 +41,7 @@ struct Manifest {
   // each window's record is in its part before the window is written, but a
   // part may be missing or end early.
   bool live = false;
-  std::vector<TxnFile> files;         // whole-file operations, in execution order
+  std::vector<TxnFile> files;  // whole-file operations, in execution order
 };
 
 // LOCAL/.weight_sync/txn/ holds the transaction of the operation under way:
@@ -118,7 +118,7 @@ class Txn {
  public:
   Txn(const boost::filesystem::path& local, bool sync) : local_(local), sync_(sync) {}
   boost::filesystem::path begin_step();  // creates the next step directory
-  void abandon_step();    // its journal was never completed: LOCAL untouched
+  void abandon_step();                   // its journal was never completed: LOCAL untouched
   void step_done(const Manifest& m) { done_.push_back(m); }
   // Undoes the committed steps, last first, then discards the journal. If a
   // rollback fails (or failed in keep()), the journal is kept for the next
@@ -126,7 +126,7 @@ class Txn {
   bool rollback_all();
   void keep() { kept_ = true; }  // the current step's rollback failed
   bool kept() const { return kept_; }
-  void commit();          // what was done so far is complete: discards the journal (steps may follow)
+  void commit();  // what was done so far is complete: discards the journal (steps may follow)
   const boost::filesystem::path& step() const { return step_; }
   // The version the whole operation ends at; steps before it leave the state
   // marked pending, since the operation is not over yet.

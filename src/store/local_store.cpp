@@ -58,7 +58,8 @@ LocalLock::LocalLock(const fs::path& local, double timeout_s, Mode mode, const c
       fail(Exit::failure, lock.string() + ": flock: " + std::strerror(e));
     }
     if (timeout_s >= 0 && std::chrono::steady_clock::now() >= deadline)
-      fail(Exit::lock_timeout, lock.string() + ": still locked by another process after " + std::to_string(timeout_s) + " s");
+      fail(Exit::lock_timeout,
+           lock.string() + ": still locked by another process after " + std::to_string(timeout_s) + " s");
     check_stop();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -201,9 +202,11 @@ void refuse_local_symlinks(const fs::path& local) {
       continue;
     }
     if (fs::is_symlink(it->symlink_status()))
-      fail(Exit::bad_input, it->path().string() + ": is a symlink; LOCAL is written only through files of its own, so "
-                                "nothing was changed. Replace it with a copy of its target (cp --remove-destination) or remove it "
-                                "(rm removes the link, not its target)");
+      fail(Exit::bad_input,
+           it->path().string() +
+               ": is a symlink; LOCAL is written only through files of its own, so "
+               "nothing was changed. Replace it with a copy of its target (cp --remove-destination) or remove it "
+               "(rm removes the link, not its target)");
   }
 }
 

@@ -4,8 +4,8 @@
 
 #include <cstdint>
 #include <optional>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include <boost/filesystem/path.hpp>
 
@@ -35,7 +35,8 @@ struct LocalState {
 class LocalLock {
  public:
   enum class Mode { create, existing, shared };
-  LocalLock(const boost::filesystem::path& local, double timeout_s, Mode mode = Mode::create, const char* file = "lock");
+  LocalLock(const boost::filesystem::path& local, double timeout_s, Mode mode = Mode::create,
+            const char* file = "lock");
   ~LocalLock();
   LocalLock(const LocalLock&) = delete;
   LocalLock& operator=(const LocalLock&) = delete;

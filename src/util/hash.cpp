@@ -36,10 +36,14 @@ Hash128 parse_hash_hex(const std::string& s, const std::string& what) {
   for (std::size_t i = 0; i < 32; ++i) {
     const char c = s[i];
     unsigned d;
-    if (c >= '0' && c <= '9') d = static_cast<unsigned>(c - '0');
-    else if (c >= 'a' && c <= 'f') d = static_cast<unsigned>(c - 'a' + 10);
-    else if (c >= 'A' && c <= 'F') d = static_cast<unsigned>(c - 'A' + 10);
-    else fail(Exit::bad_input, what + ": checksum \"" + s + "\" is not 32 hex digits");
+    if (c >= '0' && c <= '9')
+      d = static_cast<unsigned>(c - '0');
+    else if (c >= 'a' && c <= 'f')
+      d = static_cast<unsigned>(c - 'a' + 10);
+    else if (c >= 'A' && c <= 'F')
+      d = static_cast<unsigned>(c - 'A' + 10);
+    else
+      fail(Exit::bad_input, what + ": checksum \"" + s + "\" is not 32 hex digits");
     std::uint64_t& word = i < 16 ? h.high : h.low;
     word = (word << 4) | d;
   }
@@ -61,7 +65,9 @@ Hasher::Hasher(Hasher&&) noexcept = default;
 Hasher& Hasher::operator=(Hasher&&) noexcept = default;
 
 void Hasher::reset() { XXH3_128bits_reset(&s_->st); }
-void Hasher::update(std::span<const std::uint8_t> bytes) { HFDELTA_XXH3_128_UPDATE(&s_->st, bytes.data(), bytes.size()); }
+void Hasher::update(std::span<const std::uint8_t> bytes) {
+  HFDELTA_XXH3_128_UPDATE(&s_->st, bytes.data(), bytes.size());
+}
 Hash128 Hasher::digest() const {
   const XXH128_hash_t h = XXH3_128bits_digest(&s_->st);
   return {h.high64, h.low64};

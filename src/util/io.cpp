@@ -144,9 +144,15 @@ void MappedFile::advise_sequential(std::uint64_t offset, std::uint64_t n) const 
 File::File(const fs::path& path, Mode mode) : path_(path) {
   int flags = O_CLOEXEC;
   switch (mode) {
-    case Mode::read: flags |= O_RDONLY; break;
-    case Mode::read_write: flags |= O_RDWR; break;
-    case Mode::create_exclusive: flags |= O_RDWR | O_CREAT | O_EXCL; break;
+    case Mode::read:
+      flags |= O_RDONLY;
+      break;
+    case Mode::read_write:
+      flags |= O_RDWR;
+      break;
+    case Mode::create_exclusive:
+      flags |= O_RDWR | O_CREAT | O_EXCL;
+      break;
   }
   fd_ = ::open(path.c_str(), flags, 0644);
   if (fd_ < 0) sys_fail(path, mode == Mode::create_exclusive ? "create" : "open");
@@ -169,7 +175,7 @@ File::~File() {
 }
 
 std::uint64_t File::size() const {
-  struct stat st{};
+  struct stat st {};
   if (::fstat(fd_, &st) != 0) sys_fail(path_, "stat");
   if (!S_ISREG(st.st_mode)) fail(Exit::bad_input, path_.string() + ": not a regular file");
   return static_cast<std::uint64_t>(st.st_size);
@@ -237,7 +243,7 @@ namespace {
 // as with RENAME_NOREPLACE; only an empty directory made at OUT between that
 // check and the rename can be replaced, and it held nothing.
 void publish_dir_portable(const fs::path& tmp, const fs::path& out) {
-  struct stat st{};
+  struct stat st {};
   if (::lstat(out.c_str(), &st) == 0) fail_published(out);
   if (errno != ENOENT) fail_rename(tmp, out, errno);
   if (::rename(tmp.c_str(), out.c_str()) == 0) return;
@@ -348,8 +354,10 @@ void copy_range(const File& in, std::uint64_t in_off, std::uint64_t n, File& out
       if (errno == EXDEV || errno == ENOSYS || errno == EINVAL || errno == EOPNOTSUPP) break;
       sys_fail(out.path(), "copy from " + in.path().string());
     }
-    if (r == 0) fail(Exit::bad_input, in.path().string() + ": unexpected end of file at offset " + std::to_string(in_off));
-    in_off += static_cast<std::uint64_t>(r), out_off += static_cast<std::uint64_t>(r), n -= static_cast<std::uint64_t>(r);
+    if (r == 0)
+      fail(Exit::bad_input, in.path().string() + ": unexpected end of file at offset " + std::to_string(in_off));
+    in_off += static_cast<std::uint64_t>(r), out_off += static_cast<std::uint64_t>(r),
+        n -= static_cast<std::uint64_t>(r);
   }
   std::vector<char> buf(static_cast<std::size_t>(std::min<std::uint64_t>(n, 1u << 20)));
   while (n > 0) {  // fallback where the kernel cannot copy between these files

@@ -66,8 +66,8 @@ class Checker : public nlohmann::json_sax<json> {
   }
   void open(bool object) {
     if (++depth_ > limits_.depth)
-      fail(Exit::bad_input, what_ + ": " + subject_ + " is nested too deeply (more than " +
-                                std::to_string(limits_.depth) + " levels)");
+      fail(Exit::bad_input,
+           what_ + ": " + subject_ + " is nested too deeply (more than " + std::to_string(limits_.depth) + " levels)");
     if (object) objects_.emplace_back();
   }
   void close() { --depth_; }

@@ -21,8 +21,7 @@ class OnFailure {
     if (std::uncaught_exceptions() <= uncaught_) return;
     try {
       undo_();
-    } catch (...) {
-    }
+    } catch (...) {}
   }
   OnFailure(const OnFailure&) = delete;
   OnFailure& operator=(const OnFailure&) = delete;

@@ -42,7 +42,7 @@ namespace {
 
 using Bytes = std::vector<std::uint8_t>;
 
-constexpr std::uint64_t kWhole = ~0ull;                // decode_context: every chunk
+constexpr std::uint64_t kWhole = ~0ull;               // decode_context: every chunk
 constexpr std::uint64_t kMaxEditedTensor = 1u << 18;  // the round trip of edits: small tensors only
 
 struct Decoded {
@@ -154,17 +154,15 @@ void round_trip(const fuzz::ContextInput& in, const Bytes& base, const Bytes& ne
   if (api) {
     static hfdelta::Compressor c(1);
     Bytes e2;
-    const std::uint64_t n = hfdelta::encode_context(c, base, next, es, field, [&](std::span<const std::uint8_t> s) {
-      e2.insert(e2.end(), s.begin(), s.end());
-    });
+    const std::uint64_t n = hfdelta::encode_context(
+        c, base, next, es, field, [&](std::span<const std::uint8_t> s) { e2.insert(e2.end(), s.begin(), s.end()); });
     FUZZ_CHECK(n == e2.size());
     FUZZ_CHECK(e2 == e);
   }
   std::optional<hfdelta::ContextSummary> sum;
   try {
     sum = hfdelta::check_context(e, in.nbytes, "fuzz round trip");
-  } catch (const hfdelta::Error&) {
-  }
+  } catch (const hfdelta::Error&) {}
   FUZZ_CHECK(sum);  // the encoder's own entry
   FUZZ_CHECK(sum->changes == hfdelta::count_changes(base, next, sum->elem_size).elements);
   const Decoded d = decode(e, in, 0, kWhole);
@@ -236,8 +234,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     // (An element size and field that do not fit are replaced as
     // encode_context replaces them.)
     const std::size_t es = hfdelta::sparse_elem_size(entry.size() >= 8 ? fuzz::le(entry.data() + 4, 4) : 2, in.nbytes);
-    hfdelta::ContextField field = entry.size() >= 34 ? hfdelta::ContextField{entry[32], entry[33]}
-                                                     : hfdelta::context_field("BF16", 2);
+    hfdelta::ContextField field =
+        entry.size() >= 34 ? hfdelta::ContextField{entry[32], entry[33]} : hfdelta::context_field("BF16", 2);
     if (field.bits > 8 || field.shift + field.bits > 8 * es) field = {};
     round_trip(in, base, next, es, field, entry.size(), false);
   }

@@ -30,7 +30,8 @@ bool safe_relative(const std::string& p) {
 
 bool same(const hfdelta::DeltaIndex& a, const hfdelta::DeltaIndex& b) {
   if (a.version != b.version || a.base_version != b.base_version || a.encoding != b.encoding ||
-      a.per_tensor != b.per_tensor || a.encodings != b.encodings || a.weight_map != b.weight_map || a.base_checksums != b.base_checksums || a.files.size() != b.files.size())
+      a.per_tensor != b.per_tensor || a.encodings != b.encodings || a.weight_map != b.weight_map ||
+      a.base_checksums != b.base_checksums || a.files.size() != b.files.size())
     return false;
   for (std::size_t i = 0; i < a.files.size(); ++i) {
     const auto& x = a.files[i];

@@ -39,7 +39,8 @@ bool well_formed(const std::vector<std::uint8_t>& c, std::uint64_t nbytes) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   static hfdelta::Decompressor dp, dv;
   const std::uint64_t nbytes = fuzz::tensor_size(data, size);
-  const std::span<const std::uint8_t> frame = size >= 4 ? std::span(data + 4, size - 4) : std::span<const std::uint8_t>();
+  const std::span<const std::uint8_t> frame =
+      size >= 4 ? std::span(data + 4, size - 4) : std::span<const std::uint8_t>();
 
   std::vector<std::uint64_t> positions;
   std::vector<std::uint8_t> values;

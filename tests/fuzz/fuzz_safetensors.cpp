@@ -52,8 +52,7 @@ void check_accepted(const hfdelta::SafetensorsHeader& h, std::string_view bytes)
 
   // The writer re-encodes what the reader accepted into a header that the
   // reader accepts again with the same tensors (offsets, dtypes, shapes).
-  const std::string prefix =
-      hfdelta::encode_safetensors_header(h.tensors, h.has_metadata ? &h.metadata : nullptr);
+  const std::string prefix = hfdelta::encode_safetensors_header(h.tensors, h.has_metadata ? &h.metadata : nullptr);
   FUZZ_CHECK(prefix.size() % 8 == 0);
   const auto again = hfdelta::parse_safetensors(prefix, prefix.size() + buffer, "fuzz re-encoded");
   FUZZ_CHECK(again.tensors.size() == h.tensors.size());

@@ -144,7 +144,8 @@ void reference_apply(std::uint8_t* elem, const std::uint8_t* v, std::size_t es, 
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::uint64_t nbytes = fuzz::tensor_size(data, size, kMaxSparseTensor);
-  const std::span<const std::uint8_t> entry = size >= 4 ? std::span(data + 4, size - 4) : std::span<const std::uint8_t>();
+  const std::span<const std::uint8_t> entry =
+      size >= 4 ? std::span(data + 4, size - 4) : std::span<const std::uint8_t>();
 
   Changes got;
   bool ok = true;

@@ -57,7 +57,8 @@ bool reference(std::span<const std::uint8_t> e, std::vector<RefPart>& out) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::uint64_t nbytes = fuzz::tensor_size(data, size);
-  const std::span<const std::uint8_t> entry = size >= 4 ? std::span(data + 4, size - 4) : std::span<const std::uint8_t>();
+  const std::span<const std::uint8_t> entry =
+      size >= 4 ? std::span(data + 4, size - 4) : std::span<const std::uint8_t>();
 
   std::vector<hfdelta::StackPart> parts;
   bool ok = true;
@@ -73,8 +74,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   FUZZ_CHECK(parts.size() == want.size());
   for (std::size_t i = 0; i < parts.size(); ++i) {
     const hfdelta::StackPart& p = parts[i];
-    const hfdelta::Encoding enc[] = {hfdelta::Encoding::xor_bytes, hfdelta::Encoding::overwrite, hfdelta::Encoding::sparse,
-                                     hfdelta::Encoding::context};
+    const hfdelta::Encoding enc[] = {hfdelta::Encoding::xor_bytes, hfdelta::Encoding::overwrite,
+                                     hfdelta::Encoding::sparse, hfdelta::Encoding::context};
     FUZZ_CHECK(p.enc == enc[want[i].code]);
     FUZZ_CHECK(p.size == want[i].size && p.bytes.size() == p.size);
     FUZZ_CHECK(p.bytes.data() == entry.data() + want[i].offset);
@@ -100,8 +101,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           break;
         case hfdelta::Encoding::sparse:
           hfdelta::decode_sparse(p.bytes, nbytes, "fuzz",
-                                 [&](std::span<const std::uint64_t> offs, std::span<const std::uint8_t> v, std::size_t es,
-                                     hfdelta::SparseOp) {
+                                 [&](std::span<const std::uint64_t> offs, std::span<const std::uint8_t> v,
+                                     std::size_t es, hfdelta::SparseOp) {
                                    FUZZ_CHECK(v.size() == offs.size() * es);
                                    for (const std::uint64_t o : offs) FUZZ_CHECK(o < nbytes && es <= nbytes - o);
                                  });

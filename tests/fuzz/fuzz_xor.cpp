@@ -18,7 +18,8 @@
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   static hfdelta::Decompressor d;  // reused across inputs, as the apply path does
   const std::uint64_t nbytes = fuzz::tensor_size(data, size);
-  const std::span<const std::uint8_t> frame = size >= 4 ? std::span(data + 4, size - 4) : std::span<const std::uint8_t>();
+  const std::span<const std::uint8_t> frame =
+      size >= 4 ? std::span(data + 4, size - 4) : std::span<const std::uint8_t>();
 
   std::vector<std::uint8_t> got;
   bool ok = true;

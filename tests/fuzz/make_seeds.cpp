@@ -60,9 +60,9 @@ bool accepted(const std::string& target, std::span<const std::uint8_t> bytes) {
           [&](std::uint64_t off, std::size_t n) { return std::span<const std::uint8_t>(base).subspan(off, n); },
           [](std::span<const std::uint64_t>, std::span<const std::uint8_t>, std::size_t, hfdelta::SparseOp) {});
     } else if (target == "sparse") {
-      hfdelta::decode_sparse(frame, nbytes, "seed",
-                             [](std::span<const std::uint64_t>, std::span<const std::uint8_t>, std::size_t,
-                                hfdelta::SparseOp) {});
+      hfdelta::decode_sparse(
+          frame, nbytes, "seed",
+          [](std::span<const std::uint64_t>, std::span<const std::uint8_t>, std::size_t, hfdelta::SparseOp) {});
     } else {
       hfdelta::Decompressor dp, dv;
       hfdelta::decode_overwrite(dp, dv, frame, nbytes, "seed",
@@ -163,8 +163,8 @@ void safetensors_seeds() {
                          &meta, 1));
   write("safetensors", "valid_one.safetensors", safetensors_file({{"w", "U8", {16}, 16}}, nullptr, 2));
   write("safetensors", "valid_none.safetensors", safetensors_file({}, &meta, 3));
-  const std::map<std::string, std::string> checksums{
-      {"layers.0.w", "0123456789abcdef0123456789abcdef"}, {"layers.1.w", "fedcba9876543210fedcba9876543210"}};
+  const std::map<std::string, std::string> checksums{{"layers.0.w", "0123456789abcdef0123456789abcdef"},
+                                                     {"layers.1.w", "fedcba9876543210fedcba9876543210"}};
   write("safetensors", "valid_delta_shard.safetensors",
         safetensors_file({{"layers.0.w", "U8", {9}, 9}, {"layers.1.w", "U8", {11}, 11}}, &checksums, 4));
   // Another writer's layout: keys in data order, no padding, unicode escapes.
@@ -208,7 +208,9 @@ void safetensors_seeds() {
 Bytes encode(bool xor_enc, const Bytes& a, const Bytes& b) {
   hfdelta::Compressor c(1);  // slime's level
   Bytes frame;
-  const hfdelta::ByteSink sink = [&](std::span<const std::uint8_t> s) { frame.insert(frame.end(), s.begin(), s.end()); };
+  const hfdelta::ByteSink sink = [&](std::span<const std::uint8_t> s) {
+    frame.insert(frame.end(), s.begin(), s.end());
+  };
   if (xor_enc) {
     hfdelta::encode_xor(c, a, b, sink);
   } else {
@@ -346,7 +348,8 @@ Bytes sparse_entry(std::uint32_t es, std::uint64_t nbytes, std::uint64_t chunk_e
 Bytes encode_sparse(const Bytes& a, const Bytes& b, std::size_t es) {
   hfdelta::Compressor c(1);
   Bytes entry;
-  hfdelta::encode_sparse(c, a, b, es, [&](std::span<const std::uint8_t> s) { entry.insert(entry.end(), s.begin(), s.end()); });
+  hfdelta::encode_sparse(c, a, b, es,
+                         [&](std::span<const std::uint8_t> s) { entry.insert(entry.end(), s.begin(), s.end()); });
   // The seeds named as the encoder's are of the revision it writes.
   if (entry.size() < 4 || std::string_view(reinterpret_cast<const char*>(entry.data()), 4) != "HFS2")
     throw std::runtime_error("encode_sparse no longer writes HFS2 entries: revisit the sparse seeds");
@@ -409,15 +412,18 @@ void sparse_seeds() {
 
   // By hand, HFS1 (XOR values), as the encoder wrote them before HFS2: the
   // decoder still reads them.
-  write("sparse", "valid_hfs1_bf16", input(400, sparse_entry(2, 400, kChunk, {xor_changes(a400, changed(a400, 8, 31), 2)})));
+  write("sparse", "valid_hfs1_bf16",
+        input(400, sparse_entry(2, 400, kChunk, {xor_changes(a400, changed(a400, 8, 31), 2)})));
   write("sparse", "valid_hfs1_f64", input(64, sparse_entry(8, 64, kChunk, {xor_changes(a64, changed(a64, 5, 33), 8)})));
   // Three chunks of 1-byte elements, the last one of 16.
   const std::vector<SparseChunk> three{{{{0, 0x12}, {kChunk - 1, 0x80}}, {}}, {}, {{{0, 0xff}, {15, 0x01}}, {}}};
   write("sparse", "valid_hfs1_three_chunks", input(2 * kChunk + 16, sparse_entry(1, 2 * kChunk + 16, kChunk, three)));
-  write("sparse", "valid_hfs2_three_chunks", input(2 * kChunk + 16, sparse_entry(1, 2 * kChunk + 16, kChunk, three, '2')));
+  write("sparse", "valid_hfs2_three_chunks",
+        input(2 * kChunk + 16, sparse_entry(1, 2 * kChunk + 16, kChunk, three, '2')));
   // 60 bf16 elements, values at the edges (0x8000: the most negative
   // difference in HFS2).
-  const std::vector<SparseChunk> one{{{{0, 0x1234}, {15, 0x0001}, {35, 0xffff}, {48, 0x8000}, {49, 0x0080}, {55, 0x4242}}, {}}};
+  const std::vector<SparseChunk> one{
+      {{{0, 0x1234}, {15, 0x0001}, {35, 0xffff}, {48, 0x8000}, {49, 0x0080}, {55, 0x4242}}, {}}};
   write("sparse", "valid_hfs1_edges", input(120, sparse_entry(2, 120, kChunk, one)));
   write("sparse", "valid_hfs2_edges", input(120, sparse_entry(2, 120, kChunk, one, '2')));
 
@@ -445,7 +451,7 @@ void sparse_seeds() {
   // Eleven varint bytes for the one position: more than 64 bits.
   write("sparse", "bad_overlong_varint",
         input(120, sparse_entry(2, 120, kChunk, {{{{0, 1}}, {}}}, '1',
-                               Bytes{0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x00})));
+                                Bytes{0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x00})));
   // The chunk declares 7 changes but has positions and values for 6; then
   // more changes than it has elements.
   Bytes count = ok;
@@ -471,8 +477,9 @@ void index_seeds() {
   d.encoding = hfdelta::Encoding::xor_bytes;
   d.weight_map = {{"model.layers.0.mlp.up_proj.weight", "model-00000-of-00001.safetensors"},
                   {"model.norm.weight", "model-00000-of-00001.safetensors"}};
-  d.base_checksums = {{"model.layers.0.mlp.up_proj.weight", hfdelta::Hash128{0x0123456789abcdefull, 0x1122334455667788ull}},
-                      {"model.norm.weight", hfdelta::Hash128{1, 2}}};
+  d.base_checksums = {
+      {"model.layers.0.mlp.up_proj.weight", hfdelta::Hash128{0x0123456789abcdefull, 0x1122334455667788ull}},
+      {"model.norm.weight", hfdelta::Hash128{1, 2}}};
   hfdelta::FileChange put;
   put.path = "files/config.json";
   put.size = 812;
@@ -606,7 +613,8 @@ Bytes context_decoded(const Bytes& bytes) {
       in.entry, in.nbytes, "seed",
       [&](std::uint64_t off, std::size_t n) { return std::span<const std::uint8_t>(base).subspan(off, n); },
       [&](std::span<const std::uint64_t> offs, std::span<const std::uint8_t> v, std::size_t es, hfdelta::SparseOp op) {
-        for (std::size_t i = 0; i < offs.size(); ++i) hfdelta::sparse_apply_value(out.data() + offs[i], v.data() + i * es, es, op);
+        for (std::size_t i = 0; i < offs.size(); ++i)
+          hfdelta::sparse_apply_value(out.data() + offs[i], v.data() + i * es, es, op);
       });
   return out;
 }
@@ -645,7 +653,7 @@ Bytes step(const Bytes& base, std::size_t es, hfdelta::ContextField f, std::uint
 // and 2^(8 es - 1) - 1.
 void extremes(Bytes& b, std::size_t es) {
   const std::uint64_t half = std::uint64_t{1} << (8 * es - 1);
-  add_elem(b, 0, es, half);         // modulo 2^(8 es): the most negative difference
+  add_elem(b, 0, es, half);  // modulo 2^(8 es): the most negative difference
   add_elem(b, 1, es, half - 1);
 }
 
@@ -674,10 +682,11 @@ Bytes raw_zframe(const Bytes& content) {
   f = cat(f, le32(static_cast<std::uint32_t>(content.size())));
   std::size_t at = 0;
   do {
-    const std::size_t n = std::min<std::size_t>(content.size() - at, 1u << 17);  // the largest block
+    const std::size_t n = std::min<std::size_t>(content.size() - at, 1u << 17);               // the largest block
     const std::uint32_t h = static_cast<std::uint32_t>(n << 3 | (at + n == content.size()));  // raw, last or not
     for (int i = 0; i < 3; ++i) f.push_back(static_cast<std::uint8_t>(h >> (8 * i)));
-    f.insert(f.end(), content.begin() + static_cast<std::ptrdiff_t>(at), content.begin() + static_cast<std::ptrdiff_t>(at + n));
+    f.insert(f.end(), content.begin() + static_cast<std::ptrdiff_t>(at),
+             content.begin() + static_cast<std::ptrdiff_t>(at + n));
     at += n;
   } while (at < content.size());
   return f;
@@ -694,7 +703,8 @@ std::uint64_t get_varint(const Bytes& e, std::size_t& at) {
 
 Bytes unzstd(const Bytes& e, std::size_t at, std::size_t len) {
   const unsigned long long cs = ZSTD_getFrameContentSize(e.data() + at, len);
-  if (cs == ZSTD_CONTENTSIZE_ERROR || cs == ZSTD_CONTENTSIZE_UNKNOWN) throw std::runtime_error("context frame without size");
+  if (cs == ZSTD_CONTENTSIZE_ERROR || cs == ZSTD_CONTENTSIZE_UNKNOWN)
+    throw std::runtime_error("context frame without size");
   Bytes out(static_cast<std::size_t>(cs));
   const std::size_t r = ZSTD_decompress(out.data(), out.size(), e.data() + at, len);
   if (ZSTD_isError(r) || r != out.size()) throw std::runtime_error("context frame does not decode");
@@ -765,7 +775,8 @@ Bytes unparse_context(const CtxEntry& c) {
 CtxChunk context_chunk_by_hand(const Bytes& base, const Bytes& next, std::size_t es, hfdelta::ContextField f,
                                const Bytes& lo, unsigned rice) {
   const std::size_t G = lo.size() + 1, n = base.size() / es;
-  const std::uint64_t mask = (std::uint64_t{1} << f.bits) - 1, top = es == 8 ? ~0ull : (std::uint64_t{1} << (8 * es)) - 1;
+  const std::uint64_t mask = (std::uint64_t{1} << f.bits) - 1,
+                      top = es == 8 ? ~0ull : (std::uint64_t{1} << (8 * es)) - 1;
   std::vector<std::vector<std::uint64_t>> gaps(G), mags(G);
   std::vector<std::vector<bool>> negs(G);
   std::vector<std::uint64_t> run(G);
@@ -823,9 +834,11 @@ Bytes context_seed(const std::string& name, std::uint32_t nbytes, const CtxBase&
   const Bytes next = change(base);
   hfdelta::Compressor c(1);
   Bytes entry;
-  hfdelta::encode_context(c, base, next, es, f, [&](std::span<const std::uint8_t> s) { entry.insert(entry.end(), s.begin(), s.end()); });
+  hfdelta::encode_context(c, base, next, es, f,
+                          [&](std::span<const std::uint8_t> s) { entry.insert(entry.end(), s.begin(), s.end()); });
   const Bytes bytes = context_input(nbytes, b, entry);
-  if (context_decoded(bytes) != next) throw std::runtime_error("context/" + name + ": does not decode to what was encoded");
+  if (context_decoded(bytes) != next)
+    throw std::runtime_error("context/" + name + ": does not decode to what was encoded");
   write("context", name, bytes);
   return entry;
 }
@@ -861,15 +874,18 @@ void context_seeds() {
     const char* name;
     std::size_t es;
     hfdelta::ContextField f;
-  } sizes[] = {{"valid_f8_e4m3", 1, context_field("F8_E4M3", 1)}, {"valid_bf16", 2, context_field("BF16", 2)},
-               {"valid_f32", 4, context_field("F32", 4)},         {"valid_f64", 8, context_field("F64", 8)}};
+  } sizes[] = {{"valid_f8_e4m3", 1, context_field("F8_E4M3", 1)},
+               {"valid_bf16", 2, context_field("BF16", 2)},
+               {"valid_f32", 4, context_field("F32", 4)},
+               {"valid_f64", 8, context_field("F64", 8)}};
   constexpr std::size_t kElems = 3000;  // per seed of each size, one chunk
   std::map<std::size_t, Bytes> with_field;
   for (const auto& s : sizes) {
     const std::uint32_t nbytes = static_cast<std::uint32_t>(kElems * s.es);
     const std::size_t es = s.es;
     const hfdelta::ContextField f = s.f;
-    with_field[es] = context_seed(s.name, nbytes, weights_base, [&](const Bytes& a) { return step(a, es, f, 40 + es); }, es, f);
+    with_field[es] = context_seed(
+        s.name, nbytes, weights_base, [&](const Bytes& a) { return step(a, es, f, 40 + es); }, es, f);
     require(max_groups(parse_context(with_field[es])) > 1, std::string(s.name) + " has one context group");
     const Bytes plain = context_seed("valid_no_field_" + std::to_string(es), nbytes, weights_base,
                                      [&](const Bytes& a) {
@@ -882,10 +898,12 @@ void context_seeds() {
   }
   // A field of no bits at bit 64 of 8-byte elements: it fits and reads
   // nothing (the encoder and the decoder once shifted by 64 for it).
-  context_seed("valid_no_bits_at_64", 8 * 500, weights_base, [](const Bytes& a) { return step(a, 8, {}, 70); }, 8, {64, 0});
+  context_seed("valid_no_bits_at_64", 8 * 500, weights_base, [](const Bytes& a) { return step(a, 8, {}, 70); }, 8,
+               {64, 0});
   // F16 (a 5-bit field) over noise.
-  context_seed("valid_f16_noise_base", 1000, noise_base, [](const Bytes& a) { return step(a, 2, context_field("F16", 2), 60); },
-               2, context_field("F16", 2));
+  context_seed(
+      "valid_f16_noise_base", 1000, noise_base, [](const Bytes& a) { return step(a, 2, context_field("F16", 2), 60); },
+      2, context_field("F16", 2));
   // Many groups (16 allowed, the encoder makes up to 8): the context of a 1-byte element is all of it, and bands
   // of 16 contexts alternate between changing often and rarely.
   const hfdelta::ContextField whole_byte{0, 8};
@@ -906,7 +924,8 @@ void context_seeds() {
     const Bytes a = fuzz::context_base(noise_base.input(6000));
     Bytes next = a;
     std::mt19937_64 rng(63);
-    for (std::size_t e = 0; e < next.size(); e += 1 + rng() % 9) next[e] = static_cast<std::uint8_t>(next[e] + 1 + rng() % 200);
+    for (std::size_t e = 0; e < next.size(); e += 1 + rng() % 9)
+      next[e] = static_cast<std::uint8_t>(next[e] + 1 + rng() % 200);
     next[5999] ^= 1;
     Bytes lo;
     for (int t = 16; t < 256; t += 16) lo.push_back(static_cast<std::uint8_t>(t));
@@ -921,48 +940,53 @@ void context_seeds() {
   }
   // A base tiled from the input's own bytes.
   const CtxBase tiled{fuzz::base_tile, 0, {0x12, 0x3c, 0x80, 0x3f, 0x00, 0x00, 0x40, 0xbf, 0xff}};
-  context_seed("valid_tiled_base", 900, tiled, [](const Bytes& a) { return step(a, 2, context_field("BF16", 2), 62, 2, 5); }, 2,
-               context_field("BF16", 2));
+  context_seed(
+      "valid_tiled_base", 900, tiled, [](const Bytes& a) { return step(a, 2, context_field("BF16", 2), 62, 2, 5); }, 2,
+      context_field("BF16", 2));
   // Escapes: a run of changes then a long gap (a quotient of 255 or more),
   // and differences of 256 and more (magnitudes of 256 and more).
-  const Bytes esc = context_seed(
-      "valid_escapes", 4 * 110000, CtxBase{},
-      [](const Bytes& a) {
-        Bytes b = a;
-        for (std::size_t e = 0; e < 2000; ++e) add_elem(b, e, 4, e % 3 ? 1 : 0 - std::uint64_t(1000 * e + 7));
-        add_elem(b, 109999, 4, 0x7fffffff);
-        return b;
-      },
-      4, {});
+  const Bytes esc = context_seed("valid_escapes", 4 * 110000, CtxBase{},
+                                 [](const Bytes& a) {
+                                   Bytes b = a;
+                                   for (std::size_t e = 0; e < 2000; ++e)
+                                     add_elem(b, e, 4, e % 3 ? 1 : 0 - std::uint64_t(1000 * e + 7));
+                                   add_elem(b, 109999, 4, 0x7fffffff);
+                                   return b;
+                                 },
+                                 4, {});
   CtxEntry esc_parts = parse_context(esc);
   require(!esc_parts.chunks[0].x.empty(), "valid_escapes has no escapes");
   // Nothing, everything, one element of many changed; an empty tensor.
-  context_seed("valid_empty", 0, weights_base, [](const Bytes& a) { return a; }, 2, context_field("BF16", 2));
-  const Bytes unchanged =
-      context_seed("valid_unchanged", 1000, weights_base, [](const Bytes& a) { return a; }, 2, context_field("BF16", 2));
-  context_seed("valid_all_changed", 1000, weights_base,
-               [](const Bytes& a) {
-                 Bytes b = a;
-                 for (std::size_t e = 0; e < 500; ++e) add_elem(b, e, 2, e % 2 ? 1 : ~0ull);
-                 return b;
-               },
-               2, context_field("BF16", 2));
-  context_seed("valid_one_change", 2000, noise_base,
-               [](const Bytes& a) {
-                 Bytes b = a;
-                 add_elem(b, 999, 2, 3);
-                 return b;
-               },
-               2, context_field("BF16", 2));
+  context_seed(
+      "valid_empty", 0, weights_base, [](const Bytes& a) { return a; }, 2, context_field("BF16", 2));
+  const Bytes unchanged = context_seed(
+      "valid_unchanged", 1000, weights_base, [](const Bytes& a) { return a; }, 2, context_field("BF16", 2));
+  context_seed(
+      "valid_all_changed", 1000, weights_base,
+      [](const Bytes& a) {
+        Bytes b = a;
+        for (std::size_t e = 0; e < 500; ++e) add_elem(b, e, 2, e % 2 ? 1 : ~0ull);
+        return b;
+      },
+      2, context_field("BF16", 2));
+  context_seed(
+      "valid_one_change", 2000, noise_base,
+      [](const Bytes& a) {
+        Bytes b = a;
+        add_elem(b, 999, 2, 3);
+        return b;
+      },
+      2, context_field("BF16", 2));
   // A 4-byte dtype in a 6-byte tensor: one-byte elements, and the F32 field,
   // which does not fit them, replaced by none.
-  context_seed("valid_fallback_to_bytes", 6, noise_base,
-               [](const Bytes& a) {
-                 Bytes b = a;
-                 b[1] ^= 0x10, b[4] ^= 0x01;
-                 return b;
-               },
-               4, context_field("F32", 4));
+  context_seed(
+      "valid_fallback_to_bytes", 6, noise_base,
+      [](const Bytes& a) {
+        Bytes b = a;
+        b[1] ^= 0x10, b[4] ^= 0x01;
+        return b;
+      },
+      4, context_field("F32", 4));
   // Three chunks of one-byte elements (the last of 16): changes on both sides
   // of the first border and in the last element of the first chunk; none in
   // the last chunk.
@@ -1018,21 +1042,30 @@ void context_seeds() {
   CtxEntry ok_raw = ok;
   ok_raw.raw = true;
   write("context", "valid_bf16_raw_frames", in_bf16(unparse_context(ok_raw)));
-  bad_bf16("bad_count_over_elements", [](CtxChunk& k) { k.K = kElems + 1; }, "more changes than it has elements");
-  bad_bf16("bad_groups_zero", [](CtxChunk& k) { k.G = 0; }, "context groups");
-  bad_bf16("bad_groups_17", [](CtxChunk& k) { k.G = 17; }, "context groups");
-  bad_bf16("bad_thresholds_order", [](CtxChunk& k) { k.lo[1] = k.lo[0]; }, "thresholds out of order");
-  bad_bf16("bad_rice", [](CtxChunk& k) { k.rice[0] = 25; }, "Rice parameter");
-  bad_bf16("bad_group_counts_exceed", [](CtxChunk& k) { ++k.counts.back(); }, "exceed its changes");
-  bad_bf16("bad_group_counts_short",
-           [](CtxChunk& k) {
-             std::size_t g = 0;
-             while (k.counts.at(g) == 0) ++g;
-             --k.counts[g];
-           },
-           "do not sum");
-  bad_bf16("bad_quotients_short", [](CtxChunk& k) { k.q.pop_back(); }, "quotients");
-  bad_bf16("bad_magnitudes_long", [](CtxChunk& k) { k.m.push_back(0); }, "magnitudes");
+  bad_bf16(
+      "bad_count_over_elements", [](CtxChunk& k) { k.K = kElems + 1; }, "more changes than it has elements");
+  bad_bf16(
+      "bad_groups_zero", [](CtxChunk& k) { k.G = 0; }, "context groups");
+  bad_bf16(
+      "bad_groups_17", [](CtxChunk& k) { k.G = 17; }, "context groups");
+  bad_bf16(
+      "bad_thresholds_order", [](CtxChunk& k) { k.lo[1] = k.lo[0]; }, "thresholds out of order");
+  bad_bf16(
+      "bad_rice", [](CtxChunk& k) { k.rice[0] = 25; }, "Rice parameter");
+  bad_bf16(
+      "bad_group_counts_exceed", [](CtxChunk& k) { ++k.counts.back(); }, "exceed its changes");
+  bad_bf16(
+      "bad_group_counts_short",
+      [](CtxChunk& k) {
+        std::size_t g = 0;
+        while (k.counts.at(g) == 0) ++g;
+        --k.counts[g];
+      },
+      "do not sum");
+  bad_bf16(
+      "bad_quotients_short", [](CtxChunk& k) { k.q.pop_back(); }, "quotients");
+  bad_bf16(
+      "bad_magnitudes_long", [](CtxChunk& k) { k.m.push_back(0); }, "magnitudes");
   // The rest from the chunk without its escapes (quotients and magnitudes
   // of 255 made 254), then one rule broken.
   const auto no_escapes = [](CtxChunk& k) {
@@ -1041,47 +1074,54 @@ void context_seeds() {
     k.x.clear();
   };
   write("context", "valid_bf16_no_escapes", in_bf16(changed_chunk(no_escapes, ok)));
-  bad_bf16("bad_escape_unneeded", [&](CtxChunk& k) { no_escapes(k), k.x = {0}; }, "an escape frame but no escapes");
-  bad_bf16("bad_escape_missing", [&](CtxChunk& k) { no_escapes(k), k.q[0] = 255; }, "escapes but no escape frame");
-  bad_bf16("bad_gap_past_chunk",
-           [&](CtxChunk& k) {
-             no_escapes(k);
-             k.q[0] = 255;
-             put_varint(k.x, kElems + 1 - 255);
-           },
-           "gap longer than the chunk");
+  bad_bf16(
+      "bad_escape_unneeded", [&](CtxChunk& k) { no_escapes(k), k.x = {0}; }, "an escape frame but no escapes");
+  bad_bf16(
+      "bad_escape_missing", [&](CtxChunk& k) { no_escapes(k), k.q[0] = 255; }, "escapes but no escape frame");
+  bad_bf16(
+      "bad_gap_past_chunk",
+      [&](CtxChunk& k) {
+        no_escapes(k);
+        k.q[0] = 255;
+        put_varint(k.x, kElems + 1 - 255);
+      },
+      "gap longer than the chunk");
   // Two gaps of 2/3 of the chunk or more in one group,
   // each short enough by itself.
-  bad_bf16("bad_group_overfull",
-           [&](CtxChunk& k) {
-             no_escapes(k);
-             std::size_t g = 0, at = 0;
-             while (k.counts.at(g) < 2) at += k.counts[g++];
-             for (std::size_t i = at; i < at + 2; ++i) {
-               const std::uint64_t qv = (2 * kElems / 3) >> k.rice[g];
-               k.q[i] = static_cast<std::uint8_t>(std::min<std::uint64_t>(qv, 255));
-               if (qv >= 255) put_varint(k.x, qv - 255);
-             }
-           },
-           "names more elements in a context group");
-  bad_bf16("bad_sign_padding",
-           [](CtxChunk& k) {
-             if (k.K % 8 == 0) throw std::runtime_error("bad_sign_padding: no padding");
-             k.s.back() |= 0x80;
-           },
-           "padding after its sign bits");
-  bad_bf16("bad_value_too_wide",
-           [&](CtxChunk& k) {
-             no_escapes(k);
-             k.m[0] = 255;
-             put_varint(k.x, 65535);  // magnitude 256 + 65535
-           },
-           "wider than its elements");
+  bad_bf16(
+      "bad_group_overfull",
+      [&](CtxChunk& k) {
+        no_escapes(k);
+        std::size_t g = 0, at = 0;
+        while (k.counts.at(g) < 2) at += k.counts[g++];
+        for (std::size_t i = at; i < at + 2; ++i) {
+          const std::uint64_t qv = (2 * kElems / 3) >> k.rice[g];
+          k.q[i] = static_cast<std::uint8_t>(std::min<std::uint64_t>(qv, 255));
+          if (qv >= 255) put_varint(k.x, qv - 255);
+        }
+      },
+      "names more elements in a context group");
+  bad_bf16(
+      "bad_sign_padding",
+      [](CtxChunk& k) {
+        if (k.K % 8 == 0) throw std::runtime_error("bad_sign_padding: no padding");
+        k.s.back() |= 0x80;
+      },
+      "padding after its sign bits");
+  bad_bf16(
+      "bad_value_too_wide",
+      [&](CtxChunk& k) {
+        no_escapes(k);
+        k.m[0] = 255;
+        put_varint(k.x, 65535);  // magnitude 256 + 65535
+      },
+      "wider than its elements");
   // A threshold outside the field: 16 contexts of F8_E4M3.
   CtxEntry e4m3 = parse_context(with_field[1]);
   require(e4m3.chunks[0].lo.size() >= 1, "valid_f8_e4m3 has one group");
   e4m3.chunks[0].lo.back() = 16;
-  bad_context("bad_threshold_range", context_input(kElems, weights_base, unparse_context(e4m3)), "out of order or range");
+  bad_context("bad_threshold_range", context_input(kElems, weights_base, unparse_context(e4m3)),
+              "out of order or range");
   // Escapes: one left over, none where the quotients and magnitudes need
   // them, a frame that is not zstd.
   const auto in_esc = [&](const std::function<void(CtxChunk&)>& f) {
