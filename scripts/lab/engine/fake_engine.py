@@ -17,7 +17,8 @@ Test controls, on the command line:
   --delay PATH=SECONDS   sleep before answering PATH (repeatable)
   --reset-false N        /reset_prefix_cache answers {"success": false} N times
 and over HTTP: GET /_state (paused, weight_version, counts), POST /_restart
-(weight_version back to "default" and no adapters, as after an engine restart).
+(weight_version back to "default" and no adapters, as after an engine restart),
+POST /_fail?path=PATH&status=STATUS (as --fail, from now on; status 0 ends it).
 /_state's "adapters" maps each loaded adapter name to its path and the
 SHA-256 of the adapter_model.safetensors it held when loaded.
 
@@ -243,6 +244,17 @@ class Handler(BaseHTTPRequestHandler):
     def r_GET__state(self, q, body):
         with lock:
             return self.reply(200, {k: v for k, v in state.items()})
+
+    def r_POST__fail(self, q, body):
+        path, status = q.get("path"), int(q.get("status", "0"))
+        if not path:
+            return self.bad("path missing")
+        with lock:
+            if status:
+                self.server.fails[path] = status
+            else:
+                self.server.fails.pop(path, None)
+        return self.reply(200, {"fails": self.server.fails})
 
     def r_POST__restart(self, q, body):
         with lock:
