@@ -288,6 +288,174 @@ POST /v1/unload_lora_adapter" "$(fake_requests)"
   unset VLLM_LORA_NAME
 }
 
+# Replicas: several stand-ins behind one LOCAL, each with its own log.
+rep_start() {  # NAME [fake_engine.py options]: sets rep_pid, rep_url; log $work/fake/NAME.jsonl
+  local name=$1 i; shift
+  rm -f "$work/fake/$name.port" "$work/fake/$name.jsonl"
+  setsid python3 scripts/lab/engine/fake_engine.py --port-file "$work/fake/$name.port" \
+    --log "$work/fake/$name.jsonl" "$@" &
+  rep_pid=$!
+  servers+=("$rep_pid")
+  for ((i = 0; i < 100; i++)); do [ -s "$work/fake/$name.port" ] && break; sleep 0.1; done
+  [ -s "$work/fake/$name.port" ] || die "the stand-in server $name did not start"
+  rep_url=http://127.0.0.1:$(cat "$work/fake/$name.port")
+  : > "$work/fake/$name.jsonl"
+}
+# rep_log MODE NAME...: the replicas' logged requests; then the logs are emptied.
+#   seq: "NAME METHOD PATH[?QUERY]" a line, the replicas merged in time order;
+#   overlap: "apart" when no two replicas were paused (/pause to /resume) at once.
+rep_log() {
+  python3 -c '
+import json, os, sys
+mode, d, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+entries = []
+for n in names:
+    p = os.path.join(d, n + ".jsonl")
+    for line in open(p):
+        e = json.loads(line)
+        entries.append((e["t"], n, e))
+    open(p, "w").close()
+entries.sort(key=lambda x: x[0])
+if mode == "seq":
+    for t, n, e in entries:
+        q = "&".join(f"{k}={v}" for k, v in sorted(e["query"].items()))
+        print(n, e["method"], e["path"] + ("?" + q if q else ""))
+else:
+    spans = []
+    for t, n, e in entries:
+        if e["path"] == "/pause":
+            spans.append([n, t, float("inf")])
+        elif e["path"] == "/resume":
+            for s in spans:
+                if s[0] == n and s[2] == float("inf"):
+                    s[2] = t
+    bad = [f"{n1}/{n2}" for n1, a1, b1 in spans for n2, a2, b2 in spans
+           if n1 < n2 and max(a1, a2) < min(b1, b2)]
+    print("overlap: " + ", ".join(bad) if bad else f"apart ({len(spans)} pauses)")
+' "$1" "$work/fake" "${@:2}"
+}
+rep_state() {  # URL KEY: from that stand-in's GET /_state
+  python3 -c 'import json, sys, urllib.request
+print(json.load(urllib.request.urlopen(sys.argv[1] + "/_state"))[sys.argv[2]])' "$1" "$2"
+}
+rep_ctl() { python3 scripts/lab/engine/check_outputs.py post "$1" "$2" >/dev/null; }  # URL /_PATH[?QUERY]
+# rep_seq NAME: the vLLM script's full sequence as rep_log seq prints it for NAME.
+rep_seq() {
+  printf "$1 %s\n" 'POST /pause?mode=wait' 'POST /collective_rpc' 'POST /reset_prefix_cache' \
+    'POST /update_weight_version' 'POST /resume'
+}
+
+# Two engines behind one LOCAL (VLLM_URLS, SGLANG_URLS): reloaded one at a
+# time, a failure on one does not stop the other, a rerun reloads only it.
+fake_replica_tests() {
+  echo " replicas: two engines on one LOCAL (VLLM_URLS, SGLANG_URLS)"
+  local a b a_pid b_pid rc hp st=$work/fake/rstate err=$work/fake/hook.err
+  local v=000002 run=(env "HFDELTA_LOCAL=$work/fake/local" HFDELTA_VERSION=000002)
+  unset VLLM_URL VLLM_STATE_FILE SGLANG_URL SGLANG_STATE_FILE
+  mkdir -p "$st"
+  export VLLM_STATE_DIR=$st SGLANG_STATE_DIR=$st
+  rep_start a --delay /collective_rpc=0.3; a=$rep_url a_pid=$rep_pid
+  rep_start b --delay /collective_rpc=0.3; b=$rep_url b_pid=$rep_pid
+  export VLLM_URLS="$a $b"
+  local hook=$repo/contrib/reload-vllm.sh
+  rc=0; apply || rc=$?
+  check "vLLM, two replicas: exit 0" 0 "$rc"
+  cp "$work/fake/a.jsonl" "$work/fake/a1.jsonl"; cp "$work/fake/b.jsonl" "$work/fake/b1.jsonl"
+  check "a reloaded completely, then b" "$(rep_seq a; rep_seq b)" "$(rep_log seq a b)"
+  check "never both paused (/pause to /resume intervals apart)" "apart (2 pauses)" "$(rep_log overlap a1 b1)"
+  check "both at $v and resumed" "$v False $v False" \
+    "$(rep_state "$a" weight_version) $(rep_state "$a" paused) $(rep_state "$b" weight_version) $(rep_state "$b" paused)"
+  check "one state file per URL" 2 "$(find "$st" -name 'hfdelta-vllm-127.0.0.1_*.version' | wc -l)"
+  check "each line names its replica" 2 "$(grep -c -e "^reload-vllm: $a: paused for" -e "^reload-vllm: $b: paused for" "$err")"
+
+  rc=0; apply || rc=$?
+  check "no-op run: both skipped (one GET /weight_info each)" "0
+a GET /weight_info
+b GET /weight_info" "$rc
+$(rep_log seq a b)"
+
+  # a fails to reload: b is still reloaded, the script names a. (Both
+  # restarted: their state files hold the version, their engines do not.)
+  rep_ctl "$a" /_restart; rep_ctl "$b" /_restart
+  rep_ctl "$a" '/_fail?path=/collective_rpc&status=500'
+  rc=0; apply || rc=$?
+  check "a's reload_weights answers 500: delta-apply exit 9" 9 "$rc"
+  check "a paused, failed, resumed; then b reloaded" "a GET /weight_info
+a POST /pause?mode=wait
+a POST /collective_rpc
+a POST /resume
+b GET /weight_info
+$(rep_seq b)" "$(rep_log seq a b)"
+  check "a resumed at default, b at $v" "False default False $v" \
+    "$(rep_state "$a" paused) $(rep_state "$a" weight_version) $(rep_state "$b" paused) $(rep_state "$b" weight_version)"
+  check "the message names a and the step" 1 \
+    "$(grep -c -F "reload-vllm: version $v not reloaded on 1 of 2 server(s): $a (reload_weights)" "$err")"
+  rep_ctl "$a" '/_fail?path=/collective_rpc&status=0'
+  rc=0; apply || rc=$?
+  check "a fixed, rerun: exit 0, only a reloaded (b skipped)" "0
+a GET /weight_info
+$(rep_seq a)
+b GET /weight_info" "$rc
+$(rep_log seq a b)"
+
+  # b's process killed: a still reloaded, b named.
+  rep_ctl "$a" /_restart
+  forget_server "$b_pid"
+  rm -f "$st"/*
+  rc=0; apply || rc=$?
+  check "b killed: exit 9, a reloaded and resumed" "9 $v False" "$rc $(rep_state "$a" weight_version) $(rep_state "$a" paused)"
+  check "the message names b (its pause failed)" 1 \
+    "$(grep -c -F "not reloaded on 1 of 2 server(s): $b (pause)" "$err")"
+  rep_log seq a >/dev/null
+
+  # A signal during a's reload: a resumed, b never contacted.
+  rep_start b; b=$rep_url b_pid=$rep_pid
+  forget_server "$a_pid"
+  rep_start a --delay /collective_rpc=3; a=$rep_url a_pid=$rep_pid
+  VLLM_URLS="$a $b" "${run[@]}" "$hook" 2>"$err" &
+  hp=$!
+  sleep 1; kill -TERM "$hp"
+  rc=0; wait "$hp" || rc=$?
+  check "SIGTERM during a's reload_weights: exit 143, a resumed, b untouched" "143 False
+a POST /pause?mode=wait
+a POST /collective_rpc
+a POST /resume" "$rc $(rep_state "$a" paused)
+$(rep_log seq a b)"
+  check "... the message names a and b as not reloaded" 1 \
+    "$(grep -c -F "interrupted (signal 15): version $v not reloaded on: $a $b" "$err")"
+
+  rc=0; VLLM_URLS="$a $b" VLLM_STATE_FILE=$st/one "${run[@]}" "$hook" 2>/dev/null || rc=$?
+  check "VLLM_STATE_FILE with two URLs: exit 2" 2 "$rc"
+  rc=0; VLLM_URLS=" , " "${run[@]}" "$hook" 2>/dev/null || rc=$?
+  check "VLLM_URLS without a URL: exit 2" 2 "$rc"
+  unset VLLM_URLS
+
+  # SGLang: the same order, failure and rerun.
+  hook=$repo/contrib/reload-sglang.sh
+  forget_server "$a_pid"
+  rep_start a --fail /update_weights_from_disk=400; a=$rep_url a_pid=$rep_pid
+  export SGLANG_URLS="$a,$b"
+  rc=0; apply || rc=$?
+  check "SGLang, a answers 400: exit 9, b reloaded after a" "9
+a POST /update_weights_from_disk
+b POST /update_weights_from_disk
+$v" "$rc
+$(rep_log seq a b)
+$(rep_state "$b" weight_version)"
+  check "the message names a" 1 \
+    "$(grep -c -F "reload-sglang: version $v not reloaded on 1 of 2 server(s): $a (update_weights_from_disk)" "$err")"
+  rep_ctl "$a" '/_fail?path=/update_weights_from_disk&status=0'
+  rc=0; apply || rc=$?
+  check "a fixed, rerun: only a reloaded, b skipped" "0
+a POST /update_weights_from_disk
+b GET /model_info
+$v" "$rc
+$(rep_log seq a b)
+$(rep_state "$a" weight_version)"
+  unset SGLANG_URLS VLLM_STATE_DIR SGLANG_STATE_DIR
+  forget_server "$a_pid"; forget_server "$b_pid"
+}
+
 fake_tests() {
   log "reload scripts against the stand-in server (scripts/lab/engine/fake_engine.py)"
   mkdir -p "$work/fake"
@@ -402,6 +570,8 @@ $(fake_requests)"
   rc=0; apply || rc=$?
   check "no /model_info (404), state file current: skipped" "0 GET /model_info" "$rc $(fake_requests)"
 
+  fake_replica_tests
+  export VLLM_STATE_FILE=$work/fake/vllm.version SGLANG_STATE_FILE=$work/fake/sglang.version
   fake_lora_tests
 
   forget_server "$fake_pid"; fake_pid=''
