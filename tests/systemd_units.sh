@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # contrib/systemd: `systemd-analyze verify` is clean on the units, with
 # ExecStart pointing at the built delta-apply and the man pages findable (as
-# an installation has them). Usage: systemd_units.sh SRCDIR
+# an installation has them). The templates (NAME@.service, NAME@.timer) are
+# verified as an instance, NAME@test; the template service's command line,
+# as systemd hands it to /bin/sh, is run against an empty root and LOCAL.
+# Usage: systemd_units.sh SRCDIR
 set -euo pipefail
-src=$1
+src=$(cd "$1" && pwd)
 analyze=$(command -v systemd-analyze || true)
 if [ -z "$analyze" ]; then echo "skip: systemd-analyze is not installed (Debian: systemd)"; exit 77; fi
 t=$(mktemp -d); trap 'rm -rf "$t"' EXIT
@@ -11,10 +14,33 @@ mkdir -p "$t/units" "$t/man/man1"
 for f in "$src"/contrib/systemd/*.service "$src"/contrib/systemd/*.timer; do
   sed "s|/usr/local/bin/delta-apply|${HFDELTA_APPLY:?}|" "$f" > "$t/units/$(basename "$f")"
 done
+units=()
+for f in "$t"/units/*; do
+  case $f in
+    *@.service|*@.timer) cp "$f" "${f/@./@test.}"; units+=("./$(basename "${f/@./@test.}")") ;;
+    *) units+=("./$(basename "$f")") ;;
+  esac
+done
 cp "$src"/man/*.1 "$t/man/man1/"
 cd "$t/units"
-if out=$(MANPATH="$t/man" "$analyze" verify ./*.timer ./*.service 2>&1) && [ -z "$out" ]; then
-  echo "PASS systemd-analyze verify: $(ls | tr '\n' ' ')"
+if out=$(MANPATH="$t/man" "$analyze" verify "${units[@]}" 2>&1) && [ -z "$out" ]; then
+  echo "PASS systemd-analyze verify: ${units[*]}"
 else
   echo "FAIL systemd-analyze verify:"; echo "$out"; exit 1
 fi
+
+# The template's ExecStart: sh -c '...' with $$ a literal $ and %i the instance.
+for tmpl in "$src"/contrib/systemd/*@.service; do
+  cmd=$(sed -n "s/^ExecStart=\/bin\/sh -c '\(.*\)'$/\1/p" "$tmpl" | sed 's/\$\$/$/g; s/%i/test/g')
+  [ -n "$cmd" ] || { echo "FAIL $(basename "$tmpl"): no ExecStart=/bin/sh -c '...'"; exit 1; }
+  mkdir -p "$t/run/root" "$t/run/local"
+  base=(env -i PATH=/usr/bin:/bin "HFDELTA_BIN=$(dirname "$HFDELTA_APPLY")" HFDELTA_LOCK_TIMEOUT=60
+        "HFDELTA_ROOT=$t/run/root" "HFDELTA_LOCAL=$t/run/local")
+  rc=0; "${base[@]}" "HFDELTA_THEN=echo then-ran" HFDELTA_OPTS='--threads 2' /bin/sh -c "$cmd" >/dev/null 2>&1 || rc=$?
+  [ "$rc" -eq 0 ] || { echo "FAIL $(basename "$tmpl"): ExecStart on an empty root: exit $rc, not 0"; exit 1; }
+  rc=0; msg=$("${base[@]}" HFDELTA_ROOT= /bin/sh -c "$cmd" 2>&1) || rc=$?
+  if [ "$rc" -eq 0 ] || [[ $msg != *'set in /etc/hfdelta/test.env'* ]]; then
+    echo "FAIL $(basename "$tmpl"): HFDELTA_ROOT empty: exit $rc: $msg"; exit 1
+  fi
+  echo "PASS $(basename "$tmpl"): ExecStart runs delta-apply from HFDELTA_BIN; a missing HFDELTA_ROOT is named"
+done
