@@ -177,8 +177,12 @@ void install_state(const fs::path& local, const LocalState& s, const fs::path& r
   write_state(local, s, sync);
 }
 
-std::vector<std::string> list_local_files(const fs::path& local) {
-  std::vector<std::string> out;
+namespace {
+
+// Calls `visit` with every entry under LOCAL (links not followed), but not
+// its state directory .weight_sync/ or what that holds.
+template <class Visit>
+void walk_local(const fs::path& local, Visit visit) {
   boost::system::error_code ec;
   for (fs::recursive_directory_iterator it(local, ec), end; it != end; it.increment(ec)) {
     if (ec) fail(Exit::failure, local.string() + ": cannot list: " + ec.message());
@@ -186,28 +190,31 @@ std::vector<std::string> list_local_files(const fs::path& local) {
       it.disable_recursion_pending();
       continue;
     }
-    if (fs::is_directory(it->symlink_status())) continue;
-    out.push_back(relative_name(it->path(), local));  // the link itself, not its target
+    visit(*it);
   }
+}
+
+}  // namespace
+
+std::vector<std::string> list_local_files(const fs::path& local) {
+  std::vector<std::string> out;
+  walk_local(local, [&](const fs::directory_entry& e) {
+    if (!fs::is_directory(e.symlink_status()))
+      out.push_back(relative_name(e.path(), local));  // the link itself, not its target
+  });
   std::sort(out.begin(), out.end());
   return out;
 }
 
 void refuse_local_symlinks(const fs::path& local) {
-  boost::system::error_code ec;
-  for (fs::recursive_directory_iterator it(local, ec), end; it != end; it.increment(ec)) {
-    if (ec) fail(Exit::failure, local.string() + ": cannot list: " + ec.message());
-    if (it.depth() == 0 && it->path().filename() == kStateDir) {
-      it.disable_recursion_pending();
-      continue;
-    }
-    if (fs::is_symlink(it->symlink_status()))
+  walk_local(local, [&](const fs::directory_entry& e) {
+    if (fs::is_symlink(e.symlink_status()))
       fail(Exit::bad_input,
-           it->path().string() +
+           e.path().string() +
                ": is a symlink; LOCAL is written only through files of its own, so "
                "nothing was changed. Replace it with a copy of its target (cp --remove-destination) or remove it "
                "(rm removes the link, not its target)");
-  }
+  });
 }
 
 }  // namespace hfdelta
