@@ -178,18 +178,10 @@ forget_server() {  # PID: stop it and drop it from the list
 
 # --- the reload scripts against a stand-in server ------------------------------
 fake_pid='' fake_url='' fake_log=''
-fake_start() {  # [fake_engine.py options]: a fresh stand-in
+fake_start() {  # [fake_engine.py options]: a fresh stand-in (rep_start's, named "requests")
   [ -z "$fake_pid" ] || forget_server "$fake_pid"
-  fake_log=$work/fake/requests.jsonl
-  rm -f "$fake_log" "$work/fake/port"
-  setsid python3 scripts/lab/engine/fake_engine.py --port-file "$work/fake/port" --log "$fake_log" "$@" &
-  fake_pid=$!
-  servers+=("$fake_pid")
-  local i
-  for ((i = 0; i < 100; i++)); do [ -s "$work/fake/port" ] && break; sleep 0.1; done
-  [ -s "$work/fake/port" ] || die "the stand-in server did not start"
-  fake_url=http://127.0.0.1:$(cat "$work/fake/port")
-  : > "$fake_log"
+  rep_start requests "$@"
+  fake_pid=$rep_pid fake_url=$rep_url fake_log=$work/fake/requests.jsonl
 }
 # The requests logged so far, one "METHOD PATH[?QUERY]" per line; then the log is emptied.
 fake_requests() {
