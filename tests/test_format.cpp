@@ -355,8 +355,8 @@ TEST_CASE("format: read_delta_index refusals") {
   }
   SUBCASE("newer hfdelta format revision") {
     json j = valid_delta_index();
-    j["metadata"]["hfdelta_format"] = 6;
-    expect_error(refused(j), Exit::unsupported, {w, "revision 6"});
+    j["metadata"]["hfdelta_format"] = 7;
+    expect_error(refused(j), Exit::unsupported, {w, "revision 7"});
     j["metadata"]["hfdelta_format"] = "1";
     expect_error(refused(j), Exit::bad_input, {w, "hfdelta_format"});
     j["metadata"]["hfdelta_format"] = -1;

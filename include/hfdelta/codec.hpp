@@ -39,6 +39,9 @@ enum class Encoding {
               // element (its exponent bits): positions as gaps among the base
               // elements of the same context group, values per group.
               // Decoding needs the base bytes.
+  parts,      // "parts" (hfdelta's own, revision 6): entries of regions of the
+              // tensor seen as a matrix, each with its region's new checksum
+              // (hfdelta/parts.hpp); written by a sharded publisher.
 };
 
 std::string_view encoding_name(Encoding e);

@@ -34,7 +34,8 @@ inline constexpr const char* kHeadersDir = "headers";
 // encodings ("auto"); 3: structural changes (hfdelta_shards); 4: stacked
 // entries (encoding "stack"); 5: context entries (encoding "context", also
 // as stacked parts). A delta records the lowest revision it needs.
-inline constexpr int kFormatRevision = 5;
+// 6: parts entries (encoding "parts", docs/sharded.md).
+inline constexpr int kFormatRevision = 6;
 
 // A non-weight file of the target that differs from the base.
 struct FileChange {

@@ -131,6 +131,9 @@ void run_unit(ExecuteContext& ctx, const Unit& u, JournalWriter& jw, std::vector
   File* out = write ? &ctx.files[p.local_shard] : nullptr;
   if (p.split)
     journal_range(p, u.c0, u.c1, ctx.files[p.local_shard], jw, buf, out);
+  else if (p.parts)
+    journal_parts(p, ctx.files[p.local_shard], ctx.step / ("parts-" + std::to_string(u.patch)), &jw, buf,
+                  ctx.shard_path(p.local_shard), ctx.version(), out);
   else if (!p.stack.empty())
     journal_stack(p, ctx.files[p.local_shard], ctx.step / ("stack-" + std::to_string(u.patch)), &jw, buf,
                   ctx.shard_path(p.local_shard), ctx.version(), out);
@@ -175,7 +178,7 @@ void write_from_journal(ExecuteContext& ctx) {
           const Hash128 h = tw.end();
           if (p.split) return;  // checked by check_split_results
           std::lock_guard<std::mutex> g(mu);
-          if (h != p.new_hash)
+          if (h != (p.computed ? *p.computed : p.new_hash))
             mismatches.push_back("tensor '" + p.tensor + "' in " + ctx.shard_path(p.local_shard) +
                                  " was written with checksum " + h.hex() + ", the delta records " + p.new_hash.hex());
         }};

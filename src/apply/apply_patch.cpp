@@ -351,6 +351,78 @@ void journal_stack(const Patch& p, const File& f, const fs::path& scratch, Journ
   fs::remove(scratch);
 }
 
+namespace {
+
+// Copies region `g` of the matrix at `base` in `from` to a contiguous range
+// at `at` in `to` (gather), or back (scatter), a row at a time.
+void move_region(const File& from, File& to, std::uint64_t base, const MatrixShape& m, const Region& g, bool gather,
+                 std::vector<std::uint8_t>& buf) {
+  const std::uint64_t row_bytes = g.cols * m.es;
+  if (g.contiguous(m)) {
+    const std::uint64_t off = base + (g.row0 * m.cols + g.col0) * m.es;
+    if (gather)
+      copy_range(from, off, g.rows * row_bytes, to, 0);
+    else
+      copy_range(from, 0, g.rows * row_bytes, to, off);
+    return;
+  }
+  buf.resize(static_cast<std::size_t>(std::min<std::uint64_t>(row_bytes, kWindow)));
+  for (std::uint64_t r = 0; r < g.rows; ++r) {
+    const std::uint64_t toff = base + ((g.row0 + r) * m.cols + g.col0) * m.es, roff = r * row_bytes;
+    for (std::uint64_t k = 0; k < row_bytes; k += buf.size()) {
+      const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), row_bytes - k));
+      from.pread_exact(buf.data(), n, gather ? toff + k : roff + k);
+      to.pwrite_all(buf.data(), n, gather ? roff + k : toff + k);
+    }
+  }
+}
+
+}  // namespace
+
+void journal_parts(const Patch& p, const File& f, const fs::path& scratch, JournalWriter* jw,
+                   std::vector<std::uint8_t>& buf, const std::string& local_file, std::uint64_t version, File* out) {
+  const fs::path region_path = scratch.string() + ".region";
+  auto cleanup = [&] {
+    boost::system::error_code ec;
+    fs::remove(scratch, ec);
+    fs::remove(region_path, ec);
+  };
+  try {
+    File s(scratch, File::Mode::create_exclusive);
+    copy_range(f, p.offset, p.nbytes, s, 0);
+    const PartsEntry& pe = *p.parts;
+    for (std::size_t i = 0; i < pe.parts.size(); ++i) {
+      const PartRecord& pr = pe.parts[i];
+      fs::remove(region_path);
+      File g(region_path, File::Mode::create_exclusive);
+      move_region(s, g, 0, pe.m, pr.region, true, buf);
+      Patch q;
+      q.tensor = p.tensor;
+      q.delta_file = p.delta_file + " (part " + std::to_string(i + 1) + " of " + std::to_string(pe.parts.size()) + ")";
+      q.frame = pr.bytes;
+      q.encoding = pr.enc;
+      q.new_hash = pr.hash;
+      q.live = p.live;
+      q.offset = 0;
+      q.nbytes = pr.region.elements() * pe.m.es;
+      journal_patch(q, g, nullptr, buf, local_file, version, &g);
+      move_region(g, s, 0, pe.m, pr.region, false, buf);
+      g.close();
+    }
+    Patch r = p;
+    r.parts.reset();
+    r.source = &s;
+    r.new_hash = hash_file_range(s, 0, p.nbytes, buf);
+    journal_patch(r, f, jw, buf, local_file, version, out);  // checks the whole base checksum
+    *p.computed = r.new_hash;
+    s.close();
+  } catch (...) {
+    cleanup();
+    throw;
+  }
+  cleanup();
+}
+
 void journal_range(const Patch& p, std::uint64_t c0, std::uint64_t c1, const File& f, JournalWriter& jw,
                    std::vector<std::uint8_t>& buf, File* out) {
   const std::string what = p.delta_file + ": entry '" + p.tensor + "'";

@@ -68,6 +68,13 @@ void lay_stack(const Patch& p, File& f, std::vector<std::uint8_t>& buf, const st
 void journal_stack(const Patch& p, const File& f, const boost::filesystem::path& scratch, JournalWriter* jw,
                    std::vector<std::uint8_t>& buf, const std::string& local_file, std::uint64_t version, File* out);
 
+// A parts entry in place: as journal_stack, each part laid over its region
+// of the copy (gathered into `scratch`.region, decoded, checked against the
+// part's checksum, scattered back); the copy's checksum goes to
+// *p.computed, the tensor's new checksum for the record.
+void journal_parts(const Patch& p, const File& f, const boost::filesystem::path& scratch, JournalWriter* jw,
+                   std::vector<std::uint8_t>& buf, const std::string& local_file, std::uint64_t version, File* out);
+
 // Journals (and with `out` writes) chunks [c0, c1) of a split sparse or
 // context entry.
 void journal_range(const Patch& p, std::uint64_t c0, std::uint64_t c1, const File& f, JournalWriter& jw,

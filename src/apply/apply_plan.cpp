@@ -188,6 +188,8 @@ Patch patch_of(const OpenDelta& d, const DeltaEntry& e) {
   p.new_hash = e.new_hash;
   p.base_hash = e.base_hash;
   p.stack = e.stack;
+  p.parts = e.parts;
+  if (p.parts) p.computed = std::make_shared<Hash128>();
   return p;
 }
 
@@ -204,7 +206,11 @@ void plan_entries(PlanContext& ctx) {
     if (auto bi = ctx.built.find(p.tensor); bi != ctx.built.end()) {
       Build& bd = ctx.plan.builds[bi->second.first];
       BuildTensor& bt = bd.tensors[bi->second.second];  // its checksum checked by open_delta
-      if (!bt.src) p.base_hash.reset();                 // its base is zeros
+      if (p.parts)
+        fail(Exit::bad_input, p.delta_file + ": entry '" + p.tensor +
+                                  "' is a parts entry of a tensor in a weight file the delta builds; parts entries "
+                                  "patch tensors in place only");
+      if (!bt.src) p.base_hash.reset();  // its base is zeros
       check_target(bd.file);
       p.offset = bt.dst;
       p.nbytes = bt.nbytes;
@@ -219,6 +225,12 @@ void plan_entries(PlanContext& ctx) {
     p.local_shard = lt->second.slot;
     p.offset = lt->second.offset;
     p.nbytes = lt->second.nbytes;
+    if (p.parts && p.parts->m.bytes() != p.nbytes)
+      fail(Exit::verify_failed, p.delta_file + ": entry '" + p.tensor + "' has parts of a " +
+                                    std::to_string(p.parts->m.rows) + " x " + std::to_string(p.parts->m.cols) +
+                                    " matrix of " + std::to_string(p.parts->m.es) +
+                                    "-byte elements, but the tensor in " + ctx.lv.dir.string() + " has " +
+                                    std::to_string(p.nbytes) + " bytes; LOCAL is not this delta's base" + ctx.nothing);
     ctx.plan.patches.push_back(std::move(p));
   }
 }
@@ -343,7 +355,8 @@ ChecksumRecord next_record(ChecksumRecord rec, const DeltaIndex& idx, const Appl
     }
   }
   for (const Patch& p : plan.patches)
-    if (p.replace.empty()) rec.weights[plan.manifest.shards[p.local_shard]].tensors[p.tensor] = p.new_hash;
+    if (p.replace.empty())
+      rec.weights[plan.manifest.shards[p.local_shard]].tensors[p.tensor] = p.computed ? *p.computed : p.new_hash;
   for (const FileChange& fc : idx.files) {
     if (fc.op == FileChange::Op::put)
       rec.files[fc.path] = {fc.size, fc.hash}, rec.weights.erase(fc.path);

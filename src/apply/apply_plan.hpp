@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -62,6 +63,10 @@ struct Patch {
   std::span<const std::uint8_t> replace;
   // A stacked entry's parts, laid in order.
   std::vector<StackPart> stack;
+  // A parts entry's regions, laid over a copy of the tensor; the copy's
+  // checksum (the tensor's new one, for the record) is left in `computed`.
+  std::shared_ptr<const PartsEntry> parts;
+  std::shared_ptr<Hash128> computed;
   // The tensor's new bytes in a file of their own (a stacked entry already
   // laid over a copy), laid over LOCAL instead of a decoded entry.
   const File* source = nullptr;

@@ -48,6 +48,8 @@ std::string_view encoding_name(Encoding e) {
       return "stack";
     case Encoding::context:
       return "context";
+    case Encoding::parts:
+      return "parts";
   }
   return "?";
 }
@@ -58,6 +60,7 @@ std::optional<Encoding> parse_encoding(std::string_view name) {
   if (name == "overwrite") return Encoding::overwrite;
   if (name == "stack") return Encoding::stack;
   if (name == "context") return Encoding::context;
+  if (name == "parts") return Encoding::parts;
   return std::nullopt;
 }
 

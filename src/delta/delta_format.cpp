@@ -138,6 +138,9 @@ void read_tensor_encodings(IndexContext& ctx) {
     if (*e == Encoding::context && ctx.revision < 5)
       fail(Exit::bad_input,
            w + ": hfdelta_encodings[\"" + it.key() + "\"] is \"context\", which needs hfdelta_format 5 or later");
+    if (*e == Encoding::parts && ctx.revision < 6)
+      fail(Exit::bad_input,
+           w + ": hfdelta_encodings[\"" + it.key() + "\"] is \"parts\", which needs hfdelta_format 6 or later");
     ctx.d.encodings.emplace(it.key(), *e);
   }
 }
@@ -150,8 +153,8 @@ void read_encoding(IndexContext& ctx) {
   if (enc_name == "auto") return read_tensor_encodings(ctx);
   const auto enc = parse_encoding(enc_name);
   if (!enc) fail(Exit::unsupported, w + ": unknown delta_encoding \"" + enc_name + "\"");
-  if (*enc == Encoding::stack)
-    fail(Exit::bad_input, w + ": delta_encoding \"stack\" is only valid per tensor, in hfdelta_encodings");
+  if (*enc == Encoding::stack || *enc == Encoding::parts)
+    fail(Exit::bad_input, w + ": delta_encoding \"" + enc_name + "\" is only valid per tensor, in hfdelta_encodings");
   if (*enc == Encoding::context && ctx.revision < 5)
     fail(Exit::bad_input, w + ": delta_encoding \"context\" needs hfdelta_format 5 or later");
   ctx.d.encoding = *enc;
@@ -458,13 +461,14 @@ std::string write_delta_index_json(const DeltaIndex& d, std::uint64_t total_size
   m[key::compression_format] = "zstd";
   m[key::checksum_format] = "xxh3-128";
   const bool plain = !d.per_tensor && !chunked(d.encoding);
-  bool stacked = false, context = d.context_parts || (!d.per_tensor && d.encoding == Encoding::context);
+  bool stacked = false, parted = false, context = d.context_parts || (!d.per_tensor && d.encoding == Encoding::context);
   for (const auto& [name, enc] : d.encodings) {
     stacked = stacked || (d.per_tensor && enc == Encoding::stack);
+    parted = parted || (d.per_tensor && enc == Encoding::parts);
     context = context || (d.per_tensor && enc == Encoding::context);
   }
   // The lowest revision that can apply it.
-  m[key::format] = context ? 5 : stacked ? 4 : d.structural() ? 3 : plain ? 1 : 2;
+  m[key::format] = parted ? 6 : context ? 5 : stacked ? 4 : d.structural() ? 3 : plain ? 1 : 2;
   if (d.per_tensor) {
     json e = json::object();
     for (const auto& [name, enc] : d.encodings) e[name] = std::string(encoding_name(enc));

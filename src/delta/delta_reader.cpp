@@ -46,6 +46,12 @@ DeltaEntry entry_of(const OpenDelta& v, const std::string& file, const Safetenso
   e.new_hash = checksum;
   if (auto b = v.index.base_checksums.find(t.name); b != v.index.base_checksums.end()) e.base_hash = b->second;
   if (e.encoding == Encoding::stack) e.stack = read_stack(e.frame, checksum, w + ": entry '" + t.name + "'");
+  if (e.encoding == Encoding::parts) {
+    e.parts = std::make_shared<const PartsEntry>(read_parts(e.frame, checksum, w + ": entry '" + t.name + "'"));
+    if (!e.base_hash)
+      fail(Exit::bad_input,
+           w + ": entry '" + t.name + "' is a parts entry without a base checksum in hfdelta_base_checksums");
+  }
   return e;
 }
 

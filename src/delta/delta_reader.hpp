@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -16,6 +17,7 @@
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/hash.hpp"
 #include "hfdelta/io.hpp"
+#include "hfdelta/parts.hpp"
 #include "hfdelta/safetensors.hpp"
 
 namespace hfdelta {
@@ -26,10 +28,11 @@ struct DeltaEntry {
   const std::string* file = nullptr;  // the delta file holding it (a key of OpenDelta::headers)
   const TensorInfo* info = nullptr;   // its entry in that file's header (name: the tensor's in the target)
   Encoding encoding = Encoding::xor_bytes;
-  std::span<const std::uint8_t> frame;  // the entry's bytes, in the file's mapping
-  Hash128 new_hash;                     // of the tensor's new bytes (the file's __metadata__)
-  std::optional<Hash128> base_hash;     // of its base bytes (hfdelta_base_checksums)
-  std::vector<StackPart> stack;         // a stacked entry's parts, in order (views into `frame`)
+  std::span<const std::uint8_t> frame;      // the entry's bytes, in the file's mapping
+  Hash128 new_hash;                         // of the tensor's new bytes (the file's __metadata__)
+  std::optional<Hash128> base_hash;         // of its base bytes (hfdelta_base_checksums)
+  std::vector<StackPart> stack;             // a stacked entry's parts, in order (views into `frame`)
+  std::shared_ptr<const PartsEntry> parts;  // a parts entry's head (views into `frame`)
 
   const std::string& tensor() const { return info->name; }
 };

@@ -22,7 +22,8 @@ void record_delta(VersionBytes& vb, const OpenDelta& d) {
   const DeltaIndex& idx = d.index;
   vb.recorded = idx.format_revision.has_value();  // a plain slime-layout delta records no checksums of ours
   if (!vb.recorded) return;
-  for (const DeltaEntry& e : d.entries) vb.tensors[e.tensor()] = e.new_hash;
+  for (const DeltaEntry& e : d.entries)
+    if (!e.parts) vb.tensors[e.tensor()] = e.new_hash;  // a parts entry records its regions' checksums only
   for (const ShardOp& op : idx.shards) {
     if (op.op == ShardOp::Op::remove) {
       vb.files[op.file] = std::nullopt;

@@ -176,9 +176,10 @@ void inspect_part(Encoding enc, std::span<const std::uint8_t> bytes, const std::
     case Encoding::context:
       return inspect_context(bytes, what, out);
     case Encoding::stack:
+    case Encoding::parts:
       break;
   }
-  fail(Exit::bad_input, what + ": a stacked entry cannot hold another");
+  fail(Exit::bad_input, what + ": a stacked entry cannot hold another, nor a parts entry");
 }
 
 InspectEntry inspect_entry(const OpenDelta& v, const DeltaEntry& de) {
@@ -190,6 +191,21 @@ InspectEntry inspect_entry(const OpenDelta& v, const DeltaEntry& de) {
   e.checksum = de.new_hash;
   e.base_checksum = de.base_hash;
   const std::string what = v.path_of(de) + ": entry '" + de.tensor() + "'";
+  if (de.parts) {
+    e.parts = de.parts->parts.size();
+    e.tensor_bytes = de.parts->m.bytes();
+    for (std::size_t i = 0; i < de.parts->parts.size(); ++i) {
+      const PartRecord& pr = de.parts->parts[i];
+      InspectEntry pe;
+      const std::string pw = what + " (part " + std::to_string(i + 1) + ")";
+      inspect_part(pr.enc, pr.bytes, pw, pe);
+      if (pe.tensor_bytes && *pe.tensor_bytes != pr.region.elements() * de.parts->m.es)
+        fail(Exit::bad_input, pw + ": is for " + std::to_string(*pe.tensor_bytes) + " bytes, its region holds " +
+                                  std::to_string(pr.region.elements() * de.parts->m.es));
+      e.needs_base = e.needs_base || pe.needs_base;
+    }
+    return e;
+  }
   if (de.encoding != Encoding::stack) {
     inspect_part(e.encoding, de.frame, what, e);
     return e;

@@ -198,7 +198,8 @@ void lay(const Op& op, std::span<std::uint8_t> buf, const std::string& what) {
           });
       break;
     case Encoding::stack:  // split into its parts when the chain is read
-      fail(Exit::failure, what + ": a stacked entry reached the composer");
+    case Encoding::parts:  // refused when the chain is read
+      fail(Exit::failure, what + ": a stacked or parts entry reached the composer");
   }
 }
 
@@ -518,6 +519,12 @@ void trace_entry(SquashContext& ctx, std::size_t k, const std::string& file, con
            w + ": entry '" + ti.name + "' patches " + target->second + ", but the tensor is in " + *tr.file);
     tr.file = target->second;
   }
+  if (op.enc == Encoding::parts)
+    fail(Exit::unsupported,
+         w + ": entry '" + ti.name +
+             "' is a parts entry (a sharded publisher's, format revision 6), "
+             "which does not compose without the base bytes; squash the versions before it and after it, "
+             "or publish a full version (delta-diff --full) to start a new chain");
   if (op.enc == Encoding::stack) {  // a squashed delta in the chain: its parts, in order
     const std::vector<StackPart> parts = read_stack(op.frame, checksum, w + ": entry '" + ti.name + "'");
     for (std::size_t i = 0; i < parts.size(); ++i) {

@@ -114,7 +114,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           break;
         }
         case hfdelta::Encoding::stack:
-          FUZZ_CHECK(false);  // read_stack never hands out a stack
+        case hfdelta::Encoding::parts:
+          FUZZ_CHECK(false);  // read_stack hands out neither
       }
     } catch (const hfdelta::Error& e) {
       FUZZ_CHECK(e.code() == hfdelta::Exit::bad_input);
