@@ -42,20 +42,25 @@ Publishing from the trainer's memory: ``Publisher(root, mirror)`` diffs tensors 
 a time (numpy arrays, torch CPU tensors, anything speaking DLPack or the buffer protocol)
 against ``mirror``, a LOCAL holding the last published version, publishes version newest + 1
 into ``root`` (the delta delta-diff would write) and advances the mirror (hfdelta.publisher).
+From a sharded trainer (FSDP2, tensor and pipeline parallel): ``ShardedPublisher(root, mirror,
+group=...)`` on every rank publishes one version from the pieces each rank holds, with no gather
+(hfdelta.sharded, docs/sharded.md).
 """
 
 from __future__ import annotations
 
 # Every public name of the modules below; each module's __all__ lists its own.
-from . import _api, errors, publisher, results
+from . import _api, errors, publisher, results, sharded
 from ._api import *  # noqa: F401,F403
 from ._core import __version__
 from .errors import *  # noqa: F401,F403
 from .publisher import *  # noqa: F401,F403
 from .results import *  # noqa: F401,F403
+from .sharded import *  # noqa: F401,F403
 
-__all__ = ["__version__", "errors", "results", "publisher"]
+__all__ = ["__version__", "errors", "results", "publisher", "sharded"]
 __all__ += _api.__all__
 __all__ += publisher.__all__
+__all__ += sharded.__all__
 __all__ += results.__all__
 __all__ += errors.__all__

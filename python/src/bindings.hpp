@@ -34,3 +34,5 @@ std::optional<Encoding> encoding_of(const std::string& name);
 
 // The publisher's binding (publisher_binding.cpp).
 void bind_publisher(nanobind::module_& m);
+// The sharded publisher's core (sharded_binding.cpp).
+void bind_sharded(nanobind::module_& m);

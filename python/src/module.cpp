@@ -12,4 +12,5 @@ NB_MODULE(_core, m) {
   hfdelta::python::bind_errors(m);
   hfdelta::python::bind_forms(m);
   bind_publisher(m);
+  bind_sharded(m);
 }

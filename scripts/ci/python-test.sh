@@ -3,7 +3,8 @@
 # environment, builds its wheel, and runs its tests (tests/python) against the
 # CLIs of the meson build, which must be built already (scripts/test.sh does).
 #   1. a virtual environment in BUILDDIR/py-venv, made with the python3 on PATH,
-#      with the tests' packages (numpy safetensors ml_dtypes pytest mypy)
+#      with the tests' packages (numpy safetensors ml_dtypes pytest mypy), and
+#      torch and transformers for the sharded publisher's tests (HFDELTA_TEST_TORCH=0: not)
 #   2. pip install . : meson-python builds the library, hfdelta._core and the CLIs
 #      from scratch (in BUILDDIR/py-build, emptied first); where nvcc is found
 #      (CUDACXX, else PATH), with the CUDA path that a plain `pip install .`
@@ -44,7 +45,15 @@ make_venv() {
   if [ ! -x "$venv/bin/python" ]; then python3 -m venv "$venv" || return 1; fi
   "$venv/bin/python" -m pip install -q --disable-pip-version-check numpy safetensors ml_dtypes pytest mypy
 }
+# torch and transformers for the sharded publisher's tests (tests/python/test_sharded.py: real
+# torch.distributed processes, FSDP2 of a transformers Qwen3 model); PyPI's torch, about 4 GB with
+# its CUDA libraries, 1.5 min to install here. HFDELTA_TEST_TORCH=0 leaves them out (those tests
+# then skip, saying why).
+add_torch() {
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "torch>=2.6" transformers
+}
 step "virtual environment ($venv, $(python3 --version 2>&1))" make_venv
+if [ "${HFDELTA_TEST_TORCH:-1}" != 0 ]; then step "torch and transformers (for the sharded publisher's tests)" add_torch; fi
 
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 build_args=(-Cbuild-dir="$repo/$builddir/py-build")

@@ -19,6 +19,7 @@
 #include "hfdelta/progress.hpp"
 #include "hfdelta/safetensors.hpp"
 #include "hfdelta/version.hpp"
+#include "root/mirror.hpp"
 #include "store/checksum_record.hpp"
 #include "store/local_store.hpp"
 #include "util/scope_guard.hpp"
@@ -68,88 +69,6 @@ struct MemoryPublisher::State {
 };
 
 namespace {
-
-ApplyOptions mirror_apply_options(const PublisherOptions& o) {
-  ApplyOptions a;
-  a.sync = o.sync;
-  a.threads = o.threads;
-  a.lock_timeout = o.lock_timeout;
-  return a;
-}
-
-// ROOT's version `v` must hold the bytes the mirror records for `v`: the new
-// checksum of each of its entries against the mirror's record (a full
-// version, or a mirror without a record, is not checked).
-void check_same_version(const fs::path& root, const fs::path& mirror, std::uint64_t v) {
-  const fs::path dir = root / version_dirname(v);
-  std::optional<DeltaIndex> idx = read_index_if_delta(dir);
-  const std::optional<ChecksumRecord> rec = read_record(mirror, v);
-  if (!idx || !rec) return;
-  const OpenDelta d = open_delta(dir, std::move(*idx));
-  for (const DeltaEntry& e : d.entries) {
-    if (e.parts) continue;  // a sharded publisher's: its regions' checksums were checked when the mirror applied it
-    for (const auto& [file, w] : rec->weights) {
-      const auto t = w.tensors.find(e.tensor());
-      if (t == w.tensors.end() || t->second == e.new_hash) continue;
-      fail(Exit::verify_failed,
-           dir.string() + ": tensor '" + e.tensor() + "' is not the one mirror " + mirror.string() +
-               " holds at version " + format_version(v) +
-               ": ROOT and MIRROR were published by different publishers. Use the mirror this "
-               "root was published from, or re-create the mirror from ROOT (delta-apply --init CHECKPOINT MIRROR, "
-               "then delta-apply --root ROOT MIRROR)");
-    }
-  }
-}
-
-// Brings the mirror and ROOT together (see publisher.hpp).
-void reconcile(const fs::path& root, const fs::path& mirror, const PublisherOptions& opts, PublisherOpening& opening) {
-  const ApplyOptions ao = mirror_apply_options(opts);
-  const ApplyResult rec = recover_local(mirror, ao);
-  if (rec.rolled_back) opening.rolled_back = rec.rolled_back;
-  const LocalState st = read_state(mirror);
-  if (!st.version)
-    fail(Exit::uninitialised, mirror.string() +
-                                  ": mirror has no recorded version; make it a copy of the version the "
-                                  "hosts start from: delta-apply --init CHECKPOINT " +
-                                  mirror.string());
-  const std::uint64_t m = *st.version;
-  const std::vector<VersionDir> versions = scan_root(root);
-  const std::uint64_t newest = versions.empty() ? 0 : versions.back().version;
-  if (versions.empty() && m != 0)
-    fail(Exit::out_of_order, root.string() + ": publishes no version, but mirror " + mirror.string() +
-                                 " is at version " + format_version(m) +
-                                 ": open the publisher on the root the mirror was published to, "
-                                 "or publish the mirror's checkpoint there first (delta-diff --full)");
-  if (newest < m && scan_withdrawn(root).count(m))
-    fail(Exit::out_of_order, mirror.string() + ": mirror is at version " + format_version(m) +
-                                 ", which was withdrawn "
-                                 "from " +
-                                 root.string() + "; re-create the mirror from the checkpoint of version " +
-                                 format_version(newest) + " (delta-apply --init CHECKPOINT MIRROR --init-version " +
-                                 std::to_string(newest) + ")");
-  if (newest < m)
-    fail(Exit::out_of_order, root.string() + ": its newest version is " + format_version(newest) + ", but mirror " +
-                                 mirror.string() + " is at version " + format_version(m) +
-                                 ": the root lost versions or is another root; open the publisher on the root the "
-                                 "mirror was published to, or re-create the mirror from this root");
-  opening.version = m;
-  if (newest == m) {
-    if (!versions.empty()) check_same_version(root, mirror, m);
-    return;
-  }
-  // Published, but the mirror was not advanced (the process died in
-  // between): catch it up the way a host would.
-  try {
-    const ApplyResult r = pull(root, mirror, std::nullopt, ao);
-    opening.caught_up.insert(opening.caught_up.end(), r.applied.begin(), r.applied.end());
-    opening.version = r.to_version;
-  } catch (const Error& e) {
-    fail(e.code(), "mirror " + mirror.string() + " (version " + format_version(m) + ") cannot be caught up from " +
-                       root.string() + " (newest " + format_version(newest) + "): " + e.what() +
-                       "; if ROOT is right, re-create the mirror from it (delta-apply --init CHECKPOINT MIRROR, "
-                       "then delta-apply --root ROOT MIRROR)");
-  }
-}
 
 // The works of a step: every tensor of the mirror paired with itself (the
 // new bytes come from memory, one tensor at a time). The base checksums come
@@ -309,35 +228,6 @@ std::unique_ptr<Step> new_step(const fs::path& root, const fs::path& mirror, con
   return st;
 }
 
-// The checks delta-diff and delta-apply make of their paths, made of ROOT
-// and MIRROR before anything is created in either: the mirror's lock would
-// otherwise make ROOT/.weight_sync/ (after which every host's pull refuses
-// the root as a LOCAL), or the first version would be written into a
-// host's LOCAL given as ROOT.
-void check_paths(const fs::path& root, const fs::path& mirror) {
-  const std::string form = " (Publisher(root, mirror))";
-  require_dir(root, "create the publication root first (mkdir -p " + root.string() + ")");
-  if (exists_nofollow(root / kStateDir))
-    fail(Exit::bad_input, root.string() + ": has " + kStateDir +
-                              "/, so it is a LOCAL checkpoint (a host's, or a "
-                              "mirror), not a publication root; the arguments look swapped" +
-                              form);
-  if (const Nesting n = nesting(root, mirror); n != Nesting::apart)
-    fail(Exit::bad_input, root.string() +
-                              (n == Nesting::same ? ": ROOT and the mirror are the same directory"
-                                                  : ": ROOT is inside mirror " + mirror.string()) +
-                              "; the mirror is a LOCAL, apart from the root it publishes into" + form);
-  if (nesting(mirror, root) == Nesting::inside)
-    fail(Exit::bad_input, mirror.string() + ": the mirror is inside ROOT " + root.string() +
-                              "; the mirror is a LOCAL, apart from the root it publishes into" + form);
-  check_local_path(mirror, Exit::uninitialised);
-  if (!has_state_file(mirror))
-    fail(Exit::uninitialised, mirror.string() + ": mirror has no recorded version (no " + kStateDir +
-                                  "/state.json); make it a copy of the version the hosts start from: "
-                                  "delta-apply --init CHECKPOINT " +
-                                  mirror.string());
-}
-
 }  // namespace
 
 MemoryPublisher::MemoryPublisher(const fs::path& root, const fs::path& mirror, const PublisherOptions& opts)
@@ -345,9 +235,9 @@ MemoryPublisher::MemoryPublisher(const fs::path& root, const fs::path& mirror, c
   s_->root = fs::absolute(strip_trailing_slashes(root.string()));
   s_->mirror = fs::absolute(strip_trailing_slashes(mirror.string()));
   s_->opts = opts;
-  check_paths(s_->root, s_->mirror);  // before the lock creates anything in either
+  check_mirror_paths(s_->root, s_->mirror, " (Publisher(root, mirror))");  // before the lock creates anything in either
   s_->lock = std::make_unique<LocalLock>(s_->mirror, opts.lock_timeout, LocalLock::Mode::create, "publisher.lock");
-  reconcile(s_->root, s_->mirror, opts, s_->opening);
+  reconcile_mirror(s_->root, s_->mirror, opts, s_->opening);
   s_->version = s_->opening.version;
 }
 
@@ -389,7 +279,7 @@ void MemoryPublisher::open_step() {
   // never started advance, or a change by another process, reconcile first.
   if (s_->reconcile_needed || read_state(s_->mirror) != LocalState{s_->version, std::nullopt}) {
     PublisherOpening o;
-    reconcile(s_->root, s_->mirror, s_->opts, o);
+    reconcile_mirror(s_->root, s_->mirror, s_->opts, o);
     s_->version = o.version;
     s_->reconcile_needed = false;
   }
