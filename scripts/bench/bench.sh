@@ -35,7 +35,10 @@
 #   --out DIR          results directory (default BUILDDIR/bench)
 #   --work DIR         scratch directory for the series (default OUT/work; removed at the end)
 #   --keep             keep the scratch directory
-#   --sections "S ..." which parts to run: main squash mem publish kinds (default all);
+#   --sections "S ..." which parts to run: main squash mem publish kinds sharded (default all);
+#                      sharded: ShardedPublisher with 1, 2 and 4 gloo ranks against gathering to
+#                      rank 0 (Publisher, or a save and delta-diff), scripts/bench/sharded.py,
+#                      in OUT/sharded.md; needs torch in the venv (installed there if missing)
 #                      kinds: mixture of experts (qwen3-moe, experts apart against stacked),
 #                      FP8 with block scales and LoRA adapters, scripts/bench/kinds.sh, in
 #                      OUT/kinds.md
@@ -63,7 +66,7 @@ steps=${BENCH_STEPS_PER_SAVE:-1}
 out=${BENCH_OUT:-}
 work=${BENCH_WORK:-}
 keep=${BENCH_KEEP:-0}
-sections=${BENCH_SECTIONS:-"main squash mem publish kinds"}
+sections=${BENCH_SECTIONS:-"main squash mem publish kinds sharded"}
 builddir=${HFDELTA_BUILDDIR:-build}
 interval_ms=5
 
@@ -88,7 +91,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 for sct in $sections; do
-  case $sct in main | squash | mem | publish | kinds) ;; *) die "unknown section $sct (main squash mem publish kinds)" ;; esac
+  case $sct in main | squash | mem | publish | kinds | sharded) ;; *) die "unknown section $sct (main squash mem publish kinds sharded)" ;; esac
 done
 want() { [[ " $sections " == *" $1 "* ]]; }
 [[ $saves =~ ^[1-9][0-9]*$ ]] || die "--saves must be a positive integer"
@@ -474,6 +477,21 @@ if want publish; then
   [ "$keep" = 1 ] || rm -rf "$series" "$work/publish"
 fi
 
+if want sharded; then
+  log "sharded publishing: preset $preset, lr $target_lr, ranks ${BENCH_RANKS:-1 2 4}"
+  t0=$(date +%s.%N)
+  py=$(py_venv) || die "could not install the Python package into $builddir/py-venv"
+  "$py" -c 'import torch' 2>/dev/null || "$py" -m pip install -q --disable-pip-version-check torch >&2 ||
+    die "could not install torch into $builddir/py-venv"
+  series=$work/sharded-series
+  "$B/hfdelta-gen" --preset "$preset" --saves 1 --lr "$target_lr" --steps-per-save "$steps" "$series" 2>&1 | sed 's/^/   /'
+  "$py" "$repo/scripts/bench/sharded.py" "$series/save_000" "$series/save_001" "$out/sharded.json" \
+    --ranks "${BENCH_RANKS:-1 2 4}" --delta-diff "$B/delta-diff" >"$out/sharded.md" || die "sharded.py failed"
+  sed 's/^/   /' "$out/sharded.md"
+  note timing "what=sharded publishing" "seconds=$(elapsed "$t0")"
+  [ "$keep" = 1 ] || rm -rf "$series"
+fi
+
 if want kinds; then
   log "checkpoint kinds: mixture of experts, FP8, LoRA (scripts/bench/kinds.sh)"
   t0=$(date +%s.%N)
@@ -486,6 +504,9 @@ note timing "what=whole run" "seconds=$(elapsed "$t_start")"
 bench report "$rec" --md "$out/results.md" --json "$out/results.json"
 if want publish; then
   { echo; echo "## Publishing from the trainer's memory (preset $preset, lr $target_lr)"; echo; cat "$out/publish.md"; } >>"$out/results.md"
+fi
+if want sharded; then
+  { echo; echo "## Sharded publishing (preset $preset, lr $target_lr)"; echo; cat "$out/sharded.md"; } >>"$out/results.md"
 fi
 if want kinds; then
   { echo; sed 's/^# /## /; s/^## \([A-Z]\)/### \1/' "$out/kinds.md"; } >>"$out/results.md"
