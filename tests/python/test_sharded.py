@@ -283,7 +283,7 @@ def test_two_jobs_never_publish_one_number_twice(tmp_path: Path) -> None:
         w = _core._ShardWriter(str(work / "mirror-a"), stage, 0, "sparse", 3)
         for name, t in base.items():
             new = t.copy()
-            new.reshape(-1)[k] += 1  # each job publishes other bytes
+            new.reshape(-1)[0] += k + 1  # each job publishes other bytes
             rows = t.shape[0] if t.shape else 1
             cols = int(np.prod(t.shape[1:])) if len(t.shape) > 1 else 1
             dtype = {"float16": "F16", "float32": "F32"}[t.dtype.name]
