@@ -59,6 +59,8 @@ const char* error_kind(int code) {
       return "post_publish_failed";
     case Exit::hook_pre_read:
       return "pre_read_failed";
+    case Exit::fleet_alert:
+      return "fleet_alert";
   }
   return code > 128 ? "stopped" : "failure";
 }

@@ -9,6 +9,8 @@
 #include "cli_common.hpp"
 #include "hfdelta/apply.hpp"
 #include "hfdelta/error.hpp"
+#include "hfdelta/fleet.hpp"
+#include "hfdelta/host_report.hpp"
 #include "hfdelta/report_json.hpp"
 #include "hfdelta/signals.hpp"
 #include "hfdelta/verify.hpp"
@@ -29,6 +31,10 @@ struct Options {
   std::optional<std::uint64_t> target, version;
   ApplyOptions apply;
   const CLI::Option* root_opt = nullptr;  // --root given (its ROOT may come among the paths)
+  // Host reports (--report), the fleet view (--fleet).
+  std::string report, host, fleet, reports;
+  std::optional<std::uint64_t> fail_behind;
+  std::optional<double> fail_stale;
 };
 
 // The options of every form, written into `o` when `app` parses.
@@ -69,8 +75,8 @@ void add_options(CLI::App& app, Options& o) {
                  "e.g. to refresh a view of an object store; failure exits 14, LOCAL untouched")
       ->needs(root_opt);
   app.add_flag("--require-marker", o.apply.require_marker,
-               "With --root: take a version only once its completion marker (hfdelta_complete.json) and every file "
-               "it lists are there, even in a root where no version has one yet")
+               "With --root (or --fleet): take a version only once its completion marker (hfdelta_complete.json) "
+               "and every file it lists are there, even in a root where no version has one yet")
       ->needs(root_opt);
   app.add_flag("--force", o.apply.force,
                "Let --init replace a non-empty directory that is not a LOCAL (no .weight_sync/state.json), "
@@ -88,6 +94,41 @@ void add_options(CLI::App& app, Options& o) {
       "Show progress on stderr (bytes done, rate, time left); the default on a terminal, never with -q or --json");
   app.add_flag("--json", o.json_out, "Print the result as one JSON object on stdout");
   app.add_flag("-q,--quiet", o.quiet, "Print nothing on success");
+}
+
+// --report, --host; --fleet, --reports, --fail-behind, --fail-stale
+// (docs/operations.md).
+void add_fleet_options(CLI::App& app, Options& o) {
+  CLI::Option* root_opt = app.get_option("--root");
+  auto* report_opt = app.add_option("--report", o.report,
+                                    "With --root: after the pull, write DIR/NAME.json saying what LOCAL holds "
+                                    "(DIR shared by the hosts, apart from ROOT)")
+                         ->type_name("DIR")
+                         ->needs(root_opt);
+  app.add_option("--host", o.host, "With --report: the report's NAME (default: this machine's host name)")
+      ->type_name("NAME")
+      ->needs(report_opt);
+  auto* fleet_opt = app.add_option("--fleet", o.fleet,
+                                   "Show every version of ROOT and, with --reports, what each host holds; "
+                                   "reads only")
+                        ->type_name("ROOT")
+                        ->excludes(root_opt, app.get_option("--init"), app.get_option("--status"),
+                                   app.get_option("--recover"), app.get_option("--verify"), app.get_option("--then"));
+  auto* reports_opt =
+      app.add_option("--reports", o.reports, "With --fleet: the directory the hosts write their reports to")
+          ->type_name("DIR")
+          ->needs(fleet_opt);
+  app.add_option("--fail-behind", o.fail_behind,
+                 "With --fleet --reports: exit 16 if a host is more than N versions behind the newest complete one")
+      ->type_name("N")
+      ->transform(cli::whole_number())
+      ->needs(reports_opt);
+  app.add_option("--fail-stale", o.fail_stale, "With --fleet --reports: exit 16 if a report is older than SECONDS")
+      ->type_name("SECONDS")
+      ->check(cli::seconds())
+      ->needs(reports_opt);
+  // --require-marker: with --root, or --fleet (checked in run_command).
+  app.get_option("--require-marker")->remove_needs(root_opt);
 }
 
 // LOCAL, once the number of paths fits the form.
@@ -154,6 +195,48 @@ void run_verify(const Options& o, const std::string& local) {
   else if (!o.quiet || v.state != VerifyReport::State::clean)
     print_verify_human(local, v);
   if (code != Exit::ok) throw Error(code, "");
+}
+
+// ---- --fleet -------------------------------------------------------------------
+
+// Shows ROOT's versions and the hosts' reports; exit 16 for a host past
+// --fail-behind or --fail-stale.
+void run_fleet(const Options& o) {
+  if (!o.paths.empty()) throw CLI::ValidationError("--fleet ROOT takes no other path");
+  std::optional<boost::filesystem::path> reports;
+  if (!o.reports.empty()) reports = strip_trailing_slashes(o.reports);
+  const FleetView v = fleet_view(strip_trailing_slashes(o.fleet), reports, o.apply.require_marker);
+  const std::vector<std::string> alerts = fleet_alerts(v, o.fail_behind, o.fail_stale);
+  std::string msg;
+  for (const std::string& a : alerts) msg += (msg.empty() ? "" : "; ") + a;
+  if (!alerts.empty()) msg = std::to_string(alerts.size()) + " alert(s): " + msg;
+  if (o.json_out) {
+    nlohmann::json j = fleet_json(v);
+    if (!alerts.empty()) j.update(error_json(static_cast<int>(Exit::fleet_alert), msg));
+    cli::print_json(j);
+  } else if (!o.quiet) {
+    std::fputs(fleet_text(v).c_str(), stdout);
+  }
+  if (!alerts.empty()) throw Error(Exit::fleet_alert, msg);
+}
+
+// ---- --report ------------------------------------------------------------------
+
+// Writes DIR/NAME.json; a report that cannot be written is a warning, not
+// the pull's failure (the fleet view shows it growing old: --fail-stale).
+void write_report(const Options& o, const std::string& local, Exit code, const std::string& msg, bool waiting) {
+  const StopDeferred finish;  // a stop after the pull's commit must not cut the report short
+  try {
+    HostReport r = current_report({o.report, o.host, local, o.root, cli::program_version()});
+    r.exit_code = static_cast<int>(code);
+    r.error = msg;
+    r.error_kind = code == Exit::ok ? "" : error_kind(static_cast<int>(code));
+    r.waiting_for_peers = waiting;
+    write_host_report(o.report, r);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "delta-apply: warning: cannot write the report %s: %s\n",
+                 host_report_path(o.report, o.host).string().c_str(), e.what());
+  }
 }
 
 // ---- apply, --init, --root, --recover ------------------------------------------------
@@ -226,10 +309,37 @@ void print_change_human(const std::string& local, const ApplyResult& r, bool rec
   }
 }
 
+// --report DIR: the pull, then DIR/NAME.json, whatever the outcome.
+ApplyResult run_reported(Options& o, const std::string& local) {
+  check_reports_dir(o.report, o.root);
+  if (o.host.empty()) o.host = default_host_name();
+  check_host_name(o.host, "--host");
+  try {
+    ApplyResult r = run_change(o, local);
+    write_report(o, local, r.then_error ? Exit::then_failed : Exit::ok, r.then_error.value_or(""), false);
+    return r;
+  } catch (const Error& e) {
+    write_report(o, local, e.code(), e.what(), false);
+    throw;
+  } catch (const CLI::ParseError& e) {
+    write_report(o, local, Exit::usage, e.what(), false);
+    throw;
+  } catch (const std::exception& e) {
+    write_report(o, local, Exit::failure, e.what(), false);
+    throw;
+  }
+}
+
+void print_change(const Options& o, const std::string& local, const ApplyResult& r) {
+  if (o.json_out) return cli::print_json(change_json(local, r));
+  if (!o.quiet) print_change_human(local, r, o.recover);
+}
+
 // The body of every form, once the command line has parsed.
 void run_command(Options& o) {
   o.apply.sync = !o.no_sync;
   const cli::ProgressLine progress_line(cli::progress_wanted(o.progress, o.quiet, o.json_out));
+  if (!o.fleet.empty()) return run_fleet(o);
   if (*o.root_opt && o.root.empty()) {  // --root without its ROOT right after it: the first of two paths
     if (o.paths.size() != 2) throw CLI::ValidationError("--root", "needs ROOT: --root ROOT LOCAL");
     o.root = o.paths.front();
@@ -237,15 +347,14 @@ void run_command(Options& o) {
   }
   for (std::string& p : o.paths) p = strip_trailing_slashes(p).string();  // "LOCAL/" names LOCAL
   if (!o.root.empty()) o.root = strip_trailing_slashes(o.root).string();
+  if (o.apply.require_marker && o.root.empty())
+    throw CLI::ValidationError("--require-marker", "needs --root or --fleet");
   const std::string local = local_path(o);
   if (o.status) return run_status(o, local);
   if (o.verify) return run_verify(o, local);
-  const ApplyResult r = run_change(o, local);
+  const ApplyResult r = o.report.empty() ? run_change(o, local) : run_reported(o, local);
   cli::ProgressLine::stop_current();
-  if (o.json_out)
-    cli::print_json(change_json(local, r));
-  else if (!o.quiet)
-    print_change_human(local, r, o.recover);
+  print_change(o, local, r);
   if (r.then_error) throw Error(Exit::then_failed, *r.then_error);  // after the summary: the version is applied
 }
 
@@ -259,12 +368,15 @@ int main(int argc, char** argv) {
       "  delta-apply [OPTIONS] [--then CMD] DELTA LOCAL\n"
       "  delta-apply --init [--init-version N] [--force] [OPTIONS] SRC LOCAL\n"
       "  delta-apply --root ROOT [--target N] [--pre-read CMD] [--require-marker] [--then CMD] [OPTIONS] LOCAL\n"
+      "  delta-apply --root ROOT --report DIR [--host NAME] [OPTIONS] LOCAL\n"
+      "  delta-apply --fleet ROOT [--reports DIR [--fail-behind N] [--fail-stale S]] [--json]\n"
       "  delta-apply --status [--json] [--lock-timeout S] LOCAL\n"
       "  delta-apply --verify [--json] [--lock-timeout S] LOCAL\n"
       "  delta-apply --recover LOCAL\n"
       "  delta-apply --version");
   Options o;
   add_options(app, o);
+  add_fleet_options(app, o);
   return cli::run(
       app, argc, argv, [&] { run_command(o); }, &o.json_out);
 }
