@@ -1,6 +1,7 @@
-// End-to-end: hosts report what they hold (--report DIR), and the fleet
-// view reads a root and the reports (--fleet): the real binaries, each
-// "host" a LOCAL of its own with its own runs.
+// End-to-end: hosts report what they hold (--report DIR), the fleet view
+// reads a root and the reports (--fleet), and an engine across hosts
+// reloads only once every node holds the version (--peers, --follow): the
+// real binaries, each "host" a LOCAL of its own with its own runs.
 #include <doctest/doctest.h>
 
 #include <unistd.h>
@@ -128,6 +129,9 @@ TEST_CASE("hosts: --report writes DIR/NAME.json after every pull, success or fai
   }
   SUBCASE("the options it needs") {
     E2E_CHECK_CODE(apply({"--report", reports.string(), "--status", local.string()}), 2);
+    E2E_CHECK_CODE(with_report({"--peers", "b"}), 2);                                      // --peers needs --then
+    E2E_CHECK_CODE(with_report({"--follow", "b", "--then", "true"}), 2);                   // a follower reloads nothing
+    E2E_CHECK_CODE(apply({"--root", root.string(), "--follow", "b", local.string()}), 2);  // --follow needs --report
   }
 }
 
@@ -263,4 +267,147 @@ TEST_CASE("hosts: --fleet shows every version of ROOT and each host's report, re
     E2E_CHECK_CODE(apply({"--fleet", up.string()}), 3);  // a LOCAL is no root
   }
   CHECK(root_state(root) == before);  // --fleet wrote nothing into ROOT
+}
+
+namespace {
+
+// Three nodes of one engine, each with its own LOCAL, pulling one ROOT and
+// reporting into one DIR: n1 has the engine reload (--peers n2,n3 --then),
+// n2 and n3 follow it. The reload command records the version it reloads and
+// what n2's and n3's LOCALs hold at that moment.
+struct Engine {
+  TempDir t;
+  fs::path series, root, reports, log;
+  fs::path n1, n2, n3;
+  Engine() {
+    series = gen_series(t / "series", 3);
+    root = root_of(t, series, 1);
+    reports = t / "reports";
+    fs::create_directories(reports);
+    log = t / "reloads.log";
+    n1 = host_at_zero(t, series, "n1");
+    n2 = host_at_zero(t, series, "n2");
+    n3 = host_at_zero(t, series, "n3");
+    write_file(t / "reload.sh",
+               "held() { sed -n 's/.*\"version\": *\"\\([0-9]*\\)\".*/\\1/p' \"$1/.weight_sync/state.json\"; }\n"
+               "echo \"$HFDELTA_VERSION n2=$(held " +
+                   sh_quote(n2.string()) + ") n3=$(held " + sh_quote(n3.string()) + ")\" >> " + sh_quote(log.string()) +
+                   "\n");
+  }
+  void publish(int v) {
+    E2E_REQUIRE_CODE(diff({"-q", save_dir(series, v - 1).string(), save_dir(series, v).string(), root.string()}), 0);
+  }
+  // The trigger, in the background.
+  std::unique_ptr<Background> trigger(const std::string& timeout, bool json = false) {
+    std::vector<std::string> args{"--root",         root.string(), "--report",
+                                  reports.string(), "--host",      "n1",
+                                  "--peers",        "n2,n3",       "--peer-timeout",
+                                  timeout,          "--then",      "sh " + sh_quote((t / "reload.sh").string()),
+                                  n1.string()};
+    if (json) args.insert(args.begin(), "--json");
+    return std::make_unique<Background>(args, t.path(), "trigger");
+  }
+  // A follower's pull, in the foreground.
+  json follow(const fs::path& local, const std::string& name) {
+    const RunResult r = apply({"--json", "--root", root.string(), "--report", reports.string(), "--host", name,
+                               "--follow", "n1", local.string()});
+    E2E_REQUIRE_CODE(r, 0);
+    return parse_json(r.out);
+  }
+  // Until n1's report says it waits for its peers (true) or the trigger ended.
+  bool waiting(Background& bg) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < deadline && bg.running()) {
+      if (fs::exists(reports / "n1.json") && read_json(reports / "n1.json")["state"] == "waiting_for_peers")
+        return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+  std::vector<std::string> reloads() const {
+    std::vector<std::string> lines;
+    if (!fs::exists(log)) return lines;
+    std::string all = read_file(log), line;
+    for (char c : all)
+      if (c == '\n')
+        lines.push_back(line), line.clear();
+      else
+        line += c;
+    return lines;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("hosts: an engine across 3 hosts reloads once every node holds the version, and only then") {
+  Engine e;
+
+  // Before the trigger has a report, a follower pulls nothing.
+  json f = e.follow(e.n2, "n2");
+  CHECK(f["follow"]["pulled"] == false);
+  CHECK(contains(f["follow"]["note"].get<std::string>(), "no report yet"));
+  CHECK(state_version(e.n2) == "000000");
+
+  // Every node online: the trigger holds 1, says so, waits; the followers pull
+  // to 1; the engine is reloaded once, with every node at 1.
+  {
+    auto trig = e.trigger("60");
+    REQUIRE_MESSAGE(e.waiting(*trig), trig->output());
+    CHECK(state_version(e.n1) == "000001");
+    CHECK(e.reloads().empty());  // not before the peers hold it
+    f = e.follow(e.n2, "n2");
+    CHECK(f["follow"]["pulled"] == true);
+    CHECK(f["to_version"] == "000001");
+    e.follow(e.n3, "n3");
+    CHECK_MESSAGE(trig->wait() == 0, trig->output());
+    CHECK(contains(trig->output(), "every peer holds version 000001"));
+  }
+  CHECK(e.reloads() == std::vector<std::string>{"000001 n2=000001 n3=000001"});
+  json n1 = read_json(e.reports / "n1.json");
+  CHECK(n1["state"] == "done");
+  CHECK(n1["exit_code"] == 0);
+
+  // A peer offline: the trigger gives up after --peer-timeout with exit 15,
+  // naming it and what it holds; no reload; n1 keeps the version.
+  e.publish(2);
+  {
+    auto trig = e.trigger("3", true);
+    REQUIRE_MESSAGE(e.waiting(*trig), trig->output());
+    e.follow(e.n2, "n2");  // n3 is offline
+    CHECK(trig->wait() == 15);
+    const std::string out = trig->output();
+    const std::string error = out.substr(out.find("delta-apply: error:"));
+    CHECK_MESSAGE(contains(error, "1 of 2 peers do not hold version 000002: n3: holds 000001"), out);
+    CHECK_MESSAGE(!contains(error, "n2: holds"), out);
+    CHECK_MESSAGE(contains(out, "\"exit_code\":15"), out);
+    CHECK_MESSAGE(contains(out, "\"kind\":\"peers_not_ready\""), out);
+    CHECK_MESSAGE(contains(out, "\"to_version\":\"000002\""), out);
+  }
+  CHECK(e.reloads().size() == 1);
+  CHECK(state_version(e.n1) == "000002");
+  n1 = read_json(e.reports / "n1.json");
+  CHECK(n1["exit_code"] == 15);
+  CHECK(n1["error"]["kind"] == "peers_not_ready");
+  CHECK(n1["version"] == "000002");
+
+  // A follower never passes the trigger: n1 holds 2, version 3 is out; n3
+  // (back online) goes to 2 only.
+  e.publish(3);
+  f = e.follow(e.n3, "n3");
+  CHECK(f["to_version"] == "000002");
+  CHECK(state_version(e.n3) == "000002");
+
+  // A peer behind that catches up while the trigger waits: it succeeds.
+  {
+    auto trig = e.trigger("60");
+    REQUIRE_MESSAGE(e.waiting(*trig), trig->output());
+    e.follow(e.n2, "n2");
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    CHECK(trig->running());  // n3 still at 2
+    CHECK(e.reloads().size() == 1);
+    e.follow(e.n3, "n3");
+    CHECK_MESSAGE(trig->wait() == 0, trig->output());
+  }
+  CHECK(e.reloads() == std::vector<std::string>{"000001 n2=000001 n3=000001", "000003 n2=000003 n3=000003"});
+  CHECK(state_version(e.n1) == "000003");
 }

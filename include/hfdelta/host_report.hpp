@@ -1,7 +1,8 @@
 // Host state reports: `delta-apply --root ROOT LOCAL --report DIR` writes,
 // after every pull, DIR/NAME.json saying what the host holds (docs/format.md,
 // "Host reports"). DIR is shared by the hosts and lies apart from ROOT, which
-// only the trainer writes. Read back by the fleet view (fleet.hpp).
+// only the trainer writes. Read back by the fleet view (fleet.hpp) and by a
+// node waiting for its peers (peers.hpp).
 #pragma once
 
 #include <cstdint>

@@ -11,6 +11,7 @@
 #include "hfdelta/error.hpp"
 #include "hfdelta/fleet.hpp"
 #include "hfdelta/host_report.hpp"
+#include "hfdelta/peers.hpp"
 #include "hfdelta/report_json.hpp"
 #include "hfdelta/signals.hpp"
 #include "hfdelta/verify.hpp"
@@ -31,10 +32,13 @@ struct Options {
   std::optional<std::uint64_t> target, version;
   ApplyOptions apply;
   const CLI::Option* root_opt = nullptr;  // --root given (its ROOT may come among the paths)
-  // Host reports (--report), the fleet view (--fleet).
-  std::string report, host, fleet, reports;
+  // Host reports (--report), an engine across hosts (--peers, --follow), the fleet view (--fleet).
+  std::string report, host, follow, fleet, reports;
+  std::vector<std::string> peers;
+  double peer_timeout = 300;
   std::optional<std::uint64_t> fail_behind;
   std::optional<double> fail_stale;
+  std::optional<FollowResult> followed;  // --follow: what the pull found
 };
 
 // The options of every form, written into `o` when `app` parses.
@@ -96,8 +100,8 @@ void add_options(CLI::App& app, Options& o) {
   app.add_flag("-q,--quiet", o.quiet, "Print nothing on success");
 }
 
-// --report, --host; --fleet, --reports, --fail-behind, --fail-stale
-// (docs/operations.md).
+// --report, --host, --peers, --peer-timeout, --follow; --fleet, --reports,
+// --fail-behind, --fail-stale (docs/operations.md, docs/engines.md).
 void add_fleet_options(CLI::App& app, Options& o) {
   CLI::Option* root_opt = app.get_option("--root");
   auto* report_opt = app.add_option("--report", o.report,
@@ -108,6 +112,22 @@ void add_fleet_options(CLI::App& app, Options& o) {
   app.add_option("--host", o.host, "With --report: the report's NAME (default: this machine's host name)")
       ->type_name("NAME")
       ->needs(report_opt);
+  auto* peers_opt = app.add_option("--peers", o.peers,
+                                   "With --report and --then: run --then only once every peer's report in DIR says "
+                                   "it holds LOCAL's version; exit 15 after --peer-timeout")
+                        ->type_name("NAME,...")
+                        ->delimiter(',')
+                        ->needs(report_opt, app.get_option("--then"));
+  app.add_option("--peer-timeout", o.peer_timeout, "With --peers: give up after SECONDS (default 300)")
+      ->type_name("SECONDS")
+      ->check(cli::seconds())
+      ->needs(peers_opt);
+  app.add_option("--follow", o.follow,
+                 "With --report: pull no further than the version NAME's report in DIR holds (the other nodes "
+                 "of an engine across hosts)")
+      ->type_name("NAME")
+      ->needs(report_opt)
+      ->excludes(peers_opt, app.get_option("--then"), app.get_option("--target"));
   auto* fleet_opt = app.add_option("--fleet", o.fleet,
                                    "Show every version of ROOT and, with --reports, what each host holds; "
                                    "reads only")
@@ -220,7 +240,7 @@ void run_fleet(const Options& o) {
   if (!alerts.empty()) throw Error(Exit::fleet_alert, msg);
 }
 
-// ---- --report ------------------------------------------------------------------
+// ---- --report, --peers ------------------------------------------------------------
 
 // Writes DIR/NAME.json; a report that cannot be written is a warning, not
 // the pull's failure (the fleet view shows it growing old: --fail-stale).
@@ -239,13 +259,28 @@ void write_report(const Options& o, const std::string& local, Exit code, const s
   }
 }
 
+// --peers: LOCAL holds `v`; says so in its report, then waits for the peers.
+void await_peers(const Options& o, const std::string& local, std::uint64_t v) {
+  write_report(o, local, Exit::ok, "", true);
+  PeerWaitOptions w{o.peers, o.peer_timeout, 0.5, nullptr};
+  if (!o.quiet)
+    w.waiting = [&](const std::string& lack) {
+      std::fprintf(stderr, "delta-apply: waiting up to %g s for the peers to hold version %s: %s\n", o.peer_timeout,
+                   format_version(v).c_str(), lack.c_str());
+    };
+  const double s = wait_for_peers(o.report, v, w);
+  if (!o.quiet && s > 0)
+    std::fprintf(stderr, "delta-apply: every peer holds version %s (after %.1f s)\n", format_version(v).c_str(), s);
+}
+
 // ---- apply, --init, --root, --recover ------------------------------------------------
 
 // Runs the form that changes LOCAL, with --then's command hooked in.
 ApplyResult run_change(Options& o, const std::string& local) {
   if (!o.then.empty())
-    o.apply.then = [command = o.then,
+    o.apply.then = [&o, &local, command = o.then,
                     abs = boost::filesystem::absolute(local).lexically_normal().string()](std::uint64_t v) {
+      if (!o.peers.empty()) await_peers(o, local, v);
       cli::run_shell(command, {{"HFDELTA_LOCAL", abs}, {"HFDELTA_VERSION", format_version(v)}}, Exit::then_failed,
                      "--then");
     };
@@ -257,6 +292,10 @@ ApplyResult run_change(Options& o, const std::string& local) {
                      {{"HFDELTA_ROOT", boost::filesystem::absolute(o.root).lexically_normal().string()},
                       {"HFDELTA_LOCAL", boost::filesystem::absolute(local).lexically_normal().string()}},
                      Exit::hook_pre_read, "--pre-read");
+    if (!o.follow.empty()) {
+      o.followed = pull_following(o.root, local, o.report, o.follow, o.apply);
+      return o.followed->result;
+    }
     return pull(o.root, local, o.target, o.apply);
   }
   return apply_delta(o.paths[0], local, o.apply);
@@ -314,9 +353,11 @@ ApplyResult run_reported(Options& o, const std::string& local) {
   check_reports_dir(o.report, o.root);
   if (o.host.empty()) o.host = default_host_name();
   check_host_name(o.host, "--host");
+  for (const std::string& p : o.peers) check_host_name(p, "--peers");
+  if (!o.follow.empty()) check_host_name(o.follow, "--follow");
   try {
     ApplyResult r = run_change(o, local);
-    write_report(o, local, r.then_error ? Exit::then_failed : Exit::ok, r.then_error.value_or(""), false);
+    write_report(o, local, r.then_error ? r.then_code : Exit::ok, r.then_error.value_or(""), false);
     return r;
   } catch (const Error& e) {
     write_report(o, local, e.code(), e.what(), false);
@@ -331,8 +372,16 @@ ApplyResult run_reported(Options& o, const std::string& local) {
 }
 
 void print_change(const Options& o, const std::string& local, const ApplyResult& r) {
-  if (o.json_out) return cli::print_json(change_json(local, r));
-  if (!o.quiet) print_change_human(local, r, o.recover);
+  if (o.json_out) {
+    nlohmann::json j = change_json(local, r);
+    if (o.followed) j["follow"] = follow_json(o.follow, *o.followed);
+    return cli::print_json(j);
+  }
+  if (o.quiet) return;
+  if (o.followed && !o.followed->pulled)
+    std::printf("%s: %s\n", local.c_str(), o.followed->note.c_str());
+  else
+    print_change_human(local, r, o.recover);
 }
 
 // The body of every form, once the command line has parsed.
@@ -355,7 +404,7 @@ void run_command(Options& o) {
   const ApplyResult r = o.report.empty() ? run_change(o, local) : run_reported(o, local);
   cli::ProgressLine::stop_current();
   print_change(o, local, r);
-  if (r.then_error) throw Error(Exit::then_failed, *r.then_error);  // after the summary: the version is applied
+  if (r.then_error) throw Error(r.then_code, *r.then_error);  // after the summary: the version is applied
 }
 
 }  // namespace
@@ -368,7 +417,8 @@ int main(int argc, char** argv) {
       "  delta-apply [OPTIONS] [--then CMD] DELTA LOCAL\n"
       "  delta-apply --init [--init-version N] [--force] [OPTIONS] SRC LOCAL\n"
       "  delta-apply --root ROOT [--target N] [--pre-read CMD] [--require-marker] [--then CMD] [OPTIONS] LOCAL\n"
-      "  delta-apply --root ROOT --report DIR [--host NAME] [OPTIONS] LOCAL\n"
+      "  delta-apply --root ROOT --report DIR [--host NAME] [--peers NAME,... [--peer-timeout S] --then CMD | "
+      "--follow NAME] [OPTIONS] LOCAL\n"
       "  delta-apply --fleet ROOT [--reports DIR [--fail-behind N] [--fail-stale S]] [--json]\n"
       "  delta-apply --status [--json] [--lock-timeout S] LOCAL\n"
       "  delta-apply --verify [--json] [--lock-timeout S] LOCAL\n"
