@@ -16,12 +16,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 #include <xxhash.h>
 #include <zstd.h>
@@ -108,6 +110,72 @@ pid_t spawn(const std::vector<std::string>& argv, int out_fd, int err_fd) {
   posix_spawn_file_actions_destroy(&fa);
   if (rc != 0) throw std::runtime_error("cannot start " + argv[0] + ": " + std::strerror(rc));
   return pid;
+}
+
+std::string sh_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+Background::Background(const std::vector<std::string>& args, const fs::path& out_dir, const std::string& name)
+    : out_(out_dir / (name + ".out")), err_(out_dir / (name + ".err")) {
+  std::vector<std::string> argv{apply_bin()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&fa, 2, err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  std::vector<char*> cargs;
+  for (const auto& a : argv) cargs.push_back(const_cast<char*>(a.c_str()));
+  cargs.push_back(nullptr);
+  const int rc = ::posix_spawn(&pid_, argv[0].c_str(), &fa, nullptr, cargs.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) throw std::runtime_error("cannot start " + argv[0] + ": " + std::strerror(rc));
+}
+
+Background::~Background() {
+  if (pid_ > 0) {
+    ::kill(pid_, SIGKILL);
+    wait();
+  }
+}
+
+bool Background::running() {
+  if (pid_ <= 0) return false;
+  int status = 0;
+  const pid_t r = ::waitpid(pid_, &status, WNOHANG);
+  if (r == 0) return true;
+  code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  pid_ = -1;
+  return false;
+}
+
+int Background::wait() {
+  if (pid_ > 0) {
+    int status = 0;
+    while (::waitpid(pid_, &status, 0) < 0)
+      if (errno != EINTR) throw std::runtime_error(std::string("waitpid: ") + std::strerror(errno));
+    code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    pid_ = -1;
+  }
+  return code_;
+}
+
+std::string Background::output() const {
+  return "--- background stdout ---\n" + (fs::exists(out_) ? read_file(out_) : "") + "--- background stderr ---\n" +
+         (fs::exists(err_) ? read_file(err_) : "");
+}
+
+bool wait_for_file(const fs::path& p, Background& bg, double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (fs::exists(p)) return true;
+    if (!bg.running()) return fs::exists(p);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return fs::exists(p);
 }
 
 RunResult run(const std::vector<std::string>& argv) {

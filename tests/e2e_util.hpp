@@ -43,6 +43,31 @@ RunResult run(const std::vector<std::string>& argv);
 // descriptors (-1: /dev/null), without waiting. Throws if it cannot start.
 pid_t spawn(const std::vector<std::string>& argv, int out_fd = -1, int err_fd = -1);
 
+// `s` quoted for /bin/sh (single quotes).
+std::string sh_quote(const std::string& s);
+
+// delta-apply ARGS... started in the background, its output going to
+// OUT_DIR/NAME.out and NAME.err; waited for (and killed first if still
+// running) on destruction.
+class Background {
+ public:
+  Background(const std::vector<std::string>& args, const fs::path& out_dir, const std::string& name = "bg");
+  ~Background();
+  Background(const Background&) = delete;
+  Background& operator=(const Background&) = delete;
+  bool running();  // true while the process has not exited
+  int wait();      // its exit code (128 + N if signal N ended it)
+  std::string output() const;
+
+ private:
+  fs::path out_, err_;
+  pid_t pid_ = -1;
+  int code_ = -1;
+};
+
+// Waits until `p` exists or `bg` has exited; true if it exists.
+bool wait_for_file(const fs::path& p, Background& bg, double seconds = 120);
+
 // ARGV run with HFDELTA_FAULT_MODE=pause at write step `step`: stopped there,
 // `at_stop` runs (a test looks at or changes the files meanwhile), then the
 // process gets `sig`, is continued and goes on to its end.

@@ -42,5 +42,10 @@ for tmpl in "$src"/contrib/systemd/*@.service; do
   if [ "$rc" -eq 0 ] || [[ $msg != *'set in /etc/hfdelta/test.env'* ]]; then
     echo "FAIL $(basename "$tmpl"): HFDELTA_ROOT empty: exit $rc: $msg"; exit 1
   fi
-  echo "PASS $(basename "$tmpl"): ExecStart runs delta-apply from HFDELTA_BIN; a missing HFDELTA_ROOT is named"
+  mkdir -p "$t/run/reports"
+  rc=0; "${base[@]}" "HFDELTA_REPORTS=$t/run/reports" HFDELTA_OPTS='--host node1' /bin/sh -c "$cmd" >/dev/null 2>&1 || rc=$?
+  if [ "$rc" -ne 0 ] || ! grep -q '"exit_code": 0' "$t/run/reports/node1.json" 2>/dev/null; then
+    echo "FAIL $(basename "$tmpl"): HFDELTA_REPORTS set: exit $rc, no report $t/run/reports/node1.json"; exit 1
+  fi
+  echo "PASS $(basename "$tmpl"): ExecStart runs delta-apply from HFDELTA_BIN; a missing HFDELTA_ROOT is named; HFDELTA_REPORTS gets a report"
 done

@@ -8,6 +8,8 @@
 
 #include <boost/filesystem/path.hpp>
 
+#include "hfdelta/error.hpp"
+
 namespace hfdelta {
 
 struct ApplyOptions {
@@ -19,8 +21,9 @@ struct ApplyOptions {
   bool force = false;
   // Run after a successful operation (no-op included) while the lock is
   // still held, e.g. to have the engine reload before another apply starts.
-  // An Error(then_failed) it throws is not thrown on: it is kept in
-  // ApplyResult::then_error, with the result of the operation it followed.
+  // An Error(then_failed) or Error(peers_unready) it throws is not thrown
+  // on: it is kept in ApplyResult::then_error (and then_code), with the
+  // result of the operation it followed.
   std::function<void(std::uint64_t version)> then;
   // --root: a version directory without a completion marker is not published
   // yet (storage where files arrive one by one: an object store). Without it,
@@ -66,8 +69,10 @@ struct ApplyResult {
   // stuck incomplete below complete ones was most likely cut short (its
   // publisher died): it blocks every host until withdrawn.
   std::vector<std::uint64_t> newer_complete;
-  // The `then` hook failed (its message); the operation itself succeeded.
+  // The `then` hook failed (its message, and the exit code it maps to); the
+  // operation itself succeeded.
   std::optional<std::string> then_error;
+  Exit then_code = Exit::then_failed;
 };
 
 // Every operation below first checks its paths, creating nothing: LOCAL must

@@ -24,6 +24,8 @@ enum class Exit : int {
   corrupt = 12,         // --verify: LOCAL's bytes differ from its version's recorded checksums
   hook_published = 13,  // delta-diff --post-publish failed (the version stays published)
   hook_pre_read = 14,   // delta-apply --pre-read failed (LOCAL untouched)
+  peers_unready = 15,   // delta-apply --peers: a peer did not hold the version in time (--then not run)
+  fleet_alert = 16,     // delta-apply --fleet: a host past --fail-behind or --fail-stale
 };
 
 // Every error carries the exit code it maps to and a message that names the

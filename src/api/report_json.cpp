@@ -59,6 +59,10 @@ const char* error_kind(int code) {
       return "post_publish_failed";
     case Exit::hook_pre_read:
       return "pre_read_failed";
+    case Exit::peers_unready:
+      return "peers_not_ready";
+    case Exit::fleet_alert:
+      return "fleet_alert";
   }
   return code > 128 ? "stopped" : "failure";
 }
@@ -166,11 +170,11 @@ json change_json(const std::string& local, const ApplyResult& r) {
             {"files_removed", r.files_removed},
             {"seconds", r.seconds}};
   if (r.no_version) j["to_version"] = nullptr;
-  if (r.then_error)  // applied, then the `then` hook failed: exit 9, said here, in the one object
+  if (r.then_error)  // applied, then the `then` hook failed (exit 9, or 15: --peers), said here, in the one object
     j.update({{"ok", false},
-              {"exit_code", static_cast<int>(Exit::then_failed)},
+              {"exit_code", static_cast<int>(r.then_code)},
               {"error",
-               {{"kind", error_kind(static_cast<int>(Exit::then_failed))},
+               {{"kind", error_kind(static_cast<int>(r.then_code))},
                 {"message", *r.then_error},
                 {"path", boost::filesystem::absolute(local).string()}}}});
   if (r.published) {  // --root: what ROOT publishes, and how far LOCAL is behind its newest

@@ -332,4 +332,6 @@ std::string human_bytes(double n) {
   return buf;
 }
 
+const char* program_version() { return HFDELTA_PROGRAM_VERSION; }
+
 }  // namespace hfdelta::cli

@@ -78,4 +78,7 @@ void run_shell(const std::string& command, const std::vector<std::pair<std::stri
 // Human-readable byte count ("1.23 GiB").
 std::string human_bytes(double n);
 
+// hfdelta's version, as --version prints it.
+const char* program_version();
+
 }  // namespace hfdelta::cli

@@ -9,6 +9,9 @@
 #include "cli_common.hpp"
 #include "hfdelta/apply.hpp"
 #include "hfdelta/error.hpp"
+#include "hfdelta/fleet.hpp"
+#include "hfdelta/host_report.hpp"
+#include "hfdelta/peers.hpp"
 #include "hfdelta/report_json.hpp"
 #include "hfdelta/signals.hpp"
 #include "hfdelta/verify.hpp"
@@ -29,6 +32,13 @@ struct Options {
   std::optional<std::uint64_t> target, version;
   ApplyOptions apply;
   const CLI::Option* root_opt = nullptr;  // --root given (its ROOT may come among the paths)
+  // Host reports (--report), an engine across hosts (--peers, --follow), the fleet view (--fleet).
+  std::string report, host, follow, fleet, reports;
+  std::vector<std::string> peers;
+  double peer_timeout = 300;
+  std::optional<std::uint64_t> fail_behind;
+  std::optional<double> fail_stale;
+  std::optional<FollowResult> followed;  // --follow: what the pull found
 };
 
 // The options of every form, written into `o` when `app` parses.
@@ -69,8 +79,8 @@ void add_options(CLI::App& app, Options& o) {
                  "e.g. to refresh a view of an object store; failure exits 14, LOCAL untouched")
       ->needs(root_opt);
   app.add_flag("--require-marker", o.apply.require_marker,
-               "With --root: take a version only once its completion marker (hfdelta_complete.json) and every file "
-               "it lists are there, even in a root where no version has one yet")
+               "With --root (or --fleet): take a version only once its completion marker (hfdelta_complete.json) "
+               "and every file it lists are there, even in a root where no version has one yet")
       ->needs(root_opt);
   app.add_flag("--force", o.apply.force,
                "Let --init replace a non-empty directory that is not a LOCAL (no .weight_sync/state.json), "
@@ -88,6 +98,57 @@ void add_options(CLI::App& app, Options& o) {
       "Show progress on stderr (bytes done, rate, time left); the default on a terminal, never with -q or --json");
   app.add_flag("--json", o.json_out, "Print the result as one JSON object on stdout");
   app.add_flag("-q,--quiet", o.quiet, "Print nothing on success");
+}
+
+// --report, --host, --peers, --peer-timeout, --follow; --fleet, --reports,
+// --fail-behind, --fail-stale (docs/operations.md, docs/engines.md).
+void add_fleet_options(CLI::App& app, Options& o) {
+  CLI::Option* root_opt = app.get_option("--root");
+  auto* report_opt = app.add_option("--report", o.report,
+                                    "With --root: after the pull, write DIR/NAME.json saying what LOCAL holds "
+                                    "(DIR shared by the hosts, apart from ROOT)")
+                         ->type_name("DIR")
+                         ->needs(root_opt);
+  app.add_option("--host", o.host, "With --report: the report's NAME (default: this machine's host name)")
+      ->type_name("NAME")
+      ->needs(report_opt);
+  auto* peers_opt = app.add_option("--peers", o.peers,
+                                   "With --report and --then: run --then only once every peer's report in DIR says "
+                                   "it holds LOCAL's version; exit 15 after --peer-timeout")
+                        ->type_name("NAME,...")
+                        ->delimiter(',')
+                        ->needs(report_opt, app.get_option("--then"));
+  app.add_option("--peer-timeout", o.peer_timeout, "With --peers: give up after SECONDS (default 300)")
+      ->type_name("SECONDS")
+      ->check(cli::seconds())
+      ->needs(peers_opt);
+  app.add_option("--follow", o.follow,
+                 "With --report: pull no further than the version NAME's report in DIR holds (the other nodes "
+                 "of an engine across hosts)")
+      ->type_name("NAME")
+      ->needs(report_opt)
+      ->excludes(peers_opt, app.get_option("--then"), app.get_option("--target"));
+  auto* fleet_opt = app.add_option("--fleet", o.fleet,
+                                   "Show every version of ROOT and, with --reports, what each host holds; "
+                                   "reads only")
+                        ->type_name("ROOT")
+                        ->excludes(root_opt, app.get_option("--init"), app.get_option("--status"),
+                                   app.get_option("--recover"), app.get_option("--verify"), app.get_option("--then"));
+  auto* reports_opt =
+      app.add_option("--reports", o.reports, "With --fleet: the directory the hosts write their reports to")
+          ->type_name("DIR")
+          ->needs(fleet_opt);
+  app.add_option("--fail-behind", o.fail_behind,
+                 "With --fleet --reports: exit 16 if a host is more than N versions behind the newest complete one")
+      ->type_name("N")
+      ->transform(cli::whole_number())
+      ->needs(reports_opt);
+  app.add_option("--fail-stale", o.fail_stale, "With --fleet --reports: exit 16 if a report is older than SECONDS")
+      ->type_name("SECONDS")
+      ->check(cli::seconds())
+      ->needs(reports_opt);
+  // --require-marker: with --root, or --fleet (checked in run_command).
+  app.get_option("--require-marker")->remove_needs(root_opt);
 }
 
 // LOCAL, once the number of paths fits the form.
@@ -156,13 +217,70 @@ void run_verify(const Options& o, const std::string& local) {
   if (code != Exit::ok) throw Error(code, "");
 }
 
+// ---- --fleet -------------------------------------------------------------------
+
+// Shows ROOT's versions and the hosts' reports; exit 16 for a host past
+// --fail-behind or --fail-stale.
+void run_fleet(const Options& o) {
+  if (!o.paths.empty()) throw CLI::ValidationError("--fleet ROOT takes no other path");
+  std::optional<boost::filesystem::path> reports;
+  if (!o.reports.empty()) reports = strip_trailing_slashes(o.reports);
+  const FleetView v = fleet_view(strip_trailing_slashes(o.fleet), reports, o.apply.require_marker);
+  const std::vector<std::string> alerts = fleet_alerts(v, o.fail_behind, o.fail_stale);
+  std::string msg;
+  for (const std::string& a : alerts) msg += (msg.empty() ? "" : "; ") + a;
+  if (!alerts.empty()) msg = std::to_string(alerts.size()) + " alert(s): " + msg;
+  if (o.json_out) {
+    nlohmann::json j = fleet_json(v);
+    if (!alerts.empty()) j.update(error_json(static_cast<int>(Exit::fleet_alert), msg));
+    cli::print_json(j);
+  } else if (!o.quiet) {
+    std::fputs(fleet_text(v).c_str(), stdout);
+  }
+  if (!alerts.empty()) throw Error(Exit::fleet_alert, msg);
+}
+
+// ---- --report, --peers ------------------------------------------------------------
+
+// Writes DIR/NAME.json; a report that cannot be written is a warning, not
+// the pull's failure (the fleet view shows it growing old: --fail-stale).
+void write_report(const Options& o, const std::string& local, Exit code, const std::string& msg, bool waiting) {
+  const StopDeferred finish;  // a stop after the pull's commit must not cut the report short
+  try {
+    HostReport r = current_report({o.report, o.host, local, o.root, cli::program_version()});
+    r.exit_code = static_cast<int>(code);
+    r.error = msg;
+    r.error_kind = code == Exit::ok ? "" : error_kind(static_cast<int>(code));
+    r.waiting_for_peers = waiting;
+    write_host_report(o.report, r);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "delta-apply: warning: cannot write the report %s: %s\n",
+                 host_report_path(o.report, o.host).string().c_str(), e.what());
+  }
+}
+
+// --peers: LOCAL holds `v`; says so in its report, then waits for the peers.
+void await_peers(const Options& o, const std::string& local, std::uint64_t v) {
+  write_report(o, local, Exit::ok, "", true);
+  PeerWaitOptions w{o.peers, o.peer_timeout, 0.5, nullptr};
+  if (!o.quiet)
+    w.waiting = [&](const std::string& lack) {
+      std::fprintf(stderr, "delta-apply: waiting up to %g s for the peers to hold version %s: %s\n", o.peer_timeout,
+                   format_version(v).c_str(), lack.c_str());
+    };
+  const double s = wait_for_peers(o.report, v, w);
+  if (!o.quiet && s > 0)
+    std::fprintf(stderr, "delta-apply: every peer holds version %s (after %.1f s)\n", format_version(v).c_str(), s);
+}
+
 // ---- apply, --init, --root, --recover ------------------------------------------------
 
 // Runs the form that changes LOCAL, with --then's command hooked in.
 ApplyResult run_change(Options& o, const std::string& local) {
   if (!o.then.empty())
-    o.apply.then = [command = o.then,
+    o.apply.then = [&o, &local, command = o.then,
                     abs = boost::filesystem::absolute(local).lexically_normal().string()](std::uint64_t v) {
+      if (!o.peers.empty()) await_peers(o, local, v);
       cli::run_shell(command, {{"HFDELTA_LOCAL", abs}, {"HFDELTA_VERSION", format_version(v)}}, Exit::then_failed,
                      "--then");
     };
@@ -174,6 +292,10 @@ ApplyResult run_change(Options& o, const std::string& local) {
                      {{"HFDELTA_ROOT", boost::filesystem::absolute(o.root).lexically_normal().string()},
                       {"HFDELTA_LOCAL", boost::filesystem::absolute(local).lexically_normal().string()}},
                      Exit::hook_pre_read, "--pre-read");
+    if (!o.follow.empty()) {
+      o.followed = pull_following(o.root, local, o.report, o.follow, o.apply);
+      return o.followed->result;
+    }
     return pull(o.root, local, o.target, o.apply);
   }
   return apply_delta(o.paths[0], local, o.apply);
@@ -226,10 +348,47 @@ void print_change_human(const std::string& local, const ApplyResult& r, bool rec
   }
 }
 
+// --report DIR: the pull, then DIR/NAME.json, whatever the outcome.
+ApplyResult run_reported(Options& o, const std::string& local) {
+  check_reports_dir(o.report, o.root);
+  if (o.host.empty()) o.host = default_host_name();
+  check_host_name(o.host, "--host");
+  for (const std::string& p : o.peers) check_host_name(p, "--peers");
+  if (!o.follow.empty()) check_host_name(o.follow, "--follow");
+  try {
+    ApplyResult r = run_change(o, local);
+    write_report(o, local, r.then_error ? r.then_code : Exit::ok, r.then_error.value_or(""), false);
+    return r;
+  } catch (const Error& e) {
+    write_report(o, local, e.code(), e.what(), false);
+    throw;
+  } catch (const CLI::ParseError& e) {
+    write_report(o, local, Exit::usage, e.what(), false);
+    throw;
+  } catch (const std::exception& e) {
+    write_report(o, local, Exit::failure, e.what(), false);
+    throw;
+  }
+}
+
+void print_change(const Options& o, const std::string& local, const ApplyResult& r) {
+  if (o.json_out) {
+    nlohmann::json j = change_json(local, r);
+    if (o.followed) j["follow"] = follow_json(o.follow, *o.followed);
+    return cli::print_json(j);
+  }
+  if (o.quiet) return;
+  if (o.followed && !o.followed->pulled)
+    std::printf("%s: %s\n", local.c_str(), o.followed->note.c_str());
+  else
+    print_change_human(local, r, o.recover);
+}
+
 // The body of every form, once the command line has parsed.
 void run_command(Options& o) {
   o.apply.sync = !o.no_sync;
   const cli::ProgressLine progress_line(cli::progress_wanted(o.progress, o.quiet, o.json_out));
+  if (!o.fleet.empty()) return run_fleet(o);
   if (*o.root_opt && o.root.empty()) {  // --root without its ROOT right after it: the first of two paths
     if (o.paths.size() != 2) throw CLI::ValidationError("--root", "needs ROOT: --root ROOT LOCAL");
     o.root = o.paths.front();
@@ -237,16 +396,15 @@ void run_command(Options& o) {
   }
   for (std::string& p : o.paths) p = strip_trailing_slashes(p).string();  // "LOCAL/" names LOCAL
   if (!o.root.empty()) o.root = strip_trailing_slashes(o.root).string();
+  if (o.apply.require_marker && o.root.empty())
+    throw CLI::ValidationError("--require-marker", "needs --root or --fleet");
   const std::string local = local_path(o);
   if (o.status) return run_status(o, local);
   if (o.verify) return run_verify(o, local);
-  const ApplyResult r = run_change(o, local);
+  const ApplyResult r = o.report.empty() ? run_change(o, local) : run_reported(o, local);
   cli::ProgressLine::stop_current();
-  if (o.json_out)
-    cli::print_json(change_json(local, r));
-  else if (!o.quiet)
-    print_change_human(local, r, o.recover);
-  if (r.then_error) throw Error(Exit::then_failed, *r.then_error);  // after the summary: the version is applied
+  print_change(o, local, r);
+  if (r.then_error) throw Error(r.then_code, *r.then_error);  // after the summary: the version is applied
 }
 
 }  // namespace
@@ -259,12 +417,16 @@ int main(int argc, char** argv) {
       "  delta-apply [OPTIONS] [--then CMD] DELTA LOCAL\n"
       "  delta-apply --init [--init-version N] [--force] [OPTIONS] SRC LOCAL\n"
       "  delta-apply --root ROOT [--target N] [--pre-read CMD] [--require-marker] [--then CMD] [OPTIONS] LOCAL\n"
+      "  delta-apply --root ROOT --report DIR [--host NAME] [--peers NAME,... [--peer-timeout S] --then CMD | "
+      "--follow NAME] [OPTIONS] LOCAL\n"
+      "  delta-apply --fleet ROOT [--reports DIR [--fail-behind N] [--fail-stale S]] [--json]\n"
       "  delta-apply --status [--json] [--lock-timeout S] LOCAL\n"
       "  delta-apply --verify [--json] [--lock-timeout S] LOCAL\n"
       "  delta-apply --recover LOCAL\n"
       "  delta-apply --version");
   Options o;
   add_options(app, o);
+  add_fleet_options(app, o);
   return cli::run(
       app, argc, argv, [&] { run_command(o); }, &o.json_out);
 }
