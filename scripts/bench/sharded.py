@@ -10,8 +10,8 @@ publish one version on MIRROR (a copy of BASE) three ways:
                 writes), then delta-diff MIRROR SAVE ROOT.
 
 Reported per mode and R: wall time of the publish (a barrier before and after it), bytes of the
-mirror read by each rank, and each rank's peak RSS (VmHWM) above its RSS once its pieces are
-loaded. Usage: sharded.py BASE NEW OUT_JSON [--ranks "1 2 4"] [--delta-diff PATH]
+mirror read by each rank, and each rank's peak anonymous memory (RssAnon, sampled) above what it
+held once its pieces were loaded. Usage: sharded.py BASE NEW OUT_JSON [--ranks "1 2 4"] [--delta-diff PATH]
 """
 
 from __future__ import annotations
@@ -26,6 +26,28 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+
+class AnonPeak:
+    """The peak of this process's anonymous memory (RssAnon), sampled every 10 ms: VmHWM would count
+    the mirror's pages the apply maps, which are the page cache's, not the rank's."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.peak = vm("RssAnon")
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.01):
+            self.peak = max(self.peak, vm("RssAnon"))
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._t.join()
+        return max(self.peak, vm("RssAnon"))
 
 
 def vm(field: str) -> int:
@@ -45,9 +67,11 @@ def rank_main(mode: str, rank: int, world: int, base: str, new: str, work: str, 
 
     dist.init_process_group("gloo", init_method="file://" + work + "/pg", rank=rank, world_size=world)
     pieces: dict[str, tuple[torch.Tensor, int, int, list[int]]] = {}
+    file_of: dict[str, str] = {}  # the weight file of each tensor, for the gathered save
     for f in sorted(Path(new).glob("*.safetensors")):
         with safe_open(str(f), "pt") as sf:
             for name in sf.keys():
+                file_of[name] = f.name
                 sl = sf.get_slice(name)
                 shape = list(sl.get_shape())
                 rows = shape[0] if shape else 1
@@ -60,10 +84,11 @@ def rank_main(mode: str, rank: int, world: int, base: str, new: str, work: str, 
                     pieces[name] = (sl[r0:r1].contiguous(), r0, r1, shape)
                 else:
                     pieces[name] = (torch.empty(0), r0, r0, shape)
-    rss0 = vm("VmRSS")
+    anon0 = vm("RssAnon")
     root, mirror = work + "/root", work + "/mirror"
     dist.barrier()
     t0 = time.monotonic()
+    peak = AnonPeak()
     read = 0
     if mode == "sharded":
         with hfdelta.ShardedPublisher(root, mirror, sync=False) as pub:  # one host: one mirror, one advance
@@ -104,13 +129,15 @@ def rank_main(mode: str, rank: int, world: int, base: str, new: str, work: str, 
                 for f in Path(new).iterdir():
                     if f.suffix != ".safetensors" and f.is_file():
                         shutil.copy(f, save)
-                save_file(full, save + "/model.safetensors", metadata={"format": "pt"})
+                for fname in sorted(set(file_of.values())):  # the save's weight files, as NEW has them
+                    save_file({n: t for n, t in full.items() if file_of[n] == fname}, save + "/" + fname,
+                              metadata={"format": "pt"})
                 subprocess.run([delta_diff, "--no-sync", mirror, save, root], check=True, capture_output=True)
                 read = sum(os.path.getsize(f) for f in Path(mirror).glob("*.safetensors"))
             del full
     dist.barrier()
     seconds = time.monotonic() - t0
-    out = {"rank": rank, "seconds": seconds, "mirror_read": read, "peak_above_loaded": vm("VmHWM") - rss0}
+    out = {"rank": rank, "seconds": seconds, "mirror_read": read, "peak_above_loaded": peak.stop() - anon0}
     Path(work, f"r{rank}.json").write_text(json.dumps(out))
     dist.destroy_process_group()
 
@@ -150,7 +177,7 @@ def main() -> None:
     mib = sum(os.path.getsize(f) for f in o.base.glob("*.safetensors")) / 2**20
     print(f"sharded publish of a {mib:.0f} MiB save, ranks {o.ranks}, gloo on {os.cpu_count()} cores")
     print(f"{'mode':12} {'ranks':>5} {'seconds':>8} {'x sharded':>9} {'mirror MiB read per rank':>28} "
-          f"{'peak MiB above loaded, per rank':>34}")
+          f"{'peak anon MiB above loaded, per rank':>38}")
     for world in map(int, o.ranks.split()):
         res = {m: run(m, world, o.base.resolve(), o.new.resolve(), scratch, os.path.abspath(o.delta_diff))
                for m in ("sharded", "gather+pub", "gather+diff")}
@@ -158,7 +185,7 @@ def main() -> None:
             r["ratio_to_sharded"] = r["seconds"] / res["sharded"]["seconds"]
             reads = " ".join(f"{x / 2**20:.0f}" for x in r["mirror_read"])
             peaks = " ".join(f"{x / 2**20:.0f}" for x in r["peak_above_loaded"])
-            print(f"{m:12} {world:5} {r['seconds']:8.2f} {r['ratio_to_sharded']:9.2f} {reads:>28} {peaks:>34}")
+            print(f"{m:12} {world:5} {r['seconds']:8.2f} {r['ratio_to_sharded']:9.2f} {reads:>28} {peaks:>38}")
             rows.append(r)
     shutil.rmtree(scratch, ignore_errors=True)
     o.out.write_text(json.dumps({"save_mib": mib, "cores": os.cpu_count(), "rows": rows}, indent=1))
