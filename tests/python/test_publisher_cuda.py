@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes  # noqa: F401  (numpy knows bfloat16 only once it is imported: safetensors.numpy needs it)
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
