@@ -27,7 +27,9 @@
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/hash.hpp"
+#include "hfdelta/parts.hpp"
 #include "hfdelta/safetensors.hpp"
+#include "parts_lay.hpp"
 
 namespace {
 
@@ -52,6 +54,18 @@ bool accepted(const std::string& target, std::span<const std::uint8_t> bytes) {
       hfdelta::decode_xor(d, frame, nbytes, "seed", [](std::uint64_t, std::span<const std::uint8_t>) {});
     } else if (target == "stack") {
       hfdelta::read_stack(frame, hfdelta::Hash128{fuzz::kStackHashHigh, fuzz::kStackHashLow}, "seed");
+    } else if (target == "parts") {  // as fuzz_parts.cpp: read, then laid where its matrix is the tensor's
+      if (bytes.size() < 5) return false;
+      const auto entry = bytes.subspan(5);
+      const std::uint64_t count = entry.size() >= 8 ? fuzz::le(entry.data() + 4, 4) : 0;
+      hfdelta::Hash128 h = hfdelta::parts_checksum(entry.first(
+          static_cast<std::size_t>(std::min<std::uint64_t>(entry.size(), hfdelta::kPartsHeadSize + 64 * count))));
+      if (bytes[4] & 1) h.low ^= 1;
+      const hfdelta::PartsEntry pe = hfdelta::read_parts(entry, h, "seed");
+      if (pe.m.bytes() == nbytes) {
+        std::vector<std::uint8_t> t = fuzz::parts_tensor(nbytes);
+        fuzz::lay_parts(pe, t);
+      }
     } else if (target == "context") {
       const fuzz::ContextInput in = fuzz::context_input(bytes.data(), bytes.size());
       const Bytes base = fuzz::context_base(in);
@@ -536,6 +550,47 @@ void index_seeds() {
   write("index", "bad_json.json", R"({"metadata": {"version": "2",)");
 }
 
+// ---- parts entries (also as stacked parts) -----------------------------------------
+
+struct PartSpec {
+  hfdelta::Region g;
+  hfdelta::Encoding enc;
+};
+
+// Region `g` of the matrix `m` of `t`, row-major.
+Bytes region_of(const hfdelta::MatrixShape& m, const Bytes& t, const hfdelta::Region& g) {
+  Bytes out;
+  for (std::uint64_t r = 0; r < g.rows; ++r) {
+    const auto at = t.begin() + static_cast<std::ptrdiff_t>(((g.row0 + r) * m.cols + g.col0) * m.es);
+    out.insert(out.end(), at, at + static_cast<std::ptrdiff_t>(g.cols * m.es));
+  }
+  return out;
+}
+
+// A parts entry of matrix `m` turning `base` into `next`, one part per spec,
+// each with its region's checksum, as a sharded publisher writes it.
+Bytes parts_entry(const hfdelta::MatrixShape& m, const Bytes& base, const Bytes& next,
+                  const std::vector<PartSpec>& specs) {
+  std::vector<hfdelta::PartRecord> recs;
+  Bytes body;
+  for (const PartSpec& sp : specs) {
+    const Bytes a = region_of(m, base, sp.g), b = region_of(m, next, sp.g);
+    Bytes part;
+    if (sp.enc == hfdelta::Encoding::xor_bytes) {
+      part = encode(true, a, b);
+    } else if (sp.enc == hfdelta::Encoding::sparse) {
+      part = encode_sparse(a, b, m.es);
+    } else {
+      hfdelta::Compressor c(1);
+      hfdelta::encode_context(c, a, b, m.es, hfdelta::context_field("BF16", 2),
+                              [&](std::span<const std::uint8_t> p) { part.insert(part.end(), p.begin(), p.end()); });
+    }
+    recs.push_back({sp.g, sp.enc, part.size(), hfdelta::xxh3_128(b), {}});
+    body = cat(body, part);
+  }
+  return cat(hfdelta::parts_head(m, recs), body);
+}
+
 // ---- stacked entries ---------------------------------------------------------------
 
 // A stacked entry of `parts` (encoding, bytes), with made-up checksums; the
@@ -573,13 +628,23 @@ void stack_seeds() {
   write("stack", "bad_magic", edit(3, '2'));
   write("stack", "bad_no_parts", edit(4, 0));
   write("stack", "bad_more_parts_than_fit", edit(4, 200));
-  write("stack", "bad_encoding_4", edit(8, 4));
+  write("stack", "bad_encoding_5", edit(8, 5));
   write("stack", "bad_reserved", edit(12, 1));
   write("stack", "bad_part_past_end", edit(16 + 7, 0x40));
   write("stack", "bad_trailing_byte", input(400, cat(good, {0})));
   write("stack", "bad_short", input(400, Bytes(good.begin(), good.end() - 1)));
   write("stack", "bad_head_only", input(400, Bytes(good.begin(), good.begin() + 6)));
   write("stack", "bad_last_checksum", edit(8 + 32 + 31, 0));
+  // A parts entry as a stacked part (revision 6): its record holds its
+  // head's checksum; laid over the target's tensor, then an xor part.
+  const hfdelta::MatrixShape m{20, 10, 2};
+  const Bytes base = fuzz::parts_tensor(400), next = changed(base, 6, 53);
+  const Bytes pe =
+      parts_entry(m, base, next, {{{0, 10, 0, 10}, Encoding::sparse}, {{10, 10, 0, 5}, Encoding::xor_bytes}});
+  std::vector<hfdelta::StackPart> heads{
+      {Encoding::parts, pe.size(), hfdelta::parts_checksum(std::span(pe).first(32 + 2 * 64)), {}},
+      {Encoding::xor_bytes, x.size(), {fuzz::kStackHashHigh, fuzz::kStackHashLow}, {}}};
+  write("stack", "valid_parts_xor", input(400, cat(cat(hfdelta::stack_head(heads), pe), x)));
 }
 
 // ---- context entries ----------------------------------------------------------
