@@ -378,6 +378,63 @@ TEST_CASE("sharded: --squash of a chain mixing delta-diff and sharded versions")
   CHECK(applied_on_base(w, squash(w, 1, 4, "sqb", w.dir / "v0"), "host-sqb") == want);
 }
 
+TEST_CASE("sharded: delta-diff into a root whose newest version is sharded checks BASE's regions") {
+  World w;
+  std::vector<T> ts = stepped(base_tensors(), 31);
+  w.publish(ts, Encoding::sparse, 1);
+  const fs::path new1 = saved(w, "new1", ts);
+  const fs::path new2 = saved(w, "new2", stepped(ts, 32));
+  DiffOptions o;
+  o.version = 2;
+  o.base_version = 1;
+  o.root = w.root;
+  o.sync = false;
+  const fs::path out = w.root / version_dirname(2);
+  // A stale BASE (the save before the sharded version): every region differs.
+  std::string what;
+  CHECK(code_of([&] { diff_checkpoints(w.dir / "v0", new2, out, o); }, &what) == 5);
+  CAPTURE(what);
+  CHECK(what.find("nothing was published") != std::string::npos);
+  CHECK(what.find("the version's part is") != std::string::npos);
+  CHECK(!fs::exists(out));
+  // One byte off in one region of one tensor (a column slice of qkv.weight).
+  std::vector<T> off = ts;
+  for (T& t : off)
+    if (t.name == "qkv.weight") t.bytes[t.bytes.size() - 1] ^= 1;
+  CHECK(code_of([&] { diff_checkpoints(saved(w, "off1", off), new2, out, o); }, &what) == 5);
+  CHECK(what.find("tensor 'qkv.weight', rows 0..60 x columns 24..32") != std::string::npos);
+  CHECK(!fs::exists(out));
+  // The right BASE publishes.
+  CHECK(code_of([&] { diff_checkpoints(new1, new2, out, o); }) == 0);
+  CHECK(fs::exists(out));
+}
+
+TEST_CASE("sharded: a squashed version ending in parts entries is a base delta-diff checks region by region") {
+  World w;
+  std::vector<T> ts = base_tensors();
+  for (std::uint64_t v = 1; v <= 2; ++v) {
+    ts = stepped(ts, static_cast<unsigned>(v * 41));
+    w.publish(ts, Encoding::sparse, v, static_cast<int>(v % 2));  // layouts 1, then 0: regions overlap partly
+  }
+  // The squash published as version 2 of a root of its own.
+  const fs::path sq = squash(w, 1, 2, "sqroot");
+  const fs::path new2 = saved(w, "new2", ts), new3 = saved(w, "new3", stepped(ts, 43));
+  DiffOptions o;
+  o.version = 3;
+  o.base_version = 2;
+  o.root = sq.parent_path();
+  o.sync = false;
+  const fs::path out = o.root / version_dirname(3);
+  std::vector<T> off = ts;  // big.weight's last row: in the last of version 2's regions
+  for (T& t : off)
+    if (t.name == "big.weight") t.bytes[t.bytes.size() - 3] ^= 4;
+  std::string what;
+  CHECK(code_of([&] { diff_checkpoints(saved(w, "off", off), new3, out, o); }, &what) == 5);
+  CAPTURE(what);
+  CHECK(what.find("tensor 'big.weight'") != std::string::npos);
+  CHECK(code_of([&] { diff_checkpoints(new2, new3, out, o); }) == 0);
+}
+
 TEST_CASE("sharded: --squash refuses a chain that does not connect where it can tell; hosts refuse the rest") {
   World w;
   std::vector<T> ts = stepped(base_tensors(), 51);
