@@ -261,3 +261,34 @@ TEST_CASE("bounded memory: LOCAL's checksum record, manifest and headers, and de
     check_peak(d, "delta-diff, BASE weight file with a 100 MB header");
   }
 }
+
+// A sharded publisher's rank (ShardWriter, docs/sharded.md) diffs a piece a
+// batch (32 MiB) at a time: what it adds to the rank's memory, measured by
+// tests/shard_probe.cpp as VmHWM after put() less VmRSS before, stays well
+// under the piece (about 256 MiB), here under 96 MiB, for a column slice
+// (every row read apart, batches ending mid-row) and the whole tensor.
+TEST_CASE("bounded: a sharded rank's extra memory is a batch, not its 256 MiB piece") {
+  const char* probe = std::getenv("HFDELTA_SHARD_PROBE");
+  REQUIRE_MESSAGE(probe, "HFDELTA_SHARD_PROBE is not set (meson test sets it)");
+  for (const auto& [enc, mode] : {std::pair<std::string, std::string>{"sparse", "columns"},
+                                  std::pair<std::string, std::string>{"context", "columns"},
+                                  std::pair<std::string, std::string>{"xor", "rows"}}) {
+    TempDir t;
+    const RunResult r = run({probe, t.path().string(), enc, mode});
+    INFO(r.describe());
+    REQUIRE(r.code == 0);
+    long before = 0, hwm = 0;
+    unsigned long long piece = 0, part = 0;
+    REQUIRE(std::sscanf(r.out.c_str(), "rss_before_kib=%ld hwm_after_kib=%ld piece_bytes=%llu part_bytes=%llu", &before,
+                        &hwm, &piece, &part) == 4);
+    const long extra_kib = hwm - before;
+    MESSAGE("ShardWriter, " << enc << ", " << mode << ": piece " << piece / (1 << 20) << " MiB, part "
+                            << part / (1 << 20) << " MiB, VmRSS before put " << before / 1024 << " MiB, VmHWM after "
+                            << hwm / 1024 << " MiB: " << extra_kib / 1024 << " MiB added");
+    CHECK(piece >= 250ull << 20);
+    CHECK(contains(r.out, "mirror holds the piece"));
+    if (sanitized()) continue;
+    CHECK(before * 1024 >= static_cast<long>(piece));  // the piece itself is resident
+    CHECK(extra_kib < 96 * 1024);
+  }
+}

@@ -22,7 +22,9 @@
 #include <zstd.h>
 
 #include "e2e_util.hpp"
+#include "hfdelta/parts.hpp"
 #include "hfdelta/safetensors.hpp"
+#include "hfdelta/sharded_publisher.hpp"
 
 using namespace e2e;
 
@@ -159,6 +161,9 @@ struct Inputs {
   // patched, files carried), LOCAL at its base, and the same delta of another
   // model of the same layouts.
   fs::path st_base, st_next, st_start, root_struct, other_struct;
+  // Save 0 -> 1 as a sharded publisher's version 1 (parts entries, format
+  // revision 6): LOCAL `start` turns into save 1 itself (no carried file).
+  fs::path root_parts;
 
   Inputs() {
     const TempDir& d = *t;
@@ -225,6 +230,55 @@ struct Inputs {
     fs::create_directories(other_struct.parent_path());
     E2E_REQUIRE_CODE(
         diff({"-q", (d / "other-struct-0").string(), (d / "other-struct-1").string(), other_struct.string()}), 0);
+
+    root_parts = d / "root-parts";
+    fs::create_directories(root_parts);
+    publish_sharded(save_dir(series, 0), save_dir(series, 1), d / "parts-mirror", root_parts);
+  }
+
+  // Version 1 of ROOT from three "ranks" of one host (rank 0 sparse, 1 xor,
+  // 2 context parts): a matrix's rows split between ranks 0 and 1, its
+  // columns between 1 and 2, or held whole by 2, tensor after tensor.
+  static void publish_sharded(const fs::path& base, const fs::path& next, const fs::path& mirror,
+                              const fs::path& root) {
+    E2E_REQUIRE_CODE(apply({"-q", "--init", base.string(), mirror.string()}), 0);
+    const hfdelta::Checkpoint ck = hfdelta::open_checkpoint(next);
+    const fs::path stage = hfdelta::make_shard_stage(root, 1);
+    const hfdelta::Encoding encs[] = {hfdelta::Encoding::sparse, hfdelta::Encoding::xor_bytes,
+                                      hfdelta::Encoding::context};
+    std::vector<std::unique_ptr<hfdelta::ShardWriter>> ranks;
+    for (std::uint32_t r = 0; r < 3; ++r)
+      ranks.push_back(std::make_unique<hfdelta::ShardWriter>(mirror, stage, r, encs[r], 3));
+    std::size_t i = 0;
+    for (const auto& [name, ref] : ck.tensors) {
+      const hfdelta::TensorInfo& t = ck.info(ref);
+      const hfdelta::MatrixShape m = hfdelta::matrix_shape(t.shape, hfdelta::dtype_size(t.dtype));
+      const Bytes bytes = checkpoint_tensor(next, name);
+      auto put = [&](std::uint32_t r, const hfdelta::Region& g) {
+        Bytes b;
+        for (std::uint64_t row = 0; row < g.rows; ++row) {
+          const auto at = bytes.begin() + static_cast<std::ptrdiff_t>(((g.row0 + row) * m.cols + g.col0) * m.es);
+          b.insert(b.end(), at, at + static_cast<std::ptrdiff_t>(g.cols * m.es));
+        }
+        ranks[r]->put(name, t.dtype, t.shape, g, b);
+      };
+      const std::size_t k = i++ % 3;
+      if (k == 0 && m.rows >= 2) {
+        put(0, {0, m.rows / 2, 0, m.cols});
+        put(1, {m.rows / 2, m.rows - m.rows / 2, 0, m.cols});
+      } else if (k == 1 && m.cols >= 2) {
+        put(1, {0, m.rows, 0, m.cols / 2});
+        put(2, {0, m.rows, m.cols / 2, m.cols - m.cols / 2});
+      } else {
+        put(2, {0, m.rows, 0, m.cols});
+      }
+    }
+    std::vector<hfdelta::ShardPart> parts;
+    for (auto& w : ranks) {
+      const auto p = w->finish(false);
+      parts.insert(parts.end(), p.begin(), p.end());
+    }
+    hfdelta::commit_sharded(root, mirror, stage, 1, 0, parts, false);
   }
 };
 
@@ -1366,6 +1420,127 @@ TEST_CASE("hostile: --inspect and delta-apply both accept the valid deltas the h
     E2E_CHECK_CODE(apply(a.single()), 0);
     E2E_CHECK_TREE_EQUAL(a.b.local, a.b.target);
   }
+}
+
+namespace {
+
+// A parts entry of the sharded version with the most parts, its file and bytes.
+struct PartsVictim {
+  std::string tensor, file;
+  Bytes frame;
+  std::uint32_t count = 0;
+};
+PartsVictim parts_victim(const fs::path& delta) {
+  PartsVictim v;
+  const json idx = delta_index(delta);
+  for (auto it = idx["weight_map"].begin(); it != idx["weight_map"].end(); ++it) {
+    const Bytes f = read_st(delta / it->get<std::string>()).tensor(it.key());
+    const std::uint32_t n = static_cast<std::uint32_t>(f.at(4) | f.at(5) << 8 | f.at(6) << 16 | f.at(7) << 24);
+    if (n > v.count) v = {it.key(), it->get<std::string>(), f, n};
+  }
+  return v;
+}
+
+void set_le(Bytes& b, std::size_t at, std::uint64_t v, int n) {
+  for (int i = 0; i < n; ++i) b.at(at + static_cast<std::size_t>(i)) = static_cast<std::uint8_t>(v >> (8 * i));
+}
+std::uint64_t get_le(const Bytes& b, std::size_t at, int n) {
+  std::uint64_t v = 0;
+  for (int i = n - 1; i >= 0; --i) v = (v << 8) | b.at(at + static_cast<std::size_t>(i));
+  return v;
+}
+
+// The checksum a delta records for a parts entry: of its head (as long as
+// the entry holds it).
+std::string parts_head_hex(const Bytes& e) {
+  const std::uint64_t n = get_le(e, 4, 4);
+  const std::size_t head = static_cast<std::size_t>(std::min<std::uint64_t>(e.size(), 32 + 64 * n));
+  return hfdelta::parts_checksum(std::span(e).first(head)).hex();
+}
+
+}  // namespace
+
+TEST_CASE("hostile: one flipped bit anywhere in a sharded version (parts entries) is refused, LOCAL untouched") {
+  Attack a(inputs().root_parts, inputs().start, save_dir(inputs().series, 1));
+  E2E_REQUIRE_CODE(apply(a.single()), 0);  // the version as published lands on save 1
+  a.b.reset();
+  const std::string per_file = run_flips(a, true);
+  CHECK(a.b.attempts >= 150);
+  MESSAGE("parts delta, flips per file:" << per_file);
+  run_truncations(a);
+  a.b.report("bit flips and truncations in a sharded version");
+}
+
+TEST_CASE("hostile: damaged parts entries (head resealed) are refused with exit 3 or 5, LOCAL untouched") {
+  Attack a(inputs().root_parts, inputs().start, save_dir(inputs().series, 1));
+  const PartsVictim v = parts_victim(a.delta);
+  REQUIRE(v.count >= 2);
+  const std::uint64_t rows = get_le(v.frame, 8, 8), cols = get_le(v.frame, 16, 8);
+  constexpr std::size_t r0 = 32, r1 = 32 + 64;  // the first two part records
+  struct Damage {
+    std::string what;
+    std::function<void(Bytes&)> edit;
+    int code;
+    bool reseal = true;       // the __metadata__ checksum made the damaged head's
+    std::set<int> also = {};  // other refusals that may answer
+  };
+  const std::vector<Damage> damages = {
+      {"a region below the matrix", [&](Bytes& e) { set_le(e, r1, rows, 8); }, 3},
+      {"a region right of the matrix", [&](Bytes& e) { set_le(e, r0 + 24, cols + 1, 8); }, 3},
+      {"a region of no rows", [&](Bytes& e) { set_le(e, r0 + 8, 0, 8); }, 3},
+      {"a region whose end overflows", [&](Bytes& e) { set_le(e, r1 + 8, ~0ull, 8); }, 3},
+      {"regions overlapping",  // the second region moved one row (or column) onto the first
+       [&](Bytes& e) {
+         if (get_le(e, r1, 8) > get_le(e, r0, 8))
+           set_le(e, r1, get_le(e, r1, 8) - 1, 8);
+         else
+           set_le(e, r1 + 16, get_le(e, r1 + 16, 8) - 1, 8);
+       },
+       3},
+      {"regions out of order",
+       [&](Bytes& e) {
+         Bytes first(e.begin() + r0, e.begin() + r1);
+         std::copy_n(e.begin() + r1, 64, e.begin() + r0);
+         std::copy(first.begin(), first.end(), e.begin() + r1);
+       },
+       3},
+      {"a part of encoding overwrite", [&](Bytes& e) { set_le(e, r0 + 32, 1, 4); }, 3},
+      {"a record's reserved word set", [&](Bytes& e) { set_le(e, r0 + 36, 7, 4); }, 3},
+      {"element size 3", [&](Bytes& e) { set_le(e, 24, 3, 8); }, 3},
+      {"a count of 65537 parts", [&](Bytes& e) { set_le(e, 4, 65537, 4); }, 3},
+      {"a count one larger than the records", [&](Bytes& e) { set_le(e, 4, v.count + 1, 4); }, 3},
+      {"a count of 0", [&](Bytes& e) { set_le(e, 4, 0, 4); }, 3},
+      {"another magic", [&](Bytes& e) { e[3] = '2'; }, 3},
+      {"the last part cut by one byte", [&](Bytes& e) { e.pop_back(); }, 3},
+      {"cut inside the records", [&](Bytes& e) { e.resize(r1 + 10); }, 3},
+      {"a byte after the last part", [&](Bytes& e) { e.push_back(0); }, 3},
+      {"a part's size one larger", [&](Bytes& e) { set_le(e, r0 + 40, get_le(e, r0 + 40, 8) + 1, 8); }, 3},
+      {"a part's checksum changed, the head's not resealed", [&](Bytes& e) { e[r0 + 63] ^= 1; }, 3, false},
+      {"a part's region checksum wrong", [&](Bytes& e) { e[r1 + 63] ^= 1; }, 5},
+      {"a matrix of another size", [&](Bytes& e) { set_le(e, 8, rows + 1, 8); }, 5},
+      {"a part's frame damaged",
+       [&](Bytes& e) { e.at(32 + 64 * static_cast<std::size_t>(v.count) + get_le(e, r0 + 40, 8) / 2) ^= 0x40; },
+       3,
+       true,
+       {5}},  // a context part may find it only against the base
+  };
+  for (const Damage& d : damages) {
+    Bytes e = v.frame;
+    d.edit(e);
+    replace_entry(a.delta / v.file, v.tensor, e, d.reseal ? std::optional(parts_head_hex(e)) : std::nullopt);
+    std::set<int> refusals = d.also;
+    refusals.insert(d.code);
+    const int code = a.b.attempt(a.single(), refusals, "parts entry: " + d.what, v.tensor);
+    CHECK_MESSAGE(refusals.count(code), d.what << ": exit " << code << ": " << first_line(a.b.last_err));
+    a.restore();
+  }
+  // A parts entry without its base checksum (index resealed).
+  json idx = delta_index(a.delta);
+  idx["metadata"]["hfdelta_base_checksums"].erase(v.tensor);
+  write_json(a.delta / "model.safetensors.index.json", idx);
+  CHECK(a.b.attempt(a.single(), {3}, "parts entry without a base checksum", v.tensor) == 3);
+  a.restore();
+  a.b.report("damaged parts entries");
 }
 
 TEST_CASE("hostile: total") { MESSAGE("hostile inputs tried: " << hostile_total()); }

@@ -277,7 +277,9 @@ TEST_CASE("codec: a stacked entry's head round trip, and every malformed head re
   refused(edit(4, 0), "no parts");
   refused(edit(4, 4), "more parts than the head holds");
   refused(edit(7, 0x80), "a huge part count");
-  refused(edit(kStackHeadSize, 4), "an unknown encoding (4; 3 is context)");
+  refused(edit(kStackHeadSize, 5), "an unknown encoding (5; 3 is context, 4 parts)");
+  // 4: a parts entry (revision 6), whose own head the delta reader reads.
+  CHECK(read_stack(edit(kStackHeadSize, 4), last, "e")[0].enc == Encoding::parts);
   refused(edit(kStackHeadSize, 0xff), "an unknown encoding (255)");
   refused(edit(kStackHeadSize + 4, 1), "a non-zero reserved word");
   refused(edit(kStackHeadSize + 8, 4), "a part longer than the entry holds");

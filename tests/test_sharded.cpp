@@ -4,20 +4,25 @@
 // byte to the gathered tensors; plan errors; --inspect and --squash.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <optional>
 #include <random>
 
 #include <boost/filesystem/operations.hpp>
 
 #include "hfdelta/apply.hpp"
+#include "hfdelta/diff.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/inspect.hpp"
 #include "hfdelta/safetensors.hpp"
 #include "hfdelta/sharded_publisher.hpp"
 #include "hfdelta/squash.hpp"
 #include "hfdelta/verify.hpp"
+#include "hfdelta/version.hpp"
 
 namespace fs = boost::filesystem;
 using namespace hfdelta;
@@ -43,6 +48,23 @@ void write_ckpt(const fs::path& dir, const std::vector<T>& ts) {
   std::ofstream(dir / "model.safetensors", std::ios::binary)
       .write(out.data(), static_cast<std::streamsize>(out.size()));
   std::ofstream(dir / "config.json") << "{}\n";
+}
+
+// The same tensors in two weight files (the first `first` in one), with the
+// index that maps them: another layout of one checkpoint.
+void write_ckpt_split(const fs::path& dir, const std::vector<T>& ts, std::size_t first) {
+  const std::vector<T> a(ts.begin(), ts.begin() + static_cast<std::ptrdiff_t>(first)),
+      b(ts.begin() + static_cast<std::ptrdiff_t>(first), ts.end());
+  write_ckpt(dir, a);
+  fs::rename(dir / "model.safetensors", dir / "model-00001-of-00002.safetensors");
+  write_ckpt(dir / "b", b);
+  fs::rename(dir / "b" / "model.safetensors", dir / "model-00002-of-00002.safetensors");
+  fs::remove_all(dir / "b");
+  std::string map;
+  for (std::size_t i = 0; i < ts.size(); ++i)
+    map += std::string(i ? "," : "") + "\"" + ts[i].name + "\": \"model-0000" + (i < first ? "1" : "2") +
+           "-of-00002.safetensors\"";
+  std::ofstream(dir / "model.safetensors.index.json") << "{\"metadata\": {}, \"weight_map\": {" << map << "}}\n";
 }
 
 std::vector<std::uint8_t> read_all(const fs::path& p) {
@@ -85,12 +107,19 @@ std::vector<T> stepped(std::vector<T> ts, unsigned seed) {
   return ts;
 }
 
-// 4 ranks, 2 hosts: rank r's pieces of each tensor.
-std::vector<ShardPiece> plan_of(const std::vector<T>& ts) {
+// 4 ranks, 2 hosts: rank r's pieces of each tensor. Layout 1 (a trainer
+// restarted on other ranks) splits the FSDP tensors otherwise: regions that
+// overlap layout 0's partly.
+std::vector<ShardPiece> plan_of(const std::vector<T>& ts, int layout = 0) {
   std::vector<ShardPiece> ps;
   for (const T& t : ts) {
     const MatrixShape m = matrix_shape(t.shape, dtype_size(t.dtype));
-    if (t.name == "embed.weight" || t.name == "big.weight")  // FSDP: rows split
+    if (layout == 1 && t.name == "big.weight")  // rows in three
+      for (std::uint32_t r = 0; r < 3; ++r)
+        ps.push_back({t.name, {m.rows * r / 3, m.rows * (r + 1) / 3 - m.rows * r / 3, 0, m.cols}, r});
+    else if (layout == 1 && t.name == "embed.weight")  // columns in two
+      for (std::uint32_t r = 0; r < 2; ++r) ps.push_back({t.name, {0, m.rows, m.cols * r / 2, m.cols / 2}, r + 2});
+    else if (t.name == "embed.weight" || t.name == "big.weight")  // FSDP: rows split
       for (std::uint32_t r = 0; r < 4; ++r) ps.push_back({t.name, {m.rows * r / 4, m.rows / 4, 0, m.cols}, r});
     else if (t.name == "qkv.weight")  // tensor parallel: column slices
       for (std::uint32_t r = 0; r < 4; ++r) ps.push_back({t.name, {0, m.rows, m.cols * r / 4, m.cols / 4}, r});
@@ -119,8 +148,8 @@ struct World {
     fs::remove_all(dir, ec);
   }
   // Publishes `ts` from 4 ranks (ranks 0, 1 on mirror 0; 2, 3 on mirror 1).
-  ShardCommit publish(const std::vector<T>& ts, Encoding enc, std::uint64_t version) {
-    const std::vector<ShardPiece> plan = plan_of(ts);
+  ShardCommit publish(const std::vector<T>& ts, Encoding enc, std::uint64_t version, int layout = 0) {
+    const std::vector<ShardPiece> plan = plan_of(ts, layout);
     check_shard_plan(open_checkpoint(mirror[0]), plan);
     const fs::path stage = make_shard_stage(root, version);
     std::vector<ShardPart> all;
@@ -147,6 +176,72 @@ struct World {
   }
 };
 
+void copy_directory_tree(const fs::path& from, const fs::path& to) {
+  fs::create_directories(to);
+  for (const auto& e : fs::recursive_directory_iterator(from)) {
+    const fs::path rel = fs::relative(e.path(), from);
+    if (fs::is_directory(e.path()))
+      fs::create_directories(to / rel);
+    else
+      fs::copy_file(e.path(), to / rel);
+  }
+}
+
+// The checkpoint of `ts` at DIR/NAME (once), its path.
+fs::path saved(const World& w, const std::string& name, const std::vector<T>& ts) {
+  const fs::path d = w.dir / name;
+  if (!fs::exists(d)) write_ckpt(d, ts);
+  return d;
+}
+
+// `delta-diff BASE NEW ROOT` as version `v` on v - 1, ROOT's base check
+// included; both mirrors advanced to it.
+void diff_version(World& w, const fs::path& base, const fs::path& next, std::uint64_t v) {
+  DiffOptions o;
+  o.version = v;
+  o.base_version = v - 1;
+  o.root = w.root;
+  o.sync = false;
+  diff_checkpoints(base, next, w.root / version_dirname(v), o);
+  ApplyOptions a;
+  for (const auto& m : w.mirror) apply_delta(w.root / version_dirname(v), m, a);
+}
+
+// FIRST..LAST of ROOT squashed into DIR/NAME/weight_vLAST.
+fs::path squash(const World& w, std::uint64_t first, std::uint64_t last, const std::string& name,
+                std::optional<fs::path> base = std::nullopt) {
+  const fs::path out = w.dir / name / version_dirname(last);
+  fs::create_directories(out.parent_path());
+  SquashOptions so;
+  so.sync = false;
+  so.base = base;
+  squash_deltas(chain_between(w.root / version_dirname(first), w.root / version_dirname(last)), out, so);
+  return out;
+}
+
+// A copy of version 0 at DIR/NAME with `delta` applied: its weight file.
+std::vector<std::uint8_t> applied_on_base(const World& w, const fs::path& delta, const std::string& name) {
+  ApplyOptions o;
+  init_local(w.dir / "v0", w.dir / name, 0, o);
+  apply_delta(delta, w.dir / name, o);
+  CHECK(verify_local(w.dir / name, -1, 0).state == VerifyReport::State::clean);
+  return read_all(w.dir / name / "model.safetensors");
+}
+
+int code_of(const std::function<void()>& f, std::string* what = nullptr) {
+  try {
+    f();
+  } catch (const Error& e) {
+    if (what) *what = e.what();
+    return static_cast<int>(e.code());
+  }
+  return 0;
+}
+
+std::size_t count_of(const DeltaInspection& di, Encoding enc) {
+  return static_cast<std::size_t>(
+      std::count_if(di.entries.begin(), di.entries.end(), [&](const InspectEntry& e) { return e.encoding == enc; }));
+}
 }  // namespace
 
 TEST_CASE("sharded: row, column, whole and mixed pieces land byte for byte on every host") {
@@ -173,21 +268,6 @@ TEST_CASE("sharded: row, column, whole and mixed pieces land byte for byte on ev
     const VerifyReport vr = verify_local(w.host, -1, 0);  // the record holds the whole tensors' checksums
     CHECK(vr.state == VerifyReport::State::clean);
     CHECK(vr.problems.empty());
-    // --squash refuses a chain with parts entries
-    const auto e = [&]() -> std::optional<Error> {
-      try {
-        SquashOptions so;
-        squash_deltas(chain_between(w.root / "weight_v000001", w.root / "weight_v000002"), w.dir / "sq", so);
-      } catch (const Error& x) {
-        return x;
-      }
-      return std::nullopt;
-    }();
-    REQUIRE(e);
-    // Refused; the chain check (which takes a parts entry's head checksum for
-    // the tensor's) comes before the refusal naming the parts entry.
-    CAPTURE(std::string(e->what()));
-    CHECK(std::string(e->what()).find("nothing was written") != std::string::npos);
   }
 }
 
@@ -220,4 +300,262 @@ TEST_CASE("sharded: a gap, an overlap or an unknown tensor in the plan is refuse
   const std::vector<std::uint64_t> shape{40};
   std::vector<std::uint8_t> b(160);
   CHECK_THROWS_AS(wr.put("norm.weight", "F32", shape, {0, 40, 0, 1}, b), Error);
+}
+
+TEST_CASE("sharded: --squash of sharded versions, on the chain's base, lands byte for byte where the chain does") {
+  World w;
+  std::vector<T> ts = base_tensors();
+  // Three versions in three encodings, the second on other regions.
+  const Encoding encs[] = {Encoding::sparse, Encoding::context, Encoding::xor_bytes};
+  for (std::uint64_t v = 1; v <= 3; ++v) {
+    ts = stepped(ts, static_cast<unsigned>(v * 13));
+    w.publish(ts, encs[v - 1], v, v == 2 ? 1 : 0);
+  }
+  const auto want = read_all(saved(w, "new3", ts) / "model.safetensors");
+  REQUIRE(read_all(w.mirror[0] / "model.safetensors") == want);  // the chain, version by version
+
+  // Without the base: each parts entry a stacked part of its own.
+  const fs::path sq = squash(w, 1, 3, "sq");
+  const DeltaInspection di = inspect_delta(sq);
+  CHECK(di.format == std::optional<std::uint64_t>(6));
+  CHECK(count_of(di, Encoding::stack) == 4);
+  for (const InspectEntry& e : di.entries) CHECK(e.parts == 3);
+  CHECK(applied_on_base(w, sq, "host-sq") == want);
+  // Squashed twice over: 1..2, then that and version 3 (a stack's parts parts read back).
+  const fs::path sq12 = squash(w, 1, 2, "sq12");
+  copy_directory_tree(w.root / version_dirname(3), sq12.parent_path() / version_dirname(3));
+  SquashOptions so;
+  so.sync = false;
+  const fs::path sq123 = w.dir / "sq123" / version_dirname(3);
+  fs::create_directories(sq123.parent_path());
+  squash_deltas(chain_between(sq12, sq12.parent_path() / version_dirname(3)), sq123, so);
+  CHECK(inspect_delta(sq123).format == std::optional<std::uint64_t>(6));
+  CHECK(applied_on_base(w, sq123, "host-sq123") == want);
+
+  // With the base: composed against its bytes into one context entry each.
+  const fs::path sqb = squash(w, 1, 3, "sqb", w.dir / "v0");
+  const DeltaInspection dib = inspect_delta(sqb);
+  CHECK(dib.format == std::optional<std::uint64_t>(5));
+  CHECK(count_of(dib, Encoding::context) == 4);
+  CHECK(applied_on_base(w, sqb, "host-sqb") == want);
+}
+
+TEST_CASE("sharded: --squash of a chain mixing delta-diff and sharded versions") {
+  World w;
+  std::vector<T> ts = stepped(base_tensors(), 21);
+  w.publish(ts, Encoding::sparse, 1);
+  const fs::path new1 = saved(w, "new1", ts);
+  ts = stepped(ts, 22);
+  diff_version(w, new1, saved(w, "new2", ts), 2);  // ROOT's base check passes: BASE holds every region
+  ts = stepped(ts, 23);
+  w.publish(ts, Encoding::context, 3);
+  const fs::path new3 = saved(w, "new3", ts);
+  ts = stepped(ts, 24);
+  diff_version(w, new3, saved(w, "new4", ts), 4);
+  const auto want = read_all(w.dir / "new4" / "model.safetensors");
+  REQUIRE(read_all(w.mirror[1] / "model.safetensors") == want);
+  for (const auto& [first, last] : {std::pair{1, 4}, std::pair{1, 3}, std::pair{2, 4}, std::pair{2, 3}}) {
+    CAPTURE(first);
+    CAPTURE(last);
+    const std::string name = "sq" + std::to_string(first) + std::to_string(last);
+    const fs::path sq = squash(w, first, last, name);
+    CHECK(inspect_delta(sq).format == std::optional<std::uint64_t>(6));
+    ApplyOptions o;
+    init_local(w.dir / "v0", w.dir / ("host-" + name), 0, o);
+    for (std::uint64_t v = 1; v < static_cast<std::uint64_t>(first); ++v)
+      apply_delta(w.root / version_dirname(v), w.dir / ("host-" + name), o);
+    apply_delta(sq, w.dir / ("host-" + name), o);
+    CHECK(verify_local(w.dir / ("host-" + name), -1, 0).state == VerifyReport::State::clean);
+    // The chain applied version by version up to LAST on a second host.
+    init_local(w.dir / "v0", w.dir / ("chain-" + name), 0, o);
+    for (std::uint64_t v = 1; v <= static_cast<std::uint64_t>(last); ++v)
+      apply_delta(w.root / version_dirname(v), w.dir / ("chain-" + name), o);
+    CHECK(read_all(w.dir / ("host-" + name) / "model.safetensors") ==
+          read_all(w.dir / ("chain-" + name) / "model.safetensors"));
+  }
+  CHECK(read_all(w.dir / "host-sq14" / "model.safetensors") == want);
+  // And composed against the base.
+  CHECK(applied_on_base(w, squash(w, 1, 4, "sqb", w.dir / "v0"), "host-sqb") == want);
+}
+
+TEST_CASE("sharded: delta-diff into a root whose newest version is sharded checks BASE's regions") {
+  World w;
+  std::vector<T> ts = stepped(base_tensors(), 31);
+  w.publish(ts, Encoding::sparse, 1);
+  const fs::path new1 = saved(w, "new1", ts);
+  const fs::path new2 = saved(w, "new2", stepped(ts, 32));
+  DiffOptions o;
+  o.version = 2;
+  o.base_version = 1;
+  o.root = w.root;
+  o.sync = false;
+  const fs::path out = w.root / version_dirname(2);
+  // A stale BASE (the save before the sharded version): every region differs.
+  std::string what;
+  CHECK(code_of([&] { diff_checkpoints(w.dir / "v0", new2, out, o); }, &what) == 5);
+  CAPTURE(what);
+  CHECK(what.find("nothing was published") != std::string::npos);
+  CHECK(what.find("the version's part is") != std::string::npos);
+  CHECK(!fs::exists(out));
+  // One byte off in one region of one tensor (a column slice of qkv.weight).
+  std::vector<T> off = ts;
+  for (T& t : off)
+    if (t.name == "qkv.weight") t.bytes[t.bytes.size() - 1] ^= 1;
+  CHECK(code_of([&] { diff_checkpoints(saved(w, "off1", off), new2, out, o); }, &what) == 5);
+  CHECK(what.find("tensor 'qkv.weight', rows 0..60 x columns 24..32") != std::string::npos);
+  CHECK(!fs::exists(out));
+  // The right BASE publishes.
+  CHECK(code_of([&] { diff_checkpoints(new1, new2, out, o); }) == 0);
+  CHECK(fs::exists(out));
+}
+
+TEST_CASE("sharded: a squashed version ending in parts entries is a base delta-diff checks region by region") {
+  World w;
+  std::vector<T> ts = base_tensors();
+  for (std::uint64_t v = 1; v <= 2; ++v) {
+    ts = stepped(ts, static_cast<unsigned>(v * 41));
+    w.publish(ts, Encoding::sparse, v, static_cast<int>(v % 2));  // layouts 1, then 0: regions overlap partly
+  }
+  // The squash published as version 2 of a root of its own.
+  const fs::path sq = squash(w, 1, 2, "sqroot");
+  const fs::path new2 = saved(w, "new2", ts), new3 = saved(w, "new3", stepped(ts, 43));
+  DiffOptions o;
+  o.version = 3;
+  o.base_version = 2;
+  o.root = sq.parent_path();
+  o.sync = false;
+  const fs::path out = o.root / version_dirname(3);
+  std::vector<T> off = ts;  // big.weight's last row: in the last of version 2's regions
+  for (T& t : off)
+    if (t.name == "big.weight") t.bytes[t.bytes.size() - 3] ^= 4;
+  std::string what;
+  CHECK(code_of([&] { diff_checkpoints(saved(w, "off", off), new3, out, o); }, &what) == 5);
+  CAPTURE(what);
+  CHECK(what.find("tensor 'big.weight'") != std::string::npos);
+  CHECK(code_of([&] { diff_checkpoints(new2, new3, out, o); }) == 0);
+}
+
+TEST_CASE("sharded: --squash refuses a chain that does not connect where it can tell; hosts refuse the rest") {
+  World w;
+  std::vector<T> ts = stepped(base_tensors(), 51);
+  w.publish(ts, Encoding::sparse, 1);
+  const fs::path new2 = saved(w, "new2", stepped(ts, 52));
+  // Version 2 diffed from the save before version 1 (a retried job),
+  // published past ROOT's base check: its base is what version 1 changed.
+  DiffOptions o;
+  o.version = 2;
+  o.base_version = 1;
+  o.sync = false;
+  diff_checkpoints(w.dir / "v0", new2, w.root / version_dirname(2), o);
+  std::string what;
+  const fs::path out = w.dir / "sq" / version_dirname(2);
+  fs::create_directories(out.parent_path());
+  SquashOptions so;
+  so.sync = false;
+  const auto chain = chain_between(w.root / version_dirname(1), w.root / version_dirname(2));
+  CHECK(code_of([&] { squash_deltas(chain, out, so); }, &what) == 3);
+  CAPTURE(what);
+  CHECK(what.find("before the parts entry of version 000001 changed them") != std::string::npos);
+  CHECK(what.find("nothing was written") != std::string::npos);
+  CHECK(!fs::exists(out));
+
+  // Version 2 diffed from a save one byte off version 1's: the deltas
+  // cannot tell (version 1 records no checksum of the tensor).
+  fs::remove_all(w.root / version_dirname(2));
+  std::vector<T> off = ts;
+  for (T& t : off)
+    if (t.name == "o.weight") t.bytes[5] ^= 1;
+  diff_checkpoints(saved(w, "off1", off), new2, w.root / version_dirname(2), o);
+  // The base checkpoint can: every entry laid over its bytes, hashed after each.
+  so.base = w.dir / "v0";
+  CHECK(code_of([&] { squash_deltas(chain, out, so); }, &what) == 5);
+  CHECK(what.find("o.weight") != std::string::npos);
+  CHECK(!fs::exists(out));
+  // Without it the squash is written, and a host refuses it: the stacked
+  // part after the parts entry does not end at its checksum.
+  so.base.reset();
+  squash_deltas(chain, out, so);
+  ApplyOptions ao;
+  init_local(w.dir / "v0", w.dir / "host2", 0, ao);
+  const auto before = read_all(w.dir / "host2" / "model.safetensors");
+  CHECK(code_of([&] { apply_delta(out, w.dir / "host2", ao); }, &what) == 5);
+  CHECK(what.find("o.weight") != std::string::npos);
+  CHECK(read_all(w.dir / "host2" / "model.safetensors") == before);
+  CHECK(local_status(w.dir / "host2", ao).version == std::optional<std::uint64_t>(0));
+}
+
+TEST_CASE("sharded: a squash's stacked parts part damaged, or in an index of revision 5, is refused with exit 3") {
+  World w;
+  std::vector<T> ts = base_tensors();
+  for (std::uint64_t v = 1; v <= 2; ++v) {
+    ts = stepped(ts, static_cast<unsigned>(v * 61));
+    w.publish(ts, Encoding::sparse, v);
+  }
+  const fs::path sq = squash(w, 1, 2, "sq");
+  ApplyOptions o;
+  init_local(w.dir / "v0", w.dir / "host", 0, o);
+  const auto before = read_all(w.dir / "host" / "model.safetensors");
+  auto refused = [&](const fs::path& delta, const std::string& why) {
+    std::string what;
+    CHECK(code_of([&] { apply_delta(delta, w.dir / "host", o); }, &what) == 3);
+    CAPTURE(what);
+    CHECK(what.find(why) != std::string::npos);
+    CHECK(code_of([&] { inspect_delta(delta); }) == 3);
+    CHECK(read_all(w.dir / "host" / "model.safetensors") == before);
+  };
+  // The index sealed anew at revision 5.
+  const fs::path r5 = w.dir / "r5" / version_dirname(2);
+  copy_directory_tree(sq, r5);
+  {
+    std::ifstream in(r5 / "model.safetensors.index.json");
+    std::string text{std::istreambuf_iterator<char>(in), {}};
+    const std::size_t at = text.find("\"hfdelta_format\": 6");
+    REQUIRE(at != std::string::npos);
+    text.replace(at, 19, "\"hfdelta_format\": 5");
+    std::ofstream(r5 / "model.safetensors.index.json", std::ios::trunc) << seal_delta_index(text);
+  }
+  refused(r5, "needs hfdelta_format 6");
+  // A byte of the first stacked part's head (a parts entry's region) changed.
+  const fs::path bad = w.dir / "bad" / version_dirname(2);
+  copy_directory_tree(sq, bad);
+  const SafetensorsHeader h = read_safetensors(bad / "model-00000-of-00001.safetensors");
+  const TensorInfo* t = h.find("big.weight");
+  REQUIRE(t);
+  {
+    std::fstream f(bad / "model-00000-of-00001.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(h.file_offset(*t) + 8 + 2 * 32 + 32 + 8));  // part 1's record 0: rows
+    f.put(1);
+  }
+  refused(bad, "head does not match");
+  CHECK(local_status(w.dir / "host", o).version == std::optional<std::uint64_t>(0));
+  apply_delta(sq, w.dir / "host", o);  // the undamaged one applies
+  CHECK(read_all(w.dir / "host" / "model.safetensors") == read_all(saved(w, "new2", ts) / "model.safetensors"));
+}
+
+TEST_CASE("sharded: --squash across a layout change after a sharded version: on the base, or refused") {
+  World w;
+  std::vector<T> ts = stepped(base_tensors(), 71);
+  w.publish(ts, Encoding::sparse, 1);
+  const fs::path new1 = saved(w, "new1", ts);
+  const std::vector<T> ts1 = ts;
+  ts = stepped(ts, 72);
+  for (std::size_t i = 0; i < ts.size(); ++i)
+    if (ts[i].name == "o.weight") ts[i] = ts1[i];  // its only entry: version 1's parts entry
+  const fs::path new2 = w.dir / "new2";
+  write_ckpt_split(new2, ts, 3);
+  diff_version(w, new1, new2, 2);  // builds both files: the tensors move
+  // The parts entries' tensors land in built files: without the base their
+  // last checksum would be a parts head's, which a built file cannot hold.
+  std::string what;
+  CHECK(code_of([&] { squash(w, 1, 2, "sq"); }, &what) == 6);
+  CAPTURE(what);
+  CHECK(what.find("which the squashed delta builds") != std::string::npos);
+  const fs::path sq = squash(w, 1, 2, "sqb", w.dir / "v0");
+  ApplyOptions o;
+  init_local(w.dir / "v0", w.dir / "host", 0, o);
+  apply_delta(sq, w.dir / "host", o);
+  CHECK(verify_local(w.dir / "host", -1, 0).state == VerifyReport::State::clean);
+  for (const char* f : {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"})
+    CHECK(read_all(w.dir / "host" / f) == read_all(new2 / f));
+  CHECK(!fs::exists(w.dir / "host" / "model.safetensors"));
 }

@@ -34,7 +34,7 @@ inline constexpr const char* kHeadersDir = "headers";
 // encodings ("auto"); 3: structural changes (hfdelta_shards); 4: stacked
 // entries (encoding "stack"); 5: context entries (encoding "context", also
 // as stacked parts). A delta records the lowest revision it needs.
-// 6: parts entries (encoding "parts", docs/sharded.md).
+// 6: parts entries (encoding "parts", docs/sharded.md, also as stacked parts).
 inline constexpr int kFormatRevision = 6;
 
 // A non-weight file of the target that differs from the base.
@@ -83,6 +83,7 @@ struct DeltaIndex {
   bool per_tensor = false;                        // delta_encoding "auto": see `encodings`
   std::map<std::string, Encoding> encodings;      // tensor -> its encoding (per_tensor only)
   bool context_parts = false;                     // a stacked entry holds context parts (revision 5)
+  bool parts_parts = false;                       // a stacked entry holds a parts entry (revision 6)
   std::map<std::string, std::string> weight_map;  // tensor -> delta file
   std::map<std::string, Hash128> base_checksums;  // tensor -> hash of its base bytes (hfdelta only)
   std::vector<FileChange> files;                  // hfdelta only

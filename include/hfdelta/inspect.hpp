@@ -32,10 +32,13 @@ struct InspectEntry {
   // (delta-apply checks it, before the checksums).
   bool needs_base = false;
   std::optional<std::uint64_t> changed_bytes;  // xor: non-zero bytes of the mask; overwrite: K
-  // stack: its parts (each checked like an entry of its kind); the net
-  // change of parts laid one after another is not known without the base.
+  // stack: its parts (each checked like an entry of its kind, a parts part
+  // region by region); the net change of parts laid one after another is
+  // not known without the base. parts: its regions' parts.
   std::uint64_t parts = 0;
-  Hash128 checksum;                      // XXH3-128 of the tensor's new bytes
+  // XXH3-128 of the tensor's new bytes (of the head, for a parts entry or a
+  // stacked entry whose last part is one: see docs/format.md, "parts").
+  Hash128 checksum;
   std::optional<Hash128> base_checksum;  // hfdelta deltas only
 };
 

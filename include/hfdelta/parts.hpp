@@ -23,6 +23,7 @@ inline constexpr std::uint32_t kPartsMax = 65536;
 struct MatrixShape {
   std::uint64_t rows = 1, cols = 1, es = 1;
   std::uint64_t bytes() const { return rows * cols * es; }
+  bool operator==(const MatrixShape&) const = default;
 };
 MatrixShape matrix_shape(std::span<const std::uint64_t> shape, std::size_t dtype_size);
 

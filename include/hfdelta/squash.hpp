@@ -20,8 +20,17 @@
 // entry's base checksum), every entry laid over a scratch copy in order
 // (each checked against the checksum it records), and the result encoded as
 // one context entry, as `delta-diff --encoding context` would write it.
-// Weight-file operations compose too: a file only ever rewritten in place
-// keeps a header operation, anything built at some step is built.
+// Parts entries (a sharded publisher's versions) are kept the same way: each
+// is a stacked part of its own (encoding 4 in the stack's head, revision 6),
+// laid region by region by delta-apply; where it is the last, the squashed
+// entry records its head's checksum, as a parts entry does, and delta-apply
+// hashes the tensor for its record. With SquashOptions::base they are
+// composed against the base's bytes like context entries (each region
+// checked, and the tensor hashed after each, so every base checksum of the
+// chain is checked). A tensor of a weight file OUT builds is refused
+// (Error(unsupported)) where a parts entry patched it, unless it is composed
+// so. Weight-file operations compose too: a file only ever rewritten in
+// place keeps a header operation, anything built at some step is built.
 #pragma once
 
 #include <cstdint>

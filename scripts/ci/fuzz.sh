@@ -8,8 +8,8 @@
 #        scripts/ci/fuzz.sh --make-seeds  rewrite the seed corpora of testdata/fuzz/
 #
 # Targets run side by side, one process each, at most HFDELTA_FUZZ_JOBS at a
-# time (default: the number of cores), so the seven targets of SECONDS each take
-# about 4 * SECONDS on two cores. Inputs the fuzzer finds go to build-san/,
+# time (default: the number of cores), so the eight targets of SECONDS each take
+# about 4.5 * SECONDS on two cores. Inputs the fuzzer finds go to build-san/,
 # never into testdata/. Exits non-zero if any target crashes, leaks, hits
 # undefined behaviour, breaks an invariant, times out or runs out of memory;
 # the input that did it is saved as build-san/fuzz-run/TARGET/crash-* (or
@@ -17,7 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-targets=(safetensors xor overwrite sparse index stack context)
+targets=(safetensors xor overwrite sparse index stack context parts)
 
 mode=fuzz
 seconds=30

@@ -95,7 +95,7 @@ void build_file(const ExecuteContext& ctx, const Build& bd, const std::vector<Fi
     if (t.entry) {
       const Patch& p = ctx.plan.build_patches[*t.entry];
       if (!p.stack.empty())
-        lay_stack(p, out, buf, name, ctx.version());
+        lay_stack(p, out, {}, buf, name, ctx.version());  // parts parts: refused by the plan here
       else
         journal_patch(p, out, nullptr, buf, name, ctx.version(), &out);
       continue;
@@ -131,12 +131,9 @@ void run_unit(ExecuteContext& ctx, const Unit& u, JournalWriter& jw, std::vector
   File* out = write ? &ctx.files[p.local_shard] : nullptr;
   if (p.split)
     journal_range(p, u.c0, u.c1, ctx.files[p.local_shard], jw, buf, out);
-  else if (p.parts)
-    journal_parts(p, ctx.files[p.local_shard], ctx.step / ("parts-" + std::to_string(u.patch)), &jw, buf,
-                  ctx.shard_path(p.local_shard), ctx.version(), out);
-  else if (!p.stack.empty())
-    journal_stack(p, ctx.files[p.local_shard], ctx.step / ("stack-" + std::to_string(u.patch)), &jw, buf,
-                  ctx.shard_path(p.local_shard), ctx.version(), out);
+  else if (p.parts || !p.stack.empty())
+    journal_copy(p, ctx.files[p.local_shard], ctx.step / ((p.parts ? "parts-" : "stack-") + std::to_string(u.patch)),
+                 &jw, buf, ctx.shard_path(p.local_shard), ctx.version(), out);
   else
     journal_patch(p, ctx.files[p.local_shard], &jw, buf, ctx.shard_path(p.local_shard), ctx.version(), out);
 }

@@ -313,48 +313,10 @@ void journal_patch(const Patch& p, const File& f, JournalWriter* jw, std::vector
                                   " (LOCAL is not this delta's base, or the delta is damaged); " + outcome);
 }
 
-void lay_stack(const Patch& p, File& f, std::vector<std::uint8_t>& buf, const std::string& local_file,
-               std::uint64_t version) {
-  for (std::size_t i = 0; i < p.stack.size(); ++i) {
-    Patch q;
-    q.tensor = p.tensor;
-    q.delta_file =
-        p.delta_file + " (stacked part " + std::to_string(i + 1) + " of " + std::to_string(p.stack.size()) + ")";
-    q.frame = p.stack[i].bytes;
-    q.encoding = p.stack[i].enc;
-    q.new_hash = p.stack[i].hash;
-    if (i == 0) q.base_hash = p.base_hash;  // later bases are the parts' own checked results
-    q.live = p.live;
-    q.offset = p.offset;
-    q.nbytes = p.nbytes;
-    journal_patch(q, f, nullptr, buf, local_file, version, &f);
-  }
-}
-
-void journal_stack(const Patch& p, const File& f, const fs::path& scratch, JournalWriter* jw,
-                   std::vector<std::uint8_t>& buf, const std::string& local_file, std::uint64_t version, File* out) {
-  File s(scratch, File::Mode::create_exclusive);
-  {
-    const OnFailure remove_scratch([&] {
-      boost::system::error_code ec;
-      fs::remove(scratch, ec);
-    });
-    copy_range(f, p.offset, p.nbytes, s, 0);
-    Patch q = p;
-    q.offset = 0;
-    lay_stack(q, s, buf, local_file, version);
-    Patch r = p;
-    r.source = &s;
-    journal_patch(r, f, jw, buf, local_file, version, out);
-  }
-  s.close();
-  fs::remove(scratch);
-}
-
 namespace {
 
 // Copies region `g` of the matrix at `base` in `from` to a contiguous range
-// at `at` in `to` (gather), or back (scatter), a row at a time.
+// at 0 in `to` (gather), or back (scatter), a row at a time.
 void move_region(const File& from, File& to, std::uint64_t base, const MatrixShape& m, const Region& g, bool gather,
                  std::vector<std::uint8_t>& buf) {
   const std::uint64_t row_bytes = g.cols * m.es;
@@ -377,50 +339,94 @@ void move_region(const File& from, File& to, std::uint64_t base, const MatrixSha
   }
 }
 
+// Lays the parts of `pe` over [p.offset, p.offset + p.nbytes) of `f` (a
+// scratch copy), each region gathered into `region_path`, decoded there,
+// checked against the part's checksum and scattered back. `label` names the
+// delta file (and the stacked part) in errors.
+void lay_parts(const Patch& p, const PartsEntry& pe, File& f, const fs::path& region_path, const std::string& label,
+               std::vector<std::uint8_t>& buf, const std::string& local_file, std::uint64_t version) {
+  if (region_path.empty()) fail(Exit::failure, label + ": a parts entry laid without a scratch file");
+  const OnFailure remove_region([&] {
+    boost::system::error_code ec;
+    fs::remove(region_path, ec);
+  });
+  for (std::size_t i = 0; i < pe.parts.size(); ++i) {
+    const PartRecord& pr = pe.parts[i];
+    boost::system::error_code ec;
+    fs::remove(region_path, ec);
+    File g(region_path, File::Mode::create_exclusive);
+    move_region(f, g, p.offset, pe.m, pr.region, true, buf);
+    Patch q;
+    q.tensor = p.tensor;
+    q.delta_file = label + " (part " + std::to_string(i + 1) + " of " + std::to_string(pe.parts.size()) + ")";
+    q.frame = pr.bytes;
+    q.encoding = pr.enc;
+    q.new_hash = pr.hash;
+    q.live = p.live;
+    q.offset = 0;
+    q.nbytes = pr.region.elements() * pe.m.es;
+    journal_patch(q, g, nullptr, buf, local_file, version, &g);
+    move_region(g, f, p.offset, pe.m, pr.region, false, buf);
+  }
+  fs::remove(region_path);
+}
+
+// Removes `path` on the way out, whatever happens.
+struct RemoveAfter {
+  fs::path path;
+  ~RemoveAfter() {
+    boost::system::error_code ec;
+    fs::remove(path, ec);
+  }
+};
+
 }  // namespace
 
-void journal_parts(const Patch& p, const File& f, const fs::path& scratch, JournalWriter* jw,
-                   std::vector<std::uint8_t>& buf, const std::string& local_file, std::uint64_t version, File* out) {
-  const fs::path region_path = scratch.string() + ".region";
-  auto cleanup = [&] {
-    boost::system::error_code ec;
-    fs::remove(scratch, ec);
-    fs::remove(region_path, ec);
-  };
-  try {
-    File s(scratch, File::Mode::create_exclusive);
-    copy_range(f, p.offset, p.nbytes, s, 0);
-    const PartsEntry& pe = *p.parts;
-    for (std::size_t i = 0; i < pe.parts.size(); ++i) {
-      const PartRecord& pr = pe.parts[i];
-      fs::remove(region_path);
-      File g(region_path, File::Mode::create_exclusive);
-      move_region(s, g, 0, pe.m, pr.region, true, buf);
-      Patch q;
-      q.tensor = p.tensor;
-      q.delta_file = p.delta_file + " (part " + std::to_string(i + 1) + " of " + std::to_string(pe.parts.size()) + ")";
-      q.frame = pr.bytes;
-      q.encoding = pr.enc;
-      q.new_hash = pr.hash;
-      q.live = p.live;
-      q.offset = 0;
-      q.nbytes = pr.region.elements() * pe.m.es;
-      journal_patch(q, g, nullptr, buf, local_file, version, &g);
-      move_region(g, s, 0, pe.m, pr.region, false, buf);
-      g.close();
+void lay_stack(const Patch& p, File& f, const fs::path& region_scratch, std::vector<std::uint8_t>& buf,
+               const std::string& local_file, std::uint64_t version) {
+  for (std::size_t i = 0; i < p.stack.size(); ++i) {
+    const std::string label =
+        p.delta_file + " (stacked part " + std::to_string(i + 1) + " of " + std::to_string(p.stack.size()) + ")";
+    if (i < p.stack_parts.size() && p.stack_parts[i]) {
+      // Its regions are checked; the whole base is checked by the caller
+      // (journal_copy), which computes the tensor's new checksum.
+      lay_parts(p, *p.stack_parts[i], f, region_scratch, label, buf, local_file, version);
+      continue;
     }
-    Patch r = p;
-    r.parts.reset();
-    r.source = &s;
-    r.new_hash = hash_file_range(s, 0, p.nbytes, buf);
-    journal_patch(r, f, jw, buf, local_file, version, out);  // checks the whole base checksum
-    *p.computed = r.new_hash;
-    s.close();
-  } catch (...) {
-    cleanup();
-    throw;
+    Patch q;
+    q.tensor = p.tensor;
+    q.delta_file = label;
+    q.frame = p.stack[i].bytes;
+    q.encoding = p.stack[i].enc;
+    q.new_hash = p.stack[i].hash;
+    if (i == 0) q.base_hash = p.base_hash;  // later bases are the parts' own checked results
+    q.live = p.live;
+    q.offset = p.offset;
+    q.nbytes = p.nbytes;
+    journal_patch(q, f, nullptr, buf, local_file, version, &f);
   }
-  cleanup();
+}
+
+void journal_copy(const Patch& p, const File& f, const fs::path& scratch, JournalWriter* jw,
+                  std::vector<std::uint8_t>& buf, const std::string& local_file, std::uint64_t version, File* out) {
+  const RemoveAfter remove_scratch{scratch};
+  File s(scratch, File::Mode::create_exclusive);
+  copy_range(f, p.offset, p.nbytes, s, 0);
+  Patch q = p;
+  q.offset = 0;
+  const fs::path region = scratch.string() + ".region";
+  if (p.parts)
+    lay_parts(q, *p.parts, s, region, p.delta_file, buf, local_file, version);
+  else
+    lay_stack(q, s, region, buf, local_file, version);
+  Patch r = p;
+  r.parts.reset();
+  r.stack.clear();
+  r.source = &s;
+  if (p.computed) r.new_hash = hash_file_range(s, 0, p.nbytes, buf);
+  journal_patch(r, f, jw, buf, local_file, version, out);  // checks the whole base checksum
+  if (p.computed) *p.computed = r.new_hash;
+  s.close();
 }
 
 void journal_range(const Patch& p, std::uint64_t c0, std::uint64_t c1, const File& f, JournalWriter& jw,

@@ -57,23 +57,24 @@ void journal_patch(const Patch& p, const File& f, JournalWriter* jw, std::vector
 
 // Lays the parts of a stacked entry over [p.offset, p.offset + p.nbytes) of
 // `f` in order, nothing journaled (a file being built, or a scratch copy);
-// each part is checked against the checksum it records.
-void lay_stack(const Patch& p, File& f, std::vector<std::uint8_t>& buf, const std::string& local_file,
-               std::uint64_t version);
+// each part is checked against the checksum it records. A parts part is laid
+// region by region through the scratch file `region_scratch` (see
+// journal_copy; none is given for a file being built, where the plan refuses
+// parts).
+void lay_stack(const Patch& p, File& f, const boost::filesystem::path& region_scratch, std::vector<std::uint8_t>& buf,
+               const std::string& local_file, std::uint64_t version);
 
-// A stacked entry in place: its parts are laid over a copy of the tensor in
+// A stacked or parts entry in place: laid over a copy of the tensor in
 // `scratch` (inside the transaction's step, so nothing outlives it), and the
-// copy is journaled against LOCAL like any other entry: the journal holds one
-// record per byte that ends up changed, whatever the parts did in between.
-void journal_stack(const Patch& p, const File& f, const boost::filesystem::path& scratch, JournalWriter* jw,
-                   std::vector<std::uint8_t>& buf, const std::string& local_file, std::uint64_t version, File* out);
-
-// A parts entry in place: as journal_stack, each part laid over its region
-// of the copy (gathered into `scratch`.region, decoded, checked against the
-// part's checksum, scattered back); the copy's checksum goes to
-// *p.computed, the tensor's new checksum for the record.
-void journal_parts(const Patch& p, const File& f, const boost::filesystem::path& scratch, JournalWriter* jw,
-                   std::vector<std::uint8_t>& buf, const std::string& local_file, std::uint64_t version, File* out);
+// copy journaled against LOCAL like any other entry, which checks LOCAL's
+// whole base: the journal holds one record per byte that ends up changed,
+// whatever the parts did in between. A parts entry's regions (also as a
+// stacked part) are each gathered into `scratch`.region, decoded, checked
+// against the part's checksum and scattered back. Where the entry's checksum
+// is not the tensor's (it ends with a parts entry), the copy's checksum is
+// the tensor's new one, left in *p.computed for the record.
+void journal_copy(const Patch& p, const File& f, const boost::filesystem::path& scratch, JournalWriter* jw,
+                  std::vector<std::uint8_t>& buf, const std::string& local_file, std::uint64_t version, File* out);
 
 // Journals (and with `out` writes) chunks [c0, c1) of a split sparse or
 // context entry.

@@ -179,6 +179,11 @@ void plan_shard_ops(PlanContext& ctx) {
   }
 }
 
+// An entry holding a parts entry (itself one, or a stacked part).
+bool parted(const Patch& p) {
+  return p.parts || std::any_of(p.stack_parts.begin(), p.stack_parts.end(), [](const auto& s) { return s != nullptr; });
+}
+
 Patch patch_of(const OpenDelta& d, const DeltaEntry& e) {
   Patch p;
   p.tensor = e.tensor();
@@ -188,8 +193,9 @@ Patch patch_of(const OpenDelta& d, const DeltaEntry& e) {
   p.new_hash = e.new_hash;
   p.base_hash = e.base_hash;
   p.stack = e.stack;
+  p.stack_parts = e.stack_parts;
   p.parts = e.parts;
-  if (p.parts) p.computed = std::make_shared<Hash128>();
+  if (!new_bytes_of(e).whole) p.computed = std::make_shared<Hash128>();
   return p;
 }
 
@@ -206,10 +212,10 @@ void plan_entries(PlanContext& ctx) {
     if (auto bi = ctx.built.find(p.tensor); bi != ctx.built.end()) {
       Build& bd = ctx.plan.builds[bi->second.first];
       BuildTensor& bt = bd.tensors[bi->second.second];  // its checksum checked by open_delta
-      if (p.parts)
+      if (parted(p))
         fail(Exit::bad_input, p.delta_file + ": entry '" + p.tensor +
-                                  "' is a parts entry of a tensor in a weight file the delta builds; parts entries "
-                                  "patch tensors in place only");
+                                  "' holds a parts entry, for a tensor in a weight file the delta builds; parts "
+                                  "entries patch tensors in place only");
       if (!bt.src) p.base_hash.reset();  // its base is zeros
       check_target(bd.file);
       p.offset = bt.dst;
@@ -225,12 +231,15 @@ void plan_entries(PlanContext& ctx) {
     p.local_shard = lt->second.slot;
     p.offset = lt->second.offset;
     p.nbytes = lt->second.nbytes;
-    if (p.parts && p.parts->m.bytes() != p.nbytes)
-      fail(Exit::verify_failed, p.delta_file + ": entry '" + p.tensor + "' has parts of a " +
-                                    std::to_string(p.parts->m.rows) + " x " + std::to_string(p.parts->m.cols) +
-                                    " matrix of " + std::to_string(p.parts->m.es) +
-                                    "-byte elements, but the tensor in " + ctx.lv.dir.string() + " has " +
-                                    std::to_string(p.nbytes) + " bytes; LOCAL is not this delta's base" + ctx.nothing);
+    std::vector<const PartsEntry*> heads{p.parts.get()};
+    for (const auto& sp : p.stack_parts) heads.push_back(sp.get());
+    for (const PartsEntry* pe : heads)
+      if (pe && pe->m.bytes() != p.nbytes)
+        fail(Exit::verify_failed, p.delta_file + ": entry '" + p.tensor + "' has parts of a " +
+                                      std::to_string(pe->m.rows) + " x " + std::to_string(pe->m.cols) + " matrix of " +
+                                      std::to_string(pe->m.es) + "-byte elements, but the tensor in " +
+                                      ctx.lv.dir.string() + " has " + std::to_string(p.nbytes) +
+                                      " bytes; LOCAL is not this delta's base" + ctx.nothing);
     ctx.plan.patches.push_back(std::move(p));
   }
 }

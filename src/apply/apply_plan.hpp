@@ -61,10 +61,14 @@ struct Patch {
   // Header bytes rewritten in place (a "header" shard operation): the new
   // bytes, laid over [0, nbytes) of the file instead of a decoded entry.
   std::span<const std::uint8_t> replace;
-  // A stacked entry's parts, laid in order.
+  // A stacked entry's parts, laid in order, and its parts parts' heads (by
+  // part; null for the others).
   std::vector<StackPart> stack;
-  // A parts entry's regions, laid over a copy of the tensor; the copy's
-  // checksum (the tensor's new one, for the record) is left in `computed`.
+  std::vector<std::shared_ptr<const PartsEntry>> stack_parts;
+  // A parts entry's regions, laid over a copy of the tensor. Where the
+  // entry's checksum is not the tensor's (a parts entry, or a stack ending
+  // with one), the copy's checksum (the tensor's new one, for the record) is
+  // left in `computed`.
   std::shared_ptr<const PartsEntry> parts;
   std::shared_ptr<Hash128> computed;
   // The tensor's new bytes in a file of their own (a stacked entry already

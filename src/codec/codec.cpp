@@ -763,7 +763,8 @@ std::vector<std::uint8_t> stack_head(const std::vector<StackPart>& parts) {
     put_le32(r, p.enc == Encoding::xor_bytes   ? 0
                 : p.enc == Encoding::overwrite ? 1
                 : p.enc == Encoding::sparse    ? 2
-                                               : 3);
+                : p.enc == Encoding::context   ? 3
+                                               : 4);
     put_le64(r + 8, p.size);
     put_le64(r + 16, p.hash.high);
     put_le64(r + 24, p.hash.low);
@@ -786,13 +787,14 @@ std::vector<StackPart> read_stack(std::span<const std::uint8_t> entry, const Has
     const std::uint8_t* r = entry.data() + kStackHeadSize + i * kStackPartSize;
     StackPart& p = parts[i];
     const std::uint32_t code = get_le32(r);
-    if (code > 3 || get_le32(r + 4) != 0)
+    if (code > 4 || get_le32(r + 4) != 0)
       fail(Exit::bad_input,
            what + ": part " + std::to_string(i) + " of the stacked entry has unknown encoding " + std::to_string(code));
     p.enc = code == 0   ? Encoding::xor_bytes
             : code == 1 ? Encoding::overwrite
             : code == 2 ? Encoding::sparse
-                        : Encoding::context;
+            : code == 3 ? Encoding::context
+                        : Encoding::parts;  // its head is read by the delta reader (read_parts)
     p.size = get_le64(r + 8);
     p.hash = {get_le64(r + 16), get_le64(r + 24)};
     if (p.size > entry.size() - at)

@@ -461,7 +461,8 @@ std::string write_delta_index_json(const DeltaIndex& d, std::uint64_t total_size
   m[key::compression_format] = "zstd";
   m[key::checksum_format] = "xxh3-128";
   const bool plain = !d.per_tensor && !chunked(d.encoding);
-  bool stacked = false, parted = false, context = d.context_parts || (!d.per_tensor && d.encoding == Encoding::context);
+  bool stacked = false, parted = d.parts_parts,
+       context = d.context_parts || (!d.per_tensor && d.encoding == Encoding::context);
   for (const auto& [name, enc] : d.encodings) {
     stacked = stacked || (d.per_tensor && enc == Encoding::stack);
     parted = parted || (d.per_tensor && enc == Encoding::parts);

@@ -1,6 +1,7 @@
 // The one reader of delta directories (see delta_reader.hpp).
 #include "delta/delta_reader.hpp"
 
+#include <algorithm>
 #include <set>
 
 #include <boost/filesystem/operations.hpp>
@@ -45,13 +46,25 @@ DeltaEntry entry_of(const OpenDelta& v, const std::string& file, const Safetenso
   e.frame = v.maps.at(file).bytes(hdr.file_offset(t), t.nbytes());
   e.new_hash = checksum;
   if (auto b = v.index.base_checksums.find(t.name); b != v.index.base_checksums.end()) e.base_hash = b->second;
-  if (e.encoding == Encoding::stack) e.stack = read_stack(e.frame, checksum, w + ": entry '" + t.name + "'");
-  if (e.encoding == Encoding::parts) {
-    e.parts = std::make_shared<const PartsEntry>(read_parts(e.frame, checksum, w + ": entry '" + t.name + "'"));
-    if (!e.base_hash)
-      fail(Exit::bad_input,
-           w + ": entry '" + t.name + "' is a parts entry without a base checksum in hfdelta_base_checksums");
+  const std::string what = w + ": entry '" + t.name + "'";
+  if (e.encoding == Encoding::stack) {
+    e.stack = read_stack(e.frame, checksum, what);
+    e.stack_parts.resize(e.stack.size());
+    for (std::size_t i = 0; i < e.stack.size(); ++i) {
+      if (e.stack[i].enc != Encoding::parts) continue;
+      const std::string pw = what + " (stacked part " + std::to_string(i + 1) + ")";
+      if (v.index.format_revision.value_or(0) < 6)
+        fail(Exit::bad_input, pw + ": is a parts entry, which needs hfdelta_format 6 or later");
+      e.stack_parts[i] = std::make_shared<const PartsEntry>(read_parts(e.stack[i].bytes, e.stack[i].hash, pw));
+    }
   }
+  if (e.encoding == Encoding::parts) e.parts = std::make_shared<const PartsEntry>(read_parts(e.frame, checksum, what));
+  // The whole tensor's base is checked before parts are laid: their
+  // regions' checksums say nothing of the bytes around them.
+  const bool parted =
+      e.parts || std::any_of(e.stack_parts.begin(), e.stack_parts.end(), [](const auto& p) { return p != nullptr; });
+  if (parted && !e.base_hash)
+    fail(Exit::bad_input, what + ": holds a parts entry, but has no base checksum in hfdelta_base_checksums");
   return e;
 }
 
@@ -163,6 +176,28 @@ OpenDelta open_delta(const fs::path& dir, DeltaIndex index) {
   check_no_symlinks(dir);
   check_index_file(dir);
   return open_checked(dir, std::move(index));
+}
+
+NewBytes new_bytes_of(const DeltaEntry& e) {
+  NewBytes nb;
+  if (e.parts) {
+    nb.m = e.parts->m;
+    for (const PartRecord& p : e.parts->parts) nb.regions.emplace_back(p.region, p.hash);
+    return nb;
+  }
+  if (e.stack_parts.empty() || !e.stack_parts.back()) {
+    nb.whole = e.new_hash;
+    return nb;
+  }
+  // The last parts part's regions, then each earlier one's that no later
+  // part touched, back to the last part of another encoding (or of another
+  // matrix, whose regions are not comparable).
+  nb.m = e.stack_parts.back()->m;
+  for (std::size_t i = e.stack_parts.size(); i-- > 0 && e.stack_parts[i] && e.stack_parts[i]->m == nb.m;)
+    for (const PartRecord& p : e.stack_parts[i]->parts)
+      if (std::none_of(nb.regions.begin(), nb.regions.end(), [&](const auto& r) { return r.first.overlaps(p.region); }))
+        nb.regions.emplace_back(p.region, p.hash);
+  return nb;
 }
 
 }  // namespace hfdelta

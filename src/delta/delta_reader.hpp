@@ -33,9 +33,22 @@ struct DeltaEntry {
   std::optional<Hash128> base_hash;         // of its base bytes (hfdelta_base_checksums)
   std::vector<StackPart> stack;             // a stacked entry's parts, in order (views into `frame`)
   std::shared_ptr<const PartsEntry> parts;  // a parts entry's head (views into `frame`)
+  // A stacked entry's parts parts' heads, by part (null for the others).
+  std::vector<std::shared_ptr<const PartsEntry>> stack_parts;
 
   const std::string& tensor() const { return info->name; }
 };
+
+// What an entry records of its tensor's new bytes: the whole tensor's
+// checksum, or, where it ends with a parts entry (a sharded publisher's, or
+// a stacked entry whose last part is one), only the checksums of regions of
+// the tensor seen as matrix `m`: the rest of its new bytes is not in the delta.
+struct NewBytes {
+  std::optional<Hash128> whole;
+  MatrixShape m;
+  std::vector<std::pair<Region, Hash128>> regions;  // each region's bytes, row-major
+};
+NewBytes new_bytes_of(const DeltaEntry& e);
 
 // A delta directory, validated once, its files mapped. Views (entries,
 // new headers) stay valid as long as this object; it moves, never copies.
@@ -67,7 +80,9 @@ struct OpenDelta {
 // - every delta file weight_map names: a regular file, a valid safetensors
 //   file, each entry checked by check_delta_entry, each tensor the index maps
 //   to it present, a built tensor's entry of the checksum hfdelta_shards
-//   records, a stacked entry's parts well formed (read_stack);
+//   records, a stacked entry's parts well formed (read_stack), a parts entry's
+//   head and a stacked parts part's (read_parts; either needs a base
+//   checksum, and a stacked one format revision 6);
 // - hfdelta_files: nothing under .weight_sync, no file the delta itself
 //   treats as a weight file (hfdelta_targets, hfdelta_shards) unless it
 //   stops or starts being one there, and each `put` carried under files/ with

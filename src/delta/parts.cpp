@@ -53,7 +53,8 @@ MatrixShape matrix_shape(std::span<const std::uint64_t> shape, std::size_t dtype
 
 std::vector<std::uint8_t> parts_head(const MatrixShape& m, const std::vector<PartRecord>& parts) {
   std::vector<std::uint8_t> out;
-  out.insert(out.end(), {'H', 'F', 'R', '1'});
+  out.reserve(kPartsHeadSize + kPartsRecordSize * parts.size());
+  for (const char c : {'H', 'F', 'R', '1'}) out.push_back(static_cast<std::uint8_t>(c));
   put32(out, static_cast<std::uint32_t>(parts.size()));
   put64(out, m.rows), put64(out, m.cols), put64(out, m.es);
   for (const PartRecord& p : parts) {

@@ -1,5 +1,6 @@
 #include "diff/base_check.hpp"
 
+#include <algorithm>
 #include <mutex>
 #include <vector>
 
@@ -22,8 +23,13 @@ void record_delta(VersionBytes& vb, const OpenDelta& d) {
   const DeltaIndex& idx = d.index;
   vb.recorded = idx.format_revision.has_value();  // a plain slime-layout delta records no checksums of ours
   if (!vb.recorded) return;
-  for (const DeltaEntry& e : d.entries)
-    if (!e.parts) vb.tensors[e.tensor()] = e.new_hash;  // a parts entry records its regions' checksums only
+  for (const DeltaEntry& e : d.entries) {
+    NewBytes nb = new_bytes_of(e);
+    if (nb.whole)
+      vb.tensors[e.tensor()] = *nb.whole;
+    else  // a parts entry: its regions' checksums only
+      vb.regions[e.tensor()] = {nb.m, std::move(nb.regions)};
+  }
   for (const ShardOp& op : idx.shards) {
     if (op.op == ShardOp::Op::remove) {
       vb.files[op.file] = std::nullopt;
@@ -59,6 +65,44 @@ void check_full(const Checkpoint& c, const std::string& role, const VersionBytes
     if (!bad || files[i].first < *bad) bad = files[i].first;
   });
   if (bad) differs(role, c, want, "file '" + *bad + "' is missing or holds other bytes than the full version's");
+}
+
+// The checksum of region `g` of the matrix `m` at `offset` in `f`: its bytes
+// row-major, as the part was made, read a bounded piece at a time.
+Hash128 region_hash(const File& f, std::uint64_t offset, const MatrixShape& m, const Region& g,
+                    std::vector<std::uint8_t>& buf) {
+  constexpr std::uint64_t kPiece = 4u << 20;
+  const std::uint64_t row_bytes = g.cols * m.es;
+  Hasher h;
+  for (std::uint64_t r = 0; r < g.rows; ++r)
+    for (std::uint64_t k = 0; k < row_bytes; k += kPiece) {
+      buf.resize(static_cast<std::size_t>(std::min(kPiece, row_bytes - k)));
+      f.pread_exact(buf.data(), buf.size(), offset + ((g.row0 + r) * m.cols + g.col0) * m.es + k);
+      h.update(buf);
+    }
+  return h.digest();
+}
+
+// What is wrong with tensor `name` of `c` against its regions' checksums, if anything.
+std::optional<std::string> check_regions(const Checkpoint& c, const std::string& name,
+                                         const VersionBytes::Regions& want) {
+  const auto ref = c.tensors.find(name);
+  if (ref == c.tensors.end()) return "tensor '" + name + "' is missing";
+  const TensorInfo& t = c.info(ref->second);
+  if (t.nbytes() != want.m.bytes())
+    return "tensor '" + name + "' has " + std::to_string(t.nbytes()) + " bytes, the version's parts entry is of " +
+           std::to_string(want.m.bytes());
+  const Shard& sh = c.shards[ref->second.shard];
+  const File f(c.dir / sh.file, File::Mode::read);
+  std::vector<std::uint8_t> buf;
+  for (const auto& [g, hash] : want.sums) {
+    const Hash128 h = region_hash(f, sh.header.file_offset(t), want.m, g, buf);
+    if (h != hash)
+      return "tensor '" + name + "', rows " + std::to_string(g.row0) + ".." + std::to_string(g.row0 + g.rows) +
+             " x columns " + std::to_string(g.col0) + ".." + std::to_string(g.col0 + g.cols) + ", has checksum " +
+             h.hex() + ", the version's part is " + hash.hex();
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -131,6 +175,16 @@ void check_holds(const Checkpoint& c, const std::string& role, const VersionByte
     const std::string why = h ? "tensor '" + name + "' has checksum " + h->hex() + ", the version's is " + hash.hex()
                               : "tensor '" + name + "' is missing";
     if (!bad || why < *bad) bad = why;
+  });
+  // Tensors of a parts entry: each region as the version records it (the
+  // rest of such a tensor is known to the hosts' records only).
+  std::vector<const std::pair<const std::string, VersionBytes::Regions>*> parted;
+  for (const auto& t : want.regions) parted.push_back(&t);
+  parallel_for(parted.size(), threads, [&](std::size_t i, std::size_t) {
+    const std::optional<std::string> why = check_regions(c, parted[i]->first, parted[i]->second);
+    if (!why) return;
+    const std::lock_guard<std::mutex> g(m);
+    if (!bad || *why < *bad) bad = why;
   });
   if (bad) differs(role, c, want, *bad);
 }

@@ -11,27 +11,38 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <boost/filesystem/path.hpp>
 
 #include "format/completion_marker.hpp"
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/hash.hpp"
+#include "hfdelta/parts.hpp"
 
 namespace hfdelta {
 
 struct VersionBytes {
   std::uint64_t version = 0;
   boost::filesystem::path dir;
-  bool recorded = false;                                // false: nothing checkable (a plain slime-layout delta)
-  std::map<std::string, Hash128> tensors;               // tensor -> checksum of its bytes at the version
+  bool recorded = false;                   // false: nothing checkable (a plain slime-layout delta)
+  std::map<std::string, Hash128> tensors;  // tensor -> checksum of its bytes at the version
+  // A tensor whose entry records only regions' checksums (a parts entry):
+  // the tensor as a matrix, and each region's checksum (row-major bytes).
+  struct Regions {
+    MatrixShape m;
+    std::vector<std::pair<Region, Hash128>> sums;
+  };
+  std::map<std::string, Regions> regions;
   std::map<std::string, Hash128> headers;               // weight file -> checksum of its 8-byte length and header
   std::map<std::string, std::optional<Hash128>> files;  // other file -> its checksum; none: absent at the version
   std::map<std::string, MarkedFile> full;               // a full version: every file, as its marker lists it
 };
 
 // Reads what version `v` of `root` records (a delta: each entry's new
-// checksum, its built and rewritten headers, its carried and removed files;
+// checksum, or its regions' for a parts entry, its built and rewritten
+// headers, its carried and removed files;
 // a full version: its completion marker). Error(bad_input) if it cannot be
 // read: a damaged version is withdrawn (delta-diff --withdraw), not built on.
 VersionBytes recorded_bytes(const boost::filesystem::path& root, std::uint64_t v);

@@ -179,7 +179,23 @@ void inspect_part(Encoding enc, std::span<const std::uint8_t> bytes, const std::
     case Encoding::parts:
       break;
   }
-  fail(Exit::bad_input, what + ": a stacked entry cannot hold another, nor a parts entry");
+  fail(Exit::bad_input, what + ": a part of this kind cannot hold a stacked or parts entry");
+}
+
+// A parts entry (or a stacked parts part): each region's part checked as an
+// entry of its encoding for the region's bytes.
+void inspect_parts(const PartsEntry& pe, const std::string& what, InspectEntry& out) {
+  out.tensor_bytes = pe.m.bytes();
+  for (std::size_t i = 0; i < pe.parts.size(); ++i) {
+    const PartRecord& pr = pe.parts[i];
+    InspectEntry e;
+    const std::string pw = what + " (part " + std::to_string(i + 1) + ")";
+    inspect_part(pr.enc, pr.bytes, pw, e);
+    if (e.tensor_bytes && *e.tensor_bytes != pr.region.elements() * pe.m.es)
+      fail(Exit::bad_input, pw + ": is for " + std::to_string(*e.tensor_bytes) + " bytes, its region holds " +
+                                std::to_string(pr.region.elements() * pe.m.es));
+    out.needs_base = out.needs_base || e.needs_base;
+  }
 }
 
 InspectEntry inspect_entry(const OpenDelta& v, const DeltaEntry& de) {
@@ -193,17 +209,7 @@ InspectEntry inspect_entry(const OpenDelta& v, const DeltaEntry& de) {
   const std::string what = v.path_of(de) + ": entry '" + de.tensor() + "'";
   if (de.parts) {
     e.parts = de.parts->parts.size();
-    e.tensor_bytes = de.parts->m.bytes();
-    for (std::size_t i = 0; i < de.parts->parts.size(); ++i) {
-      const PartRecord& pr = de.parts->parts[i];
-      InspectEntry pe;
-      const std::string pw = what + " (part " + std::to_string(i + 1) + ")";
-      inspect_part(pr.enc, pr.bytes, pw, pe);
-      if (pe.tensor_bytes && *pe.tensor_bytes != pr.region.elements() * de.parts->m.es)
-        fail(Exit::bad_input, pw + ": is for " + std::to_string(*pe.tensor_bytes) + " bytes, its region holds " +
-                                  std::to_string(pr.region.elements() * de.parts->m.es));
-      e.needs_base = e.needs_base || pe.needs_base;
-    }
+    inspect_parts(*de.parts, what, e);
     return e;
   }
   if (de.encoding != Encoding::stack) {
@@ -213,7 +219,11 @@ InspectEntry inspect_entry(const OpenDelta& v, const DeltaEntry& de) {
   e.parts = de.stack.size();
   for (std::size_t i = 0; i < de.stack.size(); ++i) {
     InspectEntry pe;
-    inspect_part(de.stack[i].enc, de.stack[i].bytes, what + " (stacked part " + std::to_string(i + 1) + ")", pe);
+    const std::string pw = what + " (stacked part " + std::to_string(i + 1) + ")";
+    if (de.stack_parts[i])
+      inspect_parts(*de.stack_parts[i], pw, pe);
+    else
+      inspect_part(de.stack[i].enc, de.stack[i].bytes, pw, pe);
     if (pe.tensor_bytes && e.tensor_bytes && *pe.tensor_bytes != *e.tensor_bytes)
       fail(Exit::bad_input, what + ": stacked parts are for tensors of " + std::to_string(*e.tensor_bytes) + " and " +
                                 std::to_string(*pe.tensor_bytes) + " bytes");

@@ -35,7 +35,9 @@ void check_same_version(const fs::path& root, const fs::path& mirror, std::uint6
   if (!idx || !rec) return;
   const OpenDelta d = open_delta(dir, std::move(*idx));
   for (const DeltaEntry& e : d.entries) {
-    if (e.parts) continue;  // a sharded publisher's: its regions' checksums were checked when the mirror applied it
+    // A parts entry (a sharded publisher's, or a squash ending with one):
+    // its regions' checksums were checked when the mirror applied it.
+    if (!new_bytes_of(e).whole) continue;
     for (const auto& [file, w] : rec->weights) {
       const auto t = w.tensors.find(e.tensor());
       if (t == w.tensors.end() || t->second == e.new_hash) continue;

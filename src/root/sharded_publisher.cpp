@@ -21,6 +21,11 @@ namespace fs = boost::filesystem;
 
 namespace {
 
+// Bytes of a piece diffed at a time: a rank's extra memory is about one
+// batch, whatever the size of its pieces (the publisher's batch). A multiple
+// of every chunk size of the chunked encodings (2^20 elements of 1 to 8 bytes).
+constexpr std::uint64_t kShardBatch = 32u << 20;
+
 std::string region_text(const Region& g) {
   return "rows " + std::to_string(g.row0) + ".." + std::to_string(g.row0 + g.rows) + ", columns " +
          std::to_string(g.col0) + ".." + std::to_string(g.col0 + g.cols);
@@ -134,10 +139,30 @@ struct ShardWriter::State {
   std::uint32_t rank = 0;
   Encoding enc = Encoding::sparse;
   std::unique_ptr<Compressor> comp;
+  SparseChunkEncoder sparse;
+  ContextChunkEncoder context;
   std::vector<ShardPart> parts;
   std::uint64_t at = 0, read = 0;
-  std::vector<std::uint8_t> old, out;
+  std::vector<std::uint8_t> old;  // one batch of the mirror's bytes
 };
+
+namespace {
+
+// Bytes [at, at + n) of region `g` (row-major) of the matrix at `base` in
+// `f`, into `dst`: only the region's rows, a row's columns at a time.
+void read_region(const File& f, std::uint64_t base, const MatrixShape& m, const Region& g, std::uint64_t at,
+                 std::uint64_t n, std::uint8_t* dst) {
+  const std::uint64_t start = base + (g.row0 * m.cols + g.col0) * m.es;
+  if (g.contiguous(m)) return f.pread_exact(dst, static_cast<std::size_t>(n), start + at);
+  const std::uint64_t row_bytes = g.cols * m.es;
+  while (n) {
+    const std::uint64_t r = at / row_bytes, k = at % row_bytes, take = std::min(n, row_bytes - k);
+    f.pread_exact(dst, static_cast<std::size_t>(take), start + r * m.cols * m.es + k);
+    dst += take, at += take, n -= take;
+  }
+}
+
+}  // namespace
 
 ShardWriter::ShardWriter(const fs::path& mirror, const fs::path& stage, std::uint32_t rank, Encoding enc, int level)
     : s_(std::make_unique<State>()) {
@@ -177,43 +202,75 @@ void ShardWriter::put(std::string_view name, std::string_view dtype, std::span<c
   if (bytes.size() != n)
     fail(Exit::bad_input, where + ": " + std::to_string(bytes.size()) + " bytes given for " + region_text(g) +
                               ", which takes " + std::to_string(n));
-  // The mirror's bytes of the region, its rows only.
+  // The part is encoded as the mirror's bytes of the region are read, a
+  // batch at a time (whole chunks of the chunked encodings; xor as one
+  // streamed frame), and written straight to the spool: the rank's extra
+  // memory is one batch, not the piece. A region without change leaves no
+  // part (its bytes in the spool are overwritten by the next, or cut).
   const std::uint64_t base = s.layout.shards[shard].header.file_offset(*t);
-  s.old.resize(static_cast<std::size_t>(n));
-  const std::uint64_t row_bytes = g.cols * m.es;
-  if (g.contiguous(m))
-    s.files[shard].pread_exact(s.old.data(), n, base + (g.row0 * m.cols + g.col0) * m.es);
-  else
-    for (std::uint64_t r = 0; r < g.rows; ++r)
-      s.files[shard].pread_exact(s.old.data() + r * row_bytes, row_bytes,
-                                 base + ((g.row0 + r) * m.cols + g.col0) * m.es);
-  s.read += n;
-  if (n && std::memcmp(s.old.data(), bytes.data(), n) == 0) return;  // unchanged: no part
+  const ChunkLayout cl = chunk_layout(dtype, n);
+  const ContextField field =
+      cl.field.bits > 8 || cl.field.shift + cl.field.bits > 8 * cl.es ? ContextField{} : cl.field;
+  const std::uint64_t chunk_bytes = kSparseChunkElements * cl.es;  // divides kShardBatch
+  std::uint64_t size = 0;
+  const ByteSink sink = [&](std::span<const std::uint8_t> b) {
+    s.spool.pwrite_all(b.data(), b.size(), s.at + size);
+    size += b.size();
+  };
+  if (s.enc == Encoding::sparse) {
+    std::uint8_t head[kSparseHeadSize];
+    sparse_entry_head(cl.es, n, head);
+    sink({head, sizeof head});
+  } else if (s.enc == Encoding::context) {
+    std::uint8_t head[kContextHeadSize];
+    context_entry_head(cl.es, n, field, head);
+    sink({head, sizeof head});
+  } else {
+    s.comp->begin(n);
+  }
+  s.old.resize(static_cast<std::size_t>(std::min(n, kShardBatch)));
+  bool changed = false;
+  for (std::uint64_t at = 0; at < n; at += kShardBatch) {
+    const std::size_t k = static_cast<std::size_t>(std::min(kShardBatch, n - at));
+    std::uint8_t* const old = s.old.data();
+    const std::uint8_t* const now = bytes.data() + at;
+    read_region(s.files[shard], base, m, g, at, k, old);
+    s.read += k;
+    changed = changed || std::memcmp(old, now, k) != 0;
+    if (s.enc == Encoding::xor_bytes) {
+      for (std::size_t i = 0; i < k; ++i) old[i] ^= now[i];
+      s.comp->put({old, k}, sink);
+      continue;
+    }
+    for (std::uint64_t c = 0; c < k; c += chunk_bytes) {
+      const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(chunk_bytes, k - c));
+      if (s.enc == Encoding::sparse) {
+        s.sparse.begin(cl.es);
+        s.sparse.scan(old + c, now + c, len / cl.es, 0);
+        s.sparse.end(*s.comp, sink);
+      } else {
+        s.context.begin(cl.es, field);
+        s.context.scan(old + c, now + c, len / cl.es, 0);
+        s.context.end(*s.comp, sink);
+      }
+    }
+  }
+  if (s.enc == Encoding::xor_bytes) s.comp->end(sink);
+  if (!changed) return;  // unchanged: no part
   ShardPart p;
   p.tensor = std::string(name);
   p.region = g;
   p.enc = s.enc;
   p.rank = s.rank;
   p.offset = s.at;
+  p.size = size;
   p.hash = xxh3_128(bytes);
-  s.out.clear();
-  const ByteSink sink = [&](std::span<const std::uint8_t> b) { s.out.insert(s.out.end(), b.begin(), b.end()); };
-  const std::span<const std::uint8_t> old(s.old.data(), s.old.size());
-  if (s.enc == Encoding::xor_bytes) {
-    encode_xor(*s.comp, old, bytes, sink);
-  } else if (s.enc == Encoding::sparse) {
-    encode_sparse(*s.comp, old, bytes, dtype_size(dtype) ? dtype_size(dtype) : 1, sink);
-  } else {
-    const ChunkLayout cl = chunk_layout(dtype, n);
-    encode_context(*s.comp, old, bytes, cl.es, cl.field, sink);
-  }
-  p.size = s.out.size();
-  s.spool.pwrite_all(s.out.data(), s.out.size(), s.at);
-  s.at += s.out.size();
+  s.at += size;
   s.parts.push_back(std::move(p));
 }
 
 std::vector<ShardPart> ShardWriter::finish(bool sync) {
+  s_->spool.truncate(s_->at);  // bytes of a last region without change
   if (sync) s_->spool.sync();
   return s_->parts;
 }

@@ -25,6 +25,7 @@
 #include "hfdelta/error.hpp"
 #include "hfdelta/hash.hpp"
 #include "hfdelta/io.hpp"
+#include "hfdelta/parts.hpp"
 #include "hfdelta/progress.hpp"
 #include "hfdelta/safetensors.hpp"
 #include "hfdelta/version.hpp"
@@ -104,12 +105,15 @@ std::vector<std::pair<std::string, std::uint64_t>> header_tensors(const fs::path
 // What composing entries element by element means for an encoding. Context
 // entries compose with nothing: their positions count base elements, so
 // without the base bytes each stays a part of its own (with them, see
-// compose_on_base).
-enum class Kind { mask, add, set, context };
+// compose_on_base). Parts entries neither: their regions' parts code regions
+// of the tensor in chunks of their own, and record the regions' checksums,
+// not the tensor's; each stays a stacked part of its own.
+enum class Kind { mask, add, set, context, parts };
 Kind kind_of(const Op& op, const std::string& what) {
   if (op.enc == Encoding::xor_bytes) return Kind::mask;
   if (op.enc == Encoding::overwrite) return Kind::set;
   if (op.enc == Encoding::context) return Kind::context;
+  if (op.enc == Encoding::parts) return Kind::parts;
   // Sparse: "HFS1" entries hold XOR values, "HFS2" differences.
   return read_sparse_head(op.frame, what).op == SparseOp::xor_bytes ? Kind::mask : Kind::add;
 }
@@ -165,8 +169,46 @@ class Zeros {
   const std::uint8_t* p_ = nullptr;
 };
 
-// Lays one entry over `buf` with its own meaning (XOR, add, set).
-void lay(const Op& op, std::span<std::uint8_t> buf, const std::string& what) {
+void lay(const Op& op, std::span<std::uint8_t> buf, const fs::path& scratch, const std::string& what);
+
+// A parts entry over the tensor's real bytes `buf`: each region's part laid
+// over the region's bytes (gathered, row-major, into a scratch file where the
+// region is not contiguous) and checked against the part's checksum.
+void lay_parts(const Op& op, std::span<std::uint8_t> buf, const fs::path& scratch, const std::string& what) {
+  const PartsEntry pe = read_parts(op.frame, op.new_hash, what);
+  if (pe.m.bytes() != buf.size())
+    fail(Exit::bad_input, what + ": its parts are of a tensor of " + std::to_string(pe.m.bytes()) +
+                              " bytes, the entries before it of " + std::to_string(buf.size()));
+  for (std::size_t i = 0; i < pe.parts.size(); ++i) {
+    const PartRecord& pr = pe.parts[i];
+    const Region& g = pr.region;
+    const std::uint64_t row_bytes = g.cols * pe.m.es, first = (g.row0 * pe.m.cols + g.col0) * pe.m.es;
+    const auto row = [&](std::uint64_t r) { return buf.subspan(first + r * pe.m.cols * pe.m.es, row_bytes); };
+    const std::string pw = what + " (part " + std::to_string(i + 1) + ")";
+    Op q = op;
+    q.enc = pr.enc;
+    q.frame = pr.bytes;
+    if (g.contiguous(pe.m)) {
+      const auto region = buf.subspan(first, g.rows * row_bytes);
+      lay(q, region, scratch, pw);
+      if (const Hash128 h = xxh3_128(region); h != pr.hash)
+        fail(Exit::verify_failed, pw + ": gives its region checksum " + h.hex() + ", it records " + pr.hash.hex());
+      continue;
+    }
+    Scratch region(scratch, g.rows * row_bytes, 0);
+    for (std::uint64_t r = 0; r < g.rows; ++r) std::ranges::copy(row(r), region.bytes().begin() + r * row_bytes);
+    lay(q, region.bytes(), scratch, pw);
+    if (const Hash128 h = xxh3_128(region.bytes()); h != pr.hash)
+      fail(Exit::verify_failed, pw + ": gives its region checksum " + h.hex() + ", it records " + pr.hash.hex());
+    for (std::uint64_t r = 0; r < g.rows; ++r)
+      std::ranges::copy(region.bytes().subspan(r * row_bytes, row_bytes), row(r).begin());
+  }
+}
+
+// Lays one entry over `buf` with its own meaning (XOR, add, set). A context
+// or parts entry only over the tensor's real bytes; a parts entry's regions
+// are gathered into `scratch` where they are not contiguous.
+void lay(const Op& op, std::span<std::uint8_t> buf, const fs::path& scratch, const std::string& what) {
   thread_local Decompressor d1, d2;
   switch (op.enc) {
     case Encoding::xor_bytes:
@@ -197,15 +239,18 @@ void lay(const Op& op, std::span<std::uint8_t> buf, const std::string& what) {
               sparse_apply_value(buf.data() + offs[i], v.data() + i * es, es, sop);
           });
       break;
+    case Encoding::parts:
+      lay_parts(op, buf, scratch, what);
+      break;
     case Encoding::stack:  // split into its parts when the chain is read
-    case Encoding::parts:  // refused when the chain is read
-      fail(Exit::failure, what + ": a stacked or parts entry reached the composer");
+      fail(Exit::failure, what + ": a stacked entry reached the composer");
   }
 }
 
 // The tensor length an entry reveals, if it does.
 std::optional<std::uint64_t> length_of(const Op& op, const std::string& what) {
   if (op.enc == Encoding::sparse) return read_sparse_head(op.frame, what).nbytes;
+  if (op.enc == Encoding::parts) return read_parts(op.frame, op.new_hash, what).m.bytes();
   if (op.enc == Encoding::context && op.frame.size() >= kContextHeadSize) return get_le64(op.frame.data() + 8);
   if (op.enc == Encoding::xor_bytes) {
     const unsigned long long n = ZSTD_getFrameContentSize(op.frame.data(), op.frame.size());
@@ -265,7 +310,7 @@ bool compose(std::span<const Op> ops, bool from_zeros, std::uint64_t n, Piece& o
     // From zeros: the tensor's bytes themselves. Otherwise the combined mask
     // or difference, laid over zeros.
     Scratch a(a_path, n, 0);
-    for (const Op& op : ops) lay(op, a.bytes(), what);
+    for (const Op& op : ops) lay(op, a.bytes(), path.string() + "-region", what);
     auto v = a.bytes();
     nothing = std::all_of(v.begin(), v.end(), [](std::uint8_t x) { return x == 0; });
     if (!nothing) {
@@ -282,7 +327,8 @@ bool compose(std::span<const Op> ops, bool from_zeros, std::uint64_t n, Piece& o
     // Overwrites: laid over zeros and over 0xff, a byte is set where the two
     // agree. The second buffer becomes the "old" bytes that differ exactly there.
     Scratch a(a_path, n, 0), b(b_path, n, 0xff);
-    for (const Op& op : ops) lay(op, a.bytes(), what), lay(op, b.bytes(), what);
+    for (const Op& op : ops)
+      lay(op, a.bytes(), path.string() + "-region", what), lay(op, b.bytes(), path.string() + "-region", what);
     auto va = a.bytes();
     auto vb = b.bytes();
     std::uint64_t count = 0;
@@ -320,10 +366,10 @@ void compose_trace(const Trace& tr, std::uint64_t n, OutEntry& out, const fs::pa
   if (tr.origin)
     for (const Op& op : tr.ops) {
       const Kind k = kind_of(op, what);
-      // A context entry's key is its own: a run of one.
-      keys.emplace_back(k, k == Kind::add       ? read_sparse_head(op.frame, what).es
-                           : k == Kind::context ? static_cast<std::uint32_t>(keys.size())
-                                                : 0u);
+      // A context or parts entry's key is its own: a run of one.
+      keys.emplace_back(k, k == Kind::add                           ? read_sparse_head(op.frame, what).es
+                           : k == Kind::context || k == Kind::parts ? static_cast<std::uint32_t>(keys.size())
+                                                                    : 0u);
     }
   std::vector<std::span<const Op>> runs;
   for (std::size_t i = 0; i < tr.ops.size();) {
@@ -370,6 +416,15 @@ namespace {
 
 using Traces = std::map<std::string, Trace>;
 
+// What the chain so far leaves of a tensor: its checksum, or, after a parts
+// entry (which records its regions' checksums, not the tensor's), none; then
+// the checksum of the bytes that parts entry changed, where known.
+struct Left {
+  std::optional<Hash128> hash;
+  std::optional<Hash128> before;
+  std::uint64_t version = 0;  // the version of that parts entry
+};
+
 // One --squash: the chain, what happened to each tensor and weight file
 // along it, and OUT as it is made.
 struct SquashContext {
@@ -382,9 +437,9 @@ struct SquashContext {
   DeltaIndex idx;
   std::map<std::string, std::vector<std::pair<std::string, std::uint64_t>>> built;  // file -> tensors
   std::vector<OutEntry> entries;
-  std::vector<const Trace*> of;         // entries[i]'s trace
-  std::optional<Checkpoint> base;       // SquashOptions::base, opened
-  std::map<std::string, Hash128> left;  // check_connects: what the links so far leave
+  std::vector<const Trace*> of;      // entries[i]'s trace
+  std::optional<Checkpoint> base;    // SquashOptions::base, opened
+  std::map<std::string, Left> left;  // check_connects: what the links so far leave
 };
 
 // A tensor's trace so far: untouched ones come from the first base's tensor of that name.
@@ -395,23 +450,46 @@ Trace trace_of(const Traces& from, const std::string& name) {
   return t;
 }
 
+// The checksum of the tensor's bytes just before the last parts entry `e`
+// ends with (itself, or its stack's last part) changed them, where the delta
+// tells it: the entry's base, or the stacked part before it.
+std::optional<Hash128> before_parts(const DeltaEntry& e) {
+  if (e.parts || e.stack.size() < 2) return e.base_hash;
+  const std::size_t i = e.stack.size() - 2;
+  if (e.stack_parts[i]) return std::nullopt;
+  return e.stack[i].hash;
+}
+
 // Each delta's entries must start from the bytes the deltas before it left
 // (their recorded checksums): a version published on the wrong base (a
 // retried job, a stale BASE) breaks the chain, and a squash across it would
-// publish a delta no host can apply. `left`: tensor -> checksum of the bytes
-// the chain so far leaves. Names move in a delta that changes the layout:
-// what it left is all that is known after it.
-void check_connects(std::map<std::string, Hash128>& left, const OpenDelta& v) {
+// publish a delta no host can apply. Names move in a delta that changes the
+// layout: what it left is all that is known after it. After a parts entry the
+// tensor's checksum is not in the delta (only the hosts that apply it hash
+// it); what can still be told is an entry published on the bytes before the
+// parts entry changed them (a parts entry only has parts for regions that
+// changed): that one is refused too. --squash-base checks the rest.
+void check_connects(std::map<std::string, Left>& left, const OpenDelta& v) {
   for (const DeltaEntry& e : v.entries) {
     const auto it = left.find(e.tensor());
-    if (it == left.end() || !e.base_hash || *e.base_hash == it->second || v.index.structural()) continue;
-    fail(Exit::bad_input, v.path_of(e) + ": tensor '" + e.tensor() + "' applies on top of bytes of checksum " +
-                              e.base_hash->hex() + ", but the versions before it leave " + it->second.hex() +
-                              ": the chain does not connect (version " + format_version(v.index.version) +
-                              " was published on another base); nothing was written");
+    if (it == left.end() || !e.base_hash || v.index.structural()) continue;
+    const Left& l = it->second;
+    const std::string head = v.path_of(e) + ": tensor '" + e.tensor() + "' applies on top of bytes of checksum " +
+                             e.base_hash->hex() + ", but ";
+    const std::string tail = ": the chain does not connect (version " + format_version(v.index.version) +
+                             " was published on another base); nothing was written";
+    if (l.hash && *l.hash != *e.base_hash)
+      fail(Exit::bad_input, head + "the versions before it leave " + l.hash->hex() + tail);
+    if (!l.hash && l.before == e.base_hash)
+      fail(Exit::bad_input, head + "those are its bytes before the parts entry of version " +
+                                format_version(l.version) + " changed them" + tail);
   }
   if (v.index.structural()) left.clear();
-  for (const DeltaEntry& e : v.entries) left[e.tensor()] = e.new_hash;
+  for (const DeltaEntry& e : v.entries) {
+    const NewBytes nb = new_bytes_of(e);
+    left[e.tensor()] =
+        nb.whole ? Left{nb.whole, std::nullopt, 0} : Left{std::nullopt, before_parts(e), v.index.version};
+  }
 }
 
 void open_links(SquashContext& ctx, const std::vector<fs::path>& chain) {
@@ -519,12 +597,9 @@ void trace_entry(SquashContext& ctx, std::size_t k, const std::string& file, con
            w + ": entry '" + ti.name + "' patches " + target->second + ", but the tensor is in " + *tr.file);
     tr.file = target->second;
   }
-  if (op.enc == Encoding::parts)
-    fail(Exit::unsupported,
-         w + ": entry '" + ti.name +
-             "' is a parts entry (a sharded publisher's, format revision 6), "
-             "which does not compose without the base bytes; squash the versions before it and after it, "
-             "or publish a full version (delta-diff --full) to start a new chain");
+  // A parts entry (also as the last part of a stack) records the checksum
+  // of its head, not of the tensor: the tensor's is unknown from then on.
+  bool whole = op.enc != Encoding::parts;
   if (op.enc == Encoding::stack) {  // a squashed delta in the chain: its parts, in order
     const std::vector<StackPart> parts = read_stack(op.frame, checksum, w + ": entry '" + ti.name + "'");
     for (std::size_t i = 0; i < parts.size(); ++i) {
@@ -535,10 +610,11 @@ void trace_entry(SquashContext& ctx, std::size_t k, const std::string& file, con
       if (i) po.base_hash.reset();
       tr.ops.push_back(std::move(po));
     }
+    whole = parts.back().enc != Encoding::parts;
   } else {
     tr.ops.push_back(std::move(op));
   }
-  tr.hash = checksum;
+  tr.hash = whole ? std::optional<Hash128>(checksum) : std::nullopt;
 }
 
 // What delta `k` of the chain does to each tensor and file.
@@ -550,6 +626,22 @@ void trace_link(SquashContext& ctx, std::size_t k) {
   for (const auto& [file, hdr] : l.headers)
     for (const auto& ti : hdr.tensors) trace_entry(ctx, k, file, hdr, ti, prev);
   for (const FileChange& fc : l.idx.files) ctx.file_ops[fc.path] = {k, fc};
+}
+
+// A tensor of a weight file OUT builds must end at a checksum of its own
+// (delta-apply checks a built file tensor by tensor, and lays no parts entry
+// there): one with a parts entry among its entries is squashed only
+// composed against the base checkpoint's bytes, and only where its last
+// entry records the tensor's checksum.
+void refuse_built_parts(const SquashContext& ctx, const Trace& t, const std::string& name, const std::string& file) {
+  const auto parts = std::find_if(t.ops.begin(), t.ops.end(), [](const Op& op) { return op.enc == Encoding::parts; });
+  if (parts == t.ops.end() || (ctx.base && t.origin && t.hash)) return;
+  fail(Exit::unsupported, "cannot squash: tensor '" + name + "' is in weight file " + file +
+                              ", which the squashed delta builds, and was patched by a parts entry (" +
+                              ctx.links[parts->link].dir.string() + ", a sharded publisher's)" +
+                              (t.hash ? "; give the chain's first base checkpoint (--squash-base) to compose it"
+                                      : ", the last of its entries, which records no checksum of the whole tensor") +
+                              ", or squash the versions before and after that layout change apart");
 }
 
 // OUT's operation on a weight file the chain changed; none where it was
@@ -577,6 +669,7 @@ std::optional<ShardOp> out_shard_op(SquashContext& ctx, const std::string& file,
   auto& ts = ctx.built[file] = header_tensors(st.header);
   for (const auto& [name, len] : ts) {
     auto it = ctx.traces.find(name);
+    if (it != ctx.traces.end() && it->second.file == file) refuse_built_parts(ctx, it->second, name, file);
     if (it == ctx.traces.end() || !it->second.hash || it->second.file != file)
       fail(Exit::bad_input,
            st.header.string() + ": tensor '" + name + "' is not accounted for by the chain's hfdelta_shards");
@@ -601,7 +694,7 @@ void out_entries(SquashContext& ctx) {
     OutEntry e;
     e.name = name;
     e.file = t.file.value_or("");
-    e.new_hash = *t.hash;
+    e.new_hash = t.hash.value_or(Hash128{});  // unknown after a parts entry: set when composed
     if (t.origin) e.base_hash = t.ops.front().base_hash;
     ctx.entries.push_back(std::move(e));
     ctx.of.push_back(&t);
@@ -649,12 +742,19 @@ Checkpoint open_base(const fs::path& dir) {
   return open_checkpoint(dir);
 }
 
+// Whether OUT builds weight file `file`.
+bool built(const SquashContext& ctx, const std::string& file) {
+  const auto it = ctx.files.find(file);
+  return it != ctx.files.end() && it->second.kind == FileState::Kind::built;
+}
+
 // Whether a trace is composed against the base checkpoint's bytes: a tensor
 // of the first base with a context entry among its entries (the caller has
 // taken a single entry as it is).
 bool on_base(const SquashContext& ctx, const Trace& t) {
-  return ctx.base && t.origin &&
-         std::any_of(t.ops.begin(), t.ops.end(), [](const Op& op) { return op.enc == Encoding::context; });
+  return ctx.base && t.origin && std::any_of(t.ops.begin(), t.ops.end(), [](const Op& op) {
+           return op.enc == Encoding::context || op.enc == Encoding::parts;
+         });
 }
 
 // The dtype of tensor `name` in the last version: from the newest header the
@@ -715,22 +815,30 @@ void compose_on_base(const SquashContext& ctx, const Trace& t, std::uint64_t len
                                   " records " + first.base_hash->hex() + " as the base of its entry '" + first.name +
                                   "'; " + not_base);
   std::copy(base.bytes().begin(), base.bytes().end(), cur.bytes().begin());
+  Hash128 now = h0;  // of cur: checked against every checksum the chain records, parts entries' included
   for (std::size_t k = 0; k < t.ops.size(); ++k) {
     const Op& op = t.ops[k];
     const std::string what = ctx.links[op.link].dir.string() + ": entry '" + op.name + "'";
-    if (k > 0 && op.base_hash && *op.base_hash != t.ops[k - 1].new_hash)
-      fail(Exit::verify_failed, what + ": its base checksum " + op.base_hash->hex() + " is not " +
-                                    t.ops[k - 1].new_hash.hex() +
-                                    ", what the chain's entries before it leave (the chain is damaged)");
-    lay(op, cur.bytes(), what);
-    if (const Hash128 h = xxh3_128(cur.bytes()); h != op.new_hash)
+    if (k > 0 && op.base_hash && *op.base_hash != now)
+      fail(Exit::verify_failed, what + ": its base checksum " + op.base_hash->hex() + " is not " + now.hex() +
+                                    ", what the chain's entries before it leave (the chain does not connect, or is "
+                                    "damaged)");
+    lay(op, cur.bytes(), spool.string() + "-region", what);  // a parts entry: each region checked
+    now = xxh3_128(cur.bytes());
+    if (op.enc != Encoding::parts && now != op.new_hash)
       fail(Exit::verify_failed, what + ", laid over " + w + "'s tensor '" + origin +
-                                    "' and the entries before it, gives checksum " + h.hex() + ", the delta records " +
-                                    op.new_hash.hex() +
+                                    "' and the entries before it, gives checksum " + now.hex() +
+                                    ", the delta records " + op.new_hash.hex() +
                                     (k == 0 && !first.base_hash ? " (" + not_base + ", or the delta is damaged)"
                                                                 : " (the chain is damaged)"));
   }
+  // A file built after the last entry records the tensor's checksum too.
+  if (t.hash && now != *t.hash)
+    fail(Exit::verify_failed, "entries of '" + e.name + "', laid over " + w + "'s tensor '" + origin +
+                                  "', give checksum " + now.hex() + ", the chain records " + t.hash->hex() +
+                                  " (the chain is damaged)");
   e.base_hash = h0;
+  e.new_hash = now;  // known here even where the last entry is a parts entry
   if (std::equal(base.bytes().begin(), base.bytes().end(), cur.bytes().begin())) return;  // cancelled out
   // Read as the diff engine reads the tensor (make_work).
   const ChunkLayout l = chunk_layout(last_dtype(ctx, t, e.name, info), n);
@@ -745,7 +853,7 @@ void compose_on_base(const SquashContext& ctx, const Trace& t, std::uint64_t len
   p.enc = Encoding::context;
   p.composed = f.path();
   p.size = at;
-  p.hash = t.ops.back().new_hash;
+  p.hash = now;
   f.close();
   e.pieces.push_back(std::move(p));
 }
@@ -760,15 +868,20 @@ void compose_entries(SquashContext& ctx, const std::map<std::string, std::uint64
     } counted;
     OutEntry& e = ctx.entries[i];
     const Trace& t = *ctx.of[i];
-    if (t.ops.size() == 1) {  // one entry: as it is
-      e.pieces.push_back(as_is(t.ops[0]));
-      return;
-    }
-    if (on_base(ctx, t))
+    // A tensor of a file OUT builds takes no parts entry (refuse_built_parts):
+    // composed on the base even where that is its only entry.
+    const bool lone_parts = t.ops[0].enc == Encoding::parts && built(ctx, e.file);
+    if ((t.ops.size() > 1 || lone_parts) && on_base(ctx, t))
       return compose_on_base(ctx, t, tensor_length(ctx, t, e.name, lengths), e,
                              tmp / (".compose-" + std::to_string(i)));
-    compose_trace(t, tensor_length(ctx, t, e.name, lengths), e, tmp / (".compose-" + std::to_string(i)), ctx.opts.level,
-                  ctx.links);
+    if (t.ops.size() == 1)  // one entry: as it is
+      e.pieces.push_back(as_is(t.ops[0]));
+    else
+      compose_trace(t, tensor_length(ctx, t, e.name, lengths), e, tmp / (".compose-" + std::to_string(i)),
+                    ctx.opts.level, ctx.links);
+    // After a parts entry the chain records no checksum of the tensor: the
+    // entry ends at its last piece's, that parts entry's (its head's).
+    if (!t.hash && !e.pieces.empty()) e.new_hash = e.pieces.back().hash;
   });
   for (const auto& e : ctx.entries) {
     if (e.pieces.empty()) {
@@ -786,11 +899,14 @@ void compose_entries(SquashContext& ctx, const std::map<std::string, std::uint64
 void choose_encoding(SquashContext& ctx) {
   std::set<Encoding> encs;
   for (const auto& e : ctx.entries) encs.insert(e.enc());
-  ctx.idx.per_tensor =
-      ctx.idx.structural() || encs.size() > 1 || encs.count(Encoding::stack);  // "stack" is per tensor only
+  ctx.idx.per_tensor = ctx.idx.structural() || encs.size() > 1 || encs.count(Encoding::stack) ||
+                       encs.count(Encoding::parts);  // "stack" and "parts" are per tensor only
   ctx.idx.encoding = encs.empty() ? ctx.links.back().idx.encoding : *encs.begin();
   for (const auto& e : ctx.entries)
-    for (const Piece& p : e.pieces) ctx.idx.context_parts = ctx.idx.context_parts || p.enc == Encoding::context;
+    for (const Piece& p : e.pieces) {
+      ctx.idx.context_parts = ctx.idx.context_parts || p.enc == Encoding::context;
+      ctx.idx.parts_parts = ctx.idx.parts_parts || (e.pieces.size() > 1 && p.enc == Encoding::parts);
+    }
 }
 
 // An entry's bytes: its one piece, or the stack head and every piece.

@@ -9,7 +9,9 @@
 // delta-apply lays it: any refusal must be Error(bad_input), and every change
 // must fall inside the tensor. A context part, which decodes only against the
 // tensor's bytes before it, is checked by check_context (the context target
-// decodes such entries against a base).
+// decodes such entries against a base). A parts part (revision 6) is read by
+// read_parts against the checksum its record gives (its head's), then, where
+// its matrix is the tensor's, laid as the parts target lays it.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -19,6 +21,8 @@
 #include "fuzz_check.hpp"
 #include "hfdelta/codec.hpp"
 #include "hfdelta/error.hpp"
+#include "hfdelta/parts.hpp"
+#include "parts_lay.hpp"
 
 namespace {
 
@@ -30,7 +34,7 @@ struct RefPart {
 };
 
 // The reference reading. Layout, little-endian:
-//   "HFK1" | u32 N (>= 1) | N x (u32 encoding 0..3 | u32 0 | u64 length | u64 hash high | u64 hash low)
+//   "HFK1" | u32 N (>= 1) | N x (u32 encoding 0..4 | u32 0 | u64 length | u64 hash high | u64 hash low)
 //   | the N parts' bytes, exactly filling the entry; the last part's hash is the expected one
 bool reference(std::span<const std::uint8_t> e, std::vector<RefPart>& out) {
   if (e.size() < 8 || std::memcmp(e.data(), "HFK1", 4) != 0) return false;
@@ -41,7 +45,7 @@ bool reference(std::span<const std::uint8_t> e, std::vector<RefPart>& out) {
     const std::uint8_t* r = e.data() + 8 + 32 * i;
     RefPart p;
     p.code = le(r, 4);
-    if (p.code > 3 || le(r + 4, 4) != 0) return false;
+    if (p.code > 4 || le(r + 4, 4) != 0) return false;
     p.size = le(r + 8, 8);
     p.high = le(r + 16, 8);
     p.low = le(r + 24, 8);
@@ -75,7 +79,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   for (std::size_t i = 0; i < parts.size(); ++i) {
     const hfdelta::StackPart& p = parts[i];
     const hfdelta::Encoding enc[] = {hfdelta::Encoding::xor_bytes, hfdelta::Encoding::overwrite,
-                                     hfdelta::Encoding::sparse, hfdelta::Encoding::context};
+                                     hfdelta::Encoding::sparse, hfdelta::Encoding::context, hfdelta::Encoding::parts};
     FUZZ_CHECK(p.enc == enc[want[i].code]);
     FUZZ_CHECK(p.size == want[i].size && p.bytes.size() == p.size);
     FUZZ_CHECK(p.bytes.data() == entry.data() + want[i].offset);
@@ -113,9 +117,19 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           FUZZ_CHECK(sum.changes <= nbytes / sum.elem_size);
           break;
         }
+        case hfdelta::Encoding::parts: {
+          const hfdelta::PartsEntry pe = hfdelta::read_parts(p.bytes, p.hash, "fuzz");
+          if (pe.m.bytes() != nbytes) break;  // delta-apply's plan refuses it
+          std::vector<std::uint8_t> tensor = fuzz::parts_tensor(nbytes);
+          try {
+            fuzz::lay_parts(pe, tensor);
+          } catch (const hfdelta::Error& e) {
+            FUZZ_CHECK(e.code() == hfdelta::Exit::bad_input || e.code() == hfdelta::Exit::verify_failed);
+          }
+          break;
+        }
         case hfdelta::Encoding::stack:
-        case hfdelta::Encoding::parts:
-          FUZZ_CHECK(false);  // read_stack hands out neither
+          FUZZ_CHECK(false);  // read_stack never hands one out
       }
     } catch (const hfdelta::Error& e) {
       FUZZ_CHECK(e.code() == hfdelta::Exit::bad_input);

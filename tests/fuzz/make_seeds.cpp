@@ -27,7 +27,9 @@
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/hash.hpp"
+#include "hfdelta/parts.hpp"
 #include "hfdelta/safetensors.hpp"
+#include "parts_lay.hpp"
 
 namespace {
 
@@ -52,6 +54,18 @@ bool accepted(const std::string& target, std::span<const std::uint8_t> bytes) {
       hfdelta::decode_xor(d, frame, nbytes, "seed", [](std::uint64_t, std::span<const std::uint8_t>) {});
     } else if (target == "stack") {
       hfdelta::read_stack(frame, hfdelta::Hash128{fuzz::kStackHashHigh, fuzz::kStackHashLow}, "seed");
+    } else if (target == "parts") {  // as fuzz_parts.cpp: read, then laid where its matrix is the tensor's
+      if (bytes.size() < 5) return false;
+      const auto entry = bytes.subspan(5);
+      const std::uint64_t count = entry.size() >= 8 ? fuzz::le(entry.data() + 4, 4) : 0;
+      hfdelta::Hash128 h = hfdelta::parts_checksum(entry.first(
+          static_cast<std::size_t>(std::min<std::uint64_t>(entry.size(), hfdelta::kPartsHeadSize + 64 * count))));
+      if (bytes[4] & 1) h.low ^= 1;
+      const hfdelta::PartsEntry pe = hfdelta::read_parts(entry, h, "seed");
+      if (pe.m.bytes() == nbytes) {
+        std::vector<std::uint8_t> t = fuzz::parts_tensor(nbytes);
+        fuzz::lay_parts(pe, t);
+      }
     } else if (target == "context") {
       const fuzz::ContextInput in = fuzz::context_input(bytes.data(), bytes.size());
       const Bytes base = fuzz::context_base(in);
@@ -536,6 +550,47 @@ void index_seeds() {
   write("index", "bad_json.json", R"({"metadata": {"version": "2",)");
 }
 
+// ---- parts entries (also as stacked parts) -----------------------------------------
+
+struct PartSpec {
+  hfdelta::Region g;
+  hfdelta::Encoding enc;
+};
+
+// Region `g` of the matrix `m` of `t`, row-major.
+Bytes region_of(const hfdelta::MatrixShape& m, const Bytes& t, const hfdelta::Region& g) {
+  Bytes out;
+  for (std::uint64_t r = 0; r < g.rows; ++r) {
+    const auto at = t.begin() + static_cast<std::ptrdiff_t>(((g.row0 + r) * m.cols + g.col0) * m.es);
+    out.insert(out.end(), at, at + static_cast<std::ptrdiff_t>(g.cols * m.es));
+  }
+  return out;
+}
+
+// A parts entry of matrix `m` turning `base` into `next`, one part per spec,
+// each with its region's checksum, as a sharded publisher writes it.
+Bytes parts_entry(const hfdelta::MatrixShape& m, const Bytes& base, const Bytes& next,
+                  const std::vector<PartSpec>& specs) {
+  std::vector<hfdelta::PartRecord> recs;
+  Bytes body;
+  for (const PartSpec& sp : specs) {
+    const Bytes a = region_of(m, base, sp.g), b = region_of(m, next, sp.g);
+    Bytes part;
+    if (sp.enc == hfdelta::Encoding::xor_bytes) {
+      part = encode(true, a, b);
+    } else if (sp.enc == hfdelta::Encoding::sparse) {
+      part = encode_sparse(a, b, m.es);
+    } else {
+      hfdelta::Compressor c(1);
+      hfdelta::encode_context(c, a, b, m.es, hfdelta::context_field("BF16", 2),
+                              [&](std::span<const std::uint8_t> p) { part.insert(part.end(), p.begin(), p.end()); });
+    }
+    recs.push_back({sp.g, sp.enc, part.size(), hfdelta::xxh3_128(b), {}});
+    body = cat(body, part);
+  }
+  return cat(hfdelta::parts_head(m, recs), body);
+}
+
 // ---- stacked entries ---------------------------------------------------------------
 
 // A stacked entry of `parts` (encoding, bytes), with made-up checksums; the
@@ -573,13 +628,88 @@ void stack_seeds() {
   write("stack", "bad_magic", edit(3, '2'));
   write("stack", "bad_no_parts", edit(4, 0));
   write("stack", "bad_more_parts_than_fit", edit(4, 200));
-  write("stack", "bad_encoding_4", edit(8, 4));
+  write("stack", "bad_encoding_5", edit(8, 5));
   write("stack", "bad_reserved", edit(12, 1));
   write("stack", "bad_part_past_end", edit(16 + 7, 0x40));
   write("stack", "bad_trailing_byte", input(400, cat(good, {0})));
   write("stack", "bad_short", input(400, Bytes(good.begin(), good.end() - 1)));
   write("stack", "bad_head_only", input(400, Bytes(good.begin(), good.begin() + 6)));
   write("stack", "bad_last_checksum", edit(8 + 32 + 31, 0));
+  // A parts entry as a stacked part (revision 6): its record holds its
+  // head's checksum; laid over the target's tensor, then an xor part.
+  const hfdelta::MatrixShape m{20, 10, 2};
+  const Bytes base = fuzz::parts_tensor(400), next = changed(base, 6, 53);
+  const Bytes pe =
+      parts_entry(m, base, next, {{{0, 10, 0, 10}, Encoding::sparse}, {{10, 10, 0, 5}, Encoding::xor_bytes}});
+  std::vector<hfdelta::StackPart> heads{
+      {Encoding::parts, pe.size(), hfdelta::parts_checksum(std::span(pe).first(32 + 2 * 64)), {}},
+      {Encoding::xor_bytes, x.size(), {fuzz::kStackHashHigh, fuzz::kStackHashLow}, {}}};
+  write("stack", "valid_parts_xor", input(400, cat(cat(hfdelta::stack_head(heads), pe), x)));
+}
+
+// ---- parts entries ------------------------------------------------------------------
+
+// The parts target's input: tensor size, flags (bit 0: a wrong head checksum), entry.
+Bytes parts_input(std::uint32_t nbytes, std::uint8_t flags, const Bytes& entry) {
+  return cat(cat(le32(nbytes), {flags}), entry);
+}
+
+// `v` as `n` little-endian bytes at `at` of `b`.
+Bytes with(Bytes b, std::size_t at, std::uint64_t v, int n) {
+  for (int i = 0; i < n; ++i) b.at(at + static_cast<std::size_t>(i)) = static_cast<std::uint8_t>(v >> (8 * i));
+  return b;
+}
+
+void parts_seeds() {
+  using hfdelta::Encoding;
+  // A 16 x 24 BF16 tensor (768 bytes), as the target builds it, and its next save.
+  const hfdelta::MatrixShape m{16, 24, 2};
+  const Bytes base = fuzz::parts_tensor(768), next = changed(base, 5, 60);
+  const Bytes three = parts_entry(
+      m, base, next,
+      {{{0, 8, 0, 12}, Encoding::xor_bytes}, {{0, 8, 12, 12}, Encoding::sparse}, {{8, 8, 0, 24}, Encoding::context}});
+  write("parts", "valid_xor_sparse_context", parts_input(768, 0, three));
+  write("parts", "valid_whole_tensor",
+        parts_input(768, 0, parts_entry(m, base, next, {{{0, 16, 0, 24}, Encoding::sparse}})));
+  std::vector<PartSpec> columns;
+  for (std::uint64_t c = 0; c < 24; c += 6) columns.push_back({{0, 16, c, 6}, Encoding::xor_bytes});
+  write("parts", "valid_column_slices", parts_input(768, 0, parts_entry(m, base, next, columns)));
+  write("parts", "valid_one_region_of_many",
+        parts_input(768, 0, parts_entry(m, base, next, {{{4, 4, 6, 6}, Encoding::context}})));
+  write("parts", "valid_scalar",
+        parts_input(
+            2, 0, parts_entry({1, 1, 2}, fuzz::parts_tensor(2), {0x12, 0x34}, {{{0, 1, 0, 1}, Encoding::xor_bytes}})));
+  write("parts", "valid_matrix_not_the_tensor", parts_input(400, 0, three));  // refused by the plan, not read_parts
+  // Damaged heads: each breaks one rule (the target checks the head against
+  // its own checksum, so only that rule is in the way).
+  constexpr std::size_t r0 = 32, r1 = 32 + 64, r2 = 32 + 128;  // part records
+  write("parts", "bad_magic", parts_input(768, 0, with(three, 3, '2', 1)));
+  write("parts", "bad_wrong_checksum", parts_input(768, 1, three));
+  write("parts", "bad_count_zero", parts_input(768, 0, with(three, 4, 0, 4)));
+  write("parts", "bad_count_too_large", parts_input(768, 0, with(three, 4, 65537, 4)));
+  write("parts", "bad_count_past_entry", parts_input(768, 0, with(three, 4, 200, 4)));
+  write("parts", "bad_element_size_3", parts_input(768, 0, with(three, 24, 3, 8)));
+  write("parts", "bad_matrix_overflow", parts_input(768, 0, with(with(three, 8, 1ull << 40, 8), 16, 1ull << 40, 8)));
+  write("parts", "bad_region_below_matrix", parts_input(768, 0, with(three, r2, 9, 8)));           // rows 9..17 of 16
+  write("parts", "bad_region_right_of_matrix", parts_input(768, 0, with(three, r1 + 16, 13, 8)));  // columns 13..25
+  write("parts", "bad_region_huge", parts_input(768, 0, with(three, r2 + 8, ~0ull, 8)));
+  write("parts", "bad_region_empty", parts_input(768, 0, with(three, r0 + 24, 0, 8)));
+  write("parts", "bad_overlapping", parts_input(768, 0, with(three, r1 + 16, 6, 8)));  // columns 6..18 over 0..12
+  Bytes swapped = three;  // records 0 and 1 exchanged: out of order
+  std::copy_n(three.begin() + r0, 64, swapped.begin() + r1);
+  std::copy_n(three.begin() + r1, 64, swapped.begin() + r0);
+  write("parts", "bad_unordered", parts_input(768, 0, swapped));
+  write("parts", "bad_encoding_overwrite", parts_input(768, 0, with(three, r0 + 32, 1, 4)));
+  write("parts", "bad_encoding_parts", parts_input(768, 0, with(three, r0 + 32, 4, 4)));
+  write("parts", "bad_reserved", parts_input(768, 0, with(three, r0 + 36, 1, 4)));
+  write("parts", "bad_part_past_end", parts_input(768, 0, with(three, r2 + 40, 1u << 20, 8)));
+  write("parts", "bad_truncated", parts_input(768, 0, Bytes(three.begin(), three.end() - 1)));
+  write("parts", "bad_truncated_records", parts_input(768, 0, Bytes(three.begin(), three.begin() + r2 + 10)));
+  write("parts", "bad_trailing_byte", parts_input(768, 0, cat(three, {0})));
+  write("parts", "bad_part_checksum", parts_input(768, 0, with(three, r1 + 56, 0, 8)));
+  Bytes damaged = three;  // a byte inside the sparse part's frames
+  damaged.at(r2 + 64 + fuzz::le(three.data() + r0 + 40, 8) + 40) ^= 0x55;
+  write("parts", "bad_part_damaged", parts_input(768, 0, damaged));
 }
 
 // ---- context entries ----------------------------------------------------------
@@ -1180,6 +1310,7 @@ int main(int argc, char** argv) {
     index_seeds();
     stack_seeds();
     context_seeds();
+    parts_seeds();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "make_fuzz_seeds: %s\n", e.what());
     return 1;
