@@ -21,6 +21,24 @@ json state_outcome(Exit code) { return {{"ok", code == Exit::ok}, {"exit_code", 
 
 }  // namespace
 
+json phases_json(const ApplyResult& r) {
+  const PhaseTimes& t = r.phases;
+  json versions = json::array();
+  for (const VersionPhases& v : r.version_phases)
+    versions.push_back({{"version", format_version(v.version)},
+                        {"full", v.full},
+                        {"read", v.read},
+                        {"patch", v.patch},
+                        {"sync", v.sync}});
+  return {{"lock", t.lock},
+          {"read", t.read},
+          {"patch", t.patch},
+          {"sync", t.sync},
+          {"then", t.then ? json(*t.then) : json()},
+          {"before_then", t.before_then()},
+          {"versions", std::move(versions)}};
+}
+
 json json_report(json j) {
   j["schema"] = kJsonSchema;
   if (!j.contains("ok")) j["ok"] = true;
@@ -164,7 +182,8 @@ json change_json(const std::string& local, const ApplyResult& r) {
             {"delta_bytes", r.delta_bytes},
             {"files_written", r.files_written},
             {"files_removed", r.files_removed},
-            {"seconds", r.seconds}};
+            {"seconds", r.seconds},
+            {"phases", phases_json(r)}};
   if (r.no_version) j["to_version"] = nullptr;
   if (r.then_error)  // applied, then the `then` hook failed: exit 9, said here, in the one object
     j.update({{"ok", false},

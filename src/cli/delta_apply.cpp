@@ -179,6 +179,22 @@ ApplyResult run_change(Options& o, const std::string& local) {
   return apply_delta(o.paths[0], local, o.apply);
 }
 
+// Where the time went: before --then (the engine serves the old weights),
+// and --then itself (its reload: the pause); each version of a pull.
+void print_phases_human(const std::string& local, const ApplyResult& r) {
+  const PhaseTimes& t = r.phases;
+  std::printf("%s: phases: lock %.3f s, read %.3f s, patch %.3f s, sync %.3f s: %.3f s before --then", local.c_str(),
+              t.lock, t.read, t.patch, t.sync, t.before_then());
+  if (t.then)
+    std::printf("; then %.3f s\n", *t.then);
+  else
+    std::printf("; no --then\n");
+  if (r.version_phases.size() < 2) return;
+  for (const VersionPhases& v : r.version_phases)
+    std::printf("  version %s (%s): read %.3f s, patch %.3f s, sync %.3f s\n", format_version(v.version).c_str(),
+                v.full ? "full" : "delta", v.read, v.patch, v.sync);
+}
+
 // Complete versions above one that is not: it was most likely cut short,
 // and stops every host until the operator withdraws it.
 void print_stall(const ApplyResult& r) {
@@ -224,6 +240,7 @@ void print_change_human(const std::string& local, const ApplyResult& r, bool rec
         ull(r.tensors_patched), cli::human_bytes(double(r.delta_bytes)).c_str(), ull(r.files_written),
         ull(r.files_removed), r.seconds);
   }
+  if (!recover && (!r.applied.empty() || r.phases.then)) print_phases_human(local, r);
 }
 
 // The body of every form, once the command line has parsed.
