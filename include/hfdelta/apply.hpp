@@ -90,6 +90,9 @@ struct ApplyResult {
   // stuck incomplete below complete ones was most likely cut short (its
   // publisher died): it blocks every host until withdrawn.
   std::vector<std::uint64_t> newer_complete;
+  // pull only: the newest complete version above LOCAL's version when the
+  // pull started (none: none); how far LOCAL is behind what it could take.
+  std::optional<std::uint64_t> newest_complete;
   // The `then` hook failed (its message); the operation itself succeeded.
   std::optional<std::string> then_error;
   PhaseTimes phases;

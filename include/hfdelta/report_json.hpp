@@ -56,6 +56,10 @@ nlohmann::json full_json(const std::string& out, const FullSummary& f, const Dif
 // "versions", each version's share.
 nlohmann::json phases_json(const ApplyResult& r);
 
+// A pull's "behind_complete": how many versions the newest complete
+// version is above the one LOCAL holds after it (0: none newer).
+std::uint64_t behind_complete(const ApplyResult& r);
+
 // delta-apply DELTA LOCAL, --init, --root and --recover: what changed. A
 // failed `then` hook makes it the error object of exit 9 too (ok false,
 // exit_code, error), with the result of the operation it followed.

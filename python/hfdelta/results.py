@@ -329,6 +329,7 @@ class PullResult(ChangeResult):
     versions_published: int
     newest_version: Optional[str]
     behind: int
+    behind_complete: int
     was_behind: Optional[int]
     not_published_yet: Optional[str]
     waiting_for: Optional[str]

@@ -39,6 +39,11 @@ json phases_json(const ApplyResult& r) {
           {"versions", std::move(versions)}};
 }
 
+std::uint64_t behind_complete(const ApplyResult& r) {
+  if (r.no_version || !r.newest_complete || *r.newest_complete <= r.to_version) return 0;
+  return *r.newest_complete - r.to_version;
+}
+
 json json_report(json j) {
   j["schema"] = kJsonSchema;
   if (!j.contains("ok")) j["ok"] = true;
@@ -196,6 +201,7 @@ json change_json(const std::string& local, const ApplyResult& r) {
     j["versions_published"] = *r.published;
     j["newest_version"] = version_json(r.newest);
     j["behind"] = r.newest && !r.no_version ? *r.newest - std::min(*r.newest, r.to_version) : 0;
+    j["behind_complete"] = behind_complete(r);
     j["was_behind"] = !r.from_version ? json()
                       : r.newest      ? json(*r.newest - std::min(*r.newest, *r.from_version))
                                       : json(0);

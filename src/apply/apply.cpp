@@ -259,6 +259,12 @@ struct RootView {
   std::optional<std::uint64_t> incomplete;  // the first version above LOCAL not completely there
   std::string waiting_for;
   std::vector<std::uint64_t> beyond;  // complete versions above `incomplete`: a stall, not an upload?
+  // The newest complete version above LOCAL's (none: none).
+  std::optional<std::uint64_t> newest_complete() const {
+    if (!beyond.empty()) return beyond.back();
+    if (!versions.empty()) return versions.back().version;
+    return std::nullopt;
+  }
   // Each version's index, read on first use: a pull plans more than once
   // (from LOCAL, from a full version, again after a refusal).
   mutable std::map<std::uint64_t, std::optional<DeltaIndex>> indexes;
@@ -503,6 +509,7 @@ ApplyResult pull_locked(Txn& txn, const fs::path& root, const fs::path& local, s
   r.not_published_yet = v.incomplete;
   r.waiting_for = v.waiting_for;
   r.newer_complete = v.beyond;
+  r.newest_complete = v.newest_complete();
   if (target && v.incomplete && *target >= *v.incomplete && (!st.version || *target > *st.version))
     return nothing_to_do(r, st, t0);  // the target, or a version below it, is still arriving
   const bool held_withdrawn = st.version && v.withdrawn.count(*st.version);
@@ -563,6 +570,11 @@ ApplyResult pull_locked(Txn& txn, const fs::path& root, const fs::path& local, s
 }
 
 }  // namespace
+
+std::optional<std::uint64_t> newest_complete_above(const fs::path& root, std::optional<std::uint64_t> above,
+                                                   const ApplyOptions& opts) {
+  return view_root(root, above, opts).newest_complete();
+}
 
 ApplyResult pull(const fs::path& root, const fs::path& local, std::optional<std::uint64_t> target,
                  const ApplyOptions& opts) {

@@ -9,6 +9,7 @@
 #include "cli_common.hpp"
 #include "hfdelta/apply.hpp"
 #include "hfdelta/error.hpp"
+#include "hfdelta/metrics_textfile.hpp"
 #include "hfdelta/report_json.hpp"
 #include "hfdelta/signals.hpp"
 #include "hfdelta/verify.hpp"
@@ -23,7 +24,7 @@ using ull = unsigned long long;
 // What the command line asks for.
 struct Options {
   std::vector<std::string> paths;
-  std::string root, then, pre_read;
+  std::string root, then, pre_read, metrics;
   bool init = false, status = false, recover = false, verify = false, no_sync = false, json_out = false, quiet = false,
        progress = false;
   std::optional<std::uint64_t> target, version;
@@ -87,6 +88,12 @@ void add_options(CLI::App& app, Options& o) {
       "--progress", o.progress,
       "Show progress on stderr (bytes done, rate, time left); the default on a terminal, never with -q or --json");
   app.add_flag("--json", o.json_out, "Print the result as one JSON object on stdout");
+  app.add_option("--metrics", o.metrics,
+                 "Write the run's outcome to FILE as a Prometheus textfile (node_exporter's textfile collector), "
+                 "atomically, also when the run fails")
+      ->type_name("FILE")
+      ->check(CLI::Validator([](std::string& f) { return metrics_file_problem(f); }, ""))
+      ->excludes(status_opt, recover_opt, verify_opt);
   app.add_flag("-q,--quiet", o.quiet, "Print nothing on success");
 }
 
@@ -179,6 +186,33 @@ ApplyResult run_change(Options& o, const std::string& local) {
   return apply_delta(o.paths[0], local, o.apply);
 }
 
+// --metrics: the run's outcome written to FILE whether it succeeds or fails.
+// A file that cannot be written is a warning: the run's own outcome stands.
+ApplyResult run_with_metrics(Options& o, const std::string& local) {
+  if (o.metrics.empty()) return run_change(o, local);
+  RunOutcome run{local, o.root.empty() ? std::nullopt : std::optional<boost::filesystem::path>(o.root), o.apply};
+  const auto write = [&](int code) {
+    run.exit_code = code;
+    try {
+      write_metrics_textfile(o.metrics, run);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "delta-apply: warning: %s\n", e.what());
+    }
+  };
+  try {
+    const ApplyResult r = run_change(o, local);
+    run.result = &r;
+    write(static_cast<int>(r.then_error ? Exit::then_failed : Exit::ok));
+    return r;
+  } catch (const Error& e) {
+    write(static_cast<int>(e.code()));
+    throw;
+  } catch (const std::exception&) {
+    write(static_cast<int>(Exit::failure));
+    throw;
+  }
+}
+
 // Where the time went: before --then (the engine serves the old weights),
 // and --then itself (its reload: the pause); each version of a pull.
 void print_phases_human(const std::string& local, const ApplyResult& r) {
@@ -257,7 +291,7 @@ void run_command(Options& o) {
   const std::string local = local_path(o);
   if (o.status) return run_status(o, local);
   if (o.verify) return run_verify(o, local);
-  const ApplyResult r = run_change(o, local);
+  const ApplyResult r = run_with_metrics(o, local);
   cli::ProgressLine::stop_current();
   if (o.json_out)
     cli::print_json(change_json(local, r));
@@ -275,7 +309,8 @@ int main(int argc, char** argv) {
       app,
       "  delta-apply [OPTIONS] [--then CMD] DELTA LOCAL\n"
       "  delta-apply --init [--init-version N] [--force] [OPTIONS] SRC LOCAL\n"
-      "  delta-apply --root ROOT [--target N] [--pre-read CMD] [--require-marker] [--then CMD] [OPTIONS] LOCAL\n"
+      "  delta-apply --root ROOT [--target N] [--pre-read CMD] [--require-marker] [--then CMD] [--metrics FILE] "
+      "[OPTIONS] LOCAL\n"
       "  delta-apply --status [--json] [--lock-timeout S] LOCAL\n"
       "  delta-apply --verify [--json] [--lock-timeout S] LOCAL\n"
       "  delta-apply --recover LOCAL\n"

@@ -190,6 +190,7 @@ def test_pull(tools: Tools, series: list[Path], published: Path, tmp_path: Path)
     same(r, cli.json, cli_local, py_local)
     assert isinstance(r, hfdelta.PullResult) and isinstance(r, hfdelta.ChangeResult)
     assert r.applied == ["000001", "000002"] and r.behind == 2 and r.newest_version == "000004"
+    assert r.behind_complete == 2  # versions 3 and 4 are complete
     seen: list[int] = []
     r = hfdelta.pull(published, py_local, require_marker=False, then=seen.append, pre_read=lambda: None)
     cli = tools.apply_json("--root", published, "--then", "true", "--pre-read", "true", cli_local)
