@@ -13,7 +13,7 @@
 #
 # What is not this machine's is mapped, never the commands themselves: the
 # absolute paths (/models, /ckpt, /shared, /local, /usr/local/bin, /run,
-# /etc/systemd, /etc/default, /etc/hfdelta) go below a temporary directory; curl (no engine
+# /etc/systemd, /etc/default, /etc/hfdelta, /var/lib/node_exporter) go below a temporary directory; curl (no engine
 # here), systemctl and journalctl are stand-ins that record their arguments;
 # `while sleep 30; do` runs its body twice; contrib/ is the clone's.
 # Usage: readme_commands.sh PAGE.md... (binaries from HFDELTA_DIFF, HFDELTA_APPLY, HFDELTA_GEN)
@@ -75,7 +75,7 @@ for i in "${!pages[@]}"; do
   [ "$count" -gt 0 ] || { echo "FAIL $name has no \`\`\`sh block to run"; exit 1; }
   for k in $(seq 1 "$count"); do
     b="$dir/block$(printf '%02d' "$k")"
-    sed -E -e "s#(^|[ '\"=])(/models|/ckpt|/shared|/local|/usr/local/bin|/run|/etc/systemd|/etc/default|/etc/hfdelta)#\1$T\2#g" \
+    sed -E -e "s#(^|[ '\"=])(/models|/ckpt|/shared|/local|/usr/local/bin|/run|/etc/systemd|/etc/default|/etc/hfdelta|/var/lib/node_exporter)#\1$T\2#g" \
            -e "s#while sleep 30; do#for _ in 1 2; do#" -e "s#(^| )contrib/#\1$repo/contrib/#g" "$b" > "$b.sh"
     if ! out=$(cd "$T/work" && bash -euo pipefail "$b.sh" 2>&1); then
       echo "FAIL $name block $k of $count:"; sed 's/^/  | /' "$b"; echo "  output:"; echo "$out" | sed 's/^/  > /'; exit 1

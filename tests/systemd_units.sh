@@ -3,7 +3,9 @@
 # ExecStart pointing at the built delta-apply and the man pages findable (as
 # an installation has them). The templates (NAME@.service, NAME@.timer) are
 # verified as an instance, NAME@test; the template service's command line,
-# as systemd hands it to /bin/sh, is run against an empty root and LOCAL.
+# as systemd hands it to /bin/sh, is run against an empty root and LOCAL,
+# and then a root with a version: its metrics file (HFDELTA_METRICS) must
+# appear, and a metrics directory that does not exist must not stop the pull.
 # Usage: systemd_units.sh SRCDIR
 set -euo pipefail
 src=$(cd "$1" && pwd)
@@ -29,9 +31,9 @@ else
   echo "FAIL systemd-analyze verify:"; echo "$out"; exit 1
 fi
 
-# The template's ExecStart: sh -c '...' with $$ a literal $ and %i the instance.
+# The template's ExecStart: sh -c '...' with $$ a literal $, %% a literal % and %i the instance.
 for tmpl in "$src"/contrib/systemd/*@.service; do
-  cmd=$(sed -n "s/^ExecStart=\/bin\/sh -c '\(.*\)'$/\1/p" "$tmpl" | sed 's/\$\$/$/g; s/%i/test/g')
+  cmd=$(sed -n "s/^ExecStart=\/bin\/sh -c '\(.*\)'$/\1/p" "$tmpl" | sed 's/\$\$/$/g; s/%i/test/g; s/%%/%/g')
   [ -n "$cmd" ] || { echo "FAIL $(basename "$tmpl"): no ExecStart=/bin/sh -c '...'"; exit 1; }
   mkdir -p "$t/run/root" "$t/run/local"
   base=(env -i PATH=/usr/bin:/bin "HFDELTA_BIN=$(dirname "$HFDELTA_APPLY")" HFDELTA_LOCK_TIMEOUT=60
@@ -42,10 +44,31 @@ for tmpl in "$src"/contrib/systemd/*@.service; do
   if [ "$rc" -eq 0 ] || [[ $msg != *'set in /etc/hfdelta/test.env'* ]]; then
     echo "FAIL $(basename "$tmpl"): HFDELTA_ROOT empty: exit $rc: $msg"; exit 1
   fi
+  echo "PASS $(basename "$tmpl"): ExecStart runs delta-apply from HFDELTA_BIN; a missing HFDELTA_ROOT is named"
+
+  # A version to pull, LOCAL initialised: the metrics file appears, complete.
+  "${HFDELTA_GEN:?}" --preset tiny --saves 1 "$t/run/series" >/dev/null 2>&1
+  rm -rf "$t/run/local" && "$HFDELTA_APPLY" -q --init "$t/run/series/save_000" "$t/run/local"
+  "$(dirname "$HFDELTA_APPLY")/delta-diff" -q "$t/run/series/save_000" "$t/run/series/save_001" "$t/run/root"
+  mkdir -p "$t/run/textfile"
+  prom=$t/run/textfile/hfdelta-test.prom
+  rc=0; "${base[@]}" "HFDELTA_METRICS=$prom" /bin/sh -c "$cmd" >/dev/null 2>&1 || rc=$?
+  [ "$rc" -eq 0 ] || { echo "FAIL $(basename "$tmpl"): a pull with HFDELTA_METRICS: exit $rc"; exit 1; }
+  if ! grep -qx "hfdelta_version_held{local=\"$t/run/local\"} 1" "$prom" 2>/dev/null \
+     || ! grep -q '^hfdelta_last_exit_code{.*} 0$' "$prom" || ! grep -q '^# TYPE hfdelta_last_exit_code gauge$' "$prom"; then
+    echo "FAIL $(basename "$tmpl"): $prom missing or wrong:"; cat "$prom" 2>&1; exit 1
+  fi
+  [ "$(ls -A "$t/run/textfile")" = hfdelta-test.prom ] || { echo "FAIL: left beside it: $(ls -A "$t/run/textfile")"; exit 1; }
+  rc=0; msg=$("${base[@]}" "HFDELTA_METRICS=$t/run/none/x.prom" /bin/sh -c "$cmd" 2>&1) || rc=$?
+  if [ "$rc" -ne 0 ] || [[ $msg != *"no metrics: $t/run/none/ does not exist"* ]] || [ -e "$t/run/none" ]; then
+    echo "FAIL $(basename "$tmpl"): HFDELTA_METRICS in a missing directory: exit $rc: $msg"; exit 1
+  fi
+  echo "PASS $(basename "$tmpl"): the pull writes HFDELTA_METRICS; a missing metrics directory is said, the pull goes on"
+
   mkdir -p "$t/run/reports"
   rc=0; "${base[@]}" "HFDELTA_REPORTS=$t/run/reports" HFDELTA_OPTS='--host node1' /bin/sh -c "$cmd" >/dev/null 2>&1 || rc=$?
   if [ "$rc" -ne 0 ] || ! grep -q '"exit_code": 0' "$t/run/reports/node1.json" 2>/dev/null; then
     echo "FAIL $(basename "$tmpl"): HFDELTA_REPORTS set: exit $rc, no report $t/run/reports/node1.json"; exit 1
   fi
-  echo "PASS $(basename "$tmpl"): ExecStart runs delta-apply from HFDELTA_BIN; a missing HFDELTA_ROOT is named; HFDELTA_REPORTS gets a report"
+  echo "PASS $(basename "$tmpl"): HFDELTA_REPORTS gets a report"
 done

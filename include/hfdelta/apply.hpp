@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include <boost/filesystem/path.hpp>
@@ -31,6 +32,29 @@ struct ApplyOptions {
   // publishes it whole; the plain slime layout has none); one with a marker
   // is always checked against it.
   bool require_marker = false;
+};
+
+// Where an operation's wall time went, in seconds, phase by phase. The
+// first four come before the `then` hook, while an engine still serves the
+// old weights; `then` is the hook itself (an engine's reload: its pause).
+// Every instant from the lock request to the end belongs to one phase, so
+// lock + read + patch + sync is the whole time before the hook.
+struct PhaseTimes {
+  double lock = 0;             // waiting for LOCAL's lock, rolling back an interrupted apply
+  double read = 0;             // reading LOCAL's state, ROOT and the deltas or SRC; checking, planning
+  double patch = 0;            // staging, journaling and writing LOCAL, reading it back to check
+  double sync = 0;             // flushing the journal and LOCAL, recording checksums, committing
+  std::optional<double> then;  // the `then` hook; none when none ran
+  double before_then() const { return lock + read + patch + sync; }
+};
+
+// One version's own share of the phases (a pull applies several; reading
+// ROOT and opening the deltas is done once for all and counts in the
+// totals only).
+struct VersionPhases {
+  std::uint64_t version = 0;
+  bool full = false;  // a full version copied, not a delta applied
+  double read = 0, patch = 0, sync = 0;
 };
 
 struct ApplyResult {
@@ -69,10 +93,15 @@ struct ApplyResult {
   // stuck incomplete below complete ones was most likely cut short (its
   // publisher died): it blocks every host until withdrawn.
   std::vector<std::uint64_t> newer_complete;
+  // pull only: the newest complete version above LOCAL's version when the
+  // pull started (none: none); how far LOCAL is behind what it could take.
+  std::optional<std::uint64_t> newest_complete;
   // The `then` hook failed (its message, and the exit code it maps to); the
   // operation itself succeeded.
   std::optional<std::string> then_error;
   Exit then_code = Exit::then_failed;
+  PhaseTimes phases;
+  std::vector<VersionPhases> version_phases;  // in the order applied
 };
 
 // Every operation below first checks its paths, creating nothing: LOCAL must

@@ -51,6 +51,15 @@ nlohmann::json squash_json(const std::string& out, const SquashSummary& s);
 nlohmann::json full_json(const std::string& out, const FullSummary& f, const DiffSummary* sidecar,
                          const std::string& sidecar_out);
 
+// The "phases" object of change_json: the totals (lock, read, patch, sync,
+// then: null when no hook ran; before_then, their sum before the hook) and
+// "versions", each version's share.
+nlohmann::json phases_json(const ApplyResult& r);
+
+// A pull's "behind_complete": how many versions the newest complete
+// version is above the one LOCAL holds after it (0: none newer).
+std::uint64_t behind_complete(const ApplyResult& r);
+
 // delta-apply DELTA LOCAL, --init, --root and --recover: what changed. A
 // failed `then` hook makes it the error object of exit 9 too (ok false,
 // exit_code, error), with the result of the operation it followed.

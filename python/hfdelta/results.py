@@ -39,6 +39,8 @@ __all__ = [
     "InspectTotals",
     "PrunedVersion",
     "ErrorInfo",
+    "Phases",
+    "VersionPhases",
 ]
 
 _R = TypeVar("_R", bound="_Result")
@@ -272,6 +274,27 @@ class ErrorInfo(TypedDict):
     path: Optional[str]
 
 
+class VersionPhases(TypedDict):
+    version: str
+    full: bool  # a full version copied, not a delta applied
+    read: float
+    patch: float
+    sync: float
+
+
+class Phases(TypedDict):
+    """Seconds by phase. lock, read, patch and sync come before ``then`` (an engine still serves the old
+    weights; ``before_then`` is their sum); ``then`` is the callback (the engine's reload), None when
+    none ran. ``versions``: each version's own share (reading ROOT counts in the totals only)."""
+    lock: float
+    read: float
+    patch: float
+    sync: float
+    then: Optional[float]
+    before_then: float
+    versions: list[VersionPhases]
+
+
 @dataclass(frozen=True, kw_only=True)
 class ChangeResult(_Result):
     """``delta-apply --json`` (DELTA LOCAL, --init, --recover): what changed in LOCAL.
@@ -295,6 +318,7 @@ class ChangeResult(_Result):
     files_written: int
     files_removed: int
     seconds: float
+    phases: Phases
     exit_code: Optional[int] = None
     error: Optional[ErrorInfo] = None
 
@@ -305,6 +329,7 @@ class PullResult(ChangeResult):
     versions_published: int
     newest_version: Optional[str]
     behind: int
+    behind_complete: int
     was_behind: Optional[int]
     not_published_yet: Optional[str]
     waiting_for: Optional[str]

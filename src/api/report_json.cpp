@@ -21,6 +21,29 @@ json state_outcome(Exit code) { return {{"ok", code == Exit::ok}, {"exit_code", 
 
 }  // namespace
 
+json phases_json(const ApplyResult& r) {
+  const PhaseTimes& t = r.phases;
+  json versions = json::array();
+  for (const VersionPhases& v : r.version_phases)
+    versions.push_back({{"version", format_version(v.version)},
+                        {"full", v.full},
+                        {"read", v.read},
+                        {"patch", v.patch},
+                        {"sync", v.sync}});
+  return {{"lock", t.lock},
+          {"read", t.read},
+          {"patch", t.patch},
+          {"sync", t.sync},
+          {"then", t.then ? json(*t.then) : json()},
+          {"before_then", t.before_then()},
+          {"versions", std::move(versions)}};
+}
+
+std::uint64_t behind_complete(const ApplyResult& r) {
+  if (r.no_version || !r.newest_complete || *r.newest_complete <= r.to_version) return 0;
+  return *r.newest_complete - r.to_version;
+}
+
 json json_report(json j) {
   j["schema"] = kJsonSchema;
   if (!j.contains("ok")) j["ok"] = true;
@@ -168,7 +191,8 @@ json change_json(const std::string& local, const ApplyResult& r) {
             {"delta_bytes", r.delta_bytes},
             {"files_written", r.files_written},
             {"files_removed", r.files_removed},
-            {"seconds", r.seconds}};
+            {"seconds", r.seconds},
+            {"phases", phases_json(r)}};
   if (r.no_version) j["to_version"] = nullptr;
   if (r.then_error)  // applied, then the `then` hook failed (exit 9, or 15: --peers), said here, in the one object
     j.update({{"ok", false},
@@ -181,6 +205,7 @@ json change_json(const std::string& local, const ApplyResult& r) {
     j["versions_published"] = *r.published;
     j["newest_version"] = version_json(r.newest);
     j["behind"] = r.newest && !r.no_version ? *r.newest - std::min(*r.newest, r.to_version) : 0;
+    j["behind_complete"] = behind_complete(r);
     j["was_behind"] = !r.from_version ? json()
                       : r.newest      ? json(*r.newest - std::min(*r.newest, *r.from_version))
                                       : json(0);

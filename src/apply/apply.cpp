@@ -13,6 +13,7 @@
 
 #include "apply/apply_internal.hpp"
 #include "apply/apply_plan.hpp"
+#include "apply/phase_clock.hpp"
 #include "delta/delta_reader.hpp"
 #include "format/completion_marker.hpp"
 #include "hfdelta/checkpoint.hpp"
@@ -63,6 +64,7 @@ ApplyResult apply_opened(Txn& txn, const OpenDelta& d, const fs::path& local, co
     r.seconds = seconds_since(t0);
     return r;
   }
+  begin_version_phases(d.index.version, false);
   const LocalView lv = survey_local(local, *st.version, d);           // reads LOCAL, writes nothing
   ApplyPlan plan = plan_apply(d, lv, default_threads(opts.threads));  // cannot write
   execute_plan(txn, d, plan, local, opts);                            // stage, execute, record
@@ -146,6 +148,7 @@ void check_replaceable(const fs::path& src, const fs::path& local, const ApplyOp
 // (without it, a LOCAL that has no .weight_sync/ runs `op` unlocked).
 template <class Op>
 ApplyResult locked(const fs::path& local, const ApplyOptions& opts, Op&& op, bool create = true) {
+  PhaseClock clock;  // Phase::lock
   LocalLock lock(local, opts.lock_timeout, create ? LocalLock::Mode::create : LocalLock::Mode::existing);
   std::optional<std::uint64_t> undone;
   try {
@@ -153,10 +156,12 @@ ApplyResult locked(const fs::path& local, const ApplyOptions& opts, Op&& op, boo
   } catch (const Error& e) {
     fail_recover(local, e);
   }
+  clock.enter(Phase::read);
   Txn txn(local, opts.sync);
   ApplyResult r;
   try {
     r = op(txn);
+    clock.enter(Phase::sync);
     txn.commit();
   } catch (...) {
     const std::exception_ptr cause = std::current_exception();
@@ -179,6 +184,7 @@ ApplyResult locked(const fs::path& local, const ApplyOptions& opts, Op&& op, boo
   r.rolled_back = undone;
   if (!r.noop) prune_records(local, r.to_version);  // older versions' checksums are of no use any more
   if (opts.then && !r.no_version) {
+    clock.enter(Phase::then);
     try {
       opts.then(r.to_version);
     } catch (const Error& e) {  // the version is applied: the caller still reports it
@@ -187,6 +193,7 @@ ApplyResult locked(const fs::path& local, const ApplyOptions& opts, Op&& op, boo
       r.then_code = e.code();
     }
   }
+  clock.stop(r.phases, r.version_phases);
   return r;
 }
 
@@ -253,6 +260,12 @@ struct RootView {
   std::optional<std::uint64_t> incomplete;  // the first version above LOCAL not completely there
   std::string waiting_for;
   std::vector<std::uint64_t> beyond;  // complete versions above `incomplete`: a stall, not an upload?
+  // The newest complete version above LOCAL's (none: none).
+  std::optional<std::uint64_t> newest_complete() const {
+    if (!beyond.empty()) return beyond.back();
+    if (!versions.empty()) return versions.back().version;
+    return std::nullopt;
+  }
   // Each version's index, read on first use: a pull plans more than once
   // (from LOCAL, from a full version, again after a refusal).
   mutable std::map<std::uint64_t, std::optional<DeltaIndex>> indexes;
@@ -478,6 +491,7 @@ void run_plan(Txn& txn, const PullPlan& p, const fs::path& local, const ApplyOpt
     } catch (const Error& e) {
       if (e.code() != Exit::verify_failed && e.code() != Exit::bad_input) throw;
       refused_at = d.index.version;
+      drop_version_phases();  // not applied: its time counts in the totals only
       throw;
     }
   }
@@ -496,6 +510,7 @@ ApplyResult pull_locked(Txn& txn, const fs::path& root, const fs::path& local, s
   r.not_published_yet = v.incomplete;
   r.waiting_for = v.waiting_for;
   r.newer_complete = v.beyond;
+  r.newest_complete = v.newest_complete();
   if (target && v.incomplete && *target >= *v.incomplete && (!st.version || *target > *st.version))
     return nothing_to_do(r, st, t0);  // the target, or a version below it, is still arriving
   const bool held_withdrawn = st.version && v.withdrawn.count(*st.version);
@@ -556,6 +571,11 @@ ApplyResult pull_locked(Txn& txn, const fs::path& root, const fs::path& local, s
 }
 
 }  // namespace
+
+std::optional<std::uint64_t> newest_complete_above(const fs::path& root, std::optional<std::uint64_t> above,
+                                                   const ApplyOptions& opts) {
+  return view_root(root, above, opts).newest_complete();
+}
 
 ApplyResult pull(const fs::path& root, const fs::path& local, std::optional<std::uint64_t> target,
                  const ApplyOptions& opts) {

@@ -9,6 +9,7 @@
 
 #include "apply/apply_internal.hpp"
 #include "apply/apply_patch.hpp"
+#include "apply/phase_clock.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/progress.hpp"
 #include "hfdelta/version.hpp"
@@ -220,6 +221,7 @@ void execute_one_pass(ExecuteContext& ctx) {
       if (w) w->finish(false);
     check_split_results(ctx);
     run_file_ops(ctx.local, ctx.step, m);
+    enter_phase(Phase::sync);
     record(ctx);
   });
 }
@@ -236,12 +238,14 @@ void execute_journaled(ExecuteContext& ctx) {
       ctx.txn.abandon_step();
     });
     journal_units(ctx, writers, false);
+    enter_phase(Phase::sync);                           // the journal durable before LOCAL is written
     for (std::size_t t = 0; t < writers.size(); ++t) {  // parts are numbered densely in the manifest
       if (!writers[t]) continue;
       writers[t]->finish(ctx.opts.sync);
       if (t != m.parts) rename_path(txn_part(ctx.step, t), txn_part(ctx.step, m.parts));
       ++m.parts;
     }
+    enter_phase(Phase::patch);
     stage_files(ctx);
     sync_dir(ctx.step);
   }
@@ -249,6 +253,7 @@ void execute_journaled(ExecuteContext& ctx) {
     write_from_journal(ctx);
     check_split_results(ctx);
     run_file_ops(ctx.local, ctx.step, m);
+    enter_phase(Phase::sync);
     for (auto& f : ctx.files) f.sync();
     sync_dirs_of(ctx.local, m.files);
     record(ctx);
@@ -258,6 +263,7 @@ void execute_journaled(ExecuteContext& ctx) {
 }  // namespace
 
 void execute_plan(Txn& txn, const OpenDelta& d, ApplyPlan& plan, const fs::path& local, const ApplyOptions& opts) {
+  enter_phase(Phase::patch);
   ExecuteContext ctx{txn, d, plan, local, opts, default_threads(opts.threads), {}, {}};
   for (Patch& p : plan.patches) p.live = !opts.sync;  // without flushing, LOCAL is patched as the entries are decoded
   for (const auto& f : plan.manifest.shards) ctx.files.emplace_back(local / f, File::Mode::read_write);

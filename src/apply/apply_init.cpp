@@ -6,6 +6,7 @@
 #include <boost/filesystem/operations.hpp>
 
 #include "apply/apply_internal.hpp"
+#include "apply/phase_clock.hpp"
 #include "format/completion_marker.hpp"
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/delta_format.hpp"
@@ -131,6 +132,7 @@ void check_copies(const fs::path& step, const Manifest& m, const fs::path& local
 ApplyResult init_locked(Txn& txn, const fs::path& src, const fs::path& local, std::uint64_t version,
                         const ApplyOptions& opts, const CompletionMarker* expect) {
   const auto t0 = Clock::now();
+  begin_version_phases(version, true);
   const Checkpoint c = open_checkpoint(src);  // validates every weight file before LOCAL is touched
   const std::vector<std::string> want = files_of(c);
   check_has_weights(c, src);
@@ -145,9 +147,11 @@ ApplyResult init_locked(Txn& txn, const fs::path& src, const fs::path& local, st
   if (m.files.empty() && st.version == version) {
     r.record_rewritten = repair_record(local, version, opts);
     r.noop = !r.record_rewritten;
+    drop_version_phases();
     r.seconds = seconds_since(t0);
     return r;
   }
+  enter_phase(Phase::patch);
   const fs::path step = txn.begin_step();
   {
     const OnFailure abandon([&] { txn.abandon_step(); });
@@ -156,6 +160,7 @@ ApplyResult init_locked(Txn& txn, const fs::path& src, const fs::path& local, st
   }
   run_step(txn, local, m, opts, [&] {
     run_file_ops(local, step, m);
+    enter_phase(Phase::sync);
     if (opts.sync) sync_dirs_of(local, m.files);
     // Re-installing the version LOCAL records: keep its old checksums for a rollback.
     if (st.version == version && exists_nofollow(record_file(local, version)))

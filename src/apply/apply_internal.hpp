@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include <boost/filesystem/path.hpp>
@@ -53,6 +54,11 @@ void check_has_weights(const Checkpoint& c, const boost::filesystem::path& src);
 // before LOCAL is changed: a damaged copy is Error(bad_input).
 ApplyResult init_locked(Txn& txn, const boost::filesystem::path& src, const boost::filesystem::path& local,
                         std::uint64_t version, const ApplyOptions& opts, const CompletionMarker* expect = nullptr);
+
+// The newest complete version of ROOT above `above` (none: none), as a
+// pull sees it: for reporting how far a LOCAL is behind after a pull failed.
+std::optional<std::uint64_t> newest_complete_above(const boost::filesystem::path& root,
+                                                   std::optional<std::uint64_t> above, const ApplyOptions& opts);
 
 // Stages, executes and records `plan` of delta `d` in a step of `txn`:
 // journaled first and then written (opts.sync), or in one pass.

@@ -11,6 +11,7 @@
 #include "hfdelta/error.hpp"
 #include "hfdelta/fleet.hpp"
 #include "hfdelta/host_report.hpp"
+#include "hfdelta/metrics_textfile.hpp"
 #include "hfdelta/peers.hpp"
 #include "hfdelta/report_json.hpp"
 #include "hfdelta/signals.hpp"
@@ -26,7 +27,7 @@ using ull = unsigned long long;
 // What the command line asks for.
 struct Options {
   std::vector<std::string> paths;
-  std::string root, then, pre_read;
+  std::string root, then, pre_read, metrics;
   bool init = false, status = false, recover = false, verify = false, no_sync = false, json_out = false, quiet = false,
        progress = false;
   std::optional<std::uint64_t> target, version;
@@ -97,6 +98,12 @@ void add_options(CLI::App& app, Options& o) {
       "--progress", o.progress,
       "Show progress on stderr (bytes done, rate, time left); the default on a terminal, never with -q or --json");
   app.add_flag("--json", o.json_out, "Print the result as one JSON object on stdout");
+  app.add_option("--metrics", o.metrics,
+                 "Write the run's outcome to FILE as a Prometheus textfile (node_exporter's textfile collector), "
+                 "atomically, also when the run fails")
+      ->type_name("FILE")
+      ->check(CLI::Validator([](std::string& f) { return metrics_file_problem(f); }, ""))
+      ->excludes(status_opt, recover_opt, verify_opt);
   app.add_flag("-q,--quiet", o.quiet, "Print nothing on success");
 }
 
@@ -301,6 +308,49 @@ ApplyResult run_change(Options& o, const std::string& local) {
   return apply_delta(o.paths[0], local, o.apply);
 }
 
+// --metrics: the run's outcome written to FILE whether it succeeds or fails.
+// A file that cannot be written is a warning: the run's own outcome stands.
+ApplyResult run_with_metrics(Options& o, const std::string& local) {
+  if (o.metrics.empty()) return run_change(o, local);
+  RunOutcome run{local, o.root.empty() ? std::nullopt : std::optional<boost::filesystem::path>(o.root), o.apply};
+  const auto write = [&](int code) {
+    run.exit_code = code;
+    try {
+      write_metrics_textfile(o.metrics, run);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "delta-apply: warning: %s\n", e.what());
+    }
+  };
+  try {
+    const ApplyResult r = run_change(o, local);
+    run.result = &r;
+    write(static_cast<int>(r.then_error ? r.then_code : Exit::ok));
+    return r;
+  } catch (const Error& e) {
+    write(static_cast<int>(e.code()));
+    throw;
+  } catch (const std::exception&) {
+    write(static_cast<int>(Exit::failure));
+    throw;
+  }
+}
+
+// Where the time went: before --then (the engine serves the old weights),
+// and --then itself (its reload: the pause); each version of a pull.
+void print_phases_human(const std::string& local, const ApplyResult& r) {
+  const PhaseTimes& t = r.phases;
+  std::printf("%s: phases: lock %.3f s, read %.3f s, patch %.3f s, sync %.3f s: %.3f s before --then", local.c_str(),
+              t.lock, t.read, t.patch, t.sync, t.before_then());
+  if (t.then)
+    std::printf("; then %.3f s\n", *t.then);
+  else
+    std::printf("; no --then\n");
+  if (r.version_phases.size() < 2) return;
+  for (const VersionPhases& v : r.version_phases)
+    std::printf("  version %s (%s): read %.3f s, patch %.3f s, sync %.3f s\n", format_version(v.version).c_str(),
+                v.full ? "full" : "delta", v.read, v.patch, v.sync);
+}
+
 // Complete versions above one that is not: it was most likely cut short,
 // and stops every host until the operator withdraws it.
 void print_stall(const ApplyResult& r) {
@@ -346,6 +396,7 @@ void print_change_human(const std::string& local, const ApplyResult& r, bool rec
         ull(r.tensors_patched), cli::human_bytes(double(r.delta_bytes)).c_str(), ull(r.files_written),
         ull(r.files_removed), r.seconds);
   }
+  if (!recover && (!r.applied.empty() || r.phases.then)) print_phases_human(local, r);
 }
 
 // --report DIR: the pull, then DIR/NAME.json, whatever the outcome.
@@ -356,7 +407,7 @@ ApplyResult run_reported(Options& o, const std::string& local) {
   for (const std::string& p : o.peers) check_host_name(p, "--peers");
   if (!o.follow.empty()) check_host_name(o.follow, "--follow");
   try {
-    ApplyResult r = run_change(o, local);
+    ApplyResult r = run_with_metrics(o, local);
     write_report(o, local, r.then_error ? r.then_code : Exit::ok, r.then_error.value_or(""), false);
     return r;
   } catch (const Error& e) {
@@ -401,7 +452,7 @@ void run_command(Options& o) {
   const std::string local = local_path(o);
   if (o.status) return run_status(o, local);
   if (o.verify) return run_verify(o, local);
-  const ApplyResult r = o.report.empty() ? run_change(o, local) : run_reported(o, local);
+  const ApplyResult r = o.report.empty() ? run_with_metrics(o, local) : run_reported(o, local);
   cli::ProgressLine::stop_current();
   print_change(o, local, r);
   if (r.then_error) throw Error(r.then_code, *r.then_error);  // after the summary: the version is applied
@@ -416,7 +467,8 @@ int main(int argc, char** argv) {
       app,
       "  delta-apply [OPTIONS] [--then CMD] DELTA LOCAL\n"
       "  delta-apply --init [--init-version N] [--force] [OPTIONS] SRC LOCAL\n"
-      "  delta-apply --root ROOT [--target N] [--pre-read CMD] [--require-marker] [--then CMD] [OPTIONS] LOCAL\n"
+      "  delta-apply --root ROOT [--target N] [--pre-read CMD] [--require-marker] [--then CMD] [--metrics FILE] "
+      "[OPTIONS] LOCAL\n"
       "  delta-apply --root ROOT --report DIR [--host NAME] [--peers NAME,... [--peer-timeout S] --then CMD | "
       "--follow NAME] [OPTIONS] LOCAL\n"
       "  delta-apply --fleet ROOT [--reports DIR [--fail-behind N] [--fail-stale S]] [--json]\n"

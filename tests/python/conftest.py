@@ -125,9 +125,20 @@ def replace_paths(obj: Any, old: str, new: str) -> Any:
     return obj
 
 
-def strip_seconds(obj: Any) -> Any:
+def zero_times(obj: Any) -> Any:
+    """`obj` with every number that is not a bool 0 (phase times), None kept."""
     if isinstance(obj, dict):
-        return {k: strip_seconds(v) for k, v in obj.items() if k != "seconds"}
+        return {k: zero_times(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [zero_times(x) for x in obj]
+    return 0 if isinstance(obj, (int, float)) and not isinstance(obj, bool) else obj
+
+
+def strip_seconds(obj: Any) -> Any:
+    """`obj` less its timing: "seconds" left out, the "phases" times zeroed (their keys, versions and
+    which are null still compared)."""
+    if isinstance(obj, dict):
+        return {k: zero_times(v) if k == "phases" else strip_seconds(v) for k, v in obj.items() if k != "seconds"}
     if isinstance(obj, list):
         return [strip_seconds(x) for x in obj]
     return obj

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +190,7 @@ def test_pull(tools: Tools, series: list[Path], published: Path, tmp_path: Path)
     same(r, cli.json, cli_local, py_local)
     assert isinstance(r, hfdelta.PullResult) and isinstance(r, hfdelta.ChangeResult)
     assert r.applied == ["000001", "000002"] and r.behind == 2 and r.newest_version == "000004"
+    assert r.behind_complete == 2  # versions 3 and 4 are complete
     seen: list[int] = []
     r = hfdelta.pull(published, py_local, require_marker=False, then=seen.append, pre_read=lambda: None)
     cli = tools.apply_json("--root", published, "--then", "true", "--pre-read", "true", cli_local)
@@ -198,6 +200,21 @@ def test_pull(tools: Tools, series: list[Path], published: Path, tmp_path: Path)
     # Every file as in the last save.
     for f in series[4].iterdir():
         assert (py_local / f.name).read_bytes() == f.read_bytes()
+
+
+def test_pull_phases(series: list[Path], published: Path, tmp_path: Path) -> None:
+    """The time before the callback (the engine still serving) apart from the callback's (its reload)."""
+    local = tmp_path / "local"
+    hfdelta.init(series[0], local)
+    r = hfdelta.pull(published, local, target=2, then=lambda v: time.sleep(0.3))
+    p = r.phases
+    assert p["then"] is not None and p["then"] >= 0.3
+    for k in ("lock", "read", "patch", "sync"):
+        assert p[k] >= 0
+    assert abs(p["before_then"] - (p["lock"] + p["read"] + p["patch"] + p["sync"])) < 1e-6
+    assert [(v["version"], v["full"]) for v in p["versions"]] == [("000001", False), ("000002", False)]
+    assert all(v[k] >= 0 for v in p["versions"] for k in ("read", "patch", "sync"))
+    assert hfdelta.pull(published, local, target=2).phases["then"] is None  # no callback, nothing to do
 
 
 def test_status_and_verify_states(tools: Tools, series: list[Path], tmp_path: Path) -> None:

