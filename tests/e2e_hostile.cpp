@@ -250,8 +250,9 @@ struct Inputs {
     for (std::uint32_t r = 0; r < 3; ++r)
       ranks.push_back(std::make_unique<hfdelta::ShardWriter>(mirror, stage, r, encs[r], 3));
     std::size_t i = 0;
-    for (const auto& [name, ref] : ck.tensors) {
-      const hfdelta::TensorInfo& t = ck.info(ref);
+    for (const auto& entry : ck.tensors) {
+      const std::string& name = entry.first;  // not a structured binding: clang 14 lambdas cannot capture one
+      const hfdelta::TensorInfo& t = ck.info(entry.second);
       const hfdelta::MatrixShape m = hfdelta::matrix_shape(t.shape, hfdelta::dtype_size(t.dtype));
       const Bytes bytes = checkpoint_tensor(next, name);
       auto put = [&](std::uint32_t r, const hfdelta::Region& g) {

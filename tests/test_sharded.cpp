@@ -354,7 +354,8 @@ TEST_CASE("sharded: --squash of a chain mixing delta-diff and sharded versions")
   diff_version(w, new3, saved(w, "new4", ts), 4);
   const auto want = read_all(w.dir / "new4" / "model.safetensors");
   REQUIRE(read_all(w.mirror[1] / "model.safetensors") == want);
-  for (const auto& [first, last] : {std::pair{1, 4}, std::pair{1, 3}, std::pair{2, 4}, std::pair{2, 3}}) {
+  for (const auto& range : {std::pair{1, 4}, std::pair{1, 3}, std::pair{2, 4}, std::pair{2, 3}}) {
+    const int first = range.first, last = range.second;  // not a structured binding: clang 14's CAPTURE refuses those
     CAPTURE(first);
     CAPTURE(last);
     const std::string name = "sq" + std::to_string(first) + std::to_string(last);
