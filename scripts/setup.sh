@@ -8,6 +8,7 @@ say() { echo "[setup] $*"; }
 
 packages=(
   build-essential meson ninja-build pkg-config cmake
+  ccache  # scripts/test.sh: the Python stage's build reuses the objects of the first build
   nlohmann-json3-dev libxxhash-dev libzstd-dev libboost-filesystem-dev
   libcli11-dev doctest-dev
   zstd xxhash

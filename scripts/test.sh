@@ -29,6 +29,14 @@ builddir=${HFDELTA_BUILDDIR:-build}
 echo
 echo "==== build ($builddir)"
 t0=$SECONDS
+# ccache (scripts/setup.sh): meson puts it before the C and C++ compilers by
+# itself, and here before nvcc too, so that the Python stage's build (the same
+# sources, flags and relative paths) takes the objects of this one, the CUDA
+# kernels above all, instead of compiling them a second time.
+if command -v ccache >/dev/null && [ -z "${CUDACXX:-}" ] && command -v nvcc >/dev/null; then
+  export CUDACXX="ccache $(command -v nvcc)"
+  echo "[build] CUDACXX=$CUDACXX"
+fi
 if [ -f "$builddir/build.ninja" ]; then
   # Already configured (by an earlier run, or scripts/demo.sh): only what
   # changed is rebuilt. Meson's summary is shown only if it fails.

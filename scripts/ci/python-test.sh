@@ -6,7 +6,9 @@
 #      with the tests' packages (numpy safetensors ml_dtypes pytest mypy), and
 #      torch and transformers for the sharded publisher's tests (HFDELTA_TEST_TORCH=0: not)
 #   2. pip install . : meson-python builds the library, hfdelta._core and the CLIs
-#      from scratch (in BUILDDIR/py-build, emptied first); where nvcc is found
+#      from scratch (in BUILDDIR-pip, emptied first: as deep as BUILDDIR, so
+#      that ccache, where scripts/test.sh set it up, finds BUILDDIR's objects
+#      under the same relative paths); where nvcc is found
 #      (CUDACXX, else PATH), with the CUDA path that a plain `pip install .`
 #      leaves out (-Csetup-args=-Dcuda=enabled), so that the package's device
 #      code is compiled and tests/python/test_publisher_cuda.py runs on a GPU
@@ -56,16 +58,22 @@ step "virtual environment ($venv, $(python3 --version 2>&1))" make_venv
 if [ "${HFDELTA_TEST_TORCH:-1}" != 0 ]; then step "torch and transformers (for the sharded publisher's tests)" add_torch; fi
 
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
-build_args=(-Cbuild-dir="$repo/$builddir/py-build")
+pybuild=$repo/$builddir-pip
+build_args=(-Cbuild-dir="$pybuild")
 with_cuda=
-if command -v "${CUDACXX:-nvcc}" >/dev/null 2>&1; then
+nvcc=${CUDACXX:-nvcc}
+if command -v "${nvcc##* }" >/dev/null 2>&1; then
   build_args+=(-Csetup-args=-Dcuda=enabled)
   with_cuda=" with CUDA (-Dcuda=enabled)"
 fi
 install_fresh() {
-  rm -rf "$repo/$builddir/py-build"
+  rm -rf "$pybuild"
   "${pip[@]}" uninstall -q -y hfdelta >/dev/null 2>&1
-  "${pip[@]}" install -q . "${build_args[@]}"
+  if command -v ccache >/dev/null; then ccache -z >/dev/null; fi
+  "${pip[@]}" install -q . "${build_args[@]}" || return 1
+  if command -v ccache >/dev/null; then
+    echo "ccache, this build: $(ccache -s | grep -E '^ +Hits:' | head -1 | tr -s ' ')"
+  fi
 }
 step "pip install .$with_cuda" install_fresh
 
