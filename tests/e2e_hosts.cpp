@@ -143,13 +143,23 @@ TEST_CASE("hosts: --fleet shows every version of ROOT and each host's report, re
   // 1 a delta; 2 a full version with the delta beside it; 3 a delta; 4
   // withdrawn; 5 still uploading (a file its marker lists is missing); 6
   // complete above it (so 5 is stalled).
-  E2E_REQUIRE_CODE(diff({"-q", save_dir(s, 0).string(), save_dir(s, 1).string(), root.string()}), 0);
-  E2E_REQUIRE_CODE(diff({"-q", "--full", save_dir(s, 1).string(), save_dir(s, 2).string(), root.string()}), 0);
-  E2E_REQUIRE_CODE(diff({"-q", save_dir(s, 2).string(), save_dir(s, 3).string(), root.string()}), 0);
-  E2E_REQUIRE_CODE(diff({"-q", save_dir(s, 3).string(), save_dir(s, 4).string(), root.string()}), 0);
+  // Each version's density as delta-diff reports it (the full version's: its delta beside's).
+  std::map<std::string, double> density;
+  const auto publish = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), "--json");
+    const RunResult r = diff(args);
+    E2E_REQUIRE_CODE(r, 0);
+    const json j = parse_json(r.out);
+    density[j["version"].get<std::string>()] = (j.contains("sidecar") ? j["sidecar"] : j)["density"].get<double>();
+  };
+  publish({save_dir(s, 0).string(), save_dir(s, 1).string(), root.string()});
+  publish({"--full", save_dir(s, 1).string(), save_dir(s, 2).string(), root.string()});
+  publish({save_dir(s, 2).string(), save_dir(s, 3).string(), root.string()});
+  publish({save_dir(s, 3).string(), save_dir(s, 4).string(), root.string()});
   E2E_REQUIRE_CODE(diff({"-q", "--withdraw", version_dir(root, 4).string()}), 0);
-  E2E_REQUIRE_CODE(diff({"-q", save_dir(s, 3).string(), save_dir(s, 4).string(), root.string()}), 0);  // 5
-  E2E_REQUIRE_CODE(diff({"-q", save_dir(s, 4).string(), save_dir(s, 5).string(), root.string()}), 0);  // 6
+  publish({save_dir(s, 3).string(), save_dir(s, 4).string(), root.string()});  // 5
+  publish({save_dir(s, 4).string(), save_dir(s, 5).string(), root.string()});  // 6
+  REQUIRE(density.size() == 6);
   std::string cut;
   for (const std::string& f : list_names(version_dir(root, 5)))
     if (contains(f, ".safetensors") && !contains(f, "index")) cut = f;
@@ -202,7 +212,10 @@ TEST_CASE("hosts: --fleet shows every version of ROOT and each host's report, re
     const json& e = version.second;
     CHECK_MESSAGE(e["bytes"].get<std::uint64_t>() > 0, name);
     CHECK(e["age_seconds"].get<double>() >= 0);
-    CHECK(e["density"].is_null());  // no publisher records it yet
+    // From the index's hfdelta_elements: what delta-diff reported.
+    REQUIRE_MESSAGE(e["density"].is_number(), name);
+    CHECK_MESSAGE(e["density"].get<double>() == doctest::Approx(density.at(name)), name);
+    CHECK(e["density"].get<double>() > 0);
   }
   REQUIRE(j["hosts"].size() == 3);
   std::map<std::string, json> h;

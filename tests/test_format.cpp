@@ -220,10 +220,15 @@ TEST_CASE("format: delta index round trip") {
   rm.op = FileChange::Op::remove;
   d.files = {put, put2, rm};
 
+  d.elements = DeltaIndex::Elements{5'000'000'000ull, 12345};
+
   const std::string text = write_delta_index_json(d, 4242);
   write_text(tmp.path() / kIndexFile, text);
   CHECK(is_delta_dir(tmp.path()));
   const DeltaIndex r = read_delta_index(tmp.path());
+  REQUIRE(r.elements);
+  CHECK(r.elements->total == 5'000'000'000ull);
+  CHECK(r.elements->changed == 12345);
   CHECK(r.version == 7);
   CHECK(r.base_version == 6);
   CHECK(r.encoding == Encoding::overwrite);
@@ -251,6 +256,7 @@ TEST_CASE("format: delta index round trip") {
   CHECK(m.at("total_size") == 4242);
   CHECK(m.at("hfdelta_format") == 1);
   CHECK(m.at("hfdelta_base_checksums").at("lm_head.weight") == "ffffffffffffffffaabbccddeeff0011");
+  CHECK(m.at("hfdelta_elements") == json({{"changed", 12345}, {"total", 5'000'000'000ull}}));
   CHECK(j.at("weight_map").at("lm_head.weight") == "model-00001-of-00002.safetensors");
   CHECK(j.at("weight_map").size() == 2);
 
@@ -267,6 +273,7 @@ TEST_CASE("format: delta index round trip") {
     CHECK(rx.weight_map.empty());
     CHECK(rx.base_checksums.empty());
     CHECK(rx.files.empty());
+    CHECK_FALSE(rx.elements);  // none written, none read
   }
   SUBCASE("an index as the reference publisher writes it") {
     write_text(tmp.path() / kIndexFile,
@@ -331,6 +338,15 @@ TEST_CASE("format: read_delta_index refusals") {
     j["metadata"] = {{"total_size", 1}};
     write_text(idx, j.dump());
     CHECK_FALSE(is_delta_dir(tmp.path()));
+  }
+  SUBCASE("hfdelta_elements that are not two counts, or more changed than there are") {
+    for (const json& bad : {json("1/2"), json({{"changed", 1}}), json({{"changed", -1}, {"total", 2}}),
+                            json({{"changed", 1.5}, {"total", 2}}), json({{"changed", 3}, {"total", 2}})}) {
+      CAPTURE(bad.dump());
+      json j = valid_delta_index();
+      j["metadata"]["hfdelta_elements"] = bad;
+      expect_error(refused(j), Exit::bad_input, {w, "hfdelta_elements"});
+    }
   }
   SUBCASE("encoding this build does not know") {
     json j = valid_delta_index();

@@ -251,10 +251,11 @@ class ContextChunkEncoder {
 };
 
 // Encodes one tensor in the context encoding (`elem_size` and `field` as for
-// sparse and context_field). Returns the entry's size in bytes.
+// sparse and context_field). Returns the entry's size in bytes; adds the
+// elements that changed to `*changed` where given.
 std::uint64_t encode_context(Compressor& c, std::span<const std::uint8_t> old_bytes,
                              std::span<const std::uint8_t> new_bytes, std::size_t elem_size, ContextField field,
-                             const ByteSink& sink);
+                             const ByteSink& sink, std::uint64_t* changed = nullptr);
 
 // A context entry from its chunks' changes found elsewhere, each ranked among
 // its chunk's `groups`: the bytes encode_context writes.

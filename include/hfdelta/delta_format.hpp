@@ -92,6 +92,13 @@ struct DeltaIndex {
   // are grouped by target file); lets a chain of deltas be composed without
   // the checkpoints. Written since revision 3, for every delta.
   std::map<std::string, std::string> targets;
+  // Elements of the target's tensors and how many of them changed
+  // (metadata.hfdelta_elements, informational: the fleet view's density).
+  // None where the writer cannot count them (--squash).
+  struct Elements {
+    std::uint64_t total = 0, changed = 0;
+  };
+  std::optional<Elements> elements;
   // As written in the index, for --inspect.
   std::string encoding_name;                     // metadata.delta_encoding
   std::optional<std::uint64_t> format_revision;  // metadata.hfdelta_format (none: a plain slime-layout delta)
@@ -113,6 +120,7 @@ inline constexpr const char* files = "hfdelta_files";
 inline constexpr const char* encodings = "hfdelta_encodings";
 inline constexpr const char* shards = "hfdelta_shards";
 inline constexpr const char* targets = "hfdelta_targets";
+inline constexpr const char* elements = "hfdelta_elements";
 // XXH3-128 of the index's compact JSON (nlohmann's dump, keys sorted) without this key.
 inline constexpr const char* index_checksum = "hfdelta_index_checksum";
 }  // namespace key

@@ -23,8 +23,9 @@ struct FleetVersion {
   bool delta_beside = false;          // a full version with ROOT/delta_vNNNNNN
   std::uint64_t bytes = 0;            // its directory's files (its marker's sum where it has one)
   std::uint64_t delta_beside_bytes = 0;
-  // Changed elements / elements, where the index records both; no
-  // publisher records them yet (docs/operations.md, "The fleet view").
+  // Changed elements / elements, from the index's hfdelta_elements (a full
+  // version: its delta beside's); none where it has none (--squash output,
+  // deltas of older hfdelta releases).
   std::optional<double> density;
   double published = 0;  // seconds since the epoch: its marker's mtime, else its directory's
   bool marker = false;   // it has a completion marker

@@ -47,6 +47,7 @@ struct ShardPart {
   std::uint32_t rank = 0;
   std::uint64_t offset = 0, size = 0;  // in the rank's spool
   Hash128 hash;                        // of the region's new bytes
+  std::uint64_t elements_changed = 0;  // the index's hfdelta_elements, summed over parts
 };
 // As text (one line per part) and back: what the ranks exchange.
 std::string shard_parts_text(const std::vector<ShardPart>& parts);

@@ -19,6 +19,8 @@ json version_json(const std::optional<std::uint64_t>& v) { return v ? json(forma
 // The state's exit code: 0 clean, else what the state says (ok: false).
 json state_outcome(Exit code) { return {{"ok", code == Exit::ok}, {"exit_code", static_cast<int>(code)}}; }
 
+double density_of(const DiffSummary& s) { return s.elements ? double(s.elements_changed) / double(s.elements) : 0.0; }
+
 }  // namespace
 
 json phases_json(const ApplyResult& r) {
@@ -113,7 +115,7 @@ json error_json(int code, const std::string& msg) {
 }
 
 json diff_json(const std::string& out, const std::string& encoding, const DiffSummary& s) {
-  const double density = s.elements ? double(s.elements_changed) / double(s.elements) : 0.0;
+  const double density = density_of(s);
   return {{"out", out},
           {"version", format_version(s.version)},
           {"base_version", format_version(s.base_version)},
@@ -173,6 +175,9 @@ json full_json(const std::string& out, const FullSummary& f, const DiffSummary* 
                     {"base_version", format_version(sidecar->base_version)},
                     {"delta_bytes", sidecar->delta_bytes},
                     {"tensors_changed", sidecar->tensors_changed},
+                    {"elements", sidecar->elements},
+                    {"elements_changed", sidecar->elements_changed},
+                    {"density", density_of(*sidecar)},
                     {"seconds", sidecar->seconds}};
   return j;
 }

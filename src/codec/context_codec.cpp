@@ -688,7 +688,7 @@ std::uint64_t ContextChunkEncoder::end(Compressor& c, const ByteSink& sink) {
 }
 
 std::uint64_t encode_context(Compressor& c, std::span<const std::uint8_t> a, std::span<const std::uint8_t> b,
-                             std::size_t es, ContextField field, const ByteSink& sink) {
+                             std::size_t es, ContextField field, const ByteSink& sink, std::uint64_t* changed) {
   es = sparse_elem_size(es, b.size());
   if (field.bits > 8 || field.shift + field.bits > 8 * es) field = {};
   const std::uint64_t n = b.size() / es;
@@ -702,6 +702,7 @@ std::uint64_t encode_context(Compressor& c, std::span<const std::uint8_t> a, std
     const std::uint64_t e0 = ch * kContextChunkElements, e1 = std::min(n, e0 + kContextChunkElements);
     enc.begin(es, field);
     enc.scan(a.data() + e0 * es, b.data() + e0 * es, static_cast<std::size_t>(e1 - e0), 0);
+    if (changed) *changed += enc.changed_elements();
     total += enc.end(c, sink);
   }
   return total;

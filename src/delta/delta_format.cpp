@@ -347,6 +347,20 @@ void read_targets(IndexContext& ctx) {
   }
 }
 
+void read_elements(IndexContext& ctx) {
+  if (!ctx.m.contains(key::elements)) return;
+  const json& e = ctx.m[key::elements];
+  const auto count = [&](const char* k) -> std::uint64_t {
+    if (!e.is_object() || !e.contains(k) || !e[k].is_number_unsigned())
+      fail(Exit::bad_input, ctx.w + ": metadata.hfdelta_elements must be {\"changed\": N, \"total\": M}");
+    return e[k].get<std::uint64_t>();
+  };
+  DeltaIndex::Elements n{count("total"), count("changed")};
+  if (n.changed > n.total)
+    fail(Exit::bad_input, ctx.w + ": metadata.hfdelta_elements counts more changed elements than elements");
+  ctx.d.elements = n;
+}
+
 DeltaIndex delta_index_from_json(json j, const std::string& w) {
   if (!j.is_object()) fail(Exit::bad_input, w + ": not a JSON object");
   if (!j.contains("metadata") || !j["metadata"].is_object()) fail(Exit::bad_input, w + ": no \"metadata\" object");
@@ -363,6 +377,7 @@ DeltaIndex delta_index_from_json(json j, const std::string& w) {
   read_files(ctx);
   read_shards(ctx);
   read_targets(ctx);
+  read_elements(ctx);
   if (ctx.d.per_tensor)
     for (const auto& [tensor, file] : ctx.d.weight_map)
       if (!ctx.d.encodings.count(tensor))
@@ -488,6 +503,7 @@ std::string write_delta_index_json(const DeltaIndex& d, std::uint64_t total_size
   }
   m[key::files] = std::move(files);
   if (!d.targets.empty()) m[key::targets] = d.targets;
+  if (d.elements) m[key::elements] = {{"changed", d.elements->changed}, {"total", d.elements->total}};
   if (d.structural()) {
     json shards = json::array();
     for (const auto& s : d.shards) {

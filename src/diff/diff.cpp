@@ -403,6 +403,7 @@ void write_delta(DiffContext& ctx, DeltaWriter& out) {
   std::vector<const Work*> of;
   const std::vector<NewDeltaEntry> entries = entries_of(ctx, of);
   DeltaIndex idx = index_of(ctx);
+  idx.elements = DeltaIndex::Elements{ctx.sum.elements, ctx.sum.elements_changed};  // counted by entries_of
   place_headers(ctx, idx, out);
   // One delta file per changed weight file, entries by name, so the output
   // does not depend on thread scheduling.

@@ -39,6 +39,11 @@ std::uint64_t bytes_of(const fs::path& dir) {
   }
 }
 
+std::optional<double> density_of(const DeltaIndex& idx) {
+  if (!idx.elements || !idx.elements->total) return std::nullopt;
+  return double(idx.elements->changed) / double(idx.elements->total);
+}
+
 // A version directory as a reader sees it: delta or full, complete or not.
 FleetVersion look_at(std::uint64_t version, const fs::path& dir, bool require_marker) {
   FleetVersion f;
@@ -50,7 +55,7 @@ FleetVersion look_at(std::uint64_t version, const fs::path& dir, bool require_ma
   try {
     const std::optional<DeltaIndex> idx = read_index_if_delta(dir);
     f.full = !idx;
-    if (idx) f.base = idx->base_version;
+    if (idx) f.base = idx->base_version, f.density = density_of(*idx);
     const Completeness c = check_complete(dir, require_marker);
     if (!c.complete) f.status = Status::uploading, f.note = c.missing + " is not there yet";
   } catch (const Error& e) {  // shown, not thrown: the view lists what it can
@@ -65,7 +70,8 @@ void add_sidecar(FleetVersion& f, const fs::path& dir) {
   f.delta_beside = true;
   f.delta_beside_bytes = bytes_of(dir);
   try {
-    if (const std::optional<DeltaIndex> idx = read_index_if_delta(dir)) f.base = idx->base_version;
+    if (const std::optional<DeltaIndex> idx = read_index_if_delta(dir))
+      f.base = idx->base_version, f.density = density_of(*idx);
   } catch (const Error&) {  // a damaged sidecar: a pull copies the full version instead
   }
 }
@@ -282,7 +288,7 @@ std::string version_row(const FleetVersion& f, double now) {
   if (f.delta_beside) status += ", delta beside (" + size_text(f.delta_beside_bytes) + ")";
   if (!f.note.empty()) status += ": " + f.note;
   char density[32] = "-";
-  if (f.density) std::snprintf(density, sizeof density, "%.3g", *f.density);
+  if (f.density) std::snprintf(density, sizeof density, "%.3g%%", 100 * *f.density);
   return version_line(format_version(f.version), f.full ? "full" : "delta", or_dash(f.base), size_text(f.bytes),
                       density, age_text(std::max(0.0, now - f.published)), status);
 }

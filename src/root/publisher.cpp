@@ -400,6 +400,7 @@ PublishSummary MemoryPublisher::publish(bool rest_unchanged) {
   }
   count_step(st, changed, ps);
   DeltaIndex idx = step_index(st, s_->opts);
+  idx.elements = DeltaIndex::Elements{ps.diff.elements, ps.diff.elements_changed};
   try {
     st.writer->write_entries(
         idx, entries, [&](std::size_t i, File& f, std::uint64_t at) { st.encoder->write_entry(*changed[i], f, at); });

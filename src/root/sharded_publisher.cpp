@@ -95,7 +95,7 @@ std::string shard_parts_text(const std::vector<ShardPart>& parts) {
   for (const ShardPart& p : parts)
     o << p.rank << ' ' << p.region.row0 << ' ' << p.region.rows << ' ' << p.region.col0 << ' ' << p.region.cols << ' '
       << encoding_name(p.enc) << ' ' << p.offset << ' ' << p.size << ' ' << p.hash.high << ' ' << p.hash.low << ' '
-      << p.tensor << '\n';
+      << p.elements_changed << ' ' << p.tensor << '\n';
   return o.str();
 }
 
@@ -109,7 +109,7 @@ std::vector<ShardPart> parse_shard_parts(std::string_view text) {
     ShardPart p;
     std::string enc;
     l >> p.rank >> p.region.row0 >> p.region.rows >> p.region.col0 >> p.region.cols >> enc >> p.offset >> p.size >>
-        p.hash.high >> p.hash.low;
+        p.hash.high >> p.hash.low >> p.elements_changed;
     l.get();
     std::getline(l, p.tensor);
     const auto e = parse_encoding(enc);
@@ -160,6 +160,25 @@ void read_region(const File& f, std::uint64_t base, const MatrixShape& m, const 
     f.pread_exact(dst, static_cast<std::size_t>(take), start + r * m.cols * m.es + k);
     dst += take, at += take, n -= take;
   }
+}
+
+// Elements of `es` bytes that differ between `a` and `b` (`n` bytes): what
+// the chunked encoders count as they scan, for an xor part.
+std::uint64_t changed_elements(const std::uint8_t* a, const std::uint8_t* b, std::size_t n, std::size_t es) {
+  std::uint64_t c = 0;
+  for (std::size_t i = 0; i < n; i += es) c += std::memcmp(a + i, b + i, es) != 0;
+  return c;
+}
+
+// The index's element counts: every tensor of the mirror, as delta-diff
+// counts them (bytes where the dtype has no element size), and the parts'
+// changed elements.
+DeltaIndex::Elements elements_of(const Checkpoint& layout, const std::vector<ShardPart>& parts) {
+  DeltaIndex::Elements e;
+  for (const auto& sh : layout.shards)
+    for (const TensorInfo& t : sh.header.tensors) e.total += dtype_size(t.dtype) ? t.elements() : t.nbytes();
+  for (const ShardPart& p : parts) e.changed += p.elements_changed;
+  return e;
 }
 
 }  // namespace
@@ -229,15 +248,15 @@ void ShardWriter::put(std::string_view name, std::string_view dtype, std::span<c
     s.comp->begin(n);
   }
   s.old.resize(static_cast<std::size_t>(std::min(n, kShardBatch)));
-  bool changed = false;
+  std::uint64_t changed = 0;  // elements
   for (std::uint64_t at = 0; at < n; at += kShardBatch) {
     const std::size_t k = static_cast<std::size_t>(std::min(kShardBatch, n - at));
     std::uint8_t* const old = s.old.data();
     const std::uint8_t* const now = bytes.data() + at;
     read_region(s.files[shard], base, m, g, at, k, old);
     s.read += k;
-    changed = changed || std::memcmp(old, now, k) != 0;
     if (s.enc == Encoding::xor_bytes) {
+      if (std::memcmp(old, now, k) != 0) changed += changed_elements(old, now, k, cl.es);
       for (std::size_t i = 0; i < k; ++i) old[i] ^= now[i];
       s.comp->put({old, k}, sink);
       continue;
@@ -247,10 +266,12 @@ void ShardWriter::put(std::string_view name, std::string_view dtype, std::span<c
       if (s.enc == Encoding::sparse) {
         s.sparse.begin(cl.es);
         s.sparse.scan(old + c, now + c, len / cl.es, 0);
+        changed += s.sparse.changed_elements();
         s.sparse.end(*s.comp, sink);
       } else {
         s.context.begin(cl.es, field);
         s.context.scan(old + c, now + c, len / cl.es, 0);
+        changed += s.context.changed_elements();
         s.context.end(*s.comp, sink);
       }
     }
@@ -265,6 +286,7 @@ void ShardWriter::put(std::string_view name, std::string_view dtype, std::span<c
   p.offset = s.at;
   p.size = size;
   p.hash = xxh3_128(bytes);
+  p.elements_changed = changed;
   s.at += size;
   s.parts.push_back(std::move(p));
 }
@@ -331,6 +353,7 @@ ShardCommit commit_sharded(const fs::path& root, const fs::path& mirror, const f
   idx.version = version;
   idx.base_version = base;
   idx.per_tensor = true;
+  idx.elements = elements_of(layout, parts);
   DeltaWriter writer(t.out, sync);
   ShardCommit sc;
   sc.out = t.out;

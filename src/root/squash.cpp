@@ -280,6 +280,7 @@ struct OutEntry {
   std::vector<Piece> pieces;
   Hash128 new_hash;
   std::optional<Hash128> base_hash;
+  std::optional<std::uint64_t> changed;  // elements; known where composed on the base checkpoint
   Encoding enc() const { return pieces.size() == 1 ? pieces[0].enc : Encoding::stack; }
   std::uint64_t size() const {
     if (pieces.size() == 1) return pieces[0].size;
@@ -844,11 +845,15 @@ void compose_on_base(const SquashContext& ctx, const Trace& t, std::uint64_t len
   const ChunkLayout l = chunk_layout(last_dtype(ctx, t, e.name, info), n);
   Compressor c(ctx.opts.level);
   File f(spool, File::Mode::create_exclusive);
-  std::uint64_t at = 0;
-  encode_context(c, base.bytes(), cur.bytes(), l.es, l.field, [&](std::span<const std::uint8_t> s) {
-    f.pwrite_all(s.data(), s.size(), at);
-    at += s.size();
-  });
+  std::uint64_t at = 0, changed = 0;
+  encode_context(
+      c, base.bytes(), cur.bytes(), l.es, l.field,
+      [&](std::span<const std::uint8_t> s) {
+        f.pwrite_all(s.data(), s.size(), at);
+        at += s.size();
+      },
+      &changed);
+  e.changed = changed;
   Piece p;
   p.enc = Encoding::context;
   p.composed = f.path();
@@ -893,6 +898,21 @@ void compose_entries(SquashContext& ctx, const std::map<std::string, std::uint64
     ctx.sum.entries_stacked += e.pieces.size() > 1;
   }
   std::erase_if(ctx.entries, [](const OutEntry& e) { return e.pieces.empty(); });
+}
+
+// The element counts delta-diff of the chain's first base and last version
+// records, where every one is known: each entry composed on the base
+// checkpoint (--squash-base), the tensors unchanged in layout.
+void count_elements(SquashContext& ctx) {
+  if (!ctx.base || ctx.idx.structural()) return;
+  DeltaIndex::Elements n;
+  for (const OutEntry& e : ctx.entries) {
+    if (!e.changed) return;
+    n.changed += *e.changed;
+  }
+  for (const Shard& sh : ctx.base->shards)
+    for (const TensorInfo& t : sh.header.tensors) n.total += dtype_size(t.dtype) ? t.elements() : t.nbytes();
+  ctx.idx.elements = n;
 }
 
 // One encoding for OUT if its entries have one, else "auto".
@@ -985,6 +1005,7 @@ SquashSummary squash_deltas(const std::vector<fs::path>& chain, const fs::path& 
   {
     const OnFailure abandon([&] { writer.abandon(); });
     compose_entries(ctx, lengths, writer.tmp);
+    count_elements(ctx);
     choose_encoding(ctx);
     write_out_entries(ctx, writer);
     place_carried(ctx, writer);

@@ -156,9 +156,12 @@ def delta_diff_lands_the_same(work: Path, tmp: Path, v: int) -> None:
             shutil.copy(work / "base" / "config.json", d / "config.json")
     local = tmp / f"dd-host-v{v}"
     hfdelta.init(prev, local, version=v - 1, sync=False)
-    hfdelta.diff(prev, new, tmp / f"dd-v{v}", delta_version=v, base_version=v - 1, sync=False)
+    d = hfdelta.diff(prev, new, tmp / f"dd-v{v}", delta_version=v, base_version=v - 1, sync=False)
     hfdelta.apply(tmp / f"dd-v{v}", local, sync=False)
     assert tensors_of(local) == tensors_of(host_at(work, tmp, v, f"sh-host-v{v}"))
+    # the ranks' parts count the changed elements as delta-diff does (the fleet view's density)
+    index = json.loads((work / "root" / f"weight_v{v:06d}" / "model.safetensors.index.json").read_text())
+    assert index["metadata"]["hfdelta_elements"] == {"changed": d.elements_changed, "total": d.elements}
 
 
 def ok(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
