@@ -1,5 +1,5 @@
 // hfdelta._core's sharded publisher (hfdelta/sharded.py): the torch-free
-// core of include/hfdelta/sharded_publisher.hpp and shard_mirror.hpp. The
+// core of include/hfdelta/sharded_publisher.hpp and publisher_mirror.hpp. The
 // Python side runs the collectives on the trainer's process group and moves
 // only what these return (a plan, part records, a stage's name) between
 // ranks; nothing here knows of torch or of other processes.
@@ -22,7 +22,7 @@
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/report_json.hpp"
-#include "hfdelta/shard_mirror.hpp"
+#include "hfdelta/publisher_mirror.hpp"
 #include "hfdelta/sharded_publisher.hpp"
 #include "tensor_arrays.hpp"
 
@@ -65,9 +65,9 @@ struct Writer {
 };
 
 struct Mirror {
-  std::unique_ptr<hfdelta::ShardMirror> m;
+  std::unique_ptr<hfdelta::PublisherMirror> m;
   std::string path;
-  hfdelta::ShardMirror& get() {
+  hfdelta::PublisherMirror& get() {
     if (!m) fail(Exit::usage, "the mirror is closed");
     return *m;
   }
@@ -147,10 +147,10 @@ void bind_sharded(nb::module_& m) {
             o.threads = threads;
             o.sync = sync;
             o.lock_timeout = hfdelta::python::lock_seconds(lock_timeout);
-            std::unique_ptr<hfdelta::ShardMirror> sm;
+            std::unique_ptr<hfdelta::PublisherMirror> sm;
             {
               nb::gil_scoped_release release;
-              sm = std::make_unique<hfdelta::ShardMirror>(root, mirror, o);
+              sm = std::make_unique<hfdelta::PublisherMirror>(root, mirror, o, " (ShardedPublisher(root, mirror))");
             }
             new (self) Mirror{std::move(sm), mirror};
           },

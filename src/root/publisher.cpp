@@ -17,9 +17,9 @@
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
 #include "hfdelta/progress.hpp"
+#include "hfdelta/publisher_mirror.hpp"
 #include "hfdelta/safetensors.hpp"
 #include "hfdelta/version.hpp"
-#include "root/mirror.hpp"
 #include "store/checksum_record.hpp"
 #include "store/local_store.hpp"
 #include "util/scope_guard.hpp"
@@ -51,12 +51,9 @@ struct Step {
 }  // namespace
 
 struct MemoryPublisher::State {
-  fs::path root, mirror;
-  PublisherOptions opts;
-  std::unique_ptr<LocalLock> lock;
-  PublisherOpening opening;
-  std::uint64_t version = 0;
-  bool reconcile_needed = false;  // the last mirror advance failed, or never started
+  State(const fs::path& root, const fs::path& mirror, const PublisherOptions& opts)
+      : m(root, mirror, opts, " (Publisher(root, mirror))") {}
+  PublisherMirror m;
   std::unique_ptr<Step> step;
   // A version abandoned after an error inside put() or publish(): the
   // tensors given to it are gone, so nothing may silently go on in a new
@@ -231,24 +228,16 @@ std::unique_ptr<Step> new_step(const fs::path& root, const fs::path& mirror, con
 }  // namespace
 
 MemoryPublisher::MemoryPublisher(const fs::path& root, const fs::path& mirror, const PublisherOptions& opts)
-    : s_(std::make_unique<State>()) {
-  s_->root = fs::absolute(strip_trailing_slashes(root.string()));
-  s_->mirror = fs::absolute(strip_trailing_slashes(mirror.string()));
-  s_->opts = opts;
-  check_mirror_paths(s_->root, s_->mirror, " (Publisher(root, mirror))");  // before the lock creates anything in either
-  s_->lock = std::make_unique<LocalLock>(s_->mirror, opts.lock_timeout, LocalLock::Mode::create, "publisher.lock");
-  reconcile_mirror(s_->root, s_->mirror, opts, s_->opening);
-  s_->version = s_->opening.version;
-}
+    : s_(std::make_unique<State>(root, mirror, opts)) {}
 
 MemoryPublisher::~MemoryPublisher() {
   abort_step();
   if (s_->advance.joinable()) s_->advance.join();
 }
 
-const PublisherOpening& MemoryPublisher::opening() const { return s_->opening; }
+const PublisherOpening& MemoryPublisher::opening() const { return s_->m.opening(); }
 
-std::uint64_t MemoryPublisher::version() const { return s_->version; }
+std::uint64_t MemoryPublisher::version() const { return s_->m.version(); }
 
 bool MemoryPublisher::in_progress() const { return s_->step != nullptr; }
 
@@ -256,10 +245,7 @@ std::optional<ApplyResult> MemoryPublisher::wait() {
   if (s_->advance.joinable()) s_->advance.join();
   std::optional<ApplyResult> r = std::move(s_->advanced);
   s_->advanced.reset();
-  if (std::exception_ptr e = std::exchange(s_->advance_error, nullptr)) {
-    s_->reconcile_needed = true;
-    std::rethrow_exception(e);
-  }
+  if (std::exception_ptr e = std::exchange(s_->advance_error, nullptr)) std::rethrow_exception(e);
   return r;
 }
 
@@ -277,13 +263,8 @@ void MemoryPublisher::open_step() {
   wait();
   // The mirror must be at the version published last: after a failed or
   // never started advance, or a change by another process, reconcile first.
-  if (s_->reconcile_needed || read_state(s_->mirror) != LocalState{s_->version, std::nullopt}) {
-    PublisherOpening o;
-    reconcile_mirror(s_->root, s_->mirror, s_->opts, o);
-    s_->version = o.version;
-    s_->reconcile_needed = false;
-  }
-  s_->step = new_step(s_->root, s_->mirror, s_->opts, s_->version);
+  const std::uint64_t base = s_->m.reconcile();
+  s_->step = new_step(s_->m.root(), s_->m.mirror(), s_->m.options(), base);
 }
 
 // Abandons the version under way after an error, remembering it as lost.
@@ -302,11 +283,11 @@ void MemoryPublisher::put(std::span<const TensorBytes> batch) {
   std::vector<Source> memory(batch.size());
   for (std::size_t k = 0; k < batch.size(); ++k) {
     const TensorBytes& t = batch[k];
-    const std::size_t i = find_tensor(st, t.name, s_->mirror);
+    const std::size_t i = find_tensor(st, t.name, s_->m.mirror());
     Work& w = st.works[i];
     if (st.given[i] || st.declared[i] || std::find(works.begin(), works.end(), &w) != works.end())
       fail(Exit::usage, "tensor '" + std::string(t.name) + "': given twice for version " + format_version(st.version));
-    check_tensor(st, w, t, s_->mirror);  // a mistake: no source was set yet for any
+    check_tensor(st, w, t, s_->m.mirror());  // a mistake: no source was set yet for any
     memory[k].memory = t.bytes.data();
     works.push_back(&w);
   }
@@ -327,16 +308,16 @@ void MemoryPublisher::put(std::span<const TensorBytes> batch) {
 void MemoryPublisher::put_found(const TensorFound& t) {
   open_step();
   Step& st = *s_->step;
-  const std::size_t i = find_tensor(st, t.name, s_->mirror);
+  const std::size_t i = find_tensor(st, t.name, s_->m.mirror());
   Work& w = st.works[i];
   if (st.given[i] || st.declared[i])
     fail(Exit::usage, "tensor '" + std::string(t.name) + "': given twice for version " + format_version(st.version));
-  if (s_->opts.encoding != Encoding::sparse && s_->opts.encoding != Encoding::context)
+  if (s_->m.options().encoding != Encoding::sparse && s_->m.options().encoding != Encoding::context)
     fail(Exit::usage, "tensor '" + std::string(t.name) +
                           "': changes found elsewhere are encoded as sparse or context, not " +
-                          (s_->opts.encoding ? std::string(encoding_name(*s_->opts.encoding)) : std::string("auto")) +
+                          (s_->m.options().encoding ? std::string(encoding_name(*s_->m.options().encoding)) : std::string("auto")) +
                           ": give the tensor's bytes");
-  check_tensor(st, w, t.name, t.dtype, t.shape, t.nbytes, s_->mirror);
+  check_tensor(st, w, t.name, t.dtype, t.shape, t.nbytes, s_->m.mirror());
   try {
     st.encoder->encode_found(w, t.chunks, t.groups);
   } catch (const std::exception& e) {
@@ -350,16 +331,16 @@ std::optional<Hash128> MemoryPublisher::found_base(std::string_view name, std::s
                                                    std::span<const std::uint64_t> shape, std::uint64_t nbytes) {
   open_step();
   Step& st = *s_->step;
-  const std::size_t i = find_tensor(st, name, s_->mirror);
+  const std::size_t i = find_tensor(st, name, s_->m.mirror());
   const Work& w = st.works[i];
   if (st.given[i] || st.declared[i])
     fail(Exit::usage, "tensor '" + std::string(name) + "': given twice for version " + format_version(st.version));
-  if (s_->opts.encoding != Encoding::sparse && s_->opts.encoding != Encoding::context)
+  if (s_->m.options().encoding != Encoding::sparse && s_->m.options().encoding != Encoding::context)
     fail(Exit::usage, "tensor '" + std::string(name) +
                           "': changes found elsewhere are encoded as sparse or context, not " +
-                          (s_->opts.encoding ? std::string(encoding_name(*s_->opts.encoding)) : std::string("auto")) +
+                          (s_->m.options().encoding ? std::string(encoding_name(*s_->m.options().encoding)) : std::string("auto")) +
                           ": give the tensor's bytes");
-  check_tensor(st, w, name, dtype, shape, nbytes, s_->mirror);
+  check_tensor(st, w, name, dtype, shape, nbytes, s_->m.mirror());
   if (!w.base_hash_known) return std::nullopt;
   return w.base_hash;
 }
@@ -371,14 +352,14 @@ std::optional<Hash128> MemoryPublisher::given_checksum(std::string_view name) co
   return s_->step->works[it->second].new_hash;
 }
 
-const fs::path& MemoryPublisher::mirror() const { return s_->mirror; }
+const fs::path& MemoryPublisher::mirror() const { return s_->m.mirror(); }
 
-const PublisherOptions& MemoryPublisher::options() const { return s_->opts; }
+const PublisherOptions& MemoryPublisher::options() const { return s_->m.options(); }
 
 void MemoryPublisher::unchanged(std::string_view name) {
   open_step();
   Step& st = *s_->step;
-  const std::size_t i = find_tensor(st, name, s_->mirror);
+  const std::size_t i = find_tensor(st, name, s_->m.mirror());
   if (st.given[i]) fail(Exit::usage, "tensor '" + std::string(name) + "': given, then declared unchanged");
   st.declared[i] = 1;
 }
@@ -399,7 +380,7 @@ PublishSummary MemoryPublisher::publish(bool rest_unchanged) {
     changed.push_back(&w);
   }
   count_step(st, changed, ps);
-  DeltaIndex idx = step_index(st, s_->opts);
+  DeltaIndex idx = step_index(st, s_->m.options());
   idx.elements = DeltaIndex::Elements{ps.diff.elements, ps.diff.elements_changed};
   try {
     st.writer->write_entries(
@@ -414,24 +395,21 @@ PublishSummary MemoryPublisher::publish(bool rest_unchanged) {
     }
     // Renamed into place, then a later step failed (flushing ROOT): the
     // version is published all the same.
-    s_->version = st.version;
-    s_->reconcile_needed = true;
+    s_->m.published(st.version);
     s_->step.reset();
     fail(Exit::failure,
          st.out.string() + ": published, but " + e.what() + "; the next publish advances the mirror to it first");
   }
   ps.diff.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - st.t0).count();
-  s_->version = st.version;  // published: from here on the mirror is behind until advanced
-  // The mirror follows through delta-apply's own path: journalled, checked
-  // against the checksums the delta carries, recorded.
+  // Published: from here on the mirror is behind until advanced (a thread
+  // that never starts leaves it so). It follows through delta-apply's own
+  // path: journalled, checked against the checksums the delta carries, recorded.
+  s_->m.published(st.version);
   s_->step.reset();
-  s_->reconcile_needed = true;  // until the advance has run: a thread that never starts leaves it so
-  const fs::path delta = ps.out, mirror = s_->mirror;
-  const ApplyOptions ao = mirror_apply_options(s_->opts);
-  auto advance = [this, delta, mirror, ao] {
+  const fs::path delta = ps.out, mirror = s_->m.mirror();
+  auto advance = [this, delta, mirror] {
     try {
-      s_->advanced = apply_delta(delta, mirror, ao);
-      s_->reconcile_needed = false;
+      s_->advanced = s_->m.advance(delta);
     } catch (const Error& e) {
       s_->advance_error = std::make_exception_ptr(
           Error(e.code(), delta.string() + ": published, but advancing mirror " + mirror.string() +
@@ -440,7 +418,7 @@ PublishSummary MemoryPublisher::publish(bool rest_unchanged) {
       s_->advance_error = std::current_exception();
     }
   };
-  if (s_->opts.background)
+  if (s_->m.options().background)
     s_->advance = std::thread(advance);
   else {
     advance();

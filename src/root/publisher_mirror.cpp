@@ -1,4 +1,4 @@
-#include "hfdelta/shard_mirror.hpp"
+#include "hfdelta/publisher_mirror.hpp"
 
 #include <string>
 
@@ -14,31 +14,36 @@ namespace hfdelta {
 
 namespace fs = boost::filesystem;
 
-struct ShardMirror::State {
+struct PublisherMirror::State {
   fs::path root, mirror;
   PublisherOptions opts;
   std::unique_ptr<LocalLock> lock;
   PublisherOpening opening;
   std::uint64_t version = 0;
-  bool reconcile_needed = false;
+  bool reconcile_needed = false;  // the last advance failed, or never started
 };
 
-ShardMirror::ShardMirror(const fs::path& root, const fs::path& mirror, const PublisherOptions& opts)
+PublisherMirror::PublisherMirror(const fs::path& root, const fs::path& mirror, const PublisherOptions& opts,
+                                 const std::string& form)
     : s_(std::make_unique<State>()) {
   s_->root = fs::absolute(strip_trailing_slashes(root.string()));
   s_->mirror = fs::absolute(strip_trailing_slashes(mirror.string()));
   s_->opts = opts;
-  check_mirror_paths(s_->root, s_->mirror, " (ShardedPublisher(root, mirror))");
+  check_mirror_paths(s_->root, s_->mirror, form);  // before the lock creates anything in either
   s_->lock = std::make_unique<LocalLock>(s_->mirror, opts.lock_timeout, LocalLock::Mode::create, "publisher.lock");
   reconcile_mirror(s_->root, s_->mirror, opts, s_->opening);
   s_->version = s_->opening.version;
 }
 
-ShardMirror::~ShardMirror() = default;
+PublisherMirror::~PublisherMirror() = default;
 
-const PublisherOpening& ShardMirror::opening() const { return s_->opening; }
+const fs::path& PublisherMirror::root() const { return s_->root; }
+const fs::path& PublisherMirror::mirror() const { return s_->mirror; }
+const PublisherOptions& PublisherMirror::options() const { return s_->opts; }
+const PublisherOpening& PublisherMirror::opening() const { return s_->opening; }
+std::uint64_t PublisherMirror::version() const { return s_->version; }
 
-std::uint64_t ShardMirror::reconcile() {
+std::uint64_t PublisherMirror::reconcile() {
   if (s_->reconcile_needed || read_state(s_->mirror) != LocalState{s_->version, std::nullopt}) {
     PublisherOpening o;
     reconcile_mirror(s_->root, s_->mirror, s_->opts, o);
@@ -48,7 +53,12 @@ std::uint64_t ShardMirror::reconcile() {
   return s_->version;
 }
 
-Hash128 ShardMirror::record_digest() const {
+void PublisherMirror::published(std::uint64_t v) {
+  s_->version = v;
+  s_->reconcile_needed = true;
+}
+
+Hash128 PublisherMirror::record_digest() const {
   const std::optional<ChecksumRecord> rec = read_record(s_->mirror, s_->version);
   if (!rec)
     fail(Exit::uninitialised,
@@ -68,10 +78,10 @@ Hash128 ShardMirror::record_digest() const {
   return h.digest();
 }
 
-ApplyResult ShardMirror::advance(const fs::path& delta) {
+ApplyResult PublisherMirror::advance(const fs::path& delta) {
   s_->reconcile_needed = true;  // until the apply has recorded the version
   const ApplyResult r = apply_delta(delta, s_->mirror, mirror_apply_options(s_->opts));
-  s_->version = r.to_version;
+  if (s_->version != r.to_version) s_->version = r.to_version;
   s_->reconcile_needed = false;
   return r;
 }
