@@ -47,17 +47,15 @@
 # 77 (meson's "skipped") after the first section, saying so.
 #
 # Environment: HFDELTA_DIFF, HFDELTA_APPLY, HFDELTA_GEN (the binaries; meson
-# sets them; default build/src/delta-diff, build/src/delta-apply, build/tools/hfdelta-gen); LAB_KEEP=1 keeps the work directory.
+# sets them; default those of HFDELTA_BUILDDIR, else build: build/src/delta-diff, ...); LAB_KEEP=1 keeps the work directory.
 # Exit: 0 all passed, 1 a check failed, 77 skipped (weed or rclone missing, or
 # the binaries lack the publishing hooks).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$here")
-DIFF=${HFDELTA_DIFF:-$repo/build/src/delta-diff}
-APPLY=${HFDELTA_APPLY:-$repo/build/src/delta-apply}
-GEN=${HFDELTA_GEN:-$repo/build/tools/hfdelta-gen}
 # shellcheck source=scripts/lab/storage-lab.sh
 . "$repo/scripts/lab/storage-lab.sh"
+lab_tools "$repo"
 
 t_start=$SECONDS
 passed=0 failed=0 skipped=0

@@ -53,11 +53,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
 builddir=${HFDELTA_BUILDDIR:-build}
-DIFF=${HFDELTA_DIFF:-$repo/$builddir/src/delta-diff}
-APPLY=${HFDELTA_APPLY:-$repo/$builddir/src/delta-apply}
-GEN=${HFDELTA_GEN:-$repo/$builddir/tools/hfdelta-gen}
 # shellcheck source=scripts/lab/storage-lab.sh
 . "$repo/scripts/lab/storage-lab.sh"
+lab_tools "$repo"
 
 hosts=8 versions=10 full_at='' size=small interval=2 poll=0.5 timeout=300 subnet=10.213.77 out='' keep=0
 usage() { sed -n '3,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }

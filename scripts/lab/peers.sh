@@ -43,11 +43,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
 builddir=${HFDELTA_BUILDDIR:-build}
-DIFF=${HFDELTA_DIFF:-$repo/$builddir/src/delta-diff}
-APPLY=${HFDELTA_APPLY:-$repo/$builddir/src/delta-apply}
-GEN=${HFDELTA_GEN:-$repo/$builddir/tools/hfdelta-gen}
 # shellcheck source=scripts/lab/storage-lab.sh
 . "$repo/scripts/lab/storage-lab.sh"
+lab_tools "$repo"
 
 nodes=3 versions=3 interval=4 poll=1 peer_timeout=6 subnet=10.213.78 out='' keep=0
 usage() { sed -n '3,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }

@@ -4,9 +4,10 @@
 # in one `weed server`), an rclone remote for its S3 gateway configured only
 # through environment variables, FUSE mounts of its filer (`weed mount`), and
 # network namespaces joined to it by veth pairs on a bridge. Sourced by
-# tests/object_store.sh and scripts/lab/fanout.sh:
+# tests/object_store.sh, scripts/lab/fanout.sh and scripts/lab/peers.sh:
 #
 #   . scripts/lab/storage-lab.sh
+#   lab_tools "$repo"                          # DIFF, APPLY, GEN
 #   lab_require weed rclone fuse || exit 77   # prints why not, returns 1
 #   lab_init                                  # temp dir, cleanup trap
 #   lab_server_start                          # on 127.0.0.1 (LAB_IP)
@@ -40,6 +41,16 @@ LAB_ON_CLEANUP=() # commands lab_cleanup runs first (lab_on_cleanup)
 LAB_CLEANED=0
 
 lab_say() { echo "lab: $*" >&2; }
+
+# Sets DIFF, APPLY and GEN, the binaries the lab scripts drive:
+# HFDELTA_DIFF, HFDELTA_APPLY, HFDELTA_GEN, else those of the build directory
+# HFDELTA_BUILDDIR (default build) of the repository REPO.
+lab_tools() {
+  local b=$1/${HFDELTA_BUILDDIR:-build}
+  DIFF=${HFDELTA_DIFF:-$b/src/delta-diff}
+  APPLY=${HFDELTA_APPLY:-$b/src/delta-apply}
+  GEN=${HFDELTA_GEN:-$b/tools/hfdelta-gen}
+}
 
 # The real weed binary. A pyenv shim (a shell script that execs pyenv) would
 # cost a second of startup per call and be what our process ids point to.
