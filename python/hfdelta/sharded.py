@@ -222,9 +222,9 @@ class ShardedPublisher:
         if hasattr(tensor, "placements") and hasattr(tensor, "to_local"):
             if rows is not None or cols is not None:
                 raise UsageError(f"tensor '{name}': a DTensor says where its shard sits; give no rows= or cols=")
-            piece = self._dtensor_piece(name, tensor, shape)
-            if piece is not None:
-                self._pieces.append(piece)
+            where = self._dtensor_region(name, tensor, shape)
+            if where is not None:
+                self._add(name, tensor.to_local(), shape, *where)
             return
         r0, r1 = rows if rows is not None else (0, shape[0] if shape else 1)
         c0, c1 = cols if cols is not None else (0, shape[1] if len(shape) >= 2 else 1)
@@ -235,7 +235,8 @@ class ShardedPublisher:
             inner *= d
         self._add(name, tensor, shape, r0, r1 - r0, c0 * inner, (c1 - c0) * inner, replicated)
 
-    def _dtensor_piece(self, name: str, t: Any, shape: list[int]) -> Optional[_Piece]:
+    def _dtensor_region(self, name: str, t: Any, shape: list[int]) -> Optional[Tuple[int, int, int, int, bool]]:
+        """Where a DTensor's local shard sits: (row0, rows, col0, cols, replicated); None for an empty shard."""
         tensor_mod = importlib.import_module("torch.distributed.tensor")
         Replicate, Shard = tensor_mod.Replicate, tensor_mod.Shard
         if list(t.shape) != shape:
@@ -264,22 +265,15 @@ class ShardedPublisher:
             col0, cols = offset[1] * inner, local_shape[1] * inner
         else:
             col0, cols = 0, 1
-        piece = _Piece(name, t.to_local(), None, shape, (row0, rows, col0, cols), replicated)
-        self._convert(piece)
-        return piece
+        return row0, rows, col0, cols, replicated
 
     def _add(self, name: str, tensor: TensorLike, shape: list[int], row0: int, rows: int, col0: int, cols: int,
              replicated: bool) -> None:
-        piece = _Piece(name, tensor, None, shape, (row0, rows, col0, cols), replicated)
-        self._convert(piece)
-        self._pieces.append(piece)
-
-    def _convert(self, piece: _Piece) -> None:
-        _, array, dtype, _ = _item(piece.name, piece.array)
+        _, array, dtype, _ = _item(name, tensor)
         if hasattr(array, "__dlpack_device__") and array.__dlpack_device__()[0] != 1:
-            raise UsageError(f"tensor '{piece.name}': a sharded publisher takes pieces in host memory; copy it to "
+            raise UsageError(f"tensor '{name}': a sharded publisher takes pieces in host memory; copy it to "
                              "the host first (torch: .cpu())")
-        piece.array, piece.dtype = array, dtype
+        self._pieces.append(_Piece(name, array, dtype, shape, (row0, rows, col0, cols), replicated))
 
     # ---- publishing ------------------------------------------------------------------------------
 
