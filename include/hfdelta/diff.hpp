@@ -14,9 +14,9 @@ namespace hfdelta {
 
 struct DiffOptions {
   // One encoding for every tensor (sparse by default), or none ("auto"):
-  // both sparse and xor are encoded in the same pass, and the smaller entry
-  // of each tensor kept (recorded per tensor in the index): never larger
-  // than xor, tensor by tensor, at two to four times the diff time.
+  // context, or xor where that is smaller (recorded per tensor in the
+  // index); of a tensor over 1 MiB the xor entry is compressed whole only
+  // where a sample of its blocks says it may be smaller (delta-diff(1)).
   std::optional<Encoding> encoding = Encoding::sparse;
   int level = 3;  // zstd level
   std::uint64_t version = 0;

@@ -55,17 +55,38 @@ struct Worker {
 
 namespace {
 
+// "auto" compresses every kXorSample-th block of the XOR stream of a tensor
+// of more than kXorWhole blocks, and estimates its whole xor frame from
+// them; only where the estimate comes within kXorMargin of the chunked
+// entry is the whole stream compressed (try_xor), and the smaller entry
+// kept. Smaller tensors are compressed whole in the pass: the choice is
+// then exact for the cost of a few blocks.
+constexpr std::uint64_t kXorSample = 16, kXorWhole = 4;
+constexpr double kXorMargin = 1.5;
+
+bool sampled(const Work& w) { return w.nbytes > kXorWhole * kBlock; }
+
 // Compresses the XOR of blocks streamed in order into one xor frame (the
-// "auto" encoding's alternative), from blocks already in cache.
+// "auto" encoding's alternative), from blocks already in cache; or, for a
+// sampled tensor, every kXorSample-th block, only counting the bytes.
 struct XorStream {
   Worker& wk;
   Seg seg;
   ByteSink sink;
-  XorStream(Worker& w, int tid, std::uint64_t nbytes) : wk(w), seg{tid, w.xspool.size, 0, true} {
-    sink = [this](std::span<const std::uint8_t> s) { wk.xspool.put(s); };
-    wk.xcomp->begin(nbytes);
+  bool sample;
+  std::uint64_t blocks = 0, fed = 0, total = 0, out = 0;
+  XorStream(Worker& w, int tid, std::uint64_t nbytes, bool sample_only)
+      : wk(w), seg{tid, w.xspool.size, 0, true}, sample(sample_only) {
+    if (sample)
+      sink = [this](std::span<const std::uint8_t> s) { out += s.size(); };
+    else
+      sink = [this](std::span<const std::uint8_t> s) { wk.xspool.put(s); };
+    wk.xcomp->begin(sample ? Compressor::kUnknownSize : nbytes);
   }
   void block(const std::uint8_t* a, const std::uint8_t* b, std::size_t n) {
+    total += n;
+    if (sample && blocks++ % kXorSample) return;
+    fed += n;
     // Word at a time through local pointers: the compiler cannot prove the
     // buffers apart, and would go byte by byte.
     std::uint8_t* x = wk.x.data();
@@ -84,6 +105,11 @@ struct XorStream {
     wk.xcomp->end(sink);
     seg.size = wk.xspool.size - seg.offset;
     return seg;
+  }
+  // A sampled stream: the whole frame's size, estimated.
+  std::uint64_t estimate() {
+    wk.xcomp->end(sink);
+    return fed ? static_cast<std::uint64_t>(double(out) * double(total) / double(fed)) : 0;
   }
 };
 
@@ -252,12 +278,17 @@ void hash_unit(Work& w, Worker& wk, XorStream* xs) {
   if (!w.range_sum.empty()) w.range_sum[r] = hr.digest();
   set_base_hash(w, hb.digest());
   w.new_hash = hn.digest();
-  if (xs) w.xor_frame = xs->end();
+  if (xs && xs->sample) w.xor_estimate = xs->estimate();
+  else if (xs) w.xor_frame = xs->end();
 }
 
 // "auto" of a tensor scanned whole: only the smaller of its chunked entry
 // and its xor frame stays in the spools.
 void keep_smaller(Work& w, RangeOut& r, Worker& wk, XorStream& xs) {
+  if (xs.sample) {
+    w.xor_estimate = xs.estimate();  // decided after the pass
+    return;
+  }
   w.xor_frame = xs.end();
   if (r.elements_changed == 0 || head_size(w) + r.body.size <= w.xor_frame.size) {
     wk.xspool.size = w.xor_frame.offset;
@@ -289,7 +320,7 @@ void run_chunk_unit(const Unit& unit, Work& w, Worker& wk, std::size_t tid, bool
   // of every tensor: never larger than xor, at the cost of compressing the
   // XOR stream (mostly zeros, which zstd goes through fast).
   std::optional<XorStream> xs;
-  if (autochoice && unit.kind != Unit::Kind::range) xs.emplace(wk, static_cast<int>(tid), w.nbytes);
+  if (autochoice && unit.kind != Unit::Kind::range) xs.emplace(wk, static_cast<int>(tid), w.nbytes, sampled(w));
   XorStream* x = xs ? &*xs : nullptr;
   if (unit.kind == Unit::Kind::hash) return hash_unit(w, wk, x);
   if (unit.kind == Unit::Kind::whole) return scan_whole(w, unit, wk, tid, x);
@@ -312,10 +343,44 @@ void sum_ranges(std::span<Work* const> works, bool autochoice) {
     Work& w = *wp;
     check_range_sums(w);
     for (const auto& r : w.ranges) w.elements_changed += r.elements_changed, w.bytes_changed += r.bytes_changed;
-    if (!autochoice || w.fresh || !w.changed() || w.xor_frame.spool < 0) continue;
+    if (!autochoice || w.fresh || !w.changed()) {
+      w.xor_estimate.reset();  // no choice to make
+      continue;
+    }
     std::uint64_t chunked_len = head_size(w);
     for (const auto& r : w.ranges) chunked_len += r.body.size;
+    if (w.xor_estimate) {  // the whole frame only where the sample says it may be smaller
+      if (double(*w.xor_estimate) >= kXorMargin * double(chunked_len)) w.xor_estimate.reset();
+      continue;
+    }
+    if (w.xor_frame.spool < 0) continue;
     if (w.xor_frame.size < chunked_len) w.encoding = Encoding::xor_bytes, w.frame = w.xor_frame;
+  }
+}
+
+// "auto", a sampled tensor whose estimate came close: its whole xor frame,
+// kept where smaller than its chunked entry. The bytes are read again, and
+// must still be those hashed in the pass.
+void try_xor(Work& w, Worker& wk, std::size_t tid) {
+  w.xor_estimate.reset();
+  XorStream xs(wk, static_cast<int>(tid), w.nbytes, false);
+  Hasher hb, hn;
+  for (std::uint64_t at = 0; at < w.nbytes; at += kBlock) {
+    const std::size_t n = static_cast<std::size_t>(std::min(kBlock, w.nbytes - at));
+    const std::uint8_t* a = w.bsrc->read(wk.a.data(), n, w.boff + at);
+    const std::uint8_t* b = w.nsrc->read(wk.b.data(), n, w.noff + at);
+    hb.update({a, n});
+    hn.update({b, n});
+    xs.block(a, b, n);
+  }
+  const Seg x = xs.end();
+  if (hn.digest() != w.new_hash || (w.base_hashed && hb.digest() != w.base_hash)) changed_while_read(w);
+  std::uint64_t chunked_len = head_size(w);
+  for (const auto& r : w.ranges) chunked_len += r.body.size;
+  if (x.size < chunked_len) {
+    w.encoding = Encoding::xor_bytes, w.frame = x;
+  } else if (wk.xspool.size == x.offset + x.size) {
+    wk.xspool.size = x.offset;  // the spool's end: taken back
   }
 }
 
@@ -373,6 +438,13 @@ void Encoder::chunk_pass(std::span<Work* const> works) {
     if (unit.kind != Unit::Kind::hash) progress::add(unit.bytes);
   });
   sum_ranges(works, autochoice);
+  std::vector<Work*> close;
+  for (Work* w : works)
+    if (w->xor_estimate) close.push_back(w);
+  parallel_for(close.size(), threads_, [&](std::size_t i, std::size_t tid) {
+    ensure_worker(*workers_[tid], tid, tmp_, level_, true);
+    try_xor(*close[i], *workers_[tid], tid);
+  });
 }
 
 // The slime encodings, one frame per tensor over whole views.
