@@ -70,13 +70,15 @@ struct Preset {
 // small keep a separate lm_head (Llama-like) so that tensor exists in tests.
 // tiny-moe ≈ 4.5 MB and 405 tensors (64 experts in each of 2 layers);
 // qwen3-moe has Qwen3-30B-A3B's tensor count (48 layers of 128 experts,
-// 18 867 tensors) at a width that keeps a bf16 save near 170 MB.
+// 18 867 tensors) at a width that keeps a bf16 save near 170 MB. qwen3-8b is
+// Qwen3-8B's shape, about 16.4 GB per bf16 save (scripts/bench/scale.sh).
 const Preset kPresets[] = {
     {"tiny", {128, 2, 384, 2048, 4, 2, 32, false}},
     {"small", {512, 8, 1536, 32000, 8, 4, 64, false}},
     {"qwen3-0.6b", {1024, 28, 3072, 151936, 16, 8, 128, true}},
     {"tiny-moe", {128, 2, 384, 2048, 4, 2, 32, false, 64, 4, 32}},
     {"qwen3-moe", {128, 48, 768, 32000, 4, 2, 32, false, 128, 8, 32}},
+    {"qwen3-8b", {4096, 36, 12288, 151936, 32, 8, 128, false}},
 };
 
 enum class Dtype { bf16, f16, f32, f8e4m3 };

@@ -42,6 +42,9 @@
 #                      kinds: mixture of experts (qwen3-moe, experts apart against stacked),
 #                      FP8 with block scales and LoRA adapters, scripts/bench/kinds.sh, in
 #                      OUT/kinds.md
+#                      scale (only when named: about 36 GB of disk and root): a Qwen3-8B-shaped
+#                      pair, cold and warm, every encoding against the floors,
+#                      scripts/bench/scale.sh, in OUT/scale.md
 # Each option has an environment variable: BENCH_PRESET, BENCH_SAVES, BENCH_LRS,
 # BENCH_TARGET_LR, BENCH_REPEAT, BENCH_PEER_PAIRS, BENCH_MEM_PRESETS,
 # BENCH_STEPS_PER_SAVE, BENCH_OUT, BENCH_WORK, BENCH_KEEP=1, BENCH_SECTIONS; HFDELTA_BUILDDIR
@@ -91,7 +94,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 for sct in $sections; do
-  case $sct in main | squash | mem | publish | kinds | sharded) ;; *) die "unknown section $sct (main squash mem publish kinds sharded)" ;; esac
+  case $sct in main | squash | mem | publish | kinds | sharded | scale) ;; *) die "unknown section $sct (main squash mem publish kinds sharded scale)" ;; esac
 done
 want() { [[ " $sections " == *" $1 "* ]]; }
 [[ $saves =~ ^[1-9][0-9]*$ ]] || die "--saves must be a positive integer"
@@ -499,6 +502,19 @@ if want kinds; then
   note timing "what=checkpoint kinds" "seconds=$(elapsed "$t0")"
 fi
 
+if want scale; then
+  log "scale: a Qwen3-8B-shaped pair, cold and warm (scripts/bench/scale.sh)"
+  rm -f "$out/scale.md"
+  t0=$(date +%s.%N)
+  rc=0
+  "$repo/scripts/bench/scale.sh" --out "$out/scale.md" --work "$work/scale" | sed 's/^/   /' || rc=$?
+  case $rc in
+    0) note timing "what=scale" "seconds=$(elapsed "$t0")" ;;
+    77) log "scale: skipped (the reason is above)" ;;
+    *) die "scripts/bench/scale.sh failed (exit $rc)" ;;
+  esac
+fi
+
 [ "$keep" = 1 ] || rm -rf "$work"
 note timing "what=whole run" "seconds=$(elapsed "$t_start")"
 bench report "$rec" --md "$out/results.md" --json "$out/results.json"
@@ -510,6 +526,9 @@ if want sharded; then
 fi
 if want kinds; then
   { echo; sed 's/^# /## /; s/^## \([A-Z]\)/### \1/' "$out/kinds.md"; } >>"$out/results.md"
+fi
+if want scale && [ -f "$out/scale.md" ]; then
+  { echo; sed 's/^# /## /' "$out/scale.md"; } >>"$out/results.md"
 fi
 log "done: $out/results.md, $out/results.json"
 echo
