@@ -33,6 +33,9 @@ struct TensorInfo {
   std::uint64_t end = 0;
   std::uint64_t nbytes() const { return end - begin; }
   std::uint64_t elements() const;  // product(shape); 1 for a scalar
+  // Elements as delta-diff counts them (its summary, the index's
+  // hfdelta_elements): elements(), or bytes for a dtype of no known size.
+  std::uint64_t counted_elements() const;
 };
 
 struct SafetensorsHeader {

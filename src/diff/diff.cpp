@@ -330,7 +330,7 @@ std::vector<NewDeltaEntry> entries_of(DiffContext& ctx, std::vector<const Work*>
   DiffSummary& sum = ctx.sum;
   std::vector<NewDeltaEntry> entries;
   for (const Work& w : ctx.works) {
-    const std::uint64_t elems = dtype_size(w.t->dtype) ? w.t->elements() : w.nbytes;
+    const std::uint64_t elems = w.t->counted_elements();
     sum.tensors += 1, sum.elements += elems, sum.tensor_bytes += w.nbytes;
     sum.tensors_new += w.fresh;
     if (!w.changed()) continue;

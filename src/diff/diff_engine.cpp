@@ -336,6 +336,13 @@ void check_range_sums(const Work& w) {
     if (w.ranges[i].new_sum != w.range_sum[i]) changed_while_read(w);
 }
 
+// The size of a tensor's chunked entry: its head and its ranges' chunks.
+std::uint64_t chunked_len(const Work& w) {
+  std::uint64_t n = head_size(w);
+  for (const auto& r : w.ranges) n += r.body.size;
+  return n;
+}
+
 // Each tensor's totals over its ranges; "auto" keeps a split tensor's xor
 // frame where it is smaller than its chunked entry.
 void sum_ranges(std::span<Work* const> works, bool autochoice) {
@@ -347,14 +354,13 @@ void sum_ranges(std::span<Work* const> works, bool autochoice) {
       w.xor_estimate.reset();  // no choice to make
       continue;
     }
-    std::uint64_t chunked_len = head_size(w);
-    for (const auto& r : w.ranges) chunked_len += r.body.size;
+    const std::uint64_t chunked = chunked_len(w);
     if (w.xor_estimate) {  // the whole frame only where the sample says it may be smaller
-      if (double(*w.xor_estimate) >= kXorMargin * double(chunked_len)) w.xor_estimate.reset();
+      if (double(*w.xor_estimate) >= kXorMargin * double(chunked)) w.xor_estimate.reset();
       continue;
     }
     if (w.xor_frame.spool < 0) continue;
-    if (w.xor_frame.size < chunked_len) w.encoding = Encoding::xor_bytes, w.frame = w.xor_frame;
+    if (w.xor_frame.size < chunked) w.encoding = Encoding::xor_bytes, w.frame = w.xor_frame;
   }
 }
 
@@ -375,9 +381,7 @@ void try_xor(Work& w, Worker& wk, std::size_t tid) {
   }
   const Seg x = xs.end();
   if (hn.digest() != w.new_hash || (w.base_hashed && hb.digest() != w.base_hash)) changed_while_read(w);
-  std::uint64_t chunked_len = head_size(w);
-  for (const auto& r : w.ranges) chunked_len += r.body.size;
-  if (x.size < chunked_len) {
+  if (x.size < chunked_len(w)) {
     w.encoding = Encoding::xor_bytes, w.frame = x;
   } else if (wk.xspool.size == x.offset + x.size) {
     wk.xspool.size = x.offset;  // the spool's end: taken back

@@ -85,6 +85,8 @@ std::size_t dtype_size(std::string_view dtype) {
   return 0;
 }
 
+std::uint64_t TensorInfo::counted_elements() const { return dtype_size(dtype) ? elements() : nbytes(); }
+
 std::uint64_t TensorInfo::elements() const {
   std::uint64_t n = 1;
   for (auto d : shape) n *= d;  // validated against overflow at parse time

@@ -165,7 +165,7 @@ void count_step(const Step& st, const std::vector<const Work*>& changed, Publish
   for (std::size_t i = 0; i < st.works.size(); ++i) {
     const Work& w = st.works[i];
     s.tensors += 1;
-    s.elements += dtype_size(w.t->dtype) ? w.t->elements() : w.nbytes;
+    s.elements += w.t->counted_elements();
     s.tensor_bytes += w.nbytes;
     ps.tensors_given += st.given[i] != 0;
     ps.tensors_declared_unchanged += !st.given[i];

@@ -162,21 +162,13 @@ void read_region(const File& f, std::uint64_t base, const MatrixShape& m, const 
   }
 }
 
-// Elements of `es` bytes that differ between `a` and `b` (`n` bytes): what
-// the chunked encoders count as they scan, for an xor part.
-std::uint64_t changed_elements(const std::uint8_t* a, const std::uint8_t* b, std::size_t n, std::size_t es) {
-  std::uint64_t c = 0;
-  for (std::size_t i = 0; i < n; i += es) c += std::memcmp(a + i, b + i, es) != 0;
-  return c;
-}
-
 // The index's element counts: every tensor of the mirror, as delta-diff
 // counts them (bytes where the dtype has no element size), and the parts'
 // changed elements.
 DeltaIndex::Elements elements_of(const Checkpoint& layout, const std::vector<ShardPart>& parts) {
   DeltaIndex::Elements e;
   for (const auto& sh : layout.shards)
-    for (const TensorInfo& t : sh.header.tensors) e.total += dtype_size(t.dtype) ? t.elements() : t.nbytes();
+    for (const TensorInfo& t : sh.header.tensors) e.total += t.counted_elements();
   for (const ShardPart& p : parts) e.changed += p.elements_changed;
   return e;
 }
@@ -256,7 +248,7 @@ void ShardWriter::put(std::string_view name, std::string_view dtype, std::span<c
     read_region(s.files[shard], base, m, g, at, k, old);
     s.read += k;
     if (s.enc == Encoding::xor_bytes) {
-      if (std::memcmp(old, now, k) != 0) changed += changed_elements(old, now, k, cl.es);
+      if (std::memcmp(old, now, k) != 0) changed += count_changes({old, k}, {now, k}, cl.es).elements;
       for (std::size_t i = 0; i < k; ++i) old[i] ^= now[i];
       s.comp->put({old, k}, sink);
       continue;

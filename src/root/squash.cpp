@@ -911,7 +911,7 @@ void count_elements(SquashContext& ctx) {
     n.changed += *e.changed;
   }
   for (const Shard& sh : ctx.base->shards)
-    for (const TensorInfo& t : sh.header.tensors) n.total += dtype_size(t.dtype) ? t.elements() : t.nbytes();
+    for (const TensorInfo& t : sh.header.tensors) n.total += t.counted_elements();
   ctx.idx.elements = n;
 }
 
