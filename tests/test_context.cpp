@@ -100,6 +100,39 @@ std::pair<Bytes, Bytes> bf16_step(std::size_t n, std::uint32_t seed, double lr =
   return {bytes_of(a), bytes_of(b)};
 }
 
+// The group count of each chunk with changes of a context entry (its own
+// parse of the layout in docs/format.md, not the decoder's).
+std::vector<unsigned> chunk_groups(const Bytes& e) {
+  std::size_t at = kContextHeadSize;
+  auto varint = [&] {
+    std::uint64_t v = 0;
+    for (int sh = 0;; sh += 7) {
+      const std::uint8_t c = e.at(at++);
+      v |= std::uint64_t(c & 0x7f) << sh;
+      if (!(c & 0x80)) return v;
+    }
+  };
+  std::uint64_t chunks;
+  std::memcpy(&chunks, e.data() + 24, 8);
+  std::vector<unsigned> gs;
+  for (std::uint64_t c = 0; c < chunks; ++c) {
+    const std::uint64_t K = varint();
+    if (!K) continue;
+    const unsigned G = e.at(at++);
+    gs.push_back(G);
+    at += G - 1;
+    std::uint64_t rbits = 0;
+    for (unsigned g = 0; g < G; ++g) {
+      const unsigned k = e.at(at++);
+      rbits += k * varint();
+    }
+    const std::uint64_t lq = varint(), lm = varint(), lx = varint();
+    at += lq + (rbits + 7) / 8 + lm + (K + 7) / 8 + lx;
+  }
+  REQUIRE(at == e.size());
+  return gs;
+}
+
 }  // namespace
 
 TEST_CASE("context: the field is the exponent of float dtypes, none for the rest") {
@@ -129,8 +162,16 @@ TEST_CASE("context: every build of the loops (baseline, x86-64-v3, AVX-512BW) wr
   const int widest = context_isa_level();
   INFO("widest build on this CPU: " << widest);
   // Two chunks and a tail that is not a whole block of 64, steps dense enough
-  // for several groups, and every element size with a field.
+  // for several groups, and every element size with a field. The rank pass
+  // has a shape for chunks of the encoder's most groups and one for the
+  // rest: the first chunk has the most, the tail fewer.
   auto [a, b] = bf16_step(kContextChunkElements + 1000 + 37, 7, 2e-4);
+  {
+    const std::vector<unsigned> gs = chunk_groups(encode(a, b, 2, context_field("BF16", 2)));
+    REQUIRE(gs.size() == 2);
+    CHECK(gs[0] == 8);
+    CHECK(gs[1] < 8);
+  }
   std::vector<float> fa(70001), fb(70001);
   std::mt19937 rng(3);
   std::normal_distribution<float> w(0, 0.02f);

@@ -143,11 +143,24 @@ struct Thresholds {
   std::uint8_t t[kContextMaxGroups] = {};
 };
 
-inline void threshold_masks_generic(const std::uint8_t* c, const Thresholds& th, std::uint64_t* out) {
+// The encoder's rank pass comes in two shapes: for chunks of delta-diff's
+// most groups (NT = kEncoderGroups - 1 thresholds, nearly every chunk of a
+// trained tensor), where the loops over groups unroll and the masks stay in
+// registers; and for any other count (NT = kAnyNT: th.n at run time).
+constexpr std::size_t kAnyNT = ~std::size_t{0};
+template <std::size_t NT>
+[[gnu::always_inline]] inline std::size_t thresholds_n(const Thresholds& th) {
+  return NT == kAnyNT ? th.n : NT;
+}
+
+template <std::size_t NT>
+[[gnu::always_inline]] inline void threshold_masks_generic(const std::uint8_t* c, const Thresholds& th,
+                                                           std::uint64_t* out) {
+  const std::size_t nt = thresholds_n<NT>(th);
 #if defined(__SSE2__)
   __m128i v[4];
   for (int k = 0; k < 4; ++k) v[k] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 16 * k));
-  for (std::size_t j = 0; j < th.n; ++j) {
+  for (std::size_t j = 0; j < nt; ++j) {
     const __m128i t = _mm_set1_epi8(static_cast<char>(th.t[j]));
     std::uint64_t m = 0;
     for (int k = 0; k < 4; ++k)  // unsigned c >= t: max(c, t) == c
@@ -157,7 +170,7 @@ inline void threshold_masks_generic(const std::uint8_t* c, const Thresholds& th,
     out[j] = m;
   }
 #else
-  for (std::size_t j = 0; j < th.n; ++j) {
+  for (std::size_t j = 0; j < nt; ++j) {
     std::uint64_t m = 0;
     for (int i = 0; i < 64; ++i) m |= static_cast<std::uint64_t>(c[i] >= th.t[j]) << i;
     out[j] = m;
@@ -178,11 +191,12 @@ int cpu_level() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") ? 2 : 1;
 }
 
+template <std::size_t NT>
 __attribute__((target("avx512f,avx512bw"))) inline void threshold_masks_avx512(const std::uint8_t* c,
-                                                                               const Thresholds& th,
-                                                                               std::uint64_t* out) {
+                                                                                              const Thresholds& th,
+                                                                                              std::uint64_t* out) {
   const __m512i v = _mm512_loadu_si512(c);
-  for (std::size_t j = 0; j < th.n; ++j)
+  for (std::size_t j = 0; j < thresholds_n<NT>(th); ++j)
     out[j] = _mm512_cmpge_epu8_mask(v, _mm512_set1_epi8(static_cast<char>(th.t[j])));
 }
 
@@ -204,11 +218,13 @@ __attribute__((target("avx2"))) inline void extract_contexts_avx2(const std::uin
   extract_contexts<2>(p + 2 * i, n - i, sh, mask, out + i);
 }
 
-__attribute__((target("avx2"))) inline void threshold_masks_avx2(const std::uint8_t* c, const Thresholds& th,
-                                                                 std::uint64_t* out) {
+template <std::size_t NT>
+__attribute__((target("avx2"))) inline void threshold_masks_avx2(const std::uint8_t* c,
+                                                                                const Thresholds& th,
+                                                                                std::uint64_t* out) {
   const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c));
   const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 32));
-  for (std::size_t j = 0; j < th.n; ++j) {
+  for (std::size_t j = 0; j < thresholds_n<NT>(th); ++j) {
     const __m256i t = _mm256_set1_epi8(static_cast<char>(th.t[j]));
     const std::uint64_t lo =
         static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_max_epu8(v0, t), v0)));
@@ -237,25 +253,26 @@ template <std::size_t ES, int L>
 
 // Each group's elements among 64 (`valid`: those that exist): group g is at
 // or above threshold g-1 and below threshold g.
-template <int L>
+template <int L, std::size_t NT>
 [[gnu::always_inline]] inline void group_masks(const std::uint8_t* c, const Thresholds& th, std::uint64_t valid,
                                                std::uint64_t* gm) {
   std::uint64_t m[kContextMaxGroups];
 #if HFDELTA_HAVE_V3
   if constexpr (L >= 2)
-    threshold_masks_avx512(c, th, m);
+    threshold_masks_avx512<NT>(c, th, m);
   else if constexpr (L == 1)
-    threshold_masks_avx2(c, th, m);
+    threshold_masks_avx2<NT>(c, th, m);
   else
 #endif
-    threshold_masks_generic(c, th, m);
+    threshold_masks_generic<NT>(c, th, m);
+  const std::size_t nt = thresholds_n<NT>(th);
   std::uint64_t above = valid;
-  for (std::size_t j = 0; j < th.n; ++j) {
+  for (std::size_t j = 0; j < nt; ++j) {
     const std::uint64_t next = m[j] & valid;
     gm[j] = above & ~next;
     above = next;
   }
-  gm[th.n] = above;
+  gm[nt] = above;
 }
 
 #if HFDELTA_HAVE_V3
@@ -316,8 +333,9 @@ struct RankJob {
   r.signs[s / 8] = static_cast<std::uint8_t>(r.signs[s / 8] | v.neg << (s % 8));
 }
 
-template <int L>
+template <int L, std::size_t NT>
 [[gnu::always_inline]] inline void rank_changes_body(const RankJob& r) {
+  const std::size_t G = thresholds_n<NT>(r.th) + 1;
   std::uint64_t seen[kContextMaxGroups] = {}, next_rank[kContextMaxGroups] = {}, gm[kContextMaxGroups];
   std::uint8_t tail[64];
   std::uint64_t j = 0;
@@ -327,7 +345,7 @@ template <int L>
     const std::uint8_t* cb = r.ctx + b0;
     if (len < 64) cb = static_cast<const std::uint8_t*>(std::memcpy(tail, cb, len));
     const std::uint64_t valid = len == 64 ? ~0ull : (std::uint64_t{1} << len) - 1;
-    group_masks<L>(cb, r.th, valid, gm);
+    group_masks<L, NT>(cb, r.th, valid, gm);
     for (; j < r.K && r.pos[j] < b0 + 64; ++j) {
       const unsigned bit = static_cast<unsigned>(r.pos[j] - b0);
       const std::size_t g = r.gtab[cb[bit]];
@@ -335,15 +353,24 @@ template <int L>
           seen[g] + static_cast<std::uint64_t>(std::popcount(gm[g] & ((std::uint64_t{1} << bit) - 1)));
       place_change(r, j, g, rank, next_rank, ones);
     }
-    for (std::size_t g = 0; g < r.G; ++g) seen[g] += static_cast<std::uint64_t>(std::popcount(gm[g]));
+    for (std::size_t g = 0; g < G; ++g) seen[g] += static_cast<std::uint64_t>(std::popcount(gm[g]));
   }
 }
 
 #if HFDELTA_HAVE_V3
-HFDELTA_V3 void rank_changes_v3(const RankJob& r) { rank_changes_body<1>(r); }
-HFDELTA_V4 void rank_changes_v4(const RankJob& r) { rank_changes_body<2>(r); }
+HFDELTA_V3 void rank_changes_v3(const RankJob& r) {
+  if (r.th.n == kEncoderGroups - 1) return rank_changes_body<1, kEncoderGroups - 1>(r);
+  rank_changes_body<1, kAnyNT>(r);
+}
+HFDELTA_V4 void rank_changes_v4(const RankJob& r) {
+  if (r.th.n == kEncoderGroups - 1) return rank_changes_body<2, kEncoderGroups - 1>(r);
+  rank_changes_body<2, kAnyNT>(r);
+}
 #endif
-void rank_changes_base(const RankJob& r) { rank_changes_body<0>(r); }
+void rank_changes_base(const RankJob& r) {
+  if (r.th.n == kEncoderGroups - 1) return rank_changes_body<0, kEncoderGroups - 1>(r);
+  rank_changes_body<0, kAnyNT>(r);
+}
 
 // The slots of changes whose ranks were found elsewhere (FoundChunk::rank).
 void place_ranked(const RankJob& r, const std::uint8_t* ctx, const std::uint32_t* rank) {
@@ -962,7 +989,7 @@ template <std::size_t ES, int L>
       for (std::size_t wd = 0; wd < words; ++wd) {
         const std::size_t len = std::min<std::size_t>(64, cnt - b0 - 64 * wd);
         const std::uint64_t valid = len == 64 ? ~0ull : (std::uint64_t{1} << len) - 1;
-        group_masks<L>(s.ctx.data() + b0 + 64 * wd, th, valid, gm[wd]);  // s.ctx has 64 bytes of slack
+        group_masks<L, kAnyNT>(s.ctx.data() + b0 + 64 * wd, th, valid, gm[wd]);  // s.ctx has 64 bytes of slack
       }
       std::uint64_t hit[kWords] = {};
       for (std::size_t g = 0; g < c.G; ++g) {
@@ -1014,6 +1041,8 @@ template <std::size_t ES, int L>
 }
 
 #if HFDELTA_HAVE_V3
+// (The walk gained nothing measurable from rank_changes' shape for the
+// encoder's most groups: its cost is in its branches.)
 template <std::size_t ES>
 HFDELTA_V3 void walk_v3(const Walk& w) {
   walk_body<ES, 1>(w);
