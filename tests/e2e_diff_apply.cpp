@@ -590,6 +590,31 @@ TEST_CASE("a non-weight file replaced by a directory of the same name (and the r
   CHECK(state_json(local) == json{{"version", "000001"}});
 }
 
+TEST_CASE("delta-diff cuts large tensors into ranges and their checksums into units: the same delta at 1-3 threads") {
+  // embed_tokens and lm_head, 5 chunks each, each 48% of the work: at 3
+  // threads both are scanned as ranges, their new and base bytes hashed by
+  // units of their own (auto: by one, beside its XOR stream); at 2, whole.
+  TempDir t;
+  const fs::path series = gen_series(t / "series", 1, {"--vocab", "40000"});
+  for (const char* enc : {"sparse", "context", "auto"}) {
+    CAPTURE(enc);
+    for (const char* th : {"1", "2", "3"}) {
+      const fs::path root = t / (std::string(enc) + "-" + th);
+      fs::create_directories(root);
+      E2E_REQUIRE_CODE(diff({"-q", "--no-sync", "--threads", th, "--encoding", enc, save_dir(series, 0).string(),
+                             save_dir(series, 1).string(), version_dir(root, 1).string()}),
+                       0);
+      if (std::string(th) != "1") E2E_CHECK_TREE_EQUAL(version_dir(t / (std::string(enc) + "-1"), 1), version_dir(root, 1));
+    }
+    const fs::path local = t / (std::string("local-") + enc);
+    E2E_REQUIRE_CODE(apply({"-q", "--init", "--no-sync", save_dir(series, 0).string(), local.string()}), 0);
+    E2E_REQUIRE_CODE(
+        apply({"-q", "--no-sync", "--threads", "3", version_dir(t / (std::string(enc) + "-3"), 1).string(), local.string()}),
+        0);
+    E2E_CHECK_TREE_EQUAL(local, save_dir(series, 1));
+  }
+}
+
 TEST_CASE("delta-diff output does not depend on --threads, --no-sync or the run") {
   TempDir t;
   const fs::path series = gen_series(t / "series", 1, {"--max-shard-size", "600KB"});

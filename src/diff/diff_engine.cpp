@@ -23,9 +23,12 @@ namespace {
 constexpr std::uint64_t kBlock = 256 * 1024;
 
 // A unit of parallel work: a whole tensor, or for a tensor large enough to
-// keep the other cores waiting, its hashes or one range of its chunks.
+// keep the other cores waiting, its hashes or one range of its chunks. A
+// tensor's checksum runs front to back on one core, so its new and base
+// bytes are hashed by two units (hash, hash_base), unless "auto" compresses
+// their XOR in the same pass (hash alone, both).
 struct Unit {
-  enum class Kind { whole, hash, range, fresh } kind;
+  enum class Kind { whole, hash, hash_base, range, fresh } kind;
   std::size_t work = 0, range = 0;
   std::uint64_t c0 = 0, c1 = 0;  // chunks
   std::uint64_t bytes = 0;       // for scheduling, largest first
@@ -226,7 +229,7 @@ std::uint64_t head_size(const Work& w) { return w.encoding == Encoding::context 
 // share of the work is cut into ranges of chunks so that it does not keep
 // the other cores waiting; its hashes (which run front to back) become a
 // unit of their own.
-std::vector<Unit> chunk_units(std::span<Work* const> works, int threads) {
+std::vector<Unit> chunk_units(std::span<Work* const> works, int threads, bool autochoice) {
   std::uint64_t total = 0;
   for (const Work* w : works) total += w->nbytes;
   std::vector<Unit> units;
@@ -244,6 +247,7 @@ std::vector<Unit> chunk_units(std::span<Work* const> works, int threads) {
       continue;
     }
     units.push_back({Unit::Kind::hash, i, 0, 0, 0, w.nbytes});
+    if (!autochoice) units.push_back({Unit::Kind::hash_base, i, 0, 0, 0, w.nbytes});
     w.range_c0.clear();
     for (const ChunkRange& r : ranges) {
       w.range_c0.push_back(r.c0);
@@ -255,12 +259,13 @@ std::vector<Unit> chunk_units(std::span<Work* const> works, int threads) {
   return units;
 }
 
-// A split tensor's checksums (and with `xs`, its xor frame), front to back.
-// A known base checksum leaves the base bytes unread unless `xs` needs them.
-// Each range's sum of the new bytes too, for the ranges to be checked
-// against (Work::range_sum). Blocks never straddle a range: ranges start at
-// chunk boundaries, and a chunk is a whole number of blocks.
-void hash_unit(Work& w, Worker& wk, XorStream* xs) {
+// A split tensor's checksums (and with `xs`, its xor frame), front to back:
+// of its new bytes, and with `base`, of its base bytes too (otherwise a
+// hash_base unit takes them). Each range's sum of the new bytes too, for the
+// ranges to be checked against (Work::range_sum). Blocks never straddle a
+// range: ranges start at chunk boundaries, and a chunk is a whole number of
+// blocks.
+void hash_unit(Work& w, Worker& wk, XorStream* xs, bool base) {
   Hasher hb, hn, hr;
   const std::uint64_t chunk_bytes = kSparseChunkElements * w.es;
   std::size_t r = 0;
@@ -271,15 +276,26 @@ void hash_unit(Work& w, Worker& wk, XorStream* xs) {
     const std::uint8_t* b = w.nsrc->read(wk.b.data(), n, w.noff + at);
     hn.update({b, n});
     hr.update({b, n});
+    if (!base) continue;
     const std::uint8_t* a = w.bsrc->read(wk.a.data(), n, w.boff + at);
     hb.update({a, n});
     if (xs) xs->block(a, b, n);
   }
   if (!w.range_sum.empty()) w.range_sum[r] = hr.digest();
-  set_base_hash(w, hb.digest());
+  if (base) set_base_hash(w, hb.digest());
   w.new_hash = hn.digest();
   if (xs && xs->sample) w.xor_estimate = xs->estimate();
   else if (xs) w.xor_frame = xs->end();
+}
+
+// A split tensor's base checksum, beside hash_unit's of its new bytes.
+void hash_base_unit(Work& w, Worker& wk) {
+  Hasher hb;
+  for (std::uint64_t at = 0; at < w.nbytes; at += kBlock) {
+    const std::size_t n = static_cast<std::size_t>(std::min(kBlock, w.nbytes - at));
+    hb.update({w.bsrc->read(wk.a.data(), n, w.boff + at), n});
+  }
+  set_base_hash(w, hb.digest());
 }
 
 // "auto" of a tensor scanned whole: only the smaller of its chunked entry
@@ -322,7 +338,8 @@ void run_chunk_unit(const Unit& unit, Work& w, Worker& wk, std::size_t tid, bool
   std::optional<XorStream> xs;
   if (autochoice && unit.kind != Unit::Kind::range) xs.emplace(wk, static_cast<int>(tid), w.nbytes, sampled(w));
   XorStream* x = xs ? &*xs : nullptr;
-  if (unit.kind == Unit::Kind::hash) return hash_unit(w, wk, x);
+  if (unit.kind == Unit::Kind::hash) return hash_unit(w, wk, x, autochoice);
+  if (unit.kind == Unit::Kind::hash_base) return hash_base_unit(w, wk);
   if (unit.kind == Unit::Kind::whole) return scan_whole(w, unit, wk, tid, x);
   RangeOut r = scan_range(w, unit.c0, unit.c1, wk, nullptr, nullptr, nullptr);
   r.body.spool = static_cast<int>(tid);
@@ -431,7 +448,7 @@ void Encoder::encode(std::span<Work* const> works) {
 void Encoder::chunk_pass(std::span<Work* const> works) {
   const bool autochoice = !encoding_;
   for (Work* w : works) w->encoding = chunked_;
-  const std::vector<Unit> units = chunk_units(works, threads_);
+  const std::vector<Unit> units = chunk_units(works, threads_, autochoice);
   parallel_for(units.size(), threads_, [&](std::size_t u, std::size_t tid) {
     const Unit& unit = units[u];
     Work& w = *works[unit.work];
@@ -439,7 +456,7 @@ void Encoder::chunk_pass(std::span<Work* const> works) {
     ensure_worker(wk, tid, tmp_, level_, autochoice);
     run_chunk_unit(unit, w, wk, tid, autochoice);
     // Each tensor's bytes count once: a split tensor's through its ranges.
-    if (unit.kind != Unit::Kind::hash) progress::add(unit.bytes);
+    if (unit.kind != Unit::Kind::hash && unit.kind != Unit::Kind::hash_base) progress::add(unit.bytes);
   });
   sum_ranges(works, autochoice);
   std::vector<Work*> close;
