@@ -6,8 +6,30 @@
 # vs_floor is the run over the floor at the same thread count.
 # Opt-in (1.2 GB a save, two saves in WORKDIR); not part of bench.sh yet.
 # Usage: scripts/bench/thread-scaling.sh BUILDDIR WORKDIR "1 2 4 8 16" [REPS]
+#   ENCODINGS (default "sparse context auto"): the encodings timed.
+# For a machine without the build dependencies (the device machine):
+#   scripts/bench/thread-scaling.sh --prepare BUILDDIR   here: .devbench/ (git-ignored) holding
+#       the four programs in BUILDDIR's layout and the shared libraries beyond libc they need;
+#       there, pass .devbench as BUILDDIR.
 set -euo pipefail
-build=$(cd "$1" && pwd); W=$(mkdir -p "$2" && cd "$2" && pwd); threads=$3; reps=${4:-3}
+if [ "${1:-}" = --prepare ]; then
+  cd "$(dirname "$0")/../.."
+  b=$2; d=.devbench
+  ninja -C "$b" src/delta-diff src/delta-apply tools/hfdelta-gen bench/hfdelta-bench >/dev/null
+  rm -rf $d; mkdir -p $d/src $d/tools $d/bench $d/lib
+  cp "$b/src/delta-diff" "$b/src/delta-apply" $d/src/; cp "$b/tools/hfdelta-gen" $d/tools/; cp "$b/bench/hfdelta-bench" $d/bench/
+  for x in $d/src/* $d/tools/* $d/bench/*; do ldd "$x"; done | awk '/=> \// {print $3}' | sort -u | while read -r lib; do
+    case "$(basename "$lib")" in
+      libc.so* | libm.so* | libdl.so* | libpthread.so* | librt.so* | ld-linux* | libstdc++.so* | libgcc_s.so*) ;;
+      *) cp -L "$lib" $d/lib/ ;;
+    esac
+  done
+  exclude=$(git rev-parse --git-path info/exclude)
+  grep -qx "/$d/" "$exclude" 2>/dev/null || echo "/$d/" >>"$exclude"
+  du -sh $d; exit 0
+fi
+build=$(cd "$1" && pwd)
+[ -d "$build/lib" ] && export LD_LIBRARY_PATH="$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; W=$(mkdir -p "$2" && cd "$2" && pwd); threads=$3; reps=${4:-3}
 bin=$W/bin; mkdir -p "$bin"
 for t in src/delta-diff src/delta-apply tools/hfdelta-gen bench/hfdelta-bench; do ln -sf "$build/$t" "$bin/"; done
 mkdir -p "$W"; cd "$W"
@@ -21,7 +43,7 @@ for th in $threads; do
   rec=floor.$th.jsonl; rm -f $rec
   "$bin/hfdelta-bench" readfloor --repeat $reps --threads $th --hash $B $N --append $rec >/dev/null
   fl_diff=$(python3 -c "import json;r=[json.loads(l) for l in open('$rec')][-1];print(r['median_s'])")
-  for enc in sparse context; do
+  for enc in ${ENCODINGS:-sparse context auto}; do
     ds=$(for i in $(seq $reps); do rm -rf root; mkdir root; t "$bin/delta-diff" --threads $th --encoding $enc --no-sync $B $N root/weight_v000001; done | med)
     echo "diff $enc $th $ds $fl_diff" | awk '{printf "%-8s %-8s %8d %8.3f %8.2f\n",$1,$2,$3,$4,$4/$5}'
     rm -rf rootkeep; mkdir rootkeep; "$bin/delta-diff" --encoding $enc --no-sync $B $N rootkeep/weight_v000001 >/dev/null
