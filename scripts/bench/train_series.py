@@ -161,6 +161,64 @@ class ExpStats:
                 "per_exponent": rows}
 
 
+def h2(k, n):
+    """n·H(k/n) in bits, elementwise over tensors of counts (0 where k is 0 or n)."""
+    n = n.double()
+    k = k.double()
+    p = (k / n.clamp(min=1)).clamp(1e-300, 1 - 1e-16)
+    bits = -(k * torch.log2(p) + (n - k) * torch.log2(1 - p))
+    return torch.where((k == 0) | (k == n), torch.zeros_like(bits), bits)
+
+
+class PrevStats:
+    """The previous step's changed positions as a second context of the positions.
+
+    For each step after the first: the bits the changed positions need at their
+    order-0 entropy within each tensor, given each base element's exponent (what
+    `context` codes), and given its exponent and whether it changed in the step
+    before; how much more often an element changes right after a change; and
+    how often such a change goes the same way as the one before (the signs
+    cost a bit per change)."""
+
+    def __init__(self):
+        self.bits_plain = self.bits_exp = self.bits_exp_prev = 0.0
+        self.elements = self.changed = self.prev_changed = self.both = self.same_way = 0
+
+    def add(self, prev_dir, base, new):
+        for n in base:
+            b, w, pd = base[n], new[n], prev_dir[n]
+            pc = pd != 0
+            ch = b != w
+            self.same_way += int(((torch.sign(w.int() - b.int()) == pd) & ch & pc).sum())
+            e = ((b.int() >> 7) & 0xFF).long()
+            idx = e * 2 + pc.long()
+            nn = torch.bincount(idx, minlength=512)
+            kk = torch.bincount(idx[ch], minlength=512)
+            self.bits_exp_prev += float(h2(kk, nn).sum())
+            self.bits_exp += float(h2(kk.view(256, 2).sum(1), nn.view(256, 2).sum(1)).sum())
+            self.bits_plain += float(h2(kk.sum(), nn.sum()))
+            self.elements += b.numel()
+            self.changed += int(ch.sum())
+            self.prev_changed += int(pc.sum())
+            self.both += int((ch & pc).sum())
+
+    def facts(self):
+        if not self.elements:
+            return None
+        p_ch = self.changed / self.elements
+        p_after = self.both / max(1, self.prev_changed)
+        same = self.same_way / max(1, self.both)
+        sign_saved = 0.0
+        if 0 < same < 1:
+            sign_saved = self.both * (1 + same * math.log2(same) + (1 - same) * math.log2(1 - same)) / 8
+        return {"same_way_after_change": same, "sign_bytes_saved": sign_saved, "elements": self.elements, "changed": self.changed,
+                "p_change": p_ch, "p_change_after_change": p_after,
+                "overlap_over_chance": p_after / p_ch if p_ch else None,
+                "position_bytes_order0": self.bits_plain / 8,
+                "position_bytes_exponent": self.bits_exp / 8,
+                "position_bytes_exponent_prev": self.bits_exp_prev / 8}
+
+
 def dir_bytes(path):
     total = 0
     for root, _, files in os.walk(path):
@@ -243,6 +301,7 @@ def main():
     # ---- fine-tuning series, one per lr --------------------------------------------
     series = {}
     stats = {}
+    prev_stats = {}
     for lr in lrs:
         t = time.monotonic()
         name = f"lr-{lr:.0e}"
@@ -255,16 +314,22 @@ def main():
         save_bf16(model, saves[0])
         prev = bf16_bits(model)
         st = ExpStats()
+        ps = PrevStats()
+        prev_dir = None
         for s in range(1, a.steps + 1):
             loss = train_step(model, opt, next(it))
             saves.append(os.path.join(sdir, f"save_{s:03d}"))
             save_bf16(model, saves[-1])
             cur = bf16_bits(model)
             st.add(prev, cur)
+            if prev_dir is not None:
+                ps.add(prev_dir, prev, cur)
+            prev_dir = {n: torch.sign(cur[n].int() - prev[n].int()) for n in cur}
             prev = cur
             print(f"  lr {lr:g} step {s}  loss {loss:.3f}", flush=True)
         series[lr] = saves
         stats[lr] = st.facts()
+        prev_stats[lr] = ps.facts()
         stage(f"training + saves at lr {lr:g} ({a.steps} steps)", t)
 
     # ---- bounds and deltas -----------------------------------------------------------
@@ -330,6 +395,22 @@ def main():
             cells.append(f"{m['p_change']:.3e}" if m else "-")
             share = share if share is not None else (m["share"] if m else None)
         lines.append(f"| {e - 127} | {share:.2%} | " + " | ".join(cells) + " |")
+    lines += ["", "## The previous step's changed positions as a second context", "",
+              "Bytes the changed positions need at their order-0 entropy within each tensor (steps 2 on, "
+              "summed): given nothing, given each base element's exponent (what `context` codes), and "
+              "given the exponent and whether the element changed in the step before.", "",
+              "| lr | P(change) | P(change after a change) | x chance | positions, order-0 | given exponent | "
+              "given exponent + previous change | saved | same way as the change before | sign bytes saved |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for lr, f in prev_stats.items():
+        if not f:
+            continue
+        lines.append(f"| {lr:g} | {f['p_change']:.3e} | {f['p_change_after_change']:.3e} | "
+                     f"{f['overlap_over_chance']:.1f} | {fmt_bytes(int(f['position_bytes_order0']))} | "
+                     f"{fmt_bytes(int(f['position_bytes_exponent']))} | "
+                     f"{fmt_bytes(int(f['position_bytes_exponent_prev']))} | "
+                     f"{1 - f['position_bytes_exponent_prev'] / f['position_bytes_exponent']:.1%} | "
+                     f"{f['same_way_after_change']:.1%} | {fmt_bytes(int(f['sign_bytes_saved']))} |")
     lines += ["", "Stage durations: " + "; ".join(f"{n}: {d:.1f} s" for n, d in STAGES), ""]
     text = "\n".join(lines)
     with open(os.path.join(a.out, "results.md"), "w") as f:
@@ -337,6 +418,7 @@ def main():
     with open(os.path.join(a.out, "results.json"), "w") as f:
         json.dump({"arch": arch, "params": nparams, "args": vars(a), "rows": rows,
                    "exponent_stats": {str(k): v for k, v in stats.items()},
+                   "previous_change_context": {str(k): v for k, v in prev_stats.items()},
                    "stages": STAGES}, f, indent=1)
     print()
     print(text)
