@@ -6,7 +6,9 @@
 # this machine has, then per learning rate runs AdamW steps on the fp32 master
 # weights saving a bf16 save_pretrained copy after each step, and for each
 # consecutive pair of saves runs hfdelta-bench bound (order-0 bound and the
-# bound given the base exponent) and delta-diff with every encoding. Nothing is
+# bound given the base exponent) and delta-diff with every encoding; from the
+# third save on, the bound the previous step's changed positions would give as
+# a second context. Nothing is
 # downloaded (HF_HUB_OFFLINE=1). Results: OUT/results.md and OUT/results.json;
 # the stages' durations are printed as they end.
 #
@@ -31,7 +33,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --out) out=$2; shift 2 ;;
     --out=*) out=${1#--out=}; shift ;;
-    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) args+=("$1"); shift ;;
   esac
 done
