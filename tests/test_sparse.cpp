@@ -1082,7 +1082,9 @@ TEST_CASE("diff: a tensor split into chunk ranges over threads gives the same de
 TEST_CASE("auto: every changed tensor's entry is no larger than its xor entry, on several generated pairs") {
   // Each pair is diffed three times (xor, sparse, auto); per tensor, auto is
   // one of the other two, never larger than either: exactly the smaller.
-  // The pairs include tensors where xor wins, large and small.
+  // The pairs include tensors where xor wins, large and small, and at 3
+  // threads tensors cut into ranges (".split": 4 and 7 chunks, over a third
+  // of their pair), whose xor entry is estimated by the hash unit's sample.
   struct Pair {
     const char* name;
     std::vector<TensorData> v0, v1;
@@ -1091,19 +1093,21 @@ TEST_CASE("auto: every changed tensor's entry is no larger than its xor entry, o
   };
   std::vector<Pair> pairs;
   {
-    Pair p{"ulp steps", {}, {}, {}, {"bf16.exact", "bf16.sampled", "u8.plus_one"}};
+    Pair p{"ulp steps", {}, {}, {}, {"bf16.exact", "bf16.sampled", "u8.plus_one", "bf16.split"}};
     const Bytes e0 = bf16_weights(512 * 512, 71), s0 = bf16_weights(1024 * 640, 72), f0 = random_bytes(1200, 73),
-                u0 = random_bytes(1000, 74);
+                u0 = random_bytes(1000, 74), x0 = bf16_weights(3072 * 1024, 78);
     Bytes u1 = u0;
     for (auto& x : u1) x = static_cast<std::uint8_t>(x + 1);  // zigzag 2 everywhere: sparse is nearly free
     p.v0 = {{"bf16.exact", "BF16", {512, 512}, e0},
             {"bf16.sampled", "BF16", {1024, 640}, s0},
             {"f32.all", "F32", {300}, f0},
-            {"u8.plus_one", "U8", {1000}, u0}};
+            {"u8.plus_one", "U8", {1000}, u0},
+            {"bf16.split", "BF16", {3072, 1024}, x0}};
     p.v1 = {{"bf16.exact", "BF16", {512, 512}, ulp_steps(e0, 2, 50, 75)},
             {"bf16.sampled", "BF16", {1024, 640}, ulp_steps(s0, 2, 50, 76)},
             {"f32.all", "F32", {300}, random_bytes(1200, 77)},
-            {"u8.plus_one", "U8", {1000}, u1}};
+            {"u8.plus_one", "U8", {1000}, u1},
+            {"bf16.split", "BF16", {3072, 1024}, ulp_steps(x0, 2, 50, 79)}};
     pairs.push_back(std::move(p));
   }
   {
@@ -1112,9 +1116,14 @@ TEST_CASE("auto: every changed tensor's entry is no larger than its xor entry, o
     // f32.mixed: a first block of a few one-ulp steps, then every byte
     // changed in a repeating XOR pattern: a tensor whose start says nothing
     // about the rest (no estimate from a part of it would do).
-    Pair p{"xor wins", {}, {}, {"bf16.pattern", "f32.pattern.large", "u8.pattern", "f64.few", "f32.mixed"}, {}};
+    Pair p{"xor wins",
+           {},
+           {},
+           {"bf16.pattern", "f32.pattern.large", "u8.pattern", "f64.few", "f32.mixed", "bf16.pattern.split"},
+           {}};
     const Bytes b0 = bf16_weights(256 * 256, 81), f0 = random_bytes(4 * 512 * 1024, 82), d0 = random_bytes(800, 83),
-                u0 = random_bytes(5000, 84), m0 = random_bytes(4 * 1024 * 1024, 85);
+                u0 = random_bytes(5000, 84), m0 = random_bytes(4 * 1024 * 1024, 85),
+                x0 = bf16_weights(3072 * 2048, 86);
     Bytes d1 = d0;
     d1[8 * 3] ^= 1, d1[8 * 70 + 7] ^= 0x10;
     Bytes m1 = xor_pattern(m0);
@@ -1124,12 +1133,14 @@ TEST_CASE("auto: every changed tensor's entry is no larger than its xor entry, o
             {"f32.pattern.large", "F32", {512, 1024}, f0},
             {"f64.few", "F64", {100}, d0},
             {"u8.pattern", "U8", {5000}, u0},
-            {"f32.mixed", "F32", {1024, 1024}, m0}};
+            {"f32.mixed", "F32", {1024, 1024}, m0},
+            {"bf16.pattern.split", "BF16", {3072, 2048}, x0}};
     p.v1 = {{"bf16.pattern", "BF16", {256, 256}, xor_pattern(b0)},
             {"f32.pattern.large", "F32", {512, 1024}, xor_pattern(f0)},
             {"f64.few", "F64", {100}, d1},
             {"u8.pattern", "U8", {5000}, xor_pattern(u0)},
-            {"f32.mixed", "F32", {1024, 1024}, m1}};
+            {"f32.mixed", "F32", {1024, 1024}, m1},
+            {"bf16.pattern.split", "BF16", {3072, 2048}, xor_pattern(x0)}};
     pairs.push_back(std::move(p));
   }
   {
@@ -1153,7 +1164,7 @@ TEST_CASE("auto: every changed tensor's entry is no larger than its xor entry, o
     std::map<std::string, std::map<std::string, std::uint64_t>> sizes;  // mode -> tensor -> entry size
     for (const char* mode : {"xor", "context", "auto"}) {
       const std::optional<Encoding> enc = std::string(mode) == "auto" ? std::nullopt : parse_encoding(mode);
-      diff_to(dir / "s0", dir / "s1", dir / mode, enc, 0);
+      diff_to(dir / "s0", dir / "s1", dir / mode, enc, 3);
       sizes[mode] = entry_sizes(dir / mode);
     }
     REQUIRE(sizes["auto"].size() == p.v0.size());  // every tensor changed in these pairs

@@ -25,8 +25,7 @@ constexpr std::uint64_t kBlock = 256 * 1024;
 // A unit of parallel work: a whole tensor, or for a tensor large enough to
 // keep the other cores waiting, its hashes or one range of its chunks. A
 // tensor's checksum runs front to back on one core, so its new and base
-// bytes are hashed by two units (hash, hash_base), unless "auto" compresses
-// their XOR in the same pass (hash alone, both).
+// bytes are hashed by two units (hash, hash_base).
 struct Unit {
   enum class Kind { whole, hash, hash_base, range, fresh } kind;
   std::size_t work = 0, range = 0;
@@ -86,6 +85,9 @@ struct XorStream {
       sink = [this](std::span<const std::uint8_t> s) { wk.xspool.put(s); };
     wk.xcomp->begin(sample ? Compressor::kUnknownSize : nbytes);
   }
+  // Whether the next block is compressed (else block() only counts it, and
+  // may be given no base bytes).
+  bool takes_next() const { return !sample || blocks % kXorSample == 0; }
   void block(const std::uint8_t* a, const std::uint8_t* b, std::size_t n) {
     total += n;
     if (sample && blocks++ % kXorSample) return;
@@ -229,7 +231,7 @@ std::uint64_t head_size(const Work& w) { return w.encoding == Encoding::context 
 // share of the work is cut into ranges of chunks so that it does not keep
 // the other cores waiting; its hashes (which run front to back) become a
 // unit of their own.
-std::vector<Unit> chunk_units(std::span<Work* const> works, int threads, bool autochoice) {
+std::vector<Unit> chunk_units(std::span<Work* const> works, int threads) {
   std::uint64_t total = 0;
   for (const Work* w : works) total += w->nbytes;
   std::vector<Unit> units;
@@ -247,7 +249,7 @@ std::vector<Unit> chunk_units(std::span<Work* const> works, int threads, bool au
       continue;
     }
     units.push_back({Unit::Kind::hash, i, 0, 0, 0, w.nbytes});
-    if (!autochoice) units.push_back({Unit::Kind::hash_base, i, 0, 0, 0, w.nbytes});
+    units.push_back({Unit::Kind::hash_base, i, 0, 0, 0, w.nbytes});
     w.range_c0.clear();
     for (const ChunkRange& r : ranges) {
       w.range_c0.push_back(r.c0);
@@ -259,14 +261,14 @@ std::vector<Unit> chunk_units(std::span<Work* const> works, int threads, bool au
   return units;
 }
 
-// A split tensor's checksums (and with `xs`, its xor frame), front to back:
-// of its new bytes, and with `base`, of its base bytes too (otherwise a
-// hash_base unit takes them). Each range's sum of the new bytes too, for the
-// ranges to be checked against (Work::range_sum). Blocks never straddle a
-// range: ranges start at chunk boundaries, and a chunk is a whole number of
-// blocks.
-void hash_unit(Work& w, Worker& wk, XorStream* xs, bool base) {
-  Hasher hb, hn, hr;
+// A split tensor's checksum of its new bytes, front to back (its base's is
+// hash_base_unit's), and with `xs`, its xor frame's size estimated from a
+// sample, reading only the base blocks the sample takes. Each range's sum of the new bytes
+// too, for the ranges to be checked against (Work::range_sum). Blocks never
+// straddle a range: ranges start at chunk boundaries, and a chunk is a whole
+// number of blocks.
+void hash_unit(Work& w, Worker& wk, XorStream* xs) {
+  Hasher hn, hr;
   const std::uint64_t chunk_bytes = kSparseChunkElements * w.es;
   std::size_t r = 0;
   w.range_sum.assign(w.range_c0.size(), {});
@@ -276,16 +278,11 @@ void hash_unit(Work& w, Worker& wk, XorStream* xs, bool base) {
     const std::uint8_t* b = w.nsrc->read(wk.b.data(), n, w.noff + at);
     hn.update({b, n});
     hr.update({b, n});
-    if (!base) continue;
-    const std::uint8_t* a = w.bsrc->read(wk.a.data(), n, w.boff + at);
-    hb.update({a, n});
-    if (xs) xs->block(a, b, n);
+    if (xs) xs->block(xs->takes_next() ? w.bsrc->read(wk.a.data(), n, w.boff + at) : nullptr, b, n);
   }
   if (!w.range_sum.empty()) w.range_sum[r] = hr.digest();
-  if (base) set_base_hash(w, hb.digest());
   w.new_hash = hn.digest();
-  if (xs && xs->sample) w.xor_estimate = xs->estimate();
-  else if (xs) w.xor_frame = xs->end();
+  if (xs) w.xor_estimate = xs->estimate();
 }
 
 // A split tensor's base checksum, beside hash_unit's of its new bytes.
@@ -336,9 +333,11 @@ void run_chunk_unit(const Unit& unit, Work& w, Worker& wk, std::size_t tid, bool
   // of every tensor: never larger than xor, at the cost of compressing the
   // XOR stream (mostly zeros, which zstd goes through fast).
   std::optional<XorStream> xs;
-  if (autochoice && unit.kind != Unit::Kind::range) xs.emplace(wk, static_cast<int>(tid), w.nbytes, sampled(w));
+  // (A split tensor's hash unit always samples: it is over kXorWhole blocks.)
+  if (autochoice && unit.kind == Unit::Kind::hash) xs.emplace(wk, static_cast<int>(tid), w.nbytes, true);
+  if (autochoice && unit.kind == Unit::Kind::whole) xs.emplace(wk, static_cast<int>(tid), w.nbytes, sampled(w));
   XorStream* x = xs ? &*xs : nullptr;
-  if (unit.kind == Unit::Kind::hash) return hash_unit(w, wk, x, autochoice);
+  if (unit.kind == Unit::Kind::hash) return hash_unit(w, wk, x);
   if (unit.kind == Unit::Kind::hash_base) return hash_base_unit(w, wk);
   if (unit.kind == Unit::Kind::whole) return scan_whole(w, unit, wk, tid, x);
   RangeOut r = scan_range(w, unit.c0, unit.c1, wk, nullptr, nullptr, nullptr);
@@ -448,7 +447,7 @@ void Encoder::encode(std::span<Work* const> works) {
 void Encoder::chunk_pass(std::span<Work* const> works) {
   const bool autochoice = !encoding_;
   for (Work* w : works) w->encoding = chunked_;
-  const std::vector<Unit> units = chunk_units(works, threads_, autochoice);
+  const std::vector<Unit> units = chunk_units(works, threads_);
   parallel_for(units.size(), threads_, [&](std::size_t u, std::size_t tid) {
     const Unit& unit = units[u];
     Work& w = *works[unit.work];
