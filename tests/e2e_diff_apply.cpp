@@ -604,13 +604,14 @@ TEST_CASE("delta-diff cuts large tensors into ranges and their checksums into un
       E2E_REQUIRE_CODE(diff({"-q", "--no-sync", "--threads", th, "--encoding", enc, save_dir(series, 0).string(),
                              save_dir(series, 1).string(), version_dir(root, 1).string()}),
                        0);
-      if (std::string(th) != "1") E2E_CHECK_TREE_EQUAL(version_dir(t / (std::string(enc) + "-1"), 1), version_dir(root, 1));
+      if (std::string(th) != "1")
+        E2E_CHECK_TREE_EQUAL(version_dir(t / (std::string(enc) + "-1"), 1), version_dir(root, 1));
     }
     const fs::path local = t / (std::string("local-") + enc);
     E2E_REQUIRE_CODE(apply({"-q", "--init", "--no-sync", save_dir(series, 0).string(), local.string()}), 0);
-    E2E_REQUIRE_CODE(
-        apply({"-q", "--no-sync", "--threads", "3", version_dir(t / (std::string(enc) + "-3"), 1).string(), local.string()}),
-        0);
+    E2E_REQUIRE_CODE(apply({"-q", "--no-sync", "--threads", "3", version_dir(t / (std::string(enc) + "-3"), 1).string(),
+                            local.string()}),
+                     0);
     E2E_CHECK_TREE_EQUAL(local, save_dir(series, 1));
   }
 }

@@ -1122,8 +1122,7 @@ TEST_CASE("auto: every changed tensor's entry is no larger than its xor entry, o
            {"bf16.pattern", "f32.pattern.large", "u8.pattern", "f64.few", "f32.mixed", "bf16.pattern.split"},
            {}};
     const Bytes b0 = bf16_weights(256 * 256, 81), f0 = random_bytes(4 * 512 * 1024, 82), d0 = random_bytes(800, 83),
-                u0 = random_bytes(5000, 84), m0 = random_bytes(4 * 1024 * 1024, 85),
-                x0 = bf16_weights(3072 * 2048, 86);
+                u0 = random_bytes(5000, 84), m0 = random_bytes(4 * 1024 * 1024, 85), x0 = bf16_weights(3072 * 2048, 86);
     Bytes d1 = d0;
     d1[8 * 3] ^= 1, d1[8 * 70 + 7] ^= 0x10;
     Bytes m1 = xor_pattern(m0);

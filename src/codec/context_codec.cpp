@@ -193,8 +193,8 @@ int cpu_level() {
 
 template <std::size_t NT>
 __attribute__((target("avx512f,avx512bw"))) inline void threshold_masks_avx512(const std::uint8_t* c,
-                                                                                              const Thresholds& th,
-                                                                                              std::uint64_t* out) {
+                                                                               const Thresholds& th,
+                                                                               std::uint64_t* out) {
   const __m512i v = _mm512_loadu_si512(c);
   for (std::size_t j = 0; j < thresholds_n<NT>(th); ++j)
     out[j] = _mm512_cmpge_epu8_mask(v, _mm512_set1_epi8(static_cast<char>(th.t[j])));
@@ -219,9 +219,8 @@ __attribute__((target("avx2"))) inline void extract_contexts_avx2(const std::uin
 }
 
 template <std::size_t NT>
-__attribute__((target("avx2"))) inline void threshold_masks_avx2(const std::uint8_t* c,
-                                                                                const Thresholds& th,
-                                                                                std::uint64_t* out) {
+__attribute__((target("avx2"))) inline void threshold_masks_avx2(const std::uint8_t* c, const Thresholds& th,
+                                                                 std::uint64_t* out) {
   const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c));
   const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 32));
   for (std::size_t j = 0; j < thresholds_n<NT>(th); ++j) {
