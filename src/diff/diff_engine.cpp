@@ -90,7 +90,9 @@ struct XorStream {
   bool takes_next() const { return !sample || blocks % kXorSample == 0; }
   void block(const std::uint8_t* a, const std::uint8_t* b, std::size_t n) {
     total += n;
-    if (sample && blocks++ % kXorSample) return;
+    const bool take = takes_next();
+    ++blocks;
+    if (!take) return;
     fed += n;
     // Word at a time through local pointers: the compiler cannot prove the
     // buffers apart, and would go byte by byte.
@@ -302,16 +304,14 @@ void keep_smaller(Work& w, RangeOut& r, Worker& wk, XorStream& xs) {
     w.xor_estimate = xs.estimate();  // decided after the pass
     return;
   }
-  w.xor_frame = xs.end();
-  if (r.elements_changed == 0 || head_size(w) + r.body.size <= w.xor_frame.size) {
-    wk.xspool.size = w.xor_frame.offset;
-    w.xor_frame = {};
+  const Seg x = xs.end();
+  if (r.elements_changed == 0 || head_size(w) + r.body.size <= x.size) {
+    wk.xspool.size = x.offset;
   } else {
     wk.spool.size = r.body.offset;
     r.body.size = 0;
     w.encoding = Encoding::xor_bytes;
-    w.frame = w.xor_frame;
-    w.xor_frame = {};  // decided
+    w.frame = x;
   }
 }
 
@@ -333,9 +333,9 @@ void run_chunk_unit(const Unit& unit, Work& w, Worker& wk, std::size_t tid, bool
   // of every tensor: never larger than xor, at the cost of compressing the
   // XOR stream (mostly zeros, which zstd goes through fast).
   std::optional<XorStream> xs;
-  // (A split tensor's hash unit always samples: it is over kXorWhole blocks.)
-  if (autochoice && unit.kind == Unit::Kind::hash) xs.emplace(wk, static_cast<int>(tid), w.nbytes, true);
-  if (autochoice && unit.kind == Unit::Kind::whole) xs.emplace(wk, static_cast<int>(tid), w.nbytes, sampled(w));
+  // A split tensor (over kXorWhole blocks) is always sampled.
+  if (autochoice && (unit.kind == Unit::Kind::hash || unit.kind == Unit::Kind::whole))
+    xs.emplace(wk, static_cast<int>(tid), w.nbytes, unit.kind == Unit::Kind::hash || sampled(w));
   XorStream* x = xs ? &*xs : nullptr;
   if (unit.kind == Unit::Kind::hash) return hash_unit(w, wk, x);
   if (unit.kind == Unit::Kind::hash_base) return hash_base_unit(w, wk);
@@ -359,8 +359,9 @@ std::uint64_t chunked_len(const Work& w) {
   return n;
 }
 
-// Each tensor's totals over its ranges; "auto" keeps a split tensor's xor
-// frame where it is smaller than its chunked entry.
+// Each tensor's totals over its ranges; "auto" keeps for try_xor only the
+// sampled tensors whose estimate comes close to their chunked entry (the
+// others were decided in their pass).
 void sum_ranges(std::span<Work* const> works, bool autochoice) {
   for (Work* wp : works) {
     Work& w = *wp;
@@ -370,13 +371,8 @@ void sum_ranges(std::span<Work* const> works, bool autochoice) {
       w.xor_estimate.reset();  // no choice to make
       continue;
     }
-    const std::uint64_t chunked = chunked_len(w);
-    if (w.xor_estimate) {  // the whole frame only where the sample says it may be smaller
-      if (double(*w.xor_estimate) >= kXorMargin * double(chunked)) w.xor_estimate.reset();
-      continue;
-    }
-    if (w.xor_frame.spool < 0) continue;
-    if (w.xor_frame.size < chunked) w.encoding = Encoding::xor_bytes, w.frame = w.xor_frame;
+    // The whole frame only where the sample says it may be smaller.
+    if (w.xor_estimate && double(*w.xor_estimate) >= kXorMargin * double(chunked_len(w))) w.xor_estimate.reset();
   }
 }
 
@@ -572,12 +568,7 @@ void Encoder::encode_found(Work& w, std::span<const FoundChunk> chunks, std::spa
   progress::add(w.nbytes);
 }
 
-std::uint64_t Encoder::entry_size(const Work& w) const {
-  if (!chunked(w.encoding)) return w.frame.size;
-  std::uint64_t size = head_size(w);
-  for (const auto& rg : w.ranges) size += rg.body.size;
-  return size;
-}
+std::uint64_t Encoder::entry_size(const Work& w) const { return chunked(w.encoding) ? chunked_len(w) : w.frame.size; }
 
 // An entry's bytes, gathered from the spools: the chunked entry's head and
 // its ranges' chunks, or its one frame.

@@ -93,7 +93,6 @@ struct Work {
   const std::string* base_what = nullptr;
   Encoding encoding = Encoding::sparse;  // sparse or context: chunked, its ranges hold the chunks
   Seg frame;                             // the entry, when it is not chunked
-  Seg xor_frame;                         // "auto": the xor encoding, for the choice
   // "auto", a large tensor: its xor frame's size estimated from a sample of
   // its blocks; set until the choice is made (try_xor, after the pass).
   std::optional<std::uint64_t> xor_estimate;
