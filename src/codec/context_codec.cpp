@@ -356,20 +356,18 @@ template <int L, std::size_t NT>
   }
 }
 
+// The shape for the chunk's group count, in the build of level L.
+template <int L>
+[[gnu::always_inline]] inline void rank_changes_shaped(const RankJob& r) {
+  if (r.th.n == kEncoderGroups - 1) return rank_changes_body<L, kEncoderGroups - 1>(r);
+  rank_changes_body<L, kAnyNT>(r);
+}
+
 #if HFDELTA_HAVE_V3
-HFDELTA_V3 void rank_changes_v3(const RankJob& r) {
-  if (r.th.n == kEncoderGroups - 1) return rank_changes_body<1, kEncoderGroups - 1>(r);
-  rank_changes_body<1, kAnyNT>(r);
-}
-HFDELTA_V4 void rank_changes_v4(const RankJob& r) {
-  if (r.th.n == kEncoderGroups - 1) return rank_changes_body<2, kEncoderGroups - 1>(r);
-  rank_changes_body<2, kAnyNT>(r);
-}
+HFDELTA_V3 void rank_changes_v3(const RankJob& r) { rank_changes_shaped<1>(r); }
+HFDELTA_V4 void rank_changes_v4(const RankJob& r) { rank_changes_shaped<2>(r); }
 #endif
-void rank_changes_base(const RankJob& r) {
-  if (r.th.n == kEncoderGroups - 1) return rank_changes_body<0, kEncoderGroups - 1>(r);
-  rank_changes_body<0, kAnyNT>(r);
-}
+void rank_changes_base(const RankJob& r) { rank_changes_shaped<0>(r); }
 
 // The slots of changes whose ranks were found elsewhere (FoundChunk::rank).
 void place_ranked(const RankJob& r, const std::uint8_t* ctx, const std::uint32_t* rank) {
