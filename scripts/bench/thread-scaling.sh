@@ -18,14 +18,9 @@ if [ "${1:-}" = --prepare ]; then
   ninja -C "$b" src/delta-diff src/delta-apply tools/hfdelta-gen bench/hfdelta-bench >/dev/null
   rm -rf $d; mkdir -p $d/src $d/tools $d/bench $d/lib
   cp "$b/src/delta-diff" "$b/src/delta-apply" $d/src/; cp "$b/tools/hfdelta-gen" $d/tools/; cp "$b/bench/hfdelta-bench" $d/bench/
-  for x in $d/src/* $d/tools/* $d/bench/*; do ldd "$x"; done | awk '/=> \// {print $3}' | sort -u | while read -r lib; do
-    case "$(basename "$lib")" in
-      libc.so* | libm.so* | libdl.so* | libpthread.so* | librt.so* | ld-linux* | libstdc++.so* | libgcc_s.so*) ;;
-      *) cp -L "$lib" $d/lib/ ;;
-    esac
-  done
-  exclude=$(git rev-parse --git-path info/exclude)
-  grep -qx "/$d/" "$exclude" 2>/dev/null || echo "/$d/" >>"$exclude"
+  . scripts/lab/carry.sh
+  carry_libs $d/lib $d/src/* $d/tools/* $d/bench/*
+  carry_ignored $d
   du -sh $d; exit 0
 fi
 build=$(cd "$1" && pwd)

@@ -27,12 +27,8 @@ if [ "${1:-}" = --prepare ]; then
   cp "$b"/src/libhfdelta.a.p/*.o "$dp/obj/"
   for o in "$b"/cuda/libhfdelta-cuda.a.p/*.o; do cp "$o" "$dp/obj/cuda_$(basename "$o")"; done
   cp "$b/src/delta-diff" "$b/src/delta-apply" "$b/tools/hfdelta-gen" "$dp/bin/"
-  for x in "$dp"/bin/*; do ldd "$x"; done | awk '/=> \// {print $3}' | sort -u | while read -r lib; do
-    case "$(basename "$lib")" in
-      libc.so* | libm.so* | libdl.so* | libpthread.so* | librt.so* | ld-linux* | libstdc++.so* | libgcc_s.so*) ;;
-      *) cp -L "$lib" "$dp/lib/" ;;
-    esac
-  done
+  . scripts/lab/carry.sh
+  carry_libs "$dp/lib" "$dp"/bin/*
   for l in libzstd libxxhash libboost_filesystem libgomp; do  # link names for the module
     f=$(ls "$dp"/lib/$l.so.* | head -1)
     ln -sf "$(basename "$f")" "$dp/lib/$l.so"
@@ -48,8 +44,7 @@ if [ "${1:-}" = --prepare ]; then
     mkdir -p "$dp/sys/$(dirname "${h#/usr/include/}")"
     cp "$h" "$dp/sys/${h#/usr/include/}"
   done
-  exclude=$(git rev-parse --git-path info/exclude)
-  grep -qx '/.devpy/' "$exclude" 2>/dev/null || echo '/.devpy/' >>"$exclude"
+  carry_ignored .devpy
   du -sh "$dp"
   exit 0
 fi

@@ -35,15 +35,9 @@ if [ "${1:-}" = --prepare ]; then
   rm -rf .gpu
   mkdir -p .gpu/lib
   cp "$build/cuda/hfdelta-gpu-check" .gpu/
-  ldd .gpu/hfdelta-gpu-check | awk '/=> \// {print $3}' | while read -r lib; do
-    case "$(basename "$lib")" in
-      libc.so* | libm.so* | libdl.so* | libpthread.so* | librt.so* | ld-linux* | libstdc++.so* | libgcc_s.so*) ;;
-      *) cp -L "$lib" .gpu/lib/ ;;
-    esac
-  done
-  exclude=$(git rev-parse --git-path info/exclude)
-  mkdir -p "$(dirname "$exclude")"
-  grep -qx '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >>"$exclude"
+  . scripts/lab/carry.sh
+  carry_libs .gpu/lib .gpu/hfdelta-gpu-check
+  carry_ignored .gpu
   ls -l .gpu .gpu/lib
   du -sh .gpu
   exit 0
