@@ -18,6 +18,7 @@
 #include "hfdelta/codec.hpp"
 #include "hfdelta/hash.hpp"
 #include "hfdelta/io.hpp"
+#include "hfdelta/root_commit.hpp"
 #include "hfdelta/safetensors.hpp"
 
 namespace hfdelta {
@@ -170,10 +171,13 @@ void write_delta_file(const boost::filesystem::path& path, const std::vector<Del
 // Finishes a delta written in the temporary directory `tmp`: writes its
 // index and its completion marker (write_marker), flushes `dirs` (tmp and
 // its subdirectories) if `sync`, and publishes it as `out` (publish_dir).
-// Returns the size of every file of the delta.
+// `expect`: what publishing `out` into a root depends on, checked right
+// before and after the rename (root_commit.hpp). Returns the size of every
+// file of the delta.
 std::uint64_t publish_delta(const boost::filesystem::path& tmp, const boost::filesystem::path& out,
                             const std::string& index, std::uint64_t version,
-                            const std::set<boost::filesystem::path>& dirs, bool sync);
+                            const std::set<boost::filesystem::path>& dirs, bool sync,
+                            const PublishExpectation& expect = {});
 
 // Maps a file a delta carries (files/..., headers/...) after checking it is a
 // regular file of the size and checksum the index records; `listed` names

@@ -29,6 +29,11 @@ struct DiffOptions {
   // (Error(verify_failed)): a retried job or a stale BASE would publish a
   // version no host can apply.
   boost::filesystem::path root;
+  // With `root`: OUT is the root's version `version` on `base_version`,
+  // refused when it starts and again at its rename unless that base is the
+  // root's newest version and the number is still free (root_commit.hpp).
+  // publish_sidecar, which renames the delta a second time, checks itself.
+  bool root_checks = true;
 };
 
 struct DiffSummary {
@@ -57,7 +62,9 @@ struct DiffSummary {
 // Writes OUT (which must not exist) atomically. Refuses (Error(bad_input))
 // a BASE or NEW that is a delta version or has no weight files, and a BASE
 // that is not the bytes of opts.root's version opts.base_version
-// (Error(verify_failed)). Throws Error.
+// (Error(verify_failed)), and a publication whose base is not the root's
+// newest version, or whose number was taken meanwhile (check_publishable).
+// Throws Error.
 DiffSummary diff_checkpoints(const boost::filesystem::path& base, const boost::filesystem::path& target,
                              const boost::filesystem::path& out, const DiffOptions& opts);
 

@@ -412,13 +412,13 @@ void write_delta_file(const fs::path& path, const std::vector<DeltaFileEntry>& e
 }
 
 std::uint64_t publish_delta(const fs::path& tmp, const fs::path& out, const std::string& index, std::uint64_t version,
-                            const std::set<fs::path>& dirs, bool sync) {
+                            const std::set<fs::path>& dirs, bool sync, const PublishExpectation& expect) {
   write_file_atomic(tmp / kIndexFile, index, sync);
   write_marker(tmp, version, false, sync, 0);  // last: lists every file above
   if (sync)
     for (const auto& d : dirs) sync_dir(d);
   const std::uint64_t bytes = tree_bytes(tmp);
-  publish_dir(tmp, out);
+  publish_checked(tmp, out, expect);
   const StopDeferred published;  // a stop signal now no longer undoes anything
   if (sync) sync_dir(out.parent_path());
   return bytes;

@@ -96,7 +96,7 @@ void DeltaWriter::copy_file(const std::string& path, const fs::path& from) {
 }
 
 std::uint64_t DeltaWriter::publish(const DeltaIndex& idx) {
-  return publish_delta(tmp, out, write_delta_index_json(idx, total), idx.version, dirs, sync);
+  return publish_delta(tmp, out, write_delta_index_json(idx, total), idx.version, dirs, sync, expect);
 }
 
 void DeltaWriter::abandon() {

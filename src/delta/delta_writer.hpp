@@ -18,6 +18,7 @@
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/hash.hpp"
 #include "hfdelta/io.hpp"
+#include "hfdelta/root_commit.hpp"
 
 namespace hfdelta {
 
@@ -42,6 +43,7 @@ struct DeltaWriter {
   bool sync = true;
   std::set<boost::filesystem::path> dirs;  // tmp and the subdirectories made in it, flushed before publication
   std::uint64_t total = 0;                 // bytes of the entries: the index's total_size
+  PublishExpectation expect;               // OUT in a root: what its rename depends on (root_commit.hpp)
 
   // Makes the temporary directory beside `out`.
   DeltaWriter(const boost::filesystem::path& out, bool sync);

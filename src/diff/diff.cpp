@@ -26,6 +26,7 @@
 #include "hfdelta/hash.hpp"
 #include "hfdelta/io.hpp"
 #include "hfdelta/progress.hpp"
+#include "hfdelta/root_commit.hpp"
 #include "hfdelta/safetensors.hpp"
 #include "hfdelta/version.hpp"
 #include "util/parallel.hpp"
@@ -428,6 +429,9 @@ DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, 
   const fs::path out = fs::absolute(out_arg);
   check_delta_out(out);
   check_out_apart(out, {{"BASE", base_dir}, {"NEW", new_dir}});
+  PublishExpectation expect;
+  if (!opts.root.empty() && opts.root_checks) expect = {opts.root, opts.version, opts.base_version};
+  check_publishable(expect, false);
   DiffContext ctx{
       opts, open_input(base_dir, "BASE"), open_input(new_dir, "NEW"), {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};
   ctx.sum.version = opts.version;
@@ -436,6 +440,7 @@ DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, 
   open_weight_files(ctx);
   plan_tensors(ctx);
   DeltaWriter writer(out, opts.sync);
+  writer.expect = expect;
   {
     const OnFailure abandon([&] {
       ctx.encoder.reset();  // the spools closed before their directory goes

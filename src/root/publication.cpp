@@ -12,6 +12,7 @@
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
 #include "hfdelta/progress.hpp"
+#include "hfdelta/root_commit.hpp"
 #include "hfdelta/signals.hpp"
 #include "hfdelta/version.hpp"
 #include "util/parallel.hpp"
@@ -53,7 +54,11 @@ FullSummary publish_full(const fs::path& src, const fs::path& out, std::uint64_t
   const CompletionMarker m = write_marker(tmp, version, true, sync, threads);
   if (sync)
     for (const auto& d : dirs) sync_dir(d);
-  publish_dir(tmp, out);
+  // A full version depends on no other; only its number must still be free.
+  PublishExpectation expect;
+  if (version_from_dirname(out.filename().string()) == version)
+    expect = {out.parent_path().empty() ? fs::path(".") : out.parent_path(), version, std::nullopt};
+  publish_checked(tmp, out, expect);
   const StopDeferred published;  // a stop signal now no longer undoes anything
   if (sync) sync_dir(out.parent_path().empty() ? fs::path(".") : out.parent_path());
   return {version, rels.size(), m.bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
@@ -65,14 +70,18 @@ fs::path publish_sidecar(const fs::path& base, const fs::path& src, const fs::pa
   const fs::path side = root / sidecar_dirname(opts.version);
   check_out_apart(full_out, {{"BASE", base}, {"NEW", src}});
   const fs::path cand = temp_path_beside(side);  // hidden: no reader lists it
-  summary = diff_checkpoints(base, src, cand, opts);
+  const PublishExpectation expect{root, opts.version, opts.base_version};
+  if (!exists_nofollow(side)) check_publishable(expect, false);
+  DiffOptions inner = opts;
+  inner.root_checks = false;  // checked here, at the rename that publishes it
+  summary = diff_checkpoints(base, src, cand, inner);
   if (!exists_nofollow(side)) {
     {
       const OnFailure remove_cand([&] {
         boost::system::error_code ec;
         fs::remove_all(cand, ec);
       });
-      publish_dir(cand, side);
+      publish_checked(cand, side, expect);
     }
     if (opts.sync) sync_dir(root);
     return side;

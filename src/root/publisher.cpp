@@ -18,6 +18,7 @@
 #include "hfdelta/io.hpp"
 #include "hfdelta/progress.hpp"
 #include "hfdelta/publisher_mirror.hpp"
+#include "hfdelta/root_commit.hpp"
 #include "hfdelta/safetensors.hpp"
 #include "hfdelta/version.hpp"
 #include "store/checksum_record.hpp"
@@ -181,13 +182,14 @@ void count_step(const Step& st, const std::vector<const Work*>& changed, Publish
 // The mirror is at `held`, the version published last; ROOT's newest is
 // `newest`, published by another publisher since this one last looked.
 [[noreturn]] void overtaken(const fs::path& root, const fs::path& mirror, std::uint64_t held, std::uint64_t newest) {
-  fail(Exit::exists, (root / version_dirname(newest)).string() + ": version " + format_version(newest) +
-                         " was published by another publisher meanwhile (a Publisher or delta-diff; this publisher's "
-                         "mirror " +
-                         mirror.string() + " is at " + format_version(held) +
-                         "); nothing was published. "
-                         "One publisher per root: stop the other, then close this Publisher and open it again (opening "
-                         "catches the mirror up from ROOT), and publish on top of version " +
+  const fs::path dir = root / version_dirname(newest);
+  fail(Exit::exists, dir.string() + ": version " + format_version(newest) +
+                         " was published by another publisher (a Publisher, a ShardedPublisher or delta-diff; " +
+                         published_when(dir) + ") while this publisher's mirror " + mirror.string() + " is at " +
+                         format_version(held) +
+                         "; nothing was published. One publisher per root: stop the other (often a job restarted "
+                         "while its old one still runs), then close this Publisher and open it again (opening "
+                         "catches the mirror up from ROOT) to publish on top of version " +
                          format_version(newest));
 }
 
@@ -218,6 +220,7 @@ std::unique_ptr<Step> new_step(const fs::path& root, const fs::path& mirror, con
   for (const Work& w : st->works) total += w.nbytes;
   progress::begin("publish", total);
   st->writer = std::make_unique<DeltaWriter>(st->out, opts.sync);
+  st->writer->expect = {root, st->version, base};  // checked again at the rename
   {
     const OnFailure abandon([&] { st->writer->abandon(); });
     st->encoder = std::make_unique<Encoder>(st->writer->tmp, opts.encoding, opts.level, opts.threads);

@@ -11,6 +11,7 @@
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
+#include "hfdelta/root_commit.hpp"
 #include "hfdelta/safetensors.hpp"
 #include "hfdelta/version.hpp"
 #include "store/checksum_record.hpp"
@@ -291,12 +292,11 @@ std::vector<ShardPart> ShardWriter::finish(bool sync) {
 
 ShardCommit commit_sharded(const fs::path& root, const fs::path& mirror, const fs::path& stage, std::uint64_t version,
                            std::uint64_t base, std::vector<ShardPart> parts, bool sync) {
-  const PublishTarget t = publish_target(root, std::nullopt);
-  if (t.newest.value_or(0) != base || t.version != version)
-    fail(Exit::exists, root.string() + ": its newest version is " + format_version(t.newest.value_or(0)) +
-                           ", not the mirrors' " + format_version(base) +
-                           ": another publisher published meanwhile; "
-                           "nothing was published; restart every rank (the mirrors catch up from ROOT)");
+  // The version's number and base as the ranks began it: the same checks
+  // again at the rename (writer.expect), after every part is copied.
+  const PublishExpectation expect{root, version, base};
+  check_publishable(expect, true);
+  const fs::path out = root / version_dirname(version);
   const Checkpoint layout = open_checkpoint(mirror);
   const std::optional<ChecksumRecord> rec = read_record(mirror, base);
   if (!rec) fail(Exit::uninitialised, mirror.string() + ": has no checksum record of version " + format_version(base));
@@ -346,9 +346,10 @@ ShardCommit commit_sharded(const fs::path& root, const fs::path& mirror, const f
   idx.base_version = base;
   idx.per_tensor = true;
   idx.elements = elements_of(layout, parts);
-  DeltaWriter writer(t.out, sync);
+  DeltaWriter writer(out, sync);
+  writer.expect = expect;
   ShardCommit sc;
-  sc.out = t.out;
+  sc.out = out;
   try {
     writer.write_entries(idx, entries, [&](std::size_t i, File& f, std::uint64_t at) {
       const Item& it = items[i];

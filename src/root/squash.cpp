@@ -27,6 +27,7 @@
 #include "hfdelta/io.hpp"
 #include "hfdelta/parts.hpp"
 #include "hfdelta/progress.hpp"
+#include "hfdelta/root_commit.hpp"
 #include "hfdelta/safetensors.hpp"
 #include "hfdelta/version.hpp"
 #include "util/json_text.hpp"
@@ -1001,7 +1002,14 @@ SquashSummary squash_deltas(const std::vector<fs::path>& chain, const fs::path& 
   out_shard_ops(ctx);
   const std::map<std::string, std::uint64_t> lengths = known_lengths(ctx);
   out_entries(ctx);
+  // OUT named as its version in a directory: published into that root, so
+  // on its newest version, checked now and at the rename.
+  PublishExpectation expect;
+  if (out.filename() == version_dirname(ctx.idx.version))
+    expect = {out.parent_path(), ctx.idx.version, ctx.idx.base_version};
+  check_publishable(expect, false);
   DeltaWriter writer(out, opts.sync);
+  writer.expect = expect;
   {
     const OnFailure abandon([&] { writer.abandon(); });
     compose_entries(ctx, lengths, writer.tmp);

@@ -255,6 +255,7 @@ void publish_dir_portable(const fs::path& tmp, const fs::path& out) {
 }  // namespace
 
 void publish_dir(const fs::path& tmp, const fs::path& out) {
+  fault_point("rename");
   if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, out.c_str(), RENAME_NOREPLACE) == 0) return;
   const int e = errno;
   if (e == EEXIST) fail_published(out);
