@@ -31,6 +31,10 @@ struct WithdrawResult {
   // Newer versions published on it: no delta path reaches them any more;
   // withdraw them too, or publish a full version.
   std::vector<std::uint64_t> stranded;
+  // Publications of a newer version under way as it was withdrawn (their
+  // hidden directories in ROOT): built on it, they are refused at their
+  // commit, which checks the base again (root_commit.hpp).
+  std::vector<boost::filesystem::path> in_flight;
   // The version the next one is published on (none: nothing left).
   std::optional<std::uint64_t> newest;
 };

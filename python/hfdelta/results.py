@@ -263,6 +263,7 @@ class WithdrawResult(_Result):
     sidecar: Optional[str]
     already_withdrawn: bool
     stranded: list[str]
+    in_flight: list[str]
     next_base: Optional[str]
 
 

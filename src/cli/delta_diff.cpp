@@ -344,6 +344,12 @@ void print_withdraw(const WithdrawResult& r) {
                  "more; withdraw them too, or publish a full version\n",
                  list.c_str(), v.c_str());
   }
+  for (const auto& p : r.in_flight)
+    std::fprintf(stderr,
+                 "delta-diff: warning: a publication is under way in the root (%s): if it is built on version %s, "
+                 "its publisher refuses it at its commit (or withdraws it, if it was renamed in between) and "
+                 "says so\n",
+                 p.string().c_str(), v.c_str());
 }
 
 void run_withdraw(const Options& o) {

@@ -1,5 +1,7 @@
 #include "hfdelta/withdraw.hpp"
 
+#include <algorithm>
+
 #include <boost/filesystem/operations.hpp>
 #include <nlohmann/json.hpp>
 
@@ -28,6 +30,26 @@ std::vector<std::uint64_t> built_on(const fs::path& root, std::uint64_t v) {
     } catch (const Error&) {  // a damaged newer version: reached by no one anyway
     }
   }
+  return out;
+}
+
+// Hidden directories of publications of a version above `v` under way in
+// ROOT: ".weight_vN.tmp-...", ".delta_vN.tmp-..." (delta-diff, --full,
+// Publisher) and ".shard_vN.tmp-..." (ShardedPublisher). Listed after the
+// rename: a publication that has not renamed yet is seen here, one that
+// has is seen by built_on.
+std::vector<fs::path> publishing_above(const fs::path& root, std::uint64_t v) {
+  std::vector<fs::path> out;
+  boost::system::error_code ec;
+  for (fs::directory_iterator it(root, ec), end; it != end && !ec; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const auto tmp = name.find(".tmp-");
+    if (name.empty() || name[0] != '.' || tmp == std::string::npos) continue;
+    const std::string stem = name.substr(1, tmp - 1);
+    for (const char* prefix : {"weight_v", "delta_v", "shard_v"})
+      if (const auto n = version_from_name(stem, prefix); n && *n > v) out.push_back(it->path());
+  }
+  std::sort(out.begin(), out.end());
   return out;
 }
 
@@ -66,6 +88,7 @@ WithdrawResult withdraw_version(const fs::path& dir_arg, bool sync) {
   if (exists_nofollow(side_to)) r.sidecar = side_to;
   if (sync && !r.already) sync_dir(r.root);
   r.stranded = built_on(r.root, *v);
+  r.in_flight = publishing_above(r.root, *v);
   if (const std::vector<VersionDir> left = scan_root(r.root); !left.empty()) r.newest = left.back().version;
   return r;
 }
@@ -73,12 +96,15 @@ WithdrawResult withdraw_version(const fs::path& dir_arg, bool sync) {
 json withdraw_json(const WithdrawResult& r) {
   json stranded = json::array();
   for (const auto v : r.stranded) stranded.push_back(format_version(v));
+  json in_flight = json::array();
+  for (const auto& p : r.in_flight) in_flight.push_back(p.string());
   return {{"root", r.root.string()},
           {"version", format_version(r.version)},
           {"withdrawn", r.withdrawn.string()},
           {"sidecar", r.sidecar ? json(r.sidecar->string()) : json(nullptr)},
           {"already_withdrawn", r.already},
           {"stranded", std::move(stranded)},
+          {"in_flight", in_flight},
           {"next_base", r.newest ? json(format_version(*r.newest)) : json(nullptr)}};
 }
 
