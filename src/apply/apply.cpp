@@ -468,26 +468,31 @@ ApplyResult& nothing_to_do(ApplyResult& r, const LocalState& st, Clock::time_poi
 }
 
 // One version of the pull, committed on its own: a pull that fails later
-// keeps it.
+// keeps it. What the commit depends on is looked at as it commits: a
+// version withdrawn while it was applied is rolled back (hosts that never
+// held it skip it), not kept to be refused by every later pull.
 template <class Step>
-void commit_version(Txn& txn, std::uint64_t version, Step&& step) {
+void commit_version(Txn& txn, const fs::path& root, std::uint64_t version, Step&& step) {
   txn.set_final(version);
   step();
+  if (exists_nofollow(root / withdrawn_dirname(version)))
+    fail(Exit::out_of_order, "version " + format_version(version) + " was withdrawn from " + root.string() +
+                                 " while this pull applied it; it is rolled back, and the next pull skips it");
   txn.commit();
 }
 
 // Runs plan `p`; a delta LOCAL refuses is reported by its version in
 // `refused_at` (LOCAL keeps every version before it).
-void run_plan(Txn& txn, const PullPlan& p, const fs::path& local, const ApplyOptions& opts, ApplyResult& r,
-              std::optional<std::uint64_t>& refused_at) {
+void run_plan(Txn& txn, const fs::path& root, const PullPlan& p, const fs::path& local, const ApplyOptions& opts,
+              ApplyResult& r, std::optional<std::uint64_t>& refused_at) {
   if (p.full)
-    commit_version(txn, p.full->version, [&] {
+    commit_version(txn, root, p.full->version, [&] {
       merge(r, init_locked(txn, p.full->path, local, p.full->version, opts, p.full_marker));
       r.full_copied = p.full->version;
     });
   for (const OpenDelta& d : p.chain) {
     try {
-      commit_version(txn, d.index.version, [&] { merge(r, apply_opened(txn, d, local, opts)); });
+      commit_version(txn, root, d.index.version, [&] { merge(r, apply_opened(txn, d, local, opts)); });
     } catch (const Error& e) {
       if (e.code() != Exit::verify_failed && e.code() != Exit::bad_input) throw;
       refused_at = d.index.version;
@@ -548,7 +553,7 @@ ApplyResult pull_locked(Txn& txn, const fs::path& root, const fs::path& local, s
     if (!p.fallback.empty()) r.fallback += (r.fallback.empty() ? "" : "; ") + p.fallback;
     std::optional<std::uint64_t> refused_at;
     try {
-      run_plan(txn, p, local, opts, r, refused_at);
+      run_plan(txn, root, p, local, opts, r, refused_at);
     } catch (const Error& e) {
       if (!refused_at) {
         if (r.applied.empty()) throw;
