@@ -631,11 +631,12 @@ TEST_CASE("delta-diff output does not depend on --threads, --no-sync or the run"
   E2E_CHECK_TREE_EQUAL(version_dir(t / "r1", 1), version_dir(t / "r2", 1));
   E2E_CHECK_TREE_EQUAL(version_dir(t / "r1", 1), version_dir(t / "r3", 1));
   // A higher level gives other frames that apply to the same result.
+  fs::create_directories(t / "r4");
   E2E_REQUIRE_CODE(diff({"-q", "--level", "19", save_dir(series, 0).string(), save_dir(series, 1).string(),
-                         version_dir(t / "r1", 2).string(), "--base-version", "0"}),
+                         version_dir(t / "r4", 1).string()}),
                    0);
   const fs::path local = t / "local";
   E2E_REQUIRE_CODE(apply({"-q", "--init", save_dir(series, 0).string(), local.string()}), 0);
-  E2E_REQUIRE_CODE(apply({"-q", "--no-sync", "--threads", "1", version_dir(t / "r1", 2).string(), local.string()}), 0);
+  E2E_REQUIRE_CODE(apply({"-q", "--no-sync", "--threads", "1", version_dir(t / "r4", 1).string(), local.string()}), 0);
   E2E_CHECK_TREE_EQUAL(local, save_dir(series, 1));
 }

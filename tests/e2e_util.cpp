@@ -543,15 +543,22 @@ std::string state_version(const fs::path& local) {
 
 json delta_index(const fs::path& delta) { return read_json(delta / "model.safetensors.index.json"); }
 
-Signalled signal_at_step(const std::vector<std::string>& argv, long step, int sig,
-                         const std::function<void()>& at_stop) {
-  ScopedEnv at("HFDELTA_FAULT_AT", std::to_string(step));
-  ScopedEnv mode("HFDELTA_FAULT_MODE", "pause");
+namespace {
+
+// ARGV stopped at write step `step` (HFDELTA_FAULT_MODE `how`), `at_stop`
+// run, then signal `sig` (none: 0) and SIGCONT sent.
+Signalled stop_at_step(const std::vector<std::string>& argv, long step, const char* how, int sig,
+                       const std::function<void()>& at_stop) {
   const TempDir t;
   const fs::path err = t / "err";
   const int fd = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   REQUIRE(fd >= 0);
-  const pid_t pid = spawn(argv, -1, fd);
+  pid_t pid = -1;
+  {  // ARGV only: the commands `at_stop` runs are not stopped
+    ScopedEnv at("HFDELTA_FAULT_AT", std::to_string(step));
+    ScopedEnv mode("HFDELTA_FAULT_MODE", how);
+    pid = spawn(argv, -1, fd);
+  }
   ::close(fd);
   Signalled s;
   int status = 0;
@@ -565,13 +572,24 @@ Signalled signal_at_step(const std::vector<std::string>& argv, long step, int si
       ::waitpid(pid, &status, 0);
       throw;
     }
-    ::kill(pid, sig);
+    if (sig) ::kill(pid, sig);
     ::kill(pid, SIGCONT);
     REQUIRE(::waitpid(pid, &status, 0) == pid);
   }
   s.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   s.err = read_file(err);
   return s;
+}
+
+}  // namespace
+
+Signalled signal_at_step(const std::vector<std::string>& argv, long step, int sig,
+                         const std::function<void()>& at_stop) {
+  return stop_at_step(argv, step, "pause", sig, at_stop);
+}
+
+Signalled hold_at_step(const std::vector<std::string>& argv, long step, const std::function<void()>& at_stop) {
+  return stop_at_step(argv, step, "hold", 0, at_stop);
 }
 
 std::string system_tool(const std::string& name) {

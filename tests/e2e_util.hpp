@@ -78,6 +78,9 @@ struct Signalled {
 };
 Signalled signal_at_step(const std::vector<std::string>& argv, long step, int sig,
                          const std::function<void()>& at_stop = {});
+// ARGV stopped at write step `step` (HFDELTA_FAULT_MODE=hold) while
+// `at_stop` runs (a second actor changes what ARGV checked), then continued.
+Signalled hold_at_step(const std::vector<std::string>& argv, long step, const std::function<void()>& at_stop);
 
 // Paths of the binaries, from HFDELTA_DIFF / HFDELTA_APPLY / HFDELTA_GEN /
 // HFDELTA_BENCH. Throws std::runtime_error naming the variable when unset.

@@ -20,12 +20,14 @@ struct FaultPlan {
   bool kill = true;
   bool persist = false;  // every step from `at` on fails, as on a full or dying disk
   bool pause = false;    // the process stops itself at step `at`, for a test to signal it there
+  bool hold = false;     // the same, for a test to change what it works on there; continued, it goes on
   FaultPlan() {
     if (const char* v = std::getenv("HFDELTA_FAULT_AT")) at = std::atoll(v);
     if (const char* m = std::getenv("HFDELTA_FAULT_MODE")) {
       persist = std::strcmp(m, "persist") == 0;
       pause = std::strcmp(m, "pause") == 0;
-      kill = !persist && !pause && std::strcmp(m, "error") != 0;
+      hold = std::strcmp(m, "hold") == 0;
+      kill = !persist && !pause && !hold && std::strcmp(m, "error") != 0;
     }
   }
 };
@@ -47,6 +49,10 @@ void fault_point(const char* what) {
   const long long n = steps.fetch_add(1, std::memory_order_relaxed) + 1;
   if (plan.at == 0 || n < plan.at || (n > plan.at && !plan.persist)) return;
   if (plan.pause) return pause_for_signal();
+  if (plan.hold) {
+    ::raise(SIGSTOP);
+    return;
+  }
   if (plan.kill) ::raise(SIGKILL);
   fail(Exit::failure, std::string("injected fault at write step ") + std::to_string(n) + " (" + what + ")");
 }

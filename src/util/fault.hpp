@@ -10,7 +10,9 @@ namespace hfdelta {
 // fail: HFDELTA_FAULT_MODE=kill (default) kills the process with SIGKILL,
 // =error throws an I/O error instead, =persist throws one at step N and at
 // every step after it, =pause stops the process (SIGSTOP) at step N and, once
-// it is continued, waits a while for a stop signal. Unset, it costs one atomic
+// it is continued, waits a while for a stop signal, =hold stops it at step N
+// and lets it go on once continued (a test changes the files meanwhile: the
+// second actor between a check and a commit). Unset, it costs one atomic
 // increment. Every write step is also a safe point to stop at (check_stop).
 void fault_point(const char* what);
 

@@ -10,7 +10,10 @@ WORKDIR/root from the pieces each holds:
   norm, a 3-D tensor split on its second dimension;
 - ``fsdp2``: a transformers Qwen3 model (WORKDIR/base, saved by the test) under FSDP2
   ``fully_shard``, one SGD step per version, published from its DTensor ``state_dict()``;
-- ``gap``, ``overlap``, ``dtype``: ``tp`` with one rank giving a wrong piece.
+- ``gap``, ``overlap``, ``dtype``: ``tp`` with one rank giving a wrong piece;
+- ``race``: another writer publishes version 1 while the ranks write theirs (a job restarted
+  while its old one still runs): the ranks' publish raises, they reopen the publisher and publish
+  version 2 on the other's version 1.
 
 Each rank writes WORKDIR/result-RANK.json: the results, or the error (class, exit code, message).
 Rank 0 also writes the gathered tensors of each version to WORKDIR/gathered-vN/model.safetensors
@@ -138,6 +141,44 @@ def run_fsdp2(pub, workdir: str, rank: int, world: int, versions: int) -> list[d
     return results
 
 
+def run_race(pub, reopen, workdir: str, rank: int, world: int) -> list[dict]:
+    import shutil
+
+    import torch.distributed as dist
+    from safetensors.numpy import load_file, save_file
+
+    import hfdelta
+
+    base = load_file(os.path.join(workdir, "base", "model.safetensors"))
+    tp_pieces(pub, expected(base, 1), rank, world, "tp")
+    if rank == 0:  # the other writer: version 1 from other bytes, published while the pieces wait
+        other = os.path.join(workdir, "other")
+        os.makedirs(other, exist_ok=True)
+        save_file(expected(base, 99), os.path.join(other, "model.safetensors"))
+        shutil.copy(os.path.join(workdir, "base", "config.json"), other)
+        hfdelta.diff(os.path.join(workdir, "base"), other, os.path.join(workdir, "root"), sync=False)
+    dist.barrier()
+    lost = None
+    try:
+        pub.publish()
+    except hfdelta.Exists as e:
+        lost = e.message
+    pub.close()
+    again = reopen()  # all it takes: opening catches each host's mirror up to the other's version
+    try:
+        reopened_at = again.version
+        new = expected(base, 2)
+        tp_pieces(again, new, rank, world, "tp")
+        r = again.publish()
+        if rank == 0:
+            d = os.path.join(workdir, "gathered-v2")
+            os.makedirs(d, exist_ok=True)
+            save_file(new, os.path.join(d, "model.safetensors"))
+    finally:
+        again.close()
+    return [{"lost": lost, "reopened_at": reopened_at, "published": r.__dict__}]
+
+
 def main() -> int:
     scenario, workdir, rank, world = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     versions = int(sys.argv[5]) if len(sys.argv) > 5 else 1
@@ -149,12 +190,16 @@ def main() -> int:
                             world_size=world, timeout=datetime.timedelta(seconds=120))
     host = "a" if rank < world // 2 or world == 1 else "b"
     out: dict = {"rank": rank}
+    def open_publisher() -> "hfdelta.ShardedPublisher":
+        return hfdelta.ShardedPublisher(os.path.join(workdir, "root"), os.path.join(workdir, "mirror-" + host),
+                                        host=host, encoding=os.environ.get("SHARD_ENCODING", "sparse"), sync=False)
+
     try:
-        with hfdelta.ShardedPublisher(os.path.join(workdir, "root"), os.path.join(workdir, "mirror-" + host),
-                                      host=host, encoding=os.environ.get("SHARD_ENCODING", "sparse"),
-                                      sync=False) as pub:
+        with open_publisher() as pub:
             out["opening"] = pub.opening
-            if scenario == "fsdp2":
+            if scenario == "race":
+                out["results"] = run_race(pub, open_publisher, workdir, rank, world)
+            elif scenario == "fsdp2":
                 out["results"] = run_fsdp2(pub, workdir, rank, world, versions)
             else:
                 out["results"] = run_tp(pub, workdir, rank, world, versions, scenario)

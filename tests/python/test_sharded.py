@@ -299,3 +299,21 @@ def test_two_jobs_never_publish_one_number_twice(tmp_path: Path) -> None:
     assert [p.name for p in (work / "root").glob("weight_v*")] == ["weight_v000001"]
     host = host_at(work, tmp_path, 1, "host")
     assert hfdelta.verify(host).ok
+
+
+def test_a_publisher_that_lost_the_race_is_told_and_recovers_by_reopening(tmp_path: Path) -> None:
+    """Another writer publishes version 1 while the ranks write theirs: every rank raises Exists naming
+    that version and when it appeared, nothing of theirs is published, and reopening the publisher (no
+    restart of any rank) publishes version 2 on the other's version 1."""
+    work = make_world(tmp_path)
+    results = ok(run_ranks(work, "race"))
+    for r in results:
+        race = r["results"][0]
+        assert race["lost"] is not None, r
+        assert "weight_v000001" in race["lost"] and "another publisher" in race["lost"], race["lost"]
+        assert " UTC, " in race["lost"] and "opened again" in race["lost"], race["lost"]
+        assert race["reopened_at"] == 1
+        assert race["published"]["version"] == 2
+    assert sorted(p.name for p in (work / "root").iterdir() if not p.name.startswith(".")) == [
+        "weight_v000001", "weight_v000002"]
+    check_versions(work, tmp_path, [2])
