@@ -3,10 +3,16 @@
 // a stale BASE, a mirror altered, a tensor written while it is read); a
 // pull keeps every version it could apply and takes a full version where the
 // deltas cannot be taken; a bad version is withdrawn; a version cut short
-// says what stands behind it.
+// says what stands behind it. The fleet view (--fleet ROOT --reports DIR)
+// shows every entry named like a report, whatever it is, and a host whose
+// clock runs ahead.
 #include <doctest/doctest.h>
 
+#include <sys/stat.h>
+
 #include <atomic>
+#include <chrono>
+#include <functional>
 #include <thread>
 
 #include "e2e_util.hpp"
@@ -357,4 +363,131 @@ TEST_CASE("fleet: a tensor written while the publisher reads it never publishes 
   CHECK(j["to_version"] == json(published ? hfdelta::format_version(static_cast<std::uint64_t>(published)) : "000000"));
   E2E_CHECK_TREE_EQUAL(host, mirror);
   E2E_CHECK_CODE(apply({"--verify", mirror.string()}), 0);
+}
+
+// ---- the fleet view's reports ------------------------------------------------------
+
+namespace {
+
+double now_unix() {
+  using namespace std::chrono;
+  return duration<double>(system_clock::now().time_since_epoch()).count();
+}
+
+// A root of versions 1 and 2, and DIR with the report of host "good", at 2.
+struct Reports {
+  TempDir t;
+  fs::path series, root, reports, local;
+  Reports() {
+    series = gen_series(t / "series", 2);
+    root = root_of(t, series, 2);
+    reports = t / "reports";
+    fs::create_directories(reports);
+    local = t / "good";
+    require_init(save_dir(series, 0), local);
+    E2E_REQUIRE_CODE(
+        apply({"-q", "--root", root.string(), "--report", reports.string(), "--host", "good", local.string()}), 0);
+  }
+  RunResult fleet(const std::vector<std::string>& extra) const {
+    std::vector<std::string> args{"--fleet", root.string(), "--reports", reports.string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return apply(args);
+  }
+};
+
+}  // namespace
+
+TEST_CASE(
+    "fleet: a report that is a FIFO, a link or a directory, or dated in the future, is a row with its problem, "
+    "and exit 16 with --fail-behind or --fail-stale") {
+  Reports f;
+  // The good report alone: no alert.
+  E2E_REQUIRE_CODE(f.fleet({"-q", "--fail-behind", "0", "--fail-stale", "3600"}), 0);
+
+  std::string name, problem;
+  SUBCASE("a FIFO (the view must not wait for a writer)") {
+    REQUIRE(::mkfifo((f.reports / "fifo.json").c_str(), 0644) == 0);
+    name = "fifo", problem = "not a regular file: a FIFO";
+  }
+  SUBCASE("a symlink, even to a valid report: a report is never written as a link, and a link is not followed") {
+    fs::create_symlink("good.json", f.reports / "link.json");
+    name = "link", problem = "not a regular file: a symlink to good.json";
+  }
+  SUBCASE("a dangling symlink") {
+    fs::create_symlink("gone.json", f.reports / "dangling.json");
+    name = "dangling", problem = "not a regular file: a symlink to gone.json";
+  }
+  SUBCASE("a directory") {
+    fs::create_directories(f.reports / "dir.json");
+    name = "dir", problem = "not a regular file: a directory";
+  }
+  SUBCASE("a report dated an hour ahead: its host's clock runs ahead") {
+    json j = read_json(f.reports / "good.json");
+    j["host"] = "ahead";
+    j["time_unix"] = now_unix() + 3600;
+    write_json(f.reports / "ahead.json", j);
+    name = "ahead", problem = "s in the future: the host's clock runs ahead";
+  }
+
+  RunResult r = f.fleet({});
+  E2E_CHECK_CODE(r, 0);
+  bool row = false;
+  for (std::size_t at = 0, end; at < r.out.size(); at = end + 1) {
+    end = r.out.find('\n', at);
+    if (end == std::string::npos) end = r.out.size();
+    const std::string line = r.out.substr(at, end - at);
+    row = row || (line.rfind(name + " ", 0) == 0 && contains(line, problem));
+  }
+  CHECK_MESSAGE(row, "no row \"" << name << " ...  " << problem << "\" in\n" << r.out);
+  CHECK(contains(r.out, "2 host reports"));
+
+  r = f.fleet({"--json"});
+  E2E_REQUIRE_CODE(r, 0);
+  const json j = parse_json(r.out);
+  REQUIRE(j["hosts"].size() == 2);
+  std::map<std::string, json> hosts;
+  for (const json& h : j["hosts"]) hosts[h["host"]] = h;
+  REQUIRE(hosts.count(name));
+  REQUIRE_MESSAGE(hosts[name]["problem"].is_string(), hosts[name].dump());
+  CHECK_MESSAGE(contains(hosts[name]["problem"].get<std::string>(), problem), hosts[name].dump());
+  CHECK(hosts["good"]["problem"].is_null());
+
+  for (const std::vector<std::string>& flag :
+       std::vector<std::vector<std::string>>{{"--fail-stale", "3600"}, {"--fail-behind", "0"}}) {
+    CAPTURE(flag[0]);
+    r = f.fleet({"-q", flag[0], flag[1]});
+    E2E_CHECK_CODE(r, 16);
+    CHECK_ERR_MENTIONS(r, "1 alert(s): " + name + ": its report cannot be");
+    CHECK_ERR_MENTIONS(r, problem);
+  }
+  fs::remove(f.reports / (name + ".json"));
+  E2E_CHECK_CODE(f.fleet({"-q", "--fail-behind", "0", "--fail-stale", "3600"}), 0);
+}
+
+TEST_CASE("fleet: a peer's report that is a FIFO is a peer not ready, not a wait for a writer (exit 15)") {
+  Reports f;
+  REQUIRE(::mkfifo((f.reports / "fifo.json").c_str(), 0644) == 0);
+  const RunResult r = apply({"--root", f.root.string(), "--report", f.reports.string(), "--host", "good", "--peers",
+                             "fifo", "--peer-timeout", "0.2", "--then", "true", f.local.string()});
+  E2E_CHECK_CODE(r, 15);
+  CHECK_ERR_MENTIONS(r, "not a regular file: a FIFO");
+}
+
+TEST_CASE("fleet: --fleet --reports DIR that is ROOT, lies inside it or contains it: exit 3, as --report") {
+  Reports f;
+  fs::create_directories(f.root / "hosts");
+  for (const fs::path& dir : {f.root, f.root / "hosts", f.t.path()}) {
+    CAPTURE(dir);
+    RunResult r = apply({"--fleet", f.root.string(), "--reports", dir.string()});
+    E2E_CHECK_CODE(r, 3);
+    CHECK_ERR_MENTIONS(r, "publication root " + f.root.string());
+    CHECK_ERR_MENTIONS(r, "--reports");
+    CHECK(r.out.empty());
+    r = apply({"--root", f.root.string(), "--report", dir.string(), "--host", "good", f.local.string()});
+    E2E_CHECK_CODE(r, 3);
+    CHECK_ERR_MENTIONS(r, "publication root " + f.root.string());
+    CHECK_ERR_MENTIONS(r, "--report");
+  }
+  CHECK(list_names(f.root / "hosts").empty());
+  CHECK(list_names(f.t.path()) == std::vector<std::string>{"good", "reports", "root", "series"});
 }

@@ -3,7 +3,10 @@
 // changed anywhere, or, for delta-diff's doubts about a valid delta, warned about.
 #include <doctest/doctest.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <iterator>
 
 #include "e2e_util.hpp"
@@ -261,6 +264,108 @@ TEST_CASE("mistakes: --status, --verify and --recover on a directory never initi
   const Tree before(s.t.path());
   E2E_CHECK_CODE(apply(args), code);
   CHECK_NOTHING_CHANGED(before);
+}
+
+namespace {
+
+// `dir` and every entry below it as `ls -laR --full-time` shows them: type and
+// mode, size, mtime to the nanosecond. Whatever a run creates, removes or
+// writes there (even a .weight_sync/ made and removed again: the directory's
+// mtime moves) changes it.
+std::map<std::string, std::string> listing(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  const auto add = [&](const fs::path& p, const std::string& rel) {
+    struct stat st {};
+    REQUIRE(::lstat(p.c_str(), &st) == 0);
+    char mtime[48];
+    std::snprintf(mtime, sizeof mtime, "%lld.%09ld", static_cast<long long>(st.st_mtim.tv_sec), st.st_mtim.tv_nsec);
+    out[rel] = "mode " + std::to_string(st.st_mode) + ", " + std::to_string(st.st_size) + " bytes, mtime " + mtime;
+  };
+  add(dir, ".");
+  for (fs::recursive_directory_iterator it(dir), end; it != end; ++it)
+    add(it->path(), fs::relative(it->path(), dir).generic_string());
+  return out;
+}
+
+std::string listing_changes(const std::map<std::string, std::string>& before,
+                            const std::map<std::string, std::string>& after) {
+  std::string out;
+  for (const auto& [rel, was] : before) {
+    const auto it = after.find(rel);
+    if (it == after.end())
+      out += rel + ": removed\n";
+    else if (it->second != was)
+      out += rel + ": " + was + " -> " + it->second + "\n";
+  }
+  for (const auto& [rel, now] : after)
+    if (!before.count(rel)) out += rel + ": created (" + now + ")\n";
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "mistakes: a training save given as LOCAL: every form that refuses it, or has nothing to do, creates nothing") {
+  Setup s;
+  // A trainer's save: a checkpoint with files of its own, no .weight_sync/.
+  const fs::path save = s.t / "trainer" / "step_0200";
+  copy_tree(s.save(1), save);
+  write_file(save / "optimizer.pt", "optimizer state");
+  const fs::path empty_root = s.t / "empty-root", reports = s.t / "reports";
+  fs::create_directories(empty_root);
+  fs::create_directories(reports);
+  // A leader of an engine across hosts, at version 1, reporting into DIR.
+  E2E_REQUIRE_CODE(
+      apply({"-q", "--root", s.root.string(), "--report", reports.string(), "--host", "leader", s.local.string()}), 0);
+
+  std::vector<std::string> args;
+  int code = 4;
+  std::string mention = "--init";
+  const std::string R = s.root.string(), S = save.string();
+  SUBCASE("a delta") { args = {s.delta().string(), S}; }
+  SUBCASE("--root: no full version to start from") { args = {"--root", R, S}; }
+  SUBCASE("--root --target of a version not published") { args = {"--root", R, "--target", "9", S}, mention = "9"; }
+  SUBCASE("--root with nothing published yet (exit 0)") {
+    args = {"--root", empty_root.string(), S}, code = 0, mention = "";
+  }
+  SUBCASE("--root --report") { args = {"--root", R, "--report", reports.string(), "--host", "h", S}; }
+  SUBCASE("--root --report --follow") {
+    args = {"--root", R, "--report", reports.string(), "--host", "h", "--follow", "leader", S};
+  }
+  SUBCASE("--root --then") { args = {"--root", R, "--then", "true", S}; }
+  SUBCASE("--root --metrics") { args = {"--root", R, "--metrics", (s.t / "pull.prom").string(), S}; }
+  SUBCASE("--init without --force") { args = {"--init", s.save(0).string(), S}, code = 7, mention = "--force"; }
+  SUBCASE("--status") { args = {"--status", S}, code = 11, mention = ""; }
+  SUBCASE("--verify") { args = {"--verify", S}, code = 11, mention = ""; }
+  SUBCASE("--recover") { args = {"--recover", S}, code = 0, mention = ""; }
+  // A form that would write (a full version copied over it, --init --force)
+  // still refuses a link in it before anything is created.
+  SUBCASE("a symlink in it: a full version pulled, copied by hand, --init --force") {
+    fs::create_symlink("optimizer.pt", save / "latest");
+    const fs::path full_root = s.t / "full-root";
+    fs::create_directories(full_root);
+    E2E_REQUIRE_CODE(diff({"-q", "--full", s.save(0).string(), s.save(1).string(), full_root.string()}), 0);
+    code = 3, mention = "symlink";
+    const fs::path full = version_dir(full_root, 1);
+    for (const auto& a : std::vector<std::vector<std::string>>{
+             {"--root", full_root.string(), S}, {full.string(), S}, {"--init", "--force", s.save(0).string(), S}}) {
+      const auto before = listing(save);
+      const RunResult r = apply(a);
+      E2E_CHECK_CODE(r, code);
+      CHECK_ERR_MENTIONS(r, mention);
+      CHECK_MESSAGE(listing_changes(before, listing(save)).empty(), listing_changes(before, listing(save)));
+    }
+    args = {"--root", full_root.string(), S};
+  }
+  const auto before = listing(save);
+  const Tree tree(save);
+  const RunResult r = apply(args);
+  E2E_CHECK_CODE(r, code);
+  if (!mention.empty()) CHECK_ERR_MENTIONS(r, mention);
+  const std::string changes = listing_changes(before, listing(save));
+  CHECK_MESSAGE(changes.empty(), changes << r.describe());
+  CHECK_NOTHING_CHANGED(tree);
+  CHECK_FALSE(fs::exists(save / ".weight_sync"));
 }
 
 // ---- --init repairs the checksum record -----------------------------------------------

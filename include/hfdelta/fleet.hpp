@@ -37,6 +37,9 @@ struct FleetVersion {
 struct FleetHost {
   std::string name;                  // NAME
   std::optional<HostReport> report;  // none: unreadable (`problem` says why)
+  // Why the report cannot be read (a link, a FIFO, a directory, not a
+  // report), or, with a report, why it cannot be trusted (dated in the
+  // future: its host's clock runs ahead). Either counts as an alert.
   std::string problem;
   // Versions behind ROOT's newest complete version: version numbers between
   // the two, withdrawn ones not counted; none when the host has no version.
@@ -71,7 +74,8 @@ std::string fleet_text(const FleetView& v);
 
 // Hosts past the thresholds (more than `max_behind` versions behind, no
 // version, or a withdrawn one; a report older than `max_age` seconds; a
-// report that cannot be read), one line each; empty when none is.
+// report with a problem: one that cannot be read, or dated in the future,
+// under either threshold), one line each; empty when none is.
 std::vector<std::string> fleet_alerts(const FleetView& v, std::optional<std::uint64_t> max_behind,
                                       std::optional<double> max_age);
 

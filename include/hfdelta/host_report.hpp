@@ -51,9 +51,14 @@ void check_host_name(const std::string& name, const std::string& option);
 // DIR/NAME.json.
 boost::filesystem::path host_report_path(const boost::filesystem::path& dir, const std::string& host);
 
-// Refuses a reports directory that does not exist (Error(usage)) or that is
-// ROOT or lies inside it (Error(bad_input)): ROOT is writable only by the
-// trainer, and readers would meet the reports among its versions.
+// Refuses (Error(bad_input), naming `option`) a reports directory that is
+// ROOT, lies inside it or contains it: ROOT is writable only by the trainer;
+// readers would meet the reports among its versions, and hosts that can
+// write ROOT's parent can rename or remove ROOT. Used by --report and
+// --fleet --reports alike, so the fleet view reads any DIR the hosts write.
+void check_reports_apart(const boost::filesystem::path& dir, const boost::filesystem::path& root,
+                         const std::string& option);
+// --report DIR: check_reports_apart, then DIR must exist (Error(usage)).
 void check_reports_dir(const boost::filesystem::path& dir, const boost::filesystem::path& root);
 
 // The report of `t`'s host as things stand: LOCAL's recorded version (read
@@ -71,7 +76,8 @@ HostReport parse_host_report(const nlohmann::json& j, const std::string& what);
 void write_host_report(const boost::filesystem::path& dir, const HostReport& r);
 
 // Reads DIR/NAME.json: none if there is none; Error(bad_input) naming it if it
-// is not a report.
+// is not a report, or not a regular file (a link, even to a report, a FIFO, a
+// directory: a report is never written as one). Never blocks on a FIFO.
 std::optional<HostReport> read_host_report(const boost::filesystem::path& file);
 
 // "2025-06-01T12:00:00Z" for seconds since the epoch.

@@ -37,13 +37,16 @@ std::uint64_t full_version_of(const fs::path& dir) {
   fail(Exit::usage, dir.string() + ": a full version must be named weight_vNNNNNN (or use --init with --init-version)");
 }
 
-// LOCAL's recorded version against the delta's: none (exit 6), the delta's
+[[noreturn]] void fail_no_version(const fs::path& local) {
+  fail(Exit::out_of_order,
+       local.string() + ": has no recorded version; initialise it with --init or a full version first");
+}
+
+// LOCAL's recorded version against the delta's: none (exit 4), the delta's
 // own (nothing to do) or its base (go on); anything else is out of order.
 bool already_applied(const OpenDelta& d, const LocalState& st, const fs::path& local) {
   const DeltaIndex& idx = d.index;
-  if (!st.version)
-    fail(Exit::out_of_order,
-         local.string() + ": has no recorded version; initialise it with --init or a full version first");
+  if (!st.version) fail_no_version(local);
   if (st.version == idx.version) return true;
   if (idx.base_version != *st.version)
     fail(Exit::out_of_order, d.dir.string() + ": delta " + format_version(idx.version) + " applies on top of version " +
@@ -100,6 +103,13 @@ void check_not_local(const fs::path& dir, const char* role, const std::string& f
                               "; the arguments look swapped (" + form + ")");
 }
 
+// No run ever wrote LOCAL: it has no .weight_sync/, so it holds no version
+// and nothing to recover. Such a directory (a training save given by
+// mistake, a new host's empty one) gets nothing, not even the lock, until
+// the run knows, reading only, that it will write a version there: a form
+// that refuses it, or finds nothing to do, leaves it exactly as it was.
+bool never_written(const fs::path& local) { return !exists_nofollow(local / kStateDir); }
+
 // `p` is strictly below `dir` (both canonical).
 bool is_below(const fs::path& p, const fs::path& dir) {
   std::string d = dir.generic_string();
@@ -148,6 +158,8 @@ void check_replaceable(const fs::path& src, const fs::path& local, const ApplyOp
 // (without it, a LOCAL that has no .weight_sync/ runs `op` unlocked).
 template <class Op>
 ApplyResult locked(const fs::path& local, const ApplyOptions& opts, Op&& op, bool create = true) {
+  // Refused before the lock would create .weight_sync/ (the operation checks it again under the lock).
+  if (create && never_written(local)) refuse_local_symlinks(local);
   PhaseClock clock;  // Phase::lock
   LocalLock lock(local, opts.lock_timeout, create ? LocalLock::Mode::create : LocalLock::Mode::existing);
   std::optional<std::uint64_t> undone;
@@ -216,6 +228,7 @@ ApplyResult apply_delta(const fs::path& delta, const fs::path& local, const Appl
     check_src(delta, local);
     return locked(local, opts, [&](Txn& txn) { return init_locked(txn, delta, local, version, opts); });
   }
+  if (never_written(local)) fail_no_version(local);  // a delta needs a version to apply on
   return locked(local, opts,
                 [&](Txn& txn) { return apply_opened(txn, open_delta(delta, std::move(*idx)), local, opts); });
 }
@@ -502,13 +515,21 @@ void run_plan(Txn& txn, const fs::path& root, const PullPlan& p, const fs::path&
   }
 }
 
-ApplyResult pull_locked(Txn& txn, const fs::path& root, const fs::path& local, std::optional<std::uint64_t> target,
-                        const ApplyOptions& opts) {
-  const auto t0 = Clock::now();
-  const LocalState st = read_state(local);
-  const RootView v = view_root(root, st.version, opts);
+// Where a pull of LOCAL (in state `st`) stands before anything is applied:
+// the version it goes to, or nothing to do (`result` says why). Throws
+// what it refuses. Reads only.
+struct PullStart {
+  RootView view;
+  ApplyResult result;
+  std::optional<std::uint64_t> want;  // none: nothing to do
+};
+
+PullStart start_pull(const fs::path& root, const fs::path& local, const LocalState& st,
+                     std::optional<std::uint64_t> target, const ApplyOptions& opts, Clock::time_point t0) {
+  PullStart p{view_root(root, st.version, opts), {}, std::nullopt};
+  const RootView& v = p.view;
   const std::vector<VersionDir>& all = v.all;
-  ApplyResult r;
+  ApplyResult& r = p.result;
   r.from_version = st.version;
   r.published = all.size();
   if (!all.empty()) r.newest = all.back().version;
@@ -516,12 +537,15 @@ ApplyResult pull_locked(Txn& txn, const fs::path& root, const fs::path& local, s
   r.waiting_for = v.waiting_for;
   r.newer_complete = v.beyond;
   r.newest_complete = v.newest_complete();
-  if (target && v.incomplete && *target >= *v.incomplete && (!st.version || *target > *st.version))
-    return nothing_to_do(r, st, t0);  // the target, or a version below it, is still arriving
+  if (target && v.incomplete && *target >= *v.incomplete && (!st.version || *target > *st.version)) {
+    nothing_to_do(r, st, t0);  // the target, or a version below it, is still arriving
+    return p;
+  }
   const bool held_withdrawn = st.version && v.withdrawn.count(*st.version);
   if (!target && (v.versions.empty() || (st.version && v.versions.back().version <= *st.version))) {
     if (held_withdrawn) fail(Exit::out_of_order, local.string() + ": " + withdrawn_held(root, *st.version));
-    return nothing_to_do(r, st, t0);  // nothing published, nothing newer, or the next still arriving
+    nothing_to_do(r, st, t0);  // nothing published, nothing newer, or the next still arriving
+    return p;
   }
   const std::uint64_t want = target ? *target : v.versions.back().version;
   if (std::none_of(all.begin(), all.end(), [&](const VersionDir& d) { return d.version == want; }))
@@ -531,7 +555,37 @@ ApplyResult pull_locked(Txn& txn, const fs::path& root, const fs::path& local, s
   if (st.version && *st.version > want)
     fail(Exit::out_of_order, local.string() + ": is at version " + format_version(*st.version) +
                                  ", newer than the target " + format_version(want));
-  if (st.version == want) return nothing_to_do(r, st, t0);
+  if (st.version == want) {
+    nothing_to_do(r, st, t0);
+    return p;
+  }
+  p.want = want;
+  return p;
+}
+
+// A pull into a directory no run has written (never_written): what it
+// would do, found reading only. Returns the result when there is nothing to
+// do, throws what the pull would refuse (no full version to start from, a
+// damaged one), and returns none when it is to copy a full version, which
+// makes the directory a LOCAL.
+std::optional<ApplyResult> first_pull(const fs::path& root, const fs::path& local, std::optional<std::uint64_t> target,
+                                      const ApplyOptions& opts) {
+  PullStart s = start_pull(root, local, LocalState{}, target, opts, Clock::now());
+  if (!s.want) return s.result;
+  const PullPlan p = plan_pull(root, s.view, std::nullopt, *s.want, local, {});
+  check_has_weights(open_checkpoint(p.full->path), p.full->path);  // no version: plan_pull starts from a full one
+  return std::nullopt;
+}
+
+ApplyResult pull_locked(Txn& txn, const fs::path& root, const fs::path& local, std::optional<std::uint64_t> target,
+                        const ApplyOptions& opts) {
+  const auto t0 = Clock::now();
+  const LocalState st = read_state(local);
+  PullStart s = start_pull(root, local, st, target, opts, t0);
+  if (!s.want) return s.result;
+  const RootView& v = s.view;
+  ApplyResult& r = s.result;
+  const std::uint64_t want = *s.want;
   // A delta LOCAL refuses (its base bytes are not LOCAL's) leaves LOCAL at
   // the version before it; a full version above it is taken instead, if
   // there is one.
@@ -587,6 +641,8 @@ ApplyResult pull(const fs::path& root, const fs::path& local, std::optional<std:
   check_local_path(local, Exit::out_of_order);
   require_dir(root, "give the publication root (is the share mounted?)");
   check_not_local(root, "a publication root", "delta-apply --root ROOT LOCAL");
+  if (never_written(local))
+    if (std::optional<ApplyResult> r = first_pull(root, local, target, opts)) return *r;
   return locked(local, opts, [&](Txn& txn) { return pull_locked(txn, root, local, target, opts); });
 }
 

@@ -102,6 +102,20 @@ std::uint64_t versions_between(std::uint64_t held, std::uint64_t newest, const s
   return n;
 }
 
+// How far ahead of this machine's clock a report may be dated before its
+// host's clock is said to run ahead. Synchronised clocks (NTP) agree within
+// milliseconds; a report dated further ahead would look fresh for that much
+// longer, never stale while its date stays ahead. A few seconds: far above the
+// skew of synchronised clocks, far below any --fail-stale worth setting.
+constexpr double kClockAheadTolerance = 5;
+
+std::string ahead_problem(const fs::path& file, double ahead) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, ": dated %.0f s in the future", ahead);
+  return file.string() + buf +
+         ": the host's clock runs ahead, so the report's age cannot be told; set its clock right (NTP)";
+}
+
 FleetHost host_of(const fs::path& file, const FleetView& v, const std::set<std::uint64_t>& withdrawn) {
   FleetHost h;
   h.name = file.stem().string();
@@ -116,6 +130,7 @@ FleetHost host_of(const fs::path& file, const FleetView& v, const std::set<std::
     return h;
   }
   h.age = std::max(0.0, v.now - h.report->time);
+  if (const double ahead = h.report->time - v.now; ahead > kClockAheadTolerance) h.problem = ahead_problem(file, ahead);
   if (const auto held = h.report->version) {
     h.holds_withdrawn = withdrawn.count(*held) > 0;
     h.behind = v.newest_complete ? versions_between(*held, *v.newest_complete, withdrawn) : 0;
@@ -129,8 +144,10 @@ std::vector<FleetHost> hosts_of(const fs::path& dir, const FleetView& v, const s
   for (fs::directory_iterator it(dir, ec), end; it != end && !ec; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     // Hidden names are reports being written (write_file_atomic's temporary files).
+    // Whatever else is named like a report is a row: one that is not a regular
+    // file (a link, a FIFO, a directory) shows with its problem, not skipped.
     if (name.empty() || name[0] == '.' || it->path().extension() != ".json") continue;
-    if (fs::is_regular_file(it->symlink_status(ec))) files.push_back(it->path());
+    files.push_back(it->path());
   }
   if (ec) fail(Exit::failure, dir.string() + ": cannot list directory: " + ec.message());
   std::sort(files.begin(), files.end());
@@ -145,7 +162,10 @@ FleetView fleet_view(const fs::path& root, const std::optional<fs::path>& report
   require_dir(root, "give the publication root (is the share mounted?)");
   if (exists_nofollow(root / ".weight_sync"))
     fail(Exit::bad_input, root.string() + ": has .weight_sync/, so it is a LOCAL checkpoint, not a publication root");
-  if (reports) require_dir(*reports, "give the directory the hosts write their reports to (--report DIR)");
+  if (reports) {
+    check_reports_apart(*reports, root, "--reports");
+    require_dir(*reports, "give the directory the hosts write their reports to (--report DIR)");
+  }
   FleetView v;
   v.root = root.string();
   v.reports = reports ? reports->string() : "";
@@ -298,6 +318,7 @@ std::string host_row(const FleetHost& h) {
   const HostReport& r = *h.report;
   std::string note = r.waiting_for_peers ? "waiting for its peers" : r.error;
   if (h.holds_withdrawn) note = "holds a withdrawn version" + (note.empty() ? "" : "; " + note);
+  if (!h.problem.empty()) note = h.problem + (note.empty() ? "" : "; " + note);
   const std::string behind = h.behind ? std::to_string(*h.behind) : "-";
   const std::string code = r.waiting_for_peers ? "-" : std::to_string(r.exit_code);
   return host_line(h.name, or_dash(r.version), behind, age_text(h.age), code, note);
@@ -328,6 +349,10 @@ std::vector<std::string> fleet_alerts(const FleetView& v, std::optional<std::uin
   for (const FleetHost& h : v.hosts) {
     if (!h.report) {
       out.push_back(h.name + ": its report cannot be read (" + h.problem + ")");
+      continue;
+    }
+    if (!h.problem.empty()) {  // dated in the future: counted as an unreadable report is
+      out.push_back(h.name + ": its report cannot be trusted (" + h.problem + ")");
       continue;
     }
     if (max_behind && !h.report->version && v.newest_complete)

@@ -1,9 +1,13 @@
 #include "hfdelta/host_report.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <ctime>
 
 #include <boost/filesystem/operations.hpp>
@@ -70,15 +74,25 @@ std::string default_host_name() {
 
 fs::path host_report_path(const fs::path& dir, const std::string& host) { return dir / (host + ".json"); }
 
+void check_reports_apart(const fs::path& dir, const fs::path& root, const std::string& option) {
+  const Nesting n = nesting(dir, root);
+  std::string where;
+  if (n == Nesting::same)
+    where = ": is the publication root ";
+  else if (n == Nesting::inside)
+    where = ": lies inside the publication root ";
+  else if (nesting(root, dir) == Nesting::inside)  // hosts that write DIR could rename or remove ROOT
+    where = ": contains the publication root ";
+  else
+    return;
+  fail(Exit::bad_input, dir.string() + where + root.string() + ", which only the trainer writes; give " + option +
+                            " the directory the hosts write their reports to, apart from it (e.g. a sibling of "
+                            "ROOT)");
+}
+
 void check_reports_dir(const fs::path& dir, const fs::path& root) {
-  const Nesting n = nesting(dir, root);  // first: nothing is to be made inside ROOT
-  if (n == Nesting::apart)
-    return require_dir(dir, "create the reports directory first (mkdir -p " + dir.string() + ")");
-  fail(Exit::bad_input,
-       dir.string() + (n == Nesting::same ? ": is the publication root " : ": lies inside the publication root ") +
-           root.string() +
-           ", which only the trainer writes; give --report a directory the hosts can write apart from "
-           "it (e.g. a sibling of ROOT)");
+  check_reports_apart(dir, root, "--report");  // first: nothing is to be made inside ROOT
+  require_dir(dir, "create the reports directory first (mkdir -p " + dir.string() + ")");
 }
 
 HostReport current_report(const ReportTarget& t) {
@@ -171,11 +185,85 @@ void write_host_report(const fs::path& dir, const HostReport& r) {
   write_file_atomic(host_report_path(dir, r.host), host_report_json(r).dump(2) + "\n", true);
 }
 
+namespace {
+
+// What is at `st`, when it is not a regular file.
+std::string kind_of(const fs::path& file, const struct stat& st) {
+  if (S_ISLNK(st.st_mode)) {
+    boost::system::error_code ec;
+    const fs::path to = fs::read_symlink(file, ec);
+    return "a symlink" + (ec ? std::string() : " to " + to.string()) + ", which is not followed";
+  }
+  if (S_ISFIFO(st.st_mode)) return "a FIFO";
+  if (S_ISDIR(st.st_mode)) return "a directory";
+  if (S_ISSOCK(st.st_mode)) return "a socket";
+  if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) return "a device";
+  return "not a file";
+}
+
+// delta-apply --report writes a report as a regular file of its own (a
+// temporary file renamed into place), never a link: anything else in DIR was
+// put there by something else, and a link could lead anywhere (a FIFO, a
+// device, another host's report standing in for this one).
+[[noreturn]] void fail_not_regular(const fs::path& file, const struct stat& st) {
+  fail(Exit::bad_input, file.string() + ": not a regular file: " + kind_of(file, st) +
+                            "; delta-apply --report writes each report as a regular file of its own, so something "
+                            "else put this here: remove it (the host's next pull writes its report)");
+}
+
+// The report's bytes, or none if there is none. lstat says what is there
+// before anything is opened (opening a FIFO would wait for a writer); the
+// open (O_NOFOLLOW, O_NONBLOCK) and its fstat check again, since the name may
+// be replaced in between.
+std::optional<std::string> read_report_text(const fs::path& file) {
+  struct stat st {};
+  if (::lstat(file.c_str(), &st) != 0) {
+    const int e = errno;
+    if (e == ENOENT) return std::nullopt;
+    fail(Exit::failure, file.string() + ": " + std::strerror(e));
+  }
+  if (!S_ISREG(st.st_mode)) fail_not_regular(file, st);
+  const int fd = ::open(file.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    const int e = errno;
+    if (e == ENOENT) return std::nullopt;
+    if (e == ELOOP && ::lstat(file.c_str(), &st) == 0) fail_not_regular(file, st);
+    fail(Exit::failure, file.string() + ": open: " + std::strerror(e));
+  }
+  const struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  if (::fstat(fd, &st) != 0) {
+    const int e = errno;
+    fail(Exit::failure, file.string() + ": fstat: " + std::strerror(e));
+  }
+  if (!S_ISREG(st.st_mode)) fail_not_regular(file, st);
+  if (std::uint64_t(st.st_size) > kReportJson.bytes)
+    fail(Exit::bad_input, file.string() + ": " + std::to_string(st.st_size) + " bytes, more than the " +
+                              std::to_string(kReportJson.bytes) + " a report may have");
+  std::string text(std::size_t(st.st_size), '\0');
+  std::size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = ::read(fd, text.data() + got, text.size() - got);
+    if (n < 0) {
+      const int e = errno;
+      if (e == EINTR) continue;
+      fail(Exit::failure, file.string() + ": read: " + std::strerror(e));
+    }
+    if (n == 0) break;  // shortened meanwhile: the parser says what is missing
+    got += std::size_t(n);
+  }
+  text.resize(got);
+  return text;
+}
+
+}  // namespace
+
 std::optional<HostReport> read_host_report(const fs::path& file) {
-  boost::system::error_code ec;
-  if (!fs::exists(file, ec)) return std::nullopt;
-  const std::string text = read_small_file(file, kReportJson.bytes);
-  return parse_host_report(parse_json_text(text, file.string(), "host report", kReportJson), file.string());
+  const std::optional<std::string> text = read_report_text(file);
+  if (!text) return std::nullopt;
+  return parse_host_report(parse_json_text(*text, file.string(), "host report", kReportJson), file.string());
 }
 
 }  // namespace hfdelta
