@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <optional>
 #include <string>
@@ -96,6 +97,8 @@ struct Run {
       if (r == pid) {
         code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
         pid = -1;
+      } else if (r < 0 && errno != EINTR) {
+        pid = -1;  // not ours to wait for (cannot happen)
       } else if (std::chrono::steady_clock::now() >= deadline) {
         return false;
       } else {
@@ -108,8 +111,7 @@ struct Run {
   void wait_command() {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     while (!fs::exists(s.mark("child.pid")) || read_file(s.mark("child.pid")).empty()) {
-      int status = 0;
-      REQUIRE_MESSAGE(::waitpid(pid, &status, WNOHANG) == 0, "delta-apply ended before --then ran: " << output());
+      REQUIRE_MESSAGE(!wait_exit(0), "delta-apply ended before --then ran: " << output());
       REQUIRE_MESSAGE(std::chrono::steady_clock::now() < deadline, "--then did not start: " << output());
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
