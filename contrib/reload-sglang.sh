@@ -28,6 +28,12 @@
 # exits 1 naming the replicas that failed. Each replica has its own state
 # file, so the next run reloads only those that do not serve the version yet.
 #
+# A stop (systemctl stop): delta-apply passes its SIGTERM (SIGINT, SIGHUP) on
+# to this script's process group, so the request under way ends at once and
+# the script exits 128+N. It paused nothing: SGLang pauses and resumes its
+# own scheduling around a reload, which goes on (or fails) without the
+# client, so there is nothing to resume here.
+#
 # Environment:
 #   HFDELTA_LOCAL, HFDELTA_VERSION  set by delta-apply (required)
 #   SGLANG_URLS           the servers, separated by spaces, newlines or commas
@@ -130,8 +136,13 @@ request() {
         esac
     else
         python3 - "$1" "$url$2" "$3" "${4-}" <<'PY'
-import sys, urllib.request, urllib.error
+import signal, sys, urllib.request, urllib.error
 method, url, timeout, data = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+# The whole request within TIMEOUT, as curl's --max-time (urllib's timeout is per socket operation).
+def expired(*_):
+    raise TimeoutError(f"no answer within {timeout:g} s")
+signal.signal(signal.SIGALRM, expired)
+signal.setitimer(signal.ITIMER_REAL, timeout)
 req = urllib.request.Request(url, method=method, data=data.encode() if data else None)
 if data:
     req.add_header("Content-Type", "application/json")

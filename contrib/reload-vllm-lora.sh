@@ -40,6 +40,12 @@
 # retried, and a restarted server is given the adapter again); older names
 # are unloaded in any case.
 #
+# A stop (systemctl stop): delta-apply passes its SIGTERM (SIGINT, SIGHUP) on
+# to this script's process group, so the request under way ends at once; the
+# script removes a copy it was making and exits 128+N. It paused nothing, so
+# there is nothing to resume; a load the server had begun may complete, and
+# the next run finds the name loaded.
+#
 # Environment:
 #   HFDELTA_LOCAL, HFDELTA_VERSION  set by delta-apply (required)
 #   VLLM_URL              the server (default http://127.0.0.1:8000)
@@ -54,7 +60,8 @@
 #
 # Messages go to standard error. Exit: 0 the version is served (and older
 # names unloaded); 1 a step failed (the message names it; a failed unload
-# leaves the new name served and is retried by the next run); 2 usage.
+# leaves the new name served and is retried by the next run); 2 usage;
+# 128+N stopped by signal N.
 # delta-apply reports any non-zero exit as its exit code 9.
 
 me=reload-vllm-lora
@@ -86,6 +93,20 @@ else
     hostport=${hostport%%/*}
     state=${XDG_RUNTIME_DIR:-/tmp}/hfdelta-vllm-lora-$(printf '%s' "$hostport" | tr -c 'A-Za-z0-9.-' '_')-$prefix.name
 fi
+
+# A signal stops the run: a copy being made (tmp) and the load's error file go.
+tmp=
+# shellcheck disable=SC2317  # run by the traps
+on_signal() {
+    trap '' HUP INT TERM
+    [ -n "$tmp" ] && rm -rf "$tmp"
+    rm -f "${state}.err.$$"
+    say "interrupted (signal $1): version $HFDELTA_VERSION may not be served as $name yet (the next run sees to it)"
+    exit $((128 + $1))
+}
+trap 'on_signal 1' HUP
+trap 'on_signal 2' INT
+trap 'on_signal 15' TERM
 
 http=${VLLM_HTTP:-}
 if [ -z "$http" ]; then
@@ -125,8 +146,13 @@ request() {
         esac
     else
         python3 - "$1" "$url$2" "$3" "${4-}" <<'EOF'
-import sys, urllib.request, urllib.error
+import signal, sys, urllib.request, urllib.error
 method, url, timeout, data = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+# The whole request within TIMEOUT, as curl's --max-time (urllib's timeout is per socket operation).
+def expired(*_):
+    raise TimeoutError(f"no answer within {timeout:g} s")
+signal.signal(signal.SIGALRM, expired)
+signal.setitimer(signal.ITIMER_REAL, timeout)
 req = urllib.request.Request(url, method=method, data=data.encode() if data else None)
 if data:
     req.add_header("Content-Type", "application/json")

@@ -31,13 +31,22 @@
 # 1 naming the replicas that failed. Each replica has its own state file, so
 # the next run reloads only those that do not serve the version yet.
 #
+# A stop (systemctl stop): delta-apply passes its SIGTERM (SIGINT, SIGHUP) on
+# to this script's process group, so the request under way (curl) ends at
+# once and the trap below resumes the engine being reloaded: one POST /resume
+# of at most VLLM_TIMEOUT (30 s), then exit 128+N. Keep VLLM_TIMEOUT below
+# delta-apply's --stop-grace (60 s), after which it kills the group; the
+# figures are in contrib/systemd/hfdelta-pull@.service. (A signal sent to the
+# script alone runs the trap once the request under way ends.)
+#
 # Environment:
 #   HFDELTA_LOCAL, HFDELTA_VERSION  set by delta-apply (required)
 #   VLLM_URLS             the servers, separated by spaces, newlines or commas
 #                         (default: VLLM_URL)
 #   VLLM_URL              the server when VLLM_URLS is unset (default
 #                         http://127.0.0.1:8000)
-#   VLLM_TIMEOUT          seconds for each short request (default 30)
+#   VLLM_TIMEOUT          seconds for each short request, /resume's too
+#                         (default 30)
 #   VLLM_PAUSE_TIMEOUT    seconds /pause may take to let running requests
 #                         finish (default 300)
 #   VLLM_RELOAD_TIMEOUT   seconds for reload_weights (default 600)
@@ -141,8 +150,13 @@ request() {
         esac
     else
         python3 - "$1" "$url$2" "$3" "${4-}" <<'PY'
-import sys, urllib.request, urllib.error
+import signal, sys, urllib.request, urllib.error
 method, url, timeout, data = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+# The whole request within TIMEOUT, as curl's --max-time (urllib's timeout is per socket operation).
+def expired(*_):
+    raise TimeoutError(f"no answer within {timeout:g} s")
+signal.signal(signal.SIGALRM, expired)
+signal.setitimer(signal.ITIMER_REAL, timeout)
 req = urllib.request.Request(url, method=method, data=data.encode() if data else None)
 if data:
     req.add_header("Content-Type", "application/json")

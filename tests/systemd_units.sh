@@ -6,6 +6,7 @@
 # as systemd hands it to /bin/sh, is run against an empty root and LOCAL,
 # and then a root with a version: its metrics file (HFDELTA_METRICS) must
 # appear, and a metrics directory that does not exist must not stop the pull.
+# Last, the times of a stop during --then stay in the order the units state.
 # Usage: systemd_units.sh SRCDIR
 set -euo pipefail
 src=$(cd "$1" && pwd)
@@ -71,4 +72,20 @@ for tmpl in "$src"/contrib/systemd/*@.service; do
     echo "FAIL $(basename "$tmpl"): HFDELTA_REPORTS set: exit $rc, no report $t/run/reports/node1.json"; exit 1
   fi
   echo "PASS $(basename "$tmpl"): HFDELTA_REPORTS gets a report"
+done
+
+# A stop during --then: reload-vllm.sh resumes its engine (one request of at
+# most VLLM_TIMEOUT) within delta-apply's default --stop-grace, and that lies
+# within each unit's TimeoutStopSec: the order the units' comment states.
+# shellcheck disable=SC2016  # a sed pattern: the $ is literal
+resume=$(sed -n 's/^t_short=\${VLLM_TIMEOUT:-\([0-9][0-9]*\)}$/\1/p' "$src/contrib/reload-vllm.sh")
+grace=$("$HFDELTA_APPLY" --help | sed -n 's/^ *--stop-grace .*(default \([0-9][0-9]*\))$/\1/p')
+for unit in "$src"/contrib/systemd/*.service; do
+  stop=$(sed -n 's/^TimeoutStopSec=\([0-9][0-9]*\)min$/\1/p' "$unit")
+  if [ -z "$resume" ] || [ -z "$grace" ] || [ -z "$stop" ] || ! [ "$resume" -lt "$grace" ] ||
+     ! [ "$grace" -lt $((stop * 60)) ]; then
+    echo "FAIL $(basename "$unit"): want VLLM_TIMEOUT < --stop-grace < TimeoutStopSec, have ${resume:-?} s, ${grace:-?} s, ${stop:-?} min"
+    exit 1
+  fi
+  echo "PASS $(basename "$unit"): a stop during --then: resume ${resume} s < --stop-grace ${grace} s < TimeoutStopSec ${stop} min"
 done

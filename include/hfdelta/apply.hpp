@@ -22,9 +22,10 @@ struct ApplyOptions {
   bool force = false;
   // Run after a successful operation (no-op included) while the lock is
   // still held, e.g. to have the engine reload before another apply starts.
-  // An Error(then_failed) or Error(peers_unready) it throws is not thrown
-  // on: it is kept in ApplyResult::then_error (and then_code), with the
-  // result of the operation it followed.
+  // An Error(then_failed), Error(peers_unready) or Error(128 + N) (a stop
+  // signal ended it) it throws is not thrown on: it is kept in
+  // ApplyResult::then_error (and then_code), with the result of the
+  // operation it followed.
   std::function<void(std::uint64_t version)> then;
   // --root: a version directory without a completion marker is not published
   // yet (storage where files arrive one by one: an object store). Without it,
@@ -96,8 +97,8 @@ struct ApplyResult {
   // pull only: the newest complete version above LOCAL's version when the
   // pull started (none: none); how far LOCAL is behind what it could take.
   std::optional<std::uint64_t> newest_complete;
-  // The `then` hook failed (its message, and the exit code it maps to); the
-  // operation itself succeeded.
+  // The `then` hook failed or was stopped by a signal (its message, and the
+  // exit code it maps to); the operation itself succeeded.
   std::optional<std::string> then_error;
   Exit then_code = Exit::then_failed;
   PhaseTimes phases;

@@ -25,6 +25,9 @@ void check_stop();
 // The signal that arrived (0: none).
 int stop_signal();
 
+// "SIGINT", "SIGTERM", "SIGHUP" (else "a signal").
+const char* stop_signal_name(int sig);
+
 // While one is alive (in any thread), check_stop does not throw: a rollback
 // or the cleanup after a commit runs to its end.
 class StopDeferred {

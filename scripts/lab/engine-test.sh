@@ -552,6 +552,27 @@ $(fake_requests)"
   check "SIGTERM during reload_weights: exit 143, resumed" "143 POST /resume False" \
     "$rc $(fake_requests | tail -n 1) $(fake_state paused)"
 
+  # A stop of delta-apply itself, as systemd's KillMode=mixed sends it (to the
+  # main process alone): delta-apply passes it on to the script's process
+  # group, curl stops at once, the script resumes the engine; delta-apply
+  # exits 143 saying LOCAL's state. (Not passed on, it would wait out the
+  # 60 s reload.)
+  rm -f "$VLLM_STATE_FILE"; fake_start --delay /collective_rpc=60; export VLLM_URL=$fake_url
+  (cd "$work/fake" && exec "$bin/delta-apply" --json --root root local --then "$vllm") \
+    >"$work/fake/stop.json" 2>"$work/fake/hook.err" &
+  hp=$!
+  for ((i = 0; i < 600; i++)); do grep -q '"/collective_rpc"' "$fake_log" && break; sleep 0.1; done
+  kill -TERM "$hp"
+  rc=0; wait "$hp" || rc=$?
+  check "delta-apply stopped during reload_weights: exit 143, /resume sent, engine not paused" \
+    "143 POST /resume False" "$rc $(fake_requests | tail -n 1) $(fake_state paused)"
+  check "... the script's trap ran" 1 "$(grep -c 'reload-vllm: interrupted (signal 15)' "$work/fake/hook.err")"
+  check "... --json: LOCAL at 000002, the script passed SIGTERM, ended within the grace" "SIGTERM 000002 True False" \
+    "$(python3 -c 'import json, sys; j = json.load(open(sys.argv[1]))["stopped"]
+print(j["signal"], j["version"], j["then"]["started"], j["then"]["killed"])' "$work/fake/stop.json")"
+  rc=0; "$bin/delta-apply" --status "$work/fake/local" >/dev/null || rc=$?
+  check "... LOCAL clean (--status exit 0)" 0 "$rc"
+
   rc=0; env -u HFDELTA_VERSION HFDELTA_LOCAL=x "$vllm" 2>/dev/null || rc=$?
   check "run without HFDELTA_VERSION: exit 2" 2 "$rc"
 

@@ -200,7 +200,9 @@ ApplyResult locked(const fs::path& local, const ApplyOptions& opts, Op&& op, boo
     try {
       opts.then(r.to_version);
     } catch (const Error& e) {  // the version is applied: the caller still reports it
-      if (e.code() != Exit::then_failed && e.code() != Exit::peers_unready) throw;
+      // Also when a stop signal ended the hook (128 + N).
+      const bool stopped = static_cast<int>(e.code()) > 128;
+      if (e.code() != Exit::then_failed && e.code() != Exit::peers_unready && !stopped) throw;
       r.then_error = e.what();
       r.then_code = e.code();
     }

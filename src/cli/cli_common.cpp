@@ -1,5 +1,6 @@
 #include "cli_common.hpp"
 
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -163,10 +164,9 @@ CLI::Validator whole_number() {
       "");
 }
 
-CLI::Validator seconds() {
+CLI::Validator seconds(std::string_view otherwise) {
   return CLI::Validator(
-      [](std::string& s) -> std::string {
-        constexpr std::string_view to_wait = "leave it out to wait";
+      [to_wait = std::string(otherwise)](std::string& s) -> std::string {
         char* end = nullptr;
         const double v = s.empty() ? -1 : std::strtod(s.c_str(), &end);
         if (s.empty() || end != s.c_str() + s.size() || !std::isfinite(v))
@@ -274,7 +274,8 @@ int run(CLI::App& app, int argc, char** argv, const std::function<void()>& body,
     body();
   } catch (const Error& e) {
     std::string msg = e.what();
-    if (static_cast<int>(e.code()) > 128)  // a stop signal (hfdelta/signals.hpp): say what it left
+    if (static_cast<int>(e.code()) > 128 &&
+        !dynamic_cast<const StopReported*>(&e))  // a stop signal (hfdelta/signals.hpp): say what it left
       msg += prog == "delta-apply" ? "; LOCAL is as it was (rolled back)"
                                    : "; stopped at a safe point, no temporary directory left";
     code = report(prog, static_cast<int>(e.code()), msg, json);
@@ -286,8 +287,115 @@ int run(CLI::App& app, int argc, char** argv, const std::function<void()>& body,
   return check_stdout(prog, code);
 }
 
+namespace {
+
+// Passes a stop signal on to the command's process group `pgid` (the
+// recorder thread of hfdelta/signals.hpp takes the signal; this thread looks
+// for it 20 times a second). After one, the command is done only once every
+// process of its group is gone: `/bin/sh -c CMD` dies of the signal at once,
+// while the script it started still runs its trap (a reload script resuming
+// its engine), and a service manager kills whatever is left when
+// delta-apply exits. What still runs `grace` seconds after the signal is
+// killed (SIGKILL to the group).
+class StopForwarder {
+ public:
+  StopForwarder(pid_t pgid, double grace) : pgid_(pgid), grace_(grace), thread_([this] { watch(); }) {}
+  ~StopForwarder() { finish(); }
+  // Once the command's shell is reaped: waits for the rest of its group after
+  // a stop; what happened.
+  ShellStop finish() {
+    {
+      std::lock_guard lock(mu_);
+      reaped_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+    return stop_;
+  }
+  StopForwarder(const StopForwarder&) = delete;
+  StopForwarder& operator=(const StopForwarder&) = delete;
+
+ private:
+  // A process of the group is left (a zombie not yet reaped by its parent counts).
+  bool group_alive() const { return ::kill(-pgid_, 0) == 0 || errno == EPERM; }
+
+  void watch() {
+    using clock = std::chrono::steady_clock;
+    constexpr auto look = std::chrono::milliseconds(50);
+    std::unique_lock lock(mu_);
+    while (!reaped_) {
+      if (const int sig = stop_signal()) {
+        stop_.signal = sig;
+        stop_.started = true;
+        stop_.grace = grace_;
+        ::kill(-pgid_, sig);
+        break;
+      }
+      cv_.wait_for(lock, look);
+    }
+    if (!stop_.signal) return;
+    const auto deadline =
+        clock::now() + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(grace_));
+    // The group's id stays its own while a process of it lives, also once
+    // its leader, the shell, is reaped.
+    while (!reaped_ || group_alive()) {
+      if (clock::now() >= deadline) {
+        stop_.killed = true;
+        ::kill(-pgid_, SIGKILL);
+        return;
+      }
+      cv_.wait_until(lock, std::min(clock::now() + look, deadline));
+    }
+  }
+
+  pid_t pgid_;
+  double grace_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool reaped_ = false;
+  ShellStop stop_;
+  std::thread thread_;  // last: started once the rest is set
+};
+
+// Waits for `pid` to exit and reaps it; its wait status.
+int wait_command(pid_t pid, Exit code, const std::string& option) {
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) fail(code, option + ": waitpid: " + std::string(std::strerror(errno)));
+  return status;
+}
+
+std::string ended(int status) {
+  return WIFEXITED(status) ? "exit status " + std::to_string(WEXITSTATUS(status))
+                           : "signal " + std::to_string(WTERMSIG(status));
+}
+
+}  // namespace
+
+std::string describe(const ShellStop& s) {
+  if (!s.started) return "was not run";
+  char grace[32];
+  std::snprintf(grace, sizeof grace, "%g s", s.grace);
+  const std::string d = std::string("was passed ") + stop_signal_name(s.signal) + "; ";
+  if (s.killed) return d + "still running " + grace + " later, it was killed (SIGKILL to its process group)";
+  return d + "all its processes ended within " + grace + " (its shell: " +
+         (s.exit_status ? "exit status " + std::to_string(*s.exit_status) : "signal " + std::to_string(s.ended_by)) +
+         ")";
+}
+
 void run_shell(const std::string& command, const std::vector<std::pair<std::string, std::string>>& env, Exit code,
-               const std::string& option) {
+               const std::string& option, std::optional<double> grace, ShellStop* stopped) {
+  const auto stop = [&](const ShellStop& s) {
+    if (stopped) *stopped = s;
+    fail(static_cast<Exit>(128 + s.signal),
+         option + " command interrupted by " + stop_signal_name(s.signal) + ": it " + describe(s) + ": " + command);
+  };
+  if (grace && stop_signal()) {  // it came after the commit, before the command: do not start it
+    ShellStop before;
+    before.signal = stop_signal();
+    before.grace = *grace;
+    stop(before);
+  }
   std::vector<std::string> vars;
   for (char** e = environ; *e; ++e) vars.emplace_back(*e);
   for (const auto& [k, v] : env) vars.push_back(k + "=" + v);
@@ -299,12 +407,14 @@ void run_shell(const std::string& command, const std::vector<std::pair<std::stri
   char* argv[] = {sh.data(), dash_c.data(), cmd.data(), nullptr};
   std::fflush(stdout);
   // The command starts with no signal blocked, though delta-apply blocks the
-  // stop signals (see hfdelta/signals.hpp).
+  // stop signals (see hfdelta/signals.hpp); with `grace`, in a process group
+  // of its own (so a terminal's Ctrl-C reaches it once, passed on).
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
   const sigset_t none = unblocked_mask();
   posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
+  posix_spawnattr_setpgroup(&attr, 0);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | (grace ? POSIX_SPAWN_SETPGROUP : 0));
   posix_spawn_file_actions_t files;
   posix_spawn_file_actions_init(&files);
   posix_spawn_file_actions_adddup2(&files, STDERR_FILENO, STDOUT_FILENO);
@@ -313,14 +423,21 @@ void run_shell(const std::string& command, const std::vector<std::pair<std::stri
   posix_spawn_file_actions_destroy(&files);
   posix_spawnattr_destroy(&attr);
   if (e != 0) fail(code, option + ": cannot start /bin/sh: " + std::string(std::strerror(e)));
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0)
-    if (errno != EINTR) fail(code, option + ": waitpid: " + std::string(std::strerror(errno)));
+  std::optional<StopForwarder> forward;
+  if (grace) forward.emplace(pid, *grace);
+  const int status = wait_command(pid, code, option);
+  if (forward) {
+    ShellStop s = forward->finish();
+    if (s.signal) {
+      if (WIFEXITED(status))
+        s.exit_status = WEXITSTATUS(status);
+      else
+        s.ended_by = WTERMSIG(status);
+      stop(s);
+    }
+  }
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
-  fail(code, option + " command failed (" +
-                 (WIFEXITED(status) ? "exit status " + std::to_string(WEXITSTATUS(status))
-                                    : "signal " + std::to_string(WTERMSIG(status))) +
-                 "): " + command);
+  fail(code, option + " command failed (" + ended(status) + "): " + command);
 }
 
 std::string human_bytes(double n) {

@@ -3,7 +3,9 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -32,8 +34,8 @@ int run(CLI::App& app, int argc, char** argv, const std::function<void()>& body,
 // before CLI11 converts the value.
 CLI::Validator whole_number();
 // For --lock-timeout SECONDS: a number >= 0 ("-1" is a usage error; leave
-// the option out to wait forever).
-CLI::Validator seconds();
+// the option out to wait forever). `otherwise`: what leaving it out does.
+CLI::Validator seconds(std::string_view otherwise = "leave it out to wait");
 // --level, --threads (after whole_number) and --encoding: the library's
 // rules (hfdelta/option_rules.hpp), shown in --help as CLI11's Range and
 // IsMember show theirs.
@@ -69,11 +71,43 @@ class ProgressLine {
 // quiet or with --json.
 bool progress_wanted(bool asked, bool quiet, bool json);
 
+// How a command run_shell ran ended, when a stop signal came.
+struct ShellStop {
+  int signal = 0;                  // the stop signal (0: none came)
+  bool started = false;            // false: it came first, and the command was not run
+  std::optional<int> exit_status;  // its shell (/bin/sh -c CMD) exited, with this status
+  int ended_by = 0;                // or a signal ended the shell
+  bool killed = false;             // a process of its group still ran after the grace: the group was killed
+  double grace = 0;                // the seconds it was given
+};
+
+// How a stopped command ended: "was passed SIGTERM; all its processes ended within 60 s (its shell: exit status 143)"
+std::string describe(const ShellStop& s);
+
+// An Error whose message already says what the stop left: run() adds nothing.
+class StopReported : public Error {
+ public:
+  using Error::Error;
+};
+
 // Runs `command` (given as `option`) with /bin/sh -c, extra environment
 // variables added, its standard output sent to our standard error (stdout
 // carries only the command's own report); throws Error(code) unless it exits 0.
+// With `grace` (delta-apply's hooks) the command runs in a process group of its
+// own, and a stop signal (hfdelta/signals.hpp) is passed on to that group, so
+// that a reload script's trap runs and resumes its engine, and the script's
+// own children (curl) stop too; the command is then waited for until no
+// process of its group is left, and a group still running `*grace` seconds
+// later is killed (SIGKILL). A signal that came before the command would start
+// keeps it from starting. Either way it then throws Error(128 + N), `*stopped`
+// saying how the command ended. Without `grace` a stop waits for the command.
 void run_shell(const std::string& command, const std::vector<std::pair<std::string, std::string>>& env, Exit code,
-               const std::string& option);
+               const std::string& option, std::optional<double> grace = std::nullopt, ShellStop* stopped = nullptr);
+
+// delta-apply's default --stop-grace: longer than the contrib reload scripts
+// take to resume their engine after a signal (one request, 30 s at most), well
+// inside the systemd units' TimeoutStopSec (contrib/systemd).
+constexpr double kStopGrace = 60;
 
 // Human-readable byte count ("1.23 GiB").
 std::string human_bytes(double n);

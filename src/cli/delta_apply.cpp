@@ -37,6 +37,8 @@ struct Options {
   std::string report, host, follow, fleet, reports;
   std::vector<std::string> peers;
   double peer_timeout = 300;
+  double stop_grace = cli::kStopGrace;      // --stop-grace
+  std::optional<cli::ShellStop> then_stop;  // a stop signal during (or just before) --then
   std::optional<std::uint64_t> fail_behind;
   std::optional<double> fail_stale;
   std::optional<FollowResult> followed;  // --follow: what the pull found
@@ -79,6 +81,11 @@ void add_options(CLI::App& app, Options& o) {
                  "With --root: shell command to run before ROOT is read (HFDELTA_ROOT and HFDELTA_LOCAL are set), "
                  "e.g. to refresh a view of an object store; failure exits 14, LOCAL untouched")
       ->needs(root_opt);
+  app.add_option("--stop-grace", o.stop_grace,
+                 "After a stop signal, which is passed on to the --then (or --pre-read) command, give it SECONDS "
+                 "to exit (a reload script resumes its engine) before killing it (default 60)")
+      ->type_name("SECONDS")
+      ->check(cli::seconds("leave it out for 60"));
   app.add_flag("--require-marker", o.apply.require_marker,
                "With --root (or --fleet): take a version only once its completion marker (hfdelta_complete.json) "
                "and every file it lists are there, even in a root where no version has one yet")
@@ -282,14 +289,35 @@ void await_peers(const Options& o, const std::string& local, std::uint64_t v) {
 
 // ---- apply, --init, --root, --recover ------------------------------------------------
 
+// A stop signal during --then (or before it, after the commit): the version
+// is applied all the same, and the message says so.
+[[noreturn]] void then_stopped(Options& o, const std::string& local, std::uint64_t v, const Error& e,
+                               const cli::ShellStop& s) {
+  o.then_stop = s;
+  const std::string state = local + " is at version " + format_version(v) + ", applied and committed; ";
+  const std::string sig = stop_signal_name(s.signal);
+  if (!s.started)
+    throw Error(e.code(), "interrupted by " + sig + " before --then: " + state +
+                              "the --then command was not run; the next run runs it");
+  throw Error(e.code(), "interrupted by " + sig + " during --then: " + state +
+                            "the reload was interrupted: the --then command " + cli::describe(s) +
+                            "; the next run runs --then again");
+}
+
 // Runs the form that changes LOCAL, with --then's command hooked in.
 ApplyResult run_change(Options& o, const std::string& local) {
   if (!o.then.empty())
     o.apply.then = [&o, &local, command = o.then,
                     abs = boost::filesystem::absolute(local).lexically_normal().string()](std::uint64_t v) {
       if (!o.peers.empty()) await_peers(o, local, v);
-      cli::run_shell(command, {{"HFDELTA_LOCAL", abs}, {"HFDELTA_VERSION", format_version(v)}}, Exit::then_failed,
-                     "--then");
+      cli::ShellStop s;
+      try {
+        cli::run_shell(command, {{"HFDELTA_LOCAL", abs}, {"HFDELTA_VERSION", format_version(v)}}, Exit::then_failed,
+                       "--then", o.stop_grace, &s);
+      } catch (const Error& e) {
+        if (!s.signal) throw;
+        then_stopped(o, local, v, e, s);
+      }
     };
   if (o.recover) return recover_local(local, o.apply);
   if (o.init) return init_local(o.paths[0], local, o.version.value_or(0), o.apply);
@@ -298,7 +326,7 @@ ApplyResult run_change(Options& o, const std::string& local) {
       cli::run_shell(o.pre_read,
                      {{"HFDELTA_ROOT", boost::filesystem::absolute(o.root).lexically_normal().string()},
                       {"HFDELTA_LOCAL", boost::filesystem::absolute(local).lexically_normal().string()}},
-                     Exit::hook_pre_read, "--pre-read");
+                     Exit::hook_pre_read, "--pre-read", o.stop_grace);
     if (!o.follow.empty()) {
       o.followed = pull_following(o.root, local, o.report, o.follow, o.apply);
       return o.followed->result;
@@ -422,10 +450,26 @@ ApplyResult run_reported(Options& o, const std::string& local) {
   }
 }
 
+// --json's "stopped": the signal, the version LOCAL holds (applied and
+// committed) and how the --then command ended.
+nlohmann::json then_stop_json(const cli::ShellStop& s, const ApplyResult& r) {
+  using nlohmann::json;
+  return {{"signal", stop_signal_name(s.signal)},
+          {"during", "then"},
+          {"version", format_version(r.to_version)},
+          {"then",
+           {{"started", s.started},
+            {"exit_status", s.exit_status ? json(*s.exit_status) : json()},
+            {"ended_by_signal", s.ended_by ? json(s.ended_by) : json()},
+            {"killed", s.killed},
+            {"grace_seconds", s.started ? json(s.grace) : json()}}}};
+}
+
 void print_change(const Options& o, const std::string& local, const ApplyResult& r) {
   if (o.json_out) {
     nlohmann::json j = change_json(local, r);
     if (o.followed) j["follow"] = follow_json(o.follow, *o.followed);
+    if (o.then_stop) j["stopped"] = then_stop_json(*o.then_stop, r);
     return cli::print_json(j);
   }
   if (o.quiet) return;
@@ -455,7 +499,9 @@ void run_command(Options& o) {
   const ApplyResult r = o.report.empty() ? run_with_metrics(o, local) : run_reported(o, local);
   cli::ProgressLine::stop_current();
   print_change(o, local, r);
-  if (r.then_error) throw Error(r.then_code, *r.then_error);  // after the summary: the version is applied
+  if (!r.then_error) return;  // after the summary: the version is applied
+  if (static_cast<int>(r.then_code) > 128) throw cli::StopReported(r.then_code, *r.then_error);
+  throw Error(r.then_code, *r.then_error);
 }
 
 }  // namespace

@@ -43,8 +43,11 @@ void handle_stop_signals() {
 void check_stop() {
   const int sig = g_signal.load(std::memory_order_relaxed);
   if (sig == 0 || g_deferred.load() > 0 || g_thrown.exchange(true)) return;
-  const char* name = sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP" : "a signal";
-  fail(static_cast<Exit>(128 + sig), std::string("interrupted by ") + name);
+  fail(static_cast<Exit>(128 + sig), std::string("interrupted by ") + stop_signal_name(sig));
+}
+
+const char* stop_signal_name(int sig) {
+  return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP" : "a signal";
 }
 
 int stop_signal() { return g_signal.load(); }
