@@ -142,11 +142,15 @@ TEST_CASE("commit: a withdrawal of the base during --full BASE NEW ROOT leaves n
     const std::vector<std::string> args{
         diff_bin(), "-q", "--no-sync", "--full", save_dir(s, 2).string(), save_dir(s, 3).string(), root.string()};
     CAPTURE(step);
+    bool delta_before = false;  // the delta on 2 beside the full version was in place before 2 was withdrawn
     const Signalled p = hold_at_step(args, step, [&] {
+      delta_before = fs::exists(root / "delta_v000003");
       E2E_REQUIRE_CODE(diff({"-q", "--no-sync", "--withdraw", version_dir(root, 2).string()}), 0);
     });
     if (!p.paused) return false;
     INFO(p.err);
+    // A delta on 2 published after 2 was withdrawn is what no host can take.
+    if (!delta_before) CHECK(p.code == kOutOfOrder);
     if (p.code != 0) {
       CHECK(p.code == kOutOfOrder);
       CHECK(!fs::exists(version_dir(root, 3)));
