@@ -88,10 +88,13 @@ bool withdraw_during(const std::vector<std::string>& args, long step, const fs::
 // write steps 1 and 2, every 10th, then every step of the last 10 before the
 // end, so that the steps around the commit are never skipped; with
 // HFDELTA_COMMIT_SWEEP=all (the `commit-sweep` test, suite crash), at every
-// step. Returns how many steps held.
+// step (every HFDELTA_CRASH_STRIDE-th, where that is set, as the sanitizer
+// run sets it). Returns how many steps held.
 int sweep_steps(const std::function<bool(long)>& held) {
   const char* all = std::getenv("HFDELTA_COMMIT_SWEEP");
-  const long stride = all && std::string(all) == "all" ? 1 : 10;
+  const char* crash_stride = std::getenv("HFDELTA_CRASH_STRIDE");  // the sanitizer run's: every 10th
+  const long stride =
+      all && std::string(all) == "all" ? (crash_stride ? std::max(1L, std::atol(crash_stride)) : 1) : 10;
   int n = 0;
   long step = 1;
   for (;; step += step < 2 ? 1 : stride) {
