@@ -1,8 +1,11 @@
 // The sharded publisher's core: pieces from several "ranks" (row ranges,
 // column slices, whole tensors, mixed) over two hosts' mirrors, committed as
 // one version of parts entries (format revision 6), applied by hosts byte for
-// byte to the gathered tensors; plan errors; --inspect and --squash.
+// byte to the gathered tensors; plan errors; --inspect and --squash; a
+// piece written while its rank reads it.
 #include <doctest/doctest.h>
+#include <signal.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstring>
@@ -68,8 +71,10 @@ void write_ckpt_split(const fs::path& dir, const std::vector<T>& ts, std::size_t
 }
 
 std::vector<std::uint8_t> read_all(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
+  std::vector<std::uint8_t> out(static_cast<std::size_t>(fs::file_size(p)));
+  std::ifstream(p, std::ios::binary)
+      .read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(out.size()));
+  return out;
 }
 
 // The region's bytes of a tensor, row-major.
@@ -559,4 +564,145 @@ TEST_CASE("sharded: --squash across a layout change after a sharded version: on 
   for (const char* f : {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"})
     CHECK(read_all(w.dir / "host" / f) == read_all(new2 / f));
   CHECK(!fs::exists(w.dir / "host" / "model.safetensors"));
+}
+
+namespace {
+
+// A trainer writing into its piece while put() reads it, made deterministic:
+// the piece is watched in regions of the writer's batch (32 MiB), all but the
+// first kept unreadable, and the first read of each (a SIGSEGV) stands for
+// the trainer's step landing right then: it writes one byte in every region
+// (those already read included), then the read goes on.
+struct LivePiece {
+  std::uint8_t* p = nullptr;
+  std::size_t n = 0, region = 0, at = 0;  // at: the byte of each region the step writes
+  int steps = 0;
+  std::size_t regions() const { return (n + region - 1) / region; }
+  void protect(std::size_t j, int prot) const {
+    const std::size_t begin = j * region, end = std::min(n, begin + region);
+    ::mprotect(p + begin, end - begin, prot);
+  }
+};
+LivePiece* g_live = nullptr;
+
+void on_read(int, siginfo_t* si, void*) {
+  LivePiece& l = *g_live;
+  const auto* a = static_cast<const std::uint8_t*>(si->si_addr);
+  if (a < l.p || a >= l.p + l.n) {  // a real fault: crash as without this handler
+    ::signal(SIGSEGV, SIG_DFL);
+    return;
+  }
+  const std::size_t k = static_cast<std::size_t>(a - l.p) / l.region;
+  l.protect(k, PROT_READ | PROT_WRITE);
+  for (std::size_t j = 0; j < l.regions(); ++j) {
+    if (j > k) l.protect(j, PROT_READ | PROT_WRITE);
+    ++l.p[j * l.region + l.at];
+    if (j > k) l.protect(j, PROT_NONE);
+  }
+  ++l.steps;
+}
+
+// The watch on: regions 1.. unreadable, on_read the SIGSEGV handler; off
+// again (everything readable, the handler before) at the end of the scope.
+struct Watch {
+  struct sigaction before = {};
+  explicit Watch(LivePiece& l) {
+    g_live = &l;
+    for (std::size_t j = 1; j < l.regions(); ++j) l.protect(j, PROT_NONE);
+    struct sigaction sa = {};
+    sa.sa_sigaction = on_read;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGSEGV, &sa, &before);
+  }
+  ~Watch() {
+    ::sigaction(SIGSEGV, &before, nullptr);
+    for (std::size_t j = 0; j < g_live->regions(); ++j) g_live->protect(j, PROT_READ | PROT_WRITE);
+  }
+};
+
+// n bytes of a fixed pseudo-random pattern.
+std::vector<std::uint8_t> pattern(std::size_t n, std::uint64_t seed) {
+  std::vector<std::uint8_t> out(n);
+  for (std::size_t i = 0; i < n; i += 8) {
+    std::uint64_t z = seed + i * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 31)) * 0x94d049bb133111ebull;
+    std::memcpy(out.data() + i, &z, std::min<std::size_t>(8, n - i));
+  }
+  return out;
+}
+
+}  // namespace
+
+// What a sharded rank publishes must be one read of each byte: its part's
+// checksum of the very bytes it encoded, whatever the trainer writes
+// meanwhile. (Reading the piece twice, once to encode and once to hash,
+// published versions every host refused, exit 5.)
+TEST_CASE("sharded: a piece written while its rank reads it publishes a version every host applies") {
+  // 80 MiB: two and a half of the writer's batches.
+  constexpr std::size_t kRegion = 32u << 20, kRows = 80, kCols = 1u << 19, kBytes = kRows * kCols * 2;
+  const fs::path dir = fs::temp_directory_path() / fs::unique_path("hfdelta-sharded-live-%%%%%%%%");
+  struct Cleanup {
+    fs::path d;
+    ~Cleanup() {
+      boost::system::error_code ec;
+      fs::remove_all(d, ec);
+    }
+  } cleanup{dir};
+  const T base{"w.weight", "BF16", {kRows, kCols}, pattern(kBytes, 1)};
+  write_ckpt(dir / "v0", {base});
+  std::vector<std::uint8_t> step = base.bytes;  // the trainer's step: one element in 500 moved
+  for (std::size_t i = 0; i < kBytes; i += 1000) ++step[i + 1];
+
+  void* mem = ::mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(mem != MAP_FAILED);
+  struct Unmap {
+    void* m;
+    ~Unmap() { ::munmap(m, kBytes); }
+  } unmap{mem};
+  LivePiece live{static_cast<std::uint8_t*>(mem), kBytes, kRegion, 12346, 0};
+
+  for (const Encoding enc : {Encoding::sparse, Encoding::context, Encoding::xor_bytes}) {
+    CAPTURE(encoding_name(enc));
+    const fs::path at = dir / std::string(encoding_name(enc)), root = at / "root", mirror = at / "mirror",
+                   host = at / "host";
+    fs::create_directories(root);
+    ApplyOptions o;
+    o.sync = false;
+    init_local(dir / "v0", mirror, 0, o);
+    init_local(dir / "v0", host, 0, o);
+
+    std::memcpy(live.p, step.data(), kBytes);
+    live.steps = 0;
+    const fs::path stage = make_shard_stage(root, 1);
+    std::vector<ShardPart> parts;
+    {
+      const Watch watch(live);
+      ShardWriter w(mirror, stage, 0, enc, 3);
+      const std::vector<std::uint64_t> shape{kRows, kCols};
+      w.put(base.name, base.dtype, shape, {0, kRows, 0, kCols}, {live.p, kBytes});
+      parts = w.finish(false);
+    }
+    CHECK(live.steps == 2);  // as regions 1 and 2 were first read
+
+    // Each region as it was when read: region j after j of the trainer's steps.
+    std::vector<std::uint8_t> read = step;
+    for (std::size_t j = 0; j < live.regions(); ++j) read[j * kRegion + live.at] += static_cast<std::uint8_t>(j);
+    REQUIRE(parts.size() == 1);
+    CHECK(parts[0].hash == xxh3_128(read));  // the checksum is of the bytes encoded
+
+    // Every host applies it, the mirror too (the advance publish() makes).
+    const ShardCommit c = commit_sharded(root, mirror, stage, 1, 0, parts, false);
+    std::string what;
+    CHECK_MESSAGE(code_of([&] { apply_delta(c.out, host, o); }, &what) == 0, what);
+    CHECK_MESSAGE(code_of([&] { apply_delta(c.out, mirror, o); }, &what) == 0, what);
+    const Checkpoint h = open_checkpoint(host);
+    const std::size_t off = h.shards[0].header.file_offset(h.info(h.tensors.at(base.name)));
+    const auto got = read_all(host / "model.safetensors");
+    REQUIRE(got.size() == off + kBytes);
+    CHECK(std::memcmp(got.data() + off, read.data(), kBytes) == 0);
+    CHECK(read_all(mirror / "model.safetensors") == got);
+    CHECK(verify_local(host, -1, 0).state == VerifyReport::State::clean);
+  }
 }

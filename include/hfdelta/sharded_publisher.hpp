@@ -68,8 +68,11 @@ class ShardWriter {
   ShardWriter(const ShardWriter&) = delete;
   ShardWriter& operator=(const ShardWriter&) = delete;
   // `bytes`: the region's elements, row-major (a piece as the rank holds
-  // it). Error(unsupported) for a name, dtype or shape the mirror lacks,
-  // Error(bad_input) for bytes of the wrong length or a region outside it.
+  // it). Each byte is read once, copied a chunk (2^20 elements) at a time,
+  // and the part's checksum is of that copy: a caller writing `bytes`
+  // meanwhile gets a part every host applies, holding each chunk as it was
+  // when copied. Error(unsupported) for a name, dtype or shape the mirror
+  // lacks, Error(bad_input) for bytes of the wrong length or a region outside it.
   void put(std::string_view name, std::string_view dtype, std::span<const std::uint64_t> shape, const Region& region,
            std::span<const std::uint8_t> bytes);
   // Flushes the spool; the parts written (none for regions without change).

@@ -145,6 +145,11 @@ struct ShardWriter::State {
   std::vector<ShardPart> parts;
   std::uint64_t at = 0, read = 0;
   std::vector<std::uint8_t> old;  // one batch of the mirror's bytes
+  // One chunk of the caller's bytes, copied before anything reads it: the
+  // caller may write its piece meanwhile (a trainer's live parameter), and
+  // what is hashed must be what is encoded.
+  std::vector<std::uint8_t> now;
+  Hasher hash;
 };
 
 namespace {
@@ -217,8 +222,9 @@ void ShardWriter::put(std::string_view name, std::string_view dtype, std::span<c
   // The part is encoded as the mirror's bytes of the region are read, a
   // batch at a time (whole chunks of the chunked encodings; xor as one
   // streamed frame), and written straight to the spool: the rank's extra
-  // memory is one batch, not the piece. A region without change leaves no
-  // part (its bytes in the spool are overwritten by the next, or cut).
+  // memory is one batch and one chunk, not the piece. A region without
+  // change leaves no part (its bytes in the spool are overwritten by the
+  // next, or cut).
   const std::uint64_t base = s.layout.shards[shard].header.file_offset(*t);
   const ChunkLayout cl = chunk_layout(dtype, n);
   const ContextField field =
@@ -241,29 +247,34 @@ void ShardWriter::put(std::string_view name, std::string_view dtype, std::span<c
     s.comp->begin(n);
   }
   s.old.resize(static_cast<std::size_t>(std::min(n, kShardBatch)));
+  s.now.resize(static_cast<std::size_t>(std::min(n, chunk_bytes)));
+  s.hash.reset();
   std::uint64_t changed = 0;  // elements
   for (std::uint64_t at = 0; at < n; at += kShardBatch) {
     const std::size_t k = static_cast<std::size_t>(std::min(kShardBatch, n - at));
-    std::uint8_t* const old = s.old.data();
-    const std::uint8_t* const now = bytes.data() + at;
-    read_region(s.files[shard], base, m, g, at, k, old);
+    std::uint8_t* const batch = s.old.data();
+    read_region(s.files[shard], base, m, g, at, k, batch);
     s.read += k;
-    if (s.enc == Encoding::xor_bytes) {
-      if (std::memcmp(old, now, k) != 0) changed += count_changes({old, k}, {now, k}, cl.es).elements;
-      for (std::size_t i = 0; i < k; ++i) old[i] ^= now[i];
-      s.comp->put({old, k}, sink);
-      continue;
-    }
+    // The caller's bytes are read once, a chunk at a time, into `now`; the
+    // part's checksum and its encoding are both of that copy.
     for (std::uint64_t c = 0; c < k; c += chunk_bytes) {
       const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(chunk_bytes, k - c));
-      if (s.enc == Encoding::sparse) {
+      std::uint8_t* const old = batch + c;
+      std::uint8_t* const now = s.now.data();
+      std::memcpy(now, bytes.data() + at + c, len);
+      s.hash.update({now, len});
+      if (s.enc == Encoding::xor_bytes) {
+        if (std::memcmp(old, now, len) != 0) changed += count_changes({old, len}, {now, len}, cl.es).elements;
+        for (std::size_t i = 0; i < len; ++i) old[i] ^= now[i];
+        s.comp->put({old, len}, sink);
+      } else if (s.enc == Encoding::sparse) {
         s.sparse.begin(cl.es);
-        s.sparse.scan(old + c, now + c, len / cl.es, 0);
+        s.sparse.scan(old, now, len / cl.es, 0);
         changed += s.sparse.changed_elements();
         s.sparse.end(*s.comp, sink);
       } else {
         s.context.begin(cl.es, field);
-        s.context.scan(old + c, now + c, len / cl.es, 0);
+        s.context.scan(old, now, len / cl.es, 0);
         changed += s.context.changed_elements();
         s.context.end(*s.comp, sink);
       }
@@ -278,7 +289,7 @@ void ShardWriter::put(std::string_view name, std::string_view dtype, std::span<c
   p.rank = s.rank;
   p.offset = s.at;
   p.size = size;
-  p.hash = xxh3_128(bytes);
+  p.hash = s.hash.digest();
   p.elements_changed = changed;
   s.at += size;
   s.parts.push_back(std::move(p));
