@@ -211,7 +211,9 @@ class ShardedPublisher:
         parameters, ``distribute_tensor``) says where its local shard sits by its placements
         (``Shard(0)``, ``Shard(1)``, ``Replicate()``); give it without ``rows``/``cols``. ``replicated``:
         other ranks give the same piece (a ``Replicate`` placement); one of them writes it. The tensor is
-        kept by reference until ``publish()`` reads it."""
+        kept by reference until ``publish()`` reads it, each byte once: what the trainer writes into it
+        meanwhile is in the version chunk by chunk as each was read, and every host applies the version
+        (docs/sharded.md, "A piece written during publish()"); give a copy to publish one step's weights."""
         if not isinstance(name, str):
             raise UsageError(f"tensor names are str, not {type(name).__name__}")
         if name not in self._layout:
