@@ -13,7 +13,10 @@ WORKDIR/root from the pieces each holds:
 - ``gap``, ``overlap``, ``dtype``: ``tp`` with one rank giving a wrong piece;
 - ``race``: another writer publishes version 1 while the ranks write theirs (a job restarted
   while its old one still runs): the ranks' publish raises, they reopen the publisher and publish
-  version 2 on the other's version 1.
+  version 2 on the other's version 1;
+- ``live``: each rank holds a row range of every tensor of WORKDIR/base, and a trainer thread of
+  its own keeps writing into it all through ``publish()`` (an optimizer step overlapping it); no
+  gathered reference (what each version holds depends on when each chunk was read).
 
 Each rank writes WORKDIR/result-RANK.json: the results, or the error (class, exit code, message).
 Rank 0 also writes the gathered tensors of each version to WORKDIR/gathered-vN/model.safetensors
@@ -103,6 +106,41 @@ def run_tp(pub, workdir: str, rank: int, world: int, versions: int, scenario: st
             d = os.path.join(workdir, f"gathered-v{v}")
             os.makedirs(d, exist_ok=True)
             save_file(new, os.path.join(d, "model.safetensors"))
+    return results
+
+
+def run_live(pub, workdir: str, rank: int, world: int, versions: int) -> list[dict]:
+    import threading
+
+    from safetensors.numpy import load_file
+
+    base = load_file(os.path.join(workdir, "base", "model.safetensors"))
+    results = []
+    for _ in range(versions):
+        pieces = []
+        for name, t in sorted(base.items()):
+            r0, r1 = t.shape[0] * rank // world, t.shape[0] * (rank + 1) // world
+            piece = np.ascontiguousarray(t[r0:r1])
+            piece.reshape(-1)[::97] += 1  # the step being published
+            pub.put(name, piece, rows=(r0, r1))
+            pieces.append(piece.reshape(-1))
+        stop = threading.Event()
+
+        def train() -> None:  # the next step, landing while publish() reads the pieces
+            k = 0
+            while not stop.is_set():
+                for flat in pieces:
+                    flat[k % 4099::4099] += 1
+                k += 1
+
+        trainer = threading.Thread(target=train)
+        trainer.start()
+        try:
+            r = pub.publish()
+        finally:
+            stop.set()
+            trainer.join()
+        results.append(r.__dict__)
     return results
 
 
@@ -201,6 +239,8 @@ def main() -> int:
                 out["results"] = run_race(pub, open_publisher, workdir, rank, world)
             elif scenario == "fsdp2":
                 out["results"] = run_fsdp2(pub, workdir, rank, world, versions)
+            elif scenario == "live":
+                out["results"] = run_live(pub, workdir, rank, world, versions)
             else:
                 out["results"] = run_tp(pub, workdir, rank, world, versions, scenario)
     except hfdelta.HfdeltaError as e:

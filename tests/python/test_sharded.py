@@ -273,6 +273,26 @@ def test_fsdp2_fully_shard_of_a_qwen3_model(tmp_path: Path) -> None:
     delta_diff_lands_the_same(work, tmp_path, 1)
 
 
+def test_pieces_written_during_publish_give_versions_every_host_applies(tmp_path: Path) -> None:
+    """A trainer thread on every rank writes into the rank's pieces all through publish(): each rank reads
+    each byte once, so every version is whole (each part's checksum of the bytes it gives), both mirrors
+    advance, and a host pulls every version."""
+    save = tmp_path / "save"
+    save.mkdir()
+    rng = np.random.default_rng(3)
+    big = rng.standard_normal((4096, 8192), dtype=np.float32).astype(np.float16)  # 64 MiB: many chunks a rank
+    save_file({"model.big.weight": big, "model.norm.weight": big[0].copy()}, str(save / "model.safetensors"))
+    (save / "config.json").write_text(json.dumps({"model_type": "test"}))
+    work = make_world(tmp_path, save)
+    results = ok(run_ranks(work, "live", versions=2, world=2))
+    assert [[v["version"] for v in r["results"]] for r in results] == [[1, 2], [1, 2]]
+    for host in ("a", "b"):
+        assert hfdelta.status(work / f"mirror-{host}").version == "000002"
+    local = host_at(work, tmp_path, 2, "host")
+    assert hfdelta.verify(local).ok
+    assert tensors_of(local) == tensors_of(work / "mirror-a") == tensors_of(work / "mirror-b")
+
+
 def test_two_jobs_never_publish_one_number_twice(tmp_path: Path) -> None:
     """Two trainers (or a stale restart) that both staged version 1 on base 0: one commit wins, the
     other raises Exists and leaves nothing; no lock between them is needed (the rename refuses)."""
