@@ -385,6 +385,56 @@ TEST_CASE("--json output of delta-diff and delta-apply: documented keys with pla
   CHECK(q.out.empty());
 }
 
+namespace {
+
+// "12.34 KiB", as the commands print sizes.
+std::string kib(std::uint64_t n) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f KiB", double(n) / 1024);
+  return buf;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "human summaries: versions counted as versions, one of a thing in the singular, the versions read beside the "
+    "entries; --json names LOCAL absolute whatever the command line gave") {
+  TempDir t;
+  const fs::path series = gen_series(t / "series", 2), root = t / "root", local = t / "local";
+  fs::create_directories(root);
+  std::uint64_t published = 0;  // delta-diff's "delta" figures, summed
+  for (int v = 1; v <= 2; ++v) {
+    const RunResult d = diff({"--json", save_dir(series, v - 1).string(), save_dir(series, v).string(), root.string()});
+    E2E_REQUIRE_CODE(d, 0);
+    published += parse_json(d.out)["delta_bytes"].get<std::uint64_t>();
+  }
+  REQUIRE(published < 1024 * 1024);  // printed in KiB
+  require_init(save_dir(series, 0), local);
+  const RunResult p = apply({"--root", root.string(), local.string()});
+  E2E_REQUIRE_CODE(p, 0);
+  CHECK_MESSAGE(contains(p.out, "version 000000 -> 000002 (2 versions), "), p.out);
+  CHECK_MESSAGE(contains(p.out, " of tensor entries (" + kib(published) + " of versions read), "), p.out);
+  const RunResult v = apply({"--verify", local.string()});
+  E2E_REQUIRE_CODE(v, 0);
+  REQUIRE(shard_files(local).size() == 1);
+  CHECK_MESSAGE(contains(v.out, "(1 weight file, "), v.out);
+
+  const fs::path other = t / "other";
+  require_init(save_dir(series, 0), other);
+  const RunResult one = apply({version_dir(root, 1).string(), other.string()});
+  E2E_REQUIRE_CODE(one, 0);
+  CHECK_MESSAGE(contains(one.out, "version 000000 -> 000001 (1 version), "), one.out);
+
+  // Relative, with ./ and a trailing slash, from LOCAL's parent.
+  for (const std::string form : {"--status", "--verify", "--recover"}) {
+    const RunResult r = run(
+        {"/bin/sh", "-c",
+         "cd " + sh_quote(t.path().string()) + " && exec " + sh_quote(apply_bin()) + " --json " + form + " ./local/"});
+    E2E_REQUIRE_CODE(r, 0);
+    CHECK_MESSAGE(parse_json(r.out)["local"] == local.string(), form << ": " << r.out);
+  }
+}
+
 TEST_CASE("re-applying the same delta is a no-op that leaves LOCAL unchanged (both encodings)") {
   std::string encoding;
   SUBCASE("xor") { encoding = "xor"; }
