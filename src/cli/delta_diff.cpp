@@ -40,7 +40,7 @@ void print_inspection(const DeltaInspection& d) {
       std::printf("  %-9s  %10s  %10s  %-18s  %-32s  %-32s  %s\n", std::string(encoding_name(e.encoding)).c_str(),
                   cli::human_bytes(double(e.entry_bytes)).c_str(),
                   e.tensor_bytes ? cli::human_bytes(double(*e.tensor_bytes)).c_str() : "-", changed.c_str(),
-                  e.checksum.hex().c_str(), e.base_checksum ? e.base_checksum->hex().c_str() : "-", e.tensor.c_str());
+                  e.checksum_hex().c_str(), e.base_checksum ? e.base_checksum->hex().c_str() : "-", e.tensor.c_str());
     }
   }
   if (!d.files.empty()) std::printf("  %-9s  %10s  %-32s  %s\n", "FILE OP", "SIZE", "CHECKSUM", "PATH");
