@@ -81,6 +81,53 @@ def test_root_inside_a_checkpoint_or_not_created(tools: Tools, series: list[Path
     assert not typo.exists()
 
 
+def test_advice_names_python_calls(tools: Tools, series: list[Path], published: Path, tmp_path: Path) -> None:
+    """Where the CLI's message advises a command, the exception's names the function."""
+    local = tmp_path / "local"
+    hfdelta.init(series[0], local)
+    with pytest.raises(hfdelta.BadInput) as e:
+        hfdelta.pull(local, published)  # swapped: the root given as LOCAL
+    cli = tools.apply_json("--root", local, published)
+    assert cli.code == 3 and "(delta-apply --root ROOT LOCAL)" in cli.json["error"]["message"]
+    assert e.value.message == cli.json["error"]["message"].replace("delta-apply --root ROOT LOCAL",
+                                                                   "hfdelta.pull(root, local)")
+    missing = tmp_path / "missing"
+    with pytest.raises(hfdelta.OutOfOrder) as m:
+        hfdelta.apply(published / "weight_v000001", missing)
+    assert f"set it up first with hfdelta.init(src, {str(missing)!r})" in m.value.message
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("not a LOCAL")
+    with pytest.raises(hfdelta.Exists) as x:
+        hfdelta.init(series[0], other)
+    assert "pass force=True to replace it" in x.value.message
+    for exc in (e.value, m.value, x.value):
+        assert "delta-apply" not in exc.message and "--" not in exc.message, exc.message
+
+
+def test_python_advice() -> None:
+    """Each command the library's messages advise, as its call; options outside commands, as arguments."""
+    cases = {
+        "(delta-apply DELTA LOCAL)": "(hfdelta.apply(delta, local))",
+        "publish one: delta-diff --full NEW ROOT)": "publish one: hfdelta.publish_full(new, root))",
+        "(delta-apply --init CHECKPOINT MIRROR --init-version 4)": "(hfdelta.init(checkpoint, mirror, version=4))",
+        "(delta-apply --init CHECKPOINT MIRROR, then delta-apply --root ROOT MIRROR)":
+            "(hfdelta.init(checkpoint, mirror), then hfdelta.pull(root, mirror))",
+        "first (delta-diff --full)": "first (hfdelta.publish_full)",
+        "publish into it with delta-diff BASE NEW /s/weights (nothing was written)":
+            "publish into it with hfdelta.diff(base, new, '/s/weights') (nothing was written)",
+        "delta-apply --verify checks it, delta-apply --init re-creates it":
+            "hfdelta.verify checks it, hfdelta.init re-creates it",
+        "the next delta-apply on it, or delta-apply --recover, finishes the rollback":
+            "the next apply or pull on it, or hfdelta.recover(local), finishes the rollback",
+        "(or use --init with --init-version)": "(or use hfdelta.init with version)",
+        # a publisher's setting, not hfdelta's: kept
+        "(--update-weight-delta-checksum xxh3-128)": "(--update-weight-delta-checksum xxh3-128)",
+    }
+    for cli, py in cases.items():
+        assert errors.python_advice(cli) == py
+
+
 def test_bad_input(tools: Tools, series: list[Path]) -> None:
     with pytest.raises(hfdelta.BadInput) as e:
         hfdelta.inspect(series[0])  # a checkpoint, not a delta
