@@ -54,7 +54,8 @@ def test_usage(tools: Tools, series: list[Path], tmp_path: Path) -> None:
     cli = tools.diff_json(series[0], series[1], root / "weight_v1")
     assert cli.code == 2
     check_error(e.value, cli.json, 2)
-    assert e.value.message == cli.json["error"]["message"] and e.value.path == cli.json["error"]["path"]
+    assert e.value.message == errors.python_advice(cli.json["error"]["message"])
+    assert e.value.path == cli.json["error"]["path"]
 
 
 def test_root_inside_a_checkpoint_or_not_created(tools: Tools, series: list[Path], tmp_path: Path) -> None:
@@ -65,7 +66,7 @@ def test_root_inside_a_checkpoint_or_not_created(tools: Tools, series: list[Path
         with pytest.raises(hfdelta.BadInput, match="inside NEW") as e:
             hfdelta.diff(series[0], new, new / "weights")
         cli = tools.diff_json(series[0], new, new / "weights")
-        assert cli.code == 3 and e.value.message == cli.json["error"]["message"]
+        assert cli.code == 3 and e.value.message == errors.python_advice(cli.json["error"]["message"])
         with pytest.raises(hfdelta.BadInput, match="inside NEW"):
             hfdelta.publish_full(new, new / "weights", base=series[0])
         with pytest.raises(hfdelta.BadInput, match="inside NEW"):
@@ -75,7 +76,9 @@ def test_root_inside_a_checkpoint_or_not_created(tools: Tools, series: list[Path
     with pytest.raises(hfdelta.UsageError, match="create the publication root first") as u:
         hfdelta.diff(series[0], series[1], typo)
     cli = tools.diff_json(series[0], series[1], typo)
-    assert cli.code == 2 and u.value.message == cli.json["error"]["message"]
+    # The CLI's "give --delta-version" is "pass delta_version" in Python: the rest is the same.
+    assert cli.code == 2 and u.value.message == errors.python_advice(cli.json["error"]["message"])
+    assert "pass delta_version" in u.value.message
     with pytest.raises(hfdelta.UsageError, match="create the publication root first"):
         hfdelta.publish_full(series[1], typo)
     assert not typo.exists()
@@ -134,7 +137,7 @@ def test_bad_input(tools: Tools, series: list[Path]) -> None:
     cli = tools.diff_json("--inspect", series[0])
     assert cli.code == 3
     check_error(e.value, cli.json, 3)
-    assert e.value.message == cli.json["error"]["message"]
+    assert e.value.message == errors.python_advice(cli.json["error"]["message"])
     assert e.value.path == cli.json["error"]["path"] and e.value.path is not None
 
 
@@ -146,7 +149,7 @@ def test_out_of_order(tools: Tools, series: list[Path], published: Path, tmp_pat
     cli = tools.apply_json(published / "weight_v000002", local)
     assert cli.code == 4
     check_error(e.value, cli.json, 4)
-    assert e.value.message == cli.json["error"]["message"]
+    assert e.value.message == errors.python_advice(cli.json["error"]["message"])
 
 
 def test_exists(tools: Tools, series: list[Path], published: Path) -> None:
