@@ -212,7 +212,9 @@ _PHRASES = [("the next delta-apply on it, or delta-apply --recover,",
              "the next apply or pull on it, or hfdelta.recover(local),"),
             ("(--status exits 10)", "(hfdelta.status reports it interrupted)"),
             ("give --force", "pass force=True"), ("give --delta-version", "pass delta_version")]
-_COMMAND = re.compile(r"(?<![\w-])(delta-apply|delta-diff)(?![\w-])")
+# A command or an option as a word of the sentence (not part of a path).
+_COMMAND = re.compile(r"(?<![^\s(])(delta-apply|delta-diff)(?=[\s),;:]|$)")
+_OPTION = re.compile(r"(?<![^\s(])--[a-z][a-z-]*(?=[\s),;:]|$)")
 _WORD = re.compile(r"[ \t]+([^\s),;:]+)")
 
 
@@ -265,7 +267,7 @@ def python_advice(message: str) -> str:
         at = end
     out.append(message[at:])
     message = "".join(out)
-    return re.sub(r"(?<![\w-])--[a-z][a-z-]*", lambda o: _ALONE.get(o.group(0), o.group(0)), message)
+    return _OPTION.sub(lambda o: _ALONE.get(o.group(0), o.group(0)), message)
 
 
 def _from_code(exit_code: int, message: str, kind: str, path: Optional[str]) -> HfdeltaError:

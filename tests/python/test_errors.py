@@ -124,8 +124,9 @@ def test_python_advice() -> None:
         "the next delta-apply on it, or delta-apply --recover, finishes the rollback":
             "the next apply or pull on it, or hfdelta.recover(local), finishes the rollback",
         "(or use --init with --init-version)": "(or use hfdelta.init with version)",
-        # a publisher's setting, not hfdelta's: kept
+        # a publisher's setting, not hfdelta's, and paths that hold the names: kept
         "(--update-weight-delta-checksum xxh3-128)": "(--update-weight-delta-checksum xxh3-128)",
+        "/data/delta-apply/--init: not a directory": "/data/delta-apply/--init: not a directory",
     }
     for cli, py in cases.items():
         assert errors.python_advice(cli) == py
