@@ -29,6 +29,7 @@ void print_inspection(const DeltaInspection& d) {
   std::printf("%s: version %s on base %s, encoding %s", d.dir.string().c_str(), format_version(d.version).c_str(),
               format_version(d.base_version).c_str(), d.encoding.c_str());
   if (d.format) std::printf(", hfdelta_format %llu", ull(*d.format));
+  if (d.checksum_format != "xxh3-128") std::printf(", %s checksums", d.checksum_format.c_str());
   std::printf("\n");
   if (!d.entries.empty()) {
     std::printf("  %-9s  %10s  %10s  %-18s  %-32s  %-32s  %s\n", "ENCODING", "ENTRY", "TENSOR", "CHANGED", "CHECKSUM",
