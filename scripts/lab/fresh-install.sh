@@ -46,22 +46,29 @@ clone=$T/hfdelta
 log=$T/log
 mkdir -p "$log" "$T/home"
 
+# Wall time depends on what else the machine runs; CPU time (user + system,
+# of every process the step waited for) much less: on an idle machine of
+# N cores a build takes about CPU / N.
 names=()
 results=()
-durations=()
+timings=()
 step() {  # step NAME COMMAND...: runs it (output in TMP/log/NAME.log), times it
   local name=$1
   shift
   echo "---- $name"
-  local start=$SECONDS
-  "$@" > "$log/$name.log" 2>&1
+  local TIMEFORMAT='%R %U %S'
+  { time "$@" > "$log/$name.log" 2>&1; } 2> "$log/$name.time"
   local rc=$?
-  local took=$((SECONDS - start))
-  echo "---- $name: exit $rc, $took s"
+  local real user sys
+  read -r real user sys < "$log/$name.time"
+  local t
+  t=$(awk -v r="$real" -v u="$user" -v s="$sys" -v n="$(nproc)" \
+    'BEGIN { printf "%6.0f s wall %6.0f s CPU (%4.0f s on %d idle cores)", r, u + s, (u + s) / n, n }')
+  echo "---- $name: exit $rc, $t"
   if [ "$rc" -ne 0 ]; then tail -30 "$log/$name.log" | sed 's/^/   | /'; fi
   names+=("$name")
   results+=("$rc")
-  durations+=("$took")
+  timings+=("$t")
   return "$rc"
 }
 
@@ -110,6 +117,6 @@ echo "==== summary ($(nproc) cores, load now $(cut -d' ' -f1-3 /proc/loadavg); l
 failed=0
 for i in "${!names[@]}"; do
   [ "${results[$i]}" -eq 0 ] || failed=$((failed + 1))
-  printf '  %-14s exit %-3s %5d s\n' "${names[$i]}" "${results[$i]}" "${durations[$i]}"
+  printf '  %-14s exit %-3s %s\n' "${names[$i]}" "${results[$i]}" "${timings[$i]}"
 done
 [ "$failed" -eq 0 ]
