@@ -11,13 +11,24 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
+builddir=${HFDELTA_BUILDDIR:-build}
+t_demo=$SECONDS
 
+cat <<EOF
+hfdelta demo. The first time it takes about 4 minutes on an idle 2-core machine, nearly
+all of it compiling (about 450 s of CPU: less with more cores, more on a busy machine);
+seconds once built:
+  1. the Debian packages it needs, if missing (scripts/setup.sh, as root or through sudo)
+  2. building delta-diff, delta-apply and the save generator hfdelta-gen in $builddir/
+  3. a few generated training saves, a delta published after each, pulled into a
+     host-local copy, which is checked against the last save byte for byte; a table
+EOF
+echo
 echo "== setup (scripts/setup.sh)"
 scripts/setup.sh
 
 # Only the three commands the demo runs. The build directory is test.sh's
 # too (same options): its run builds the rest and rebuilds none of these.
-builddir=${HFDELTA_BUILDDIR:-build}
 targets=(src/delta-diff src/delta-apply tools/hfdelta-gen)
 echo "== build: ${targets[*]} in $builddir"
 t0=$SECONDS
@@ -70,3 +81,13 @@ for r in "${rows[@]}"; do
 done
 echo
 echo "state: $(cat "$work/local/.weight_sync/state.json")"
+echo
+echo "== done in $((SECONDS - t_demo)) s. The commands are in $repo/$builddir:"
+echo "   src/delta-diff, src/delta-apply, tools/hfdelta-gen. To run them by name:"
+echo "     export PATH=$repo/$builddir/src:$repo/$builddir/tools:\$PATH"
+echo "   Next:"
+echo "     delta-diff --inspect $work/root/weight_v000001    # what a version changes"
+echo "     delta-apply --status $work/local                  # what the host-local copy holds"
+echo "     the README's quickstart, top to bottom, on saves from hfdelta-gen or your own"
+echo "     installing: README.md, Install (pip in a virtual environment, or meson install)"
+echo "     scripts/test.sh --quick                           # the quick test suite (more to build first)"

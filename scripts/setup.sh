@@ -10,6 +10,7 @@ packages=(
   build-essential meson ninja-build pkg-config cmake
   ccache  # scripts/test.sh: the Python stage's build reuses the objects of the first build
   nlohmann-json3-dev libxxhash-dev libzstd-dev libboost-filesystem-dev
+  zlib1g-dev  # Adler-32: the checksums of some slime-layout publishers
   libcli11-dev doctest-dev
   zstd xxhash
   jq  # tests/readme_commands.sh: the documented commands use it

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <set>
 
+#include "ckpt_edit.hpp"
 #include "e2e_util.hpp"
 
 using namespace e2e;
@@ -383,6 +384,178 @@ TEST_CASE("--json output of delta-diff and delta-apply: documented keys with pla
                             version_dir(t / "aside", 9).string(), "--base-version", "8"});
   E2E_CHECK_CODE(q, 0);
   CHECK(q.out.empty());
+}
+
+namespace {
+
+// "12.34 KiB", as the commands print sizes.
+std::string kib(std::uint64_t n) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f KiB", double(n) / 1024);
+  return buf;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "human summaries: versions counted as versions, one of a thing in the singular, the versions read beside the "
+    "entries; --json names LOCAL absolute whatever the command line gave") {
+  TempDir t;
+  const fs::path series = gen_series(t / "series", 2), root = t / "root", local = t / "local";
+  fs::create_directories(root);
+  std::uint64_t published = 0;  // delta-diff's "delta" figures, summed
+  for (int v = 1; v <= 2; ++v) {
+    const RunResult d = diff({"--json", save_dir(series, v - 1).string(), save_dir(series, v).string(), root.string()});
+    E2E_REQUIRE_CODE(d, 0);
+    published += parse_json(d.out)["delta_bytes"].get<std::uint64_t>();
+  }
+  REQUIRE(published < 1024 * 1024);  // printed in KiB
+  require_init(save_dir(series, 0), local);
+  const RunResult p = apply({"--root", root.string(), local.string()});
+  E2E_REQUIRE_CODE(p, 0);
+  CHECK_MESSAGE(contains(p.out, "version 000000 -> 000002 (2 versions), "), p.out);
+  CHECK_MESSAGE(contains(p.out, " of tensor entries (" + kib(published) + " of versions read), "), p.out);
+  const RunResult v = apply({"--verify", local.string()});
+  E2E_REQUIRE_CODE(v, 0);
+  REQUIRE(shard_files(local).size() == 1);
+  CHECK_MESSAGE(contains(v.out, "(1 weight file, "), v.out);
+
+  const fs::path other = t / "other";
+  require_init(save_dir(series, 0), other);
+  const RunResult one = apply({version_dir(root, 1).string(), other.string()});
+  E2E_REQUIRE_CODE(one, 0);
+  CHECK_MESSAGE(contains(one.out, "version 000000 -> 000001 (1 version), "), one.out);
+
+  // Relative, with ./ and a trailing slash, from LOCAL's parent.
+  for (const std::string form : {"--status", "--verify", "--recover"}) {
+    const RunResult r = run(
+        {"/bin/sh", "-c",
+         "cd " + sh_quote(t.path().string()) + " && exec " + sh_quote(apply_bin()) + " --json " + form + " ./local/"});
+    E2E_REQUIRE_CODE(r, 0);
+    CHECK_MESSAGE(parse_json(r.out)["local"] == local.string(), form << ": " << r.out);
+  }
+}
+
+namespace {
+
+// Adler-32 as RFC 1950 defines it, computed here apart from zlib.
+std::uint32_t adler32_of(const Bytes& b) {
+  std::uint32_t a = 1, s = 0;
+  for (const std::uint8_t c : b) a = (a + c) % 65521, s = (s + a) % 65521;
+  return (s << 16) | a;
+}
+
+std::string hex8(std::uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%08x", v);
+  return buf;
+}
+
+// Rewrites delta DIR (xor or overwrite) as a publisher of the plain slime
+// layout writes it with adler32 checksums (miles'
+// --update-weight-delta-checksum adler32): no hfdelta_* keys, files/ or
+// marker; checksum_format "adler32"; each entry's checksum in __metadata__
+// the Adler-32 of the tensor's bytes in NEW, as 8 lowercase hex digits.
+void as_slime_adler32(const fs::path& dir, const fs::path& new_ckpt) {
+  json idx = delta_index(dir);
+  json md = json::object();
+  for (auto it = idx["metadata"].begin(); it != idx["metadata"].end(); ++it)
+    if (it.key().rfind("hfdelta_", 0) != 0) md[it.key()] = *it;
+  md["checksum_format"] = "adler32";
+  idx["metadata"] = md;
+  write_json(dir / "model.safetensors.index.json", idx);
+  fs::remove_all(dir / "files");
+  fs::remove(dir / "hfdelta_complete.json");
+  std::set<std::string> delta_files;
+  for (auto it = idx["weight_map"].begin(); it != idx["weight_map"].end(); ++it) delta_files.insert(*it);
+  for (const std::string& f : delta_files) {
+    const StFile st = read_st(dir / f);
+    std::vector<TensorData> entries;
+    std::map<std::string, std::string> checksums;
+    for (const std::string& name : st.tensor_names()) {
+      const Bytes e = st.tensor(name);
+      entries.push_back({name, "U8", {e.size()}, e});
+      checksums[name] = hex8(adler32_of(checkpoint_tensor(new_ckpt, name)));
+    }
+    fs::remove(dir / f);
+    write_safetensors(dir / f, entries, &checksums);
+  }
+}
+
+// Sets metadata.checksum_format of delta DIR's index.
+void set_checksum_format(const fs::path& dir, const std::string& format) {
+  json idx = delta_index(dir);
+  idx["metadata"]["checksum_format"] = format;
+  write_json(dir / "model.safetensors.index.json", idx);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "adler32 checksums of a slime-layout publisher (miles' --update-weight-delta-checksum adler32): checked, applied "
+    "byte for byte, a mismatch refused; blake3 refused naming the publisher's setting") {
+  TempDir t;
+  const fs::path series = gen_series(t / "series", 3), root = t / "root";
+  fs::create_directories(root);
+  for (int v = 1; v <= 3; ++v) {
+    const fs::path out = version_dir(root, v);
+    require_diff(save_dir(series, v - 1), save_dir(series, v), out, v % 2 ? "xor" : "overwrite");
+    as_slime_adler32(out, save_dir(series, v));
+  }
+
+  SUBCASE("a pull applies them, records the version's checksums, and --verify passes") {
+    const fs::path local = t / "local";
+    require_init(save_dir(series, 0), local);
+    const json j = pull(root, local);
+    CHECK(j["applied"] == json::array({"000001", "000002", "000003"}));
+    E2E_CHECK_TREE_EQUAL(local, save_dir(series, 3));
+    E2E_CHECK_CODE(apply({"--verify", local.string()}), 0);
+  }
+  SUBCASE("--inspect shows them as written") {
+    const RunResult r = diff({"--inspect", "--json", version_dir(root, 1).string()});
+    E2E_REQUIRE_CODE(r, 0);
+    const json j = parse_json(r.out);
+    CHECK(j["checksum_format"] == "adler32");
+    REQUIRE(!j["tensors"].empty());
+    const json& e = j["tensors"][0];
+    CHECK(e["checksum"] == hex8(adler32_of(checkpoint_tensor(save_dir(series, 1), e["name"]))));
+  }
+  SUBCASE("a LOCAL that is not the base: the Adler-32 differs, exit 5, LOCAL untouched") {
+    const fs::path local = t / "local";  // claims version 2, holds save 1's bytes; version 3 is xor
+    E2E_REQUIRE_CODE(apply({"-q", "--init", save_dir(series, 1).string(), local.string(), "--init-version", "2"}), 0);
+    const LocalSnapshot before(local);
+    const RunResult r = apply({version_dir(root, 3).string(), local.string()});
+    E2E_CHECK_CODE(r, 5);
+    CHECK_MESSAGE(contains(r.err, "would have adler32 "), r.err);
+    E2E_CHECK_UNCHANGED(before);
+  }
+  SUBCASE("a damaged checksum: exit 5, LOCAL untouched") {
+    const fs::path local = t / "local";
+    require_init(save_dir(series, 0), local);
+    const fs::path v1 = version_dir(root, 1), file = v1 / delta_index(v1)["weight_map"].begin()->get<std::string>();
+    const StFile st = read_st(file);
+    const std::string name = st.tensor_names().front(), was = st.metadata()[name].get<std::string>();
+    edit_header_text(file, "\"" + was + "\"",
+                     "\"" + hex8(~adler32_of(checkpoint_tensor(save_dir(series, 1), name))) + "\"");
+    const LocalSnapshot before(local);
+    E2E_CHECK_CODE(apply({v1.string(), local.string()}), 5);
+    E2E_CHECK_UNCHANGED(before);
+  }
+  SUBCASE("blake3: exit 6, naming the setting that makes the versions pullable") {
+    set_checksum_format(version_dir(root, 1), "blake3");
+    const fs::path local = t / "local";
+    require_init(save_dir(series, 0), local);
+    const RunResult r = apply({"--root", root.string(), local.string()});
+    E2E_CHECK_CODE(r, 6);
+    CHECK_MESSAGE(contains(r.err, "--update-weight-delta-checksum xxh3-128"), r.err);
+    CHECK(state_version(local) == "000000");
+  }
+  SUBCASE("--squash composes only xxh3-128 deltas: exit 6") {
+    const RunResult r =
+        diff({"--squash", version_dir(root, 1).string(), version_dir(root, 2).string(), (t / "squashed").string()});
+    E2E_CHECK_CODE(r, 6);
+    CHECK(!fs::exists(t / "squashed"));
+  }
 }
 
 TEST_CASE("re-applying the same delta is a no-op that leaves LOCAL unchanged (both encodings)") {

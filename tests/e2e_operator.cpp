@@ -143,6 +143,11 @@ TEST_CASE("stdout that cannot be written is an error; --version is the program's
     E2E_CHECK_CODE(old, 2);
     CHECK(contains(old.err, std::string(name) == "delta-diff" ? "--delta-version" : "--init-version"));
   }
+  // The generator is installed with them, of the same version.
+  const RunResult g = run({gen_bin(), "--version"});
+  E2E_CHECK_CODE(g, 0);
+  const std::string version = run({diff_bin(), "--version"}).out.substr(std::string("delta-diff").size());
+  CHECK_MESSAGE(g.out == "hfdelta-gen" + version, g.out);
 }
 
 TEST_CASE("--status and --verify on a read-only LOCAL and as a user who cannot write it, with --lock-timeout") {

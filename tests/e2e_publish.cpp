@@ -227,6 +227,10 @@ TEST_CASE(
   SUBCASE("an existing directory that is no root (a checkpoint)") {
     args = {p.save(0), S1, S2}, want = 3, mention = "not a publication root";
   }
+  SUBCASE("the root's parent: the root in it is named, no version beside it suggested") {
+    args = {S1, S2, p.t.path().string()}, want = 3,
+    mention = R.string() + " is a publication root: publish into it with delta-diff BASE NEW " + R.string();
+  }
   SUBCASE("a path that does not exist and is no version name") {
     args = {S1, S2, (p.t / "roots-typo").string()}, want = 2, mention = "give --delta-version";
   }

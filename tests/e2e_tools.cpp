@@ -163,8 +163,10 @@ TEST_CASE("--inspect: per-tensor changed counts, lengths and checksums match the
 
   const json j = inspect_json(delta);
   CAPTURE(j.dump(2));
-  CHECK(keys_of(j) == std::set<std::string>{"delta", "version", "base_version", "format", "encoding", "index_checksum",
-                                            "tensors", "files", "weight_files", "totals", "schema", "ok"});
+  CHECK(keys_of(j) == std::set<std::string>{"delta", "version", "base_version", "format", "encoding", "checksum_format",
+                                            "index_checksum", "tensors", "files", "weight_files", "totals", "schema",
+                                            "ok"});
+  CHECK(j["checksum_format"] == "xxh3-128");
   CHECK(j["weight_files"] == json::array());  // the same layout: no weight-file operations
   CHECK(j["delta"] == delta.string());
   CHECK(j["version"] == "000001");

@@ -12,10 +12,11 @@
 # ```sh block fails the test too, so that no block is skipped silently.
 #
 # What is not this machine's is mapped, never the commands themselves: the
-# absolute paths (/models, /ckpt, /shared, /local, /usr/local/bin, /run,
+# absolute paths (/models, /ckpt, /shared, /local, /tmp/hfdelta-try, /usr/local/bin, /run,
 # /etc/systemd, /etc/default, /etc/hfdelta, /var/lib/node_exporter) go below a temporary directory; curl (no engine
 # here), systemctl and journalctl are stand-ins that record their arguments;
-# `while sleep 30; do` runs its body twice; contrib/ is the clone's.
+# `while sleep 30; do` runs its body twice; contrib/ is the clone's. The
+# commands are found on PATH, as installed: delta-diff, delta-apply, hfdelta-gen.
 # Usage: readme_commands.sh PAGE.md... (binaries from HFDELTA_DIFF, HFDELTA_APPLY, HFDELTA_GEN)
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: readme_commands.sh PAGE.md..."; exit 2; }
@@ -54,7 +55,7 @@ done
 
 # The checkpoints the pages name: a base and five saves.
 "${HFDELTA_GEN:?}" --preset tiny --saves 5 --lr 1e-5 "$T/series" > /dev/null 2>&1
-mkdir -p "$T/models" "$T/ckpt" "$T/usr/local/bin" "$T/run" "$T/etc/systemd/system" "$T/etc/default" "$T/fake"
+mkdir -p "$T/models" "$T/ckpt" "$T/tmp" "$T/usr/local/bin" "$T/run" "$T/etc/systemd/system" "$T/etc/default" "$T/fake"
 cp -r "$T/series/save_000" "$T/models/base"
 for i in 1 2 3 4 5; do cp -r "$T/series/save_00$i" "$T/ckpt/step_0${i}00"; done
 
@@ -62,7 +63,7 @@ for tool in curl systemctl journalctl; do
   printf '#!/bin/sh\necho "%s $*" >> "%s/fake.log"\n' "$tool" "$T" > "$T/fake/$tool"
   chmod +x "$T/fake/$tool"
 done
-export PATH="$bindir:$T/usr/local/bin:$T/fake:$PATH"
+export PATH="$bindir:$(dirname "$HFDELTA_GEN"):$T/usr/local/bin:$T/fake:$PATH"
 
 mkdir -p "$T/work"
 total=0
@@ -75,7 +76,7 @@ for i in "${!pages[@]}"; do
   [ "$count" -gt 0 ] || { echo "FAIL $name has no \`\`\`sh block to run"; exit 1; }
   for k in $(seq 1 "$count"); do
     b="$dir/block$(printf '%02d' "$k")"
-    sed -E -e "s#(^|[ '\"=])(/models|/ckpt|/shared|/local|/usr/local/bin|/run|/etc/systemd|/etc/default|/etc/hfdelta|/var/lib/node_exporter)#\1$T\2#g" \
+    sed -E -e "s#(^|[ '\"=])(/models|/ckpt|/shared|/local|/tmp/hfdelta-try|/usr/local/bin|/run|/etc/systemd|/etc/default|/etc/hfdelta|/var/lib/node_exporter)#\1$T\2#g" \
            -e "s#while sleep 30; do#for _ in 1 2; do#" -e "s#(^| )contrib/#\1$repo/contrib/#g" "$b" > "$b.sh"
     if ! out=$(cd "$T/work" && bash -euo pipefail "$b.sh" 2>&1); then
       echo "FAIL $name block $k of $count:"; sed 's/^/  | /' "$b"; echo "  output:"; echo "$out" | sed 's/^/  > /'; exit 1
@@ -86,8 +87,10 @@ for i in "${!pages[@]}"; do
   total=$((total + count))
 done
 
-# Where the commands leave things: /local/model pulled to the newest version, /local/other squashed to 3.
+# Where the commands leave things: the first try's local at its last save,
+# /local/model pulled to the newest version, /local/other squashed to 3.
 cmp_tree() { diff -r -x .weight_sync "$1" "$2" > /dev/null || { echo "FAIL $1 differs from $2"; exit 1; }; }
+cmp_tree "$T/tmp/hfdelta-try/local" "$T/tmp/hfdelta-try/save_002"
 cmp_tree "$T/local/model" "$T/ckpt/step_0500"
 cmp_tree "$T/local/other" "$T/ckpt/step_0300"
 grep -q "update_weights_from_disk" "$T/fake.log" || { echo "FAIL the --then command never called the engine"; exit 1; }

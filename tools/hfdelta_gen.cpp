@@ -1159,6 +1159,8 @@ int main(int argc, char** argv) {
       "training run (test data for hfdelta)",
       "hfdelta-gen"};
   app.add_option("OUTDIR", o.outdir, "Directory to write the saves into")->required();
+  app.set_version_flag("--version", std::string("hfdelta-gen (hfdelta) ") + HFDELTA_PROGRAM_VERSION,
+                       "Print the program's version and exit");
   add_shape_options(app, o, a);
   add_run_options(app, o, a);
   try {

@@ -77,6 +77,11 @@ struct ShardOp {
   std::map<std::string, std::string> renamed;
 };
 
+// What a delta's entries record of their tensors' new bytes
+// (metadata.checksum_format). hfdelta writes xxh3-128; a publisher of the
+// plain slime layout may write adler32 (miles' --update-weight-delta-checksum).
+enum class ChecksumFormat { xxh3_128, adler32 };
+
 struct DeltaIndex {
   std::uint64_t version = 0;
   std::uint64_t base_version = 0;
@@ -86,6 +91,7 @@ struct DeltaIndex {
   bool context_parts = false;                     // a stacked entry holds context parts (revision 5)
   bool parts_parts = false;                       // a stacked entry holds a parts entry (revision 6)
   std::map<std::string, std::string> weight_map;  // tensor -> delta file
+  ChecksumFormat checksum_format = ChecksumFormat::xxh3_128;
   std::map<std::string, Hash128> base_checksums;  // tensor -> hash of its base bytes (hfdelta only)
   std::vector<FileChange> files;                  // hfdelta only
   std::vector<ShardOp> shards;                    // hfdelta only (revision 3), by file name
@@ -193,10 +199,17 @@ SafetensorsHeader parse_built_header(std::string_view bytes, const ShardOp& so, 
 // The shard operation on `file`, if any.
 const ShardOp* shard_op(const DeltaIndex& idx, const std::string& file);
 
+// The checksum an entry records of its tensor's new bytes: an XXH3-128, or
+// in an adler32 delta an Adler-32 (the XXH3-128 is then unknown, left zero).
+struct EntryChecksum {
+  Hash128 xxh3;
+  std::optional<std::uint32_t> adler32;
+};
+
 // Checks entry `t` of delta file `file` (header `hdr`, path `where`) against
 // the index: mapped to this file, U8 with shape [L], a checksum in
-// __metadata__. Returns that checksum (of the tensor's new bytes).
-Hash128 check_delta_entry(const DeltaIndex& idx, const std::string& file, const SafetensorsHeader& hdr,
-                          const TensorInfo& t, const std::string& where);
+// __metadata__ of the index's checksum_format. Returns that checksum.
+EntryChecksum check_delta_entry(const DeltaIndex& idx, const std::string& file, const SafetensorsHeader& hdr,
+                                const TensorInfo& t, const std::string& where);
 
 }  // namespace hfdelta

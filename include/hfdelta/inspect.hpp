@@ -39,7 +39,10 @@ struct InspectEntry {
   // XXH3-128 of the tensor's new bytes (of the head, for a parts entry or a
   // stacked entry whose last part is one: see docs/format.md, "parts").
   Hash128 checksum;
+  std::optional<std::uint32_t> adler32;  // recorded instead, in an adler32 delta
   std::optional<Hash128> base_checksum;  // hfdelta deltas only
+  // The checksum as the delta writes it.
+  std::string checksum_hex() const { return adler32 ? adler32_hex(*adler32) : checksum.hex(); }
 };
 
 // One non-weight file operation (hfdelta_files).
@@ -66,6 +69,7 @@ struct DeltaInspection {
   std::uint64_t version = 0, base_version = 0;
   std::optional<std::uint64_t> format;  // hfdelta_format; none for slime-layout deltas
   std::string encoding;                 // metadata.delta_encoding: xor, overwrite, sparse or auto
+  std::string checksum_format;          // what the entries record: xxh3-128, or adler32 (slime layout)
   std::optional<Hash128> index_checksum;
   std::vector<InspectEntry> entries;  // sorted by tensor name
   std::vector<InspectFile> files;     // in index order

@@ -98,8 +98,8 @@ def diff(base: PathLike, new: PathLike, out: PathLike, *, encoding: str = "spars
     """``delta-diff BASE NEW OUT``: write the delta version that turns checkpoint BASE into NEW.
 
     OUT is ROOT/weight_vNNNNNN, or a publication root ROOT itself (its newest version + 1 is written;
-    ``result.out`` names it), or with ``delta_version`` a delta outside any root. ``encoding``: sparse, auto,
-    xor or overwrite. A DiffWarning is issued for checkpoints that do not look like successive saves.
+    ``result.out`` names it), or with ``delta_version`` a delta outside any root. ``encoding``: sparse,
+    context, auto, xor or overwrite. A DiffWarning is issued for checkpoints that do not look like successive saves.
     """
     _callable(progress, "progress")
     text, notes = _core.diff(_path(base, "base"), _path(new, "new"), _path(out, "out"), encoding, level,

@@ -5,10 +5,15 @@ CLI's ``--json`` error object says: ``exit_code``, ``kind`` (its stable name),
 ``message`` and ``path`` (the file or directory the message is about, None
 when it names none). The class tells the exit code: ``except BadInput`` is
 ``exit 3``. Exit codes above 128 (a stop signal) are :class:`Stopped`.
+
+Where the library's message advises a command (``delta-apply --root ROOT
+LOCAL``), the exception's says what does the same in Python
+(``hfdelta.pull(root, local)``); the rest of the message is the CLI's.
 """
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Optional
 
 from ._core import JSON_SCHEMA
@@ -170,6 +175,101 @@ def error_class(exit_code: int) -> type[HfdeltaError]:
     return _BY_CODE.get(exit_code, Failure)
 
 
+# The commands the library's messages advise, as the functions that do the
+# same: for each first option (None: none), the function and its positional
+# arguments, in the command's order.
+_FORMS: dict[str, dict[Optional[str], tuple[str, tuple[str, ...]]]] = {
+    "delta-apply": {
+        "--init": ("init", ("src", "local")),
+        "--root": ("pull", ("root", "local")),
+        "--recover": ("recover", ("local",)),
+        "--status": ("status", ("local",)),
+        "--verify": ("verify", ("local",)),
+        None: ("apply", ("delta", "local")),
+    },
+    "delta-diff": {
+        "--full": ("publish_full", ("new", "root")),
+        "--withdraw": ("withdraw", ("version_dir",)),
+        "--squash": ("squash", ("first", "last", "out")),
+        "--prune": ("prune", ("root",)),
+        "--inspect": ("inspect", ("delta",)),
+        None: ("diff", ("base", "new", "out")),
+    },
+}
+# Options of the commands, as keyword arguments (with a value after them, or a flag's).
+_VALUE_OPTIONS = {"--init-version": "version", "--target": "target", "--keep-from": "keep_from",
+                  "--delta-version": "delta_version", "--base-version": "base_version", "--squash-base": "base"}
+_FLAG_OPTIONS = {"--force": "force=True", "--require-marker": "require_marker=True", "--no-sync": "sync=False"}
+# Options named alone in a message, outside a command.
+_ALONE = {**_VALUE_OPTIONS, **_FLAG_OPTIONS, "--then": "then", "--lock-timeout": "lock_timeout",
+          "--init": "hfdelta.init", "--recover": "hfdelta.recover", "--verify": "hfdelta.verify",
+          "--status": "hfdelta.status", "--squash": "hfdelta.squash", "--withdraw": "hfdelta.withdraw",
+          "--prune": "hfdelta.prune", "--inspect": "hfdelta.inspect"}
+# Words that follow a command's name in a sentence, never an argument of it.
+_PROSE = {"on", "it", "checks", "re-creates", "copies", "rewrites", "would", "decodes", "can", "runs", "with", "and",
+          "or", "then", "to", "of", "in", "is", "opened", "writes", "the"}
+_PHRASES = [("the next delta-apply on it, or delta-apply --recover,",
+             "the next apply or pull on it, or hfdelta.recover(local),"),
+            ("(--status exits 10)", "(hfdelta.status reports it interrupted)"),
+            ("give --force", "pass force=True"), ("give --delta-version", "pass delta_version")]
+# A command or an option as a word of the sentence (not part of a path).
+_COMMAND = re.compile(r"(?<![^\s(])(delta-apply|delta-diff)(?=[\s),;:]|$)")
+_OPTION = re.compile(r"(?<![^\s(])--[a-z][a-z-]*(?=[\s),;:]|$)")
+_WORD = re.compile(r"[ \t]+([^\s),;:]+)")
+
+
+def _argument(token: str) -> str:
+    """A placeholder (SRC) as the parameter's name, a path as a string literal."""
+    return token.lower() if re.fullmatch(r"[A-Z][A-Z_]*", token) else repr(token)
+
+
+def _call(command: str, text: str, at: int) -> tuple[str, int]:
+    """The call for the command named before ``text[at:]``, and where its words end."""
+    forms = _FORMS[command]
+    m = _WORD.match(text, at)
+    first = m.group(1) if m and m.group(1) in forms else None
+    if first and m:
+        at = m.end()
+    name, params = forms[first]
+    args: list[str] = []
+    kwargs: list[str] = []
+    while (m := _WORD.match(text, at)) is not None:
+        w = m.group(1)
+        if w in _VALUE_OPTIONS and (v := _WORD.match(text, m.end())) is not None:
+            kwargs.append(f"{_VALUE_OPTIONS[w]}={v.group(1).lower()}")
+            at = v.end()
+        elif w in _FLAG_OPTIONS:
+            kwargs.append(_FLAG_OPTIONS[w])
+            at = m.end()
+        elif len(args) < len(params) and not w.startswith("-") and w not in _PROSE:
+            args.append(_argument(w))
+            at = m.end()
+        else:
+            break
+    if not args and not kwargs:
+        return f"hfdelta.{name}", at
+    if name == "publish_full" and len(args) == 3:  # --full BASE NEW ROOT
+        args, kwargs = args[1:], [f"base={args[0]}"] + kwargs
+    return f"hfdelta.{name}({', '.join(args + kwargs)})", at
+
+
+def python_advice(message: str) -> str:
+    """``message`` with the commands it advises written as the Python calls that do the same."""
+    for cli, py in _PHRASES:
+        message = message.replace(cli, py)
+    out: list[str] = []
+    at = 0
+    for m in _COMMAND.finditer(message):
+        if m.start() < at:
+            continue
+        call, end = _call(m.group(1), message, m.end())
+        out += [message[at:m.start()], call]
+        at = end
+    out.append(message[at:])
+    message = "".join(out)
+    return _OPTION.sub(lambda o: _ALONE.get(o.group(0), o.group(0)), message)
+
+
 def _from_code(exit_code: int, message: str, kind: str, path: Optional[str]) -> HfdeltaError:
     """Called by hfdelta._core for a library error: the exception to raise."""
-    return error_class(exit_code)(message, exit_code=exit_code, kind=kind, path=path)
+    return error_class(exit_code)(python_advice(message), exit_code=exit_code, kind=kind, path=path)

@@ -130,7 +130,7 @@ def _item(name: str, tensor: TensorLike) -> Tuple[str, Any, Optional[str], Optio
 class Publisher:
     """Publishes versions into ``root`` from tensors in memory, diffed against ``mirror``.
 
-    ``encoding``: "sparse" (default), "auto", "xor" or "overwrite", as delta-diff's --encoding. With
+    ``encoding``: "sparse" (default), "context", "auto", "xor" or "overwrite", as delta-diff's --encoding. With
     ``background`` (default) the mirror is advanced in a thread of its own once a version is published, so the
     trainer goes on at once; the next publish (or wait(), or close()) waits for it. Use as a context manager, or
     call close(). One publisher per mirror (a second waits ``lock_timeout`` seconds, then raises LockTimeout;

@@ -226,6 +226,7 @@ class Inspection(_Result):
     base_version: str
     format: Optional[int]
     encoding: str
+    checksum_format: str
     index_checksum: Optional[str]
     tensors: list[InspectTensor]
     files: list[InspectFile]

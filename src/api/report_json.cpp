@@ -19,6 +19,15 @@ json version_json(const std::optional<std::uint64_t>& v) { return v ? json(forma
 // The state's exit code: 0 clean, else what the state says (ok: false).
 json state_outcome(Exit code) { return {{"ok", code == Exit::ok}, {"exit_code", static_cast<int>(code)}}; }
 
+// LOCAL as every JSON object names it: absolute and normalised, as the host
+// reports store it, so that outputs of runs from other directories compare.
+std::string absolute_local(const std::string& local) {
+  boost::system::error_code ec;
+  const boost::filesystem::path cwd = boost::filesystem::current_path(ec);
+  if (ec) return local;
+  return boost::filesystem::absolute(local, cwd).lexically_normal().string();
+}
+
 double density_of(const DiffSummary& s) { return s.elements ? double(s.elements_changed) / double(s.elements) : 0.0; }
 
 }  // namespace
@@ -185,7 +194,7 @@ json full_json(const std::string& out, const FullSummary& f, const DiffSummary* 
 json change_json(const std::string& local, const ApplyResult& r) {
   json applied = json::array();
   for (auto a : r.applied) applied.push_back(format_version(a));
-  json j = {{"local", local},
+  json j = {{"local", absolute_local(local)},
             {"from_version", version_json(r.from_version)},
             {"to_version", format_version(r.to_version)},
             {"applied", applied},
@@ -236,7 +245,7 @@ Exit status_exit(const LocalStatus& s) {
 }
 
 json status_json(const std::string& local, const LocalStatus& s) {
-  json j{{"local", local},
+  json j{{"local", absolute_local(local)},
          {"state", status_state_name(s)},
          {"version", version_json(s.version)},
          {"pending", version_json(s.pending)}};
@@ -259,7 +268,7 @@ Exit verify_exit(const VerifyReport& v) {
 }
 
 json verify_json(const std::string& local, const VerifyReport& v) {
-  json j{{"local", local},
+  json j{{"local", absolute_local(local)},
          {"state", verify_state_name(v.state)},
          {"version", version_json(v.version)},
          {"pending", version_json(v.pending)},

@@ -176,9 +176,11 @@ void write_from_journal(ExecuteContext& ctx) {
           const Hash128 h = tw.end();
           if (p.split) return;  // checked by check_split_results
           std::lock_guard<std::mutex> g(mu);
-          if (h != (p.computed ? *p.computed : p.new_hash))
+          const Hash128& want = p.computed ? *p.computed : p.new_hash;
+          if (h != want)
             mismatches.push_back("tensor '" + p.tensor + "' in " + ctx.shard_path(p.local_shard) +
-                                 " was written with checksum " + h.hex() + ", the delta records " + p.new_hash.hex());
+                                 " was written with checksum " + h.hex() + ", " +
+                                 (p.computed ? "laying it gave " : "the delta records ") + want.hex());
         }};
     replay_journal(
         part, true,

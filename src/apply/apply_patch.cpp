@@ -90,6 +90,7 @@ class Walker {
   }
   Hash128 old_hash() const { return hb_.digest(); }
   Hash128 new_hash() const { return hn_.digest(); }
+  std::uint32_t new_adler32() const { return an_.value(); }
 
  private:
   void close() {
@@ -98,7 +99,7 @@ class Walker {
         if (jw_) jw_->flush();
         out_->pwrite_all(buf_.data(), static_cast<std::size_t>(we_ - ws_), p_.offset + ws_);
       }
-      if (hash_) hn_.update({buf_.data(), static_cast<std::size_t>(we_ - ws_)});
+      if (hash_) hash_new({buf_.data(), static_cast<std::size_t>(we_ - ws_)});
     }
     dirty_ = false;
     done_ = ws_ = we_;
@@ -107,9 +108,13 @@ class Walker {
     buf_.resize(static_cast<std::size_t>(n));
     f_.pread_exact(buf_.data(), buf_.size(), p_.offset + done_);
     hb_.update(buf_);
-    hn_.update(buf_);
+    hash_new(buf_);
     done_ += n;
     ws_ = we_ = done_;
+  }
+  void hash_new(std::span<const std::uint8_t> b) {
+    hn_.update(b);
+    if (p_.adler32) an_.update(b);
   }
   void load(std::uint64_t pos) {
     close();
@@ -131,6 +136,7 @@ class Walker {
   std::uint64_t hi_;
   bool dirty_ = false;
   Hasher hb_, hn_;
+  Adler32 an_;  // of the new bytes too, for an entry of an adler32 delta
   std::uint64_t ws_ = 0, we_ = 0, done_ = 0;
 };
 
@@ -206,10 +212,11 @@ void TensorWriter::next_window(std::uint64_t rel) {
 namespace {
 
 struct Checksums {
-  Hash128 before, after;  // of the tensor's old and new bytes
+  Hash128 before, after;    // of the tensor's old and new bytes
+  std::uint32_t adler = 1;  // of the new bytes, for an entry of an adler32 delta
 };
 
-Checksums checksums_of(const Walker& w) { return {w.old_hash(), w.new_hash()}; }
+Checksums checksums_of(const Walker& w) { return {w.old_hash(), w.new_hash(), w.new_adler32()}; }
 
 // New bytes given whole (a rewritten header, a stacked entry laid over a
 // copy): only the bytes that differ are journaled and written.
@@ -233,6 +240,7 @@ Checksums lay_bytes(const Patch& p, const File& f, JournalWriter* jw, std::vecto
 Checksums lay_xor(const Patch& p, const File& f, JournalWriter* jw, std::vector<std::uint8_t>& buf, File* out,
                   Decompressor& dc, const std::string& what) {
   Hasher hb, hn;
+  Adler32 an;
   decode_xor(dc, p.frame, p.nbytes, what, [&](std::uint64_t off, std::span<const std::uint8_t> x) {
     buf.resize(x.size());
     f.pread_exact(buf.data(), x.size(), p.offset + off);
@@ -258,8 +266,9 @@ Checksums lay_xor(const Patch& p, const File& f, JournalWriter* jw, std::vector<
       out->pwrite_all(buf.data(), buf.size(), p.offset + off);
     }
     hn.update(buf);
+    if (p.adler32) an.update(buf);
   });
-  return {hb.digest(), hn.digest()};
+  return {hb.digest(), hn.digest(), an.value()};
 }
 
 Checksums lay_sparse(const Patch& p, const File& f, JournalWriter* jw, std::vector<std::uint8_t>& buf, File* out,
@@ -307,10 +316,18 @@ void journal_patch(const Patch& p, const File& f, JournalWriter* jw, std::vector
     fail(Exit::verify_failed, local_file + ": tensor '" + p.tensor + "' is not the base of delta " +
                                   format_version(version) + " (checksum " + c.before.hex() + ", the delta expects " +
                                   p.base_hash->hex() + "); " + outcome);
-  if (c.after != p.new_hash)
+  // An adler32 delta records no XXH3-128: its Adler-32 is checked, and the
+  // XXH3-128 kept for the checksum record and the check after writing.
+  const bool adler_ok = p.adler32 && c.adler == *p.adler32;
+  if (p.adler32 && !adler_ok)
+    fail(Exit::verify_failed, local_file + ": tensor '" + p.tensor + "' patched by " + what + " would have adler32 " +
+                                  adler32_hex(c.adler) + ", the delta records " + adler32_hex(*p.adler32) +
+                                  " (LOCAL is not this delta's base, or the delta is damaged); " + outcome);
+  if (!p.adler32 && c.after != p.new_hash)
     fail(Exit::verify_failed, local_file + ": tensor '" + p.tensor + "' patched by " + what + " would have checksum " +
                                   c.after.hex() + ", the delta records " + p.new_hash.hex() +
                                   " (LOCAL is not this delta's base, or the delta is damaged); " + outcome);
+  if (adler_ok && p.computed) *p.computed = c.after;
 }
 
 namespace {

@@ -191,6 +191,7 @@ Patch patch_of(const OpenDelta& d, const DeltaEntry& e) {
   p.frame = e.frame;
   p.encoding = e.encoding;
   p.new_hash = e.new_hash;
+  p.adler32 = e.adler32;
   p.base_hash = e.base_hash;
   p.stack = e.stack;
   p.stack_parts = e.stack_parts;
@@ -296,7 +297,7 @@ void plan_file_ops(PlanContext& ctx) {
 // byte 4, and both encodings chunk alike.
 std::uint64_t entry_chunks(Patch& p) {
   static_assert(kContextHeadSize >= kSparseHeadSize);
-  if (!p.replace.empty() || !chunked(p.encoding) || p.frame.size() < kSparseHeadSize) return 0;
+  if (!p.replace.empty() || p.adler32 || !chunked(p.encoding) || p.frame.size() < kSparseHeadSize) return 0;
   std::uint32_t es = 0;
   std::memcpy(&es, p.frame.data() + 4, 4);  // checked again by the decoder
   if (es != sparse_elem_size(es, p.nbytes)) return 0;

@@ -51,6 +51,7 @@ struct Patch {
   std::string delta_file;               // its path, for messages
   Encoding encoding = Encoding::overwrite;
   Hash128 new_hash;
+  std::optional<std::uint32_t> adler32;  // recorded instead of new_hash (an adler32 delta): see `computed`
   std::optional<Hash128> base_hash;
   std::uint32_t local_shard = 0;         // into Manifest::shards
   std::uint64_t offset = 0, nbytes = 0;  // absolute in the LOCAL shard (or in the built file)
@@ -66,9 +67,9 @@ struct Patch {
   std::vector<StackPart> stack;
   std::vector<std::shared_ptr<const PartsEntry>> stack_parts;
   // A parts entry's regions, laid over a copy of the tensor. Where the
-  // entry's checksum is not the tensor's (a parts entry, or a stack ending
-  // with one), the copy's checksum (the tensor's new one, for the record) is
-  // left in `computed`.
+  // entry's checksum is not the tensor's XXH3-128 (a parts entry, a stack
+  // ending with one, an entry of an adler32 delta), the new bytes' checksum
+  // (for the record, and the check after writing) is left in `computed`.
   std::shared_ptr<const PartsEntry> parts;
   std::shared_ptr<Hash128> computed;
   // The tensor's new bytes in a file of their own (a stacked entry already

@@ -449,6 +449,10 @@ std::string human_bytes(double n) {
   return buf;
 }
 
+std::string count(std::uint64_t n, const std::string& noun) {
+  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+}
+
 const char* program_version() { return HFDELTA_PROGRAM_VERSION; }
 
 }  // namespace hfdelta::cli

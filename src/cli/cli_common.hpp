@@ -112,6 +112,9 @@ constexpr double kStopGrace = 60;
 // Human-readable byte count ("1.23 GiB").
 std::string human_bytes(double n);
 
+// "1 tensor", "2 tensors": a count and its noun, plural but for one.
+std::string count(std::uint64_t n, const std::string& noun);
+
 // hfdelta's version, as --version prints it.
 const char* program_version();
 

@@ -212,8 +212,9 @@ void run_status(const Options& o, const std::string& local) {
 void print_verify_human(const std::string& local, const VerifyReport& v) {
   std::printf("%s: %s, version %s", local.c_str(), verify_state_name(v.state), version_or_none(v.version).c_str());
   if (v.state == VerifyReport::State::clean || v.state == VerifyReport::State::corrupt)
-    std::printf(" (%llu weight files, %llu tensors, %llu other files, %s checked)", ull(v.weight_files), ull(v.tensors),
-                ull(v.files), cli::human_bytes(double(v.bytes)).c_str());
+    std::printf(" (%s, %s, %s, %s checked)", cli::count(v.weight_files, "weight file").c_str(),
+                cli::count(v.tensors, "tensor").c_str(), cli::count(v.files, "other file").c_str(),
+                cli::human_bytes(double(v.bytes)).c_str());
   print_pending(v.pending);
   std::printf("\n");
   for (const auto& p : v.problems) std::printf("  %s\n", p.c_str());
@@ -417,12 +418,14 @@ void print_change_human(const std::string& local, const ApplyResult& r, bool rec
                 to.c_str());
   } else {
     if (!r.fallback.empty()) std::printf("%s: %s\n", local.c_str(), r.fallback.c_str());
-    std::printf(
-        "%s: version %s -> %s (%zu step%s), %llu tensors patched from %s of deltas, %llu files written, "
-        "%llu removed, %.3f s\n",
-        local.c_str(), from.c_str(), to.c_str(), r.applied.size(), r.applied.size() == 1 ? "" : "s",
-        ull(r.tensors_patched), cli::human_bytes(double(r.delta_bytes)).c_str(), ull(r.files_written),
-        ull(r.files_removed), r.seconds);
+    // The entries are what the patching read; a delta version directory
+    // (delta-diff's "delta" figure) also holds its headers, index and marker.
+    const std::string read_from =
+        r.root_bytes ? " (" + cli::human_bytes(double(r.root_bytes)) + " of versions read)" : "";
+    std::printf("%s: version %s -> %s (%s), %s patched from %s of tensor entries%s, %s written, %llu removed, %.3f s\n",
+                local.c_str(), from.c_str(), to.c_str(), cli::count(r.applied.size(), "version").c_str(),
+                cli::count(r.tensors_patched, "tensor").c_str(), cli::human_bytes(double(r.delta_bytes)).c_str(),
+                read_from.c_str(), cli::count(r.files_written, "file").c_str(), ull(r.files_removed), r.seconds);
   }
   if (!recover && (!r.applied.empty() || r.phases.then)) print_phases_human(local, r);
 }

@@ -29,6 +29,7 @@ void print_inspection(const DeltaInspection& d) {
   std::printf("%s: version %s on base %s, encoding %s", d.dir.string().c_str(), format_version(d.version).c_str(),
               format_version(d.base_version).c_str(), d.encoding.c_str());
   if (d.format) std::printf(", hfdelta_format %llu", ull(*d.format));
+  if (d.checksum_format != "xxh3-128") std::printf(", %s checksums", d.checksum_format.c_str());
   std::printf("\n");
   if (!d.entries.empty()) {
     std::printf("  %-9s  %10s  %10s  %-18s  %-32s  %-32s  %s\n", "ENCODING", "ENTRY", "TENSOR", "CHANGED", "CHECKSUM",
@@ -40,7 +41,7 @@ void print_inspection(const DeltaInspection& d) {
       std::printf("  %-9s  %10s  %10s  %-18s  %-32s  %-32s  %s\n", std::string(encoding_name(e.encoding)).c_str(),
                   cli::human_bytes(double(e.entry_bytes)).c_str(),
                   e.tensor_bytes ? cli::human_bytes(double(*e.tensor_bytes)).c_str() : "-", changed.c_str(),
-                  e.checksum.hex().c_str(), e.base_checksum ? e.base_checksum->hex().c_str() : "-", e.tensor.c_str());
+                  e.checksum_hex().c_str(), e.base_checksum ? e.base_checksum->hex().c_str() : "-", e.tensor.c_str());
     }
   }
   if (!d.files.empty()) std::printf("  %-9s  %10s  %-32s  %s\n", "FILE OP", "SIZE", "CHECKSUM", "PATH");

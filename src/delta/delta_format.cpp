@@ -168,6 +168,31 @@ void expect_text(const IndexContext& ctx, const char* k, const char* want) {
          ctx.w + ": metadata." + k + " is " + ctx.m[k].dump() + ", this build supports only \"" + want + "\"");
 }
 
+// xxh3-128 (or absent), as hfdelta writes; adler32 from publishers of the
+// plain layout (miles' --update-weight-delta-checksum adler32), whose deltas
+// carry no hfdelta keys. blake3 has no C library in Debian: the message
+// names the publisher's setting that makes the versions pullable.
+void read_checksum_format(IndexContext& ctx) {
+  const json& m = ctx.m;
+  if (!m.contains(key::checksum_format)) return;
+  const json& f = m[key::checksum_format];
+  const std::string name = f.is_string() ? f.get<std::string>() : f.dump();
+  if (name == "xxh3-128") return;
+  if (name == "adler32") {
+    if (ctx.revision > 0)
+      fail(Exit::bad_input, ctx.w + ": metadata.checksum_format is \"adler32\", but an hfdelta delta (hfdelta_format " +
+                                std::to_string(ctx.revision) + ") records xxh3-128 checksums");
+    ctx.d.checksum_format = ChecksumFormat::adler32;
+    return;
+  }
+  fail(Exit::unsupported, ctx.w + ": metadata.checksum_format is " + f.dump() +
+                              "; this build verifies \"xxh3-128\" and \"adler32\" only" +
+                              (name == "blake3" ? " (no blake3 library in Debian 12)" : "") +
+                              ". Have the publisher write xxh3-128 (slime and miles: --update-weight-delta-checksum "
+                              "xxh3-128, their default, or adler32) and publish again; versions already written "
+                              "this way cannot be pulled by delta-apply");
+}
+
 void read_versions(IndexContext& ctx) {
   if (!ctx.m.contains(key::version) || !ctx.m.contains(key::base_version))
     fail(Exit::bad_input, ctx.w + ": metadata needs \"version\" and \"base_version\"");
@@ -370,7 +395,7 @@ DeltaIndex delta_index_from_json(json j, const std::string& w) {
   read_revision(ctx);
   read_encoding(ctx);
   expect_text(ctx, key::compression_format, "zstd");
-  expect_text(ctx, key::checksum_format, "xxh3-128");
+  read_checksum_format(ctx);
   read_versions(ctx);
   read_weight_map(ctx);
   read_base_checksums(ctx);
@@ -542,8 +567,8 @@ std::string write_delta_index_json(const DeltaIndex& d, std::uint64_t total_size
   return seal_delta_index(j.dump());
 }
 
-Hash128 check_delta_entry(const DeltaIndex& idx, const std::string& file, const SafetensorsHeader& hdr,
-                          const TensorInfo& t, const std::string& w) {
+EntryChecksum check_delta_entry(const DeltaIndex& idx, const std::string& file, const SafetensorsHeader& hdr,
+                                const TensorInfo& t, const std::string& w) {
   auto wm = idx.weight_map.find(t.name);
   if (wm == idx.weight_map.end() || wm->second != file)
     fail(Exit::bad_input, w + ": entry '" + t.name + "' is not mapped to this file by the delta index");
@@ -551,7 +576,9 @@ Hash128 check_delta_entry(const DeltaIndex& idx, const std::string& file, const 
     fail(Exit::bad_input, w + ": entry '" + t.name + "' must be U8 with shape [L]");
   auto mh = hdr.metadata.find(t.name);
   if (mh == hdr.metadata.end()) fail(Exit::bad_input, w + ": __metadata__ has no checksum for '" + t.name + "'");
-  return parse_hash_hex(mh->second, w + ": __metadata__[\"" + t.name + "\"]");
+  const std::string what = w + ": __metadata__[\"" + t.name + "\"]";
+  if (idx.checksum_format == ChecksumFormat::adler32) return {{}, parse_adler32_hex(mh->second, what)};
+  return {parse_hash_hex(mh->second, what), std::nullopt};
 }
 
 }  // namespace hfdelta

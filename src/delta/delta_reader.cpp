@@ -38,13 +38,15 @@ void check_index_file(const fs::path& dir) {
 }
 
 DeltaEntry entry_of(const OpenDelta& v, const std::string& file, const SafetensorsHeader& hdr, const TensorInfo& t,
-                    const std::string& w, const Hash128& checksum) {
+                    const std::string& w, const EntryChecksum& recorded) {
+  const Hash128& checksum = recorded.xxh3;
   DeltaEntry e;
   e.file = &file;
   e.info = &t;
   e.encoding = encoding_of(v.index, t.name);
   e.frame = v.maps.at(file).bytes(hdr.file_offset(t), t.nbytes());
   e.new_hash = checksum;
+  e.adler32 = recorded.adler32;
   if (auto b = v.index.base_checksums.find(t.name); b != v.index.base_checksums.end()) e.base_hash = b->second;
   const std::string what = w + ": entry '" + t.name + "'";
   if (e.encoding == Encoding::stack) {
@@ -94,10 +96,10 @@ void check_delta_files(const fs::path& dir, OpenDelta& v) {
   for (const auto& [file, hdr] : v.headers) {
     const std::string w = (dir / file).string();
     for (const auto& t : hdr.tensors) {
-      const Hash128 checksum = check_delta_entry(idx, file, hdr, t, w);
-      if (auto b = built.find(t.name); b != built.end() && b->second->hash != checksum)
-        fail(Exit::bad_input, w + ": entry '" + t.name + "' records checksum " + checksum.hex() + ", hfdelta_shards " +
-                                  b->second->hash.hex());
+      const EntryChecksum checksum = check_delta_entry(idx, file, hdr, t, w);
+      if (auto b = built.find(t.name); b != built.end() && b->second->hash != checksum.xxh3)
+        fail(Exit::bad_input, w + ": entry '" + t.name + "' records checksum " + checksum.xxh3.hex() +
+                                  ", hfdelta_shards " + b->second->hash.hex());
       v.entries.push_back(entry_of(v, file, hdr, t, w, checksum));
     }
   }
@@ -186,7 +188,7 @@ NewBytes new_bytes_of(const DeltaEntry& e) {
     return nb;
   }
   if (e.stack_parts.empty() || !e.stack_parts.back()) {
-    nb.whole = e.new_hash;
+    if (!e.adler32) nb.whole = e.new_hash;
     return nb;
   }
   // The last parts part's regions, then each earlier one's that no later

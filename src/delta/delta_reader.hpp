@@ -30,6 +30,7 @@ struct DeltaEntry {
   Encoding encoding = Encoding::xor_bytes;
   std::span<const std::uint8_t> frame;      // the entry's bytes, in the file's mapping
   Hash128 new_hash;                         // of the tensor's new bytes (the file's __metadata__)
+  std::optional<std::uint32_t> adler32;     // instead, in an adler32 delta (new_hash then unknown)
   std::optional<Hash128> base_hash;         // of its base bytes (hfdelta_base_checksums)
   std::vector<StackPart> stack;             // a stacked entry's parts, in order (views into `frame`)
   std::shared_ptr<const PartsEntry> parts;  // a parts entry's head (views into `frame`)
@@ -40,7 +41,8 @@ struct DeltaEntry {
 };
 
 // What an entry records of its tensor's new bytes: the whole tensor's
-// checksum, or, where it ends with a parts entry (a sharded publisher's, or
+// checksum (none known in an adler32 delta: its Adler-32 is checked as the
+// entry is laid, its XXH3-128 computed then), or, where it ends with a parts entry (a sharded publisher's, or
 // a stacked entry whose last part is one), only the checksums of regions of
 // the tensor seen as matrix `m`: the rest of its new bytes is not in the delta.
 struct NewBytes {

@@ -149,15 +149,50 @@ std::string used_phrase(std::optional<std::uint64_t> newest, std::uint64_t used)
   return "highest used is " + format_version(used) + ", withdrawn";
 }
 
+// The folders in DIR that are publication roots (they hold a version, or a
+// withdrawn one): DIR given as ROOT may be a root's parent, named by mistake.
+std::vector<fs::path> child_roots(const fs::path& dir) {
+  std::vector<fs::path> roots;
+  boost::system::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; it != end && !ec; it.increment(ec)) {
+    boost::system::error_code sec;
+    if (!fs::is_directory(it->path(), sec)) continue;
+    try {
+      if (!scan_root(it->path()).empty() || !scan_withdrawn(it->path()).empty()) roots.push_back(it->path());
+    } catch (const Error&) {  // unreadable: not known to be a root
+    }
+  }
+  std::sort(roots.begin(), roots.end());
+  return roots;
+}
+
+// DIR is not empty and holds no version: not a root. Naming a version in it
+// would start a second root beside the one it may hold, so that one is named.
+[[noreturn]] void fail_not_a_root(const fs::path& dir, std::optional<std::uint64_t> given) {
+  const std::vector<fs::path> roots = child_roots(dir);
+  const std::string what = dir.string() +
+                           ": is an existing directory but not a publication root (it holds no "
+                           "weight_vNNNNNN version and is not empty)";
+  if (roots.size() == 1)
+    fail(Exit::bad_input, what + "; " + roots[0].string() +
+                              " is a publication root: publish into it with delta-diff BASE NEW " + roots[0].string() +
+                              " (nothing was written)");
+  if (!roots.empty()) {
+    std::string list;
+    for (const fs::path& r : roots) list += (list.empty() ? "" : ", ") + r.string();
+    fail(Exit::bad_input,
+         what + "; the folders " + list +
+             " in it are publication roots: give the one to publish into as ROOT (nothing was written)");
+  }
+  fail(Exit::bad_input,
+       what + "; to publish into it, name the version: " + (dir / version_dirname(given.value_or(1))).string());
+}
+
 // ROOT given instead of OUT: the next version in it.
 PublishTarget next_in_root(const fs::path& root, std::optional<std::uint64_t> given) {
   const auto newest = newest_version(root);
   const auto used = highest_used(root, newest);
-  if (!used && !only_hidden(root))
-    fail(Exit::bad_input, root.string() +
-                              ": is an existing directory but not a publication root (it holds no "
-                              "weight_vNNNNNN version and is not empty); to publish into it, name the version: " +
-                              (root / version_dirname(given.value_or(1))).string());
+  if (!used && !only_hidden(root)) fail_not_a_root(root, given);
   const std::uint64_t next = used ? *used + 1 : 1;
   if (given && *given != next)
     fail(Exit::out_of_order, root.string() + ": --delta-version " + format_version(*given) +

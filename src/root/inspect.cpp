@@ -205,6 +205,7 @@ InspectEntry inspect_entry(const OpenDelta& v, const DeltaEntry& de) {
   e.encoding = de.encoding;
   e.entry_bytes = de.frame.size();
   e.checksum = de.new_hash;
+  e.adler32 = de.adler32;
   e.base_checksum = de.base_hash;
   const std::string what = v.path_of(de) + ": entry '" + de.tensor() + "'";
   if (de.parts) {
@@ -245,6 +246,7 @@ DeltaInspection inspect_delta(const fs::path& dir) {
   r.version = idx.version;
   r.base_version = idx.base_version;
   r.encoding = idx.encoding_name;
+  r.checksum_format = idx.checksum_format == ChecksumFormat::adler32 ? "adler32" : "xxh3-128";
   r.format = idx.format_revision;
   r.index_checksum = idx.index_checksum;
 
@@ -315,7 +317,7 @@ json inspection_json(const DeltaInspection& d) {
                        {"element_size", opt(e.element_size)},
                        {"changed_elements", opt(e.changed_elements)},
                        {"changed_bytes", opt(e.changed_bytes)},
-                       {"checksum", e.checksum.hex()},
+                       {"checksum", e.checksum_hex()},
                        {"base_checksum", e.base_checksum ? json(e.base_checksum->hex()) : json(nullptr)},
                        {"stack_parts", e.parts ? json(e.parts) : json(nullptr)},
                        {"needs_base", e.needs_base}});
@@ -347,6 +349,7 @@ json inspection_json(const DeltaInspection& d) {
           {"base_version", format_version(d.base_version)},
           {"format", opt(d.format)},
           {"encoding", d.encoding},
+          {"checksum_format", d.checksum_format},
           {"index_checksum", d.index_checksum ? json(d.index_checksum->hex()) : json(nullptr)},
           {"tensors", std::move(tensors)},
           {"files", std::move(files)},

@@ -498,6 +498,11 @@ void open_links(SquashContext& ctx, const std::vector<fs::path>& chain) {
   for (const fs::path& d : chain) {
     std::optional<DeltaIndex> index = read_index_if_delta(d);
     if (!index) fail(Exit::bad_input, d.string() + ": is not a delta version (a full version cannot be squashed)");
+    if (index->checksum_format == ChecksumFormat::adler32)
+      fail(Exit::unsupported, d.string() +
+                                  ": records adler32 checksums (checksum_format \"adler32\"), and --squash composes "
+                                  "only xxh3-128 deltas; pull these versions one by one with delta-apply, or have the "
+                                  "publisher write xxh3-128 (--update-weight-delta-checksum xxh3-128)");
     Link l;
     l.dir = d;
     // Opened as delta-apply and --inspect open a delta: nothing is read
@@ -584,7 +589,7 @@ void trace_entry(SquashContext& ctx, std::size_t k, const std::string& file, con
                  const TensorInfo& ti, const Traces& prev) {
   const Link& l = ctx.links[k];
   const std::string w = (l.dir / file).string();
-  const Hash128 checksum = check_delta_entry(l.idx, file, hdr, ti, w);
+  const Hash128 checksum = check_delta_entry(l.idx, file, hdr, ti, w).xxh3;
   Op op;
   op.link = k;
   op.name = ti.name;

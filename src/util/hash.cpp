@@ -1,9 +1,13 @@
 #include "hfdelta/hash.hpp"
 
 #include <algorithm>
+#include <cctype>
+#include <cstdio>
 
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
+
+#include <zlib.h>
 
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t inside Hasher::State
 #include <xxhash.h>
@@ -48,6 +52,28 @@ Hash128 parse_hash_hex(const std::string& s, const std::string& what) {
     word = (word << 4) | d;
   }
   return h;
+}
+
+void Adler32::update(std::span<const std::uint8_t> bytes) {
+  value_ = static_cast<std::uint32_t>(adler32_z(value_, bytes.data(), bytes.size()));
+}
+
+std::string adler32_hex(std::uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%08x", static_cast<unsigned>(v));
+  return buf;
+}
+
+std::uint32_t parse_adler32_hex(const std::string& s, const std::string& what) {
+  std::uint32_t v = 0;
+  const bool ok = s.size() == 8 &&
+                  std::all_of(s.begin(), s.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)); });
+  if (!ok) fail(Exit::bad_input, what + ": checksum \"" + s + "\" is not 8 hex digits (an adler32)");
+  for (const char c : s)
+    v = (v << 4) | static_cast<std::uint32_t>(std::isdigit(static_cast<unsigned char>(c))
+                                                  ? c - '0'
+                                                  : (std::tolower(static_cast<unsigned char>(c)) - 'a' + 10));
+  return v;
 }
 
 Hash128 xxh3_128(std::span<const std::uint8_t> bytes) {

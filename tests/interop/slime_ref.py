@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import tempfile
+import zlib
 
 import numpy as np
 import safetensors
@@ -41,7 +42,17 @@ def fmt(v):
     return "%06d" % v
 
 
-def checksum(b):
+CHECKSUMS = ("xxh3-128", "adler32")
+
+
+def checksum(b, algorithm="xxh3-128"):
+    """A tensor's checksum as the layout writes it: xxh3-128 as 32 hex digits,
+    or (miles' --update-weight-delta-checksum adler32) zlib's Adler-32, from 1,
+    as 8 lowercase hex digits."""
+    if algorithm == "adler32":
+        return "%08x" % zlib.adler32(bytes(b), 1)
+    if algorithm != "xxh3-128":
+        raise Unsupported(f"checksum_format {algorithm}")
     return xxhash.xxh3_128_hexdigest(bytes(b))
 
 
@@ -107,8 +118,9 @@ def patch(encoding, buf, off, nbytes, frame):
 # ---------------------------------------------------------------- publisher
 
 
-def publish(base, new, out, version, base_version=None, encoding="xor", level=1):
-    """Writes OUT, a delta version turning checkpoint BASE into NEW."""
+def publish(base, new, out, version, base_version=None, encoding="xor", level=1, checksum_format="xxh3-128"):
+    """Writes OUT, a delta version turning checkpoint BASE into NEW, its
+    checksums in `checksum_format` (xxh3-128 or adler32)."""
     if base_version is None:
         base_version = version - 1
     old_t = stio.checkpoint_tensors(base)
@@ -122,7 +134,7 @@ def publish(base, new, out, version, base_version=None, encoding="xor", level=1)
         if nb == ob:
             continue
         frames[name] = np.frombuffer(encode(encoding, ob, nb, level), dtype=np.uint8)
-        meta[name] = checksum(nb)
+        meta[name] = checksum(nb, checksum_format)
     tmp = tempfile.mkdtemp(prefix=".publish-", dir=os.path.dirname(os.path.abspath(out)))
     safetensors.numpy.save_file(frames, os.path.join(tmp, DELTA_FILE), metadata=meta)
     index = {
@@ -131,7 +143,7 @@ def publish(base, new, out, version, base_version=None, encoding="xor", level=1)
             "base_version": fmt(base_version),
             "delta_encoding": encoding,
             "compression_format": "zstd",
-            "checksum_format": "xxh3-128",
+            "checksum_format": checksum_format,
         },
         "weight_map": {name: DELTA_FILE for name in frames},
     }
@@ -226,8 +238,9 @@ def _apply_locked(delta, local):
     m = index["metadata"]
     if m.get("compression_format", "zstd") != "zstd":
         raise Unsupported(m["compression_format"])
-    if m.get("checksum_format", "xxh3-128") != "xxh3-128":
-        raise Unsupported(m["checksum_format"])
+    algorithm = m.get("checksum_format", "xxh3-128")
+    if algorithm not in CHECKSUMS:
+        raise Unsupported(algorithm)
     version, base = int(m["version"]), int(m["base_version"])
     cur = local_version(local)
     if cur == version:
@@ -255,7 +268,7 @@ def _apply_locked(delta, local):
                 patch(encoding, bufs[lfile], off, nb, frame.tobytes())
                 expect[tensor] = (lfile, off, nb, meta[tensor])
     for tensor, (lfile, off, nb, want) in expect.items():
-        got = checksum(bufs[lfile][off : off + nb])
+        got = checksum(bufs[lfile][off : off + nb], algorithm)
         if got != want:
             raise VerifyFailed(f"{tensor}: checksum {got} after patching, delta says {want}")
     for lfile, buf in bufs.items():

@@ -73,6 +73,48 @@ def test_reference_chain_pulled_by_hfdelta(hf, tmp_path, saves, encoding):
     assert stio.state_version(local) == "000005"
 
 
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_reference_adler32_chain_pulled_by_hfdelta(hf, tmp_path, saves, encoding):
+    """miles' --update-weight-delta-checksum adler32: the checksums checked, LOCAL
+    byte for byte the last save, its checksum record good for --verify; a LOCAL
+    that is not the base (xor) refused by the Adler-32 (exit 5)."""
+    root = tmp_path / "root"
+    root.mkdir()
+    for v in range(1, 4):
+        index = slime_ref.publish(saves[v - 1], saves[v], vdir(root, v), v, encoding=encoding,
+                                  checksum_format="adler32")
+        assert index["metadata"]["checksum_format"] == "adler32"
+    local = str(tmp_path / "local")
+    hf.init(saves[0], local)
+    hf.apply("--root", str(root), local)
+    stio.assert_same_tree(local, saves[3])
+    hf.apply("--verify", local)
+    inspected = json.loads(hf.run([hf.diff_bin, "--inspect", "--json", vdir(root, 1)]).stdout)
+    assert inspected["checksum_format"] == "adler32"
+    assert all(len(t["checksum"]) == 8 for t in inspected["tensors"])
+    if encoding == "xor":  # overwrite sets the new bytes whatever the base: nothing to catch
+        bad = str(tmp_path / "bad")
+        hf.init(saves[2], bad)  # claims version 0, holds save 2
+        hf.apply(vdir(root, 1), bad, expect=5)
+        stio.assert_same_tree(bad, saves[2])
+
+
+def test_reference_blake3_refused_naming_the_setting(hf, tmp_path, saves):
+    out = vdir(tmp_path, 1)
+    slime_ref.publish(saves[0], saves[1], out, 1, encoding="xor")
+    index_path = os.path.join(out, "model.safetensors.index.json")
+    with open(index_path) as f:
+        index = json.load(f)
+    index["metadata"]["checksum_format"] = "blake3"
+    with open(index_path, "w") as f:
+        json.dump(index, f)
+    local = str(tmp_path / "local")
+    hf.init(saves[0], local)
+    r = hf.apply(out, local, expect=6)
+    assert "--update-weight-delta-checksum xxh3-128" in r.stderr
+    stio.assert_same_tree(local, saves[0])
+
+
 def test_reference_delta_out_of_order_and_corrupt(hf, tmp_path, saves):
     root = tmp_path / "root"
     root.mkdir()

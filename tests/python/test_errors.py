@@ -54,7 +54,8 @@ def test_usage(tools: Tools, series: list[Path], tmp_path: Path) -> None:
     cli = tools.diff_json(series[0], series[1], root / "weight_v1")
     assert cli.code == 2
     check_error(e.value, cli.json, 2)
-    assert e.value.message == cli.json["error"]["message"] and e.value.path == cli.json["error"]["path"]
+    assert e.value.message == errors.python_advice(cli.json["error"]["message"])
+    assert e.value.path == cli.json["error"]["path"]
 
 
 def test_root_inside_a_checkpoint_or_not_created(tools: Tools, series: list[Path], tmp_path: Path) -> None:
@@ -65,7 +66,7 @@ def test_root_inside_a_checkpoint_or_not_created(tools: Tools, series: list[Path
         with pytest.raises(hfdelta.BadInput, match="inside NEW") as e:
             hfdelta.diff(series[0], new, new / "weights")
         cli = tools.diff_json(series[0], new, new / "weights")
-        assert cli.code == 3 and e.value.message == cli.json["error"]["message"]
+        assert cli.code == 3 and e.value.message == errors.python_advice(cli.json["error"]["message"])
         with pytest.raises(hfdelta.BadInput, match="inside NEW"):
             hfdelta.publish_full(new, new / "weights", base=series[0])
         with pytest.raises(hfdelta.BadInput, match="inside NEW"):
@@ -75,10 +76,60 @@ def test_root_inside_a_checkpoint_or_not_created(tools: Tools, series: list[Path
     with pytest.raises(hfdelta.UsageError, match="create the publication root first") as u:
         hfdelta.diff(series[0], series[1], typo)
     cli = tools.diff_json(series[0], series[1], typo)
-    assert cli.code == 2 and u.value.message == cli.json["error"]["message"]
+    # The CLI's "give --delta-version" is "pass delta_version" in Python: the rest is the same.
+    assert cli.code == 2 and u.value.message == errors.python_advice(cli.json["error"]["message"])
+    assert "pass delta_version" in u.value.message
     with pytest.raises(hfdelta.UsageError, match="create the publication root first"):
         hfdelta.publish_full(series[1], typo)
     assert not typo.exists()
+
+
+def test_advice_names_python_calls(tools: Tools, series: list[Path], published: Path, tmp_path: Path) -> None:
+    """Where the CLI's message advises a command, the exception's names the function."""
+    local = tmp_path / "local"
+    hfdelta.init(series[0], local)
+    with pytest.raises(hfdelta.BadInput) as e:
+        hfdelta.pull(local, published)  # swapped: the root given as LOCAL
+    cli = tools.apply_json("--root", local, published)
+    assert cli.code == 3 and "(delta-apply --root ROOT LOCAL)" in cli.json["error"]["message"]
+    assert e.value.message == cli.json["error"]["message"].replace("delta-apply --root ROOT LOCAL",
+                                                                   "hfdelta.pull(root, local)")
+    missing = tmp_path / "missing"
+    with pytest.raises(hfdelta.OutOfOrder) as m:
+        hfdelta.apply(published / "weight_v000001", missing)
+    assert f"set it up first with hfdelta.init(src, {str(missing)!r})" in m.value.message
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("not a LOCAL")
+    with pytest.raises(hfdelta.Exists) as x:
+        hfdelta.init(series[0], other)
+    assert "pass force=True to replace it" in x.value.message
+    for exc in (e.value, m.value, x.value):
+        assert "delta-apply" not in exc.message and "--" not in exc.message, exc.message
+
+
+def test_python_advice() -> None:
+    """Each command the library's messages advise, as its call; options outside commands, as arguments."""
+    cases = {
+        "(delta-apply DELTA LOCAL)": "(hfdelta.apply(delta, local))",
+        "publish one: delta-diff --full NEW ROOT)": "publish one: hfdelta.publish_full(new, root))",
+        "(delta-apply --init CHECKPOINT MIRROR --init-version 4)": "(hfdelta.init(checkpoint, mirror, version=4))",
+        "(delta-apply --init CHECKPOINT MIRROR, then delta-apply --root ROOT MIRROR)":
+            "(hfdelta.init(checkpoint, mirror), then hfdelta.pull(root, mirror))",
+        "first (delta-diff --full)": "first (hfdelta.publish_full)",
+        "publish into it with delta-diff BASE NEW /s/weights (nothing was written)":
+            "publish into it with hfdelta.diff(base, new, '/s/weights') (nothing was written)",
+        "delta-apply --verify checks it, delta-apply --init re-creates it":
+            "hfdelta.verify checks it, hfdelta.init re-creates it",
+        "the next delta-apply on it, or delta-apply --recover, finishes the rollback":
+            "the next apply or pull on it, or hfdelta.recover(local), finishes the rollback",
+        "(or use --init with --init-version)": "(or use hfdelta.init with version)",
+        # a publisher's setting, not hfdelta's, and paths that hold the names: kept
+        "(--update-weight-delta-checksum xxh3-128)": "(--update-weight-delta-checksum xxh3-128)",
+        "/data/delta-apply/--init: not a directory": "/data/delta-apply/--init: not a directory",
+    }
+    for cli, py in cases.items():
+        assert errors.python_advice(cli) == py
 
 
 def test_bad_input(tools: Tools, series: list[Path]) -> None:
@@ -87,7 +138,7 @@ def test_bad_input(tools: Tools, series: list[Path]) -> None:
     cli = tools.diff_json("--inspect", series[0])
     assert cli.code == 3
     check_error(e.value, cli.json, 3)
-    assert e.value.message == cli.json["error"]["message"]
+    assert e.value.message == errors.python_advice(cli.json["error"]["message"])
     assert e.value.path == cli.json["error"]["path"] and e.value.path is not None
 
 
@@ -99,7 +150,7 @@ def test_out_of_order(tools: Tools, series: list[Path], published: Path, tmp_pat
     cli = tools.apply_json(published / "weight_v000002", local)
     assert cli.code == 4
     check_error(e.value, cli.json, 4)
-    assert e.value.message == cli.json["error"]["message"]
+    assert e.value.message == errors.python_advice(cli.json["error"]["message"])
 
 
 def test_exists(tools: Tools, series: list[Path], published: Path) -> None:

@@ -275,7 +275,7 @@ def test_wrong_paths_refused_before_anything_is_created(tools: Any, series: list
         Publisher(mirror / "weights", mirror)
     with pytest.raises(hfdelta.BadInput, match="inside ROOT"):
         Publisher(inner.parent, inner)
-    with pytest.raises(hfdelta.Uninitialised, match="delta-apply --init CHECKPOINT"):
+    with pytest.raises(hfdelta.Uninitialised, match=r"hfdelta\.init\(checkpoint, "):
         Publisher(root, plain)
     with pytest.raises(hfdelta.UsageError, match="create the publication root first"):
         Publisher(tmp_path / "typo", mirror)
