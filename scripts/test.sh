@@ -3,7 +3,8 @@
 #   1. meson test: doctest unit tests and end-to-end tests of the real binaries
 #   2. interop: the real safetensors library and a slime-layout reference (scripts/ci/interop.sh --light)
 #   3. python: the Python package installed, its wheel built, its pytest suite (scripts/ci/python-test.sh)
-#   4. sanitizers: the whole meson test suite under ASan + UBSan (scripts/ci/sanitize.sh)
+#   4. sanitizers: unit tests, fuzz replays and every end-to-end test (e2e-bounded aside) run against the
+#      commands built with ASan + UBSan (scripts/ci/sanitize.sh)
 #   5. fuzzing: each libFuzzer target for HFDELTA_FUZZ_SECONDS (default 30) (scripts/ci/fuzz.sh)
 # Usage: scripts/test.sh [--quick] [extra `meson test` arguments]
 #   --quick  only step 1, and of it only the quick suite (meson test --suite quick:
@@ -75,7 +76,16 @@ stage() {  # stage NAME COMMAND...: runs a step, remembers whether it passed
 if [ "$quick" -eq 1 ]; then
   stage "meson test --suite quick" meson test -C "$builddir" --print-errorlogs --suite quick "${args[@]}"
 else
-  stage "meson test (unit, e2e)" meson test -C "$builddir" --print-errorlogs "${args[@]}"
+  # The crash sweeps fault every write step when run alone (`meson test
+  # --suite crash`). Here, within CI's 45 minutes, every 3rd, from an offset
+  # drawn anew for each run and printed, so that successive runs cover every
+  # step; HFDELTA_CRASH_STRIDE=1 scripts/test.sh faults them all.
+  crash_stride=${HFDELTA_CRASH_STRIDE:-3}
+  crash_offset=${HFDELTA_CRASH_OFFSET:-$((RANDOM % crash_stride))}
+  echo "[test] crash sweeps: every write step n with (n - 1) % $crash_stride == $crash_offset" \
+    "(replay: HFDELTA_CRASH_STRIDE=$crash_stride HFDELTA_CRASH_OFFSET=$crash_offset scripts/test.sh)"
+  stage "meson test (unit, e2e)" env HFDELTA_CRASH_STRIDE="$crash_stride" HFDELTA_CRASH_OFFSET="$crash_offset" \
+    meson test -C "$builddir" --print-errorlogs "${args[@]}"
 fi
 log="$builddir/meson-logs/testlog.json"
 meson_ok=$(grep -c '"result": "OK"' "$log" 2>/dev/null || true)
@@ -83,7 +93,7 @@ meson_bad=$(grep -Ec '"result": "(FAIL|TIMEOUT|ERROR|UNEXPECTEDPASS)"' "$log" 2>
 if [ "$quick" -eq 0 ]; then
   stage "interop (safetensors library, slime layout)" scripts/ci/interop.sh --light
   stage "python package (pip install, wheel, pytest)" scripts/ci/python-test.sh
-  stage "sanitizers (ASan + UBSan, whole suite)" scripts/ci/sanitize.sh
+  stage "sanitizers (ASan + UBSan: units, e2e of the commands)" scripts/ci/sanitize.sh
   stage "fuzzing (libFuzzer, ${HFDELTA_FUZZ_SECONDS:-30} s per target)" scripts/ci/fuzz.sh "${HFDELTA_FUZZ_SECONDS:-30}"
 fi
 

@@ -201,8 +201,15 @@ RunResult run(const std::vector<std::string>& argv) {
   return r;
 }
 
-std::string diff_bin() { return env_or_throw("HFDELTA_DIFF"); }
-std::string apply_bin() { return env_or_throw("HFDELTA_APPLY"); }
+// HFDELTA_CLI_DIR (scripts/ci/sanitize.sh): the commands under test from
+// another build, the sanitized one, while the tests themselves (copying,
+// comparing and hashing trees) run at full speed from this one.
+static std::string cli_bin(const char* name, const char* var) {
+  if (const char* dir = std::getenv("HFDELTA_CLI_DIR"); dir && *dir) return std::string(dir) + "/" + name;
+  return env_or_throw(var);
+}
+std::string diff_bin() { return cli_bin("delta-diff", "HFDELTA_DIFF"); }
+std::string apply_bin() { return cli_bin("delta-apply", "HFDELTA_APPLY"); }
 std::string gen_bin() { return env_or_throw("HFDELTA_GEN"); }
 std::string bench_bin() { return env_or_throw("HFDELTA_BENCH"); }
 

@@ -1,17 +1,26 @@
 #!/usr/bin/env bash
-# Builds everything with AddressSanitizer + UndefinedBehaviorSanitizer in
-# build-san/ (scripts/ci/san-build.sh: clang, shared with scripts/ci/fuzz.sh) and
-# runs the whole test suite there (meson test) but e2e-bounded: that one asserts
-# memory peaks, which a sanitized build cannot keep (shadow memory, quarantine),
-# and spends a sixth of the stage's time on inputs of a hundred megabytes to
-# measure them; the release run asserts them.
+# Runs the test suite with the commands and the library built with
+# AddressSanitizer + UndefinedBehaviorSanitizer (clang, build-san/, by
+# scripts/ci/san-build.sh, shared with scripts/ci/fuzz.sh):
+#   - the unit tests, the sharded writer's tests and the fuzz corpus replays,
+#     sanitized whole (build-san/);
+#   - every end-to-end test (suite e2e) but e2e-bounded, the release build's
+#     test program (build/) running build-san's delta-diff and delta-apply
+#     (HFDELTA_CLI_DIR): what is checked is the commands' code; the tests'
+#     own work (copying, comparing and hashing trees) runs at full speed, and
+#     build-san compiles no end-to-end test. e2e-bounded asserts memory
+#     peaks, which a sanitized build cannot keep (shadow memory, quarantine);
+#     the release run asserts them. object-store and reload-scripts are left
+#     out: they drive storage gateways and engine scripts, not the commands'
+#     code paths, which the other tests run.
+# Needs the release build in build/ (scripts/test.sh makes it first; here it
+# is configured and built if missing).
 #
-# Usage: scripts/ci/sanitize.sh [`meson test` arguments: tests named run instead]
+# Usage: scripts/ci/sanitize.sh [`meson test` arguments: end-to-end tests named run instead]
 #
 # The crash sweeps fault every HFDELTA_CRASH_STRIDE-th write step (default 10,
-# for CI's 45 minutes now that the python stage runs torch) from a random
-# offset HFDELTA_CRASH_OFFSET (printed; set it to replay a run), so that
-# successive runs cover every step; the release run faults them all.
+# for CI's 45 minutes) from a random offset HFDELTA_CRASH_OFFSET (printed; set
+# it to replay a run), so that successive runs cover every step.
 #
 # Any sanitizer report fails the run. Every sanitized process aborts on its
 # first report, so a command that the end-to-end tests start dies with exit
@@ -28,8 +37,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-scripts/ci/san-build.sh
+release=${HFDELTA_BUILDDIR:-build}
+san_targets=(src/delta-diff src/delta-apply tests/unit-tests tests/sharded-tests)
+for t in safetensors xor overwrite sparse context index stack parts; do san_targets+=("tests/fuzz/replay_$t"); done
+scripts/ci/san-build.sh "${san_targets[@]}"
 builddir=build-san
+if [ ! -f "$release/build.ninja" ]; then meson setup "$release" >/dev/null; fi
+ninja -C "$release" >/dev/null
 
 export HFDELTA_CRASH_STRIDE=${HFDELTA_CRASH_STRIDE:-10}
 export HFDELTA_CRASH_OFFSET=${HFDELTA_CRASH_OFFSET:-$((RANDOM % HFDELTA_CRASH_STRIDE))}
@@ -44,17 +58,31 @@ export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:log_path=$logs/asan:log_exe
 # the commands' own "failure" code and could pass for an expected outcome.
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:abort_on_error=1:log_path=$logs/ubsan:log_exe_name=1"
 
-tests=()
+units=(unit sharded)
+for t in safetensors xor overwrite sparse context index stack parts; do units+=("fuzz-replay-$t"); done
+e2e=()
 if [ $# -eq 0 ]; then
-  mapfile -t tests < <(meson test -C "$builddir" --list 2>/dev/null | sed -n 's|^.* / ||p' | grep -vx e2e-bounded)
-  echo "sanitize: ${#tests[@]} tests; e2e-bounded left out (memory peaks, asserted by the release run)"
+  mapfile -t e2e < <(meson test -C "$release" --no-rebuild --list --suite e2e 2>/dev/null | sed -n 's|^.* / ||p' |
+    grep -vxE 'e2e-bounded|object-store|reload-scripts')
+  echo "sanitize: ${#units[@]} sanitized test programs, ${#e2e[@]} end-to-end tests of the sanitized commands" \
+    "(e2e-bounded, object-store and reload-scripts left out)"
 fi
 
 start=$(date +%s)
 set +e
-# Sanitized code runs several times slower: give each test more time.
-meson test -C "$builddir" --print-errorlogs --timeout-multiplier 3 "${tests[@]}" "$@"
+# Sanitized code runs several times slower: give each test more time. The
+# two runs go side by side, the unit tests being few and long.
+meson test -C "$builddir" --no-rebuild --print-errorlogs --timeout-multiplier 3 "${units[@]}" \
+  >"$logs/../unit-tests.log" 2>&1 &
+units_pid=$!
+HFDELTA_CLI_DIR=$PWD/$builddir/src meson test -C "$release" --no-rebuild --logbase sanitize --print-errorlogs \
+  --timeout-multiplier 3 "${e2e[@]}" "$@"
 rc=$?
+wait "$units_pid"
+units_rc=$?
+echo "---- sanitized test programs ($builddir):"
+cat "$builddir/unit-tests.log"
+[ "$rc" -ne 0 ] || rc=$units_rc
 set -e
 echo "sanitize: tests ran in $(($(date +%s) - start)) s"
 
