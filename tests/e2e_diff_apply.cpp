@@ -326,7 +326,7 @@ TEST_CASE("--json output of delta-diff and delta-apply: documented keys with pla
   CHECK(s["out"] == out.string());
   CHECK(s["version"] == "000001");
   CHECK(s["base_version"] == "000000");
-  CHECK(s["encoding"] == "sparse");  // the default
+  CHECK(s["encoding"] == "context");  // the default
   const auto tensors = s["tensors"].get<std::uint64_t>();
   const auto changed = s["tensors_changed"].get<std::uint64_t>();
   CHECK(tensors == checkpoint_tensors(save_dir(series, 1)).size());

@@ -75,6 +75,11 @@ struct Bench {
   // (LOCAL is not its base: only an apply can tell).
   fs::path delta;
   bool fits_local = false;  // the attempts test whether entries fit LOCAL's tensors: only delta-apply can see that
+  // A crafted delta is sealed as its publisher would seal it (its completion
+  // marker rewritten for the files as they are), so that the check under
+  // test answers, not the marker's. Flips and truncations stand for storage
+  // damage after the seal: the marker is left as published.
+  bool reseal = true;
   Snapshot pristine;        // LOCAL before every attempt, state.json included
   Problems problems;
   std::map<std::string, long> codes;     // exit code → attempts
@@ -95,6 +100,7 @@ struct Bench {
               const std::string& at, const std::string& harmless = "") {
     ++attempts;
     ++hostile_total();
+    if (reseal && !delta.empty()) reseal_marker(delta);
     const RunResult ins = delta.empty() ? RunResult{} : diff({"-q", "--inspect", delta.string()});
     const RunResult r = apply(args);
     last_err = r.err;
@@ -153,10 +159,10 @@ struct Bench {
 // changed config.json, LOCAL at version 0, and a delta of another model.
 struct Inputs {
   std::unique_ptr<TempDir> t = scratch_dir();
-  // root_auto: context entries (and xor where smaller); root_sparse: the default.
+  // root_auto: context entries (and xor where smaller); root_sparse: sparse entries.
   fs::path series, next, start, other, root_xor, root_overwrite, root_auto, root_sparse, other_xor, other_overwrite,
       other_auto,
-      other_context;  // other_auto: the default encoding (sparse)
+      other_context;  // other_auto: the default encoding (context)
   // A structural delta (weight files built, rewritten in place, removed and
   // patched, files carried), LOCAL at its base, and the same delta of another
   // model of the same layouts.
@@ -217,7 +223,11 @@ struct Inputs {
     write_structural_checkpoint(st_next, 1);
     root_struct = d / "root-struct";
     fs::create_directories(root_struct);
-    E2E_REQUIRE_CODE(diff({"-q", st_base.string(), st_next.string(), version_dir(root_struct, 1).string()}), 0);
+    // sparse entries (format revision 3): the rules of hfdelta_shards under
+    // test are the first a reader meets (a context entry would need revision 5).
+    E2E_REQUIRE_CODE(diff({"-q", "--encoding", "sparse", st_base.string(), st_next.string(),
+                           version_dir(root_struct, 1).string()}),
+                     0);
     const json sidx = delta_index(version_dir(root_struct, 1));
     std::multiset<std::string> ops;
     for (const auto& op : sidx["metadata"]["hfdelta_shards"]) ops.insert(op["op"].get<std::string>());
@@ -545,6 +555,7 @@ std::vector<std::uint64_t> cut_lengths(std::uint64_t size, const std::vector<std
 }
 
 std::string run_flips(Attack& a, bool pull) {
+  a.b.reseal = false;  // storage damage
   const std::vector<Flip> flips = flips_for(a.delta);
   const json original = delta_index(a.delta);
   std::map<std::string, int> per_file;
@@ -569,6 +580,7 @@ std::string run_flips(Attack& a, bool pull) {
 }
 
 void run_truncations(Attack& a) {
+  a.b.reseal = false;  // storage damage
   const json original = delta_index(a.delta);
   const std::vector<std::string> files = list_files(a.delta);  // entries, index, carried files, new headers
   for (const auto& f : files) {
@@ -601,7 +613,7 @@ void run_truncations(Attack& a) {
 }  // namespace
 
 TEST_CASE(
-    "hostile: one flipped bit anywhere in an xor, overwrite, default (sparse) or auto (context) delta is refused, "
+    "hostile: one flipped bit anywhere in an xor, overwrite, sparse or auto (context) delta is refused, "
     "LOCAL untouched") {
   for (const auto& [name, root] : {std::pair{"xor", inputs().root_xor}, std::pair{"overwrite", inputs().root_overwrite},
                                    std::pair{"sparse", inputs().root_sparse}, std::pair{"auto", inputs().root_auto}}) {
@@ -1389,6 +1401,7 @@ TEST_CASE("hostile: --inspect and delta-apply refuse every listed hostile delta 
     auto check = [&](Attack& a) {
       a.b.fits_local = h.of_local;
       h.build(a);
+      reseal_marker(a.delta);  // as attempt() does: --inspect runs first here
       const RunResult ins = diff({"-q", "--inspect", a.delta.string()});
       const int got = a.b.attempt(a.single(), {h.code}, h.name, h.name);  // checks LOCAL is untouched
       CHECK_MESSAGE(got == h.code, h.name << ": delta-apply exit " << got << ", expected " << h.code << ":\n"

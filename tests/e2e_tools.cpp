@@ -148,7 +148,7 @@ TEST_CASE("--inspect: per-tensor changed counts, lengths and checksums match the
     encoding = "auto";
     gen.insert(gen.end(), {"--lr", "1e-3", "--steps-per-save", "3"});
   }
-  SUBCASE("default (sparse)") {}
+  SUBCASE("default (context)") {}
   const fs::path s = gen_series(t / "series", 1, gen);
   const fs::path base = save_dir(s, 0), target = t / "target", delta = t / "root" / "weight_v000001";
   // A target whose non-weight files differ too: one new (in a subdirectory), one gone.
@@ -171,7 +171,7 @@ TEST_CASE("--inspect: per-tensor changed counts, lengths and checksums match the
   CHECK(j["delta"] == delta.string());
   CHECK(j["version"] == "000001");
   CHECK(j["base_version"] == "000000");
-  const std::string want_encoding = encoding.empty() ? "sparse" : encoding;
+  const std::string want_encoding = encoding.empty() ? "context" : encoding;
   CHECK(j["encoding"] == want_encoding);
   const json meta = delta_index(delta)["metadata"];
   CHECK(j["format"] == meta["hfdelta_format"]);
@@ -304,7 +304,7 @@ TEST_CASE("--inspect: a structural delta's weight-file operations, and a damaged
 
   const json j = inspect_json(delta);
   CAPTURE(j.dump(2));
-  CHECK(j["format"] == 3);
+  CHECK(j["format"] == 5);  // the default encoding, context (revision 5)
   CHECK(j["encoding"] == "auto");
   const auto header_bytes = [&](const char* f) { return read_st(t / "new" / f).data_start(); };
   CHECK(j["weight_files"] == json::array({
@@ -354,7 +354,7 @@ TEST_CASE("--inspect: a damaged delta exits 3 with a message naming the file and
   write_file(target / "notes.txt", "carried whole\n");
   E2E_REQUIRE_CODE(apply({"-q", "--init", save_dir(s, 0).string(), local.string()}), 0);
 
-  enum class Damage { cut_file, cut_entry, flip_payload, flip_index, carried_file };
+  enum class Damage { cut_file, cut_entry, flip_payload, flip_index, carried_file, unsealed };
   Damage damage = Damage::cut_file;
   SUBCASE("the delta file is cut short") { damage = Damage::cut_file; }
   SUBCASE("one entry is cut short inside a well-formed delta file") { damage = Damage::cut_entry; }
@@ -363,9 +363,17 @@ TEST_CASE("--inspect: a damaged delta exits 3 with a message naming the file and
   }
   SUBCASE("one byte of the index is flipped") { damage = Damage::flip_index; }
   SUBCASE("a carried file differs from its recorded checksum") { damage = Damage::carried_file; }
+  // Storage damage: a byte of a delta file changed after the version was
+  // sealed. The completion marker finds it in any encoding, a context entry's
+  // raw parts (no frame checksum of their own) included. The cases above
+  // reseal the marker, as a publisher writing a bad delta would, so that each
+  // encoding's own checks are what answers.
+  SUBCASE("one byte of a sealed version's delta file changed (its completion marker)") { damage = Damage::unsealed; }
 
   // Each encoding has its own checks of an entry's structure.
-  for (const std::string encoding : {"xor", "overwrite", "sparse"}) {
+  std::vector<std::string> encodings{"xor", "overwrite", "sparse"};
+  if (damage == Damage::unsealed) encodings.push_back("context");
+  for (const std::string& encoding : encodings) {
     INFO("encoding " << encoding);
     const fs::path delta = t / ("root-" + encoding) / "weight_v000001";
     fs::create_directories(delta.parent_path());
@@ -437,7 +445,16 @@ TEST_CASE("--inspect: a damaged delta exits 3 with a message naming the file and
         write_file(delta / "files" / "notes.txt", "carried whole!");
         names = (delta / "files" / "notes.txt").string();
         break;
+      case Damage::unsealed: {
+        const auto [b, e] = read_st(file).file_range(tensor);
+        Bytes raw = read_bytes(file);
+        raw[(b + e) / 2] ^= 0x10;
+        write_bytes(file, raw);
+        names = file.string() + ": does not have the size and checksum its completion marker records";
+        break;
+      }
     }
+    if (damage != Damage::unsealed) reseal_marker(delta);
     const Snapshot before = snapshot(delta);
     for (const bool as_json : {false, true}) {
       std::vector<std::string> args{"--inspect", delta.string()};
@@ -457,6 +474,10 @@ TEST_CASE("--inspect: a damaged delta exits 3 with a message naming the file and
     // delta-apply refuses the same delta: inspect finds nothing the applier would accept.
     const RunResult a = apply({"-q", delta.string(), local.string()});
     CHECK_MESSAGE(a.code != 0, a.describe());
+    if (damage == Damage::unsealed) {  // damage, before LOCAL is touched; not "LOCAL is not the base" (5)
+      E2E_CHECK_CODE(a, 3);
+      CHECK_ERR_MENTIONS(a, names);
+    }
     CHECK(state_version(local) == "000000");
   }
 }

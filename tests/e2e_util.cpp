@@ -3,6 +3,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "format/completion_marker.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
 
@@ -770,6 +771,13 @@ std::string v6(int v) {
   char buf[16];
   std::snprintf(buf, sizeof buf, "%06d", v);
   return buf;
+}
+
+void reseal_marker(const fs::path& dir) {
+  const hfdelta::Completeness c = hfdelta::check_complete(dir, false);
+  if (!c.marker) return;
+  fs::remove(dir / hfdelta::kCompleteFile);
+  hfdelta::write_marker(dir, c.marker->version, c.marker->full, false, 1);
 }
 
 }  // namespace e2e

@@ -301,6 +301,11 @@ int code_of(const std::function<void()>& f);
 
 // True if LOCAL holds a transaction directory.
 bool has_txn(const fs::path& local);
+
+// Rewrites version directory `dir`'s completion marker (if it has one) for
+// the files as they are now: a crafted delta as a publisher would seal it,
+// so that the check under test, not the marker's, is what answers.
+void reseal_marker(const fs::path& dir);
 // A step of a transaction is journaled under .weight_sync/txn (a bare
 // directory, or one without its manifest, is a leftover, not a journal).
 bool has_journal(const fs::path& local);

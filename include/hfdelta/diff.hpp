@@ -13,11 +13,12 @@
 namespace hfdelta {
 
 struct DiffOptions {
-  // One encoding for every tensor (sparse by default), or none ("auto"):
+  // One encoding for every tensor (context by default: the smallest on
+  // training steps, docs/performance.md), or none ("auto"):
   // context, or xor where that is smaller (recorded per tensor in the
   // index); of a tensor over 1 MiB the xor entry is compressed whole only
   // where a sample of its blocks says it may be smaller (delta-diff(1)).
-  std::optional<Encoding> encoding = Encoding::sparse;
+  std::optional<Encoding> encoding = Encoding::context;
   int level = 3;  // zstd level
   std::uint64_t version = 0;
   std::uint64_t base_version = 0;

@@ -50,7 +50,7 @@
 namespace hfdelta {
 
 struct PublisherOptions {
-  std::optional<Encoding> encoding = Encoding::sparse;  // none: "auto"
+  std::optional<Encoding> encoding = Encoding::context;  // delta-diff's default; none: "auto"
   int level = 3;                                        // zstd level
   int threads = 0;                                      // 0: all cores
   bool sync = true;                                     // flush the delta, and the mirror, before recording them

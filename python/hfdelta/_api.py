@@ -92,14 +92,15 @@ def _warn(warnings_list: list[str], where: str) -> None:
 
 # ---- delta-diff ----
 
-def diff(base: PathLike, new: PathLike, out: PathLike, *, encoding: str = "sparse", level: int = 3,
+def diff(base: PathLike, new: PathLike, out: PathLike, *, encoding: str = "context", level: int = 3,
          delta_version: Optional[int] = None, base_version: Optional[int] = None, threads: int = 0,
          sync: bool = True, progress: Optional[ProgressCallback] = None) -> DiffResult:
     """``delta-diff BASE NEW OUT``: write the delta version that turns checkpoint BASE into NEW.
 
     OUT is ROOT/weight_vNNNNNN, or a publication root ROOT itself (its newest version + 1 is written;
-    ``result.out`` names it), or with ``delta_version`` a delta outside any root. ``encoding``: sparse,
-    context, auto, xor or overwrite. A DiffWarning is issued for checkpoints that do not look like successive saves.
+    ``result.out`` names it), or with ``delta_version`` a delta outside any root. ``encoding``: context
+    (the default), sparse, auto, xor or overwrite (xor and overwrite: the slime layout, which slime's,
+    miles' and SGLang's receivers read). A DiffWarning is issued for checkpoints that do not look like successive saves.
     """
     _callable(progress, "progress")
     text, notes = _core.diff(_path(base, "base"), _path(new, "new"), _path(out, "out"), encoding, level,
@@ -110,7 +111,7 @@ def diff(base: PathLike, new: PathLike, out: PathLike, *, encoding: str = "spars
     return result
 
 
-def publish_full(new: PathLike, root: PathLike, *, base: Optional[PathLike] = None, encoding: str = "sparse",
+def publish_full(new: PathLike, root: PathLike, *, base: Optional[PathLike] = None, encoding: str = "context",
                  level: int = 3, delta_version: Optional[int] = None, base_version: Optional[int] = None,
                  threads: int = 0, sync: bool = True, progress: Optional[ProgressCallback] = None) -> FullResult:
     """``delta-diff --full [BASE] NEW ROOT``: publish checkpoint NEW as a full version of ROOT (or as the

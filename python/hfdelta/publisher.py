@@ -130,7 +130,7 @@ def _item(name: str, tensor: TensorLike) -> Tuple[str, Any, Optional[str], Optio
 class Publisher:
     """Publishes versions into ``root`` from tensors in memory, diffed against ``mirror``.
 
-    ``encoding``: "sparse" (default), "context", "auto", "xor" or "overwrite", as delta-diff's --encoding. With
+    ``encoding``: "context" (default), "sparse", "auto", "xor" or "overwrite", as delta-diff's --encoding. With
     ``background`` (default) the mirror is advanced in a thread of its own once a version is published, so the
     trainer goes on at once; the next publish (or wait(), or close()) waits for it. Use as a context manager, or
     call close(). One publisher per mirror (a second waits ``lock_timeout`` seconds, then raises LockTimeout;
@@ -142,7 +142,7 @@ class Publisher:
     BadInput, a mirror never initialised raises Uninitialised.
     """
 
-    def __init__(self, root: PathLike, mirror: PathLike, *, encoding: str = "sparse", level: int = 3,
+    def __init__(self, root: PathLike, mirror: PathLike, *, encoding: str = "context", level: int = 3,
                  threads: int = 0, sync: bool = True, lock_timeout: Optional[float] = None,
                  background: bool = True) -> None:
         self.root = _path(root, "root")

@@ -105,12 +105,12 @@ class ShardedPublisher:
     leaders compare their mirrors' versions and checksum records: mirrors that disagree are refused
     on every rank (OutOfOrder), naming the hosts and saying which to re-create.
 
-    ``encoding``: "sparse" (default), "context" or "xor", each part's (see docs/sharded.md: a sharded
+    ``encoding``: "context" (default), "sparse" or "xor", each part's (see docs/sharded.md: a sharded
     version is made of ``parts`` entries, format revision 6).
     """
 
     def __init__(self, root: PathLike, mirror: PathLike, *, group: Any = None, host: Optional[str] = None,
-                 encoding: str = "sparse", level: int = 3, threads: int = 0, sync: bool = True,
+                 encoding: str = "context", level: int = 3, threads: int = 0, sync: bool = True,
                  lock_timeout: Optional[float] = None) -> None:
         dist = _dist()
         self.root = _path(root, "root")

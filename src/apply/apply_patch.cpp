@@ -305,13 +305,23 @@ void journal_patch(const Patch& p, const File& f, JournalWriter* jw, std::vector
   thread_local Decompressor d1, d2;  // per thread: cheaper than one per tensor
   const std::string what = p.delta_file + ": entry '" + p.tensor + "'";
   if (jw) jw->begin_tensor(p.local_shard, p.offset);
-  const Checksums c = !p.replace.empty() || p.source      ? lay_bytes(p, f, jw, buf, out)
-                      : p.encoding == Encoding::xor_bytes ? lay_xor(p, f, jw, buf, out, d1, what)
-                      : p.encoding == Encoding::sparse    ? lay_sparse(p, f, jw, buf, out, what)
-                      : p.encoding == Encoding::context   ? lay_context(p, f, jw, buf, out, what)
-                                                          : lay_overwrite(p, f, jw, buf, out, d1, d2, what);
-  if (jw) jw->end_tensor();
   const std::string outcome = p.live ? "LOCAL was rolled back" : "nothing was changed";
+  Checksums c;
+  try {
+    c = !p.replace.empty() || p.source      ? lay_bytes(p, f, jw, buf, out)
+        : p.encoding == Encoding::xor_bytes ? lay_xor(p, f, jw, buf, out, d1, what)
+        : p.encoding == Encoding::sparse    ? lay_sparse(p, f, jw, buf, out, what)
+        : p.encoding == Encoding::context   ? lay_context(p, f, jw, buf, out, what)
+                                            : lay_overwrite(p, f, jw, buf, out, d1, d2, what);
+  } catch (const Error& e) {
+    // A context entry counts base elements: other base bytes stop its
+    // decoding before the base checksum is complete. Say what the
+    // checksum would have said.
+    if (e.code() != Exit::verify_failed) throw;
+    fail(Exit::verify_failed, local_file + ": tensor '" + p.tensor + "' is not the base of delta " +
+                                  format_version(version) + ", or the delta is damaged: " + e.what() + "; " + outcome);
+  }
+  if (jw) jw->end_tensor();
   if (p.base_hash && c.before != *p.base_hash)
     fail(Exit::verify_failed, local_file + ": tensor '" + p.tensor + "' is not the base of delta " +
                                   format_version(version) + " (checksum " + c.before.hex() + ", the delta expects " +

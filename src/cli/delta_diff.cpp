@@ -116,7 +116,7 @@ void print_prune(const PruneResult& r) {
 
 // What the command line asks for.
 struct Options {
-  std::string base, target, out, encoding = "sparse", inspect, prune, withdraw, post_publish, squash_base;
+  std::string base, target, out, encoding = "context", inspect, prune, withdraw, post_publish, squash_base;
   std::optional<std::uint64_t> version, base_version, keep_from;
   DiffOptions diff;
   bool no_sync = false, json_out = false, quiet = false, dry_run = false, squash = false, full = false,
@@ -141,11 +141,11 @@ void add_diff_options(CLI::App& app, Options& o, Given& g) {
                          "exist), or ROOT itself to publish its newest version + 1");
   g.diff_only.push_back(
       app.add_option("--encoding", o.encoding,
-                     "Delta encoding: sparse (hfdelta's: changed positions and values, about half of xor), "
-                     "context (hfdelta's: the changes coded in contexts of the base elements' exponents, "
-                     "about 0.7 of sparse on training steps; needs delta-apply of format revision 5), "
-                     "auto (context or xor per tensor, whichever is smaller; two to four times the diff time), "
-                     "or the slime layout's xor or overwrite")
+                     "Delta encoding: context (hfdelta's, the default: the changes coded in contexts of the "
+                     "base elements' exponents, about 0.7 of sparse on training steps; needs delta-apply of "
+                     "format revision 5), sparse (hfdelta's: changed positions and values, about half of xor), "
+                     "auto (context or xor per tensor; its index lists each tensor's), "
+                     "or the slime layout's xor or overwrite (what slime, miles and SGLang's receivers read)")
           ->check(cli::encoding())
           ->capture_default_str());
   g.diff_only.push_back(

@@ -6,6 +6,7 @@
 
 #include <boost/filesystem/operations.hpp>
 
+#include "format/completion_marker.hpp"
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
@@ -72,6 +73,24 @@ DeltaEntry entry_of(const OpenDelta& v, const std::string& file, const Safetenso
 
 // The delta files: headers valid, every entry an entry of this file, every
 // tensor the index maps to a file present in it; lists the entries.
+// A delta with a completion marker: each delta file has the size and
+// checksum the marker records. Damage anywhere in a file (an entry's raw
+// bytes too, which no zstd frame checksum covers) is then found here, as
+// damage (exit 3), before LOCAL is touched.
+void check_against_marker(const fs::path& dir, const OpenDelta& v) {
+  const Completeness c = check_complete(dir, false);
+  if (!c.marker) return;
+  for (const auto& [file, m] : v.maps) {
+    const auto want = c.marker->files.find(file);
+    const std::string w = (dir / file).string();
+    if (want == c.marker->files.end())
+      fail(Exit::bad_input, w + ": not listed in the version's completion marker " + kCompleteFile);
+    if (m.size() != want->second.size || xxh3_128(m.bytes()) != want->second.hash)
+      fail(Exit::bad_input, w + ": does not have the size and checksum its completion marker records: the version "
+                                "is damaged (withdraw it on the publishing side)");
+  }
+}
+
 void check_delta_files(const fs::path& dir, OpenDelta& v) {
   const DeltaIndex& idx = v.index;
   boost::system::error_code ec;
@@ -85,6 +104,7 @@ void check_delta_files(const fs::path& dir, OpenDelta& v) {
     if (m.size() != v.headers.at(file).file_size) fail(Exit::bad_input, p.string() + ": changed size while being read");
     v.maps.emplace(file, std::move(m));
   }
+  check_against_marker(dir, v);
   for (const auto& [tensor, file] : idx.weight_map)
     if (!v.headers.at(file).find(tensor))
       fail(Exit::bad_input, (dir / file).string() + ": has no entry '" + tensor + "' named by the delta index");
