@@ -629,7 +629,7 @@ TEST_CASE("crash: xor delta, no file turned into a directory, 2 threads, a fault
                             in.plain_base, in.plain_next, "2"));
 }
 
-TEST_CASE("crash: default (sparse) delta, 2 threads, a fault at every write step") {
+TEST_CASE("crash: sparse delta, 2 threads, a fault at every write step") {
   const Inputs& in = inputs();
   run_scenario(
       single_delta("sparse delta, 2 threads", in.root_sparse, in.plain_start, in.plain_base, in.plain_next, "2"));
@@ -642,7 +642,7 @@ TEST_CASE("crash: auto (context) delta, 2 threads, a fault at every write step")
 
 // Without flushing, apply patches in one pass with a live journal: every
 // write of LOCAL must still be undone after a kill or an error.
-TEST_CASE("crash: --no-sync one-pass apply of a default (sparse) delta, 2 threads, a fault at every write step") {
+TEST_CASE("crash: --no-sync one-pass apply of a sparse delta, 2 threads, a fault at every write step") {
   const Inputs& in = inputs();
   run_scenario(single_delta("sparse delta, --no-sync, 2 threads", in.root_sparse, in.plain_start, in.plain_base,
                             in.plain_next, "2", true));
@@ -774,7 +774,7 @@ TEST_CASE("crash: fault points, totals") {
                                        << swallowed << " ignored after commit)");
 }
 
-// Kills at random moments of a pull; `no_sync` pulls default (sparse)
+// Kills at random moments of a pull; `no_sync` pulls auto (context)
 // deltas with --no-sync, the one-pass apply with a live journal.
 static void random_kills(bool no_sync) {
   const std::unique_ptr<TempDir> scratch = scratch_dir();
@@ -858,4 +858,4 @@ static void random_kills(bool no_sync) {
 
 TEST_CASE("crash: random SIGKILLs of a --root pull of 2 versions converge") { random_kills(false); }
 
-TEST_CASE("crash: random SIGKILLs of a --no-sync pull of 2 default (sparse) versions converge") { random_kills(true); }
+TEST_CASE("crash: random SIGKILLs of a --no-sync pull of 2 auto (context) versions converge") { random_kills(true); }
