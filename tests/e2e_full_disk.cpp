@@ -389,12 +389,12 @@ TEST_CASE("full disk: apply of an xor delta (journal written and flushed first)"
   sweep(single("xor delta", version_dir(inputs().root_xor, 1), {"--threads", "1"}));
 }
 
-TEST_CASE("full disk: --no-sync one-pass apply of a default (sparse) delta") {
-  sweep(single("sparse delta, --no-sync", version_dir(inputs().root_auto, 1), {"--no-sync", "--threads", "2"}));
+TEST_CASE("full disk: --no-sync one-pass apply of an auto (context) delta") {
+  sweep(single("auto delta, --no-sync", version_dir(inputs().root_auto, 1), {"--no-sync", "--threads", "2"}));
 }
 
-TEST_CASE("full disk: apply of a default (sparse) delta") {
-  sweep(single("sparse delta", version_dir(inputs().root_auto, 1), {"--threads", "2"}));
+TEST_CASE("full disk: apply of an auto (context) delta") {
+  sweep(single("auto delta", version_dir(inputs().root_auto, 1), {"--threads", "2"}));
 }
 
 TEST_CASE("full disk: structural delta (build, header rewrite, remove)") {
