@@ -388,6 +388,7 @@ TEST_CASE("damaged or hostile delta: delta-apply exit 3 and LOCAL byte-identical
   Chain c(1, encoding);
   write_file(c.t / "escape", "outside LOCAL; must survive\n");
   damage(c);
+  reseal_marker(c.delta(1));  // a publisher's bad delta, sealed: the check under test answers, not the marker's
   const LocalSnapshot snap(c.local);
   const RunResult r = apply({c.delta(1).string(), c.local.string()});
   E2E_CHECK_CODE(r, 3);

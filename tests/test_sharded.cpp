@@ -17,6 +17,7 @@
 
 #include <boost/filesystem/operations.hpp>
 
+#include "format/completion_marker.hpp"
 #include "hfdelta/apply.hpp"
 #include "hfdelta/diff.hpp"
 #include "hfdelta/error.hpp"
@@ -531,6 +532,12 @@ TEST_CASE("sharded: a squash's stacked parts part damaged, or in an index of rev
     std::fstream f(bad / "model-00000-of-00001.safetensors", std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(static_cast<std::streamoff>(h.file_offset(*t) + 8 + 2 * 32 + 32 + 8));  // part 1's record 0: rows
     f.put(1);
+  }
+  {  // sealed as its publisher would, so that the parts' own check answers, not the marker's
+    const Completeness c = check_complete(bad, false);
+    REQUIRE(c.marker);
+    fs::remove(bad / kCompleteFile);
+    write_marker(bad, c.marker->version, c.marker->full, false, 1);
   }
   refused(bad, "head does not match");
   CHECK(local_status(w.dir / "host", o).version == std::optional<std::uint64_t>(0));

@@ -36,7 +36,7 @@ def reference(tools: Any, series: list[Path], tmp_path_factory: pytest.TempPathF
     """ROOT as delta-diff publishes saves 0..4: the versions the publisher must write."""
     ref = tmp_path_factory.mktemp("ref")
     for v in range(1, 5):
-        r = tools.run("diff", "-q", "--no-sync", series[v - 1], series[v], ref)
+        r = tools.run("diff", "-q", "--no-sync", "--encoding", "sparse", series[v - 1], series[v], ref)
         assert r.code == 0, r.err
     return ref
 
