@@ -38,10 +38,10 @@ namespace {
 constexpr long kMaxSteps = 4000;  // a run with more write steps than this fails the test
 constexpr int kKilled = 128 + SIGKILL;
 
-// Which write steps the sweeps fault. By default every one (the release run
-// keeps the whole matrix). The sanitizer run, several times slower, sets
-// HFDELTA_CRASH_STRIDE=K and HFDELTA_CRASH_OFFSET=R (scripts/ci/sanitize.sh
-// draws R anew for each run and prints it) to fault the steps n with
+// Which write steps the sweeps fault. By default every one (`meson test
+// --suite crash` keeps the whole matrix). scripts/test.sh (K=3) and the
+// sanitizer run (K=10) set HFDELTA_CRASH_STRIDE=K and HFDELTA_CRASH_OFFSET=R
+// (drawing R anew for each run and printing it) to fault the steps n with
 // (n - 1) % K == R: successive runs cover every step between them, and a
 // failure replays with the same two variables.
 struct Sampling {
