@@ -14,8 +14,8 @@ Two steps, so that the engine pauses for the reload only:
   serves the weights it holds in memory; it returns at once (an engine calls it
   from its scheduling loop) and ``state()`` tells how far it is;
 - ``update(version, reload)``: waits for a staging of that version under way,
-  pulls (nothing left to do when staged), checks under the shared lock that
-  LOCAL holds exactly that version, and calls ``reload(LOCAL)``.
+  checks under the shared lock that LOCAL holds exactly that version (pulling
+  first if it does not: not staged), and calls ``reload(LOCAL)``.
 
 Staging early is safe only if the engine keeps no mapping of LOCAL's files once
 its weights are loaded (a pull patches them in place). ``state()`` lists the
