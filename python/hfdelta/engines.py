@@ -181,7 +181,9 @@ class Engines:
         try:
             r.served_before = self.weight_info(r.url)
         except EngineRequestError as e:
-            raise _Failed("weight_info", str(e)) from None
+            hint = (" (vLLM has the RL routes only with VLLM_SERVER_DEV_MODE=1 in its environment)"
+                    if e.status == 404 else "")
+            raise _Failed("weight_info", str(e) + hint) from None
         if r.served_before == r.version:
             r.skipped = r.ok = True
             r.served_after = r.served_before

@@ -195,6 +195,13 @@ def test_an_unreachable_engine_is_named(standins: list[StandIn], root: Path) -> 
     assert standins[0].version == "000001"
 
 
+def test_an_engine_without_the_rl_routes(standins: list[StandIn], root: Path) -> None:
+    standins[0].dev_mode = False
+    with pytest.raises(EngineUpdateError) as ei:
+        Engines([standins[0].url], root=root).update(1)
+    assert "HTTP 404" in str(ei.value) and "VLLM_SERVER_DEV_MODE=1" in str(ei.value)
+
+
 def test_two_trainers_on_one_engine(standins: list[StandIn], root: Path, series: list[Path]) -> None:
     """Trainer A's stage is held up (LOCAL's lock taken by a pull on a timer); trainer B, asking for
     another version meanwhile, is refused with what A is doing; A then finishes."""

@@ -54,6 +54,7 @@ class StandIn:
         self.log: list[dict[str, Any]] = []
         self.reloads: list[dict[str, Any]] = []
         self.reload_failures = 0  # how many reloads raise before one succeeds
+        self.dev_mode = True  # False: vLLM without VLLM_SERVER_DEV_MODE=1, which has none of these routes
         self.mu = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -85,6 +86,8 @@ class StandIn:
         self.reloads.append({"paused": self.paused, "local_version": st.version, "state": st.state})
 
     def _route(self, method: str, path: str, query: dict[str, str], body: Any) -> tuple[int, Any]:
+        if not self.dev_mode:
+            return 404, {"detail": "Not Found"}
         if method == "GET" and path == "/weight_info":
             return 200, {"weight_version": self.version}
         if method != "POST":
