@@ -185,8 +185,10 @@ def main() -> int:
     (work / "out").mkdir(parents=True)
     saves = work / "saves"
     say("building the tiny model and saves 0-9 (tiny_model.py)")
-    subprocess.run([sys.executable, str(HERE / "tiny_model.py"), str(saves), "--saves", "9"], check=True,
-                   stdout=subprocess.DEVNULL)
+    with open(work / "saves.log", "w") as slog:
+        if subprocess.run([sys.executable, str(HERE / "tiny_model.py"), str(saves), "--saves", "9"], stdout=slog,
+                          stderr=subprocess.STDOUT).returncode != 0:
+            raise SystemExit(f"vllm-backend: FAIL: tiny_model.py failed ({work / 'saves.log'})")
 
     def save(v: int) -> Path:
         return saves / f"save_{v:03d}"
