@@ -204,7 +204,7 @@ def main() -> int:
         for v in (1, 2, 3):
             weights = load_file(str(save(v) / "model.safetensors"))
             r = pub.publish(weights.items())
-            check(f"Publisher published version {v}", r.version == v, r.version)
+            check(f"Publisher published version {v}", int(r.version) == v, r.version)
 
     server = Server(work, "engine", local, EXT)
     url = server.url
