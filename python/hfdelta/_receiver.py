@@ -156,10 +156,10 @@ class Receiver:
                            "the engine was launched with", path=local_s)
         root_s, local_s = os.path.realpath(root_s), os.path.realpath(local_s)
         with self._mu:
-            busy = self._updating or (self._stage is not None and self._stage.running)
+            busy = self._updating or (self._stage is not None and self._stage.running) or self._live_claim()
             if busy and (root_s, local_s) != (self._root, self._local):
-                raise UsageError(f"hfdelta: a staging or update is under way from {self._root} into {self._local}; "
-                                 "init again with other paths once it is over")
+                raise UsageError(f"hfdelta: a staging or update from {self._root} into {self._local} is under way "
+                                 "(or claimed by a caller); init again with other paths once it is over")
             self._root, self._local = root_s, local_s
             self._lock_timeout = _api._seconds(lock_timeout, "lock_timeout")
             self._threads = _api._count(threads, "threads") or 0
@@ -173,15 +173,18 @@ class Receiver:
 
     # ---- claims ----
 
+    def _live_claim(self) -> Optional[_Claim]:
+        """The claim, unless unused for claim_timeout with nothing under way (then dropped). Holds _mu."""
+        c = self._claim
+        running = self._updating or (self._stage is not None and self._stage.running)
+        if c is not None and not running and time.monotonic() - c.touched > self._claim_timeout:
+            self._claim = c = None
+        return c
+
     def _check_claim(self, owner: Optional[str], version: int, take: bool) -> None:
         """Raises if another owner holds a live claim; with ``take``, claims the engine for ``owner``. Holds _mu."""
         now = time.monotonic()
-        c = self._claim
-        if c is not None:
-            running = self._updating or (self._stage is not None and self._stage.running)
-            expired = not running and now - c.touched > self._claim_timeout
-            if expired:
-                self._claim = c = None
+        c = self._live_claim()
         if c is not None and c.owner != owner:
             raise OutOfOrder(f"hfdelta: this engine is being brought to version {version_name(c.version)} by another "
                              f"caller ({c.owner}, for {now - c.since:.0f} s); refused version {version_name(version)}. "

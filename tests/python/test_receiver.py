@@ -201,6 +201,9 @@ def test_a_second_caller_is_refused_while_the_first_holds_the_engine(engine: Eng
         engine.receiver.update(3, engine.reload, owner="trainer-b")
     with pytest.raises(hfdelta.OutOfOrder):
         engine.receiver.update(3, engine.reload)  # a caller without a claim too
+    (engine.local.parent / "other-root").mkdir()
+    with pytest.raises(hfdelta.UsageError, match="claimed by a caller"):
+        engine.receiver.init(str(engine.local.parent / "other-root"))  # B pointing the engine elsewhere
     engine.receiver.update(2, engine.reload, owner="trainer-a")
     engine.receiver.release("trainer-a")
     engine.receiver.stage(3, owner="trainer-b")
