@@ -84,6 +84,9 @@ def free_port() -> int:
     return port
 
 
+SERVERS: list["Server"] = []  # stopped at exit, whatever happens
+
+
 class Server:
     """A vLLM OpenAI server in a process group of its own."""
 
@@ -99,12 +102,16 @@ class Server:
              "--block-size", "32", "--enable-prefix-caching", "--enable-prompt-tokens-details", "--max-num-seqs", "4",
              "--seed", "0", "--enforce-eager", *extra],
             stdout=open(self.log, "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        SERVERS.append(self)
+        limit = float(os.environ.get("VLLM_BACKEND_START_TIMEOUT", "1800"))
         while subprocess.run([*CHECK, "wait", self.url, "2"], capture_output=True).returncode != 0:
             if self.proc.poll() is not None:
                 sys.stderr.write(self.log.read_text()[-4000:])
                 raise SystemExit(f"vllm-backend: FAIL: the vLLM server on {model} exited while starting ({self.log})")
-            if time.monotonic() - t0 > 900:
-                raise SystemExit(f"vllm-backend: FAIL: the vLLM server on {model} not ready after 900 s")
+            if time.monotonic() - t0 > limit:
+                self.stop()
+                raise SystemExit(f"vllm-backend: FAIL: the vLLM server on {model} not ready after {limit:g} s "
+                                 "(VLLM_BACKEND_START_TIMEOUT)")
         self.ready_s = time.monotonic() - t0
         say(f"{name}: vLLM ready at {self.url} in {self.ready_s:.1f} s")
 
@@ -405,5 +412,15 @@ def main() -> int:
     return 0
 
 
+def stop_all(*_: Any) -> None:
+    for srv in SERVERS:
+        srv.stop()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(130))
+    try:
+        sys.exit(main())
+    finally:
+        stop_all()
