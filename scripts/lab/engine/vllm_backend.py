@@ -188,14 +188,21 @@ def tensor_parallel(work: Path, root: Path, save: Any, served: dict[int, Path]) 
 
 def main() -> int:
     work = Path(sys.argv[1]).resolve()
-    shutil.rmtree(work, ignore_errors=True)
-    (work / "out").mkdir(parents=True)
     saves = work / "saves"
-    say("building the tiny model and saves 0-9 (tiny_model.py)")
-    with open(work / "saves.log", "w") as slog:
-        if subprocess.run([sys.executable, str(HERE / "tiny_model.py"), str(saves), "--saves", "9"], stdout=slog,
-                          stderr=subprocess.STDOUT).returncode != 0:
-            raise SystemExit(f"vllm-backend: FAIL: tiny_model.py failed ({work / 'saves.log'})")
+    done = saves / "complete"  # the saves of an earlier run, kept (tiny_model.py takes minutes)
+    for p in work.iterdir() if work.is_dir() else []:
+        if p != saves or not done.exists():
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    (work / "out").mkdir(parents=True)
+    if done.exists():
+        say(f"the tiny model and saves 0-9 of an earlier run ({saves})")
+    else:
+        say("building the tiny model and saves 0-9 (tiny_model.py)")
+        with open(work / "saves.log", "w") as slog:
+            if subprocess.run([sys.executable, str(HERE / "tiny_model.py"), str(saves), "--saves", "9"], stdout=slog,
+                              stderr=subprocess.STDOUT).returncode != 0:
+                raise SystemExit(f"vllm-backend: FAIL: tiny_model.py failed ({work / 'saves.log'})")
+        done.write_text("")
 
     def save(v: int) -> Path:
         return saves / f"save_{v:03d}"
