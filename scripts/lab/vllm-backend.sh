@@ -18,11 +18,15 @@
 # trainers at once), each leaving the engine resumed, answering as before, and
 # LOCAL clean. Its docstring says what is checked.
 #
-# Usage: scripts/lab/vllm-backend.sh
+# Usage: scripts/lab/vllm-backend.sh [--tp-only]
+#   --tp-only: only the engine of VLLM_BACKEND_TP (2) tensor-parallel workers,
+#   on the root and saves a full run left in the work directory
 # Environment:
 #   HFDELTA_BUILDDIR     build directory (default build)
 #   HFDELTA_ENGINE_VENV  the venv (default $HFDELTA_BUILDDIR/engine-venv)
-#   VLLM_BACKEND_DIR     work directory (default $HFDELTA_BUILDDIR/vllm-backend; emptied)
+#   VLLM_BACKEND_DIR     work directory (default $HFDELTA_BUILDDIR/vllm-backend; emptied but
+#                        for the saves, which a rerun reuses)
+#   VLLM_BACKEND_TP      tensor-parallel workers of the last engine (default 2; 0: none)
 # Results: $VLLM_BACKEND_DIR/results.md (the tables, printed at the end) and results.json.
 # Exit: 0 every check passed, 1 a check failed, 77 cannot run here.
 set -euo pipefail
@@ -36,6 +40,11 @@ work=${VLLM_BACKEND_DIR:-$builddir/vllm-backend}
 case $work in ''|/|"$repo"|"$builddir") echo "vllm-backend: VLLM_BACKEND_DIR=$work: give a directory of its own" >&2; exit 2 ;; esac
 
 log() { echo "vllm-backend: $*"; }
+case $# in
+  0) ;;
+  1) [ "$1" = --tp-only ] || { echo "usage: scripts/lab/vllm-backend.sh [--tp-only]" >&2; exit 2; } ;;
+  *) echo "usage: scripts/lab/vllm-backend.sh [--tp-only]" >&2; exit 2 ;;
+esac
 
 rc=0
 HFDELTA_BUILDDIR=$builddir HFDELTA_ENGINE_VENV=$venv scripts/lab/engine-test.sh --install-only || rc=$?
@@ -51,4 +60,4 @@ log "hfdelta installed in $((SECONDS - t0)) s"
 
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}   # GiB per engine
-exec "$py" scripts/lab/engine/vllm_backend.py "$work"
+exec "$py" scripts/lab/engine/vllm_backend.py "$@" "$work"
