@@ -16,9 +16,10 @@ Start the engine on its host-local checkpoint LOCAL (set up once with ``hfdelta.
   LOCAL, in a thread of each worker, while the engine goes on serving; ``hfdelta_state`` tells how it
   goes (``stage.state``: running, done, failed, or deferred where the engine maps LOCAL's files);
 - ``/pause``, ``/start_weight_update``, ``POST /update_weights`` ``{"update_info": {"version": 3}}``
-  (the pull again, nothing left to do once staged; then vLLM's checkpoint-format reload from LOCAL,
-  under a shared flock on LOCAL), ``/finish_weight_update`` ``{"weight_version": "000003"}`` (what
-  ``/weight_info`` then reports), ``/reset_prefix_cache``, ``/resume``.
+  (under a shared flock on LOCAL, the check that LOCAL holds version 3, pulling it first only where no
+  stage did; then vLLM's checkpoint-format reload from LOCAL), ``/finish_weight_update``
+  ``{"weight_version": "000003"}`` (what ``/weight_info`` then reports), ``/reset_prefix_cache``,
+  ``/resume``.
 
 Every worker of the engine pulls into its own host's LOCAL: workers on one host take LOCAL's lock in
 turn, so the first pulls and the others find it done; an engine across hosts pulls on each. The lock
