@@ -32,14 +32,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-import torch
-from vllm.distributed.weight_transfer.base import (
+# vLLM and torch are not dependencies of the package: this module is imported only where vLLM runs.
+# The ignores let mypy check the package where they are not installed ("unused-ignore" where they are).
+import torch  # type: ignore[import-not-found,unused-ignore]
+from vllm.distributed.weight_transfer.base import (  # type: ignore[import-not-found,unused-ignore]
     WeightTransferEngine,
     WeightTransferInitInfo,
     WeightTransferUpdateInfo,
 )
-from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
-from vllm.model_executor.model_loader.reload.inplace import reload_weights
+from vllm.distributed.weight_transfer.factory import (  # type: ignore[import-not-found,unused-ignore]
+    WeightTransferEngineFactory,
+)
+from vllm.model_executor.model_loader.reload.inplace import (  # type: ignore[import-not-found,unused-ignore]
+    reload_weights,
+)
 
 from ._receiver import Receiver
 
@@ -50,7 +56,7 @@ BACKEND = "hfdelta"
 
 
 @dataclass
-class HfdeltaInitInfo(WeightTransferInitInfo):
+class HfdeltaInitInfo(WeightTransferInitInfo):  # type: ignore[misc,unused-ignore]
     """``init_info`` of ``/init_weight_transfer_engine``."""
     root: str
     local: Optional[str] = None
@@ -59,13 +65,16 @@ class HfdeltaInitInfo(WeightTransferInitInfo):
 
 
 @dataclass
-class HfdeltaUpdateInfo(WeightTransferUpdateInfo):
+class HfdeltaUpdateInfo(WeightTransferUpdateInfo):  # type: ignore[misc,unused-ignore]
     """``update_info`` of ``/update_weights``: the version; ``owner``: the caller's claim token (hfdelta.engines)."""
     version: Union[int, str]
     owner: Optional[str] = None
 
 
-class HfdeltaWeightTransferEngine(WeightTransferEngine[HfdeltaInitInfo, HfdeltaUpdateInfo]):
+_EngineBase = WeightTransferEngine[HfdeltaInitInfo, HfdeltaUpdateInfo]
+
+
+class HfdeltaWeightTransferEngine(_EngineBase):  # type: ignore[misc,valid-type,unused-ignore]
     """One per worker: a Receiver, and vLLM's own in-place reload from LOCAL in checkpoint format."""
 
     init_info_cls = HfdeltaInitInfo
