@@ -27,6 +27,9 @@
 #   VLLM_BACKEND_DIR     work directory (default $HFDELTA_BUILDDIR/vllm-backend; emptied but
 #                        for the saves, which a rerun reuses)
 #   VLLM_BACKEND_TP      tensor-parallel workers of the last engine (default 2; 0: none)
+#   VLLM_BACKEND_SHAPE   tiny (default) or qwen3-0.6b-untied: the model (tiny_model.py --shape); a
+#                        larger one runs versions 1-3 and their fresh engines only (no failures,
+#                        no tensor parallel); give it a VLLM_BACKEND_DIR of its own
 # Results: $VLLM_BACKEND_DIR/results.md (the tables, printed at the end) and results.json.
 # Exit: 0 every check passed, 1 a check failed, 77 cannot run here.
 set -euo pipefail

