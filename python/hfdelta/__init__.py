@@ -45,22 +45,28 @@ into ``root`` (the delta delta-diff would write) and advances the mirror (hfdelt
 From a sharded trainer (FSDP2, tensor and pipeline parallel): ``ShardedPublisher(root, mirror,
 group=...)`` on every rank publishes one version from the pieces each rank holds, with no gather
 (hfdelta.sharded, docs/sharded.md).
+
+Engines the trainer drives: ``Engines(urls, root=ROOT).update(N)`` (hfdelta.engines) brings vLLM
+engines serving with the hfdelta backend (hfdelta.vllm, imported by vLLM's workers) to version N:
+each pulls N into its host's LOCAL while it serves, then pauses only for the reload.
 """
 
 from __future__ import annotations
 
 # Every public name of the modules below; each module's __all__ lists its own.
-from . import _api, errors, publisher, results, sharded
+from . import _api, engines, errors, publisher, results, sharded
 from ._api import *  # noqa: F401,F403
 from ._core import __version__
+from .engines import *  # noqa: F401,F403
 from .errors import *  # noqa: F401,F403
 from .publisher import *  # noqa: F401,F403
 from .results import *  # noqa: F401,F403
 from .sharded import *  # noqa: F401,F403
 
-__all__ = ["__version__", "errors", "results", "publisher", "sharded"]
+__all__ = ["__version__", "errors", "results", "publisher", "sharded", "engines"]
 __all__ += _api.__all__
 __all__ += publisher.__all__
 __all__ += sharded.__all__
+__all__ += engines.__all__
 __all__ += results.__all__
 __all__ += errors.__all__

@@ -1,6 +1,8 @@
 """The Python examples of docs/python.md, run as written: the trainer's loop
-that publishes after every optimizer step, and the host's pull that has the
-engine reload (contrib/reload-vllm.sh against the stand-in engine
+that publishes after every optimizer step and brings its engines to each
+version (hfdelta.engines, against two stand-ins of vLLM with the hfdelta
+backend: vllm_standin.py), the client's error handling, and the host's pull
+that has the engine reload (contrib/reload-vllm.sh against the stand-in engine
 scripts/lab/engine/fake_engine.py).
 
 Each ```python block of docs/python.md runs in a process of its own, with the
@@ -26,6 +28,8 @@ from typing import Any
 import pytest
 
 import hfdelta
+
+from vllm_standin import StandIn, served_equals
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -72,10 +76,13 @@ def python_blocks() -> list[str]:
     return blocks
 
 
-def run_block(block: str, paths: dict[str, Path], env: dict[str, str], cwd: Path) -> str:
+def run_block(block: str, paths: dict[str, Path], env: dict[str, str], cwd: Path,
+              urls: dict[str, str]) -> str:
     code = block
     for page_path, real in paths.items():
         code = code.replace(f'"{page_path}"', repr(str(real)))
+    for page_url, real_url in urls.items():
+        code = code.replace(f'"{page_url}"', repr(real_url))
     code = code.replace('"contrib/', repr(str(REPO / "contrib")) + ' + "/')
     prelude = f"BASE = {str(paths['/models/base'])!r}\n" + PRELUDE
     r = subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, env=env, cwd=cwd,
@@ -92,6 +99,11 @@ def test_readme_trainer_loop_and_host_pull(series: list[Path], tmp_path: Path) -
     paths["/shared/weights"].mkdir()
     hfdelta.init(base, paths["/local/model"], sync=False)  # the host, set up as the README's quickstart says
     log, port_file = tmp_path / "engine.jsonl", tmp_path / "engine.port"
+    standins = []  # the engines the trainer drives, each on a LOCAL of its own
+    for i in range(2):
+        hfdelta.init(base, tmp_path / f"engine{i}", sync=False)
+        standins.append(StandIn(str(tmp_path / f"engine{i}")))
+    urls = {"http://10.0.0.5:8000": standins[0].url, "http://10.0.0.6:8000": standins[1].url}
     engine = subprocess.Popen([sys.executable, str(REPO / "scripts" / "lab" / "engine" / "fake_engine.py"),
                                "--port-file", str(port_file), "--log", str(log)])
     try:
@@ -101,15 +113,24 @@ def test_readme_trainer_loop_and_host_pull(series: list[Path], tmp_path: Path) -
             time.sleep(0.1)
         env = dict(os.environ, VLLM_URL=f"http://127.0.0.1:{port_file.read_text().strip()}",
                    VLLM_STATE_FILE=str(tmp_path / "served.version"))
-        outputs = [run_block(b, paths, env, tmp_path) for b in python_blocks()]
+        outputs = [run_block(b, paths, env, tmp_path, urls) for b in python_blocks()]
     finally:
         engine.terminate()
         engine.wait(timeout=30)
-    assert len(outputs) >= 2, "docs/python.md should show the trainer's loop and the host's pull"
+        for si in standins:
+            si.close()
+    assert len(outputs) >= 3, "docs/python.md should show the trainer's loop, the engines' client and the host's pull"
     # the trainer published a version per step, and its mirror holds the last
     published = sorted(os.listdir(paths["/shared/weights"]))
     assert published == ["weight_v000001", "weight_v000002", "weight_v000003"]
     assert hfdelta.status(paths["/var/lib/hfdelta/mirror"]).version == "000003"
+    # the trainer brought both engines to each version; they serve the mirror's tensors
+    for si in standins:
+        assert si.version == "000003" and served_equals(si, str(paths["/var/lib/hfdelta/mirror"]))
+        assert [r["local_version"] for r in si.reloads] == ["000001", "000002", "000003"]
+        assert all(r["paused"] for r in si.reloads)
+    assert "serves 000003, paused" in outputs[0]
+    assert f"{standins[0].url}: serves 000003 (already: True)" in outputs[1]
     # the host pulled them and had the engine reload, under the lock
     st = hfdelta.status(paths["/local/model"])
     assert st.version == "000003" and st.state == "clean"

@@ -1,6 +1,7 @@
 """The example of docs/sharded.md, "Publishing from a sharded trainer", run as written on two gloo
 ranks: its paths (/models/base, /shared/weights, /var/lib/hfdelta/mirror) replaced by temporary
-ones holding a small Qwen-shaped checkpoint. Both versions it publishes must reach a host."""
+ones holding a small Qwen-shaped checkpoint, its engines by two stand-ins of vLLM with the hfdelta
+backend (vllm_standin.py). Both versions it publishes must reach a host, and the engines the last."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from pathlib import Path
 import pytest
 
 import hfdelta
+
+from vllm_standin import StandIn, served_equals
 
 torch = pytest.importorskip("torch", reason="torch is not installed: the example runs torch.distributed")
 from safetensors.torch import load_file, save_file  # noqa: E402
@@ -39,12 +42,26 @@ def test_the_example_runs_as_written(tmp_path: Path) -> None:
     save_file({n: torch.randn(s, generator=g) for n, s in shapes.items()}, str(base / "model.safetensors"))
     (base / "config.json").write_text("{}")
     hfdelta.init(base, mirror, sync=False)
+    standins = []
+    for i in range(2):
+        hfdelta.init(base, tmp_path / f"engine{i}", sync=False)
+        standins.append(StandIn(str(tmp_path / f"engine{i}")))
     script = (example().replace('"/models/base"', repr(str(base))).replace('"/shared/weights"', repr(str(root)))
-              .replace('"/var/lib/hfdelta/mirror"', repr(str(mirror))))
+              .replace('"/var/lib/hfdelta/mirror"', repr(str(mirror)))
+              .replace('"http://10.0.0.5:8000"', repr(standins[0].url))
+              .replace('"http://10.0.0.6:8000"', repr(standins[1].url)))
     (tmp_path / "example.py").write_text(script)
-    r = subprocess.run([sys.executable, str(tmp_path / "example.py")], capture_output=True, text=True, timeout=300)
+    try:
+        r = subprocess.run([sys.executable, str(tmp_path / "example.py")], capture_output=True, text=True,
+                           timeout=300)
+    finally:
+        for si in standins:
+            si.close()
     assert r.returncode == 0, r.stdout + r.stderr
     assert "rank 0: version 1" in r.stdout and "rank 1: version 2" in r.stdout, r.stdout
+    for si in standins:
+        assert f"{si.url}: serves 000002, paused" in r.stdout, r.stdout
+        assert si.version == "000002" and served_equals(si, str(mirror))
     host = tmp_path / "host"
     hfdelta.init(base, host, sync=False)
     pulled = hfdelta.pull(root, host, sync=False)
