@@ -156,4 +156,9 @@ void decode_context_chunks(std::span<const std::uint8_t> entry, std::uint64_t nb
 // build on one machine; not for use while a tensor is being coded.
 int context_isa_level(int cap = -1);
 
+// Whether the context decoder walks a chunk's base an element at a time, as
+// the format describes it, instead of in blocks: what the tests compare the
+// walks of every build against. `on` >= 0 sets it; returns the setting.
+bool context_reference_walk(int on = -1);
+
 }  // namespace hfdelta

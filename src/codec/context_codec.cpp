@@ -791,6 +791,22 @@ Head take_head(EntryCursor& in, std::uint64_t nbytes) {
 // Changes handed to the patch callback per call, at most.
 constexpr std::size_t kHandOut = 16 * 1024;
 
+constexpr std::size_t kBlockWords = 64;
+constexpr std::size_t kBlock = 64 * kBlockWords;
+static_assert(kBlock <= kHandOut, "a block's changes fit one hand-out");
+
+// One block's classes and the changes found in it (per thread, reused).
+struct Block {
+  std::uint64_t gm[kContextMaxGroups][kBlockWords];  // per group and word: its elements
+  // Per group: its elements in the block's earlier words (the block's total
+  // for the words past its end), and in the whole block.
+  alignas(32) std::uint16_t before[kContextMaxGroups][kBlockWords];
+  std::uint64_t total[kContextMaxGroups];
+  std::uint64_t hit[kBlockWords];  // the changes found
+  std::uint16_t at[kBlock];        // per change found, group by group: its element in the block
+  std::uint64_t zz[kBlock];        // and its value (zigzag of the difference)
+};
+
 // Decompression contexts and buffers, per thread (reused from chunk to chunk).
 struct Scratch {
   Decompressor dq, dm, dx;
@@ -799,6 +815,7 @@ struct Scratch {
   std::vector<std::uint64_t> escm;  // M's escapes, in slot order
   std::vector<std::uint64_t> offs;
   std::vector<std::uint8_t> vals, ctx;
+  std::unique_ptr<Block> block;
   static Scratch& get() {
     thread_local Scratch s;
     return s;
@@ -943,9 +960,17 @@ Chunk take_chunk(EntryCursor& in, const Head& h, std::uint64_t ch, Scratch& s, b
 }
 
 // Walks chunk `c` over its base elements, handing `patch` the changes of each
-// piece of base before asking for the next. 64 elements at a time: each
-// group's elements as a mask; a group whose next change lies beyond the
-// block only counts them down, one whose change lies inside finds its bit.
+// piece of base before asking for the next, in element order. A piece goes
+// in blocks of kBlockWords words of 64 elements, in passes with no branch on
+// the data per element or per word (a group's next change lies anywhere, so
+// such branches are mispredicted about once a change):
+//   1. classify: each group's elements in each word as a mask, and how many
+//      the group has in the block's earlier words;
+//   2. find: each group's changes in the block, its next change's rank among
+//      the group's elements giving its word (the counts compared with the
+//      rank at once) and its bit in that word's mask (the rank's set bit);
+//      each change found is marked in a bitmap of the block;
+//   3. hand out: each change's place in element order, counted from the marks.
 struct Walk {
   const Chunk& c;
   const Head& h;
@@ -955,10 +980,109 @@ struct Walk {
   const SparsePatch& patch;
 };
 
-template <std::size_t ES, int L>
+#if HFDELTA_HAVE_V3
+// threshold_masks_avx2 with one comparison a threshold: unsigned c >= t as
+// signed (c ^ 0x80) > ((t - 1) ^ 0x80) (thresholds are at least 1).
+template <std::size_t NT>
+__attribute__((target("avx2"))) inline void threshold_masks_gt_avx2(const std::uint8_t* c, const Thresholds& th,
+                                                                    std::uint64_t* out) {
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  const __m256i v0 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c)), flip);
+  const __m256i v1 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 32)), flip);
+  for (std::size_t j = 0; j < thresholds_n<NT>(th); ++j) {
+    const __m256i t = _mm256_set1_epi8(static_cast<char>((th.t[j] - 1) ^ 0x80));
+    const std::uint64_t lo = static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_cmpgt_epi8(v0, t)));
+    const std::uint64_t hi = static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_cmpgt_epi8(v1, t)));
+    out[j] = lo | hi << 32;
+  }
+}
+
+// word_of's count, 16 words at a time.
+__attribute__((target("avx2,popcnt"))) inline std::size_t word_of_avx2(const std::uint16_t* before, std::uint64_t r) {
+  const __m256i rv = _mm256_set1_epi16(static_cast<short>(r));
+  unsigned above = 0;  // two mask bits per word with more than r before it
+  for (std::size_t k = 0; k < kBlockWords; k += 16)
+    above += static_cast<unsigned>(std::popcount(static_cast<unsigned>(_mm256_movemask_epi8(
+        _mm256_cmpgt_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(before + k)), rv)))));
+  return kBlockWords - 1 - above / 2;
+}
+#endif
+
+// The thresholds' masks of the 64 contexts at `c`: bit i of m[j] set where
+// c[i] >= t[j].
+template <int L, std::size_t NT>
+[[gnu::always_inline]] inline void word_masks(const std::uint8_t* c, const Thresholds& th, std::uint64_t* m) {
+#if HFDELTA_HAVE_V3
+  if constexpr (L >= 2) return threshold_masks_avx512<NT>(c, th, m);
+  if constexpr (L == 1) return threshold_masks_gt_avx2<NT>(c, th, m);
+#endif
+  threshold_masks_generic<NT>(c, th, m);
+}
+
+// Pass 1 for word `wd` of a block (`valid`: its elements that exist).
+template <int L, std::size_t NT>
+[[gnu::always_inline]] inline void classify_word(const std::uint8_t* ctx, std::size_t wd, std::uint64_t valid,
+                                                 const Thresholds& th, std::uint64_t* count, Block& b) {
+  const std::size_t nt = thresholds_n<NT>(th);
+  std::uint64_t m[kContextMaxGroups];
+  word_masks<L, NT>(ctx + 64 * wd, th, m);
+  std::uint64_t above = valid;
+  for (std::size_t j = 0; j < nt; ++j) {
+    const std::uint64_t next = m[j] & valid;
+    const std::uint64_t g = above & ~next;
+    b.gm[j][wd] = g;
+    b.before[j][wd] = static_cast<std::uint16_t>(count[j]);
+    count[j] += static_cast<std::uint64_t>(std::popcount(g));
+    above = next;
+  }
+  b.gm[nt][wd] = above;
+  b.before[nt][wd] = static_cast<std::uint16_t>(count[nt]);
+  count[nt] += static_cast<std::uint64_t>(std::popcount(above));
+}
+
+// Pass 1 over the `len` contexts at `ctx` (whole words of them readable).
+template <int L, std::size_t NT>
+[[gnu::always_inline]] inline void classify(const std::uint8_t* ctx, std::size_t len, const Thresholds& th, Block& b) {
+  const std::size_t nt = thresholds_n<NT>(th);
+  std::uint64_t count[kContextMaxGroups] = {};
+  const std::size_t full = len / 64;
+  for (std::size_t wd = 0; wd < full; ++wd) classify_word<L, NT>(ctx, wd, ~0ull, th, count, b);
+  if (len % 64) classify_word<L, NT>(ctx, full, (std::uint64_t{1} << (len % 64)) - 1, th, count, b);
+  for (std::size_t g = 0; g <= nt; ++g) {
+    b.total[g] = count[g];
+    for (std::size_t wd = (len + 63) / 64; wd < kBlockWords; ++wd)
+      b.before[g][wd] = static_cast<std::uint16_t>(count[g]);
+  }
+}
+
+// The word of a group's element of rank `r` in the block (r below the
+// group's total): the last word with at most r of its elements before it.
+template <int L>
+[[gnu::always_inline]] inline std::size_t word_of(const std::uint16_t* before, std::uint64_t r) {
+#if HFDELTA_HAVE_V3
+  if constexpr (L >= 1) return word_of_avx2(before, r);
+#endif
+  std::size_t w = 0;
+  for (std::size_t half = kBlockWords / 2; half; half /= 2) w += before[w + half] <= r ? half : 0;
+  return w;
+}
+
+// Every group's changes were found among the chunk's base elements.
+void check_walked(const Walk& w, const std::uint64_t* next) {
+  const Chunk& c = w.c;
+  for (std::size_t g = 0; g < c.G; ++g)
+    if (next[g] != c.start[g + 1])
+      fail(Exit::verify_failed, w.what + ": context entry chunk " + std::to_string(c.index) + " names " +
+                                    std::to_string(c.count[g]) + " changes in context group " + std::to_string(g) +
+                                    ", but the base has room for " + std::to_string(next[g] - c.start[g]) +
+                                    " there: these bytes are not the entry's base, or the entry is damaged");
+}
+
+template <std::size_t ES, int L, std::size_t NT>
 [[gnu::always_inline]] inline void walk_body(const Walk& w) {
   const Chunk& c = w.c;
   Scratch& s = w.s;
+  Block& b = *s.block;
   std::uint64_t rem[kContextMaxGroups], next[kContextMaxGroups], esc[kContextMaxGroups];
   for (std::size_t g = 0; g < c.G; ++g) {
     next[g] = c.start[g];
@@ -969,90 +1093,138 @@ template <std::size_t ES, int L>
   th.n = c.G - 1;
   for (std::size_t g = 1; g < c.G; ++g) th.t[g - 1] = c.lo[g];
   constexpr std::size_t kPiece = kContextWindow / ES;
-  constexpr std::size_t kWords = 4;
-  std::uint64_t gm[kWords][kContextMaxGroups];
-  std::uint64_t zz[64 * kWords];
+  std::memset(b.hit, 0, sizeof b.hit);
   for (std::uint64_t e = c.e0; e < c.e1;) {
     const std::size_t cnt = static_cast<std::size_t>(std::min<std::uint64_t>(kPiece, c.e1 - e));
     const std::span<const std::uint8_t> piece = w.base(e * ES, cnt * ES);
     if (piece.size() != cnt * ES) fail(Exit::failure, w.what + ": context decoder was given a short piece of base");
     contexts_of<ES, L>(piece.data(), cnt, w.h.field.shift, (std::uint64_t{1} << w.h.field.bits) - 1, s.ctx.data());
     std::size_t out = 0;
-    // Super-blocks of kWords masks: a group with no change in one costs a
-    // few popcounts; the changes found are marked by position, then handed
-    // out in element order (groups take turns).
-    for (std::size_t b0 = 0; b0 < cnt; b0 += 64 * kWords) {
-      const std::size_t words = std::min<std::size_t>(kWords, (cnt - b0 + 63) / 64);
-      for (std::size_t wd = 0; wd < words; ++wd) {
-        const std::size_t len = std::min<std::size_t>(64, cnt - b0 - 64 * wd);
-        const std::uint64_t valid = len == 64 ? ~0ull : (std::uint64_t{1} << len) - 1;
-        group_masks<L, kAnyNT>(s.ctx.data() + b0 + 64 * wd, th, valid, gm[wd]);  // s.ctx has 64 bytes of slack
-      }
-      std::uint64_t hit[kWords] = {};
+    for (std::size_t b0 = 0; b0 < cnt; b0 += kBlock) {
+      const std::size_t len = std::min(kBlock, cnt - b0);
+      classify<L, NT>(s.ctx.data() + b0, len, th, b);  // s.ctx has 64 bytes of slack
+      std::size_t found = 0;
       for (std::size_t g = 0; g < c.G; ++g) {
-        std::uint64_t total = 0;
-        for (std::size_t wd = 0; wd < words; ++wd) total += static_cast<std::uint64_t>(std::popcount(gm[wd][g]));
-        if (rem[g] >= total) {  // no change of this group here
-          rem[g] -= total;
-          continue;
+        std::uint64_t r = rem[g];
+        const std::uint64_t total = b.total[g];
+        if (r < total) {
+          std::uint64_t nx = next[g], ex = esc[g];
+          const std::uint64_t end = c.start[g + 1];
+          do {  // r: the rank of the group's change nx among its elements in the block
+            const std::size_t wd = word_of<L>(b.before[g], r);
+            const unsigned bit = select_bit<L>(b.gm[g][wd], r - b.before[g][wd]);
+            b.hit[wd] |= std::uint64_t{1} << bit;
+            const std::uint8_t sym = s.m[static_cast<std::size_t>(nx)];
+            const std::uint64_t mag = sym == 255 ? s.escm[static_cast<std::size_t>(ex++)] : sym + std::uint64_t{1};
+            const std::uint64_t neg = (c.signs[nx / 8] >> (nx % 8)) & 1;
+            b.at[found] = static_cast<std::uint16_t>(64 * wd + bit);
+            b.zz[found] = 2 * mag - neg;  // zigzag of the signed difference
+            ++found;
+            ++nx;
+            r = nx < end ? r + s.gaps[static_cast<std::size_t>(nx)] + 1 : kNone;
+          } while (r < total);
+          next[g] = nx;
+          esc[g] = ex;
         }
-        for (std::size_t wd = 0; wd < words; ++wd) {
-          std::uint64_t m = gm[wd][g];
-          auto pop = static_cast<std::uint64_t>(std::popcount(m));
-          while (rem[g] < pop) {  // its next change is in this word
-            const unsigned bit = select_bit<L>(m, rem[g]);
-            const std::uint64_t slot = next[g]++;
-            const std::uint8_t sym = s.m[static_cast<std::size_t>(slot)];
-            const std::uint64_t mag = sym == 255 ? s.escm[static_cast<std::size_t>(esc[g]++)] : sym + std::uint64_t{1};
-            const std::uint64_t neg = (c.signs[slot / 8] >> (slot % 8)) & 1;
-            zz[64 * wd + bit] = 2 * mag - neg;  // zigzag of the signed difference
-            hit[wd] |= std::uint64_t{1} << bit;
-            m = bit == 63 ? 0 : m & (~std::uint64_t{0} << (bit + 1));
-            pop = static_cast<std::uint64_t>(std::popcount(m));
-            rem[g] = next[g] < c.start[g + 1] ? s.gaps[static_cast<std::size_t>(next[g])] : kNone;
-          }
-          rem[g] -= pop;
-        }
+        rem[g] = r - total;  // (kNone stays above any block's total)
       }
-      if (out + 64 * kWords > kHandOut) {  // a batch at a time: the piece is still the caller's to patch
+      if (out + found > kHandOut) {  // a batch at a time: the piece is still the caller's to patch
         w.patch({s.offs.data(), out}, {s.vals.data(), out * ES}, ES, SparseOp::add_zigzag);
         out = 0;
       }
-      for (std::size_t wd = 0; wd < words; ++wd)
-        for (std::uint64_t h = hit[wd]; h; h &= h - 1) {
-          const std::size_t at = 64 * wd + static_cast<std::size_t>(std::countr_zero(h));
-          s.offs[out] = (e + b0 + at) * ES;
-          std::memcpy(s.vals.data() + out * ES, &zz[at], ES);
-          ++out;
-        }
+      // Each word's first place, then each change's: its word's place and
+      // the changes marked before it in the word.
+      std::size_t place[kBlockWords];
+      const std::size_t words = (len + 63) / 64;
+      for (std::size_t wd = 0, p = out; wd < words; ++wd) {
+        place[wd] = p;
+        p += static_cast<std::size_t>(std::popcount(b.hit[wd]));
+      }
+      std::uint64_t* const offs = s.offs.data();
+      std::uint8_t* const vals = s.vals.data();
+      for (std::size_t i = 0; i < found; ++i) {
+        const std::size_t at = b.at[i], wd = at / 64;
+        const std::size_t k =
+            place[wd] + static_cast<std::size_t>(std::popcount(b.hit[wd] & ((std::uint64_t{1} << (at % 64)) - 1)));
+        offs[k] = (e + b0 + at) * ES;
+        std::memcpy(vals + k * ES, &b.zz[i], ES);
+      }
+      std::memset(b.hit, 0, words * sizeof b.hit[0]);
+      out += found;
     }
     if (out) w.patch({s.offs.data(), out}, {s.vals.data(), out * ES}, ES, SparseOp::add_zigzag);
     e += cnt;
   }
-  for (std::size_t g = 0; g < c.G; ++g)
-    if (next[g] != c.start[g + 1])
-      fail(Exit::verify_failed, w.what + ": context entry chunk " + std::to_string(c.index) + " names " +
-                                    std::to_string(c.count[g]) + " changes in context group " + std::to_string(g) +
-                                    ", but the base has room for " + std::to_string(next[g] - c.start[g]) +
-                                    " there: these bytes are not the entry's base, or the entry is damaged");
+  check_walked(w, next);
+}
+
+// The shape for the chunk's group count (as rank_changes_shaped), in the
+// build of level L.
+template <std::size_t ES, int L>
+[[gnu::always_inline]] inline void walk_shaped(const Walk& w) {
+  if (w.c.G == kEncoderGroups) return walk_body<ES, L, kEncoderGroups - 1>(w);
+  walk_body<ES, L, kAnyNT>(w);
 }
 
 #if HFDELTA_HAVE_V3
-// (The walk gained nothing measurable from rank_changes' shape for the
-// encoder's most groups: its cost is in its branches.)
 template <std::size_t ES>
 HFDELTA_V3 void walk_v3(const Walk& w) {
-  walk_body<ES, 1>(w);
+  walk_shaped<ES, 1>(w);
 }
 template <std::size_t ES>
 HFDELTA_V4 void walk_v4(const Walk& w) {
-  walk_body<ES, 2>(w);
+  walk_shaped<ES, 2>(w);
 }
 #endif
 template <std::size_t ES>
 void walk_base(const Walk& w) {
-  walk_body<ES, 0>(w);
+  walk_shaped<ES, 0>(w);
 }
+
+// The walk as the format describes it, an element at a time: each element's
+// group, and each group's count down to its next change. What the walks
+// above must hand out exactly (the tests compare them).
+template <std::size_t ES>
+void walk_reference(const Walk& w) {
+  const Chunk& c = w.c;
+  Scratch& s = w.s;
+  std::uint64_t rem[kContextMaxGroups], next[kContextMaxGroups], esc[kContextMaxGroups];
+  for (std::size_t g = 0; g < c.G; ++g) {
+    next[g] = c.start[g];
+    esc[g] = c.esc_start[g];
+    rem[g] = c.count[g] ? s.gaps[static_cast<std::size_t>(c.start[g])] : kNone;
+  }
+  constexpr std::size_t kPiece = kContextWindow / ES;
+  for (std::uint64_t e = c.e0; e < c.e1;) {
+    const std::size_t cnt = static_cast<std::size_t>(std::min<std::uint64_t>(kPiece, c.e1 - e));
+    const std::span<const std::uint8_t> piece = w.base(e * ES, cnt * ES);
+    if (piece.size() != cnt * ES) fail(Exit::failure, w.what + ": context decoder was given a short piece of base");
+    std::size_t out = 0;
+    for (std::size_t i = 0; i < cnt; ++i) {
+      const std::uint8_t ctx = rules::context_of(load_elem<ES>(piece.data() + i * ES), w.h.field);
+      const unsigned g = rules::group_of(ctx, c.lo, static_cast<unsigned>(c.G));
+      if (rem[g]) {
+        --rem[g];
+        continue;
+      }
+      const std::uint64_t slot = next[g]++;
+      const std::uint8_t sym = s.m[static_cast<std::size_t>(slot)];
+      const std::uint64_t mag = sym == 255 ? s.escm[static_cast<std::size_t>(esc[g]++)] : sym + std::uint64_t{1};
+      const std::uint64_t zz = 2 * mag - ((c.signs[slot / 8] >> (slot % 8)) & 1);
+      s.offs[out] = (e + i) * ES;
+      std::memcpy(s.vals.data() + out * ES, &zz, ES);
+      if (++out == kHandOut) {
+        w.patch({s.offs.data(), out}, {s.vals.data(), out * ES}, ES, SparseOp::add_zigzag);
+        out = 0;
+      }
+      rem[g] = next[g] < c.start[g + 1] ? s.gaps[static_cast<std::size_t>(next[g])] : kNone;
+    }
+    if (out) w.patch({s.offs.data(), out}, {s.vals.data(), out * ES}, ES, SparseOp::add_zigzag);
+    e += cnt;
+  }
+  check_walked(w, next);
+}
+bool g_reference_walk = false;  // a test's choice (context_reference_walk)
 
 template <std::size_t ES>
 void walk_chunk(const Chunk& c, const Head& h, const std::string& what, Scratch& s, const BaseView& base,
@@ -1061,7 +1233,9 @@ void walk_chunk(const Chunk& c, const Head& h, const std::string& what, Scratch&
   s.offs.resize(kHandOut);
   s.vals.resize(kHandOut * ES);
   s.ctx.resize(kPiece + 64);
+  if (!s.block) s.block = std::make_unique<Block>();
   const Walk w{c, h, what, s, base, patch};
+  if (g_reference_walk) return walk_reference<ES>(w);
 #if HFDELTA_HAVE_V3
   if (g_level >= 2) return walk_v4<ES>(w);
   if (g_level == 1) return walk_v3<ES>(w);
@@ -1070,6 +1244,11 @@ void walk_chunk(const Chunk& c, const Head& h, const std::string& what, Scratch&
 }
 
 }  // namespace
+
+bool context_reference_walk(int on) {
+  if (on >= 0) g_reference_walk = on != 0;
+  return g_reference_walk;
+}
 
 void decode_context_chunks(std::span<const std::uint8_t> entry, std::uint64_t nbytes, std::uint64_t first,
                            std::uint64_t last, const std::string& what, const BaseView& base,
