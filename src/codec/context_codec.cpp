@@ -103,18 +103,20 @@ struct BitWriter {
 };
 
 // Reads what BitWriter packs: values of up to 32 bits, LSB first, from `n`
-// bytes, a byte at a time into a 64-bit accumulator.
+// bytes (zeros past them), eight bytes at a time where there are eight.
 struct BitReader {
   const std::uint8_t* p;
   std::size_t n;
-  std::size_t at = 0;
-  std::uint64_t acc = 0;
-  unsigned fill = 0;
+  std::uint64_t at = 0;  // bits read
   std::uint32_t get(unsigned bits) {
-    for (; fill < bits; fill += 8, ++at) acc |= static_cast<std::uint64_t>(at < n ? p[at] : 0) << fill;
-    const auto v = static_cast<std::uint32_t>(acc & ((std::uint64_t{1} << bits) - 1));
-    acc >>= bits;
-    fill -= bits;
+    const std::size_t byte = static_cast<std::size_t>(at / 8);
+    std::uint64_t w = 0;
+    if (byte + 8 <= n)
+      w = get_le64(p + byte);
+    else
+      for (std::size_t k = 0; byte + k < n && k < 8; ++k) w |= static_cast<std::uint64_t>(p[byte + k]) << (8 * k);
+    const auto v = static_cast<std::uint32_t>((w >> (at % 8)) & ((std::uint64_t{1} << bits) - 1));
+    at += bits;
     return v;
   }
 };
@@ -917,42 +919,57 @@ Chunk take_chunk(EntryCursor& in, const Head& h, std::uint64_t ch, Scratch& s, b
   EntryCursor xs{s.x, xw, "context entry"};
   // Gaps, group by group; each group's changes must fit the chunk.
   s.gaps.resize(static_cast<std::size_t>(c.K));
+  std::uint32_t* const gaps = s.gaps.data();
+  const std::uint8_t* const q = s.q.data();
   BitReader rb{r, static_cast<std::size_t>((rbits + 7) / 8)};
   for (std::size_t g = 0; g < c.G; ++g) {
     std::uint64_t used = 0;
+    const unsigned k = rice[g];
+    const std::uint64_t most_q = span >> k;
     for (std::uint64_t i = c.start[g]; i < c.start[g + 1]; ++i) {
-      std::uint64_t qv = s.q[i];
-      if (qv == 255) {
+      std::uint64_t qv = q[i];
+      if (qv == 255) [[unlikely]] {
         const std::uint64_t e = xs.varint();
         if (e > span) bad_chunk(in, ch, "has a gap longer than the chunk");
         qv += e;
       }
-      const std::uint64_t low = rb.get(rice[g]);
-      if (qv >= (span >> rice[g]) + 1) bad_chunk(in, ch, "has a gap longer than the chunk");
-      const std::uint64_t gap = qv << rice[g] | low;
+      const std::uint64_t low = rb.get(k);
+      if (qv > most_q) bad_chunk(in, ch, "has a gap longer than the chunk");
+      const std::uint64_t gap = qv << k | low;
       used += gap + 1;
       if (used > span) bad_chunk(in, ch, "names more elements in a context group than the chunk has");
-      s.gaps[static_cast<std::size_t>(i)] = static_cast<std::uint32_t>(gap);
+      gaps[i] = static_cast<std::uint32_t>(gap);
     }
   }
-  // Magnitudes' escapes, and where each group's begin.
+  // Magnitudes' escapes, and where each group's begin. Wider than one byte,
+  // an element takes any magnitude below 257 either way: only escapes are
+  // checked.
   s.escm.clear();
   const std::uint64_t top = element_ones(h.es);
   const std::uint64_t most_neg = top / 2 + 1;  // |most negative difference|
+  const std::uint8_t* const m = s.m.data();
+  auto value = [&](std::uint64_t i) {
+    std::uint64_t mag = m[i] + std::uint64_t{1};
+    if (m[i] == 255) {
+      const std::uint64_t e = xs.varint();
+      // (1-byte elements have no magnitudes of 256 or more: top - 256 would wrap.)
+      if (top < 256 || e > top - 256) bad_chunk(in, ch, "has a value wider than its elements");
+      mag = 256 + e;
+      s.escm.push_back(mag);
+    }
+    const bool neg = (c.signs[i / 8] >> (i % 8)) & 1;
+    if (mag > (neg ? most_neg : most_neg - 1)) bad_chunk(in, ch, "has a value wider than its elements");
+  };
   for (std::size_t g = 0; g < c.G; ++g) {
     c.esc_start[g] = s.escm.size();
-    for (std::uint64_t i = c.start[g]; i < c.start[g + 1]; ++i) {
-      std::uint64_t mag = s.m[i] + std::uint64_t{1};
-      if (s.m[i] == 255) {
-        const std::uint64_t e = xs.varint();
-        // (1-byte elements have no magnitudes of 256 or more: top - 256 would wrap.)
-        if (top < 256 || e > top - 256) bad_chunk(in, ch, "has a value wider than its elements");
-        mag = 256 + e;
-        s.escm.push_back(mag);
-      }
-      const bool neg = (c.signs[i / 8] >> (i % 8)) & 1;
-      if (mag > (neg ? most_neg : most_neg - 1)) bad_chunk(in, ch, "has a value wider than its elements");
+    if (h.es == 1) {
+      for (std::uint64_t i = c.start[g]; i < c.start[g + 1]; ++i) value(i);
+      continue;
     }
+    const std::uint8_t* const end = m + c.start[g + 1];
+    for (const std::uint8_t* at = m + c.start[g];
+         (at = static_cast<const std::uint8_t*>(std::memchr(at, 255, static_cast<std::size_t>(end - at)))); ++at)
+      value(static_cast<std::uint64_t>(at - m));
   }
   c.esc_start[c.G] = s.escm.size();
   if (xs.at != s.x.size()) bad_chunk(in, ch, "has escape bytes left over");
