@@ -145,10 +145,11 @@ struct Thresholds {
   std::uint8_t t[kContextMaxGroups] = {};
 };
 
-// The encoder's rank pass comes in two shapes: for chunks of delta-diff's
-// most groups (NT = kEncoderGroups - 1 thresholds, nearly every chunk of a
-// trained tensor), where the loops over groups unroll and the masks stay in
-// registers; and for any other count (NT = kAnyNT: th.n at run time).
+// The walks over every element (the encoder's rank pass, the decoder's walk)
+// come in two shapes: for chunks of delta-diff's most groups (NT =
+// kEncoderGroups - 1 thresholds, nearly every chunk of a trained tensor),
+// where the loops over groups unroll and the counts stay in registers; and
+// for any other count (NT = kAnyNT: th.n at run time).
 constexpr std::size_t kAnyNT = ~std::size_t{0};
 template <std::size_t NT>
 [[gnu::always_inline]] inline std::size_t thresholds_n(const Thresholds& th) {
@@ -220,20 +221,23 @@ __attribute__((target("avx2"))) inline void extract_contexts_avx2(const std::uin
   extract_contexts<2>(p + 2 * i, n - i, sh, mask, out + i);
 }
 
+// The thresholds' masks of 64 contexts, 32 at a time: unsigned c >= t as
+// signed (c ^ 0x80) > ((t - 1) ^ 0x80), one comparison (thresholds are at
+// least 1).
 template <std::size_t NT>
 __attribute__((target("avx2"))) inline void threshold_masks_avx2(const std::uint8_t* c, const Thresholds& th,
                                                                  std::uint64_t* out) {
-  const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c));
-  const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 32));
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  const __m256i v0 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c)), flip);
+  const __m256i v1 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 32)), flip);
   for (std::size_t j = 0; j < thresholds_n<NT>(th); ++j) {
-    const __m256i t = _mm256_set1_epi8(static_cast<char>(th.t[j]));
-    const std::uint64_t lo =
-        static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_max_epu8(v0, t), v0)));
-    const std::uint64_t hi =
-        static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_max_epu8(v1, t), v1)));
+    const __m256i t = _mm256_set1_epi8(static_cast<char>((th.t[j] - 1) ^ 0x80));
+    const std::uint64_t lo = static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_cmpgt_epi8(v0, t)));
+    const std::uint64_t hi = static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_cmpgt_epi8(v1, t)));
     out[j] = lo | hi << 32;
   }
 }
+
 #else
 #define HFDELTA_HAVE_V3 0
 int cpu_level() { return 0; }
@@ -250,30 +254,6 @@ template <std::size_t ES, int L>
   if constexpr (ES == 2 && L >= 1) return extract_contexts_avx2(p, n, sh, mask, out);
 #endif
   extract_contexts<ES>(p, n, sh, mask, out);
-}
-
-// Each group's elements among 64 (`valid`: those that exist): group g is at
-// or above threshold g-1 and below threshold g.
-template <int L, std::size_t NT>
-[[gnu::always_inline]] inline void group_masks(const std::uint8_t* c, const Thresholds& th, std::uint64_t valid,
-                                               std::uint64_t* gm) {
-  std::uint64_t m[kContextMaxGroups];
-#if HFDELTA_HAVE_V3
-  if constexpr (L >= 2)
-    threshold_masks_avx512<NT>(c, th, m);
-  else if constexpr (L == 1)
-    threshold_masks_avx2<NT>(c, th, m);
-  else
-#endif
-    threshold_masks_generic<NT>(c, th, m);
-  const std::size_t nt = thresholds_n<NT>(th);
-  std::uint64_t above = valid;
-  for (std::size_t j = 0; j < nt; ++j) {
-    const std::uint64_t next = m[j] & valid;
-    gm[j] = above & ~next;
-    above = next;
-  }
-  gm[nt] = above;
 }
 
 #if HFDELTA_HAVE_V3
@@ -298,10 +278,98 @@ template <int L>
   return at + static_cast<unsigned>(std::countr_zero(x));
 }
 
-// Encoder: each change's rank among its group's base elements, 64 elements
-// at a time: each group's elements as a mask, its count so far (`seen`)
-// advanced by the masks' populations, a change's rank the count before its
-// bit. Writes each change's slot (group by group) and gap.
+// The walks over every element (the decoder's, and the encoder's rank pass)
+// go in blocks of kBlockWords words of 64 elements: the block is classified
+// first (classify), then its changes taken.
+constexpr std::size_t kBlockWords = 64;
+constexpr std::size_t kBlock = 64 * kBlockWords;
+// One block's classes and the changes found in it (per thread, reused).
+struct Block {
+  std::uint64_t gm[kContextMaxGroups][kBlockWords];  // per group and word: its elements
+  // Per group: its elements in the block's earlier words (the block's total
+  // for the words past its end), and in the whole block.
+  alignas(32) std::uint16_t before[kContextMaxGroups][kBlockWords];
+  std::uint64_t total[kContextMaxGroups];
+  std::uint64_t hit[kBlockWords];  // the changes found
+  std::uint16_t at[kBlock];        // per change found, group by group: its element in the block
+  std::uint64_t zz[kBlock];        // and its value (zigzag of the difference)
+};
+
+#if HFDELTA_HAVE_V3
+// word_of's count, 16 words at a time.
+__attribute__((target("avx2,popcnt"))) inline std::size_t word_of_avx2(const std::uint16_t* before, std::uint64_t r) {
+  const __m256i rv = _mm256_set1_epi16(static_cast<short>(r));
+  unsigned above = 0;  // two mask bits per word with more than r before it
+  for (std::size_t k = 0; k < kBlockWords; k += 16)
+    above += static_cast<unsigned>(std::popcount(static_cast<unsigned>(_mm256_movemask_epi8(
+        _mm256_cmpgt_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(before + k)), rv)))));
+  return kBlockWords - 1 - above / 2;
+}
+#endif
+
+// The thresholds' masks of the 64 contexts at `c`: bit i of m[j] set where
+// c[i] >= t[j].
+template <int L, std::size_t NT>
+[[gnu::always_inline]] inline void word_masks(const std::uint8_t* c, const Thresholds& th, std::uint64_t* m) {
+#if HFDELTA_HAVE_V3
+  if constexpr (L >= 2) return threshold_masks_avx512<NT>(c, th, m);
+  if constexpr (L == 1) return threshold_masks_avx2<NT>(c, th, m);
+#endif
+  threshold_masks_generic<NT>(c, th, m);
+}
+
+// Pass 1 for word `wd` of a block (`valid`: its elements that exist).
+template <int L, std::size_t NT>
+[[gnu::always_inline]] inline void classify_word(const std::uint8_t* ctx, std::size_t wd, std::uint64_t valid,
+                                                 const Thresholds& th, std::uint64_t* count, Block& b) {
+  const std::size_t nt = thresholds_n<NT>(th);
+  std::uint64_t m[kContextMaxGroups];
+  word_masks<L, NT>(ctx + 64 * wd, th, m);
+  std::uint64_t above = valid;
+  for (std::size_t j = 0; j < nt; ++j) {
+    const std::uint64_t next = m[j] & valid;
+    const std::uint64_t g = above & ~next;
+    b.gm[j][wd] = g;
+    b.before[j][wd] = static_cast<std::uint16_t>(count[j]);
+    count[j] += static_cast<std::uint64_t>(std::popcount(g));
+    above = next;
+  }
+  b.gm[nt][wd] = above;
+  b.before[nt][wd] = static_cast<std::uint16_t>(count[nt]);
+  count[nt] += static_cast<std::uint64_t>(std::popcount(above));
+}
+
+// Pass 1 over the `len` contexts at `ctx` (whole words of them readable).
+template <int L, std::size_t NT>
+[[gnu::always_inline]] inline void classify(const std::uint8_t* ctx, std::size_t len, const Thresholds& th, Block& b) {
+  const std::size_t nt = thresholds_n<NT>(th);
+  std::uint64_t count[kContextMaxGroups] = {};
+  const std::size_t full = len / 64;
+  for (std::size_t wd = 0; wd < full; ++wd) classify_word<L, NT>(ctx, wd, ~0ull, th, count, b);
+  if (len % 64) classify_word<L, NT>(ctx, full, (std::uint64_t{1} << (len % 64)) - 1, th, count, b);
+  for (std::size_t g = 0; g <= nt; ++g) {
+    b.total[g] = count[g];
+    for (std::size_t wd = (len + 63) / 64; wd < kBlockWords; ++wd)
+      b.before[g][wd] = static_cast<std::uint16_t>(count[g]);
+  }
+}
+
+// The word of a group's element of rank `r` in the block (r below the
+// group's total): the last word with at most r of its elements before it.
+template <int L>
+[[gnu::always_inline]] inline std::size_t word_of(const std::uint16_t* before, std::uint64_t r) {
+#if HFDELTA_HAVE_V3
+  if constexpr (L >= 1) return word_of_avx2(before, r);
+#endif
+  std::size_t w = 0;
+  for (std::size_t half = kBlockWords / 2; half; half /= 2) w += before[w + half] <= r ? half : 0;
+  return w;
+}
+
+// Encoder: each change's rank among its group's base elements, a block at a
+// time: the block classified, a change's rank the group's count before the
+// block and before its word, and the elements of its group below its bit in
+// its word. Writes each change's slot (group by group) and gap.
 struct RankJob {
   const std::uint8_t* ctx;
   std::uint64_t n;
@@ -319,6 +387,7 @@ struct RankJob {
   std::size_t es;
   std::uint8_t* msym;   // per slot: magnitude - 1, 255 for an escape
   std::uint8_t* signs;  // a bit per slot, zeroed by the caller
+  Block* block;         // scratch
 };
 
 // Change j, of group g and `rank` among the group's base elements, into the
@@ -337,24 +406,22 @@ struct RankJob {
 template <int L, std::size_t NT>
 [[gnu::always_inline]] inline void rank_changes_body(const RankJob& r) {
   const std::size_t G = thresholds_n<NT>(r.th) + 1;
-  std::uint64_t seen[kContextMaxGroups] = {}, next_rank[kContextMaxGroups] = {}, gm[kContextMaxGroups];
-  std::uint8_t tail[64];
+  Block& b = *r.block;
+  std::uint64_t seen[kContextMaxGroups] = {}, next_rank[kContextMaxGroups] = {};
   std::uint64_t j = 0;
   const std::uint64_t ones = element_ones(r.es);
-  for (std::uint64_t b0 = 0; b0 < r.n && j < r.K; b0 += 64) {
-    const std::uint64_t len = std::min<std::uint64_t>(64, r.n - b0);
-    const std::uint8_t* cb = r.ctx + b0;
-    if (len < 64) cb = static_cast<const std::uint8_t*>(std::memcpy(tail, cb, len));
-    const std::uint64_t valid = len == 64 ? ~0ull : (std::uint64_t{1} << len) - 1;
-    group_masks<L, NT>(cb, r.th, valid, gm);
-    for (; j < r.K && r.pos[j] < b0 + 64; ++j) {
-      const unsigned bit = static_cast<unsigned>(r.pos[j] - b0);
-      const std::size_t g = r.gtab[cb[bit]];
+  for (std::uint64_t b0 = 0; b0 < r.n && j < r.K; b0 += kBlock) {
+    const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(kBlock, r.n - b0));
+    classify<L, NT>(r.ctx + b0, len, r.th, b);  // r.ctx: whole words readable
+    for (; j < r.K && r.pos[j] < b0 + len; ++j) {
+      const std::size_t at = static_cast<std::size_t>(r.pos[j] - b0), wd = at / 64;
+      const std::size_t g = r.gtab[r.ctx[r.pos[j]]];
       const std::uint64_t rank =
-          seen[g] + static_cast<std::uint64_t>(std::popcount(gm[g] & ((std::uint64_t{1} << bit) - 1)));
+          seen[g] + b.before[g][wd] +
+          static_cast<std::uint64_t>(std::popcount(b.gm[g][wd] & ((std::uint64_t{1} << (at % 64)) - 1)));
       place_change(r, j, g, rank, next_rank, ones);
     }
-    for (std::size_t g = 0; g < G; ++g) seen[g] += static_cast<std::uint64_t>(std::popcount(gm[g]));
+    for (std::size_t g = 0; g < G; ++g) seen[g] += b.total[g];
   }
 }
 
@@ -439,11 +506,12 @@ struct ContextChunkEncoder::Impl {
   ContextField field;
   std::uint64_t mask = 0;
   std::uint64_t n = 0;                         // elements scanned
-  std::unique_ptr<std::uint8_t[]> ctx;         // per element: its context
+  std::unique_ptr<std::uint8_t[]> ctx;         // per element: its context (and a word's slack)
   std::unique_ptr<std::uint32_t[]> pos;        // per change: its element
   std::unique_ptr<std::uint64_t[]> diff;       // per change: new - old, modulo 2^(8 es)
   std::unique_ptr<std::uint32_t[]> gaps;       // per slot (changes group-major)
   std::unique_ptr<std::uint32_t[]> change_of;  // per slot: the change it holds
+  std::unique_ptr<Block> block;                // the rank pass's
   std::vector<std::uint8_t> q, r, m, s, x, xm, frames, head;
   // take(): the changes' contexts and ranks as found, and their groups.
   const std::uint8_t* found_ctx = nullptr;
@@ -453,11 +521,12 @@ struct ContextChunkEncoder::Impl {
   void alloc() {
     if (ctx) return;
     // Uninitialised: pages a chunk never reaches cost nothing.
-    ctx.reset(new std::uint8_t[kContextChunkElements]);
+    ctx.reset(new std::uint8_t[kContextChunkElements + 64]);
     pos.reset(new std::uint32_t[kContextChunkElements]);
     diff.reset(new std::uint64_t[kContextChunkElements]);
     gaps.reset(new std::uint32_t[kContextChunkElements]);
     change_of.reset(new std::uint32_t[kContextChunkElements]);
+    block.reset(new Block);
   }
 
   template <std::size_t ES>
@@ -657,8 +726,9 @@ std::uint64_t ContextChunkEncoder::end(Compressor& c, const ByteSink& sink) {
   for (std::size_t g = 0; g < G; ++g) start[g + 1] = start[g] + gk[g], slot[g] = start[g];
   im.m.resize(K);
   im.s.assign((K + 7) / 8, 0);
-  RankJob job{im.ctx.get(),       im.n,          im.pos.get(), K,           gtab,       {}, G, slot, im.gaps.get(),
-              im.change_of.get(), im.diff.get(), im.es,        im.m.data(), im.s.data()};
+  RankJob job{
+      im.ctx.get(),  im.n,  im.pos.get(), K,           gtab,          {}, G, slot, im.gaps.get(), im.change_of.get(),
+      im.diff.get(), im.es, im.m.data(),  im.s.data(), im.block.get()};
   job.th.n = G - 1;
   for (std::size_t g = 1; g < G; ++g) job.th.t[g - 1] = gs.lo[g];
   if (im.found_ctx)
@@ -793,21 +863,7 @@ Head take_head(EntryCursor& in, std::uint64_t nbytes) {
 // Changes handed to the patch callback per call, at most.
 constexpr std::size_t kHandOut = 16 * 1024;
 
-constexpr std::size_t kBlockWords = 64;
-constexpr std::size_t kBlock = 64 * kBlockWords;
 static_assert(kBlock <= kHandOut, "a block's changes fit one hand-out");
-
-// One block's classes and the changes found in it (per thread, reused).
-struct Block {
-  std::uint64_t gm[kContextMaxGroups][kBlockWords];  // per group and word: its elements
-  // Per group: its elements in the block's earlier words (the block's total
-  // for the words past its end), and in the whole block.
-  alignas(32) std::uint16_t before[kContextMaxGroups][kBlockWords];
-  std::uint64_t total[kContextMaxGroups];
-  std::uint64_t hit[kBlockWords];  // the changes found
-  std::uint16_t at[kBlock];        // per change found, group by group: its element in the block
-  std::uint64_t zz[kBlock];        // and its value (zigzag of the difference)
-};
 
 // Decompression contexts and buffers, per thread (reused from chunk to chunk).
 struct Scratch {
@@ -996,93 +1052,6 @@ struct Walk {
   const BaseView& base;
   const SparsePatch& patch;
 };
-
-#if HFDELTA_HAVE_V3
-// threshold_masks_avx2 with one comparison a threshold: unsigned c >= t as
-// signed (c ^ 0x80) > ((t - 1) ^ 0x80) (thresholds are at least 1).
-template <std::size_t NT>
-__attribute__((target("avx2"))) inline void threshold_masks_gt_avx2(const std::uint8_t* c, const Thresholds& th,
-                                                                    std::uint64_t* out) {
-  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
-  const __m256i v0 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c)), flip);
-  const __m256i v1 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 32)), flip);
-  for (std::size_t j = 0; j < thresholds_n<NT>(th); ++j) {
-    const __m256i t = _mm256_set1_epi8(static_cast<char>((th.t[j] - 1) ^ 0x80));
-    const std::uint64_t lo = static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_cmpgt_epi8(v0, t)));
-    const std::uint64_t hi = static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_cmpgt_epi8(v1, t)));
-    out[j] = lo | hi << 32;
-  }
-}
-
-// word_of's count, 16 words at a time.
-__attribute__((target("avx2,popcnt"))) inline std::size_t word_of_avx2(const std::uint16_t* before, std::uint64_t r) {
-  const __m256i rv = _mm256_set1_epi16(static_cast<short>(r));
-  unsigned above = 0;  // two mask bits per word with more than r before it
-  for (std::size_t k = 0; k < kBlockWords; k += 16)
-    above += static_cast<unsigned>(std::popcount(static_cast<unsigned>(_mm256_movemask_epi8(
-        _mm256_cmpgt_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(before + k)), rv)))));
-  return kBlockWords - 1 - above / 2;
-}
-#endif
-
-// The thresholds' masks of the 64 contexts at `c`: bit i of m[j] set where
-// c[i] >= t[j].
-template <int L, std::size_t NT>
-[[gnu::always_inline]] inline void word_masks(const std::uint8_t* c, const Thresholds& th, std::uint64_t* m) {
-#if HFDELTA_HAVE_V3
-  if constexpr (L >= 2) return threshold_masks_avx512<NT>(c, th, m);
-  if constexpr (L == 1) return threshold_masks_gt_avx2<NT>(c, th, m);
-#endif
-  threshold_masks_generic<NT>(c, th, m);
-}
-
-// Pass 1 for word `wd` of a block (`valid`: its elements that exist).
-template <int L, std::size_t NT>
-[[gnu::always_inline]] inline void classify_word(const std::uint8_t* ctx, std::size_t wd, std::uint64_t valid,
-                                                 const Thresholds& th, std::uint64_t* count, Block& b) {
-  const std::size_t nt = thresholds_n<NT>(th);
-  std::uint64_t m[kContextMaxGroups];
-  word_masks<L, NT>(ctx + 64 * wd, th, m);
-  std::uint64_t above = valid;
-  for (std::size_t j = 0; j < nt; ++j) {
-    const std::uint64_t next = m[j] & valid;
-    const std::uint64_t g = above & ~next;
-    b.gm[j][wd] = g;
-    b.before[j][wd] = static_cast<std::uint16_t>(count[j]);
-    count[j] += static_cast<std::uint64_t>(std::popcount(g));
-    above = next;
-  }
-  b.gm[nt][wd] = above;
-  b.before[nt][wd] = static_cast<std::uint16_t>(count[nt]);
-  count[nt] += static_cast<std::uint64_t>(std::popcount(above));
-}
-
-// Pass 1 over the `len` contexts at `ctx` (whole words of them readable).
-template <int L, std::size_t NT>
-[[gnu::always_inline]] inline void classify(const std::uint8_t* ctx, std::size_t len, const Thresholds& th, Block& b) {
-  const std::size_t nt = thresholds_n<NT>(th);
-  std::uint64_t count[kContextMaxGroups] = {};
-  const std::size_t full = len / 64;
-  for (std::size_t wd = 0; wd < full; ++wd) classify_word<L, NT>(ctx, wd, ~0ull, th, count, b);
-  if (len % 64) classify_word<L, NT>(ctx, full, (std::uint64_t{1} << (len % 64)) - 1, th, count, b);
-  for (std::size_t g = 0; g <= nt; ++g) {
-    b.total[g] = count[g];
-    for (std::size_t wd = (len + 63) / 64; wd < kBlockWords; ++wd)
-      b.before[g][wd] = static_cast<std::uint16_t>(count[g]);
-  }
-}
-
-// The word of a group's element of rank `r` in the block (r below the
-// group's total): the last word with at most r of its elements before it.
-template <int L>
-[[gnu::always_inline]] inline std::size_t word_of(const std::uint16_t* before, std::uint64_t r) {
-#if HFDELTA_HAVE_V3
-  if constexpr (L >= 1) return word_of_avx2(before, r);
-#endif
-  std::size_t w = 0;
-  for (std::size_t half = kBlockWords / 2; half; half /= 2) w += before[w + half] <= r ? half : 0;
-  return w;
-}
 
 // Every group's changes were found among the chunk's base elements.
 void check_walked(const Walk& w, const std::uint64_t* next) {
