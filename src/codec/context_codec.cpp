@@ -221,23 +221,6 @@ __attribute__((target("avx2"))) inline void extract_contexts_avx2(const std::uin
   extract_contexts<2>(p + 2 * i, n - i, sh, mask, out + i);
 }
 
-// The thresholds' masks of 64 contexts, 32 at a time: unsigned c >= t as
-// signed (c ^ 0x80) > ((t - 1) ^ 0x80), one comparison (thresholds are at
-// least 1).
-template <std::size_t NT>
-__attribute__((target("avx2"))) inline void threshold_masks_avx2(const std::uint8_t* c, const Thresholds& th,
-                                                                 std::uint64_t* out) {
-  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
-  const __m256i v0 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c)), flip);
-  const __m256i v1 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 32)), flip);
-  for (std::size_t j = 0; j < thresholds_n<NT>(th); ++j) {
-    const __m256i t = _mm256_set1_epi8(static_cast<char>((th.t[j] - 1) ^ 0x80));
-    const std::uint64_t lo = static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_cmpgt_epi8(v0, t)));
-    const std::uint64_t hi = static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_cmpgt_epi8(v1, t)));
-    out[j] = lo | hi << 32;
-  }
-}
-
 #else
 #define HFDELTA_HAVE_V3 0
 int cpu_level() { return 0; }
@@ -283,29 +266,69 @@ template <int L>
 // first (classify), then its changes taken.
 constexpr std::size_t kBlockWords = 64;
 constexpr std::size_t kBlock = 64 * kBlockWords;
-// One block's classes and the changes found in it (per thread, reused).
+constexpr std::size_t kRows = kContextMaxGroups + 1;
+
+// One block's classes and the changes found in it (per thread, reused). The
+// classes are kept by row: row 0 holds every element of the block, row j + 1
+// those at or above threshold j, row nt + 1 none; group g is row g less row
+// g + 1 (fewer masks and counts to keep than one row per group).
 struct Block {
-  std::uint64_t gm[kContextMaxGroups][kBlockWords];  // per group and word: its elements
-  // Per group: its elements in the block's earlier words (the block's total
-  // for the words past its end), and in the whole block.
-  alignas(32) std::uint16_t before[kContextMaxGroups][kBlockWords];
-  std::uint64_t total[kContextMaxGroups];
-  std::uint64_t hit[kBlockWords];  // the changes found
-  std::uint16_t at[kBlock];        // per change found, group by group: its element in the block
-  std::uint64_t zz[kBlock];        // and its value (zigzag of the difference)
+  std::uint64_t m[kRows][kBlockWords];  // per row and word: its elements
+  // Per row: its elements in the block's earlier words (the block's total for
+  // the words past its end), and in the whole block.
+  alignas(32) std::uint16_t a[kRows][kBlockWords];
+  std::uint64_t total[kRows];
+  std::size_t fixed_nt = kContextMaxGroups;  // rows 0 and fixed_nt + 1 hold a whole block's
+  std::uint64_t hit[kBlockWords];            // the changes found
+  std::uint16_t at[kBlock];                  // per change found, group by group: its element in the block
+  std::uint64_t zz[kBlock];                  // and its value (zigzag of the difference)
+
+  std::uint64_t group_mask(std::size_t g, std::size_t wd) const { return m[g][wd] & ~m[g + 1][wd]; }
+  std::uint64_t group_before(std::size_t g, std::size_t wd) const {
+    return static_cast<std::uint64_t>(a[g][wd] - a[g + 1][wd]);
+  }
+  std::uint64_t group_total(std::size_t g) const { return total[g] - total[g + 1]; }
 };
+
+// Rows 0 and nt + 1 for a block of `len` elements.
+inline void fixed_rows(Block& b, std::size_t nt, std::size_t len) {
+  if (b.fixed_nt == nt && len == kBlock) return;
+  const std::size_t words = (len + 63) / 64;
+  for (std::size_t wd = 0; wd < kBlockWords; ++wd) {
+    b.m[0][wd] = wd < len / 64 ? ~0ull : wd < words ? (std::uint64_t{1} << (len % 64)) - 1 : 0;
+    b.a[0][wd] = static_cast<std::uint16_t>(std::min(64 * wd, len));
+    b.m[nt + 1][wd] = 0;
+    b.a[nt + 1][wd] = 0;
+  }
+  b.total[0] = len;
+  b.total[nt + 1] = 0;
+  b.fixed_nt = len == kBlock ? nt : kContextMaxGroups;  // a shorter block's row 0 is redone next time
+}
 
 #if HFDELTA_HAVE_V3
 // word_of's count, 16 words at a time.
-__attribute__((target("avx2,popcnt"))) inline std::size_t word_of_avx2(const std::uint16_t* before, std::uint64_t r) {
+__attribute__((target("avx2,popcnt"))) inline std::size_t word_of_avx2(const std::uint16_t* lo, const std::uint16_t* hi,
+                                                                       std::uint64_t r) {
   const __m256i rv = _mm256_set1_epi16(static_cast<short>(r));
   unsigned above = 0;  // two mask bits per word with more than r before it
-  for (std::size_t k = 0; k < kBlockWords; k += 16)
-    above += static_cast<unsigned>(std::popcount(static_cast<unsigned>(_mm256_movemask_epi8(
-        _mm256_cmpgt_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(before + k)), rv)))));
+  for (std::size_t k = 0; k < kBlockWords; k += 16) {
+    const __m256i before = _mm256_sub_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(lo + k)),
+                                            _mm256_load_si256(reinterpret_cast<const __m256i*>(hi + k)));
+    above += static_cast<unsigned>(
+        std::popcount(static_cast<unsigned>(_mm256_movemask_epi8(_mm256_cmpgt_epi16(before, rv)))));
+  }
   return kBlockWords - 1 - above / 2;
 }
 #endif
+
+// Where classify takes a block's contexts: extracted (one byte an element,
+// whole words readable), or, for 2-byte elements in the x86-64-v3 build,
+// straight from the base elements (`es` 2 here).
+struct Contexts {
+  const std::uint8_t* ctx = nullptr;
+  const std::uint8_t* base = nullptr;
+  ContextField field;
+};
 
 // The thresholds' masks of the 64 contexts at `c`: bit i of m[j] set where
 // c[i] >= t[j].
@@ -313,56 +336,117 @@ template <int L, std::size_t NT>
 [[gnu::always_inline]] inline void word_masks(const std::uint8_t* c, const Thresholds& th, std::uint64_t* m) {
 #if HFDELTA_HAVE_V3
   if constexpr (L >= 2) return threshold_masks_avx512<NT>(c, th, m);
-  if constexpr (L == 1) return threshold_masks_avx2<NT>(c, th, m);
 #endif
   threshold_masks_generic<NT>(c, th, m);
 }
 
-// Pass 1 for word `wd` of a block (`valid`: its elements that exist).
+// Pass 1 over a block of `len` elements: each row's masks and counts.
 template <int L, std::size_t NT>
-[[gnu::always_inline]] inline void classify_word(const std::uint8_t* ctx, std::size_t wd, std::uint64_t valid,
-                                                 const Thresholds& th, std::uint64_t* count, Block& b) {
-  const std::size_t nt = thresholds_n<NT>(th);
-  std::uint64_t m[kContextMaxGroups];
-  word_masks<L, NT>(ctx + 64 * wd, th, m);
-  std::uint64_t above = valid;
-  for (std::size_t j = 0; j < nt; ++j) {
-    const std::uint64_t next = m[j] & valid;
-    const std::uint64_t g = above & ~next;
-    b.gm[j][wd] = g;
-    b.before[j][wd] = static_cast<std::uint16_t>(count[j]);
-    count[j] += static_cast<std::uint64_t>(std::popcount(g));
-    above = next;
-  }
-  b.gm[nt][wd] = above;
-  b.before[nt][wd] = static_cast<std::uint16_t>(count[nt]);
-  count[nt] += static_cast<std::uint64_t>(std::popcount(above));
-}
-
-// Pass 1 over the `len` contexts at `ctx` (whole words of them readable).
-template <int L, std::size_t NT>
-[[gnu::always_inline]] inline void classify(const std::uint8_t* ctx, std::size_t len, const Thresholds& th, Block& b) {
+[[gnu::always_inline]] inline void classify_rows(const Contexts& src, std::size_t len, const Thresholds& th, Block& b) {
   const std::size_t nt = thresholds_n<NT>(th);
   std::uint64_t count[kContextMaxGroups] = {};
-  const std::size_t full = len / 64;
-  for (std::size_t wd = 0; wd < full; ++wd) classify_word<L, NT>(ctx, wd, ~0ull, th, count, b);
-  if (len % 64) classify_word<L, NT>(ctx, full, (std::uint64_t{1} << (len % 64)) - 1, th, count, b);
-  for (std::size_t g = 0; g <= nt; ++g) {
-    b.total[g] = count[g];
-    for (std::size_t wd = (len + 63) / 64; wd < kBlockWords; ++wd)
-      b.before[g][wd] = static_cast<std::uint16_t>(count[g]);
+  auto word = [&](std::size_t wd, std::uint64_t valid) {
+    std::uint64_t m[kContextMaxGroups];
+    word_masks<L, NT>(src.ctx + 64 * wd, th, m);
+    for (std::size_t j = 0; j < nt; ++j) {
+      const std::uint64_t mj = m[j] & valid;
+      b.m[j + 1][wd] = mj;
+      b.a[j + 1][wd] = static_cast<std::uint16_t>(count[j]);
+      count[j] += static_cast<std::uint64_t>(std::popcount(mj));
+    }
+  };
+  for (std::size_t wd = 0; wd < len / 64; ++wd) word(wd, ~0ull);
+  if (len % 64) word(len / 64, (std::uint64_t{1} << (len % 64)) - 1);
+  for (std::size_t j = 0; j < nt; ++j) b.total[j + 1] = count[j];
+}
+
+#if HFDELTA_HAVE_V3
+// classify_rows in the x86-64-v3 build, 32 contexts to a vector: unsigned
+// c >= t as signed (c ^ 0x80) > ((t - 1) ^ 0x80), one comparison (thresholds
+// are at least 1).
+#define HFDELTA_V3_INLINE [[gnu::always_inline]] __attribute__((target("avx2,popcnt"))) inline
+
+// The 64 contexts of word wd, flipped: from the extracted contexts, or from
+// the 2-byte base elements (their last word, if not whole, from a copy).
+HFDELTA_V3_INLINE void word_contexts_avx2(const Contexts& src, std::size_t wd, std::size_t len, __m128i shift,
+                                          __m256i field, __m256i* v) {
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  if (!src.base) {
+    for (int h = 0; h < 2; ++h)
+      v[h] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src.ctx + 64 * wd + 32 * h)), flip);
+    return;
+  }
+  const std::uint8_t* p = src.base + 128 * wd;
+  alignas(32) std::uint8_t tail[128];
+  if (64 * wd + 64 > len) {
+    std::memset(tail, 0, sizeof tail);
+    p = static_cast<const std::uint8_t*>(std::memcpy(tail, p, 2 * (len - 64 * wd)));
+  }
+  for (int h = 0; h < 2; ++h) {
+    const __m256i x0 = _mm256_and_si256(
+        _mm256_srl_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * h)), shift), field);
+    const __m256i x1 = _mm256_and_si256(
+        _mm256_srl_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * h + 32)), shift), field);
+    // packus interleaves the 128-bit lanes: the permute puts them back in order.
+    v[h] = _mm256_xor_si256(_mm256_permute4x64_epi64(_mm256_packus_epi16(x0, x1), 0xd8), flip);
   }
 }
 
-// The word of a group's element of rank `r` in the block (r below the
+// Each word's masks stored and counted, each threshold's before the next (so
+// that the counts stay in registers).
+template <std::size_t NT>
+__attribute__((target("avx2,popcnt"))) void classify_rows_avx2(const Contexts& src, std::size_t len,
+                                                               const Thresholds& th, Block& b) {
+  const std::size_t nt = thresholds_n<NT>(th);
+  __m256i t[kContextMaxGroups];
+  for (std::size_t j = 0; j < nt; ++j) t[j] = _mm256_set1_epi8(static_cast<char>((th.t[j] - 1) ^ 0x80));
+  const __m128i shift = _mm_cvtsi32_si128(src.field.shift);
+  const __m256i field = _mm256_set1_epi16(static_cast<short>((1 << src.field.bits) - 1));
+  std::uint64_t count[kContextMaxGroups] = {};
+  const std::size_t full = len / 64, words = (len + 63) / 64;
+  const std::uint64_t last = len % 64 ? (std::uint64_t{1} << (len % 64)) - 1 : ~0ull;
+  for (std::size_t wd = 0; wd < words; ++wd) {
+    __m256i v[2];
+    word_contexts_avx2(src, wd, len, shift, field, v);
+    const std::uint64_t valid = wd < full ? ~0ull : last;
+    for (std::size_t j = 0; j < nt; ++j) {
+      const std::uint64_t lo = static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_cmpgt_epi8(v[0], t[j])));
+      const std::uint64_t hi = static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_cmpgt_epi8(v[1], t[j])));
+      const std::uint64_t mj = (lo | hi << 32) & valid;
+      b.m[j + 1][wd] = mj;
+      b.a[j + 1][wd] = static_cast<std::uint16_t>(count[j]);
+      count[j] += static_cast<std::uint64_t>(std::popcount(mj));
+    }
+  }
+  for (std::size_t j = 0; j < nt; ++j) b.total[j + 1] = count[j];
+}
+#endif
+
+// Pass 1 over a block of `len` elements.
+template <int L, std::size_t NT>
+[[gnu::always_inline]] inline void classify(const Contexts& src, std::size_t len, const Thresholds& th, Block& b) {
+  const std::size_t nt = thresholds_n<NT>(th);
+  fixed_rows(b, nt, len);
+#if HFDELTA_HAVE_V3
+  if constexpr (L == 1)
+    classify_rows_avx2<NT>(src, len, th, b);
+  else
+#endif
+    classify_rows<L, NT>(src, len, th, b);
+  for (std::size_t j = 0; j < nt; ++j)  // the words past the block's end
+    for (std::size_t wd = (len + 63) / 64; wd < kBlockWords; ++wd)
+      b.a[j + 1][wd] = static_cast<std::uint16_t>(b.total[j + 1]);
+}
+
+// The word of group g's element of rank `r` in the block (r below the
 // group's total): the last word with at most r of its elements before it.
 template <int L>
-[[gnu::always_inline]] inline std::size_t word_of(const std::uint16_t* before, std::uint64_t r) {
+[[gnu::always_inline]] inline std::size_t word_of(const Block& b, std::size_t g, std::uint64_t r) {
 #if HFDELTA_HAVE_V3
-  if constexpr (L >= 1) return word_of_avx2(before, r);
+  if constexpr (L >= 1) return word_of_avx2(b.a[g], b.a[g + 1], r);
 #endif
   std::size_t w = 0;
-  for (std::size_t half = kBlockWords / 2; half; half /= 2) w += before[w + half] <= r ? half : 0;
+  for (std::size_t half = kBlockWords / 2; half; half /= 2) w += b.group_before(g, w + half) <= r ? half : 0;
   return w;
 }
 
@@ -412,16 +496,16 @@ template <int L, std::size_t NT>
   const std::uint64_t ones = element_ones(r.es);
   for (std::uint64_t b0 = 0; b0 < r.n && j < r.K; b0 += kBlock) {
     const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(kBlock, r.n - b0));
-    classify<L, NT>(r.ctx + b0, len, r.th, b);  // r.ctx: whole words readable
+    classify<L, NT>(Contexts{r.ctx + b0, nullptr, {}}, len, r.th, b);  // r.ctx: whole words readable
     for (; j < r.K && r.pos[j] < b0 + len; ++j) {
       const std::size_t at = static_cast<std::size_t>(r.pos[j] - b0), wd = at / 64;
       const std::size_t g = r.gtab[r.ctx[r.pos[j]]];
       const std::uint64_t rank =
-          seen[g] + b.before[g][wd] +
-          static_cast<std::uint64_t>(std::popcount(b.gm[g][wd] & ((std::uint64_t{1} << (at % 64)) - 1)));
+          seen[g] + b.group_before(g, wd) +
+          static_cast<std::uint64_t>(std::popcount(b.group_mask(g, wd) & ((std::uint64_t{1} << (at % 64)) - 1)));
       place_change(r, j, g, rank, next_rank, ones);
     }
-    for (std::size_t g = 0; g < G; ++g) seen[g] += b.total[g];
+    for (std::size_t g = 0; g < G; ++g) seen[g] += b.group_total(g);
   }
 }
 
@@ -1084,21 +1168,28 @@ template <std::size_t ES, int L, std::size_t NT>
     const std::size_t cnt = static_cast<std::size_t>(std::min<std::uint64_t>(kPiece, c.e1 - e));
     const std::span<const std::uint8_t> piece = w.base(e * ES, cnt * ES);
     if (piece.size() != cnt * ES) fail(Exit::failure, w.what + ": context decoder was given a short piece of base");
-    contexts_of<ES, L>(piece.data(), cnt, w.h.field.shift, (std::uint64_t{1} << w.h.field.bits) - 1, s.ctx.data());
+    // 2-byte elements in the x86-64-v3 build: their contexts straight from
+    // the base, not stored and read again.
+    constexpr bool kDirect = ES == 2 && L == 1;
+    if constexpr (!kDirect)
+      contexts_of<ES, L>(piece.data(), cnt, w.h.field.shift, (std::uint64_t{1} << w.h.field.bits) - 1, s.ctx.data());
     std::size_t out = 0;
     for (std::size_t b0 = 0; b0 < cnt; b0 += kBlock) {
       const std::size_t len = std::min(kBlock, cnt - b0);
-      classify<L, NT>(s.ctx.data() + b0, len, th, b);  // s.ctx has 64 bytes of slack
+      if constexpr (kDirect)
+        classify<L, NT>(Contexts{nullptr, piece.data() + b0 * ES, w.h.field}, len, th, b);
+      else
+        classify<L, NT>(Contexts{s.ctx.data() + b0, nullptr, {}}, len, th, b);  // s.ctx has 64 bytes of slack
       std::size_t found = 0;
       for (std::size_t g = 0; g < c.G; ++g) {
         std::uint64_t r = rem[g];
-        const std::uint64_t total = b.total[g];
+        const std::uint64_t total = b.group_total(g);
         if (r < total) {
           std::uint64_t nx = next[g], ex = esc[g];
           const std::uint64_t end = c.start[g + 1];
           do {  // r: the rank of the group's change nx among its elements in the block
-            const std::size_t wd = word_of<L>(b.before[g], r);
-            const unsigned bit = select_bit<L>(b.gm[g][wd], r - b.before[g][wd]);
+            const std::size_t wd = word_of<L>(b, g, r);
+            const unsigned bit = select_bit<L>(b.group_mask(g, wd), r - b.group_before(g, wd));
             b.hit[wd] |= std::uint64_t{1} << bit;
             const std::uint8_t sym = s.m[static_cast<std::size_t>(nx)];
             const std::uint64_t mag = sym == 255 ? s.escm[static_cast<std::size_t>(ex++)] : sym + std::uint64_t{1};
@@ -1121,21 +1212,23 @@ template <std::size_t ES, int L, std::size_t NT>
       // Each word's first place, then each change's: its word's place and
       // the changes marked before it in the word.
       std::size_t place[kBlockWords];
+      std::uint64_t hit[kBlockWords];
       const std::size_t words = (len + 63) / 64;
       for (std::size_t wd = 0, p = out; wd < words; ++wd) {
         place[wd] = p;
-        p += static_cast<std::size_t>(std::popcount(b.hit[wd]));
+        hit[wd] = b.hit[wd];
+        b.hit[wd] = 0;  // for the next block
+        p += static_cast<std::size_t>(std::popcount(hit[wd]));
       }
       std::uint64_t* const offs = s.offs.data();
       std::uint8_t* const vals = s.vals.data();
       for (std::size_t i = 0; i < found; ++i) {
         const std::size_t at = b.at[i], wd = at / 64;
         const std::size_t k =
-            place[wd] + static_cast<std::size_t>(std::popcount(b.hit[wd] & ((std::uint64_t{1} << (at % 64)) - 1)));
+            place[wd] + static_cast<std::size_t>(std::popcount(hit[wd] & ((std::uint64_t{1} << (at % 64)) - 1)));
         offs[k] = (e + b0 + at) * ES;
         std::memcpy(vals + k * ES, &b.zz[i], ES);
       }
-      std::memset(b.hit, 0, words * sizeof b.hit[0]);
       out += found;
     }
     if (out) w.patch({s.offs.data(), out}, {s.vals.data(), out * ES}, ES, SparseOp::add_zigzag);
