@@ -82,23 +82,20 @@ double position_bits(std::uint64_t n, std::uint64_t k) {
   return static_cast<double>(n) * (-p * std::log2(p) - (1 - p) * std::log2(1 - p));
 }
 
-// Packs values of up to 32 bits, LSB first.
+// Packs values of up to 24 bits, LSB first, into `p`, which has room for
+// every value's bits and 8 bytes more: each value stored with the bits before
+// it that make no whole byte yet, eight bytes at a time (no branch a value).
 struct BitWriter {
-  std::vector<std::uint8_t>& out;
-  std::uint64_t acc = 0;
+  std::uint8_t* p;
+  std::uint64_t acc = 0;  // bits not yet in whole bytes: fewer than 8
   unsigned fill = 0;
   void put(std::uint32_t v, unsigned bits) {
     acc |= static_cast<std::uint64_t>(v) << fill;
     fill += bits;
-    while (fill >= 8) {
-      out.push_back(static_cast<std::uint8_t>(acc));
-      acc >>= 8;
-      fill -= 8;
-    }
-  }
-  void end() {
-    if (fill) out.push_back(static_cast<std::uint8_t>(acc));
-    acc = 0, fill = 0;
+    put_le64(p, acc);
+    p += fill / 8;
+    acc >>= fill & ~7u;
+    fill %= 8;
   }
 };
 
@@ -734,12 +731,16 @@ unsigned choose_rice(const std::uint32_t* gaps, std::size_t cnt) {
   for (unsigned k = k0 ? k0 - 1 : 0; k <= k0; ++k) {
     std::memset(hist, 0, sizeof hist);
     double bits = static_cast<double>(k) * static_cast<double>(cnt);
-    for (std::size_t i = 0; i < cnt; ++i) {
-      const std::uint32_t q = gaps[i] >> k;
-      ++hist[i % 4][std::min<std::uint32_t>(q, 255)];
+    auto one = [&](std::size_t t, std::uint32_t gap) {
+      const std::uint32_t q = gap >> k;
+      ++hist[t][std::min<std::uint32_t>(q, 255)];
       if (q >= 255) [[unlikely]]
         bits += 8.0 * (1 + std::bit_width(q - 255) / 7);
-    }
+    };
+    std::size_t i = 0;
+    for (; i + 4 <= cnt; i += 4)
+      for (std::size_t t = 0; t < 4; ++t) one(t, gaps[i + t]);
+    for (; i < cnt; ++i) one(i % 4, gaps[i]);
     for (std::size_t v = 0; v < 256; ++v)
       if (const std::uint32_t h = hist[0][v] + hist[1][v] + hist[2][v] + hist[3][v])
         bits += h * std::log2(static_cast<double>(cnt) / h);
@@ -791,9 +792,14 @@ std::uint64_t ContextChunkEncoder::end(Compressor& c, const ByteSink& sink) {
     // change's. Four tables taken in turn: runs of one context would
     // otherwise wait on each other's increments.
     std::uint64_t hn4[4][256] = {}, hn[256];
-    for (std::uint64_t b = 0; b < im.n; b += rules::kSampleEvery)
-      for (std::uint64_t i = b, e = std::min(im.n, b + rules::kSampleRun); i < e; ++i)
-        hn4[i % 4][im.ctx[i]] += rules::kSampleWeight;
+    static_assert(rules::kSampleRun % 4 == 0 && rules::kSampleEvery % 4 == 0);
+    for (std::uint64_t b = 0; b < im.n; b += rules::kSampleEvery) {
+      const std::uint64_t e = std::min(im.n, b + rules::kSampleRun);
+      std::uint64_t i = b;
+      for (; i + 4 <= e; i += 4)
+        for (std::size_t t = 0; t < 4; ++t) hn4[t][im.ctx[i + t]] += rules::kSampleWeight;
+      for (; i < e; ++i) hn4[i % 4][im.ctx[i]] += rules::kSampleWeight;
+    }
     for (std::size_t c2 = 0; c2 < 256; ++c2) hn[c2] = hn4[0][c2] + hn4[1][c2] + hn4[2][c2] + hn4[3][c2];
     gs = groups_of(hn, hk, im.field);
   }
@@ -824,23 +830,31 @@ std::uint64_t ContextChunkEncoder::end(Compressor& c, const ByteSink& sink) {
   im.r.clear(), im.x.clear(), im.xm.clear();
   im.head.push_back(static_cast<std::uint8_t>(G));
   for (std::size_t g = 1; g < G; ++g) im.head.push_back(gs.lo[g]);
-  BitWriter rw{im.r};
+  unsigned rice[kContextMaxGroups];
+  std::uint64_t rbits = 0;
+  for (std::size_t g = 0; g < G; ++g) {
+    rice[g] = choose_rice(im.gaps.get() + start[g], static_cast<std::size_t>(gk[g]));
+    rbits += rice[g] * gk[g];
+  }
+  im.r.resize(static_cast<std::size_t>((rbits + 7) / 8 + 8));
+  BitWriter rw{im.r.data()};
   for (std::size_t g = 0; g < G; ++g) {
     const std::uint32_t* gp = im.gaps.get() + start[g];
     const std::size_t cnt = static_cast<std::size_t>(gk[g]);
-    const unsigned k = choose_rice(gp, cnt);
+    const unsigned k = rice[g];
     im.head.push_back(static_cast<std::uint8_t>(k));
     put_varint(im.head, cnt);
     std::uint8_t* qp = im.q.data() + start[g];
+    const std::uint32_t low = (std::uint32_t{1} << k) - 1;
     for (std::size_t i = 0; i < cnt; ++i) {
       const std::uint32_t qv = gp[i] >> k;
       qp[i] = static_cast<std::uint8_t>(std::min<std::uint32_t>(qv, 255));
       if (qv >= 255) [[unlikely]]
         put_varint(im.x, qv - 255);
-      if (k) rw.put(gp[i] & ((std::uint32_t{1} << k) - 1), k);
+      rw.put(gp[i] & low, k);
     }
   }
-  rw.end();
+  im.r.resize(static_cast<std::size_t>((rbits + 7) / 8));
   // The magnitudes' escapes, in slot order (M and S were written by slot).
   const std::uint64_t ones = element_ones(im.es);
   for (std::uint64_t s = 0; s < K; ++s)
