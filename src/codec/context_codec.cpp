@@ -319,8 +319,10 @@ __attribute__((target("avx2,popcnt"))) inline std::size_t word_of_avx2(const std
 #endif
 
 // Where classify takes a block's contexts: extracted (one byte an element,
-// whole words readable), or, for 2-byte elements in the x86-64-v3 build,
-// straight from the base elements (`es` 2 here).
+// whole words readable, zeros past the block's end), or, for 2-byte elements
+// in the x86-64-v3 build, straight from the base elements (`es` 2 here). A
+// context of 0 is below every threshold, so the zeros past the end count in
+// no row.
 struct Contexts {
   const std::uint8_t* ctx = nullptr;
   const std::uint8_t* base = nullptr;
@@ -342,18 +344,15 @@ template <int L, std::size_t NT>
 [[gnu::always_inline]] inline void classify_rows(const Contexts& src, std::size_t len, const Thresholds& th, Block& b) {
   const std::size_t nt = thresholds_n<NT>(th);
   std::uint64_t count[kContextMaxGroups] = {};
-  auto word = [&](std::size_t wd, std::uint64_t valid) {
+  for (std::size_t wd = 0; wd < (len + 63) / 64; ++wd) {
     std::uint64_t m[kContextMaxGroups];
     word_masks<L, NT>(src.ctx + 64 * wd, th, m);
     for (std::size_t j = 0; j < nt; ++j) {
-      const std::uint64_t mj = m[j] & valid;
-      b.m[j + 1][wd] = mj;
+      b.m[j + 1][wd] = m[j];
       b.a[j + 1][wd] = static_cast<std::uint16_t>(count[j]);
-      count[j] += static_cast<std::uint64_t>(std::popcount(mj));
+      count[j] += static_cast<std::uint64_t>(std::popcount(m[j]));
     }
-  };
-  for (std::size_t wd = 0; wd < len / 64; ++wd) word(wd, ~0ull);
-  if (len % 64) word(len / 64, (std::uint64_t{1} << (len % 64)) - 1);
+  }
   for (std::size_t j = 0; j < nt; ++j) b.total[j + 1] = count[j];
 }
 
@@ -400,16 +399,13 @@ __attribute__((target("avx2,popcnt"))) void classify_rows_avx2(const Contexts& s
   const __m128i shift = _mm_cvtsi32_si128(src.field.shift);
   const __m256i field = _mm256_set1_epi16(static_cast<short>((1 << src.field.bits) - 1));
   std::uint64_t count[kContextMaxGroups] = {};
-  const std::size_t full = len / 64, words = (len + 63) / 64;
-  const std::uint64_t last = len % 64 ? (std::uint64_t{1} << (len % 64)) - 1 : ~0ull;
-  for (std::size_t wd = 0; wd < words; ++wd) {
+  for (std::size_t wd = 0; wd < (len + 63) / 64; ++wd) {
     __m256i v[2];
     word_contexts_avx2(src, wd, len, shift, field, v);
-    const std::uint64_t valid = wd < full ? ~0ull : last;
     for (std::size_t j = 0; j < nt; ++j) {
       const std::uint64_t lo = static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_cmpgt_epi8(v[0], t[j])));
       const std::uint64_t hi = static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_cmpgt_epi8(v[1], t[j])));
-      const std::uint64_t mj = (lo | hi << 32) & valid;
+      const std::uint64_t mj = lo | hi << 32;
       b.m[j + 1][wd] = mj;
       b.a[j + 1][wd] = static_cast<std::uint16_t>(count[j]);
       count[j] += static_cast<std::uint64_t>(std::popcount(mj));
@@ -823,8 +819,10 @@ std::uint64_t ContextChunkEncoder::end(Compressor& c, const ByteSink& sink) {
   for (std::size_t g = 1; g < G; ++g) job.th.t[g - 1] = gs.lo[g];
   if (im.found_ctx)
     place_ranked(job, im.found_ctx, im.found_rank);
-  else
+  else {
+    std::memset(im.ctx.get() + im.n, 0, 64);  // (see Contexts)
     rank_changes(job);
+  }
 
   im.q.resize(K);
   im.r.clear(), im.x.clear(), im.xm.clear();
@@ -1185,8 +1183,10 @@ template <std::size_t ES, int L, std::size_t NT>
     // 2-byte elements in the x86-64-v3 build: their contexts straight from
     // the base, not stored and read again.
     constexpr bool kDirect = ES == 2 && L == 1;
-    if constexpr (!kDirect)
+    if constexpr (!kDirect) {
       contexts_of<ES, L>(piece.data(), cnt, w.h.field.shift, (std::uint64_t{1} << w.h.field.bits) - 1, s.ctx.data());
+      std::memset(s.ctx.data() + cnt, 0, 64);  // (see Contexts)
+    }
     std::size_t out = 0;
     for (std::size_t b0 = 0; b0 < cnt; b0 += kBlock) {
       const std::size_t len = std::min(kBlock, cnt - b0);
