@@ -344,3 +344,170 @@ TEST_CASE("context: hostile entries are refused with bad_input, never crash") {
   t[32] = 12;  // shift 12 + 8 bits > 16
   CHECK_THROWS_AS(check_context(t, a.size(), "t"), Error);
 }
+
+namespace {
+
+// A context entry with the groups given, not the encoder's choice: every
+// chunk's changes found and ranked here, element by element, and coded by
+// encode_context_found (which takes any 1 to 16 groups).
+Bytes encode_grouped(const Bytes& a, const Bytes& b, std::size_t es, ContextField f, const ContextGroups& groups) {
+  const std::uint64_t n = a.size() / es, chunks = (n + kContextChunkElements - 1) / kContextChunkElements;
+  std::vector<std::vector<std::uint32_t>> pos(chunks), rank(chunks);
+  std::vector<Bytes> diff(chunks), ctx(chunks);
+  std::vector<FoundChunk> found(chunks);
+  for (std::uint64_t ch = 0; ch < chunks; ++ch) {
+    FoundChunk& fc = found[ch];
+    fc.elements = std::min<std::uint64_t>(kContextChunkElements, n - ch * kContextChunkElements);
+    std::uint32_t seen[kContextMaxGroups] = {};
+    for (std::uint64_t i = 0; i < fc.elements; ++i) {
+      const std::uint64_t e = ch * kContextChunkElements + i;
+      std::uint64_t va = 0, vb = 0;
+      std::memcpy(&va, a.data() + e * es, es);
+      std::memcpy(&vb, b.data() + e * es, es);
+      const std::uint8_t c = f.bits ? static_cast<std::uint8_t>((va >> f.shift) & ((1u << f.bits) - 1)) : 0;
+      unsigned g = 0;
+      while (g + 1 < groups.G && c >= groups.lo[g + 1]) ++g;
+      if (va != vb) {
+        pos[ch].push_back(static_cast<std::uint32_t>(i));
+        rank[ch].push_back(seen[g]);
+        ctx[ch].push_back(c);
+        const std::uint64_t d = vb - va;
+        for (std::size_t k = 0; k < es; ++k) diff[ch].push_back(static_cast<std::uint8_t>(d >> (8 * k)));
+        for (std::size_t k = 0; k < es; ++k) fc.bytes_changed += a[e * es + k] != b[e * es + k];
+      }
+      ++seen[g];
+    }
+    fc.count = pos[ch].size();
+    fc.pos = pos[ch].data();
+    fc.rank = rank[ch].data();
+    fc.ctx = ctx[ch].data();
+    fc.diff = diff[ch].data();
+  }
+  const std::vector<ContextGroups> gs(chunks, groups);
+  Compressor c(3);
+  Bytes out;
+  encode_context_found(c, es, a.size(), f, found, gs,
+                       [&](std::span<const std::uint8_t> s) { out.insert(out.end(), s.begin(), s.end()); });
+  return out;
+}
+
+// What a decode hands out: every change's byte offset and value, in order,
+// and the error that ended it (empty when none).
+struct HandedOut {
+  std::vector<std::uint64_t> offs;
+  Bytes vals;
+  std::string error;
+  bool operator==(const HandedOut&) const = default;
+};
+
+HandedOut handed_out(const Bytes& base, const Bytes& entry) {
+  HandedOut h;
+  std::uint64_t piece_end = 0;
+  bool ok = true;
+  const BaseView view = [&](std::uint64_t off, std::size_t n) {
+    piece_end = off + n;
+    return std::span<const std::uint8_t>(base.data() + off, n);
+  };
+  try {
+    decode_context(entry, base.size(), "t", view,
+                   [&](std::span<const std::uint64_t> offs, std::span<const std::uint8_t> x, std::size_t es, SparseOp) {
+                     for (const std::uint64_t o : offs) ok = ok && o + es <= piece_end;  // the piece just read
+                     h.offs.insert(h.offs.end(), offs.begin(), offs.end());
+                     h.vals.insert(h.vals.end(), x.begin(), x.end());
+                   });
+  } catch (const Error& err) {
+    h.error = std::to_string(static_cast<int>(err.code())) + " " + err.what();
+  }
+  CHECK(ok);
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("context: every build's walk hands out what the element-at-a-time walk does, over random layouts") {
+  const int widest = context_isa_level();
+  std::mt19937_64 rng(11);
+  auto pick = [&](std::uint64_t k) { return rng() % k; };
+  std::size_t runs = 0, changes = 0, refused = 0;
+  for (int iter = 0; iter < 200; ++iter) {
+    CAPTURE(iter);
+    const std::size_t es = std::size_t{1} << pick(4);
+    // Mostly small tensors (partial words and blocks); some past a block
+    // (4096 elements), a piece (1 MiB of base) or a chunk (2^20 elements).
+    const std::uint64_t sizes[] = {1 + pick(200), 1 + pick(20000), 4096 * (1 + pick(4)) + pick(3) * 63,
+                                   (kContextWindow / es) + pick(70000), kContextChunkElements + pick(5000)};
+    const std::uint64_t n = sizes[iter % 20 == 19 ? 3 + pick(2) : pick(3)];
+    ContextField f;
+    if (pick(8)) {
+      f.bits = static_cast<std::uint8_t>(1 + pick(std::min<std::size_t>(8, 8 * es)));
+      f.shift = static_cast<std::uint8_t>(pick(8 * es - f.bits + 1));
+    }
+    const unsigned contexts = 1u << f.bits;
+    // Groups: 1 to 16, thresholds anywhere in the context range.
+    ContextGroups groups;
+    std::vector<unsigned> starts;
+    for (unsigned t = 1; t < contexts; ++t) starts.push_back(t);
+    std::shuffle(starts.begin(), starts.end(), rng);
+    starts.resize(std::min<std::size_t>(starts.size(), pick(kContextMaxGroups)));
+    std::sort(starts.begin(), starts.end());
+    groups.G = static_cast<std::uint32_t>(starts.size() + 1);
+    for (std::size_t g = 0; g < starts.size(); ++g) groups.lo[g + 1] = static_cast<std::uint8_t>(starts[g]);
+    // Base contexts: uniform, or a few around one (as exponents are), or runs of one.
+    const unsigned mode = static_cast<unsigned>(pick(3)), centre = static_cast<unsigned>(pick(contexts));
+    Bytes a(n * es), b;
+    for (std::uint64_t i = 0; i < n; ++i) {
+      std::uint64_t v = rng();
+      unsigned c = static_cast<unsigned>(pick(contexts));
+      if (mode == 1)
+        c = std::min<unsigned>(contexts - 1, centre + static_cast<unsigned>(std::countr_zero(rng() | 1u << 20)));
+      if (mode == 2) c = static_cast<unsigned>((i / 300 * 7 + centre) % contexts);
+      if (f.bits) v = (v & ~(((std::uint64_t{1} << f.bits) - 1) << f.shift)) | std::uint64_t{c} << f.shift;
+      std::memcpy(a.data() + i * es, &v, es);
+    }
+    // Changes: none to all, small steps mostly, some wide (magnitude escapes).
+    const double densities[] = {0, 0.0005, 0.013, 0.08, 0.5, 1};
+    const double density = densities[pick(6)];
+    b = a;
+    std::uniform_real_distribution<double> u(0, 1);
+    for (std::uint64_t i = 0; i < n; ++i) {
+      if (u(rng) >= density) continue;
+      std::uint64_t v = 0;
+      std::memcpy(&v, b.data() + i * es, es);
+      const std::uint64_t step = pick(10) ? 1 + pick(3) : rng() | 1;
+      v = pick(2) ? v + step : v - step;
+      std::memcpy(b.data() + i * es, &v, es);
+    }
+    const Bytes e = encode_grouped(a, b, es, f, groups);
+    // Decoded against its base, and against another (a refusal, or other bytes).
+    Bytes other = a;
+    for (std::uint64_t i = 0; i < n; i += 1 + pick(50)) other[i * es + pick(es)] ^= static_cast<std::uint8_t>(rng());
+    for (const Bytes* base : {&a, &other}) {
+      context_reference_walk(1);
+      const HandedOut want = handed_out(*base, e);
+      context_reference_walk(0);
+      if (base == &a) {
+        REQUIRE(want.error.empty());
+        Bytes r = a;
+        for (std::size_t i = 0; i < want.offs.size(); ++i)
+          sparse_apply_value(r.data() + want.offs[i], want.vals.data() + i * es, es, SparseOp::add_zigzag);
+        REQUIRE(r == b);
+        changes += want.offs.size();
+      } else {
+        refused += !want.error.empty();
+      }
+      for (int level = 0; level <= widest; ++level) {
+        CAPTURE(level);
+        context_isa_level(level);
+        const HandedOut got = handed_out(*base, e);
+        CHECK(got.error == want.error);
+        CHECK(got.offs == want.offs);
+        CHECK(got.vals == want.vals);
+        ++runs;
+      }
+      context_isa_level(widest);
+    }
+  }
+  MESSAGE(runs << " decodes compared, " << changes << " changes, " << refused << " other bases refused");
+  CHECK(changes > 1000000);
+  CHECK(refused > 10);
+}

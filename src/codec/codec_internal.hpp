@@ -27,8 +27,9 @@ inline void put_le64(std::uint8_t* p, std::uint64_t v) {
   for (int i = 0; i < 8; ++i) p[i] = static_cast<std::uint8_t>(v >> (8 * i));
 }
 inline std::uint64_t get_le64(const std::uint8_t* p) {
-  std::uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  std::uint64_t v;
+  std::memcpy(&v, p, 8);  // one load (the loop over bytes is not merged into one)
+  if constexpr (std::endian::native == std::endian::big) v = __builtin_bswap64(v);
   return v;
 }
 
@@ -155,5 +156,10 @@ void decode_context_chunks(std::span<const std::uint8_t> entry, std::uint64_t nb
 // `cap` >= 0 lowers it (never above the CPU's) so that tests can run every
 // build on one machine; not for use while a tensor is being coded.
 int context_isa_level(int cap = -1);
+
+// Whether the context decoder walks a chunk's base an element at a time, as
+// the format describes it, instead of in blocks: what the tests compare the
+// walks of every build against. `on` >= 0 sets it; returns the setting.
+bool context_reference_walk(int on = -1);
 
 }  // namespace hfdelta

@@ -82,39 +82,38 @@ double position_bits(std::uint64_t n, std::uint64_t k) {
   return static_cast<double>(n) * (-p * std::log2(p) - (1 - p) * std::log2(1 - p));
 }
 
-// Packs values of up to 32 bits, LSB first.
+// Packs values of up to 24 bits, LSB first, into `p`, which has room for
+// every value's bits and 8 bytes more: each value stored with the bits before
+// it that make no whole byte yet, eight bytes at a time (no branch a value).
 struct BitWriter {
-  std::vector<std::uint8_t>& out;
-  std::uint64_t acc = 0;
+  std::uint8_t* p;
+  std::uint64_t acc = 0;  // bits not yet in whole bytes: fewer than 8
   unsigned fill = 0;
   void put(std::uint32_t v, unsigned bits) {
     acc |= static_cast<std::uint64_t>(v) << fill;
     fill += bits;
-    while (fill >= 8) {
-      out.push_back(static_cast<std::uint8_t>(acc));
-      acc >>= 8;
-      fill -= 8;
-    }
-  }
-  void end() {
-    if (fill) out.push_back(static_cast<std::uint8_t>(acc));
-    acc = 0, fill = 0;
+    put_le64(p, acc);
+    p += fill / 8;
+    acc >>= fill & ~7u;
+    fill %= 8;
   }
 };
 
 // Reads what BitWriter packs: values of up to 32 bits, LSB first, from `n`
-// bytes, a byte at a time into a 64-bit accumulator.
+// bytes (zeros past them), eight bytes at a time where there are eight.
 struct BitReader {
   const std::uint8_t* p;
   std::size_t n;
-  std::size_t at = 0;
-  std::uint64_t acc = 0;
-  unsigned fill = 0;
+  std::uint64_t at = 0;  // bits read
   std::uint32_t get(unsigned bits) {
-    for (; fill < bits; fill += 8, ++at) acc |= static_cast<std::uint64_t>(at < n ? p[at] : 0) << fill;
-    const auto v = static_cast<std::uint32_t>(acc & ((std::uint64_t{1} << bits) - 1));
-    acc >>= bits;
-    fill -= bits;
+    const std::size_t byte = static_cast<std::size_t>(at / 8);
+    std::uint64_t w = 0;
+    if (byte + 8 <= n)
+      w = get_le64(p + byte);
+    else
+      for (std::size_t k = 0; byte + k < n && k < 8; ++k) w |= static_cast<std::uint64_t>(p[byte + k]) << (8 * k);
+    const auto v = static_cast<std::uint32_t>((w >> (at % 8)) & ((std::uint64_t{1} << bits) - 1));
+    at += bits;
     return v;
   }
 };
@@ -143,10 +142,11 @@ struct Thresholds {
   std::uint8_t t[kContextMaxGroups] = {};
 };
 
-// The encoder's rank pass comes in two shapes: for chunks of delta-diff's
-// most groups (NT = kEncoderGroups - 1 thresholds, nearly every chunk of a
-// trained tensor), where the loops over groups unroll and the masks stay in
-// registers; and for any other count (NT = kAnyNT: th.n at run time).
+// The walks over every element (the encoder's rank pass, the decoder's walk)
+// come in two shapes: for chunks of delta-diff's most groups (NT =
+// kEncoderGroups - 1 thresholds, nearly every chunk of a trained tensor),
+// where the loops over groups unroll and the counts stay in registers; and
+// for any other count (NT = kAnyNT: th.n at run time).
 constexpr std::size_t kAnyNT = ~std::size_t{0};
 template <std::size_t NT>
 [[gnu::always_inline]] inline std::size_t thresholds_n(const Thresholds& th) {
@@ -218,20 +218,6 @@ __attribute__((target("avx2"))) inline void extract_contexts_avx2(const std::uin
   extract_contexts<2>(p + 2 * i, n - i, sh, mask, out + i);
 }
 
-template <std::size_t NT>
-__attribute__((target("avx2"))) inline void threshold_masks_avx2(const std::uint8_t* c, const Thresholds& th,
-                                                                 std::uint64_t* out) {
-  const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c));
-  const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 32));
-  for (std::size_t j = 0; j < thresholds_n<NT>(th); ++j) {
-    const __m256i t = _mm256_set1_epi8(static_cast<char>(th.t[j]));
-    const std::uint64_t lo =
-        static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_max_epu8(v0, t), v0)));
-    const std::uint64_t hi =
-        static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_max_epu8(v1, t), v1)));
-    out[j] = lo | hi << 32;
-  }
-}
 #else
 #define HFDELTA_HAVE_V3 0
 int cpu_level() { return 0; }
@@ -248,30 +234,6 @@ template <std::size_t ES, int L>
   if constexpr (ES == 2 && L >= 1) return extract_contexts_avx2(p, n, sh, mask, out);
 #endif
   extract_contexts<ES>(p, n, sh, mask, out);
-}
-
-// Each group's elements among 64 (`valid`: those that exist): group g is at
-// or above threshold g-1 and below threshold g.
-template <int L, std::size_t NT>
-[[gnu::always_inline]] inline void group_masks(const std::uint8_t* c, const Thresholds& th, std::uint64_t valid,
-                                               std::uint64_t* gm) {
-  std::uint64_t m[kContextMaxGroups];
-#if HFDELTA_HAVE_V3
-  if constexpr (L >= 2)
-    threshold_masks_avx512<NT>(c, th, m);
-  else if constexpr (L == 1)
-    threshold_masks_avx2<NT>(c, th, m);
-  else
-#endif
-    threshold_masks_generic<NT>(c, th, m);
-  const std::size_t nt = thresholds_n<NT>(th);
-  std::uint64_t above = valid;
-  for (std::size_t j = 0; j < nt; ++j) {
-    const std::uint64_t next = m[j] & valid;
-    gm[j] = above & ~next;
-    above = next;
-  }
-  gm[nt] = above;
 }
 
 #if HFDELTA_HAVE_V3
@@ -296,10 +258,195 @@ template <int L>
   return at + static_cast<unsigned>(std::countr_zero(x));
 }
 
-// Encoder: each change's rank among its group's base elements, 64 elements
-// at a time: each group's elements as a mask, its count so far (`seen`)
-// advanced by the masks' populations, a change's rank the count before its
-// bit. Writes each change's slot (group by group) and gap.
+// The walks over every element (the decoder's, and the encoder's rank pass)
+// go in blocks of kBlockWords words of 64 elements: the block is classified
+// first (classify), then its changes taken.
+constexpr std::size_t kBlockWords = 64;
+constexpr std::size_t kBlock = 64 * kBlockWords;
+constexpr std::size_t kRows = kContextMaxGroups + 1;
+
+// One block's classes and the changes found in it (per thread, reused). The
+// classes are kept by row: row 0 holds every element of the block, row j + 1
+// those at or above threshold j, row nt + 1 none; group g is row g less row
+// g + 1 (fewer masks and counts to keep than one row per group).
+struct Block {
+  std::uint64_t m[kRows][kBlockWords];  // per row and word: its elements
+  // Per row: its elements in the block's earlier words (the block's total for
+  // the words past its end), and in the whole block.
+  alignas(32) std::uint16_t a[kRows][kBlockWords];
+  std::uint64_t total[kRows];
+  std::size_t fixed_nt = kContextMaxGroups;  // rows 0 and fixed_nt + 1 hold a whole block's
+  std::uint64_t hit[kBlockWords];            // the changes found
+  std::uint16_t at[kBlock];                  // per change found, group by group: its element in the block
+  std::uint64_t zz[kBlock];                  // and its value (zigzag of the difference)
+
+  std::uint64_t group_mask(std::size_t g, std::size_t wd) const { return m[g][wd] & ~m[g + 1][wd]; }
+  std::uint64_t group_before(std::size_t g, std::size_t wd) const {
+    return static_cast<std::uint64_t>(a[g][wd] - a[g + 1][wd]);
+  }
+  std::uint64_t group_total(std::size_t g) const { return total[g] - total[g + 1]; }
+};
+
+// Rows 0 and nt + 1 for a block of `len` elements.
+inline void fixed_rows(Block& b, std::size_t nt, std::size_t len) {
+  if (b.fixed_nt == nt && len == kBlock) return;
+  const std::size_t words = (len + 63) / 64;
+  for (std::size_t wd = 0; wd < kBlockWords; ++wd) {
+    b.m[0][wd] = wd < len / 64 ? ~0ull : wd < words ? (std::uint64_t{1} << (len % 64)) - 1 : 0;
+    b.a[0][wd] = static_cast<std::uint16_t>(std::min(64 * wd, len));
+    b.m[nt + 1][wd] = 0;
+    b.a[nt + 1][wd] = 0;
+  }
+  b.total[0] = len;
+  b.total[nt + 1] = 0;
+  b.fixed_nt = len == kBlock ? nt : kContextMaxGroups;  // a shorter block's row 0 is redone next time
+}
+
+#if HFDELTA_HAVE_V3
+// word_of's count, 16 words at a time.
+__attribute__((target("avx2,popcnt"))) inline std::size_t word_of_avx2(const std::uint16_t* lo, const std::uint16_t* hi,
+                                                                       std::uint64_t r) {
+  const __m256i rv = _mm256_set1_epi16(static_cast<short>(r));
+  unsigned above = 0;  // two mask bits per word with more than r before it
+  for (std::size_t k = 0; k < kBlockWords; k += 16) {
+    const __m256i before = _mm256_sub_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(lo + k)),
+                                            _mm256_load_si256(reinterpret_cast<const __m256i*>(hi + k)));
+    above += static_cast<unsigned>(
+        std::popcount(static_cast<unsigned>(_mm256_movemask_epi8(_mm256_cmpgt_epi16(before, rv)))));
+  }
+  return kBlockWords - 1 - above / 2;
+}
+#endif
+
+// Where classify takes a block's contexts: extracted (one byte an element,
+// whole words readable, zeros past the block's end), or, for 2-byte elements
+// in the x86-64-v3 build, straight from the base elements (`es` 2 here). A
+// context of 0 is below every threshold, so the zeros past the end count in
+// no row.
+struct Contexts {
+  const std::uint8_t* ctx = nullptr;
+  const std::uint8_t* base = nullptr;
+  ContextField field;
+};
+
+// The thresholds' masks of the 64 contexts at `c`: bit i of m[j] set where
+// c[i] >= t[j].
+template <int L, std::size_t NT>
+[[gnu::always_inline]] inline void word_masks(const std::uint8_t* c, const Thresholds& th, std::uint64_t* m) {
+#if HFDELTA_HAVE_V3
+  if constexpr (L >= 2) return threshold_masks_avx512<NT>(c, th, m);
+#endif
+  threshold_masks_generic<NT>(c, th, m);
+}
+
+// Pass 1 over a block of `len` elements: each row's masks and counts.
+template <int L, std::size_t NT>
+[[gnu::always_inline]] inline void classify_rows(const Contexts& src, std::size_t len, const Thresholds& th, Block& b) {
+  const std::size_t nt = thresholds_n<NT>(th);
+  std::uint64_t count[kContextMaxGroups] = {};
+  for (std::size_t wd = 0; wd < (len + 63) / 64; ++wd) {
+    std::uint64_t m[kContextMaxGroups];
+    word_masks<L, NT>(src.ctx + 64 * wd, th, m);
+    for (std::size_t j = 0; j < nt; ++j) {
+      b.m[j + 1][wd] = m[j];
+      b.a[j + 1][wd] = static_cast<std::uint16_t>(count[j]);
+      count[j] += static_cast<std::uint64_t>(std::popcount(m[j]));
+    }
+  }
+  for (std::size_t j = 0; j < nt; ++j) b.total[j + 1] = count[j];
+}
+
+#if HFDELTA_HAVE_V3
+// classify_rows in the x86-64-v3 build, 32 contexts to a vector: unsigned
+// c >= t as signed (c ^ 0x80) > ((t - 1) ^ 0x80), one comparison (thresholds
+// are at least 1).
+#define HFDELTA_V3_INLINE [[gnu::always_inline]] __attribute__((target("avx2,popcnt"))) inline
+
+// The 64 contexts of word wd, flipped: from the extracted contexts, or from
+// the 2-byte base elements (their last word, if not whole, from a copy).
+HFDELTA_V3_INLINE void word_contexts_avx2(const Contexts& src, std::size_t wd, std::size_t len, __m128i shift,
+                                          __m256i field, __m256i* v) {
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  if (!src.base) {
+    for (int h = 0; h < 2; ++h)
+      v[h] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src.ctx + 64 * wd + 32 * h)), flip);
+    return;
+  }
+  const std::uint8_t* p = src.base + 128 * wd;
+  alignas(32) std::uint8_t tail[128];
+  if (64 * wd + 64 > len) {
+    std::memset(tail, 0, sizeof tail);
+    p = static_cast<const std::uint8_t*>(std::memcpy(tail, p, 2 * (len - 64 * wd)));
+  }
+  for (int h = 0; h < 2; ++h) {
+    const __m256i x0 = _mm256_and_si256(
+        _mm256_srl_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * h)), shift), field);
+    const __m256i x1 = _mm256_and_si256(
+        _mm256_srl_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * h + 32)), shift), field);
+    // packus interleaves the 128-bit lanes: the permute puts them back in order.
+    v[h] = _mm256_xor_si256(_mm256_permute4x64_epi64(_mm256_packus_epi16(x0, x1), 0xd8), flip);
+  }
+}
+
+// Each word's masks stored and counted, each threshold's before the next (so
+// that the counts stay in registers).
+template <std::size_t NT>
+__attribute__((target("avx2,popcnt"))) void classify_rows_avx2(const Contexts& src, std::size_t len,
+                                                               const Thresholds& th, Block& b) {
+  const std::size_t nt = thresholds_n<NT>(th);
+  __m256i t[kContextMaxGroups];
+  for (std::size_t j = 0; j < nt; ++j) t[j] = _mm256_set1_epi8(static_cast<char>((th.t[j] - 1) ^ 0x80));
+  const __m128i shift = _mm_cvtsi32_si128(src.field.shift);
+  const __m256i field = _mm256_set1_epi16(static_cast<short>((1 << src.field.bits) - 1));
+  std::uint64_t count[kContextMaxGroups] = {};
+  for (std::size_t wd = 0; wd < (len + 63) / 64; ++wd) {
+    __m256i v[2];
+    word_contexts_avx2(src, wd, len, shift, field, v);
+    for (std::size_t j = 0; j < nt; ++j) {
+      const std::uint64_t lo = static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_cmpgt_epi8(v[0], t[j])));
+      const std::uint64_t hi = static_cast<std::uint32_t>(_mm256_movemask_epi8(_mm256_cmpgt_epi8(v[1], t[j])));
+      const std::uint64_t mj = lo | hi << 32;
+      b.m[j + 1][wd] = mj;
+      b.a[j + 1][wd] = static_cast<std::uint16_t>(count[j]);
+      count[j] += static_cast<std::uint64_t>(std::popcount(mj));
+    }
+  }
+  for (std::size_t j = 0; j < nt; ++j) b.total[j + 1] = count[j];
+}
+#endif
+
+// Pass 1 over a block of `len` elements.
+template <int L, std::size_t NT>
+[[gnu::always_inline]] inline void classify(const Contexts& src, std::size_t len, const Thresholds& th, Block& b) {
+  const std::size_t nt = thresholds_n<NT>(th);
+  fixed_rows(b, nt, len);
+#if HFDELTA_HAVE_V3
+  if constexpr (L == 1)
+    classify_rows_avx2<NT>(src, len, th, b);
+  else
+#endif
+    classify_rows<L, NT>(src, len, th, b);
+  for (std::size_t j = 0; j < nt; ++j)  // the words past the block's end
+    for (std::size_t wd = (len + 63) / 64; wd < kBlockWords; ++wd)
+      b.a[j + 1][wd] = static_cast<std::uint16_t>(b.total[j + 1]);
+}
+
+// The word of group g's element of rank `r` in the block (r below the
+// group's total): the last word with at most r of its elements before it.
+template <int L>
+[[gnu::always_inline]] inline std::size_t word_of(const Block& b, std::size_t g, std::uint64_t r) {
+#if HFDELTA_HAVE_V3
+  if constexpr (L >= 1) return word_of_avx2(b.a[g], b.a[g + 1], r);
+#endif
+  std::size_t w = 0;
+  for (std::size_t half = kBlockWords / 2; half; half /= 2) w += b.group_before(g, w + half) <= r ? half : 0;
+  return w;
+}
+
+// Encoder: each change's rank among its group's base elements, a block at a
+// time: the block classified, a change's rank the group's count before the
+// block and before its word, and the elements of its group below its bit in
+// its word. Writes each change's slot (group by group) and gap.
 struct RankJob {
   const std::uint8_t* ctx;
   std::uint64_t n;
@@ -317,6 +464,7 @@ struct RankJob {
   std::size_t es;
   std::uint8_t* msym;   // per slot: magnitude - 1, 255 for an escape
   std::uint8_t* signs;  // a bit per slot, zeroed by the caller
+  Block* block;         // scratch
 };
 
 // Change j, of group g and `rank` among the group's base elements, into the
@@ -335,24 +483,22 @@ struct RankJob {
 template <int L, std::size_t NT>
 [[gnu::always_inline]] inline void rank_changes_body(const RankJob& r) {
   const std::size_t G = thresholds_n<NT>(r.th) + 1;
-  std::uint64_t seen[kContextMaxGroups] = {}, next_rank[kContextMaxGroups] = {}, gm[kContextMaxGroups];
-  std::uint8_t tail[64];
+  Block& b = *r.block;
+  std::uint64_t seen[kContextMaxGroups] = {}, next_rank[kContextMaxGroups] = {};
   std::uint64_t j = 0;
   const std::uint64_t ones = element_ones(r.es);
-  for (std::uint64_t b0 = 0; b0 < r.n && j < r.K; b0 += 64) {
-    const std::uint64_t len = std::min<std::uint64_t>(64, r.n - b0);
-    const std::uint8_t* cb = r.ctx + b0;
-    if (len < 64) cb = static_cast<const std::uint8_t*>(std::memcpy(tail, cb, len));
-    const std::uint64_t valid = len == 64 ? ~0ull : (std::uint64_t{1} << len) - 1;
-    group_masks<L, NT>(cb, r.th, valid, gm);
-    for (; j < r.K && r.pos[j] < b0 + 64; ++j) {
-      const unsigned bit = static_cast<unsigned>(r.pos[j] - b0);
-      const std::size_t g = r.gtab[cb[bit]];
+  for (std::uint64_t b0 = 0; b0 < r.n && j < r.K; b0 += kBlock) {
+    const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(kBlock, r.n - b0));
+    classify<L, NT>(Contexts{r.ctx + b0, nullptr, {}}, len, r.th, b);  // r.ctx: whole words readable
+    for (; j < r.K && r.pos[j] < b0 + len; ++j) {
+      const std::size_t at = static_cast<std::size_t>(r.pos[j] - b0), wd = at / 64;
+      const std::size_t g = r.gtab[r.ctx[r.pos[j]]];
       const std::uint64_t rank =
-          seen[g] + static_cast<std::uint64_t>(std::popcount(gm[g] & ((std::uint64_t{1} << bit) - 1)));
+          seen[g] + b.group_before(g, wd) +
+          static_cast<std::uint64_t>(std::popcount(b.group_mask(g, wd) & ((std::uint64_t{1} << (at % 64)) - 1)));
       place_change(r, j, g, rank, next_rank, ones);
     }
-    for (std::size_t g = 0; g < G; ++g) seen[g] += static_cast<std::uint64_t>(std::popcount(gm[g]));
+    for (std::size_t g = 0; g < G; ++g) seen[g] += b.group_total(g);
   }
 }
 
@@ -437,11 +583,12 @@ struct ContextChunkEncoder::Impl {
   ContextField field;
   std::uint64_t mask = 0;
   std::uint64_t n = 0;                         // elements scanned
-  std::unique_ptr<std::uint8_t[]> ctx;         // per element: its context
+  std::unique_ptr<std::uint8_t[]> ctx;         // per element: its context (and a word's slack)
   std::unique_ptr<std::uint32_t[]> pos;        // per change: its element
   std::unique_ptr<std::uint64_t[]> diff;       // per change: new - old, modulo 2^(8 es)
   std::unique_ptr<std::uint32_t[]> gaps;       // per slot (changes group-major)
   std::unique_ptr<std::uint32_t[]> change_of;  // per slot: the change it holds
+  std::unique_ptr<Block> block;                // the rank pass's
   std::vector<std::uint8_t> q, r, m, s, x, xm, frames, head;
   // take(): the changes' contexts and ranks as found, and their groups.
   const std::uint8_t* found_ctx = nullptr;
@@ -451,11 +598,12 @@ struct ContextChunkEncoder::Impl {
   void alloc() {
     if (ctx) return;
     // Uninitialised: pages a chunk never reaches cost nothing.
-    ctx.reset(new std::uint8_t[kContextChunkElements]);
+    ctx.reset(new std::uint8_t[kContextChunkElements + 64]);
     pos.reset(new std::uint32_t[kContextChunkElements]);
     diff.reset(new std::uint64_t[kContextChunkElements]);
     gaps.reset(new std::uint32_t[kContextChunkElements]);
     change_of.reset(new std::uint32_t[kContextChunkElements]);
+    block.reset(new Block);
   }
 
   template <std::size_t ES>
@@ -579,12 +727,16 @@ unsigned choose_rice(const std::uint32_t* gaps, std::size_t cnt) {
   for (unsigned k = k0 ? k0 - 1 : 0; k <= k0; ++k) {
     std::memset(hist, 0, sizeof hist);
     double bits = static_cast<double>(k) * static_cast<double>(cnt);
-    for (std::size_t i = 0; i < cnt; ++i) {
-      const std::uint32_t q = gaps[i] >> k;
-      ++hist[i % 4][std::min<std::uint32_t>(q, 255)];
+    auto one = [&](std::size_t t, std::uint32_t gap) {
+      const std::uint32_t q = gap >> k;
+      ++hist[t][std::min<std::uint32_t>(q, 255)];
       if (q >= 255) [[unlikely]]
         bits += 8.0 * (1 + std::bit_width(q - 255) / 7);
-    }
+    };
+    std::size_t i = 0;
+    for (; i + 4 <= cnt; i += 4)
+      for (std::size_t t = 0; t < 4; ++t) one(t, gaps[i + t]);
+    for (; i < cnt; ++i) one(i % 4, gaps[i]);
     for (std::size_t v = 0; v < 256; ++v)
       if (const std::uint32_t h = hist[0][v] + hist[1][v] + hist[2][v] + hist[3][v])
         bits += h * std::log2(static_cast<double>(cnt) / h);
@@ -636,9 +788,14 @@ std::uint64_t ContextChunkEncoder::end(Compressor& c, const ByteSink& sink) {
     // change's. Four tables taken in turn: runs of one context would
     // otherwise wait on each other's increments.
     std::uint64_t hn4[4][256] = {}, hn[256];
-    for (std::uint64_t b = 0; b < im.n; b += rules::kSampleEvery)
-      for (std::uint64_t i = b, e = std::min(im.n, b + rules::kSampleRun); i < e; ++i)
-        hn4[i % 4][im.ctx[i]] += rules::kSampleWeight;
+    static_assert(rules::kSampleRun % 4 == 0 && rules::kSampleEvery % 4 == 0);
+    for (std::uint64_t b = 0; b < im.n; b += rules::kSampleEvery) {
+      const std::uint64_t e = std::min(im.n, b + rules::kSampleRun);
+      std::uint64_t i = b;
+      for (; i + 4 <= e; i += 4)
+        for (std::size_t t = 0; t < 4; ++t) hn4[t][im.ctx[i + t]] += rules::kSampleWeight;
+      for (; i < e; ++i) hn4[i % 4][im.ctx[i]] += rules::kSampleWeight;
+    }
     for (std::size_t c2 = 0; c2 < 256; ++c2) hn[c2] = hn4[0][c2] + hn4[1][c2] + hn4[2][c2] + hn4[3][c2];
     gs = groups_of(hn, hk, im.field);
   }
@@ -655,36 +812,47 @@ std::uint64_t ContextChunkEncoder::end(Compressor& c, const ByteSink& sink) {
   for (std::size_t g = 0; g < G; ++g) start[g + 1] = start[g] + gk[g], slot[g] = start[g];
   im.m.resize(K);
   im.s.assign((K + 7) / 8, 0);
-  RankJob job{im.ctx.get(),       im.n,          im.pos.get(), K,           gtab,       {}, G, slot, im.gaps.get(),
-              im.change_of.get(), im.diff.get(), im.es,        im.m.data(), im.s.data()};
+  RankJob job{
+      im.ctx.get(),  im.n,  im.pos.get(), K,           gtab,          {}, G, slot, im.gaps.get(), im.change_of.get(),
+      im.diff.get(), im.es, im.m.data(),  im.s.data(), im.block.get()};
   job.th.n = G - 1;
   for (std::size_t g = 1; g < G; ++g) job.th.t[g - 1] = gs.lo[g];
   if (im.found_ctx)
     place_ranked(job, im.found_ctx, im.found_rank);
-  else
+  else {
+    std::memset(im.ctx.get() + im.n, 0, 64);  // (see Contexts)
     rank_changes(job);
+  }
 
   im.q.resize(K);
   im.r.clear(), im.x.clear(), im.xm.clear();
   im.head.push_back(static_cast<std::uint8_t>(G));
   for (std::size_t g = 1; g < G; ++g) im.head.push_back(gs.lo[g]);
-  BitWriter rw{im.r};
+  unsigned rice[kContextMaxGroups];
+  std::uint64_t rbits = 0;
+  for (std::size_t g = 0; g < G; ++g) {
+    rice[g] = choose_rice(im.gaps.get() + start[g], static_cast<std::size_t>(gk[g]));
+    rbits += rice[g] * gk[g];
+  }
+  im.r.resize(static_cast<std::size_t>((rbits + 7) / 8 + 8));
+  BitWriter rw{im.r.data()};
   for (std::size_t g = 0; g < G; ++g) {
     const std::uint32_t* gp = im.gaps.get() + start[g];
     const std::size_t cnt = static_cast<std::size_t>(gk[g]);
-    const unsigned k = choose_rice(gp, cnt);
+    const unsigned k = rice[g];
     im.head.push_back(static_cast<std::uint8_t>(k));
     put_varint(im.head, cnt);
     std::uint8_t* qp = im.q.data() + start[g];
+    const std::uint32_t low = (std::uint32_t{1} << k) - 1;
     for (std::size_t i = 0; i < cnt; ++i) {
       const std::uint32_t qv = gp[i] >> k;
       qp[i] = static_cast<std::uint8_t>(std::min<std::uint32_t>(qv, 255));
       if (qv >= 255) [[unlikely]]
         put_varint(im.x, qv - 255);
-      if (k) rw.put(gp[i] & ((std::uint32_t{1} << k) - 1), k);
+      rw.put(gp[i] & low, k);
     }
   }
-  rw.end();
+  im.r.resize(static_cast<std::size_t>((rbits + 7) / 8));
   // The magnitudes' escapes, in slot order (M and S were written by slot).
   const std::uint64_t ones = element_ones(im.es);
   for (std::uint64_t s = 0; s < K; ++s)
@@ -791,6 +959,8 @@ Head take_head(EntryCursor& in, std::uint64_t nbytes) {
 // Changes handed to the patch callback per call, at most.
 constexpr std::size_t kHandOut = 16 * 1024;
 
+static_assert(kBlock <= kHandOut, "a block's changes fit one hand-out");
+
 // Decompression contexts and buffers, per thread (reused from chunk to chunk).
 struct Scratch {
   Decompressor dq, dm, dx;
@@ -799,6 +969,7 @@ struct Scratch {
   std::vector<std::uint64_t> escm;  // M's escapes, in slot order
   std::vector<std::uint64_t> offs;
   std::vector<std::uint8_t> vals, ctx;
+  std::unique_ptr<Block> block;
   static Scratch& get() {
     thread_local Scratch s;
     return s;
@@ -900,42 +1071,57 @@ Chunk take_chunk(EntryCursor& in, const Head& h, std::uint64_t ch, Scratch& s, b
   EntryCursor xs{s.x, xw, "context entry"};
   // Gaps, group by group; each group's changes must fit the chunk.
   s.gaps.resize(static_cast<std::size_t>(c.K));
+  std::uint32_t* const gaps = s.gaps.data();
+  const std::uint8_t* const q = s.q.data();
   BitReader rb{r, static_cast<std::size_t>((rbits + 7) / 8)};
   for (std::size_t g = 0; g < c.G; ++g) {
     std::uint64_t used = 0;
+    const unsigned k = rice[g];
+    const std::uint64_t most_q = span >> k;
     for (std::uint64_t i = c.start[g]; i < c.start[g + 1]; ++i) {
-      std::uint64_t qv = s.q[i];
-      if (qv == 255) {
+      std::uint64_t qv = q[i];
+      if (qv == 255) [[unlikely]] {
         const std::uint64_t e = xs.varint();
         if (e > span) bad_chunk(in, ch, "has a gap longer than the chunk");
         qv += e;
       }
-      const std::uint64_t low = rb.get(rice[g]);
-      if (qv >= (span >> rice[g]) + 1) bad_chunk(in, ch, "has a gap longer than the chunk");
-      const std::uint64_t gap = qv << rice[g] | low;
+      const std::uint64_t low = rb.get(k);
+      if (qv > most_q) bad_chunk(in, ch, "has a gap longer than the chunk");
+      const std::uint64_t gap = qv << k | low;
       used += gap + 1;
       if (used > span) bad_chunk(in, ch, "names more elements in a context group than the chunk has");
-      s.gaps[static_cast<std::size_t>(i)] = static_cast<std::uint32_t>(gap);
+      gaps[i] = static_cast<std::uint32_t>(gap);
     }
   }
-  // Magnitudes' escapes, and where each group's begin.
+  // Magnitudes' escapes, and where each group's begin. Wider than one byte,
+  // an element takes any magnitude below 257 either way: only escapes are
+  // checked.
   s.escm.clear();
   const std::uint64_t top = element_ones(h.es);
   const std::uint64_t most_neg = top / 2 + 1;  // |most negative difference|
+  const std::uint8_t* const m = s.m.data();
+  auto value = [&](std::uint64_t i) {
+    std::uint64_t mag = m[i] + std::uint64_t{1};
+    if (m[i] == 255) {
+      const std::uint64_t e = xs.varint();
+      // (1-byte elements have no magnitudes of 256 or more: top - 256 would wrap.)
+      if (top < 256 || e > top - 256) bad_chunk(in, ch, "has a value wider than its elements");
+      mag = 256 + e;
+      s.escm.push_back(mag);
+    }
+    const bool neg = (c.signs[i / 8] >> (i % 8)) & 1;
+    if (mag > (neg ? most_neg : most_neg - 1)) bad_chunk(in, ch, "has a value wider than its elements");
+  };
   for (std::size_t g = 0; g < c.G; ++g) {
     c.esc_start[g] = s.escm.size();
-    for (std::uint64_t i = c.start[g]; i < c.start[g + 1]; ++i) {
-      std::uint64_t mag = s.m[i] + std::uint64_t{1};
-      if (s.m[i] == 255) {
-        const std::uint64_t e = xs.varint();
-        // (1-byte elements have no magnitudes of 256 or more: top - 256 would wrap.)
-        if (top < 256 || e > top - 256) bad_chunk(in, ch, "has a value wider than its elements");
-        mag = 256 + e;
-        s.escm.push_back(mag);
-      }
-      const bool neg = (c.signs[i / 8] >> (i % 8)) & 1;
-      if (mag > (neg ? most_neg : most_neg - 1)) bad_chunk(in, ch, "has a value wider than its elements");
+    if (h.es == 1) {
+      for (std::uint64_t i = c.start[g]; i < c.start[g + 1]; ++i) value(i);
+      continue;
     }
+    const std::uint8_t* const end = m + c.start[g + 1];
+    for (const std::uint8_t* at = m + c.start[g];
+         (at = static_cast<const std::uint8_t*>(std::memchr(at, 255, static_cast<std::size_t>(end - at)))); ++at)
+      value(static_cast<std::uint64_t>(at - m));
   }
   c.esc_start[c.G] = s.escm.size();
   if (xs.at != s.x.size()) bad_chunk(in, ch, "has escape bytes left over");
@@ -943,9 +1129,17 @@ Chunk take_chunk(EntryCursor& in, const Head& h, std::uint64_t ch, Scratch& s, b
 }
 
 // Walks chunk `c` over its base elements, handing `patch` the changes of each
-// piece of base before asking for the next. 64 elements at a time: each
-// group's elements as a mask; a group whose next change lies beyond the
-// block only counts them down, one whose change lies inside finds its bit.
+// piece of base before asking for the next, in element order. A piece goes
+// in blocks of kBlockWords words of 64 elements, in passes with no branch on
+// the data per element or per word (a group's next change lies anywhere, so
+// such branches are mispredicted about once a change):
+//   1. classify: each group's elements in each word as a mask, and how many
+//      the group has in the block's earlier words;
+//   2. find: each group's changes in the block, its next change's rank among
+//      the group's elements giving its word (the counts compared with the
+//      rank at once) and its bit in that word's mask (the rank's set bit);
+//      each change found is marked in a bitmap of the block;
+//   3. hand out: each change's place in element order, counted from the marks.
 struct Walk {
   const Chunk& c;
   const Head& h;
@@ -955,10 +1149,22 @@ struct Walk {
   const SparsePatch& patch;
 };
 
-template <std::size_t ES, int L>
+// Every group's changes were found among the chunk's base elements.
+void check_walked(const Walk& w, const std::uint64_t* next) {
+  const Chunk& c = w.c;
+  for (std::size_t g = 0; g < c.G; ++g)
+    if (next[g] != c.start[g + 1])
+      fail(Exit::verify_failed, w.what + ": context entry chunk " + std::to_string(c.index) + " names " +
+                                    std::to_string(c.count[g]) + " changes in context group " + std::to_string(g) +
+                                    ", but the base has room for " + std::to_string(next[g] - c.start[g]) +
+                                    " there: these bytes are not the entry's base, or the entry is damaged");
+}
+
+template <std::size_t ES, int L, std::size_t NT>
 [[gnu::always_inline]] inline void walk_body(const Walk& w) {
   const Chunk& c = w.c;
   Scratch& s = w.s;
+  Block& b = *s.block;
   std::uint64_t rem[kContextMaxGroups], next[kContextMaxGroups], esc[kContextMaxGroups];
   for (std::size_t g = 0; g < c.G; ++g) {
     next[g] = c.start[g];
@@ -969,90 +1175,149 @@ template <std::size_t ES, int L>
   th.n = c.G - 1;
   for (std::size_t g = 1; g < c.G; ++g) th.t[g - 1] = c.lo[g];
   constexpr std::size_t kPiece = kContextWindow / ES;
-  constexpr std::size_t kWords = 4;
-  std::uint64_t gm[kWords][kContextMaxGroups];
-  std::uint64_t zz[64 * kWords];
+  std::memset(b.hit, 0, sizeof b.hit);
   for (std::uint64_t e = c.e0; e < c.e1;) {
     const std::size_t cnt = static_cast<std::size_t>(std::min<std::uint64_t>(kPiece, c.e1 - e));
     const std::span<const std::uint8_t> piece = w.base(e * ES, cnt * ES);
     if (piece.size() != cnt * ES) fail(Exit::failure, w.what + ": context decoder was given a short piece of base");
-    contexts_of<ES, L>(piece.data(), cnt, w.h.field.shift, (std::uint64_t{1} << w.h.field.bits) - 1, s.ctx.data());
+    // 2-byte elements in the x86-64-v3 build: their contexts straight from
+    // the base, not stored and read again.
+    constexpr bool kDirect = ES == 2 && L == 1;
+    if constexpr (!kDirect) {
+      contexts_of<ES, L>(piece.data(), cnt, w.h.field.shift, (std::uint64_t{1} << w.h.field.bits) - 1, s.ctx.data());
+      std::memset(s.ctx.data() + cnt, 0, 64);  // (see Contexts)
+    }
     std::size_t out = 0;
-    // Super-blocks of kWords masks: a group with no change in one costs a
-    // few popcounts; the changes found are marked by position, then handed
-    // out in element order (groups take turns).
-    for (std::size_t b0 = 0; b0 < cnt; b0 += 64 * kWords) {
-      const std::size_t words = std::min<std::size_t>(kWords, (cnt - b0 + 63) / 64);
-      for (std::size_t wd = 0; wd < words; ++wd) {
-        const std::size_t len = std::min<std::size_t>(64, cnt - b0 - 64 * wd);
-        const std::uint64_t valid = len == 64 ? ~0ull : (std::uint64_t{1} << len) - 1;
-        group_masks<L, kAnyNT>(s.ctx.data() + b0 + 64 * wd, th, valid, gm[wd]);  // s.ctx has 64 bytes of slack
-      }
-      std::uint64_t hit[kWords] = {};
+    for (std::size_t b0 = 0; b0 < cnt; b0 += kBlock) {
+      const std::size_t len = std::min(kBlock, cnt - b0);
+      if constexpr (kDirect)
+        classify<L, NT>(Contexts{nullptr, piece.data() + b0 * ES, w.h.field}, len, th, b);
+      else
+        classify<L, NT>(Contexts{s.ctx.data() + b0, nullptr, {}}, len, th, b);  // s.ctx has 64 bytes of slack
+      std::size_t found = 0;
       for (std::size_t g = 0; g < c.G; ++g) {
-        std::uint64_t total = 0;
-        for (std::size_t wd = 0; wd < words; ++wd) total += static_cast<std::uint64_t>(std::popcount(gm[wd][g]));
-        if (rem[g] >= total) {  // no change of this group here
-          rem[g] -= total;
-          continue;
+        std::uint64_t r = rem[g];
+        const std::uint64_t total = b.group_total(g);
+        if (r < total) {
+          std::uint64_t nx = next[g], ex = esc[g];
+          const std::uint64_t end = c.start[g + 1];
+          do {  // r: the rank of the group's change nx among its elements in the block
+            const std::size_t wd = word_of<L>(b, g, r);
+            const unsigned bit = select_bit<L>(b.group_mask(g, wd), r - b.group_before(g, wd));
+            b.hit[wd] |= std::uint64_t{1} << bit;
+            const std::uint8_t sym = s.m[static_cast<std::size_t>(nx)];
+            const std::uint64_t mag = sym == 255 ? s.escm[static_cast<std::size_t>(ex++)] : sym + std::uint64_t{1};
+            const std::uint64_t neg = (c.signs[nx / 8] >> (nx % 8)) & 1;
+            b.at[found] = static_cast<std::uint16_t>(64 * wd + bit);
+            b.zz[found] = 2 * mag - neg;  // zigzag of the signed difference
+            ++found;
+            ++nx;
+            r = nx < end ? r + s.gaps[static_cast<std::size_t>(nx)] + 1 : kNone;
+          } while (r < total);
+          next[g] = nx;
+          esc[g] = ex;
         }
-        for (std::size_t wd = 0; wd < words; ++wd) {
-          std::uint64_t m = gm[wd][g];
-          auto pop = static_cast<std::uint64_t>(std::popcount(m));
-          while (rem[g] < pop) {  // its next change is in this word
-            const unsigned bit = select_bit<L>(m, rem[g]);
-            const std::uint64_t slot = next[g]++;
-            const std::uint8_t sym = s.m[static_cast<std::size_t>(slot)];
-            const std::uint64_t mag = sym == 255 ? s.escm[static_cast<std::size_t>(esc[g]++)] : sym + std::uint64_t{1};
-            const std::uint64_t neg = (c.signs[slot / 8] >> (slot % 8)) & 1;
-            zz[64 * wd + bit] = 2 * mag - neg;  // zigzag of the signed difference
-            hit[wd] |= std::uint64_t{1} << bit;
-            m = bit == 63 ? 0 : m & (~std::uint64_t{0} << (bit + 1));
-            pop = static_cast<std::uint64_t>(std::popcount(m));
-            rem[g] = next[g] < c.start[g + 1] ? s.gaps[static_cast<std::size_t>(next[g])] : kNone;
-          }
-          rem[g] -= pop;
-        }
+        rem[g] = r - total;  // (kNone stays above any block's total)
       }
-      if (out + 64 * kWords > kHandOut) {  // a batch at a time: the piece is still the caller's to patch
+      if (out + found > kHandOut) {  // a batch at a time: the piece is still the caller's to patch
         w.patch({s.offs.data(), out}, {s.vals.data(), out * ES}, ES, SparseOp::add_zigzag);
         out = 0;
       }
-      for (std::size_t wd = 0; wd < words; ++wd)
-        for (std::uint64_t h = hit[wd]; h; h &= h - 1) {
-          const std::size_t at = 64 * wd + static_cast<std::size_t>(std::countr_zero(h));
-          s.offs[out] = (e + b0 + at) * ES;
-          std::memcpy(s.vals.data() + out * ES, &zz[at], ES);
-          ++out;
-        }
+      // Each word's first place, then each change's: its word's place and
+      // the changes marked before it in the word.
+      std::size_t place[kBlockWords];
+      std::uint64_t hit[kBlockWords];
+      const std::size_t words = (len + 63) / 64;
+      for (std::size_t wd = 0, p = out; wd < words; ++wd) {
+        place[wd] = p;
+        hit[wd] = b.hit[wd];
+        b.hit[wd] = 0;  // for the next block
+        p += static_cast<std::size_t>(std::popcount(hit[wd]));
+      }
+      std::uint64_t* const offs = s.offs.data();
+      std::uint8_t* const vals = s.vals.data();
+      for (std::size_t i = 0; i < found; ++i) {
+        const std::size_t at = b.at[i], wd = at / 64;
+        const std::size_t k =
+            place[wd] + static_cast<std::size_t>(std::popcount(hit[wd] & ((std::uint64_t{1} << (at % 64)) - 1)));
+        offs[k] = (e + b0 + at) * ES;
+        std::memcpy(vals + k * ES, &b.zz[i], ES);
+      }
+      out += found;
     }
     if (out) w.patch({s.offs.data(), out}, {s.vals.data(), out * ES}, ES, SparseOp::add_zigzag);
     e += cnt;
   }
-  for (std::size_t g = 0; g < c.G; ++g)
-    if (next[g] != c.start[g + 1])
-      fail(Exit::verify_failed, w.what + ": context entry chunk " + std::to_string(c.index) + " names " +
-                                    std::to_string(c.count[g]) + " changes in context group " + std::to_string(g) +
-                                    ", but the base has room for " + std::to_string(next[g] - c.start[g]) +
-                                    " there: these bytes are not the entry's base, or the entry is damaged");
+  check_walked(w, next);
+}
+
+// The shape for the chunk's group count (as rank_changes_shaped), in the
+// build of level L.
+template <std::size_t ES, int L>
+[[gnu::always_inline]] inline void walk_shaped(const Walk& w) {
+  if (w.c.G == kEncoderGroups) return walk_body<ES, L, kEncoderGroups - 1>(w);
+  walk_body<ES, L, kAnyNT>(w);
 }
 
 #if HFDELTA_HAVE_V3
-// (The walk gained nothing measurable from rank_changes' shape for the
-// encoder's most groups: its cost is in its branches.)
 template <std::size_t ES>
 HFDELTA_V3 void walk_v3(const Walk& w) {
-  walk_body<ES, 1>(w);
+  walk_shaped<ES, 1>(w);
 }
 template <std::size_t ES>
 HFDELTA_V4 void walk_v4(const Walk& w) {
-  walk_body<ES, 2>(w);
+  walk_shaped<ES, 2>(w);
 }
 #endif
 template <std::size_t ES>
 void walk_base(const Walk& w) {
-  walk_body<ES, 0>(w);
+  walk_shaped<ES, 0>(w);
 }
+
+// The walk as the format describes it, an element at a time: each element's
+// group, and each group's count down to its next change. What the walks
+// above must hand out exactly (the tests compare them).
+template <std::size_t ES>
+void walk_reference(const Walk& w) {
+  const Chunk& c = w.c;
+  Scratch& s = w.s;
+  std::uint64_t rem[kContextMaxGroups], next[kContextMaxGroups], esc[kContextMaxGroups];
+  for (std::size_t g = 0; g < c.G; ++g) {
+    next[g] = c.start[g];
+    esc[g] = c.esc_start[g];
+    rem[g] = c.count[g] ? s.gaps[static_cast<std::size_t>(c.start[g])] : kNone;
+  }
+  constexpr std::size_t kPiece = kContextWindow / ES;
+  for (std::uint64_t e = c.e0; e < c.e1;) {
+    const std::size_t cnt = static_cast<std::size_t>(std::min<std::uint64_t>(kPiece, c.e1 - e));
+    const std::span<const std::uint8_t> piece = w.base(e * ES, cnt * ES);
+    if (piece.size() != cnt * ES) fail(Exit::failure, w.what + ": context decoder was given a short piece of base");
+    std::size_t out = 0;
+    for (std::size_t i = 0; i < cnt; ++i) {
+      const std::uint8_t ctx = rules::context_of(load_elem<ES>(piece.data() + i * ES), w.h.field);
+      const unsigned g = rules::group_of(ctx, c.lo, static_cast<unsigned>(c.G));
+      if (rem[g]) {
+        --rem[g];
+        continue;
+      }
+      const std::uint64_t slot = next[g]++;
+      const std::uint8_t sym = s.m[static_cast<std::size_t>(slot)];
+      const std::uint64_t mag = sym == 255 ? s.escm[static_cast<std::size_t>(esc[g]++)] : sym + std::uint64_t{1};
+      const std::uint64_t zz = 2 * mag - ((c.signs[slot / 8] >> (slot % 8)) & 1);
+      s.offs[out] = (e + i) * ES;
+      std::memcpy(s.vals.data() + out * ES, &zz, ES);
+      if (++out == kHandOut) {
+        w.patch({s.offs.data(), out}, {s.vals.data(), out * ES}, ES, SparseOp::add_zigzag);
+        out = 0;
+      }
+      rem[g] = next[g] < c.start[g + 1] ? s.gaps[static_cast<std::size_t>(next[g])] : kNone;
+    }
+    if (out) w.patch({s.offs.data(), out}, {s.vals.data(), out * ES}, ES, SparseOp::add_zigzag);
+    e += cnt;
+  }
+  check_walked(w, next);
+}
+bool g_reference_walk = false;  // a test's choice (context_reference_walk)
 
 template <std::size_t ES>
 void walk_chunk(const Chunk& c, const Head& h, const std::string& what, Scratch& s, const BaseView& base,
@@ -1061,7 +1326,9 @@ void walk_chunk(const Chunk& c, const Head& h, const std::string& what, Scratch&
   s.offs.resize(kHandOut);
   s.vals.resize(kHandOut * ES);
   s.ctx.resize(kPiece + 64);
+  if (!s.block) s.block = std::make_unique<Block>();
   const Walk w{c, h, what, s, base, patch};
+  if (g_reference_walk) return walk_reference<ES>(w);
 #if HFDELTA_HAVE_V3
   if (g_level >= 2) return walk_v4<ES>(w);
   if (g_level == 1) return walk_v3<ES>(w);
@@ -1070,6 +1337,11 @@ void walk_chunk(const Chunk& c, const Head& h, const std::string& what, Scratch&
 }
 
 }  // namespace
+
+bool context_reference_walk(int on) {
+  if (on >= 0) g_reference_walk = on != 0;
+  return g_reference_walk;
+}
 
 void decode_context_chunks(std::span<const std::uint8_t> entry, std::uint64_t nbytes, std::uint64_t first,
                            std::uint64_t last, const std::string& what, const BaseView& base,
