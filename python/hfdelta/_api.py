@@ -129,7 +129,8 @@ def publish_full(new: PathLike, root: PathLike, *, base: Optional[PathLike] = No
 
 
 def squash(first: PathLike, last: PathLike, out: PathLike, *, base: Optional[PathLike] = None,
-           level: Optional[int] = None, threads: int = 0, sync: bool = True, progress: Optional[ProgressCallback] = None) -> SquashResult:
+           level: Optional[int] = None, threads: int = 0, sync: bool = True,
+           progress: Optional[ProgressCallback] = None) -> SquashResult:
     """``delta-diff --squash FIRST LAST OUT``: one delta equal to the delta versions FIRST..LAST (every
     version between them beside them), composed from the deltas alone. With ``base`` (``--squash-base``:
     the checkpoint of the chain's first base), context entries are composed against its bytes into one
