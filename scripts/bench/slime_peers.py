@@ -27,17 +27,22 @@ Needs numpy, zstandard, xxhash and safetensors (scripts/ci/interop.sh makes such
 venv in BUILDDIR/interop-venv).
 
 --local DIR puts LOCAL and its templates there instead of in --work (a tmpfs such
-as /dev/shm takes the disk out of the figures). --version LABEL:ENCODING=DIR adds a version directory made elsewhere (of the
-same pair) to the table, e.g. another layout of the same frames.
+as /dev/shm takes the disk out of the figures). --version LABEL:ENCODING=DIR adds a
+version directory made elsewhere (of the same pair) to the table, e.g. another layout of
+the same frames. --lock FILE holds an flock on FILE (a shared machine's bench lock) for
+each run of every version by every receiver, and only then: the publishing and the
+checks between runs happen outside it.
 
 Usage: slime_peers.py --series DIR --work DIR --hfdelta LABEL=BUILDDIR [...]
                       [--version LABEL:ENCODING=DIR ...] [--slime DIR] [--local DIR] [--runs N]
-                      [--out FILE]
+                      [--lock FILE] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import importlib.util
 import json
 import os
@@ -121,6 +126,20 @@ def fresh_local(template: Path, local: Path) -> None:
     read_all(local)
 
 
+@contextlib.contextmanager
+def held(lock: Path | None):
+    """An exclusive flock on LOCK for the block (nothing without one)."""
+    if lock is None:
+        yield
+        return
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--series", type=Path)
@@ -130,6 +149,7 @@ def main() -> None:
     ap.add_argument("--slime", type=Path)
     ap.add_argument("--local", type=Path)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--lock", type=Path)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--receive", nargs=5, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -184,25 +204,35 @@ def main() -> None:
     local = lw / "local"
     for v in versions:
         read_all(v[2])
+    # A first run, not counted and outside the lock, checks that every receiver
+    # leaves LOCAL at save_001 (and warms the page cache and the interpreter).
+    def one(vdir: Path, rc: str) -> tuple[float, float]:
+        fresh_local(t_hfd if rc == "delta-apply" else t_peer, local)
+        if rc == "delta-apply":
+            c, t = cpu(resource.RUSAGE_CHILDREN), time.perf_counter()
+            run([apply_bin, "-q", "--no-sync", str(vdir), str(local)])
+            return time.perf_counter() - t, cpu(resource.RUSAGE_CHILDREN) - c
+        kind = "pull" if rc == "pull()" else "reference"
+        out = subprocess.run([sys.executable, __file__, "--receive", kind, str(vdir), str(local), str(s0), module],
+                             check=True, capture_output=True, text=True).stdout
+        return tuple(float(x) for x in out.split()[-2:])
+
+    for lab, enc, vdir in versions:
+        for rc in receivers:
+            one(vdir, rc)
+            for f in slime_ref.stio.weight_files(str(s1)):
+                if (local / f).read_bytes() != (s1 / f).read_bytes():
+                    sys.exit(f"slime_peers: {rc} of {vdir} left {f} unlike save_001")
+    loads = []
     for r in range(a.runs):
-        for i, (lab, enc, vdir) in enumerate(versions):
-            for rc in receivers:
-                fresh_local(t_hfd if rc == "delta-apply" else t_peer, local)
-                if rc == "delta-apply":
-                    c, t = cpu(resource.RUSAGE_CHILDREN), time.perf_counter()
-                    run([apply_bin, "-q", "--no-sync", str(vdir), str(local)])
-                    dt = (time.perf_counter() - t, cpu(resource.RUSAGE_CHILDREN) - c)
-                else:
-                    kind = "pull" if rc == "pull()" else "reference"
-                    out = subprocess.run([sys.executable, __file__, "--receive", kind, str(vdir), str(local), str(s0),
-                                          module], check=True, capture_output=True, text=True).stdout
-                    dt = tuple(float(x) for x in out.split()[-2:])
-                if r == 0:  # LOCAL is save_001 after each receiver
-                    for f in slime_ref.stio.weight_files(str(s1)):
-                        if (local / f).read_bytes() != (s1 / f).read_bytes():
-                            sys.exit(f"slime_peers: {rc} of {vdir} left {f} unlike save_001")
-                times.setdefault((i, rc), []).append(dt)
-                print(f"slime_peers: run {r + 1}: {lab} {enc} {rc} {dt[0]:.3f} s, CPU {dt[1]:.3f} s", file=sys.stderr)
+        with held(a.lock):
+            loads.append(os.getloadavg()[0])
+            for i, (lab, enc, vdir) in enumerate(versions):
+                for rc in receivers:
+                    dt = one(vdir, rc)
+                    times.setdefault((i, rc), []).append(dt)
+                    print(f"slime_peers: run {r + 1}: {lab} {enc} {rc} {dt[0]:.3f} s, CPU {dt[1]:.3f} s",
+                          file=sys.stderr)
 
     peer = {enc: delta_bytes(v) for lab, enc, v in versions if lab == "peer"}
     head = "| publisher | encoding | delta files | their bytes | / peer's | directory bytes | " + " | ".join(
@@ -216,7 +246,8 @@ def main() -> None:
         rows.append(f"| {lab} | {enc} | {n} | {b} | {b / peer[enc][1]:.4f} | {every} | {cells} |")
         result.append({"publisher": lab, "encoding": enc, "files": n, "delta_bytes": b, "dir_bytes": every,
                        "apply_wall_cpu_s": {rc: times[(i, rc)] for rc in receivers}})
-    text = (f"{a.runs} runs, medians; receivers on a fresh LOCAL at save_000 each run, page cache warm\n\n"
+    text = (f"{a.runs} runs, medians; receivers on a fresh LOCAL at save_000 each run, page cache warm; "
+            f"load average at each run's start {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cores\n\n"
             + "\n".join(rows) + "\n")
     print(text)
     if a.out:
