@@ -24,7 +24,12 @@ median of --runs, the runs of all versions interleaved; the page cache is warm (
 input is read before).
 
 Needs numpy, zstandard, xxhash and safetensors (scripts/ci/interop.sh makes such a
-venv in BUILDDIR/interop-venv).
+venv in BUILDDIR/interop-venv). SERIES is the pair docs/performance.md measures:
+  build/tools/hfdelta-gen --preset qwen3-0.6b --saves 1 SERIES
+Run as in docs/performance.md ("The slime layout beside its peers"):
+  build/interop-venv/bin/python scripts/bench/slime_peers.py --series SERIES --work W \
+      --hfdelta before=OLD/build --hfdelta after=build --slime SLIME --local /dev/shm \
+      --runs 5 --lock LOCKFILE --out W/table.md
 
 --local DIR puts LOCAL and its templates there instead of in --work (a tmpfs such
 as /dev/shm takes the disk out of the figures). --version LABEL:ENCODING=DIR adds a
@@ -141,7 +146,7 @@ def held(lock: Path | None):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--series", type=Path)
     ap.add_argument("--work", type=Path)
     ap.add_argument("--hfdelta", action="append", default=[], metavar="LABEL=BUILDDIR")
