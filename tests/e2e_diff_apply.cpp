@@ -3,6 +3,8 @@
 
 #include <sys/stat.h>
 
+#include <zstd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <set>
@@ -703,6 +705,81 @@ TEST_CASE("xor delta frames decode with plain ZSTD_decompress to old XOR new, ch
   }
   CHECK(checked == changed.size());
   CHECK(idx["metadata"]["total_size"] == entries);
+}
+
+namespace {
+
+// What a zstd frame's header says: whether it carries a content checksum, and
+// the window its decoder needs (the content size, for a single-segment frame).
+struct FrameHead {
+  bool checksum = false;
+  std::uint64_t window = 0;
+};
+
+FrameHead frame_head(const Bytes& f) {
+  REQUIRE(f.size() >= 6);
+  const std::uint8_t fhd = f[4];
+  FrameHead h;
+  h.checksum = (fhd & 0x04) != 0;
+  if (fhd & 0x20) {
+    h.window = ZSTD_getFrameContentSize(f.data(), f.size());
+  } else {
+    const unsigned exponent = f[5] >> 3, mantissa = f[5] & 7;
+    const std::uint64_t base = std::uint64_t{1} << (10 + exponent);
+    h.window = base + base / 8 * mantissa;
+  }
+  return h;
+}
+
+// The frame slime's and miles' publishers write for an entry's content:
+// python-zstandard's ZstdCompressor(level=1).compress, one call.
+std::size_t peer_frame_size(const Bytes& content) {
+  Bytes out(ZSTD_compressBound(content.size()));
+  const std::size_t n = ZSTD_compress(out.data(), out.size(), content.data(), content.size(), 1);
+  REQUIRE_FALSE(ZSTD_isError(n));
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("xor and overwrite entries are written as the slime layout's publishers write them, and no larger") {
+  std::string encoding;
+  SUBCASE("xor") { encoding = "xor"; }
+  SUBCASE("overwrite") { encoding = "overwrite"; }
+  CAPTURE(encoding);
+  TempDir t;
+  // tiny: embed_tokens and lm_head of 512 KiB, frames over the 128 KiB window.
+  const fs::path series = gen_series(t / "series", 1);
+  const fs::path base = save_dir(series, 0), target = save_dir(series, 1);
+  fs::create_directories(t / "root");
+  fs::create_directories(t / "level1");
+  const fs::path out = version_dir(t / "root", 1), at1 = version_dir(t / "level1", 1);
+  E2E_REQUIRE_CODE(diff({"-q", "--encoding", encoding, base.string(), target.string(), out.string()}), 0);
+  E2E_REQUIRE_CODE(diff({"-q", "--encoding", encoding, "--level", "1", base.string(), target.string(), at1.string()}),
+                   0);
+
+  std::uint64_t ours = 0, peers = 0;
+  std::size_t over_window = 0;
+  for (const auto& file : shard_files(out)) {
+    CAPTURE(file);
+    // The default level is theirs, 1.
+    CHECK(read_bytes(out / file) == read_bytes(at1 / file));
+    const StFile df = read_st(out / file);
+    for (const auto& name : df.tensor_names()) {
+      CAPTURE(name);
+      const Bytes frame = df.tensor(name);
+      const Bytes content = zstd_decompress(frame);
+      const FrameHead h = frame_head(frame);
+      CHECK_FALSE(h.checksum);  // as theirs: the entry's checksum covers the tensor
+      CHECK(h.window <= 128 * 1024);
+      over_window += content.size() > 128 * 1024;
+      ours += frame.size();
+      peers += peer_frame_size(content);
+    }
+  }
+  CHECK(over_window >= (encoding == "xor" ? 2 : 0));
+  // Never larger than what those publishers write for the same changes.
+  CHECK(ours <= peers);
 }
 
 TEST_CASE("delta index metadata: version, base_version, delta_encoding, compression and checksum formats") {

@@ -598,10 +598,14 @@ TEST_CASE("codec: hostile xor frames are refused as bad input") {
   SUBCASE("a claimed huge tensor does not make the decoder trust the frame") {
     expect_bad_frame(xor_error(zframe(Bytes(10, 1), false), std::uint64_t{1} << 40, &oor), "t.xor");
   }
-  SUBCASE("corrupted content") {
-    for (std::size_t at : {good.size() / 2, good.size() / 3, good.size() - 8, std::size_t{20}}) {
+  SUBCASE("corrupted content, in a frame with a content checksum") {
+    // The encoder writes none (the slime layout's publishers do not: the
+    // entry's checksum covers the tensor); a frame that has one is checked.
+    CHECK((good[4] & 0x04) == 0);
+    const Bytes checked = zframe(xor_of(a, b));
+    for (std::size_t at : {checked.size() / 2, checked.size() / 3, checked.size() - 8, std::size_t{20}}) {
       CAPTURE(at);
-      Bytes t = good;
+      Bytes t = checked;
       t[at] ^= 0x41;
       expect_bad_frame(xor_error(t, n, &oor), "t.xor");
     }
@@ -700,10 +704,12 @@ TEST_CASE("codec: hostile overwrite frames from a real frame") {
     t.push_back(0x28);
     expect_bad_frame(overwrite_error(t, n, &oor), "t.ow");
   }
-  SUBCASE("corrupted content") {
-    for (std::size_t at : {good.size() / 2, good.size() / 3, good.size() - 8, std::size_t{20}}) {
+  SUBCASE("corrupted content, in a frame with a content checksum") {
+    CHECK((good[4] & 0x04) == 0);  // as the xor frames (above)
+    const Bytes checked = zframe(zstd_plain(good));
+    for (std::size_t at : {checked.size() / 2, checked.size() / 3, checked.size() - 8, std::size_t{20}}) {
       CAPTURE(at);
-      Bytes t = good;
+      Bytes t = checked;
       t[at] ^= 0x41;
       expect_bad_frame(overwrite_error(t, n, &oor), "t.ow");
     }

@@ -62,16 +62,29 @@ struct ChangeCount {
 ChangeCount count_changes(std::span<const std::uint8_t> old_bytes, std::span<const std::uint8_t> new_bytes,
                           std::size_t elem_size);
 
+// How a frame is written. hfdelta's own frames carry zstd's frame checksum.
+// The slime layout's xor and overwrite entries are written as its publishers
+// write them: no frame checksum (each entry's checksum covers the tensor) and
+// their level, 1, unless one is given; and with a window of 128 KiB, which
+// makes XOR masks 4-12% smaller than a larger window on training steps (fewer
+// far matches) and lets a reader decode in 128 KiB of window.
+enum class FrameKind { own, slime };
+
+// A Compressor's level when none is given: each frame kind's default.
+inline constexpr int kDefaultLevel = 0;
+int frame_level(int level, FrameKind kind);  // 3 for own frames, 1 for slime frames
+
 // A zstd compression context reused across frames (one per thread).
 class Compressor {
  public:
+  // `level`: 1 to 19, or kDefaultLevel.
   explicit Compressor(int level);
   ~Compressor();
   Compressor(const Compressor&) = delete;
   Compressor& operator=(const Compressor&) = delete;
 
   static constexpr std::uint64_t kUnknownSize = ~0ull;  // zstd's "content size unknown"
-  void begin(std::uint64_t pledged_size);
+  void begin(std::uint64_t pledged_size, FrameKind kind = FrameKind::own);
   // One whole frame of `in` appended to `out` (the streaming state is reset).
   // `literals`: symbols with few repeats, coded mostly by zstd's Huffman stage.
   void compress_frame(std::span<const std::uint8_t> in, std::vector<std::uint8_t>& out, bool literals = false);
@@ -86,7 +99,8 @@ class Compressor {
   std::vector<std::uint8_t> out_;
 };
 
-// Encode one tensor into one zstd frame. Return the frame's size in bytes.
+// Encode one tensor into one zstd frame of the slime layout (FrameKind::slime).
+// Return the frame's size in bytes.
 std::uint64_t encode_xor(Compressor& c, std::span<const std::uint8_t> old_bytes,
                          std::span<const std::uint8_t> new_bytes, const ByteSink& sink);
 // `changed_bytes` is count_changes(...).bytes. Tensors of 4 GiB or more cannot

@@ -19,7 +19,7 @@ struct DiffOptions {
   // index); of a tensor over 1 MiB the xor entry is compressed whole only
   // where a sample of its blocks says it may be smaller (delta-diff(1)).
   std::optional<Encoding> encoding = Encoding::context;
-  int level = 3;  // zstd level
+  int level = kDefaultLevel;  // zstd level: 1 to 19, or each frame kind's default (codec.hpp)
   std::uint64_t version = 0;
   std::uint64_t base_version = 0;
   int threads = 0;   // 0: all cores

@@ -51,9 +51,9 @@ namespace hfdelta {
 
 struct PublisherOptions {
   std::optional<Encoding> encoding = Encoding::context;  // delta-diff's default; none: "auto"
-  int level = 3;                                        // zstd level
-  int threads = 0;                                      // 0: all cores
-  bool sync = true;                                     // flush the delta, and the mirror, before recording them
+  int level = kDefaultLevel;                             // zstd level (codec.hpp)
+  int threads = 0;                                       // 0: all cores
+  bool sync = true;                                      // flush the delta, and the mirror, before recording them
   double lock_timeout = -1;  // seconds to wait for another publisher of the mirror (< 0: forever)
   // Advance the mirror in a thread of its own once the version is
   // published, so that the trainer goes on at once; the next call (or

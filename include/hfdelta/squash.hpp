@@ -39,12 +39,14 @@
 
 #include <boost/filesystem/path.hpp>
 
+#include "hfdelta/codec.hpp"
+
 namespace hfdelta {
 
 struct SquashOptions {
-  int level = 3;     // zstd level of composed entries
-  int threads = 0;   // 0: all cores
-  bool sync = true;  // flush OUT before publishing it
+  int level = kDefaultLevel;  // zstd level of composed entries (codec.hpp)
+  int threads = 0;            // 0: all cores
+  bool sync = true;           // flush OUT before publishing it
   // The checkpoint (HF directory) whose version is the first delta's base:
   // context entries are then composed against its bytes (see above). A
   // tensor whose bytes differ from what the chain records as its base is

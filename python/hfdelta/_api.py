@@ -92,7 +92,7 @@ def _warn(warnings_list: list[str], where: str) -> None:
 
 # ---- delta-diff ----
 
-def diff(base: PathLike, new: PathLike, out: PathLike, *, encoding: str = "context", level: int = 3,
+def diff(base: PathLike, new: PathLike, out: PathLike, *, encoding: str = "context", level: Optional[int] = None,
          delta_version: Optional[int] = None, base_version: Optional[int] = None, threads: int = 0,
          sync: bool = True, progress: Optional[ProgressCallback] = None) -> DiffResult:
     """``delta-diff BASE NEW OUT``: write the delta version that turns checkpoint BASE into NEW.
@@ -112,7 +112,7 @@ def diff(base: PathLike, new: PathLike, out: PathLike, *, encoding: str = "conte
 
 
 def publish_full(new: PathLike, root: PathLike, *, base: Optional[PathLike] = None, encoding: str = "context",
-                 level: int = 3, delta_version: Optional[int] = None, base_version: Optional[int] = None,
+                 level: Optional[int] = None, delta_version: Optional[int] = None, base_version: Optional[int] = None,
                  threads: int = 0, sync: bool = True, progress: Optional[ProgressCallback] = None) -> FullResult:
     """``delta-diff --full [BASE] NEW ROOT``: publish checkpoint NEW as a full version of ROOT (or as the
     version directory ROOT/weight_vNNNNNN given); with ``base``, first the delta BASE -> NEW beside it
@@ -128,8 +128,9 @@ def publish_full(new: PathLike, root: PathLike, *, base: Optional[PathLike] = No
     return result
 
 
-def squash(first: PathLike, last: PathLike, out: PathLike, *, base: Optional[PathLike] = None, level: int = 3,
-           threads: int = 0, sync: bool = True, progress: Optional[ProgressCallback] = None) -> SquashResult:
+def squash(first: PathLike, last: PathLike, out: PathLike, *, base: Optional[PathLike] = None,
+           level: Optional[int] = None, threads: int = 0, sync: bool = True,
+           progress: Optional[ProgressCallback] = None) -> SquashResult:
     """``delta-diff --squash FIRST LAST OUT``: one delta equal to the delta versions FIRST..LAST (every
     version between them beside them), composed from the deltas alone. With ``base`` (``--squash-base``:
     the checkpoint of the chain's first base), context entries are composed against its bytes into one

@@ -142,7 +142,7 @@ class Publisher:
     BadInput, a mirror never initialised raises Uninitialised.
     """
 
-    def __init__(self, root: PathLike, mirror: PathLike, *, encoding: str = "context", level: int = 3,
+    def __init__(self, root: PathLike, mirror: PathLike, *, encoding: str = "context", level: Optional[int] = None,
                  threads: int = 0, sync: bool = True, lock_timeout: Optional[float] = None,
                  background: bool = True) -> None:
         self.root = _path(root, "root")

@@ -110,7 +110,7 @@ class ShardedPublisher:
     """
 
     def __init__(self, root: PathLike, mirror: PathLike, *, group: Any = None, host: Optional[str] = None,
-                 encoding: str = "context", level: int = 3, threads: int = 0, sync: bool = True,
+                 encoding: str = "context", level: Optional[int] = None, threads: int = 0, sync: bool = True,
                  lock_timeout: Optional[float] = None) -> None:
         dist = _dist()
         self.root = _path(root, "root")

@@ -22,10 +22,11 @@ void bind_forms(nanobind::module_& m);
 
 // The options both the forms and the publisher take, named as Python names
 // them and checked by the library's rules (hfdelta/option_rules.hpp), as the
-// CLI checks its options (Error(usage) otherwise): the zstd level, threads,
+// CLI checks its options (Error(usage) otherwise): the zstd level (none:
+// each frame kind's default, kDefaultLevel, which check_level returns), threads,
 // an encoding name (none is "auto"), and a lock timeout (none: wait
 // forever, -1 for the library).
-void check_level(int level);
+int check_level(std::optional<int> level);
 void check_threads(int threads);
 double lock_seconds(std::optional<double> lock_timeout);
 std::optional<Encoding> encoding_of(const std::string& name);

@@ -40,7 +40,11 @@ namespace hfdelta::python {
 
 void check_threads(int threads) { check_option("threads", threads_problem(threads)); }
 
-void check_level(int level) { check_option("level (of zstd)", level_problem(level)); }
+int check_level(std::optional<int> level) {
+  if (!level) return kDefaultLevel;
+  check_option("level (of zstd)", level_problem(*level));
+  return *level;
+}
 
 std::optional<Encoding> encoding_of(const std::string& name) {
   check_option("encoding", encoding_problem(name));
@@ -112,13 +116,12 @@ ApplyOptions apply_options(std::optional<double> lock_timeout, int threads, bool
 
 // DiffOptions as delta-diff's diff_options makes them: the encoding, and the
 // versions of OUT (publish_target's) and of BASE.
-DiffOptions diff_options(const std::string& encoding, int level, Version base_version, int threads, bool sync,
-                         const PublishTarget& t) {
-  check_level(level);
-  check_threads(threads);
+DiffOptions diff_options(const std::string& encoding, std::optional<int> level, Version base_version, int threads,
+                         bool sync, const PublishTarget& t) {
   DiffOptions d;
+  d.level = check_level(level);
+  check_threads(threads);
   d.encoding = encoding_of(encoding);
-  d.level = level;
   d.threads = threads;
   d.sync = sync;
   set_diff_versions(d, t, base_version, "base_version");
@@ -129,8 +132,9 @@ DiffOptions diff_options(const std::string& encoding, int level, Version base_ve
 
 std::pair<std::string, std::vector<std::string>> diff(const std::string& base, const std::string& target,
                                                       const std::string& out_arg, const std::string& encoding,
-                                                      int level, Version delta_version, Version base_version,
-                                                      int threads, bool sync, nb::handle progress) {
+                                                      std::optional<int> level, Version delta_version,
+                                                      Version base_version, int threads, bool sync,
+                                                      nb::handle progress) {
   return released(progress, [&] {
     check_out_apart(stripped(out_arg), {{"BASE", stripped(base)}, {"NEW", stripped(target)}});
     const PublishTarget t = publish_target(stripped(out_arg), delta_version);
@@ -143,9 +147,9 @@ std::pair<std::string, std::vector<std::string>> diff(const std::string& base, c
 
 std::pair<std::string, std::vector<std::string>> full(const std::string& target, const std::string& out_arg,
                                                       const std::optional<std::string>& base,
-                                                      const std::string& encoding, int level, Version delta_version,
-                                                      Version base_version, int threads, bool sync,
-                                                      nb::handle progress) {
+                                                      const std::string& encoding, std::optional<int> level,
+                                                      Version delta_version, Version base_version, int threads,
+                                                      bool sync, nb::handle progress) {
   return released(progress, [&] {
     if (base)
       check_out_apart(stripped(out_arg), {{"BASE", stripped(*base)}, {"NEW", stripped(target)}});
@@ -169,12 +173,13 @@ std::pair<std::string, std::vector<std::string>> full(const std::string& target,
 }
 
 std::string squash(const std::string& first, const std::string& last, const std::string& out_arg,
-                   const std::optional<std::string>& base, int level, int threads, bool sync, nb::handle progress) {
-  check_level(level);
+                   const std::optional<std::string>& base, std::optional<int> level, int threads, bool sync,
+                   nb::handle progress) {
+  const int lv = check_level(level);
   check_threads(threads);
   return released(progress, [&] {
     SquashOptions so;
-    so.level = level;
+    so.level = lv;
     so.threads = threads;
     so.sync = sync;
     if (base) so.base = stripped(*base);
@@ -264,13 +269,13 @@ std::string recover(const std::string& local_arg, std::optional<double> lock_tim
 }  // namespace
 
 void bind_forms(nb::module_& m) {
-  m.def("diff", &diff, "base"_a, "new"_a, "out"_a, "encoding"_a, "level"_a, "delta_version"_a.none(),
+  m.def("diff", &diff, "base"_a, "new"_a, "out"_a, "encoding"_a, "level"_a.none(), "delta_version"_a.none(),
         "base_version"_a.none(), "threads"_a, "sync"_a, "progress"_a.none(),
         "delta-diff BASE NEW OUT: (--json object, warnings).");
-  m.def("publish_full", &full, "new"_a, "out"_a, "base"_a.none(), "encoding"_a, "level"_a, "delta_version"_a.none(),
-        "base_version"_a.none(), "threads"_a, "sync"_a, "progress"_a.none(),
+  m.def("publish_full", &full, "new"_a, "out"_a, "base"_a.none(), "encoding"_a, "level"_a.none(),
+        "delta_version"_a.none(), "base_version"_a.none(), "threads"_a, "sync"_a, "progress"_a.none(),
         "delta-diff --full [BASE] NEW OUT: (--json object, warnings).");
-  m.def("squash", &squash, "first"_a, "last"_a, "out"_a, "base"_a.none(), "level"_a, "threads"_a, "sync"_a,
+  m.def("squash", &squash, "first"_a, "last"_a, "out"_a, "base"_a.none(), "level"_a.none(), "threads"_a, "sync"_a,
         "progress"_a.none(), "delta-diff --squash [--squash-base BASE] FIRST LAST OUT: the --json object.");
   m.def("inspect", &inspect, "delta"_a, "delta-diff --inspect DELTA: the --json object.");
   m.def("prune", &prune, "root"_a, "keep_from"_a.none(), "dry_run"_a, "sync"_a,

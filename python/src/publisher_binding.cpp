@@ -149,12 +149,11 @@ void bind_publisher(nb::module_& m) {
       .def(
           "__init__",
           [](Publisher* self, const std::string& root, const std::string& mirror, const std::string& encoding,
-             int level, int threads, bool sync, std::optional<double> lock_timeout, bool background) {
-            hfdelta::python::check_level(level);
-            hfdelta::python::check_threads(threads);
+             std::optional<int> level, int threads, bool sync, std::optional<double> lock_timeout, bool background) {
             hfdelta::PublisherOptions o;
+            o.level = hfdelta::python::check_level(level);
+            hfdelta::python::check_threads(threads);
             o.encoding = hfdelta::python::encoding_of(encoding);
-            o.level = level;
             o.threads = threads;
             o.sync = sync;
             o.lock_timeout = hfdelta::python::lock_seconds(lock_timeout);  // -1 is no "wait forever" here
@@ -166,7 +165,8 @@ void bind_publisher(nb::module_& m) {
             }
             new (self) Publisher{std::move(p), encoding, mirror};
           },
-          "root"_a, "mirror"_a, "encoding"_a, "level"_a, "threads"_a, "sync"_a, "lock_timeout"_a.none(), "background"_a)
+          "root"_a, "mirror"_a, "encoding"_a, "level"_a.none(), "threads"_a, "sync"_a, "lock_timeout"_a.none(),
+          "background"_a)
       .def_prop_ro("version",
                    [](Publisher& self) {
                      const Busy busy(self);

@@ -21,8 +21,8 @@
 #include "bindings.hpp"
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/error.hpp"
-#include "hfdelta/report_json.hpp"
 #include "hfdelta/publisher_mirror.hpp"
+#include "hfdelta/report_json.hpp"
 #include "hfdelta/sharded_publisher.hpp"
 #include "tensor_arrays.hpp"
 
@@ -102,13 +102,13 @@ void bind_sharded(nb::module_& m) {
       .def(
           "__init__",
           [](Writer* self, const std::string& mirror, const std::string& stage, std::uint32_t rank,
-             const std::string& encoding, int level) {
-            hfdelta::python::check_level(level);
+             const std::string& encoding, std::optional<int> level) {
+            const int lv = hfdelta::python::check_level(level);
             const std::optional<hfdelta::Encoding> enc = hfdelta::python::encoding_of(encoding);
             if (!enc) fail(Exit::usage, "a sharded publisher writes xor, sparse or context parts, not auto");
-            new (self) Writer{std::make_unique<hfdelta::ShardWriter>(mirror, stage, rank, *enc, level)};
+            new (self) Writer{std::make_unique<hfdelta::ShardWriter>(mirror, stage, rank, *enc, lv)};
           },
-          "mirror"_a, "stage"_a, "rank"_a, "encoding"_a, "level"_a)
+          "mirror"_a, "stage"_a, "rank"_a, "encoding"_a, "level"_a.none())
       .def(
           "put",
           [](Writer& self, const std::string& name, const Array& a, std::optional<std::string> dtype,

@@ -149,7 +149,10 @@ void add_diff_options(CLI::App& app, Options& o, Given& g) {
           ->check(cli::encoding())
           ->capture_default_str());
   g.diff_only.push_back(
-      app.add_option("--level", o.diff.level, "zstd compression level")->check(cli::level())->capture_default_str());
+      app.add_option("--level", o.diff.level,
+                     "zstd compression level, 1 to 19 (default: 1 for the slime layout's xor and overwrite entries, "
+                     "as its publishers write them; 3 for the others)")
+          ->check(cli::level()));
   g.diff_only.push_back(
       app.add_option("--delta-version", o.version,
                      "Version number of OUT (default: from OUT's name, or ROOT's newest + 1; must agree with them)")

@@ -99,13 +99,24 @@ Compressor::Compressor(int level) : cctx_(ZSTD_createCCtx()), level_(level), out
 
 Compressor::~Compressor() { ZSTD_freeCCtx(cctx_); }
 
-void Compressor::begin(std::uint64_t pledged) {
+int frame_level(int level, FrameKind kind) {
+  if (level != kDefaultLevel) return level;
+  return kind == FrameKind::slime ? 1 : 3;
+}
+
+void Compressor::begin(std::uint64_t pledged, FrameKind kind) {
   ZSTD_CCtx* c = cctx_;
+  const bool slime = kind == FrameKind::slime;
   ZSTD_CCtx_reset(c, ZSTD_reset_session_only);
-  if (auto r = ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, level_); ZSTD_isError(r)) zstd_fail("level", r);
+  if (auto r = ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, frame_level(level_, kind)); ZSTD_isError(r))
+    zstd_fail("level", r);
   if (auto r = ZSTD_CCtx_setParameter(c, ZSTD_c_minMatch, 0); ZSTD_isError(r)) zstd_fail("min match", r);
-  // A frame checksum lets any zstd reader notice a damaged frame by itself.
-  if (auto r = ZSTD_CCtx_setParameter(c, ZSTD_c_checksumFlag, 1); ZSTD_isError(r)) zstd_fail("checksum", r);
+  // 0: the level's own window.
+  if (auto r = ZSTD_CCtx_setParameter(c, ZSTD_c_windowLog, slime ? 17 : 0); ZSTD_isError(r)) zstd_fail("window", r);
+  // A frame checksum lets any zstd reader notice a damaged frame of ours by
+  // itself; a slime-layout entry has its tensor's checksum instead, which
+  // every reader of the layout checks, and decodes faster without it.
+  if (auto r = ZSTD_CCtx_setParameter(c, ZSTD_c_checksumFlag, slime ? 0 : 1); ZSTD_isError(r)) zstd_fail("checksum", r);
   if (auto r = ZSTD_CCtx_setPledgedSrcSize(c, pledged); ZSTD_isError(r)) zstd_fail("pledged size", r);
 }
 
@@ -159,7 +170,7 @@ std::uint64_t encode_xor(Compressor& c, std::span<const std::uint8_t> a, std::sp
     sink(s);
   };
   std::vector<std::uint8_t> buf(kChunk);
-  c.begin(b.size());
+  c.begin(b.size(), FrameKind::slime);
   for (std::size_t off = 0; off < b.size(); off += kChunk) {
     const std::size_t k = std::min(kChunk, b.size() - off);
     for (std::size_t i = 0; i < k; ++i) buf[i] = a[off + i] ^ b[off + i];
@@ -180,7 +191,7 @@ std::uint64_t encode_overwrite(Compressor& c, std::span<const std::uint8_t> a, s
     sink(s);
   };
   std::vector<std::uint8_t> buf(kChunk);
-  c.begin(4 + 5 * changed);
+  c.begin(4 + 5 * changed, FrameKind::slime);
   put_le32(buf.data(), static_cast<std::uint32_t>(changed));
   c.put({buf.data(), 4}, counted);
   // Two passes over the views: positions first, then the values, as the format lays them out.
@@ -193,6 +204,10 @@ std::uint64_t encode_overwrite(Compressor& c, std::span<const std::uint8_t> a, s
     ++seen;
     if (fill + 4 > buf.size()) c.put({buf.data(), fill}, counted), fill = 0;
   }
+  // The values start a block of their own: a block mixing positions and
+  // values codes both worse (0.9-1.2% on training steps).
+  if (fill) c.put({buf.data(), fill}, counted), fill = 0;
+  c.flush(counted);
   for (std::size_t i = 0; i < b.size(); ++i) {
     if (a[i] == b[i]) continue;
     buf[fill++] = b[i];

@@ -83,7 +83,8 @@ struct XorStream {
       sink = [this](std::span<const std::uint8_t> s) { out += s.size(); };
     else
       sink = [this](std::span<const std::uint8_t> s) { wk.xspool.put(s); };
-    wk.xcomp->begin(sample ? Compressor::kUnknownSize : nbytes);
+    // The xor entry it may keep is the xor encoding's (the slime layout's).
+    wk.xcomp->begin(sample ? Compressor::kUnknownSize : nbytes, FrameKind::slime);
   }
   // Whether the next block is compressed (else block() only counts it, and
   // may be given no base bytes).
