@@ -857,7 +857,7 @@ SaveDirs prepare_saves(const Options& o, std::size_t nshards, const SmallFiles& 
     d.finals.push_back(d.outdir / save_name(s));
     d.temps.push_back(d.outdir / ("." + save_name(s) + ".partial"));
     if (path_exists(d.finals.back()) && !o.force)
-      fail(Exit::exists, d.finals.back().string() + ": already exists (use --force to replace it)");
+      fail(Exit::exists, d.finals.back(), "already exists (use --force to replace it)");
   }
   for (std::uint64_t s = 0; s < nsaves; ++s) {
     if (o.force) fs::remove_all(d.finals[s]);
@@ -878,7 +878,7 @@ ShardFiles open_shard_files(const SaveDirs& d, const std::vector<Shard>& shards)
     for (const auto& sh : shards) {
       hfdelta::File f(d.temps[s] / sh.file, hfdelta::File::Mode::create_exclusive);
       if (::ftruncate(f.fd(), static_cast<off_t>(sh.layout.file_size)) != 0)
-        fail(Exit::failure, f.path().string() + ": cannot set size: " + std::strerror(errno));
+        fail(Exit::failure, f.path(), std::string("cannot set size: ") + std::strerror(errno));
       f.pwrite_all(sh.layout.prefix.data(), sh.layout.prefix.size(), 0);
       files[s].push_back(std::move(f));
     }

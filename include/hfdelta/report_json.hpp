@@ -25,19 +25,9 @@ inline constexpr int kJsonSchema = 1;
 // `j` as reported: "schema" added, and "ok" (true unless `j` says otherwise).
 nlohmann::json json_report(nlohmann::json j);
 
-// The stable name of an exit code ("bad_input", "out_of_order", ...; above
-// 128, a stop signal: "stopped").
-const char* error_kind(int code);
-
-// The path an error message is about: the text before its first ": " (after
-// a role word such as "BASE "), when that names something on disk, or a name
-// with a '/' in an existing directory (most messages start so); "" when it
-// names none (an option, "tensor 'x'").
-std::string path_of_message(const std::string& message);
-
 // The error object of a failed command: {"ok": false, "exit_code", "error":
-// {"kind", "message", "path"}} (path null when the message names none).
-nlohmann::json error_json(int code, const std::string& message);
+// {"kind", "message", "path"}} (path null when the error is about no file).
+nlohmann::json error_json(int code, const std::string& message, const std::string& path = {});
 
 // delta-diff BASE NEW OUT: `out` the version directory written, `encoding`
 // as asked ("sparse", "xor", "overwrite" or "auto").

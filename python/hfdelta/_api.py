@@ -245,7 +245,7 @@ def pull(root: PathLike, local: PathLike, *, target: Optional[int] = None, requi
             pre_read()
         except Exception as e:
             message = f"pre_read raised {e!r}"
-            raise PreReadFailed(message, path=_core.path_of_message(message) or None) from e
+            raise PreReadFailed(message) from e
     result = PullResult._from_json(_core.pull(root_s, local_s, target, bool(require_marker), lock, nthreads,
                                               bool(sync), hook, progress))
     _changed(result, hook)

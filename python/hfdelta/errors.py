@@ -37,6 +37,8 @@ __all__ = [
     "Corrupt",
     "PostPublishFailed",
     "PreReadFailed",
+    "PeersNotReady",
+    "FleetAlert",
     "Stopped",
 ]
 
@@ -155,6 +157,18 @@ class PreReadFailed(HfdeltaError):
     kind = "pre_read_failed"
 
 
+class PeersNotReady(HfdeltaError):
+    """Exit 15: a peer did not hold the version in time (the reload was not run)."""
+    exit_code = 15
+    kind = "peers_not_ready"
+
+
+class FleetAlert(HfdeltaError):
+    """Exit 16: the fleet view found a host past its fail_behind or fail_stale limit."""
+    exit_code = 16
+    kind = "fleet_alert"
+
+
 class Stopped(HfdeltaError):
     """Exit 128 + N: stopped by signal N at a safe point."""
     exit_code = 130
@@ -164,7 +178,8 @@ class Stopped(HfdeltaError):
 _BY_CODE: dict[int, type[HfdeltaError]] = {
     c.exit_code: c
     for c in (Failure, UsageError, BadInput, OutOfOrder, VerifyFailed, Unsupported, Exists, LockTimeout,
-              ThenFailed, Interrupted, Uninitialised, Corrupt, PostPublishFailed, PreReadFailed)
+              ThenFailed, Interrupted, Uninitialised, Corrupt, PostPublishFailed, PreReadFailed, PeersNotReady,
+              FleetAlert)
 }
 
 

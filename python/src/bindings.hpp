@@ -13,7 +13,7 @@ namespace hfdelta::python {
 
 // hfdelta::Error (and any other C++ exception of the library) as the Python
 // exception of its exit code (hfdelta.errors), with kind, message and path as
-// the CLI's --json error object has them; error_kind and path_of_message.
+// the CLI's --json error object has them; error_kind and the exit-code table.
 void bind_errors(nanobind::module_& m);
 
 // One function per CLI form: paths as str, options as the CLI's, the result

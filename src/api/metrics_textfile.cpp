@@ -179,7 +179,7 @@ void write_metrics_textfile(const fs::path& file, const RunOutcome& run) {
   try {
     write_file_atomic(file, format_metrics(m), true);
   } catch (const Error& e) {
-    fail(e.code(), "--metrics " + file.string() + ": not written: " + e.what());
+    throw Error(e.code(), "--metrics " + file.string() + ": not written: " + e.what(), file.string());
   }
 }
 

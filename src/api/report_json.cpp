@@ -1,7 +1,5 @@
 #include "hfdelta/report_json.hpp"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 
 #include <boost/filesystem/operations.hpp>
@@ -61,65 +59,9 @@ json json_report(json j) {
   return j;
 }
 
-const char* error_kind(int code) {
-  switch (static_cast<Exit>(code)) {
-    case Exit::ok:
-      return "ok";
-    case Exit::failure:
-      return "failure";
-    case Exit::usage:
-      return "usage";
-    case Exit::bad_input:
-      return "bad_input";
-    case Exit::out_of_order:
-      return "out_of_order";
-    case Exit::verify_failed:
-      return "verify_failed";
-    case Exit::unsupported:
-      return "unsupported";
-    case Exit::exists:
-      return "exists";
-    case Exit::lock_timeout:
-      return "lock_timeout";
-    case Exit::then_failed:
-      return "then_failed";
-    case Exit::interrupted:
-      return "interrupted";
-    case Exit::uninitialised:
-      return "uninitialised";
-    case Exit::corrupt:
-      return "corrupt";
-    case Exit::hook_published:
-      return "post_publish_failed";
-    case Exit::hook_pre_read:
-      return "pre_read_failed";
-    case Exit::peers_unready:
-      return "peers_not_ready";
-    case Exit::fleet_alert:
-      return "fleet_alert";
-  }
-  return code > 128 ? "stopped" : "failure";
-}
-
-std::string path_of_message(const std::string& msg) {
-  const std::size_t colon = msg.find(": ");
-  if (colon == std::string::npos || colon == 0) return "";
-  std::string p = msg.substr(0, colon);
-  if (const std::size_t sp = p.rfind(' '); sp != std::string::npos) p = p.substr(sp + 1);  // "BASE /x: ..."
-  if (p.empty()) return "";
-  struct stat st;
-  if (::lstat(p.c_str(), &st) == 0) return p;
-  // Not there (yet): a path only if it names a directory to be in ("OUT/x"),
-  // not a word ("--base-version", "tensor 'x'") that the current directory
-  // would make look like a file name.
-  const std::size_t slash = p.rfind('/');
-  if (slash == std::string::npos) return "";
-  return ::stat(p.substr(0, slash + 1).c_str(), &st) == 0 ? p : "";
-}
-
-json error_json(int code, const std::string& msg) {
-  json err = {{"kind", error_kind(code)}, {"message", msg}, {"path", nullptr}};
-  if (const std::string p = path_of_message(msg); !p.empty()) err["path"] = p;
+json error_json(int code, const std::string& message, const std::string& path) {
+  json err = {{"kind", exit_kind(code)}, {"message", message}, {"path", nullptr}};
+  if (!path.empty()) err["path"] = path;
   return {{"ok", false}, {"exit_code", code}, {"error", std::move(err)}};
 }
 
@@ -212,7 +154,7 @@ json change_json(const std::string& local, const ApplyResult& r) {
     j.update({{"ok", false},
               {"exit_code", static_cast<int>(r.then_code)},
               {"error",
-               {{"kind", error_kind(static_cast<int>(r.then_code))},
+               {{"kind", exit_kind(static_cast<int>(r.then_code))},
                 {"message", *r.then_error},
                 {"path", boost::filesystem::absolute(local).string()}}}});
   if (r.published) {  // --root: what ROOT publishes, and how far LOCAL is behind its newest

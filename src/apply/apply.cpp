@@ -34,12 +34,11 @@ namespace {
 
 std::uint64_t full_version_of(const fs::path& dir) {
   if (auto v = version_from_dirname(fs::absolute(dir).filename().string())) return *v;
-  fail(Exit::usage, dir.string() + ": a full version must be named weight_vNNNNNN (or use --init with --init-version)");
+  fail(Exit::usage, dir, "a full version must be named weight_vNNNNNN (or use --init with --init-version)");
 }
 
 [[noreturn]] void fail_no_version(const fs::path& local) {
-  fail(Exit::out_of_order,
-       local.string() + ": has no recorded version; initialise it with --init or a full version first");
+  fail(Exit::out_of_order, local, "has no recorded version; initialise it with --init or a full version first");
 }
 
 // LOCAL's recorded version against the delta's: none (exit 4), the delta's
@@ -49,9 +48,9 @@ bool already_applied(const OpenDelta& d, const LocalState& st, const fs::path& l
   if (!st.version) fail_no_version(local);
   if (st.version == idx.version) return true;
   if (idx.base_version != *st.version)
-    fail(Exit::out_of_order, d.dir.string() + ": delta " + format_version(idx.version) + " applies on top of version " +
-                                 format_version(idx.base_version) + ", but LOCAL is at version " +
-                                 format_version(*st.version));
+    fail(Exit::out_of_order, d.dir,
+         "delta " + format_version(idx.version) + " applies on top of version " + format_version(idx.base_version) +
+             ", but LOCAL is at version " + format_version(*st.version));
   return false;
 }
 
@@ -99,8 +98,9 @@ bool is_dir(const fs::path& p) {
 // A directory with .weight_sync/ is some host's LOCAL, never published data.
 void check_not_local(const fs::path& dir, const char* role, const std::string& form) {
   if (exists_nofollow(dir / kStateDir))
-    fail(Exit::bad_input, dir.string() + ": has " + kStateDir + "/, so it is a LOCAL checkpoint, not " + role +
-                              "; the arguments look swapped (" + form + ")");
+    fail(Exit::bad_input, dir,
+         std::string("has ") + kStateDir + "/, so it is a LOCAL checkpoint, not " + role +
+             "; the arguments look swapped (" + form + ")");
 }
 
 // No run ever wrote LOCAL: it has no .weight_sync/, so it holds no version
@@ -122,10 +122,12 @@ bool is_below(const fs::path& p, const fs::path& dir) {
 void check_src(const fs::path& src, const fs::path& local) {
   boost::system::error_code es, el;
   const fs::path s = fs::canonical(src, es), l = fs::weakly_canonical(fs::absolute(local), el);
-  if (es || el) fail(Exit::failure, (es ? src : local).string() + ": cannot resolve: " + (es ? es : el).message());
-  if (s == l) fail(Exit::bad_input, src.string() + " and " + local.string() + ": SRC and LOCAL are the same directory");
-  if (is_below(l, s)) fail(Exit::bad_input, local.string() + ": LOCAL is inside SRC " + src.string());
-  if (is_below(s, l)) fail(Exit::bad_input, src.string() + ": SRC is inside LOCAL " + local.string());
+  if (es || el) fail(Exit::failure, es ? src : local, "cannot resolve: " + (es ? es : el).message());
+  if (s == l)
+    throw Error(Exit::bad_input, src.string() + " and " + local.string() + ": SRC and LOCAL are the same directory",
+                local.string());
+  if (is_below(l, s)) fail(Exit::bad_input, local, "LOCAL is inside SRC " + src.string());
+  if (is_below(s, l)) fail(Exit::bad_input, src, "SRC is inside LOCAL " + local.string());
   check_has_weights(open_checkpoint(src), src);
 }
 
@@ -142,12 +144,14 @@ void check_replaceable(const fs::path& src, const fs::path& local, const ApplyOp
   for (fs::directory_iterator it(local, ec), end; !ec && it != end; it.increment(ec)) {
     if (it->path().filename() == kStateDir) continue;
     if (has_state_file(src))
-      fail(Exit::bad_input, local.string() + ": is a non-empty directory that is not a LOCAL (no " + kStateDir +
-                                "/state.json), and SRC " + src.string() + " is a LOCAL (it has " + kStateDir +
-                                "/state.json): the arguments look swapped (delta-apply --init SRC LOCAL copies SRC "
-                                "into LOCAL); nothing was changed");
-    fail(Exit::exists, local.string() + ": is a non-empty directory that is not a LOCAL (no " + kStateDir +
-                           "/state.json); --init would delete its files; give --force to replace it");
+      fail(Exit::bad_input, local,
+           std::string("is a non-empty directory that is not a LOCAL (no ") + kStateDir + "/state.json), and SRC " +
+               src.string() + " is a LOCAL (it has " + kStateDir +
+               "/state.json): the arguments look swapped (delta-apply --init SRC LOCAL copies SRC "
+               "into LOCAL); nothing was changed");
+    fail(Exit::exists, local,
+         std::string("is a non-empty directory that is not a LOCAL (no ") + kStateDir +
+             "/state.json); --init would delete its files; give --force to replace it");
   }
 }
 
@@ -187,8 +191,8 @@ ApplyResult locked(const fs::path& local, const ApplyOptions& opts, Op&& op, boo
       try {
         throw;
       } catch (const Error& e) {
-        fail(e.code(), std::string(e.what()) + "\n" + local.string() + " is back as it was, but its undone journal (" +
-                           kStateDir + "/txn) could not be removed; the next delta-apply on it removes it");
+        fail_again(e, std::string(e.what()) + "\n" + local.string() + " is back as it was, but its undone journal (" +
+                          kStateDir + "/txn) could not be removed; the next delta-apply on it removes it");
       }
     }
     throw;
@@ -214,7 +218,7 @@ ApplyResult locked(const fs::path& local, const ApplyOptions& opts, Op&& op, boo
 ApplyResult init_local(const fs::path& src, const fs::path& local, std::uint64_t version, const ApplyOptions& opts) {
   check_local_path(local, std::nullopt);
   require_dir(src, "give the checkpoint directory to copy");
-  if (is_delta_dir(src)) fail(Exit::bad_input, src.string() + ": is a delta version, not a full checkpoint");
+  if (is_delta_dir(src)) fail(Exit::bad_input, src, "is a delta version, not a full checkpoint");
   check_src(src, local);
   check_replaceable(src, local, opts);
   return locked(local, opts, [&](Txn& txn) { return init_locked(txn, src, local, version, opts); });
@@ -435,9 +439,9 @@ PullPlan plan_pull(const fs::path& root, const RootView& v, std::optional<std::u
   for (auto it = v.versions.rbegin(); it != v.versions.rend() && !full; ++it)
     if (it->version <= want && !v.index_of(*it)) full = &*it;
   if (!full && !local_version)
-    fail(Exit::out_of_order, local.string() + ": has no version, and " + root.string() +
-                                 " has no full version at or below " + format_version(want) +
-                                 "; initialise it with --init");
+    fail(Exit::out_of_order, local,
+         "has no version, and " + root.string() + " has no full version at or below " + format_version(want) +
+             "; initialise it with --init");
   std::string why_deltas, why_full;
   std::optional<std::vector<Link>> deltas, after_full;
   if (local_version) deltas = delta_path(root, v, *local_version, want, refused, why_deltas);
@@ -457,8 +461,8 @@ PullPlan plan_pull(const fs::path& root, const RootView& v, std::optional<std::u
   if (!after_full && damage) throw *damage;  // a damaged delta and nothing else to take: its own error
   if (!after_full) {
     const std::string& why = local_version ? why_deltas : why_full;
-    fail(refused.empty() ? Exit::out_of_order : Exit::verify_failed,
-         root.string() + ": cannot reach version " + format_version(want) + ": " + why +
+    fail(refused.empty() ? Exit::out_of_order : Exit::verify_failed, root,
+         "cannot reach version " + format_version(want) + ": " + why +
              (full ? "" : "; no full version to start from either (publish one: delta-diff --full NEW ROOT)"));
   }
   std::optional<std::vector<OpenDelta>> opened = open_path(*after_full, why_full, damage);
@@ -545,18 +549,19 @@ PullStart start_pull(const fs::path& root, const fs::path& local, const LocalSta
   }
   const bool held_withdrawn = st.version && v.withdrawn.count(*st.version);
   if (!target && (v.versions.empty() || (st.version && v.versions.back().version <= *st.version))) {
-    if (held_withdrawn) fail(Exit::out_of_order, local.string() + ": " + withdrawn_held(root, *st.version));
+    if (held_withdrawn) fail(Exit::out_of_order, local, withdrawn_held(root, *st.version));
     nothing_to_do(r, st, t0);  // nothing published, nothing newer, or the next still arriving
     return p;
   }
   const std::uint64_t want = target ? *target : v.versions.back().version;
   if (std::none_of(all.begin(), all.end(), [&](const VersionDir& d) { return d.version == want; }))
-    fail(Exit::out_of_order, root.string() + ": version " + format_version(want) + " is not published" +
-                                 (v.withdrawn.count(want) ? " (it was withdrawn)" : ""));
+    fail(Exit::out_of_order, root,
+         "version " + format_version(want) + " is not published" +
+             (v.withdrawn.count(want) ? " (it was withdrawn)" : ""));
   r.to_version = want;
   if (st.version && *st.version > want)
-    fail(Exit::out_of_order, local.string() + ": is at version " + format_version(*st.version) +
-                                 ", newer than the target " + format_version(want));
+    fail(Exit::out_of_order, local,
+         "is at version " + format_version(*st.version) + ", newer than the target " + format_version(want));
   if (st.version == want) {
     nothing_to_do(r, st, t0);
     return p;
@@ -600,11 +605,10 @@ ApplyResult pull_locked(Txn& txn, const fs::path& root, const fs::path& local, s
       p = plan_pull(root, v, cur, want, local, refused);
     } catch (const Error& e) {
       if (!refusal) throw;
-      fail(refusal->code(), std::string(refusal->what()) + "\n" + local.string() + " keeps version " +
-                                format_version(cur.value_or(0)) +
-                                ", the last it could apply; no full version above it "
-                                "to take instead (" +
-                                e.what() + ")");
+      fail_again(*refusal, std::string(refusal->what()) + "\n" + local.string() + " keeps version " +
+                               format_version(cur.value_or(0)) +
+                               ", the last it could apply; no full version above it to take instead (" + e.what() +
+                               ")");
     }
     if (!p.fallback.empty()) r.fallback += (r.fallback.empty() ? "" : "; ") + p.fallback;
     std::optional<std::uint64_t> refused_at;
@@ -613,8 +617,8 @@ ApplyResult pull_locked(Txn& txn, const fs::path& root, const fs::path& local, s
     } catch (const Error& e) {
       if (!refused_at) {
         if (r.applied.empty()) throw;
-        fail(e.code(), std::string(e.what()) + "\n" + local.string() + " keeps version " +
-                           format_version(read_state(local).version.value_or(0)) + ", the last it could apply");
+        fail_again(e, std::string(e.what()) + "\n" + local.string() + " keeps version " +
+                          format_version(read_state(local).version.value_or(0)) + ", the last it could apply");
       }
       refused.insert(*refused_at);
       refusal = e;

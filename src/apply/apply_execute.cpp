@@ -79,14 +79,14 @@ fs::path stage_path(const ExecuteContext& ctx, std::size_t mfile) {
   const fs::path staged = txn_stage(ctx.step, mfile);
   boost::system::error_code ec;
   fs::create_directories(staged.parent_path(), ec);
-  if (ec) fail(Exit::failure, staged.parent_path().string() + ": cannot create: " + ec.message());
+  if (ec) fail(Exit::failure, staged.parent_path(), "cannot create: " + ec.message());
   return staged;
 }
 
 // One weight file built beside LOCAL from LOCAL's base bytes (unchanged
 // until the swap) and the delta: checked tensor by tensor as it is written.
 void build_file(const ExecuteContext& ctx, const Build& bd, const std::vector<File>& src) {
-  const std::string name = (ctx.local / bd.file).string() + " (built beside it)";
+  const std::string name = (ctx.local / bd.file).string();  // the file built beside LOCAL's
   File out(stage_path(ctx, bd.mfile), File::Mode::create_exclusive);
   out.pwrite_all(bd.prefix.data(), bd.prefix.size(), 0);
   out.truncate(bd.size);  // tensors without base bytes start as zeros
@@ -103,9 +103,9 @@ void build_file(const ExecuteContext& ctx, const Build& bd, const std::vector<Fi
     }
     const Hash128 h = hash_file_range(out, t.dst, t.nbytes, buf);
     if (h != t.hash)
-      fail(Exit::verify_failed, name + ": tensor '" + t.name + "' has checksum " + h.hex() +
-                                    " when built, the delta records " + t.hash.hex() +
-                                    "; LOCAL is not this delta's base, nothing was changed");
+      fail(Exit::verify_failed, name,
+           "tensor '" + t.name + "' has checksum " + h.hex() + " when built, the delta records " + t.hash.hex() +
+               "; LOCAL is not this delta's base, nothing was changed");
   }
   if (ctx.opts.sync) out.sync();
   out.close();
@@ -165,23 +165,24 @@ void write_from_journal(ExecuteContext& ctx) {
   parallel_for(ctx.plan.manifest.parts, ctx.threads, [&](std::size_t i, std::size_t) {
     const fs::path part = txn_part(ctx.step, i);
     TensorWriter tw(ctx.files, part.string());
-    const JournalEdges edges{
-        [&](std::uint32_t shard, std::uint64_t offset) {
-          auto it = at.find({shard, offset});
-          if (it == at.end()) fail(Exit::failure, part.string() + ": journal names a tensor this delta does not patch");
-          tw.begin(patches[it->second]);
-        },
-        [&] {
-          const Patch& p = tw.patch();
-          const Hash128 h = tw.end();
-          if (p.split) return;  // checked by check_split_results
-          std::lock_guard<std::mutex> g(mu);
-          const Hash128& want = p.computed ? *p.computed : p.new_hash;
-          if (h != want)
-            mismatches.push_back("tensor '" + p.tensor + "' in " + ctx.shard_path(p.local_shard) +
-                                 " was written with checksum " + h.hex() + ", " +
-                                 (p.computed ? "laying it gave " : "the delta records ") + want.hex());
-        }};
+    const JournalEdges edges{[&](std::uint32_t shard, std::uint64_t offset) {
+                               auto it = at.find({shard, offset});
+                               if (it == at.end())
+                                 fail(Exit::failure, part, "journal names a tensor this delta does not patch");
+                               tw.begin(patches[it->second]);
+                             },
+                             [&] {
+                               const Patch& p = tw.patch();
+                               const Hash128 h = tw.end();
+                               if (p.split) return;  // checked by check_split_results
+                               std::lock_guard<std::mutex> g(mu);
+                               const Hash128& want = p.computed ? *p.computed : p.new_hash;
+                               if (h != want)
+                                 mismatches.push_back("tensor '" + p.tensor + "' in " + ctx.shard_path(p.local_shard) +
+                                                      " was written with checksum " + h.hex() + ", " +
+                                                      (p.computed ? "laying it gave " : "the delta records ") +
+                                                      want.hex());
+                             }};
     replay_journal(
         part, true,
         [&](std::uint32_t, std::span<const std::uint64_t> o, std::span<const std::uint8_t> b) { tw.change(o, b); },

@@ -24,9 +24,9 @@ namespace fs = boost::filesystem;
 
 void check_has_weights(const Checkpoint& c, const fs::path& src) {
   if (c.shards.empty())
-    fail(Exit::bad_input, src.string() +
-                              ": has no weight files (*.safetensors); refusing to make LOCAL a checkpoint "
-                              "without weights (an unmounted share, or a save still being written?)");
+    fail(Exit::bad_input, src,
+         "has no weight files (*.safetensors); refusing to make LOCAL a checkpoint "
+         "without weights (an unmounted share, or a save still being written?)");
 }
 
 namespace {
@@ -100,7 +100,7 @@ void stage_copies(const fs::path& step, const Manifest& m, const fs::path& src, 
     const fs::path staged = txn_stage(step, puts[k]);
     boost::system::error_code ec;
     fs::create_directories(staged.parent_path(), ec);
-    if (ec) fail(Exit::failure, staged.parent_path().string() + ": cannot create: " + ec.message());
+    if (ec) fail(Exit::failure, staged.parent_path(), "cannot create: " + ec.message());
     copy_file_atomic(src / m.files[puts[k]].path, staged, opts.sync);
     progress::add(fs::file_size(staged));
   });
@@ -117,13 +117,13 @@ void check_copies(const fs::path& step, const Manifest& m, const fs::path& local
     if (m.files[i].op == TxnFile::Op::put) at[m.files[i].path] = txn_stage(step, i);
   for (const auto& [rel, p] : at)
     if (!expect.files.count(rel))
-      fail(Exit::bad_input,
-           (src / rel).string() + ": is not listed in the version's completion marker " + kCompleteFile);
+      fail(Exit::bad_input, src / rel,
+           std::string("is not listed in the version's completion marker ") + kCompleteFile);
   parallel_for(want.size(), default_threads(opts.threads), [&](std::size_t i, std::size_t) {
     if (!matches_marker(at.at(want[i]), expect.files.at(want[i])))
-      fail(Exit::bad_input, (src / want[i]).string() +
-                                ": its copy does not match the size and checksum the version's "
-                                "completion marker records; the published version is damaged");
+      fail(Exit::bad_input, src / want[i],
+           "its copy does not match the size and checksum the version's "
+           "completion marker records; the published version is damaged");
   });
 }
 

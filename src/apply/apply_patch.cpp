@@ -313,30 +313,34 @@ void journal_patch(const Patch& p, const File& f, JournalWriter* jw, std::vector
         : p.encoding == Encoding::sparse    ? lay_sparse(p, f, jw, buf, out, what)
         : p.encoding == Encoding::context   ? lay_context(p, f, jw, buf, out, what)
                                             : lay_overwrite(p, f, jw, buf, out, d1, d2, what);
-  } catch (const Error& e) {
+  } catch (Error& e) {
+    e.set_path_if_none(p.delta_path);  // the codecs know only the entry's bytes
     // A context entry counts base elements: other base bytes stop its
     // decoding before the base checksum is complete. Say what the
     // checksum would have said.
     if (e.code() != Exit::verify_failed) throw;
-    fail(Exit::verify_failed, local_file + ": tensor '" + p.tensor + "' is not the base of delta " +
-                                  format_version(version) + ", or the delta is damaged: " + e.what() + "; " + outcome);
+    fail(Exit::verify_failed, local_file,
+         "tensor '" + p.tensor + "' is not the base of delta " + format_version(version) +
+             ", or the delta is damaged: " + e.what() + "; " + outcome);
   }
   if (jw) jw->end_tensor();
   if (p.base_hash && c.before != *p.base_hash)
-    fail(Exit::verify_failed, local_file + ": tensor '" + p.tensor + "' is not the base of delta " +
-                                  format_version(version) + " (checksum " + c.before.hex() + ", the delta expects " +
-                                  p.base_hash->hex() + "); " + outcome);
+    fail(Exit::verify_failed, local_file,
+         "tensor '" + p.tensor + "' is not the base of delta " + format_version(version) + " (checksum " +
+             c.before.hex() + ", the delta expects " + p.base_hash->hex() + "); " + outcome);
   // An adler32 delta records no XXH3-128: its Adler-32 is checked, and the
   // XXH3-128 kept for the checksum record and the check after writing.
   const bool adler_ok = p.adler32 && c.adler == *p.adler32;
   if (p.adler32 && !adler_ok)
-    fail(Exit::verify_failed, local_file + ": tensor '" + p.tensor + "' patched by " + what + " would have adler32 " +
-                                  adler32_hex(c.adler) + ", the delta records " + adler32_hex(*p.adler32) +
-                                  " (LOCAL is not this delta's base, or the delta is damaged); " + outcome);
+    fail(Exit::verify_failed, local_file,
+         "tensor '" + p.tensor + "' patched by " + what + " would have adler32 " + adler32_hex(c.adler) +
+             ", the delta records " + adler32_hex(*p.adler32) +
+             " (LOCAL is not this delta's base, or the delta is damaged); " + outcome);
   if (!p.adler32 && c.after != p.new_hash)
-    fail(Exit::verify_failed, local_file + ": tensor '" + p.tensor + "' patched by " + what + " would have checksum " +
-                                  c.after.hex() + ", the delta records " + p.new_hash.hex() +
-                                  " (LOCAL is not this delta's base, or the delta is damaged); " + outcome);
+    fail(Exit::verify_failed, local_file,
+         "tensor '" + p.tensor + "' patched by " + what + " would have checksum " + c.after.hex() +
+             ", the delta records " + p.new_hash.hex() +
+             " (LOCAL is not this delta's base, or the delta is damaged); " + outcome);
   if (adler_ok && p.computed) *p.computed = c.after;
 }
 
@@ -386,6 +390,7 @@ void lay_parts(const Patch& p, const PartsEntry& pe, File& f, const fs::path& re
     Patch q;
     q.tensor = p.tensor;
     q.delta_file = label + " (part " + std::to_string(i + 1) + " of " + std::to_string(pe.parts.size()) + ")";
+    q.delta_path = p.delta_path;
     q.frame = pr.bytes;
     q.encoding = pr.enc;
     q.new_hash = pr.hash;
@@ -423,6 +428,7 @@ void lay_stack(const Patch& p, File& f, const fs::path& region_scratch, std::vec
     Patch q;
     q.tensor = p.tensor;
     q.delta_file = label;
+    q.delta_path = p.delta_path;
     q.frame = p.stack[i].bytes;
     q.encoding = p.stack[i].enc;
     q.new_hash = p.stack[i].hash;
@@ -461,10 +467,12 @@ void journal_range(const Patch& p, std::uint64_t c0, std::uint64_t c1, const Fil
   const std::string what = p.delta_file + ": entry '" + p.tensor + "'";
   jw.begin_tensor(p.local_shard, p.offset);
   Walker w(f, p, &jw, buf, out, c0 * p.chunk_bytes, std::min(p.nbytes, c1 * p.chunk_bytes));
-  if (p.encoding == Encoding::context)
-    decode_context_chunks(p.frame, p.nbytes, c0, c1, what, base_view(w), sparse_sink(w));
-  else
-    decode_sparse_chunks(p.frame, p.nbytes, c0, c1, what, sparse_sink(w));
+  about_file(p.delta_path, [&] {
+    if (p.encoding == Encoding::context)
+      decode_context_chunks(p.frame, p.nbytes, c0, c1, what, base_view(w), sparse_sink(w));
+    else
+      decode_sparse_chunks(p.frame, p.nbytes, c0, c1, what, sparse_sink(w));
+  });
   w.finish();
   jw.end_tensor();
 }

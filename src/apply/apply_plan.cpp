@@ -81,10 +81,11 @@ struct PlanContext {
 void refuse_hard_linked(const PlanContext& ctx, const std::string& file) {
   auto it = ctx.lv.hard_links.find(file);
   if (it == ctx.lv.hard_links.end()) return;
-  fail(Exit::bad_input, ctx.local_path(file) + ": has " + std::to_string(it->second) +
-                            " hard links (made with cp -al or ln?); patching it in place would change every linked "
-                            "copy too; nothing was changed. Give LOCAL its own copy: delta-apply --init SRC LOCAL "
-                            "copies such files, or cp --remove-destination");
+  fail(Exit::bad_input, ctx.local_path(file),
+       "has " + std::to_string(it->second) +
+           " hard links (made with cp -al or ln?); patching it in place would change every linked "
+           "copy too; nothing was changed. Give LOCAL its own copy: delta-apply --init SRC LOCAL "
+           "copies such files, or cp --remove-destination");
 }
 
 // Weight files that keep their place get a slot in the manifest; their
@@ -112,8 +113,8 @@ void plan_header_rewrite(PlanContext& ctx, const ShardOp& so, const Shard& ls) {
   const std::string_view hb = ctx.d.new_header(so.file);
   const SafetensorsHeader nh = parse_safetensors(hb, ls.header.file_size, hp);
   if (nh.data_start() != hb.size() || !same_tensor_ranges(nh, ls.header))
-    fail(Exit::bad_input, hp + ": a header rewritten in place must keep the length and tensor byte ranges of " +
-                              ctx.local_path(so.file));
+    fail(Exit::bad_input, hp,
+         "a header rewritten in place must keep the length and tensor byte ranges of " + ctx.local_path(so.file));
   const std::uint32_t sl = ctx.slot[static_cast<std::size_t>(&ls - ctx.lc.shards.data())];
   for (const auto& t : nh.tensors) ctx.where[t.name] = {sl, nh.file_offset(t), t.nbytes()};
   auto& renames = ctx.plan.renames[so.file];
@@ -121,7 +122,7 @@ void plan_header_rewrite(PlanContext& ctx, const ShardOp& so, const Shard& ls) {
     renames.emplace_back(nh.tensors[i].name, ls.header.tensors[i].name);
   Patch p;
   p.tensor = "(header)";
-  p.delta_file = hp;
+  p.delta_file = p.delta_path = hp;
   p.new_hash = so.header_hash;
   p.base_hash = so.base_header_hash;
   p.local_shard = sl;
@@ -171,11 +172,14 @@ void plan_shard_ops(PlanContext& ctx) {
     const char* verb = so.op == ShardOp::Op::remove   ? " removes a weight file "
                        : so.op == ShardOp::Op::header ? " rewrites the header of a weight file "
                                                       : nullptr;
-    if (verb && !ls) fail(Exit::verify_failed, what + verb + ctx.lv.dir.string() + " does not have" + ctx.nothing);
-    if (so.op == ShardOp::Op::header)
-      plan_header_rewrite(ctx, so, *ls);
-    else if (so.op == ShardOp::Op::build)
-      plan_build(ctx, so, what);
+    // Its errors are about the index, unless they name another file.
+    about_file(ctx.iw, [&] {
+      if (verb && !ls) fail(Exit::verify_failed, what + verb + ctx.lv.dir.string() + " does not have" + ctx.nothing);
+      if (so.op == ShardOp::Op::header)
+        plan_header_rewrite(ctx, so, *ls);
+      else if (so.op == ShardOp::Op::build)
+        plan_build(ctx, so, what);
+    });
   }
 }
 
@@ -187,7 +191,7 @@ bool parted(const Patch& p) {
 Patch patch_of(const OpenDelta& d, const DeltaEntry& e) {
   Patch p;
   p.tensor = e.tensor();
-  p.delta_file = d.path_of(e);
+  p.delta_file = p.delta_path = d.path_of(e);
   p.frame = e.frame;
   p.encoding = e.encoding;
   p.new_hash = e.new_hash;
@@ -207,16 +211,17 @@ void plan_entries(PlanContext& ctx) {
     Patch p = patch_of(ctx.d, e);
     auto check_target = [&](const std::string& in) {
       if (target != ctx.idx.targets.end() && target->second != in)
-        fail(Exit::bad_input, p.delta_file + ": entry '" + p.tensor + "' patches " + in +
-                                  ", but hfdelta_targets names " + target->second);
+        fail(Exit::bad_input, p.delta_file,
+             "entry '" + p.tensor + "' patches " + in + ", but hfdelta_targets names " + target->second);
     };
     if (auto bi = ctx.built.find(p.tensor); bi != ctx.built.end()) {
       Build& bd = ctx.plan.builds[bi->second.first];
       BuildTensor& bt = bd.tensors[bi->second.second];  // its checksum checked by open_delta
       if (parted(p))
-        fail(Exit::bad_input, p.delta_file + ": entry '" + p.tensor +
-                                  "' holds a parts entry, for a tensor in a weight file the delta builds; parts "
-                                  "entries patch tensors in place only");
+        fail(Exit::bad_input, p.delta_file,
+             "entry '" + p.tensor +
+                 "' holds a parts entry, for a tensor in a weight file the delta builds; parts "
+                 "entries patch tensors in place only");
       if (!bt.src) p.base_hash.reset();  // its base is zeros
       check_target(bd.file);
       p.offset = bt.dst;
@@ -227,7 +232,7 @@ void plan_entries(PlanContext& ctx) {
     }
     auto lt = ctx.where.find(p.tensor);
     if (lt == ctx.where.end())
-      fail(Exit::bad_input, p.delta_file + ": tensor '" + p.tensor + "' does not exist in " + ctx.lv.dir.string());
+      fail(Exit::bad_input, p.delta_file, "tensor '" + p.tensor + "' does not exist in " + ctx.lv.dir.string());
     check_target(ctx.plan.manifest.shards[lt->second.slot]);
     p.local_shard = lt->second.slot;
     p.offset = lt->second.offset;
@@ -236,11 +241,11 @@ void plan_entries(PlanContext& ctx) {
     for (const auto& sp : p.stack_parts) heads.push_back(sp.get());
     for (const PartsEntry* pe : heads)
       if (pe && pe->m.bytes() != p.nbytes)
-        fail(Exit::verify_failed, p.delta_file + ": entry '" + p.tensor + "' has parts of a " +
-                                      std::to_string(pe->m.rows) + " x " + std::to_string(pe->m.cols) + " matrix of " +
-                                      std::to_string(pe->m.es) + "-byte elements, but the tensor in " +
-                                      ctx.lv.dir.string() + " has " + std::to_string(p.nbytes) +
-                                      " bytes; LOCAL is not this delta's base" + ctx.nothing);
+        fail(Exit::verify_failed, p.delta_file,
+             "entry '" + p.tensor + "' has parts of a " + std::to_string(pe->m.rows) + " x " +
+                 std::to_string(pe->m.cols) + " matrix of " + std::to_string(pe->m.es) +
+                 "-byte elements, but the tensor in " + ctx.lv.dir.string() + " has " + std::to_string(p.nbytes) +
+                 " bytes; LOCAL is not this delta's base" + ctx.nothing);
     ctx.plan.patches.push_back(std::move(p));
   }
 }
@@ -273,9 +278,9 @@ void plan_file_ops(PlanContext& ctx) {
     // open_delta; a weight file of LOCAL it treats as a plain file means
     // LOCAL is not its base.
     if (weights.count(fc.path) && !swap)
-      fail(Exit::verify_failed, ctx.iw + ": hfdelta_files " + (put ? "replaces" : "removes") + " " +
-                                    ctx.local_path(fc.path) + " as a plain file, but it is a weight file there" +
-                                    ctx.nothing);
+      fail(Exit::verify_failed, ctx.iw,
+           std::string("hfdelta_files ") + (put ? "replaces" : "removes") + " " + ctx.local_path(fc.path) +
+               " as a plain file, but it is a weight file there" + ctx.nothing);
     const LocalView::Kind k = ctx.lv.kind(fc.path);
     m.files.push_back({fc.path, put ? TxnFile::Op::put : TxnFile::Op::remove,
                        put ? k == LocalView::Kind::regular : k != LocalView::Kind::none && !swap});

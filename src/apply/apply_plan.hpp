@@ -48,7 +48,8 @@ LocalView survey_local(const boost::filesystem::path& local, std::uint64_t versi
 struct Patch {
   std::string tensor;
   std::span<const std::uint8_t> frame;  // view into the delta file's mapping
-  std::string delta_file;               // its path, for messages
+  std::string delta_file;               // its path, for messages (with which part, for a part)
+  std::string delta_path;               // the delta file's path alone: the path of its errors
   Encoding encoding = Encoding::overwrite;
   Hash128 new_hash;
   std::optional<std::uint32_t> adler32;  // recorded instead of new_hash (an adler32 delta): see `computed`

@@ -53,7 +53,7 @@ void fail_recover(const fs::path& local, const Error& e) {
   } else {
     msg += "once the cause is fixed, the next delta-apply on it, or delta-apply --recover, tries again";
   }
-  fail(e.code(), msg);
+  fail_again(e, msg);
 }
 
 void run_step(Txn& txn, const fs::path& local, const Manifest& m, const ApplyOptions& opts,

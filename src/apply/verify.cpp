@@ -31,8 +31,9 @@ VerifyReport verify_local(const fs::path& local, double lock_timeout, int thread
   }
   const auto rec = read_record(local, *rep.version);
   if (!rec)
-    fail(Exit::bad_input, local.string() + ": no checksums are recorded for version " + format_version(*rep.version) +
-                              " (it was set up without them); re-initialise it with --init to record them");
+    fail(Exit::bad_input, local,
+         "no checksums are recorded for version " + format_version(*rep.version) +
+             " (it was set up without them); re-initialise it with --init to record them");
 
   auto problem = [&](std::string s) { rep.problems.push_back(std::move(s)); };
   Checkpoint c;

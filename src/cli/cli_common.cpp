@@ -39,10 +39,10 @@ bool json_in_argv(int argc, char** argv) {
   return false;
 }
 
-int report(const std::string& prog, int code, const std::string& msg, bool json) {
+int report(const std::string& prog, int code, const std::string& msg, bool json, const std::string& path = {}) {
   if (!msg.empty()) std::cerr << prog << ": error: " << msg << "\n";
   if (json && !json_printed) {
-    print_json(error_json(code, msg));
+    print_json(error_json(code, msg, path));
   }
   return code;
 }
@@ -278,7 +278,7 @@ int run(CLI::App& app, int argc, char** argv, const std::function<void()>& body,
         !dynamic_cast<const StopReported*>(&e))  // a stop signal (hfdelta/signals.hpp): say what it left
       msg += prog == "delta-apply" ? "; LOCAL is as it was (rolled back)"
                                    : "; stopped at a safe point, no temporary directory left";
-    code = report(prog, static_cast<int>(e.code()), msg, json);
+    code = report(prog, static_cast<int>(e.code()), msg, json, e.path());
   } catch (const CLI::ParseError& e) {  // semantic usage errors raised after parsing
     code = report(prog, static_cast<int>(Exit::usage), e.what(), json);
   } catch (const std::exception& e) {

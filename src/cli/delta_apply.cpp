@@ -265,7 +265,7 @@ void write_report(const Options& o, const std::string& local, Exit code, const s
     HostReport r = current_report({o.report, o.host, local, o.root, cli::program_version()});
     r.exit_code = static_cast<int>(code);
     r.error = msg;
-    r.error_kind = code == Exit::ok ? "" : error_kind(static_cast<int>(code));
+    r.error_kind = code == Exit::ok ? "" : exit_kind(static_cast<int>(code));
     r.waiting_for_peers = waiting;
     write_host_report(o.report, r);
   } catch (const std::exception& e) {

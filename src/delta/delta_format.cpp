@@ -23,7 +23,7 @@ namespace {
 
 json load_index(const fs::path& p) {
   json j = parse_json_text(read_small_file(p, kIndexJson.bytes), p.string(), "index", kIndexJson);
-  if (!j.is_object()) fail(Exit::bad_input, p.string() + ": not a JSON object");
+  if (!j.is_object()) fail(Exit::bad_input, p, "not a JSON object");
   return j;
 }
 
@@ -42,7 +42,7 @@ std::optional<json> delta_index_json(const fs::path& dir) {
   if (!fs::exists(p, ec)) {
     // A dangling link hides what the directory is: with it taken for "no
     // index", a delta would pass for a full version and be copied as one.
-    if (fs::is_symlink(fs::symlink_status(p, ec))) fail(Exit::bad_input, p.string() + ": is a symlink to nothing");
+    if (fs::is_symlink(fs::symlink_status(p, ec))) fail(Exit::bad_input, p, "is a symlink to nothing");
     return std::nullopt;
   }
   json j = load_index(p);
@@ -63,7 +63,8 @@ bool is_delta_dir(const fs::path& dir) { return delta_index_json(dir).has_value(
 std::optional<DeltaIndex> read_index_if_delta(const fs::path& dir) {
   std::optional<json> j = delta_index_json(dir);
   if (!j) return std::nullopt;
-  return delta_index_from_json(std::move(*j), (dir / kIndexFile).string());
+  const std::string w = (dir / kIndexFile).string();
+  return about_file(w, [&] { return delta_index_from_json(std::move(*j), w); });
 }
 
 DeltaIndex read_delta_index(const fs::path& dir) {
@@ -73,11 +74,11 @@ DeltaIndex read_delta_index(const fs::path& dir) {
     const std::string text = read_small_file(p, kIndexJson.bytes);
     j = parse_json_text(text, p.string(), "index", kIndexJson);
   }
-  return delta_index_from_json(std::move(j), p.string());
+  return about_file(p.string(), [&] { return delta_index_from_json(std::move(j), p.string()); });
 }
 
 DeltaIndex parse_delta_index(std::string_view text, const std::string& w) {
-  return delta_index_from_json(parse_json_text(text, w, "index", kIndexJson), w);
+  return about_file(w, [&] { return delta_index_from_json(parse_json_text(text, w, "index", kIndexJson), w); });
 }
 
 namespace {
@@ -125,38 +126,38 @@ void read_tensor_encodings(IndexContext& ctx) {
   const std::string& w = ctx.w;
   ctx.d.per_tensor = true;
   if (!ctx.m.contains(key::encodings) || !ctx.m[key::encodings].is_object())
-    fail(Exit::bad_input, w + ": delta_encoding \"auto\" needs metadata.hfdelta_encodings");
+    fail(Exit::bad_input, w, "delta_encoding \"auto\" needs metadata.hfdelta_encodings");
   json& es = ctx.j["metadata"][key::encodings];
   for (auto it = es.begin(); it != es.end(); it = es.erase(it)) {
     const auto e = it->is_string() ? parse_encoding(it->get<std::string>()) : std::nullopt;
     if (!e)
-      fail(Exit::unsupported,
-           w + ": hfdelta_encodings[\"" + it.key() + "\"] is " + it->dump() + ", not an encoding this build knows");
+      fail(Exit::unsupported, w,
+           "hfdelta_encodings[\"" + it.key() + "\"] is " + it->dump() + ", not an encoding this build knows");
     if (*e == Encoding::stack && ctx.revision < 4)
-      fail(Exit::bad_input,
-           w + ": hfdelta_encodings[\"" + it.key() + "\"] is \"stack\", which needs hfdelta_format 4 or later");
+      fail(Exit::bad_input, w,
+           "hfdelta_encodings[\"" + it.key() + "\"] is \"stack\", which needs hfdelta_format 4 or later");
     if (*e == Encoding::context && ctx.revision < 5)
-      fail(Exit::bad_input,
-           w + ": hfdelta_encodings[\"" + it.key() + "\"] is \"context\", which needs hfdelta_format 5 or later");
+      fail(Exit::bad_input, w,
+           "hfdelta_encodings[\"" + it.key() + "\"] is \"context\", which needs hfdelta_format 5 or later");
     if (*e == Encoding::parts && ctx.revision < 6)
-      fail(Exit::bad_input,
-           w + ": hfdelta_encodings[\"" + it.key() + "\"] is \"parts\", which needs hfdelta_format 6 or later");
+      fail(Exit::bad_input, w,
+           "hfdelta_encodings[\"" + it.key() + "\"] is \"parts\", which needs hfdelta_format 6 or later");
     ctx.d.encodings.emplace(it.key(), *e);
   }
 }
 
 void read_encoding(IndexContext& ctx) {
   const std::string& w = ctx.w;
-  if (!ctx.m[key::delta_encoding].is_string()) fail(Exit::bad_input, w + ": metadata.delta_encoding must be a string");
+  if (!ctx.m[key::delta_encoding].is_string()) fail(Exit::bad_input, w, "metadata.delta_encoding must be a string");
   const std::string enc_name = ctx.m[key::delta_encoding].get<std::string>();
   ctx.d.encoding_name = enc_name;
   if (enc_name == "auto") return read_tensor_encodings(ctx);
   const auto enc = parse_encoding(enc_name);
-  if (!enc) fail(Exit::unsupported, w + ": unknown delta_encoding \"" + enc_name + "\"");
+  if (!enc) fail(Exit::unsupported, w, "unknown delta_encoding \"" + enc_name + "\"");
   if (*enc == Encoding::stack || *enc == Encoding::parts)
-    fail(Exit::bad_input, w + ": delta_encoding \"" + enc_name + "\" is only valid per tensor, in hfdelta_encodings");
+    fail(Exit::bad_input, w, "delta_encoding \"" + enc_name + "\" is only valid per tensor, in hfdelta_encodings");
   if (*enc == Encoding::context && ctx.revision < 5)
-    fail(Exit::bad_input, w + ": delta_encoding \"context\" needs hfdelta_format 5 or later");
+    fail(Exit::bad_input, w, "delta_encoding \"context\" needs hfdelta_format 5 or later");
   ctx.d.encoding = *enc;
 }
 
@@ -203,15 +204,14 @@ void read_versions(IndexContext& ctx) {
 void read_weight_map(IndexContext& ctx) {
   const std::string& w = ctx.w;
   if (!ctx.j.contains("weight_map") || !ctx.j["weight_map"].is_object())
-    fail(Exit::bad_input, w + ": no \"weight_map\" object");
+    fail(Exit::bad_input, w, "no \"weight_map\" object");
   json& wm = ctx.j["weight_map"];
   for (auto it = wm.begin(); it != wm.end(); it = wm.erase(it)) {
-    if (!it->is_string()) fail(Exit::bad_input, w + ": weight_map[\"" + it.key() + "\"] is not a file name");
+    if (!it->is_string()) fail(Exit::bad_input, w, "weight_map[\"" + it.key() + "\"] is not a file name");
     const std::string& file = it->get_ref<const std::string&>();
     check_relative_path(file, w + ": weight_map[\"" + it.key() + "\"]");
     if (file.find('/') != std::string::npos)
-      fail(Exit::bad_input,
-           w + ": weight_map[\"" + it.key() + "\"] names a file outside the delta directory's top level");
+      fail(Exit::bad_input, w, "weight_map[\"" + it.key() + "\"] names a file outside the delta directory's top level");
     ctx.d.weight_map.emplace(it.key(), file);
   }
 }
@@ -220,9 +220,9 @@ void read_base_checksums(IndexContext& ctx) {
   const std::string& w = ctx.w;
   if (!ctx.m.contains(key::base_checksums)) return;
   json& b = ctx.j["metadata"][key::base_checksums];
-  if (!b.is_object()) fail(Exit::bad_input, w + ": metadata.hfdelta_base_checksums must be an object");
+  if (!b.is_object()) fail(Exit::bad_input, w, "metadata.hfdelta_base_checksums must be an object");
   for (auto it = b.begin(); it != b.end(); it = b.erase(it)) {
-    if (!it->is_string()) fail(Exit::bad_input, w + ": hfdelta_base_checksums[\"" + it.key() + "\"] is not a string");
+    if (!it->is_string()) fail(Exit::bad_input, w, "hfdelta_base_checksums[\"" + it.key() + "\"] is not a string");
     ctx.d.base_checksums.emplace(
         it.key(), parse_hash_hex(it->get<std::string>(), w + ": hfdelta_base_checksums[\"" + it.key() + "\"]"));
   }
@@ -230,7 +230,7 @@ void read_base_checksums(IndexContext& ctx) {
 
 FileChange file_change_of(const json& e, const std::string& w) {
   if (!e.is_object() || !e.contains("path") || !e["path"].is_string() || !e.contains("op") || !e["op"].is_string())
-    fail(Exit::bad_input, w + ": hfdelta_files entry " + e.dump() + " needs \"path\" and \"op\"");
+    fail(Exit::bad_input, w, "hfdelta_files entry " + e.dump() + " needs \"path\" and \"op\"");
   FileChange fc;
   fc.path = e["path"].get<std::string>();
   check_relative_path(fc.path, w + ": hfdelta_files");
@@ -240,11 +240,11 @@ FileChange file_change_of(const json& e, const std::string& w) {
   } else if (op == "put") {
     fc.op = FileChange::Op::put;
     if (!e.contains("size") || !e["size"].is_number_unsigned() || !e.contains("xxh3-128") || !e["xxh3-128"].is_string())
-      fail(Exit::bad_input, w + ": hfdelta_files entry for \"" + fc.path + "\" needs \"size\" and \"xxh3-128\"");
+      fail(Exit::bad_input, w, "hfdelta_files entry for \"" + fc.path + "\" needs \"size\" and \"xxh3-128\"");
     fc.size = e["size"].get<std::uint64_t>();
     fc.hash = parse_hash_hex(e["xxh3-128"].get<std::string>(), w + ": hfdelta_files \"" + fc.path + "\"");
   } else {
-    fail(Exit::unsupported, w + ": hfdelta_files entry for \"" + fc.path + "\" has unknown op \"" + op + "\"");
+    fail(Exit::unsupported, w, "hfdelta_files entry for \"" + fc.path + "\" has unknown op \"" + op + "\"");
   }
   return fc;
 }
@@ -328,7 +328,7 @@ void read_build_op(const ShardJson& s, ShardOp& so, std::set<std::string>& seen)
 ShardOp shard_op_of(const json& e, const std::string& w, std::set<std::string>& seen_files,
                     std::set<std::string>& seen_tensors) {
   if (!e.is_object() || !e.contains("file") || !e["file"].is_string() || !e.contains("op") || !e["op"].is_string())
-    fail(Exit::bad_input, w + ": hfdelta_shards entry " + e.dump().substr(0, 200) + " needs \"file\" and \"op\"");
+    fail(Exit::bad_input, w, "hfdelta_shards entry " + e.dump().substr(0, 200) + " needs \"file\" and \"op\"");
   ShardOp so;
   so.file = e["file"].get<std::string>();
   const std::string what = w + ": hfdelta_shards \"" + so.file + "\"";
@@ -364,9 +364,9 @@ void read_targets(IndexContext& ctx) {
   const std::string& w = ctx.w;
   if (!ctx.m.contains(key::targets)) return;
   const json& t = ctx.m[key::targets];
-  if (!t.is_object()) fail(Exit::bad_input, w + ": metadata.hfdelta_targets must be an object");
+  if (!t.is_object()) fail(Exit::bad_input, w, "metadata.hfdelta_targets must be an object");
   for (auto it = t.begin(); it != t.end(); ++it) {
-    if (!it->is_string()) fail(Exit::bad_input, w + ": hfdelta_targets[\"" + it.key() + "\"] is not a file name");
+    if (!it->is_string()) fail(Exit::bad_input, w, "hfdelta_targets[\"" + it.key() + "\"] is not a file name");
     check_relative_path(it->get<std::string>(), w + ": hfdelta_targets[\"" + it.key() + "\"]");
     ctx.d.targets.emplace(it.key(), it->get<std::string>());
   }
@@ -387,11 +387,11 @@ void read_elements(IndexContext& ctx) {
 }
 
 DeltaIndex delta_index_from_json(json j, const std::string& w) {
-  if (!j.is_object()) fail(Exit::bad_input, w + ": not a JSON object");
-  if (!j.contains("metadata") || !j["metadata"].is_object()) fail(Exit::bad_input, w + ": no \"metadata\" object");
+  if (!j.is_object()) fail(Exit::bad_input, w, "not a JSON object");
+  if (!j.contains("metadata") || !j["metadata"].is_object()) fail(Exit::bad_input, w, "no \"metadata\" object");
   IndexContext ctx{j, j["metadata"], w, {}, 0};
   check_index_checksum(ctx);
-  if (!ctx.m.contains(key::delta_encoding)) fail(Exit::bad_input, w + ": not a delta (no metadata.delta_encoding)");
+  if (!ctx.m.contains(key::delta_encoding)) fail(Exit::bad_input, w, "not a delta (no metadata.delta_encoding)");
   read_revision(ctx);
   read_encoding(ctx);
   expect_text(ctx, key::compression_format, "zstd");
@@ -406,7 +406,7 @@ DeltaIndex delta_index_from_json(json j, const std::string& w) {
   if (ctx.d.per_tensor)
     for (const auto& [tensor, file] : ctx.d.weight_map)
       if (!ctx.d.encodings.count(tensor))
-        fail(Exit::bad_input, w + ": hfdelta_encodings has no entry for '" + tensor + "'");
+        fail(Exit::bad_input, w, "hfdelta_encodings has no entry for '" + tensor + "'");
   return std::move(ctx.d);
 }
 
@@ -452,22 +452,21 @@ std::uint64_t publish_delta(const fs::path& tmp, const fs::path& out, const std:
 MappedFile open_carried(const fs::path& p, std::uint64_t size, const Hash128& hash, const std::string& listed) {
   boost::system::error_code ec;
   if (!fs::is_regular_file(fs::symlink_status(p, ec)))
-    fail(Exit::bad_input,
-         p.string() + ": listed in the delta index's " + listed + " but missing or not a regular file");
+    fail(Exit::bad_input, p, "listed in the delta index's " + listed + " but missing or not a regular file");
   MappedFile m(p);
   if (m.size() != size || xxh3_128(m.bytes()) != hash)
-    fail(Exit::bad_input, p.string() + ": does not match the size and checksum the delta index records");
+    fail(Exit::bad_input, p, "does not match the size and checksum the delta index records");
   return m;
 }
 
 SafetensorsHeader parse_built_header(std::string_view bytes, const ShardOp& so, const std::string& where) {
   SafetensorsHeader h = parse_safetensors(bytes, so.size, where);
   if (h.data_start() != bytes.size() || h.tensors.size() != so.tensors.size())
-    fail(Exit::bad_input, where + ": does not hold the tensors hfdelta_shards lists for " + so.file);
+    fail(Exit::bad_input, where, "does not hold the tensors hfdelta_shards lists for " + so.file);
   for (std::size_t i = 0; i < h.tensors.size(); ++i)
     if (h.tensors[i].name != so.tensors[i].name)
-      fail(Exit::bad_input,
-           where + ": tensor '" + h.tensors[i].name + "' is listed as '" + so.tensors[i].name + "' in hfdelta_shards");
+      fail(Exit::bad_input, where,
+           "tensor '" + h.tensors[i].name + "' is listed as '" + so.tensors[i].name + "' in hfdelta_shards");
   return h;
 }
 
@@ -571,11 +570,11 @@ EntryChecksum check_delta_entry(const DeltaIndex& idx, const std::string& file, 
                                 const TensorInfo& t, const std::string& w) {
   auto wm = idx.weight_map.find(t.name);
   if (wm == idx.weight_map.end() || wm->second != file)
-    fail(Exit::bad_input, w + ": entry '" + t.name + "' is not mapped to this file by the delta index");
+    fail(Exit::bad_input, w, "entry '" + t.name + "' is not mapped to this file by the delta index");
   if (t.dtype != "U8" || t.shape.size() != 1)
-    fail(Exit::bad_input, w + ": entry '" + t.name + "' must be U8 with shape [L]");
+    fail(Exit::bad_input, w, "entry '" + t.name + "' must be U8 with shape [L]");
   auto mh = hdr.metadata.find(t.name);
-  if (mh == hdr.metadata.end()) fail(Exit::bad_input, w + ": __metadata__ has no checksum for '" + t.name + "'");
+  if (mh == hdr.metadata.end()) fail(Exit::bad_input, w, "__metadata__ has no checksum for '" + t.name + "'");
   const std::string what = w + ": __metadata__[\"" + t.name + "\"]";
   if (idx.checksum_format == ChecksumFormat::adler32) return {{}, parse_adler32_hex(mh->second, what)};
   return {parse_hash_hex(mh->second, what), std::nullopt};

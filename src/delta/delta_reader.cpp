@@ -26,16 +26,15 @@ void check_no_symlinks(const fs::path& dir) {
   fs::recursive_directory_iterator it(dir, ec), end;
   for (; !ec && it != end; it.increment(ec))
     if (fs::is_symlink(it->symlink_status()))
-      fail(Exit::bad_input,
-           it->path().string() + ": is a symlink; a delta is read from its own files only, never through a link");
-  if (ec) fail(Exit::failure, dir.string() + ": cannot list the delta directory: " + ec.message());
+      fail(Exit::bad_input, it->path(), "is a symlink; a delta is read from its own files only, never through a link");
+  if (ec) fail(Exit::failure, dir, "cannot list the delta directory: " + ec.message());
 }
 
 void check_index_file(const fs::path& dir) {
   boost::system::error_code ec;
   const fs::path p = dir / kIndexFile;
   if (!fs::is_regular_file(fs::symlink_status(p, ec)))
-    fail(Exit::bad_input, p.string() + ": missing or not a regular file; " + dir.string() + " is not a delta version");
+    fail(Exit::bad_input, p, "missing or not a regular file; " + dir.string() + " is not a delta version");
 }
 
 DeltaEntry entry_of(const OpenDelta& v, const std::string& file, const SafetensorsHeader& hdr, const TensorInfo& t,
@@ -84,10 +83,11 @@ void check_against_marker(const fs::path& dir, const OpenDelta& v) {
     const auto want = c.marker->files.find(file);
     const std::string w = (dir / file).string();
     if (want == c.marker->files.end())
-      fail(Exit::bad_input, w + ": not listed in the version's completion marker " + kCompleteFile);
+      fail(Exit::bad_input, w, std::string("not listed in the version's completion marker ") + kCompleteFile);
     if (m.size() != want->second.size || xxh3_128(m.bytes()) != want->second.hash)
-      fail(Exit::bad_input, w + ": does not have the size and checksum its completion marker records: the version "
-                                "is damaged (withdraw it on the publishing side)");
+      fail(Exit::bad_input, w,
+           "does not have the size and checksum its completion marker records: the version "
+           "is damaged (withdraw it on the publishing side)");
   }
 }
 
@@ -98,16 +98,16 @@ void check_delta_files(const fs::path& dir, OpenDelta& v) {
     if (v.headers.count(file)) continue;
     const fs::path p = dir / file;
     if (!fs::is_regular_file(fs::symlink_status(p, ec)))
-      fail(Exit::bad_input, p.string() + ": named by the delta index but missing or not a regular file");
+      fail(Exit::bad_input, p, "named by the delta index but missing or not a regular file");
     v.headers.emplace(file, read_safetensors(p));
     MappedFile m(p);
-    if (m.size() != v.headers.at(file).file_size) fail(Exit::bad_input, p.string() + ": changed size while being read");
+    if (m.size() != v.headers.at(file).file_size) fail(Exit::bad_input, p, "changed size while being read");
     v.maps.emplace(file, std::move(m));
   }
   check_against_marker(dir, v);
   for (const auto& [tensor, file] : idx.weight_map)
     if (!v.headers.at(file).find(tensor))
-      fail(Exit::bad_input, (dir / file).string() + ": has no entry '" + tensor + "' named by the delta index");
+      fail(Exit::bad_input, dir / file, "has no entry '" + tensor + "' named by the delta index");
   // A tensor of a built file whose entry records another checksum than
   // hfdelta_shards: the delta contradicts itself.
   std::map<std::string, const ShardOp::Tensor*> built;
@@ -118,9 +118,10 @@ void check_delta_files(const fs::path& dir, OpenDelta& v) {
     for (const auto& t : hdr.tensors) {
       const EntryChecksum checksum = check_delta_entry(idx, file, hdr, t, w);
       if (auto b = built.find(t.name); b != built.end() && b->second->hash != checksum.xxh3)
-        fail(Exit::bad_input, w + ": entry '" + t.name + "' records checksum " + checksum.xxh3.hex() +
-                                  ", hfdelta_shards " + b->second->hash.hex());
-      v.entries.push_back(entry_of(v, file, hdr, t, w, checksum));
+        fail(Exit::bad_input, w,
+             "entry '" + t.name + "' records checksum " + checksum.xxh3.hex() + ", hfdelta_shards " +
+                 b->second->hash.hex());
+      v.entries.push_back(about_file(w, [&] { return entry_of(v, file, hdr, t, w, checksum); }));
     }
   }
 }
@@ -139,13 +140,14 @@ void check_file_ops(const fs::path& dir, const DeltaIndex& idx) {
   std::set<std::string> targets;
   for (const auto& [delta_file, target] : idx.targets) targets.insert(target);
   for (const FileChange& fc : idx.files) {
-    if (touches_state(fc.path)) fail(Exit::bad_input, iw + ": hfdelta_files may not touch " + fc.path);
+    if (touches_state(fc.path)) fail(Exit::bad_input, iw, "hfdelta_files may not touch " + fc.path);
     const bool put = fc.op == FileChange::Op::put;
     const ShardOp* so = shard_op(idx, fc.path);
     const bool swap = so && (so->op == ShardOp::Op::remove ? put : so->op == ShardOp::Op::build && !put);
     if (!swap && (so || targets.count(fc.path)))
-      fail(Exit::bad_input, iw + ": hfdelta_files may not " + (put ? "replace" : "remove") + " weight file " + fc.path +
-                                " (the delta's own " + (so ? "hfdelta_shards" : "hfdelta_targets") + " names it)");
+      fail(Exit::bad_input, iw,
+           std::string("hfdelta_files may not ") + (put ? "replace" : "remove") + " weight file " + fc.path +
+               " (the delta's own " + (so ? "hfdelta_shards" : "hfdelta_targets") + " names it)");
     if (put) open_carried(dir / kFilesDir / fc.path, fc.size, fc.hash, "hfdelta_files");
   }
 }

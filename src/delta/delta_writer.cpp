@@ -43,15 +43,14 @@ std::vector<std::pair<std::size_t, std::size_t>> groups_of(const std::vector<New
 
 void check_delta_out(const fs::path& out) {
   boost::system::error_code ec;
-  if (fs::exists(fs::symlink_status(out, ec)))
-    fail(Exit::exists, out.string() + ": already exists; refusing to overwrite");
+  if (fs::exists(fs::symlink_status(out, ec))) fail(Exit::exists, out, "already exists; refusing to overwrite");
   require_dir(out.parent_path(), "create it first (mkdir -p " + out.parent_path().string() + ")");
 }
 
 DeltaWriter::DeltaWriter(const fs::path& out_path, bool sync_writes)
     : out(out_path), tmp(temp_path_beside(out_path)), sync(sync_writes) {
   boost::system::error_code ec;
-  if (!fs::create_directory(tmp, ec) || ec) fail(Exit::failure, tmp.string() + ": cannot create: " + ec.message());
+  if (!fs::create_directory(tmp, ec) || ec) fail(Exit::failure, tmp, "cannot create: " + ec.message());
   dirs.insert(tmp);
 }
 

@@ -44,12 +44,14 @@ void record_delta(VersionBytes& vb, const OpenDelta& d) {
 
 [[noreturn]] void differs(const std::string& role, const Checkpoint& c, const VersionBytes& want,
                           const std::string& what) {
-  fail(Exit::verify_failed,
-       role + " " + c.dir.string() + ": does not hold the bytes of version " + format_version(want.version) + " (" +
-           want.dir.string() + "), the base the next version is published on: " + what +
-           ". Give the save that version " + format_version(want.version) +
-           " was published from (a retried job or a stale BASE publishes a version no host can apply); nothing was "
-           "published");
+  throw Error(
+      Exit::verify_failed,
+      role + " " + c.dir.string() + ": does not hold the bytes of version " + format_version(want.version) + " (" +
+          want.dir.string() + "), the base the next version is published on: " + what +
+          ". Give the save that version " + format_version(want.version) +
+          " was published from (a retried job or a stale BASE publishes a version no host can apply); nothing was "
+          "published",
+      c.dir.string());
 }
 
 void check_full(const Checkpoint& c, const std::string& role, const VersionBytes& want, int threads) {
@@ -124,11 +126,11 @@ VersionBytes recorded_bytes(const fs::path& root, std::uint64_t v) {
       vb.recorded = true;
     }
   } catch (const Error& e) {
-    fail(e.code(), "version " + format_version(v) + " of " + root.string() +
-                       ", the base of the next version, cannot "
-                       "be read (" +
-                       e.what() + "); withdraw it (delta-diff --withdraw " + vb.dir.string() +
-                       ") before publishing on it");
+    fail_again(e, "version " + format_version(v) + " of " + root.string() +
+                      ", the base of the next version, cannot "
+                      "be read (" +
+                      e.what() + "); withdraw it (delta-diff --withdraw " + vb.dir.string() +
+                      ") before publishing on it");
   }
   return vb;
 }

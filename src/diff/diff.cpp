@@ -41,7 +41,7 @@ namespace {
 std::uint64_t size_of(const fs::path& p) {
   boost::system::error_code ec;
   const auto n = fs::file_size(p, ec);
-  if (ec) fail(Exit::failure, p.string() + ": " + ec.message());
+  if (ec) fail(Exit::failure, p, ec.message());
   return n;
 }
 
@@ -236,11 +236,14 @@ namespace {
 // share), would publish "remove every weight file" to every host.
 Checkpoint open_input(const fs::path& dir, const char* role) {
   if (is_delta_dir(dir))
-    fail(Exit::bad_input, std::string(role) + " " + dir.string() + ": is a delta version, not a checkpoint");
+    throw Error(Exit::bad_input, std::string(role) + " " + dir.string() + ": is a delta version, not a checkpoint",
+                dir.string());
   Checkpoint c = open_checkpoint(dir);
   if (c.shards.empty())
-    fail(Exit::bad_input, std::string(role) + " " + dir.string() +
-                              ": has no weight files (*.safetensors); not a checkpoint (a save still being written?)");
+    throw Error(Exit::bad_input,
+                std::string(role) + " " + dir.string() +
+                    ": has no weight files (*.safetensors); not a checkpoint (a save still being written?)",
+                dir.string());
   return c;
 }
 

@@ -34,9 +34,9 @@ std::vector<std::string> list_files(const fs::path& dir) {
   std::vector<std::string> out;
   boost::system::error_code ec;
   fs::recursive_directory_iterator it(dir, ec), end;
-  if (ec) fail(Exit::failure, dir.string() + ": cannot list: " + ec.message());
+  if (ec) fail(Exit::failure, dir, "cannot list: " + ec.message());
   for (; it != end; it.increment(ec)) {
-    if (ec) fail(Exit::failure, dir.string() + ": cannot list: " + ec.message());
+    if (ec) fail(Exit::failure, dir, "cannot list: " + ec.message());
     const fs::path& p = it->path();
     const std::string rel = relative_name(p, dir);  // a hub snapshot's file, not its blob
     if (it.depth() == 0 && p.filename() == kStateDir) {
@@ -51,19 +51,19 @@ std::vector<std::string> list_files(const fs::path& dir) {
     const fs::file_status st = fs::status(p, ec);  // follows links: HF caches link to blobs
     if (ec || !fs::exists(st)) {
       const std::string why = ec ? ec.message() : "does not exist";
-      if (link) fail(Exit::bad_input, p.string() + ": is a dangling symlink (to " + link_target(p) + ": " + why + ")");
-      fail(Exit::bad_input, p.string() + ": " + why);
+      if (link) fail(Exit::bad_input, p, "is a dangling symlink (to " + link_target(p) + ": " + why + ")");
+      fail(Exit::bad_input, p, why);
     }
     if (fs::is_directory(st)) {
       // Followed, a directory link could leave the source or loop.
       if (link)
-        fail(Exit::bad_input, p.string() + ": is a symlink to a directory (" + link_target(p) +
-                                  "); only symlinked files are followed; copy it in (cp -rL)");
+        fail(Exit::bad_input, p,
+             "is a symlink to a directory (" + link_target(p) +
+                 "); only symlinked files are followed; copy it in (cp -rL)");
       continue;
     }
     if (!fs::is_regular_file(st))
-      fail(Exit::bad_input,
-           p.string() + ": not a regular file" + (link ? " (a symlink to " + link_target(p) + ")" : ""));
+      fail(Exit::bad_input, p, "not a regular file" + (link ? " (a symlink to " + link_target(p) + ")" : ""));
     out.push_back(rel);
   }
   std::sort(out.begin(), out.end());
@@ -100,20 +100,19 @@ Checkpoint open_checkpoint(const fs::path& dir) {
     const fs::path p = dir / f;
     const json j = parse_json_text(read_small_file(p, kIndexJson.bytes), p.string(), "index", kIndexJson);
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
-      fail(Exit::bad_input, p.string() + ": no \"weight_map\" object");
+      fail(Exit::bad_input, p, "no \"weight_map\" object");
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-      if (!it->is_string()) fail(Exit::bad_input, p.string() + ": weight_map[\"" + it.key() + "\"] is not a file name");
+      if (!it->is_string()) fail(Exit::bad_input, p, "weight_map[\"" + it.key() + "\"] is not a file name");
       const std::string shard = it->get<std::string>();
       check_relative_path(shard, p.string() + ": weight_map[\"" + it.key() + "\"]");
       if (shard.find('/') != std::string::npos || !ends_with(shard, ".safetensors"))
-        fail(Exit::bad_input, p.string() + ": weight_map[\"" + it.key() + "\"] = \"" + shard +
-                                  "\" is not a .safetensors file of this directory");
+        fail(Exit::bad_input, p,
+             "weight_map[\"" + it.key() + "\"] = \"" + shard + "\" is not a .safetensors file of this directory");
       if (!std::binary_search(files.begin(), files.end(), shard))
-        fail(Exit::bad_input, p.string() + ": weight_map[\"" + it.key() + "\"] names missing file " + shard);
+        fail(Exit::bad_input, p, "weight_map[\"" + it.key() + "\"] names missing file " + shard);
       auto [at, fresh] = mapped.emplace(it.key(), shard);
       if (!fresh && at->second != shard)
-        fail(Exit::bad_input,
-             p.string() + ": tensor '" + it.key() + "' is mapped to both " + at->second + " and " + shard);
+        fail(Exit::bad_input, p, "tensor '" + it.key() + "' is mapped to both " + at->second + " and " + shard);
       shard_names.insert(shard);
     }
   }
@@ -129,20 +128,20 @@ Checkpoint open_checkpoint(const fs::path& dir) {
       const std::string& t = tensors[i].name;
       auto [at, fresh] = c.tensors.emplace(t, TensorRef{s, i});
       if (!fresh)
-        fail(Exit::bad_input,
-             (dir / c.shards[s].file).string() + ": tensor '" + t + "' is also in " + c.shards[at->second.shard].file);
+        fail(Exit::bad_input, dir / c.shards[s].file,
+             "tensor '" + t + "' is also in " + c.shards[at->second.shard].file);
     }
   }
   if (!c.index_files.empty())
     for (const auto& s : c.shards)
       for (const auto& t : s.header.tensors)
         if (!mapped.count(t.name))
-          fail(Exit::bad_input, (dir / s.file).string() + ": tensor '" + t.name +
-                                    "' is not in the index's weight_map, so loaders would not see it");
+          fail(Exit::bad_input, dir / s.file,
+               "tensor '" + t.name + "' is not in the index's weight_map, so loaders would not see it");
   for (const auto& [t, shard] : mapped) {
     auto it = c.tensors.find(t);
     if (it == c.tensors.end() || c.shards[it->second.shard].file != shard)
-      fail(Exit::bad_input, (dir / shard).string() + ": has no tensor '" + t + "', which the index maps to it");
+      fail(Exit::bad_input, dir / shard, "has no tensor '" + t + "', which the index maps to it");
   }
   for (const auto& f : files)
     if (!shard_names.count(f)) c.other_files.push_back(f);

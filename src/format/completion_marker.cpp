@@ -29,7 +29,7 @@ std::vector<std::string> marked_files(const fs::path& dir) {
     const std::string rel = relative_name(it->path(), dir);
     if (rel != kCompleteFile) out.push_back(rel);
   }
-  if (ec) fail(Exit::failure, dir.string() + ": cannot list: " + ec.message());
+  if (ec) fail(Exit::failure, dir, "cannot list: " + ec.message());
   std::sort(out.begin(), out.end());
   return out;
 }
@@ -51,16 +51,15 @@ json marker_json(const CompletionMarker& m) {
 
 CompletionMarker marker_of_json(const json& j, const std::string& w) {
   if (!j.is_object() || !j.contains("hfdelta_complete") || !j["hfdelta_complete"].is_number_unsigned())
-    fail(Exit::bad_input, w + ": not a completion marker (no \"hfdelta_complete\" format number)");
+    fail(Exit::bad_input, w, "not a completion marker (no \"hfdelta_complete\" format number)");
   if (j["hfdelta_complete"].get<std::uint64_t>() != kMarkerFormat)
-    fail(Exit::unsupported,
-         w + ": completion marker format " + j["hfdelta_complete"].dump() + " is newer than this build's");
+    fail(Exit::unsupported, w,
+         "completion marker format " + j["hfdelta_complete"].dump() + " is newer than this build's");
   CompletionMarker m;
   try {
     m.version = parse_version(j.at("version").get<std::string>(), w);
     const std::string kind = j.at("kind").get<std::string>();
-    if (kind != "full" && kind != "delta")
-      fail(Exit::bad_input, w + ": kind \"" + kind + "\" is neither full nor delta");
+    if (kind != "full" && kind != "delta") fail(Exit::bad_input, w, "kind \"" + kind + "\" is neither full nor delta");
     m.full = kind == "full";
     for (const auto& [rel, f] : j.at("files").items()) {
       check_relative_path(rel, w + ": file \"" + rel + "\"");
@@ -69,7 +68,7 @@ CompletionMarker marker_of_json(const json& j, const std::string& w) {
       m.bytes += m.files[rel].size;
     }
   } catch (const json::exception& e) {
-    fail(Exit::bad_input, w + ": malformed completion marker: " + e.what());
+    fail(Exit::bad_input, w, std::string("malformed completion marker: ") + e.what());
   }
   return m;
 }
@@ -110,7 +109,7 @@ Completeness check_complete(const fs::path& dir, bool required) {
   try {
     j = json::parse(read_small_file(mp, 64u << 20));
   } catch (const json::exception& e) {
-    fail(Exit::bad_input, mp.string() + ": not valid JSON: " + e.what());
+    fail(Exit::bad_input, mp, std::string("not valid JSON: ") + e.what());
   }
   c.marker = marker_of_json(j, mp.string());
   for (const auto& [rel, f] : c.marker->files) {

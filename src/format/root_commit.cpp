@@ -49,8 +49,8 @@ fs::path highest_dir(const fs::path& root, const RootNow& r, std::uint64_t& used
   std::uint64_t used = 0;
   const fs::path dir = highest_dir(e.root, r, used);
   const bool gone = dir.filename() == withdrawn_dirname(used);
-  fail(Exit::exists,
-       dir.string() + ": version " + format_version(used) + " was " + (gone ? "published and withdrawn" : "published") +
+  fail(Exit::exists, dir,
+       "version " + format_version(used) + " was " + (gone ? "published and withdrawn" : "published") +
            " by another publisher while version " + format_version(e.version) + " was being written (" +
            published_when(dir) +
            "); nothing was published. Two publishers on one root (often a job restarted while its old one "
@@ -67,9 +67,8 @@ std::string next_step(const RootNow& r) {
 }
 
 [[noreturn]] void base_withdrawn(const PublishExpectation& e, const RootNow& r, bool at_commit) {
-  fail(Exit::out_of_order,
-       (e.root / withdrawn_dirname(*e.base)).string() + ": version " + format_version(*e.base) +
-           ", the base of version " + format_version(e.version) + ", was withdrawn" +
+  fail(Exit::out_of_order, e.root / withdrawn_dirname(*e.base),
+       "version " + format_version(*e.base) + ", the base of version " + format_version(e.version) + ", was withdrawn" +
            (at_commit ? " while version " + format_version(e.version) + " was being written" : std::string()) +
            "; no host could apply a version on it (hosts that applied it are refused, the others skip it); "
            "nothing was published: " +
@@ -77,11 +76,11 @@ std::string next_step(const RootNow& r) {
 }
 
 [[noreturn]] void not_newest(const PublishExpectation& e, const RootNow& r) {
-  fail(Exit::out_of_order, e.root.string() + ": version " + format_version(e.version) +
-                               " would be published on version " + format_version(*e.base) +
-                               ", but the newest version of the root is " + format_version(*r.newest) + ": hosts at " +
-                               format_version(*r.newest) + " could not apply it, and hosts below would stop at it; " +
-                               "a version is published on the newest; nothing was published: " + next_step(r));
+  fail(Exit::out_of_order, e.root,
+       "version " + format_version(e.version) + " would be published on version " + format_version(*e.base) +
+           ", but the newest version of the root is " + format_version(*r.newest) + ": hosts at " +
+           format_version(*r.newest) + " could not apply it, and hosts below would stop at it; " +
+           "a version is published on the newest; nothing was published: " + next_step(r));
 }
 
 }  // namespace
@@ -118,9 +117,10 @@ void check_published(const PublishExpectation& e, const fs::path& out) {
       e.root / (name == version_dirname(e.version) ? withdrawn_dirname(e.version) : "withdrawn_" + name);
   rename_path(out, to);
   sync_dir(e.root);
-  fail(Exit::out_of_order, out.string() + ": its base, version " + format_version(*e.base) +
-                               ", was withdrawn as it was renamed into place, so it is withdrawn too (" + to.string() +
-                               "): no host could apply it; " + next_step(look(e.root)));
+  fail(Exit::out_of_order, out,
+       "its base, version " + format_version(*e.base) +
+           ", was withdrawn as it was renamed into place, so it is withdrawn too (" + to.string() +
+           "): no host could apply it; " + next_step(look(e.root)));
 }
 
 }  // namespace hfdelta

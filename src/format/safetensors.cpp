@@ -42,7 +42,8 @@ constexpr std::array<DtypeEntry, 16> kDtypes{{
     {"F64", 8},
 }};
 
-[[noreturn]] void bad(const std::string& what, const std::string& msg) { fail(Exit::bad_input, what + ": " + msg); }
+// `what`: the file the header is of.
+[[noreturn]] void bad(const std::string& what, const std::string& msg) { fail(Exit::bad_input, what, msg); }
 
 std::uint64_t read_le64(const char* p) {
   std::uint64_t v = 0;

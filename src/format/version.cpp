@@ -61,7 +61,7 @@ std::set<std::uint64_t> scan_withdrawn(const fs::path& root) {
   std::set<std::uint64_t> out;
   for (fs::directory_iterator it(root, ec), end; it != end && !ec; it.increment(ec))
     if (const auto v = version_from_name(it->path().filename().string(), kWithdrawnPrefix)) out.insert(*v);
-  if (ec) fail(Exit::failure, root.string() + ": cannot list directory: " + ec.message());
+  if (ec) fail(Exit::failure, root, "cannot list directory: " + ec.message());
   return out;
 }
 
@@ -75,7 +75,7 @@ std::map<std::uint64_t, fs::path> scan_sidecars(const fs::path& root) {
     const auto v = version_from_name(name, kSidecarPrefix);
     if (v && sidecar_dirname(*v) == name && fs::is_directory(it->symlink_status())) out.emplace(*v, it->path());
   }
-  if (ec) fail(Exit::failure, root.string() + ": cannot list directory: " + ec.message());
+  if (ec) fail(Exit::failure, root, "cannot list directory: " + ec.message());
   return out;
 }
 
@@ -88,11 +88,12 @@ std::vector<VersionDir> scan_root(const fs::path& root) {
     if (!v || !fs::is_directory(it->path())) continue;
     for (const auto& o : out)
       if (o.version == *v)
-        fail(Exit::bad_input, root.string() + ": version " + format_version(*v) + " is published twice (" +
-                                  o.path.filename().string() + ", " + it->path().filename().string() + ")");
+        fail(Exit::bad_input, root,
+             "version " + format_version(*v) + " is published twice (" + o.path.filename().string() + ", " +
+                 it->path().filename().string() + ")");
     out.push_back({*v, it->path()});
   }
-  if (ec) fail(Exit::failure, root.string() + ": cannot list directory: " + ec.message());
+  if (ec) fail(Exit::failure, root, "cannot list directory: " + ec.message());
   std::sort(out.begin(), out.end(), [](const VersionDir& a, const VersionDir& b) { return a.version < b.version; });
   return out;
 }
@@ -101,12 +102,12 @@ void check_out_apart(const fs::path& out, const std::vector<std::pair<std::strin
   for (const auto& [role, in] : inputs) {
     const Nesting n = nesting(out, in);
     if (n == Nesting::apart) continue;
-    fail(Exit::bad_input, out.string() +
-                              (n == Nesting::same ? ": is " + role + " itself (" + in.string() + ")"
-                                                  : ": is inside " + role + " " + in.string()) +
-                              ": a publication root inside a checkpoint would be carried into every later delta as "
-                              "the checkpoint's files, and into every host's LOCAL; put the root outside BASE and NEW "
-                              "(nothing was written)");
+    fail(Exit::bad_input, out,
+         (n == Nesting::same ? "is " + role + " itself (" + in.string() + ")"
+                             : "is inside " + role + " " + in.string()) +
+             ": a publication root inside a checkpoint would be carried into every later delta as "
+             "the checkpoint's files, and into every host's LOCAL; put the root outside BASE and NEW "
+             "(nothing was written)");
   }
 }
 
@@ -124,7 +125,7 @@ bool only_hidden(const fs::path& dir) {
   boost::system::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; it != end && !ec; it.increment(ec))
     if (it->path().filename().string().front() != '.') return false;
-  if (ec) fail(Exit::failure, dir.string() + ": cannot list directory: " + ec.message());
+  if (ec) fail(Exit::failure, dir, "cannot list directory: " + ec.message());
   return true;
 }
 
@@ -170,21 +171,21 @@ std::vector<fs::path> child_roots(const fs::path& dir) {
 // would start a second root beside the one it may hold, so that one is named.
 [[noreturn]] void fail_not_a_root(const fs::path& dir, std::optional<std::uint64_t> given) {
   const std::vector<fs::path> roots = child_roots(dir);
-  const std::string what = dir.string() +
-                           ": is an existing directory but not a publication root (it holds no "
-                           "weight_vNNNNNN version and is not empty)";
+  const std::string what =
+      "is an existing directory but not a publication root (it holds no weight_vNNNNNN version "
+      "and is not empty)";
   if (roots.size() == 1)
-    fail(Exit::bad_input, what + "; " + roots[0].string() +
-                              " is a publication root: publish into it with delta-diff BASE NEW " + roots[0].string() +
-                              " (nothing was written)");
+    fail(Exit::bad_input, dir,
+         what + "; " + roots[0].string() + " is a publication root: publish into it with delta-diff BASE NEW " +
+             roots[0].string() + " (nothing was written)");
   if (!roots.empty()) {
     std::string list;
     for (const fs::path& r : roots) list += (list.empty() ? "" : ", ") + r.string();
-    fail(Exit::bad_input,
+    fail(Exit::bad_input, dir,
          what + "; the folders " + list +
              " in it are publication roots: give the one to publish into as ROOT (nothing was written)");
   }
-  fail(Exit::bad_input,
+  fail(Exit::bad_input, dir,
        what + "; to publish into it, name the version: " + (dir / version_dirname(given.value_or(1))).string());
 }
 
@@ -195,10 +196,10 @@ PublishTarget next_in_root(const fs::path& root, std::optional<std::uint64_t> gi
   if (!used && !only_hidden(root)) fail_not_a_root(root, given);
   const std::uint64_t next = used ? *used + 1 : 1;
   if (given && *given != next)
-    fail(Exit::out_of_order, root.string() + ": --delta-version " + format_version(*given) +
-                                 " is not the next version (" +
-                                 (used ? used_phrase(newest, *used) : "nothing published yet") + ", so the next is " +
-                                 format_version(next) + ")");
+    fail(Exit::out_of_order, root,
+         "--delta-version " + format_version(*given) + " is not the next version (" +
+             (used ? used_phrase(newest, *used) : "nothing published yet") + ", so the next is " +
+             format_version(next) + ")");
   return {root / version_dirname(next), next, newest, root};
 }
 
@@ -207,23 +208,23 @@ PublishTarget named_version(const fs::path& out, std::optional<std::uint64_t> gi
   const std::string name = out.filename().string();
   const auto v = version_from_dirname(name);
   if (!v || version_dirname(*v) != name)
-    fail(Exit::usage, out.string() + ": \"" + name +
-                          "\" is not a version name: weight_v and six digits, zero-padded "
-                          "(e.g. weight_v000001)");
+    fail(Exit::usage, out,
+         "\"" + name +
+             "\" is not a version name: weight_v and six digits, zero-padded "
+             "(e.g. weight_v000001)");
   if (given && *given != *v)
-    fail(Exit::usage, out.string() + ": --delta-version " + format_version(*given) +
-                          " disagrees with the name (version " + format_version(*v) + ")");
+    fail(Exit::usage, out,
+         "--delta-version " + format_version(*given) + " disagrees with the name (version " + format_version(*v) + ")");
   boost::system::error_code ec;
-  if (fs::exists(fs::symlink_status(out, ec)))
-    fail(Exit::exists, out.string() + ": already exists; refusing to overwrite");
+  if (fs::exists(fs::symlink_status(out, ec))) fail(Exit::exists, out, "already exists; refusing to overwrite");
   const fs::path parent = out.parent_path().empty() ? fs::path(".") : out.parent_path();
   require_dir(parent, "create the publication root first (mkdir -p " + parent.string() + ")");
   const auto newest = newest_version(parent);
   const auto used = highest_used(parent, newest);
   if (used && *v != *used + 1)
-    fail(Exit::out_of_order, out.string() + ": version " + format_version(*v) + " is not the next version of " +
-                                 parent.string() + " (" + used_phrase(newest, *used) + ", so the next is " +
-                                 format_version(*used + 1) + ")");
+    fail(Exit::out_of_order, out,
+         "version " + format_version(*v) + " is not the next version of " + parent.string() + " (" +
+             used_phrase(newest, *used) + ", so the next is " + format_version(*used + 1) + ")");
   return {out, *v, newest, parent};
 }
 
@@ -237,9 +238,10 @@ PublishTarget publish_target(const fs::path& arg, std::optional<std::uint64_t> g
   if (versionish) return named_version(arg, given);
   if (!given) {
     if (!exists_nofollow(arg))  // most likely a root not created yet, or misspelled
-      fail(Exit::usage, arg.string() + ": does not exist; create the publication root first (mkdir -p " + arg.string() +
-                            "), or, to write a delta outside any root, name it weight_vNNNNNN or give --delta-version");
-    fail(Exit::usage, arg.string() + ": OUT is not named weight_vNNNNNN; give --delta-version");
+      fail(Exit::usage, arg,
+           "does not exist; create the publication root first (mkdir -p " + arg.string() +
+               "), or, to write a delta outside any root, name it weight_vNNNNNN or give --delta-version");
+    fail(Exit::usage, arg, "OUT is not named weight_vNNNNNN; give --delta-version");
   }
   return {arg, *given, std::nullopt, {}};
 }

@@ -149,7 +149,7 @@ std::vector<FleetHost> hosts_of(const fs::path& dir, const FleetView& v, const s
     if (name.empty() || name[0] == '.' || it->path().extension() != ".json") continue;
     files.push_back(it->path());
   }
-  if (ec) fail(Exit::failure, dir.string() + ": cannot list directory: " + ec.message());
+  if (ec) fail(Exit::failure, dir, "cannot list directory: " + ec.message());
   std::sort(files.begin(), files.end());
   std::vector<FleetHost> hosts;
   for (const fs::path& f : files) hosts.push_back(host_of(f, v, withdrawn));
@@ -161,7 +161,7 @@ std::vector<FleetHost> hosts_of(const fs::path& dir, const FleetView& v, const s
 FleetView fleet_view(const fs::path& root, const std::optional<fs::path>& reports, bool require_marker) {
   require_dir(root, "give the publication root (is the share mounted?)");
   if (exists_nofollow(root / ".weight_sync"))
-    fail(Exit::bad_input, root.string() + ": has .weight_sync/, so it is a LOCAL checkpoint, not a publication root");
+    fail(Exit::bad_input, root, "has .weight_sync/, so it is a LOCAL checkpoint, not a publication root");
   if (reports) {
     check_reports_apart(*reports, root, "--reports");
     require_dir(*reports, "give the directory the hosts write their reports to (--report DIR)");

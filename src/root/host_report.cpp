@@ -78,16 +78,17 @@ void check_reports_apart(const fs::path& dir, const fs::path& root, const std::s
   const Nesting n = nesting(dir, root);
   std::string where;
   if (n == Nesting::same)
-    where = ": is the publication root ";
+    where = "is the publication root ";
   else if (n == Nesting::inside)
-    where = ": lies inside the publication root ";
+    where = "lies inside the publication root ";
   else if (nesting(root, dir) == Nesting::inside)  // hosts that write DIR could rename or remove ROOT
-    where = ": contains the publication root ";
+    where = "contains the publication root ";
   else
     return;
-  fail(Exit::bad_input, dir.string() + where + root.string() + ", which only the trainer writes; give " + option +
-                            " the directory the hosts write their reports to, apart from it (e.g. a sibling of "
-                            "ROOT)");
+  fail(Exit::bad_input, dir,
+       where + root.string() + ", which only the trainer writes; give " + option +
+           " the directory the hosts write their reports to, apart from it (e.g. a sibling of "
+           "ROOT)");
 }
 
 void check_reports_dir(const fs::path& dir, const fs::path& root) {
@@ -206,9 +207,10 @@ std::string kind_of(const fs::path& file, const struct stat& st) {
 // put there by something else, and a link could lead anywhere (a FIFO, a
 // device, another host's report standing in for this one).
 [[noreturn]] void fail_not_regular(const fs::path& file, const struct stat& st) {
-  fail(Exit::bad_input, file.string() + ": not a regular file: " + kind_of(file, st) +
-                            "; delta-apply --report writes each report as a regular file of its own, so something "
-                            "else put this here: remove it (the host's next pull writes its report)");
+  fail(Exit::bad_input, file,
+       "not a regular file: " + kind_of(file, st) +
+           "; delta-apply --report writes each report as a regular file of its own, so something "
+           "else put this here: remove it (the host's next pull writes its report)");
 }
 
 // The report's bytes, or none if there is none. lstat says what is there
@@ -220,7 +222,7 @@ std::optional<std::string> read_report_text(const fs::path& file) {
   if (::lstat(file.c_str(), &st) != 0) {
     const int e = errno;
     if (e == ENOENT) return std::nullopt;
-    fail(Exit::failure, file.string() + ": " + std::strerror(e));
+    fail(Exit::failure, file, std::strerror(e));
   }
   if (!S_ISREG(st.st_mode)) fail_not_regular(file, st);
   const int fd = ::open(file.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
@@ -228,7 +230,7 @@ std::optional<std::string> read_report_text(const fs::path& file) {
     const int e = errno;
     if (e == ENOENT) return std::nullopt;
     if (e == ELOOP && ::lstat(file.c_str(), &st) == 0) fail_not_regular(file, st);
-    fail(Exit::failure, file.string() + ": open: " + std::strerror(e));
+    fail(Exit::failure, file, std::string("open: ") + std::strerror(e));
   }
   const struct Closer {
     int fd;
@@ -236,12 +238,13 @@ std::optional<std::string> read_report_text(const fs::path& file) {
   } closer{fd};
   if (::fstat(fd, &st) != 0) {
     const int e = errno;
-    fail(Exit::failure, file.string() + ": fstat: " + std::strerror(e));
+    fail(Exit::failure, file, std::string("fstat: ") + std::strerror(e));
   }
   if (!S_ISREG(st.st_mode)) fail_not_regular(file, st);
   if (std::uint64_t(st.st_size) > kReportJson.bytes)
-    fail(Exit::bad_input, file.string() + ": " + std::to_string(st.st_size) + " bytes, more than the " +
-                              std::to_string(kReportJson.bytes) + " a report may have");
+    fail(Exit::bad_input, file,
+         std::to_string(st.st_size) + " bytes, more than the " + std::to_string(kReportJson.bytes) +
+             " a report may have");
   std::string text(std::size_t(st.st_size), '\0');
   std::size_t got = 0;
   while (got < text.size()) {
@@ -249,7 +252,7 @@ std::optional<std::string> read_report_text(const fs::path& file) {
     if (n < 0) {
       const int e = errno;
       if (e == EINTR) continue;
-      fail(Exit::failure, file.string() + ": read: " + std::strerror(e));
+      fail(Exit::failure, file, std::string("read: ") + std::strerror(e));
     }
     if (n == 0) break;  // shortened meanwhile: the parser says what is missing
     got += std::size_t(n);

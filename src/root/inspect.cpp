@@ -251,7 +251,8 @@ DeltaInspection inspect_delta(const fs::path& dir) {
   r.index_checksum = idx.index_checksum;
 
   // Every entry decoded in full, as delta-apply decodes it.
-  for (const DeltaEntry& de : v.entries) r.entries.push_back(inspect_entry(v, de));
+  for (const DeltaEntry& de : v.entries)
+    r.entries.push_back(about_file(v.path_of(de), [&] { return inspect_entry(v, de); }));
   std::sort(r.entries.begin(), r.entries.end(),
             [](const InspectEntry& a, const InspectEntry& b) { return a.tensor < b.tensor; });
 

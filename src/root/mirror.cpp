@@ -41,9 +41,9 @@ void check_same_version(const fs::path& root, const fs::path& mirror, std::uint6
     for (const auto& [file, w] : rec->weights) {
       const auto t = w.tensors.find(e.tensor());
       if (t == w.tensors.end() || t->second == e.new_hash) continue;
-      fail(Exit::verify_failed,
-           dir.string() + ": tensor '" + e.tensor() + "' is not the one mirror " + mirror.string() +
-               " holds at version " + format_version(v) +
+      fail(Exit::verify_failed, dir,
+           "tensor '" + e.tensor() + "' is not the one mirror " + mirror.string() + " holds at version " +
+               format_version(v) +
                ": ROOT and MIRROR were published by different publishers. Use the mirror this "
                "root was published from, or re-create the mirror from ROOT (delta-apply --init CHECKPOINT MIRROR, "
                "then delta-apply --root ROOT MIRROR)");
@@ -61,30 +61,31 @@ void reconcile_mirror(const fs::path& root, const fs::path& mirror, const Publis
   if (rec.rolled_back) opening.rolled_back = rec.rolled_back;
   const LocalState st = read_state(mirror);
   if (!st.version)
-    fail(Exit::uninitialised, mirror.string() +
-                                  ": mirror has no recorded version; make it a copy of the version the "
-                                  "hosts start from: delta-apply --init CHECKPOINT " +
-                                  mirror.string());
+    fail(Exit::uninitialised, mirror,
+         "mirror has no recorded version; make it a copy of the version the "
+         "hosts start from: delta-apply --init CHECKPOINT " +
+             mirror.string());
   const std::uint64_t m = *st.version;
   const std::vector<VersionDir> versions = scan_root(root);
   const std::uint64_t newest = versions.empty() ? 0 : versions.back().version;
   if (versions.empty() && m != 0)
-    fail(Exit::out_of_order, root.string() + ": publishes no version, but mirror " + mirror.string() +
-                                 " is at version " + format_version(m) +
-                                 ": open the publisher on the root the mirror was published to, "
-                                 "or publish the mirror's checkpoint there first (delta-diff --full)");
+    fail(Exit::out_of_order, root,
+         "publishes no version, but mirror " + mirror.string() + " is at version " + format_version(m) +
+             ": open the publisher on the root the mirror was published to, "
+             "or publish the mirror's checkpoint there first (delta-diff --full)");
   if (newest < m && scan_withdrawn(root).count(m))
-    fail(Exit::out_of_order, mirror.string() + ": mirror is at version " + format_version(m) +
-                                 ", which was withdrawn "
-                                 "from " +
-                                 root.string() + "; re-create the mirror from the checkpoint of version " +
-                                 format_version(newest) + " (delta-apply --init CHECKPOINT MIRROR --init-version " +
-                                 std::to_string(newest) + ")");
+    fail(Exit::out_of_order, mirror,
+         "mirror is at version " + format_version(m) +
+             ", which was withdrawn "
+             "from " +
+             root.string() + "; re-create the mirror from the checkpoint of version " + format_version(newest) +
+             " (delta-apply --init CHECKPOINT MIRROR --init-version " + std::to_string(newest) + ")");
   if (newest < m)
-    fail(Exit::out_of_order, root.string() + ": its newest version is " + format_version(newest) + ", but mirror " +
-                                 mirror.string() + " is at version " + format_version(m) +
-                                 ": the root lost versions or is another root; open the publisher on the root the "
-                                 "mirror was published to, or re-create the mirror from this root");
+    fail(Exit::out_of_order, root,
+         "its newest version is " + format_version(newest) + ", but mirror " + mirror.string() + " is at version " +
+             format_version(m) +
+             ": the root lost versions or is another root; open the publisher on the root the "
+             "mirror was published to, or re-create the mirror from this root");
   opening.version = m;
   if (newest == m) {
     if (!versions.empty()) check_same_version(root, mirror, m);
@@ -97,10 +98,10 @@ void reconcile_mirror(const fs::path& root, const fs::path& mirror, const Publis
     opening.caught_up.insert(opening.caught_up.end(), r.applied.begin(), r.applied.end());
     opening.version = r.to_version;
   } catch (const Error& e) {
-    fail(e.code(), "mirror " + mirror.string() + " (version " + format_version(m) + ") cannot be caught up from " +
-                       root.string() + " (newest " + format_version(newest) + "): " + e.what() +
-                       "; if ROOT is right, re-create the mirror from it (delta-apply --init CHECKPOINT MIRROR, "
-                       "then delta-apply --root ROOT MIRROR)");
+    fail_again(e, "mirror " + mirror.string() + " (version " + format_version(m) + ") cannot be caught up from " +
+                      root.string() + " (newest " + format_version(newest) + "): " + e.what() +
+                      "; if ROOT is right, re-create the mirror from it (delta-apply --init CHECKPOINT MIRROR, "
+                      "then delta-apply --root ROOT MIRROR)");
   }
 }
 
@@ -112,24 +113,27 @@ void reconcile_mirror(const fs::path& root, const fs::path& mirror, const Publis
 void check_mirror_paths(const fs::path& root, const fs::path& mirror, const std::string& form) {
   require_dir(root, "create the publication root first (mkdir -p " + root.string() + ")");
   if (exists_nofollow(root / kStateDir))
-    fail(Exit::bad_input, root.string() + ": has " + kStateDir +
-                              "/, so it is a LOCAL checkpoint (a host's, or a "
-                              "mirror), not a publication root; the arguments look swapped" +
-                              form);
+    fail(Exit::bad_input, root,
+         std::string("has ") + kStateDir +
+             "/, so it is a LOCAL checkpoint (a host's, or a "
+             "mirror), not a publication root; the arguments look swapped" +
+             form);
   if (const Nesting n = nesting(root, mirror); n != Nesting::apart)
     fail(Exit::bad_input, root.string() +
                               (n == Nesting::same ? ": ROOT and the mirror are the same directory"
                                                   : ": ROOT is inside mirror " + mirror.string()) +
                               "; the mirror is a LOCAL, apart from the root it publishes into" + form);
   if (nesting(mirror, root) == Nesting::inside)
-    fail(Exit::bad_input, mirror.string() + ": the mirror is inside ROOT " + root.string() +
-                              "; the mirror is a LOCAL, apart from the root it publishes into" + form);
+    fail(Exit::bad_input, mirror,
+         "the mirror is inside ROOT " + root.string() +
+             "; the mirror is a LOCAL, apart from the root it publishes into" + form);
   check_local_path(mirror, Exit::uninitialised);
   if (!has_state_file(mirror))
-    fail(Exit::uninitialised, mirror.string() + ": mirror has no recorded version (no " + kStateDir +
-                                  "/state.json); make it a copy of the version the hosts start from: "
-                                  "delta-apply --init CHECKPOINT " +
-                                  mirror.string());
+    fail(Exit::uninitialised, mirror,
+         std::string("mirror has no recorded version (no ") + kStateDir +
+             "/state.json); make it a copy of the version the hosts start from: "
+             "delta-apply --init CHECKPOINT " +
+             mirror.string());
 }
 
 }  // namespace hfdelta

@@ -81,7 +81,7 @@ PruneResult prune_root(const fs::path& root, const PruneOptions& opts) {
     const std::time_t now = std::time(nullptr);
     for (fs::directory_iterator it(root, ec), end; it != end && !ec; it.increment(ec))
       if (is_prune_leftover(*it) || is_stale_publication(*it, now)) r.leftovers.push_back(it->path());
-    if (ec) fail(Exit::failure, root.string() + ": cannot list directory: " + ec.message());
+    if (ec) fail(Exit::failure, root, "cannot list directory: " + ec.message());
     std::sort(r.leftovers.begin(), r.leftovers.end());
   }
 

@@ -25,15 +25,14 @@ namespace fs = boost::filesystem;
 FullSummary publish_full(const fs::path& src, const fs::path& out, std::uint64_t version, bool sync, int threads) {
   const auto t0 = std::chrono::steady_clock::now();
   check_out_apart(out, {{"NEW", src}});
-  if (is_delta_dir(src)) fail(Exit::bad_input, src.string() + ": is a delta version, not a full checkpoint");
+  if (is_delta_dir(src)) fail(Exit::bad_input, src, "is a delta version, not a full checkpoint");
   const Checkpoint c = open_checkpoint(src);  // every weight file valid before anything is copied
   if (c.shards.empty())
-    fail(Exit::bad_input,
-         src.string() + ": has no weight files (*.safetensors); not a checkpoint (a save still being written?)");
+    fail(Exit::bad_input, src, "has no weight files (*.safetensors); not a checkpoint (a save still being written?)");
   std::vector<std::string> rels;
   for (const auto& s : c.shards) rels.push_back(s.file);
   rels.insert(rels.end(), c.other_files.begin(), c.other_files.end());
-  if (exists_nofollow(out)) fail(Exit::exists, out.string() + ": already exists; refusing to overwrite");
+  if (exists_nofollow(out)) fail(Exit::exists, out, "already exists; refusing to overwrite");
   const fs::path tmp = temp_path_beside(out);
   const OnFailure remove_tmp([&] {
     boost::system::error_code ec;
@@ -91,8 +90,9 @@ fs::path publish_sidecar(const fs::path& base, const fs::path& src, const fs::pa
                     read_small_file(side / kIndexFile) == read_small_file(cand / kIndexFile);
   fs::remove_all(cand, ec);
   if (!same)
-    fail(Exit::exists, side.string() + ": already exists with another delta (another publisher of version " +
-                           format_version(opts.version) + "?); refusing to replace it");
+    fail(Exit::exists, side,
+         "already exists with another delta (another publisher of version " + format_version(opts.version) +
+             "?); refusing to replace it");
   return side;  // this publication's own, from a run interrupted before the full version
 }
 

@@ -183,14 +183,15 @@ void count_step(const Step& st, const std::vector<const Work*>& changed, Publish
 // `newest`, published by another publisher since this one last looked.
 [[noreturn]] void overtaken(const fs::path& root, const fs::path& mirror, std::uint64_t held, std::uint64_t newest) {
   const fs::path dir = root / version_dirname(newest);
-  fail(Exit::exists, dir.string() + ": version " + format_version(newest) +
-                         " was published by another publisher (a Publisher, a ShardedPublisher or delta-diff; " +
-                         published_when(dir) + ") while this publisher's mirror " + mirror.string() + " is at " +
-                         format_version(held) +
-                         "; nothing was published. One publisher per root: stop the other (often a job restarted "
-                         "while its old one still runs), then close this Publisher and open it again (opening "
-                         "catches the mirror up from ROOT) to publish on top of version " +
-                         format_version(newest));
+  fail(Exit::exists, dir,
+       "version " + format_version(newest) +
+           " was published by another publisher (a Publisher, a ShardedPublisher or delta-diff; " +
+           published_when(dir) + ") while this publisher's mirror " + mirror.string() + " is at " +
+           format_version(held) +
+           "; nothing was published. One publisher per root: stop the other (often a job restarted "
+           "while its old one still runs), then close this Publisher and open it again (opening "
+           "catches the mirror up from ROOT) to publish on top of version " +
+           format_version(newest));
 }
 
 // The version after `base` (the mirror's) begun: the mirror's layout and record, the delta's temporary
@@ -204,10 +205,11 @@ std::unique_ptr<Step> new_step(const fs::path& root, const fs::path& mirror, con
   const PublishTarget t = publish_target(root, std::nullopt);
   if (t.newest.value_or(0) > base) overtaken(root, mirror, base, *t.newest);
   if (t.newest.value_or(0) != base)
-    fail(Exit::out_of_order, root.string() + ": its newest version is " + format_version(t.newest.value_or(0)) +
-                                 ", not the mirror's (" + format_version(base) +
-                                 "); another publisher, or a version "
-                                 "withdrawn since: open the publisher again");
+    fail(Exit::out_of_order, root,
+         "its newest version is " + format_version(t.newest.value_or(0)) + ", not the mirror's (" +
+             format_version(base) +
+             "); another publisher, or a version "
+             "withdrawn since: open the publisher again");
   st->version = t.version;
   st->base_version = base;
   st->out = t.out;
@@ -316,10 +318,10 @@ void MemoryPublisher::put_found(const TensorFound& t) {
   if (st.given[i] || st.declared[i])
     fail(Exit::usage, "tensor '" + std::string(t.name) + "': given twice for version " + format_version(st.version));
   if (s_->m.options().encoding != Encoding::sparse && s_->m.options().encoding != Encoding::context)
-    fail(Exit::usage, "tensor '" + std::string(t.name) +
-                          "': changes found elsewhere are encoded as sparse or context, not " +
-                          (s_->m.options().encoding ? std::string(encoding_name(*s_->m.options().encoding)) : std::string("auto")) +
-                          ": give the tensor's bytes");
+    fail(Exit::usage,
+         "tensor '" + std::string(t.name) + "': changes found elsewhere are encoded as sparse or context, not " +
+             (s_->m.options().encoding ? std::string(encoding_name(*s_->m.options().encoding)) : std::string("auto")) +
+             ": give the tensor's bytes");
   check_tensor(st, w, t.name, t.dtype, t.shape, t.nbytes, s_->m.mirror());
   try {
     st.encoder->encode_found(w, t.chunks, t.groups);
@@ -339,10 +341,10 @@ std::optional<Hash128> MemoryPublisher::found_base(std::string_view name, std::s
   if (st.given[i] || st.declared[i])
     fail(Exit::usage, "tensor '" + std::string(name) + "': given twice for version " + format_version(st.version));
   if (s_->m.options().encoding != Encoding::sparse && s_->m.options().encoding != Encoding::context)
-    fail(Exit::usage, "tensor '" + std::string(name) +
-                          "': changes found elsewhere are encoded as sparse or context, not " +
-                          (s_->m.options().encoding ? std::string(encoding_name(*s_->m.options().encoding)) : std::string("auto")) +
-                          ": give the tensor's bytes");
+    fail(Exit::usage,
+         "tensor '" + std::string(name) + "': changes found elsewhere are encoded as sparse or context, not " +
+             (s_->m.options().encoding ? std::string(encoding_name(*s_->m.options().encoding)) : std::string("auto")) +
+             ": give the tensor's bytes");
   check_tensor(st, w, name, dtype, shape, nbytes, s_->m.mirror());
   if (!w.base_hash_known) return std::nullopt;
   return w.base_hash;
@@ -400,8 +402,8 @@ PublishSummary MemoryPublisher::publish(bool rest_unchanged) {
     // version is published all the same.
     s_->m.published(st.version);
     s_->step.reset();
-    fail(Exit::failure,
-         st.out.string() + ": published, but " + e.what() + "; the next publish advances the mirror to it first");
+    fail(Exit::failure, st.out,
+         std::string("published, but ") + e.what() + "; the next publish advances the mirror to it first");
   }
   ps.diff.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - st.t0).count();
   // Published: from here on the mirror is behind until advanced (a thread
@@ -414,9 +416,11 @@ PublishSummary MemoryPublisher::publish(bool rest_unchanged) {
     try {
       s_->advanced = s_->m.advance(delta);
     } catch (const Error& e) {
-      s_->advance_error = std::make_exception_ptr(
-          Error(e.code(), delta.string() + ": published, but advancing mirror " + mirror.string() +
-                              " to it failed: " + e.what() + "; the next publish catches the mirror up from the root"));
+      s_->advance_error = std::make_exception_ptr(Error(e.code(),
+                                                        delta.string() + ": published, but advancing mirror " +
+                                                            mirror.string() + " to it failed: " + e.what() +
+                                                            "; the next publish catches the mirror up from the root",
+                                                        delta.string()));
     } catch (...) {
       s_->advance_error = std::current_exception();
     }

@@ -61,8 +61,8 @@ void PublisherMirror::published(std::uint64_t v) {
 Hash128 PublisherMirror::record_digest() const {
   const std::optional<ChecksumRecord> rec = read_record(s_->mirror, s_->version);
   if (!rec)
-    fail(Exit::uninitialised,
-         s_->mirror.string() + ": mirror has no checksum record of its version " + format_version(s_->version) +
+    fail(Exit::uninitialised, s_->mirror,
+         "mirror has no checksum record of its version " + format_version(s_->version) +
              "; re-create it (delta-apply --init CHECKPOINT MIRROR, then delta-apply --root ROOT MIRROR)");
   // Names and checksums in the record's (sorted) order, each field ended,
   // so that no two records give one stream.

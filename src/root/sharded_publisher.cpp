@@ -310,7 +310,7 @@ ShardCommit commit_sharded(const fs::path& root, const fs::path& mirror, const f
   const fs::path out = root / version_dirname(version);
   const Checkpoint layout = open_checkpoint(mirror);
   const std::optional<ChecksumRecord> rec = read_record(mirror, base);
-  if (!rec) fail(Exit::uninitialised, mirror.string() + ": has no checksum record of version " + format_version(base));
+  if (!rec) fail(Exit::uninitialised, mirror, "has no checksum record of version " + format_version(base));
   std::sort(parts.begin(), parts.end(), [](const ShardPart& a, const ShardPart& b) {
     return std::tie(a.tensor, a.region.row0, a.region.col0) < std::tie(b.tensor, b.region.row0, b.region.col0);
   });
@@ -343,8 +343,7 @@ ShardCommit commit_sharded(const fs::path& root, const fs::path& mirror, const f
     e.encoding = Encoding::parts;
     if (const auto w = rec->weights.find(file); w != rec->weights.end())
       if (const auto h = w->second.tensors.find(it.name); h != w->second.tensors.end()) e.base_hash = h->second;
-    if (!e.base_hash)
-      fail(Exit::uninitialised, mirror.string() + ": its record has no checksum of tensor '" + it.name + "'");
+    if (!e.base_hash) fail(Exit::uninitialised, mirror, "its record has no checksum of tensor '" + it.name + "'");
     entries.push_back(std::move(e));
     items.push_back(std::move(it));
     i = j;

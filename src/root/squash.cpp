@@ -89,7 +89,7 @@ SafetensorsHeader header_of(const fs::path& p) {
     for (auto it = j.begin(); it != j.end(); ++it)
       if (it.key() != "__metadata__") end = std::max(end, it.value().at("data_offsets").at(1).get<std::uint64_t>());
   } catch (const std::exception& e) {
-    fail(Exit::bad_input, w + ": not a safetensors header: " + e.what());
+    fail(Exit::bad_input, w, std::string("not a safetensors header: ") + e.what());
   }
   return parse_safetensors(bytes, bytes.size() + end, w);
 }
@@ -128,7 +128,7 @@ class Scratch {
     file_.reserve(n);  // a mapping of blocks never allocated dies of SIGBUS on a full disk
     if (n == 0) return;
     void* m = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, file_.fd(), 0);
-    if (m == MAP_FAILED) fail(Exit::failure, p.string() + ": mmap: " + std::strerror(errno));
+    if (m == MAP_FAILED) fail(Exit::failure, p, std::string("mmap: ") + std::strerror(errno));
     p_ = static_cast<std::uint8_t*>(m);
     if (fill) std::memset(p_, fill, n);
   }
@@ -397,18 +397,18 @@ std::vector<fs::path> chain_between(const fs::path& first, const fs::path& last)
   const fs::path a = fs::absolute(first), b = fs::absolute(last);
   const auto va = version_from_dirname(a.filename().string()), vb = version_from_dirname(b.filename().string());
   for (const auto& [p, v] : {std::pair{first, va}, std::pair{last, vb}})
-    if (!v) fail(Exit::bad_input, p.string() + ": --squash takes version directories named weight_vNNNNNN");
+    if (!v) fail(Exit::bad_input, p, "--squash takes version directories named weight_vNNNNNN");
   if (a.parent_path() != b.parent_path())
-    fail(Exit::bad_input, first.string() + " and " + last.string() + ": not in the same directory");
-  if (*vb <= *va) fail(Exit::bad_input, last.string() + ": is not newer than " + first.string());
+    throw Error(Exit::bad_input, first.string() + " and " + last.string() + ": not in the same directory",
+                last.string());
+  if (*vb <= *va) fail(Exit::bad_input, last, "is not newer than " + first.string());
   std::vector<fs::path> chain;
   const std::set<std::uint64_t> withdrawn = scan_withdrawn(a.parent_path());
   for (std::uint64_t v = *va; v <= *vb; ++v) {
     const fs::path d = a.parent_path() / version_dirname(v);
     boost::system::error_code ec;
     if (withdrawn.count(v) && !fs::exists(d, ec)) continue;  // the next version is published on the one before
-    if (!fs::is_directory(d, ec))
-      fail(Exit::bad_input, d.string() + ": missing; the chain from " + first.string() + " is broken");
+    if (!fs::is_directory(d, ec)) fail(Exit::bad_input, d, "missing; the chain from " + first.string() + " is broken");
     chain.push_back(d);
   }
   return chain;
@@ -476,15 +476,17 @@ void check_connects(std::map<std::string, Left>& left, const OpenDelta& v) {
     const auto it = left.find(e.tensor());
     if (it == left.end() || !e.base_hash || v.index.structural()) continue;
     const Left& l = it->second;
-    const std::string head = v.path_of(e) + ": tensor '" + e.tensor() + "' applies on top of bytes of checksum " +
-                             e.base_hash->hex() + ", but ";
+    const std::string file = v.path_of(e);
+    const std::string head =
+        "tensor '" + e.tensor() + "' applies on top of bytes of checksum " + e.base_hash->hex() + ", but ";
     const std::string tail = ": the chain does not connect (version " + format_version(v.index.version) +
                              " was published on another base); nothing was written";
     if (l.hash && *l.hash != *e.base_hash)
-      fail(Exit::bad_input, head + "the versions before it leave " + l.hash->hex() + tail);
+      fail(Exit::bad_input, file, head + "the versions before it leave " + l.hash->hex() + tail);
     if (!l.hash && l.before == e.base_hash)
-      fail(Exit::bad_input, head + "those are its bytes before the parts entry of version " +
-                                format_version(l.version) + " changed them" + tail);
+      fail(Exit::bad_input, file,
+           head + "those are its bytes before the parts entry of version " + format_version(l.version) +
+               " changed them" + tail);
   }
   if (v.index.structural()) left.clear();
   for (const DeltaEntry& e : v.entries) {
@@ -497,21 +499,21 @@ void check_connects(std::map<std::string, Left>& left, const OpenDelta& v) {
 void open_links(SquashContext& ctx, const std::vector<fs::path>& chain) {
   for (const fs::path& d : chain) {
     std::optional<DeltaIndex> index = read_index_if_delta(d);
-    if (!index) fail(Exit::bad_input, d.string() + ": is not a delta version (a full version cannot be squashed)");
+    if (!index) fail(Exit::bad_input, d, "is not a delta version (a full version cannot be squashed)");
     if (index->checksum_format == ChecksumFormat::adler32)
-      fail(Exit::unsupported, d.string() +
-                                  ": records adler32 checksums (checksum_format \"adler32\"), and --squash composes "
-                                  "only xxh3-128 deltas; pull these versions one by one with delta-apply, or have the "
-                                  "publisher write xxh3-128 (--update-weight-delta-checksum xxh3-128)");
+      fail(Exit::unsupported, d,
+           "records adler32 checksums (checksum_format \"adler32\"), and --squash composes "
+           "only xxh3-128 deltas; pull these versions one by one with delta-apply, or have the "
+           "publisher write xxh3-128 (--update-weight-delta-checksum xxh3-128)");
     Link l;
     l.dir = d;
     // Opened as delta-apply and --inspect open a delta: nothing is read
     // through a symlink, carried files and headers are what the index records.
     OpenDelta v = open_delta(d, std::move(*index));
     if (!ctx.links.empty() && v.index.base_version != ctx.links.back().idx.version)
-      fail(Exit::bad_input, d.string() + ": applies on top of version " + format_version(v.index.base_version) +
-                                ", not " + format_version(ctx.links.back().idx.version) + " (" +
-                                ctx.links.back().dir.string() + ")");
+      fail(Exit::bad_input, d,
+           "applies on top of version " + format_version(v.index.base_version) + ", not " +
+               format_version(ctx.links.back().idx.version) + " (" + ctx.links.back().dir.string() + ")");
     check_connects(ctx.left, v);
     l.idx = std::move(v.index);
     l.maps = std::move(v.maps);
@@ -600,15 +602,16 @@ void trace_entry(SquashContext& ctx, std::size_t k, const std::string& file, con
   Trace& tr = ctx.traces.try_emplace(ti.name, trace_of(prev, ti.name)).first->second;
   if (const auto target = l.idx.targets.find(file); target != l.idx.targets.end()) {
     if (tr.file && *tr.file != target->second)
-      fail(Exit::bad_input,
-           w + ": entry '" + ti.name + "' patches " + target->second + ", but the tensor is in " + *tr.file);
+      fail(Exit::bad_input, w,
+           "entry '" + ti.name + "' patches " + target->second + ", but the tensor is in " + *tr.file);
     tr.file = target->second;
   }
   // A parts entry (also as the last part of a stack) records the checksum
   // of its head, not of the tensor: the tensor's is unknown from then on.
   bool whole = op.enc != Encoding::parts;
   if (op.enc == Encoding::stack) {  // a squashed delta in the chain: its parts, in order
-    const std::vector<StackPart> parts = read_stack(op.frame, checksum, w + ": entry '" + ti.name + "'");
+    const std::vector<StackPart> parts =
+        about_file(w, [&] { return read_stack(op.frame, checksum, w + ": entry '" + ti.name + "'"); });
     for (std::size_t i = 0; i < parts.size(); ++i) {
       Op po = op;
       po.enc = parts[i].enc;
@@ -678,8 +681,7 @@ std::optional<ShardOp> out_shard_op(SquashContext& ctx, const std::string& file,
     auto it = ctx.traces.find(name);
     if (it != ctx.traces.end() && it->second.file == file) refuse_built_parts(ctx, it->second, name, file);
     if (it == ctx.traces.end() || !it->second.hash || it->second.file != file)
-      fail(Exit::bad_input,
-           st.header.string() + ": tensor '" + name + "' is not accounted for by the chain's hfdelta_shards");
+      fail(Exit::bad_input, st.header, "tensor '" + name + "' is not accounted for by the chain's hfdelta_shards");
     so.tensors.push_back({name, it->second.origin, *it->second.hash});
   }
   return so;
@@ -724,16 +726,20 @@ std::map<std::string, std::uint64_t> known_lengths(const SquashContext& ctx) {
 std::uint64_t tensor_length(const SquashContext& ctx, const Trace& t, const std::string& name,
                             const std::map<std::string, std::uint64_t>& lengths) {
   if (auto it = lengths.find(name); it != lengths.end()) return it->second;
-  for (const Op& op : t.ops)
-    if (auto n = length_of(op, ctx.links[op.link].dir.string() + ": entry '" + op.name + "'")) return *n;
+  for (const Op& op : t.ops) {
+    const std::string dir = ctx.links[op.link].dir.string();
+    if (auto n = about_file(dir, [&] { return length_of(op, dir + ": entry '" + op.name + "'"); })) return *n;
+  }
   std::uint64_t end = 0;
   for (const Op& op : t.ops) {
     Decompressor d1, d2;
-    decode_overwrite(d1, d2, op.frame, std::uint64_t{1} << 32,
-                     ctx.links[op.link].dir.string() + ": entry '" + op.name + "'",
-                     [&](std::span<const std::uint64_t> pos, std::span<const std::uint8_t>) {
-                       if (!pos.empty()) end = std::max(end, pos.back() + 1);
-                     });
+    const std::string dir = ctx.links[op.link].dir.string();
+    about_file(dir, [&] {
+      decode_overwrite(d1, d2, op.frame, std::uint64_t{1} << 32, dir + ": entry '" + op.name + "'",
+                       [&](std::span<const std::uint64_t> pos, std::span<const std::uint8_t>) {
+                         if (!pos.empty()) end = std::max(end, pos.back() + 1);
+                       });
+    });
   }
   return end;
 }
@@ -744,8 +750,7 @@ std::uint64_t tensor_length(const SquashContext& ctx, const Trace& t, const std:
 Checkpoint open_base(const fs::path& dir) {
   require_dir(dir, "--squash-base takes the checkpoint of the chain's first base");
   if (is_delta_dir(dir))
-    fail(Exit::bad_input,
-         dir.string() + ": is a delta version; --squash-base takes the checkpoint of the chain's first base");
+    fail(Exit::bad_input, dir, "is a delta version; --squash-base takes the checkpoint of the chain's first base");
   return open_checkpoint(dir);
 }
 
@@ -803,41 +808,42 @@ void compose_on_base(const SquashContext& ctx, const Trace& t, std::uint64_t len
                                format_version(ctx.idx.base_version) + ")";
   const auto ref = ck.tensors.find(origin);
   if (ref == ck.tensors.end())
-    fail(Exit::verify_failed, ck.dir.string() + ": has no tensor '" + origin + "', which the chain's entries for '" +
-                                  e.name + "' are laid over; " + not_base);
+    fail(Exit::verify_failed, ck.dir,
+         "has no tensor '" + origin + "', which the chain's entries for '" + e.name + "' are laid over; " + not_base);
   const TensorInfo& info = ck.info(ref->second);
   const Shard& shard = ck.shards[ref->second.shard];
   const std::string w = (ck.dir / shard.file).string();
   const std::uint64_t n = info.nbytes();
   if (n != len)
-    fail(Exit::verify_failed, w + ": tensor '" + origin + "' has " + std::to_string(n) +
-                                  " bytes, the chain's entries for '" + e.name + "' patch " + std::to_string(len) +
-                                  "; " + not_base);
+    fail(Exit::verify_failed, w,
+         "tensor '" + origin + "' has " + std::to_string(n) + " bytes, the chain's entries for '" + e.name +
+             "' patch " + std::to_string(len) + "; " + not_base);
   Scratch base(spool.string() + "-base", n, 0), cur(spool.string() + "-cur", n, 0);
   const Hash128 h0 = read_hashed(File(w, File::Mode::read), shard.header.file_offset(info), base.bytes());
   const Op& first = t.ops.front();
   const std::string first_dir = ctx.links[first.link].dir.string();
   if (first.base_hash && h0 != *first.base_hash)
-    fail(Exit::verify_failed, w + ": tensor '" + origin + "' has checksum " + h0.hex() + ", " + first_dir +
-                                  " records " + first.base_hash->hex() + " as the base of its entry '" + first.name +
-                                  "'; " + not_base);
+    fail(Exit::verify_failed, w,
+         "tensor '" + origin + "' has checksum " + h0.hex() + ", " + first_dir + " records " + first.base_hash->hex() +
+             " as the base of its entry '" + first.name + "'; " + not_base);
   std::copy(base.bytes().begin(), base.bytes().end(), cur.bytes().begin());
   Hash128 now = h0;  // of cur: checked against every checksum the chain records, parts entries' included
   for (std::size_t k = 0; k < t.ops.size(); ++k) {
     const Op& op = t.ops[k];
-    const std::string what = ctx.links[op.link].dir.string() + ": entry '" + op.name + "'";
+    const std::string dir = ctx.links[op.link].dir.string(), what = dir + ": entry '" + op.name + "'";
     if (k > 0 && op.base_hash && *op.base_hash != now)
-      fail(Exit::verify_failed, what + ": its base checksum " + op.base_hash->hex() + " is not " + now.hex() +
-                                    ", what the chain's entries before it leave (the chain does not connect, or is "
-                                    "damaged)");
-    lay(op, cur.bytes(), spool.string() + "-region", what);  // a parts entry: each region checked
+      fail(Exit::verify_failed, dir,
+           "entry '" + op.name + "': its base checksum " + op.base_hash->hex() + " is not " + now.hex() +
+               ", what the chain's entries before it leave (the chain does not connect, or is damaged)");
+    about_file(dir,
+               [&] { lay(op, cur.bytes(), spool.string() + "-region", what); });  // a parts entry: each region checked
     now = xxh3_128(cur.bytes());
     if (op.enc != Encoding::parts && now != op.new_hash)
-      fail(Exit::verify_failed, what + ", laid over " + w + "'s tensor '" + origin +
-                                    "' and the entries before it, gives checksum " + now.hex() +
-                                    ", the delta records " + op.new_hash.hex() +
-                                    (k == 0 && !first.base_hash ? " (" + not_base + ", or the delta is damaged)"
-                                                                : " (the chain is damaged)"));
+      fail(Exit::verify_failed, dir,
+           "entry '" + op.name + "', laid over " + w + "'s tensor '" + origin +
+               "' and the entries before it, gives checksum " + now.hex() + ", the delta records " + op.new_hash.hex() +
+               (k == 0 && !first.base_hash ? " (" + not_base + ", or the delta is damaged)"
+                                           : " (the chain is damaged)"));
   }
   // A file built after the last entry records the tensor's checksum too.
   if (t.hash && now != *t.hash)

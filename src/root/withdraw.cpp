@@ -60,27 +60,26 @@ WithdrawResult withdraw_version(const fs::path& dir_arg, bool sync) {
   const std::string name = dir.filename().string();
   const auto v = version_from_dirname(name);
   if (!v || version_dirname(*v) != name)
-    fail(Exit::usage, dir_arg.string() +
-                          ": give the version directory to withdraw, ROOT/weight_vNNNNNN (weight_v and "
-                          "six digits)");
+    fail(Exit::usage, dir_arg,
+         "give the version directory to withdraw, ROOT/weight_vNNNNNN (weight_v and "
+         "six digits)");
   WithdrawResult r;
   r.root = dir.parent_path();
   r.version = *v;
   r.withdrawn = r.root / withdrawn_dirname(*v);
   require_dir(r.root, "give a version directory of an existing publication root");
   if (exists_nofollow(r.root / kStateDir) || exists_nofollow(dir / kStateDir))
-    fail(Exit::bad_input,
-         dir.string() + ": is in a LOCAL checkpoint (it has " + kStateDir + "/), not a publication root");
+    fail(Exit::bad_input, dir,
+         std::string("is in a LOCAL checkpoint (it has ") + kStateDir + "/), not a publication root");
   const fs::path side = r.root / sidecar_dirname(*v);
   const fs::path side_to = r.root / (std::string(kWithdrawnSidecarPrefix) + sidecar_dirname(*v));
   if (!exists_nofollow(dir)) {
     if (!exists_nofollow(r.withdrawn))
-      fail(Exit::bad_input, dir.string() + ": no such version (nor withdrawn) in " + r.root.string());
+      fail(Exit::bad_input, dir, "no such version (nor withdrawn) in " + r.root.string());
     r.already = !exists_nofollow(side);
   } else {
     if (exists_nofollow(r.withdrawn))
-      fail(Exit::exists,
-           r.withdrawn.string() + ": already exists beside " + dir.string() + "; move one of them away by hand");
+      fail(Exit::exists, r.withdrawn, "already exists beside " + dir.string() + "; move one of them away by hand");
     rename_path(dir, r.withdrawn);  // the one step that takes it back: atomic
   }
   // The delta beside a full version goes too: its own number's bytes.

@@ -86,7 +86,7 @@ std::vector<Item> other_items(const fs::path& dir, const Checkpoint& c) {
     if (c.find_shard(f)) continue;
     boost::system::error_code ec;
     const auto size = fs::file_size(dir / f, ec);
-    if (ec) fail(Exit::failure, (dir / f).string() + ": " + ec.message());
+    if (ec) fail(Exit::failure, dir / f, ec.message());
     items.push_back({f, "", false, 0, size, {}});
   }
   return items;
@@ -126,10 +126,10 @@ std::optional<ChecksumRecord> read_record(const fs::path& local, std::uint64_t v
       r.files[file] = {fj.at("size").get<std::uint64_t>(), parse_hash_hex(fj.at("hash").get<std::string>(), w)};
     return r;
   } catch (const json::exception& e) {
-    fail(Exit::bad_input, w + ": damaged checksum record: " + e.what() + kRecordHint);
+    fail(Exit::bad_input, w, std::string("damaged checksum record: ") + e.what() + kRecordHint);
   } catch (const Error& e) {
     if (e.code() != Exit::bad_input) throw;
-    fail(Exit::bad_input, e.what() + std::string(kRecordHint));
+    fail_again(e, e.what() + std::string(kRecordHint));
   }
 }
 
@@ -144,7 +144,7 @@ void write_record(const fs::path& local, std::uint64_t version, const ChecksumRe
   const json j = {{"version", format_version(version)}, {"weights", weights}, {"files", files}};
   boost::system::error_code ec;
   fs::create_directories(records_dir(local), ec);
-  if (ec) fail(Exit::failure, records_dir(local).string() + ": cannot create: " + ec.message());
+  if (ec) fail(Exit::failure, records_dir(local), "cannot create: " + ec.message());
   write_file_atomic(record_path(local, version), j.dump(1) + "\n", sync);
 }
 

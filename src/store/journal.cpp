@@ -289,7 +289,7 @@ std::optional<Manifest> read_manifest(const fs::path& step) {
     for (const auto& s : m.shards) check_relative_path(s, w);
     return m;
   } catch (const json::exception& e) {
-    fail(Exit::bad_input, w + ": damaged transaction manifest: " + e.what());
+    fail(Exit::bad_input, w, std::string("damaged transaction manifest: ") + e.what());
   }
 }
 
@@ -337,12 +337,12 @@ void rollback(const fs::path& local, const fs::path& step, const Manifest& m, bo
     const fs::path part = txn_part(step, i);
     if (!exists_nofollow(part)) {
       if (m.live) continue;  // that thread had not written anything yet
-      fail(Exit::failure, part.string() + ": journal part missing; cannot roll back");
+      fail(Exit::failure, part, "journal part missing; cannot roll back");
     }
     replay_journal(
         part, false,
         [&](std::uint32_t shard, std::span<const std::uint64_t> o, std::span<const std::uint8_t> b) {
-          if (shard >= shards.size()) fail(Exit::failure, part.string() + ": journal names an unknown weight file");
+          if (shard >= shards.size()) fail(Exit::failure, part, "journal names an unknown weight file");
           write_scattered(shards[shard], o, b, window);
         },
         nullptr, m.live);
@@ -456,7 +456,7 @@ fs::path Txn::begin_step() {
   boost::system::error_code ec;
   fs::remove_all(step_, ec);
   fs::create_directories(step_, ec);
-  if (ec) fail(Exit::failure, step_.string() + ": cannot create: " + ec.message());
+  if (ec) fail(Exit::failure, step_, "cannot create: " + ec.message());
   return step_;
 }
 

@@ -41,9 +41,9 @@ LocalLock::LocalLock(const fs::path& local, double timeout_s, Mode mode, const c
     if (mode == Mode::existing && !exists_nofollow(state_dir(local))) return;
     boost::system::error_code ec;
     fs::create_directories(state_dir(local), ec);
-    if (ec) fail(Exit::failure, state_dir(local).string() + ": cannot create: " + ec.message());
+    if (ec) fail(Exit::failure, state_dir(local), "cannot create: " + ec.message());
     fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0) fail(Exit::failure, lock.string() + ": open: " + std::strerror(errno));
+    if (fd_ < 0) fail(Exit::failure, lock, std::string("open: ") + std::strerror(errno));
   }
   const int how = mode == Mode::shared ? LOCK_SH : LOCK_EX;
   // A constructor that throws runs no destructor: the descriptor is closed here.
@@ -55,11 +55,10 @@ LocalLock::LocalLock(const fs::path& local, double timeout_s, Mode mode, const c
     if (::flock(fd_, how | LOCK_NB) == 0) return;
     if (errno != EWOULDBLOCK && errno != EINTR) {
       const int e = errno;
-      fail(Exit::failure, lock.string() + ": flock: " + std::strerror(e));
+      fail(Exit::failure, lock, std::string("flock: ") + std::strerror(e));
     }
     if (timeout_s >= 0 && std::chrono::steady_clock::now() >= deadline)
-      fail(Exit::lock_timeout,
-           lock.string() + ": still locked by another process after " + std::to_string(timeout_s) + " s");
+      fail(Exit::lock_timeout, lock, "still locked by another process after " + std::to_string(timeout_s) + " s");
     check_stop();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -95,16 +94,18 @@ void check_local_path(const fs::path& local, std::optional<Exit> missing) {
   const std::string L = local.string();
   boost::system::error_code ec;
   if (!fs::exists(local, ec)) {
-    if (missing) fail(*missing, L + ": does not exist; set it up first with delta-apply --init SRC " + L);
+    if (missing) fail(*missing, L, "does not exist; set it up first with delta-apply --init SRC " + L);
     return;
   }
-  if (!fs::is_directory(local, ec)) fail(Exit::bad_input, L + ": not a directory");
+  if (!fs::is_directory(local, ec)) fail(Exit::bad_input, L, "not a directory");
   if (looks_like_delta(local))
-    fail(Exit::bad_input, L + ": is a delta version, not a LOCAL checkpoint; the arguments look swapped "
-                              "(delta-apply DELTA LOCAL)");
+    fail(Exit::bad_input, L,
+         "is a delta version, not a LOCAL checkpoint; the arguments look swapped "
+         "(delta-apply DELTA LOCAL)");
   if (holds_versions(local))
-    fail(Exit::bad_input, L + ": holds published versions (weight_vNNNNNN), so it is a publication root, not a LOCAL "
-                              "checkpoint; the arguments look swapped (delta-apply --root ROOT LOCAL)");
+    fail(Exit::bad_input, L,
+         "holds published versions (weight_vNNNNNN), so it is a publication root, not a LOCAL "
+         "checkpoint; the arguments look swapped (delta-apply --root ROOT LOCAL)");
 }
 
 LocalState read_state(const fs::path& local) {
@@ -113,13 +114,13 @@ LocalState read_state(const fs::path& local) {
   if (!fs::exists(p, ec)) return {};
   const std::string text = read_small_file(p, kStateJson.bytes);
   const json j = parse_json_text(text, p.string(), "state", kStateJson);
-  if (!j.is_object()) fail(Exit::bad_input, p.string() + ": not a JSON object");
+  if (!j.is_object()) fail(Exit::bad_input, p, "not a JSON object");
   LocalState s;
   auto version_field = [&](const char* k) -> std::optional<std::uint64_t> {
     if (!j.contains(k) || j[k].is_null()) return std::nullopt;
     if (j[k].is_string()) return parse_version(j[k].get<std::string>(), p.string() + ": \"" + k + "\"");
     if (j[k].is_number_unsigned()) return j[k].get<std::uint64_t>();
-    fail(Exit::bad_input, p.string() + ": \"" + k + "\" must be a version string");
+    fail(Exit::bad_input, p, std::string("\"") + k + "\" must be a version string");
   };
   s.version = version_field("version");
   s.pending = version_field("pending");
@@ -138,7 +139,7 @@ std::string state_text(const LocalState& s) {
 void make_state_dir(const fs::path& local) {
   boost::system::error_code ec;
   fs::create_directories(state_dir(local), ec);
-  if (ec) fail(Exit::failure, state_dir(local).string() + ": cannot create: " + ec.message());
+  if (ec) fail(Exit::failure, state_dir(local), "cannot create: " + ec.message());
 }
 
 }  // namespace
@@ -185,7 +186,7 @@ template <class Visit>
 void walk_local(const fs::path& local, Visit visit) {
   boost::system::error_code ec;
   for (fs::recursive_directory_iterator it(local, ec), end; it != end; it.increment(ec)) {
-    if (ec) fail(Exit::failure, local.string() + ": cannot list: " + ec.message());
+    if (ec) fail(Exit::failure, local, "cannot list: " + ec.message());
     if (it.depth() == 0 && it->path().filename() == kStateDir) {
       it.disable_recursion_pending();
       continue;
@@ -209,11 +210,10 @@ std::vector<std::string> list_local_files(const fs::path& local) {
 void refuse_local_symlinks(const fs::path& local) {
   walk_local(local, [&](const fs::directory_entry& e) {
     if (fs::is_symlink(e.symlink_status()))
-      fail(Exit::bad_input,
-           e.path().string() +
-               ": is a symlink; LOCAL is written only through files of its own, so "
-               "nothing was changed. Replace it with a copy of its target (cp --remove-destination) or remove it "
-               "(rm removes the link, not its target)");
+      fail(Exit::bad_input, e.path(),
+           "is a symlink; LOCAL is written only through files of its own, so "
+           "nothing was changed. Replace it with a copy of its target (cp --remove-destination) or remove it "
+           "(rm removes the link, not its target)");
   });
 }
 

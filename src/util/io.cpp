@@ -25,7 +25,7 @@ namespace {
 
 [[noreturn]] void sys_fail(const fs::path& p, const std::string& op) {
   const int e = errno;
-  fail(Exit::failure, p.string() + ": " + op + ": " + std::strerror(e));
+  fail(Exit::failure, p, op + std::string(": ") + std::strerror(e));
 }
 
 }  // namespace
@@ -54,7 +54,7 @@ void make_dirs(const fs::path& dir) {
   if (fs::is_directory(dir, ec)) return;
   fault_point("mkdir");
   fs::create_directories(dir, ec);
-  if (ec) fail(Exit::failure, dir.string() + ": cannot create: " + ec.message());
+  if (ec) fail(Exit::failure, dir, "cannot create: " + ec.message());
 }
 
 bool exists_nofollow(const fs::path& p) {
@@ -75,8 +75,8 @@ Nesting nesting(const fs::path& p, const fs::path& dir) {
 void require_dir(const fs::path& dir, const std::string& what_to_do) {
   boost::system::error_code ec;
   if (fs::is_directory(dir, ec)) return;
-  if (!exists_nofollow(dir)) fail(Exit::usage, dir.string() + ": does not exist; " + what_to_do);
-  fail(Exit::bad_input, dir.string() + ": not a directory");
+  if (!exists_nofollow(dir)) fail(Exit::usage, dir, "does not exist; " + what_to_do);
+  fail(Exit::bad_input, dir, "not a directory");
 }
 
 std::string relative_name(const fs::path& p, const fs::path& dir) {
@@ -126,8 +126,9 @@ MappedFile::~MappedFile() {
 
 std::span<const std::uint8_t> MappedFile::bytes(std::uint64_t offset, std::uint64_t n) const {
   if (offset > size_ || n > size_ - offset)
-    fail(Exit::bad_input, path_.string() + ": range [" + std::to_string(offset) + ", +" + std::to_string(n) +
-                              ") is outside the " + std::to_string(size_) + "-byte file");
+    fail(Exit::bad_input, path_,
+         "range [" + std::to_string(offset) + ", +" + std::to_string(n) + ") is outside the " + std::to_string(size_) +
+             "-byte file");
   return {data_ + offset, static_cast<std::size_t>(n)};
 }
 
@@ -177,7 +178,7 @@ File::~File() {
 std::uint64_t File::size() const {
   struct stat st {};
   if (::fstat(fd_, &st) != 0) sys_fail(path_, "stat");
-  if (!S_ISREG(st.st_mode)) fail(Exit::bad_input, path_.string() + ": not a regular file");
+  if (!S_ISREG(st.st_mode)) fail(Exit::bad_input, path_, "not a regular file");
   return static_cast<std::uint64_t>(st.st_size);
 }
 
@@ -189,7 +190,7 @@ void File::pread_exact(void* buf, std::size_t n, std::uint64_t offset) const {
       if (errno == EINTR) continue;
       sys_fail(path_, "read at offset " + std::to_string(offset));
     }
-    if (r == 0) fail(Exit::bad_input, path_.string() + ": unexpected end of file at offset " + std::to_string(offset));
+    if (r == 0) fail(Exit::bad_input, path_, "unexpected end of file at offset " + std::to_string(offset));
     p += r;
     n -= static_cast<std::size_t>(r);
     offset += static_cast<std::uint64_t>(r);
@@ -228,11 +229,11 @@ void File::write_all(const void* buf, std::size_t n) {
 namespace {
 
 [[noreturn]] void fail_published(const fs::path& out) {
-  fail(Exit::exists, out.string() + ": already exists; refusing to overwrite");
+  fail(Exit::exists, out, "already exists; refusing to overwrite");
 }
 
 [[noreturn]] void fail_rename(const fs::path& tmp, const fs::path& out, int e) {
-  fail(Exit::failure, out.string() + ": rename from " + tmp.filename().string() + ": " + std::strerror(e));
+  fail(Exit::failure, out, "rename from " + tmp.filename().string() + ": " + std::strerror(e));
 }
 
 // Where the filesystem takes no rename flags (the NFS and CephFS clients and
@@ -322,8 +323,8 @@ std::string read_small_file(const fs::path& path, std::uint64_t max_bytes) {
   File f(path, File::Mode::read);
   const std::uint64_t n = f.size();
   if (n > max_bytes)
-    fail(Exit::bad_input, path.string() + ": " + std::to_string(n) + " bytes, more than the " +
-                              std::to_string(max_bytes) + " this file may have");
+    fail(Exit::bad_input, path,
+         std::to_string(n) + " bytes, more than the " + std::to_string(max_bytes) + " this file may have");
   std::string s(n, '\0');
   f.pread_exact(s.data(), n, 0);
   return s;
@@ -336,7 +337,7 @@ void copy_file_atomic(const fs::path& src, const fs::path& dst, bool sync) {
   const OnFailure remove_tmp([&] { ::unlink(tmp.c_str()); });
   File out(tmp, File::Mode::create_exclusive);
   copy_range(in, 0, n, out, 0);
-  if (out.size() != n) fail(Exit::failure, src.string() + ": changed size while being copied");
+  if (out.size() != n) fail(Exit::failure, src, "changed size while being copied");
   ::fchmod(out.fd(), 0644);
   if (sync) out.sync();
   out.close();
@@ -355,8 +356,7 @@ void copy_range(const File& in, std::uint64_t in_off, std::uint64_t n, File& out
       if (errno == EXDEV || errno == ENOSYS || errno == EINVAL || errno == EOPNOTSUPP) break;
       sys_fail(out.path(), "copy from " + in.path().string());
     }
-    if (r == 0)
-      fail(Exit::bad_input, in.path().string() + ": unexpected end of file at offset " + std::to_string(in_off));
+    if (r == 0) fail(Exit::bad_input, in.path(), "unexpected end of file at offset " + std::to_string(in_off));
     in_off += static_cast<std::uint64_t>(r), out_off += static_cast<std::uint64_t>(r),
         n -= static_cast<std::uint64_t>(r);
   }
@@ -409,7 +409,7 @@ std::uint64_t tree_bytes(const fs::path& dir) {
     const auto st = it->symlink_status(ec);
     if (!ec && fs::is_regular_file(st)) n += fs::file_size(it->path(), ec);
   }
-  if (ec) fail(Exit::failure, dir.string() + ": cannot list: " + ec.message());
+  if (ec) fail(Exit::failure, dir, "cannot list: " + ec.message());
   return n;
 }
 

@@ -36,7 +36,7 @@ class Checker : public nlohmann::json_sax<json> {
   bool key(string_t& k) override {
     value();
     if (!objects_.back().insert(XXH3_64bits(k.data(), k.size())).second)
-      fail(Exit::bad_input, what_ + ": " + subject_ + " has duplicate key \"" + k + "\"");
+      fail(Exit::bad_input, what_, subject_ + " has duplicate key \"" + k + "\"");
     return true;
   }
   bool end_object() override {
@@ -54,20 +54,21 @@ class Checker : public nlohmann::json_sax<json> {
     return true;
   }
   bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
-    fail(Exit::bad_input, what_ + ": " + subject_ + " is not valid UTF-8 JSON: " + e.what());
+    fail(Exit::bad_input, what_, subject_ + " is not valid UTF-8 JSON: " + e.what());
   }
 
  private:
   bool value() {
     if (++values_ > limits_.values)
-      fail(Exit::bad_input, what_ + ": " + subject_ + " has more than " + std::to_string(limits_.values) +
-                                " values and keys, more than any real one has");
+      fail(Exit::bad_input, what_,
+           subject_ + " has more than " + std::to_string(limits_.values) +
+               " values and keys, more than any real one has");
     return true;
   }
   void open(bool object) {
     if (++depth_ > limits_.depth)
-      fail(Exit::bad_input,
-           what_ + ": " + subject_ + " is nested too deeply (more than " + std::to_string(limits_.depth) + " levels)");
+      fail(Exit::bad_input, what_,
+           subject_ + " is nested too deeply (more than " + std::to_string(limits_.depth) + " levels)");
     if (object) objects_.emplace_back();
   }
   void close() { --depth_; }
@@ -105,14 +106,15 @@ Hash128 xxh3_128_of_dump(const json& j) {
 json parse_json_text(std::string_view text, const std::string& what, const std::string& subject,
                      const JsonLimits& limits) {
   if (text.size() > limits.bytes)
-    fail(Exit::bad_input, what + ": " + subject + " is " + std::to_string(text.size()) + " bytes, more than the " +
-                              std::to_string(limits.bytes) + " it may have");
+    fail(Exit::bad_input, what,
+         subject + " is " + std::to_string(text.size()) + " bytes, more than the " + std::to_string(limits.bytes) +
+             " it may have");
   Checker checker(what, subject, limits);
   try {
     json::sax_parse(text.begin(), text.end(), &checker);
     return json::parse(text.begin(), text.end());
   } catch (const json::exception& e) {
-    fail(Exit::bad_input, what + ": " + subject + " is not valid UTF-8 JSON: " + e.what());
+    fail(Exit::bad_input, what, subject + " is not valid UTF-8 JSON: " + e.what());
   }
 }
 

@@ -25,13 +25,20 @@ def check_error(exc: hfdelta.HfdeltaError, cli_json: dict[str, Any], code: int) 
 
 
 def test_classes() -> None:
-    expected = {1: errors.Failure, 2: errors.UsageError, 3: errors.BadInput, 4: errors.OutOfOrder,
-                5: errors.VerifyFailed, 6: errors.Unsupported, 7: errors.Exists, 8: errors.LockTimeout,
-                9: errors.ThenFailed, 10: errors.Interrupted, 11: errors.Uninitialised, 12: errors.Corrupt,
-                13: errors.PostPublishFailed, 14: errors.PreReadFailed}
-    for code, cls in expected.items():
+    """Every exit code of the core's table (include/hfdelta/error.hpp) has its class, named as the table says,
+    with the table's kind; and hfdelta.errors has no class for a code the table lacks."""
+    table = hfdelta._core.exit_codes()
+    assert [row[0] for row in table] == list(range(len(table)))
+    for code, kind, name, meaning in table[1:]:
+        cls = getattr(errors, name)
+        assert name in errors.__all__ and getattr(hfdelta, name) is cls, name
         assert errors.error_class(code) is cls and issubclass(cls, hfdelta.HfdeltaError)
-        assert cls.exit_code == code and cls.kind == hfdelta._core.error_kind(code)
+        assert cls.exit_code == code and cls.kind == kind == hfdelta._core.error_kind(code)
+        assert cls.__doc__ is not None and cls.__doc__.startswith(f"Exit {code}: "), (name, meaning)
+    codes = {c.exit_code for c in vars(errors).values()
+             if isinstance(c, type) and issubclass(c, hfdelta.HfdeltaError) and c not in (hfdelta.HfdeltaError,
+                                                                                          errors.Stopped)}
+    assert codes == {row[0] for row in table[1:]}
     assert errors.error_class(130) is errors.Stopped and hfdelta._core.error_kind(130) == "stopped"
 
 
