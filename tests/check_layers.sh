@@ -129,6 +129,13 @@ for file in src/cli/*.cpp src/cli/*.hpp python/src/*.cpp python/src/*.hpp; do
   done < <(grep -E '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$file")
 done
 
+# An error about a file names it as the error's path (fail(code, path,
+# problem)), not as the first words of its message, which --json and Python
+# would not see.
+while IFS= read -r hit; do
+  complain "$hit: an error whose message starts with a path: give the path as fail(code, PATH, PROBLEM)"
+done < <(grep -rnE 'fail\([^,]+,[[:space:]]*\(?[^",]*\.string\(\)[[:space:]]*\+[[:space:]]*": ' src python/src tools cuda || true)
+
 if ((bad == 0)); then
   echo "check_layers: ${layers[*]}: no include reaches up a layer"
 fi
