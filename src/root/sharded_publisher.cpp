@@ -15,6 +15,7 @@
 #include "hfdelta/safetensors.hpp"
 #include "hfdelta/version.hpp"
 #include "store/checksum_record.hpp"
+#include "util/scope_guard.hpp"
 
 namespace hfdelta {
 
@@ -361,7 +362,8 @@ ShardCommit commit_sharded(const fs::path& root, const fs::path& mirror, const f
   writer.expect = expect;
   ShardCommit sc;
   sc.out = out;
-  try {
+  {
+    const OnFailure abandon([&] { writer.abandon(); });
     writer.write_entries(idx, entries, [&](std::size_t i, File& f, std::uint64_t at) {
       const Item& it = items[i];
       f.pwrite_all(it.head.data(), it.head.size(), at);
@@ -372,9 +374,6 @@ ShardCommit commit_sharded(const fs::path& root, const fs::path& mirror, const f
       }
     });
     sc.delta_bytes = writer.publish(idx);
-  } catch (...) {
-    writer.abandon();
-    throw;
   }
   sc.tensors_changed = entries.size();
   spools.clear();
