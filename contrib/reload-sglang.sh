@@ -57,113 +57,23 @@
 # delta-apply reports any non-zero exit as its exit code 9.
 
 me=reload-sglang
-
-# The server being reloaded, and whether to name it in messages (several).
-url=
-tag=
-
-say() { echo "$me: $tag$*" >&2; }
-
-if [ -z "${HFDELTA_LOCAL:-}" ] || [ -z "${HFDELTA_VERSION:-}" ]; then
-    say "HFDELTA_LOCAL and HFDELTA_VERSION must be set (run me from delta-apply --then)"
-    exit 2
-fi
-
-set -f   # the URL list is split on blanks; no globbing
-urls=$(printf '%s\n' "${SGLANG_URLS:-${SGLANG_URL:-http://127.0.0.1:30000}}" | tr ',' ' ')
-n_urls=0
-for u in $urls; do n_urls=$((n_urls + 1)); done
-if [ "$n_urls" -eq 0 ]; then
-    say "SGLANG_URLS names no server"
-    exit 2
-fi
-if [ "$n_urls" -gt 1 ] && [ -n "${SGLANG_STATE_FILE:-}" ]; then
-    say "SGLANG_STATE_FILE names one file for $n_urls servers; set SGLANG_STATE_DIR instead"
-    exit 2
-fi
+vars=SGLANG
+urls=${SGLANG_URLS:-${SGLANG_URL:-http://127.0.0.1:30000}}
+state_file_env=${SGLANG_STATE_FILE:-}
+state_dir=${SGLANG_STATE_DIR:-${XDG_RUNTIME_DIR:-/tmp}}
+state_name=sglang
+http=${SGLANG_HTTP:-}
 t_reload=${SGLANG_TIMEOUT:-600}
 
-# HFDELTA_LOCAL is LOCAL as given to delta-apply, possibly relative to its
-# working directory (ours too); the server needs an absolute path.
-local_abs=$(cd "$HFDELTA_LOCAL" && pwd -P) || { say "cannot enter $HFDELTA_LOCAL"; exit 1; }
+# The shared part, beside this script (or beside the file a link to it names).
+common=$(dirname "$0")/reload-common.sh
+[ -r "$common" ] || common=$(dirname "$(readlink -f "$0")")/reload-common.sh
+[ -r "$common" ] || { echo "$me: $common not found: install it beside $0" >&2; exit 2; }
+# shellcheck source-path=SCRIPTDIR source=reload-common.sh
+. "$common"
 
-# state_file URL: where the version URL serves is remembered.
-state_file() {
-    if [ -n "${SGLANG_STATE_FILE:-}" ]; then
-        printf '%s\n' "$SGLANG_STATE_FILE"
-    else
-        _hp=${1#*://}
-        _hp=${_hp%%/*}
-        printf '%s/hfdelta-sglang-%s.version\n' "${SGLANG_STATE_DIR:-${XDG_RUNTIME_DIR:-/tmp}}" \
-            "$(printf '%s' "$_hp" | tr -c 'A-Za-z0-9.-' '_')"
-    fi
-}
-
-http=${SGLANG_HTTP:-}
-if [ -z "$http" ]; then
-    if command -v curl >/dev/null 2>&1; then http=curl
-    elif command -v python3 >/dev/null 2>&1; then http=python3
-    else say "neither curl nor python3 found"; exit 2
-    fi
-fi
-case $http in
-    curl|python3) command -v "$http" >/dev/null 2>&1 || { say "SGLANG_HTTP=$http: not found"; exit 2; } ;;
-    *) say "SGLANG_HTTP must be curl or python3, not $http"; exit 2 ;;
-esac
-
-now() { date +%s.%N 2>/dev/null | sed 's/\.N*$//; s/\.$//'; }
-since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.3f", b - a }'; }
-
-# request METHOD PATH TIMEOUT [JSON]: the response body on standard output.
-# Returns 0 on a 2xx status, 3 on another status, 1 when no answer came
-# (refused, timed out); the status and body go to standard error.
-request() {
-    if [ "$http" = curl ]; then
-        _body=$(mktemp) || return 1
-        if [ -n "${4-}" ]; then
-            set -- "$1" "$2" "$3" -H 'Content-Type: application/json' --data "$4"
-        else
-            set -- "$1" "$2" "$3"
-        fi
-        _m=$1 _p=$2 _t=$3
-        shift 3
-        _code=$(curl -sS -o "$_body" -w '%{http_code}' -X "$_m" \
-                     --connect-timeout 5 --max-time "$_t" "$@" "$url$_p") \
-            || { _rc=$?; rm -f "$_body"; say "$_m $_p: curl failed (exit $_rc)"; return 1; }
-        case $_code in
-            2??) cat "$_body"; rm -f "$_body"; return 0 ;;
-            *) say "$_m $_p: HTTP $_code: $(head -c 500 "$_body")"; rm -f "$_body"; return 3 ;;
-        esac
-    else
-        python3 - "$1" "$url$2" "$3" "${4-}" <<'PY'
-import signal, sys, urllib.request, urllib.error
-method, url, timeout, data = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
-# The whole request within TIMEOUT, as curl's --max-time (urllib's timeout is per socket operation).
-def expired(*_):
-    raise TimeoutError(f"no answer within {timeout:g} s")
-signal.signal(signal.SIGALRM, expired)
-signal.setitimer(signal.ITIMER_REAL, timeout)
-req = urllib.request.Request(url, method=method, data=data.encode() if data else None)
-if data:
-    req.add_header("Content-Type", "application/json")
-try:
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        sys.stdout.write(r.read().decode("utf-8", "replace"))
-except urllib.error.HTTPError as e:
-    body = e.read().decode("utf-8", "replace")[:500]
-    print(f"reload-sglang: {method} {url}: HTTP {e.code}: {body}", file=sys.stderr)
-    sys.exit(3)
-except Exception as e:
-    print(f"reload-sglang: {method} {url}: {e}", file=sys.stderr)
-    sys.exit(1)
-PY
-    fi
-}
-
-json_string() { sed -n "s/.*\"$1\"[[:space:]]*:[[:space:]]*\"\([^\"]*\)\".*/\1/p" | head -n 1; }
-
-path_json=$(printf '%s' "$local_abs" | sed 's/\\/\\\\/g; s/"/\\"/g')
-version_json=$(printf '%s' "$HFDELTA_VERSION" | sed 's/\\/\\\\/g; s/"/\\"/g')
+setup_replicas
+version_json=$(json_quote "$HFDELTA_VERSION")
 
 # reload_one URL: reload one server (or skip it); 1 when it failed, the
 # step (model_info or update_weights_from_disk) in $failed_step.
@@ -178,17 +88,15 @@ reload_one() {
         info=$(request GET /model_info 10 2>/dev/null) || _rc=$?
         if [ "$_rc" -eq 1 ]; then
             failed_step=model_info
-            if [ -n "$tag" ]; then say "does not answer"; else say "$url does not answer"; fi
+            say_url "does not answer"
             return 1
         fi
         served=$(printf '%s\n' "$info" | json_string weight_version)
         if [ "$_rc" -ne 0 ] || [ -z "$served" ] || [ "$served" = "$HFDELTA_VERSION" ]; then
-            if [ -n "$tag" ]; then say "already serves version $HFDELTA_VERSION"
-            else say "$url already serves version $HFDELTA_VERSION"; fi
+            say_url "already serves version $HFDELTA_VERSION"
             return 0
         fi
-        if [ -n "$tag" ]; then say "reports weight_version $served; reloading"
-        else say "$url reports weight_version $served; reloading"; fi
+        say_url "reports weight_version $served; reloading"
     fi
 
     t_start=$(now)
@@ -201,43 +109,8 @@ reload_one() {
         *) say "reload of version $HFDELTA_VERSION failed: $out"; return 1 ;;
     esac
     failed_step=
-
-    _tmp=$state.tmp.$$
-    if printf '%s\n' "$HFDELTA_VERSION" > "$_tmp" && mv -f "$_tmp" "$state"; then :; else
-        rm -f "$_tmp"
-        say "reloaded, but cannot write $state (the next run reloads again)"
-    fi
-    say "version $HFDELTA_VERSION reloaded from $local_abs in $(since "$t_start") s"
+    reloaded
 }
 
-# A signal stops the run: no further server is started.
-left=$urls
-# shellcheck disable=SC2317  # run by the traps
-on_signal() {
-    trap '' HUP INT TERM
-    tag=
-    # shellcheck disable=SC2086  # the list, split
-    say "interrupted (signal $1): version $HFDELTA_VERSION not reloaded on:$(printf ' %s' $left)"
-    exit $((128 + $1))
-}
-trap 'on_signal 1' HUP
-trap 'on_signal 2' INT
-trap 'on_signal 15' TERM
-
-failed=
-n_failed=0
-for u in $urls; do
-    [ "$n_urls" -gt 1 ] && tag="${u%/}: "
-    if ! reload_one "$u"; then
-        failed="$failed ${u%/} ($failed_step)"
-        n_failed=$((n_failed + 1))
-    fi
-    left=${left#*"$u"}
-done
-tag=
-if [ "$n_failed" -gt 0 ]; then
-    say "version $HFDELTA_VERSION not reloaded on $n_failed of $n_urls server(s):$failed"
-    exit 1
-fi
-[ "$n_urls" -gt 1 ] && say "version $HFDELTA_VERSION served by all $n_urls servers"
-exit 0
+# A signal stops the run (reload_all): SGLang paused nothing of ours.
+reload_all

@@ -65,13 +65,17 @@
 # delta-apply reports any non-zero exit as its exit code 9.
 
 me=reload-vllm-lora
+vars=VLLM
+http=${VLLM_HTTP:-}
 
-say() { echo "$me: $*" >&2; }
+# The shared part, beside this script (or beside the file a link to it names).
+common=$(dirname "$0")/reload-common.sh
+[ -r "$common" ] || common=$(dirname "$(readlink -f "$0")")/reload-common.sh
+[ -r "$common" ] || { echo "$me: $common not found: install it beside $0" >&2; exit 2; }
+# shellcheck source-path=SCRIPTDIR source=reload-common.sh
+. "$common"
 
-if [ -z "${HFDELTA_LOCAL:-}" ] || [ -z "${HFDELTA_VERSION:-}" ]; then
-    say "HFDELTA_LOCAL and HFDELTA_VERSION must be set (run me from delta-apply --then)"
-    exit 2
-fi
+need_hfdelta_env
 
 url=${VLLM_URL:-http://127.0.0.1:8000}
 url=${url%/}
@@ -83,7 +87,7 @@ case $prefix in
 esac
 name=$prefix-v$HFDELTA_VERSION
 
-local_abs=$(cd "$HFDELTA_LOCAL" && pwd -P) || { say "cannot enter $HFDELTA_LOCAL"; exit 1; }
+need_local_abs
 [ -f "$local_abs/adapter_config.json" ] || { say "$local_abs has no adapter_config.json: not a PEFT adapter"; exit 1; }
 
 if [ -n "${VLLM_STATE_FILE:-}" ]; then
@@ -108,68 +112,7 @@ trap 'on_signal 1' HUP
 trap 'on_signal 2' INT
 trap 'on_signal 15' TERM
 
-http=${VLLM_HTTP:-}
-if [ -z "$http" ]; then
-    if command -v curl >/dev/null 2>&1; then http=curl
-    elif command -v python3 >/dev/null 2>&1; then http=python3
-    else say "neither curl nor python3 found"; exit 2
-    fi
-fi
-case $http in
-    curl|python3) command -v "$http" >/dev/null 2>&1 || { say "VLLM_HTTP=$http: not found"; exit 2; } ;;
-    *) say "VLLM_HTTP must be curl or python3, not $http"; exit 2 ;;
-esac
-
-# now: seconds since the epoch, with nanoseconds where date has them (GNU).
-now() { date +%s.%N 2>/dev/null | sed 's/\.N*$//; s/\.$//'; }
-since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.3f", b - a }'; }
-
-# request METHOD PATH TIMEOUT [JSON]: the response body on standard output.
-# Returns 0 on a 2xx status, 3 on another status, 1 when no answer came
-# (refused, timed out); the status and body go to standard error.
-request() {
-    if [ "$http" = curl ]; then
-        _body=$(mktemp) || return 1
-        if [ -n "${4-}" ]; then
-            set -- "$1" "$2" "$3" -H 'Content-Type: application/json' --data "$4"
-        else
-            set -- "$1" "$2" "$3"
-        fi
-        _m=$1 _p=$2 _t=$3
-        shift 3
-        _code=$(curl -sS -o "$_body" -w '%{http_code}' -X "$_m" \
-                     --connect-timeout 5 --max-time "$_t" "$@" "$url$_p") \
-            || { _rc=$?; rm -f "$_body"; say "$_m $_p: curl failed (exit $_rc)"; return 1; }
-        case $_code in
-            2??) cat "$_body"; rm -f "$_body"; return 0 ;;
-            *) say "$_m $_p: HTTP $_code: $(head -c 500 "$_body")"; rm -f "$_body"; return 3 ;;
-        esac
-    else
-        python3 - "$1" "$url$2" "$3" "${4-}" <<'EOF'
-import signal, sys, urllib.request, urllib.error
-method, url, timeout, data = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
-# The whole request within TIMEOUT, as curl's --max-time (urllib's timeout is per socket operation).
-def expired(*_):
-    raise TimeoutError(f"no answer within {timeout:g} s")
-signal.signal(signal.SIGALRM, expired)
-signal.setitimer(signal.ITIMER_REAL, timeout)
-req = urllib.request.Request(url, method=method, data=data.encode() if data else None)
-if data:
-    req.add_header("Content-Type", "application/json")
-try:
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        sys.stdout.write(r.read().decode("utf-8", "replace"))
-except urllib.error.HTTPError as e:
-    body = e.read().decode("utf-8", "replace")[:500]
-    print(f"reload-vllm-lora: {method} {url}: HTTP {e.code}: {body}", file=sys.stderr)
-    sys.exit(3)
-except Exception as e:
-    print(f"reload-vllm-lora: {method} {url}: {e}", file=sys.stderr)
-    sys.exit(1)
-EOF
-    fi
-}
-
+need_http
 
 # model_ids: the ids GET /v1/models lists (base model and adapters), one a line.
 model_ids() {
@@ -178,8 +121,6 @@ model_ids() {
     printf '%s\n' "$_models" | tr ',{}[]' '\n\n\n\n\n' \
         | sed -n 's/^[[:space:]]*"id"[[:space:]]*:[[:space:]]*"\([^"]*\)".*/\1/p'
 }
-# json_quote TEXT: TEXT as a JSON string's contents.
-json_quote() { printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g'; }
 
 t_start=$(now)
 ids=$(model_ids) || { say "GET /v1/models failed"; exit 1; }

@@ -68,114 +68,24 @@
 # delta-apply reports any non-zero exit as its exit code 9.
 
 me=reload-vllm
-
-# The server being reloaded, and whether to name it in messages (several).
-url=
-tag=
-
-say() { echo "$me: $tag$*" >&2; }
-
-if [ -z "${HFDELTA_LOCAL:-}" ] || [ -z "${HFDELTA_VERSION:-}" ]; then
-    say "HFDELTA_LOCAL and HFDELTA_VERSION must be set (run me from delta-apply --then)"
-    exit 2
-fi
-
-set -f   # the URL list is split on blanks; no globbing
-urls=$(printf '%s\n' "${VLLM_URLS:-${VLLM_URL:-http://127.0.0.1:8000}}" | tr ',' ' ')
-n_urls=0
-for u in $urls; do n_urls=$((n_urls + 1)); done
-if [ "$n_urls" -eq 0 ]; then
-    say "VLLM_URLS names no server"
-    exit 2
-fi
-if [ "$n_urls" -gt 1 ] && [ -n "${VLLM_STATE_FILE:-}" ]; then
-    say "VLLM_STATE_FILE names one file for $n_urls servers; set VLLM_STATE_DIR instead"
-    exit 2
-fi
+vars=VLLM
+urls=${VLLM_URLS:-${VLLM_URL:-http://127.0.0.1:8000}}
+state_file_env=${VLLM_STATE_FILE:-}
+state_dir=${VLLM_STATE_DIR:-${XDG_RUNTIME_DIR:-/tmp}}
+state_name=vllm
+http=${VLLM_HTTP:-}
 t_short=${VLLM_TIMEOUT:-30}
 t_pause=${VLLM_PAUSE_TIMEOUT:-300}
 t_reload=${VLLM_RELOAD_TIMEOUT:-600}
 
-# HFDELTA_LOCAL is LOCAL as given to delta-apply, possibly relative to its
-# working directory (ours too); the server needs an absolute path.
-local_abs=$(cd "$HFDELTA_LOCAL" && pwd -P) || { say "cannot enter $HFDELTA_LOCAL"; exit 1; }
+# The shared part, beside this script (or beside the file a link to it names).
+common=$(dirname "$0")/reload-common.sh
+[ -r "$common" ] || common=$(dirname "$(readlink -f "$0")")/reload-common.sh
+[ -r "$common" ] || { echo "$me: $common not found: install it beside $0" >&2; exit 2; }
+# shellcheck source-path=SCRIPTDIR source=reload-common.sh
+. "$common"
 
-# state_file URL: where the version URL serves is remembered.
-state_file() {
-    if [ -n "${VLLM_STATE_FILE:-}" ]; then
-        printf '%s\n' "$VLLM_STATE_FILE"
-    else
-        _hp=${1#*://}
-        _hp=${_hp%%/*}
-        printf '%s/hfdelta-vllm-%s.version\n' "${VLLM_STATE_DIR:-${XDG_RUNTIME_DIR:-/tmp}}" \
-            "$(printf '%s' "$_hp" | tr -c 'A-Za-z0-9.-' '_')"
-    fi
-}
-
-http=${VLLM_HTTP:-}
-if [ -z "$http" ]; then
-    if command -v curl >/dev/null 2>&1; then http=curl
-    elif command -v python3 >/dev/null 2>&1; then http=python3
-    else say "neither curl nor python3 found"; exit 2
-    fi
-fi
-case $http in
-    curl|python3) command -v "$http" >/dev/null 2>&1 || { say "VLLM_HTTP=$http: not found"; exit 2; } ;;
-    *) say "VLLM_HTTP must be curl or python3, not $http"; exit 2 ;;
-esac
-
-# now: seconds since the epoch, with nanoseconds where date has them (GNU).
-now() { date +%s.%N 2>/dev/null | sed 's/\.N*$//; s/\.$//'; }
-since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.3f", b - a }'; }
-
-# request METHOD PATH TIMEOUT [JSON]: the response body on standard output.
-# Returns 0 on a 2xx status, 3 on another status, 1 when no answer came
-# (refused, timed out); the status and body go to standard error.
-request() {
-    if [ "$http" = curl ]; then
-        _body=$(mktemp) || return 1
-        if [ -n "${4-}" ]; then
-            set -- "$1" "$2" "$3" -H 'Content-Type: application/json' --data "$4"
-        else
-            set -- "$1" "$2" "$3"
-        fi
-        _m=$1 _p=$2 _t=$3
-        shift 3
-        _code=$(curl -sS -o "$_body" -w '%{http_code}' -X "$_m" \
-                     --connect-timeout 5 --max-time "$_t" "$@" "$url$_p") \
-            || { _rc=$?; rm -f "$_body"; say "$_m $_p: curl failed (exit $_rc)"; return 1; }
-        case $_code in
-            2??) cat "$_body"; rm -f "$_body"; return 0 ;;
-            *) say "$_m $_p: HTTP $_code: $(head -c 500 "$_body")"; rm -f "$_body"; return 3 ;;
-        esac
-    else
-        python3 - "$1" "$url$2" "$3" "${4-}" <<'PY'
-import signal, sys, urllib.request, urllib.error
-method, url, timeout, data = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
-# The whole request within TIMEOUT, as curl's --max-time (urllib's timeout is per socket operation).
-def expired(*_):
-    raise TimeoutError(f"no answer within {timeout:g} s")
-signal.signal(signal.SIGALRM, expired)
-signal.setitimer(signal.ITIMER_REAL, timeout)
-req = urllib.request.Request(url, method=method, data=data.encode() if data else None)
-if data:
-    req.add_header("Content-Type", "application/json")
-try:
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        sys.stdout.write(r.read().decode("utf-8", "replace"))
-except urllib.error.HTTPError as e:
-    body = e.read().decode("utf-8", "replace")[:500]
-    print(f"reload-vllm: {method} {url}: HTTP {e.code}: {body}", file=sys.stderr)
-    sys.exit(3)
-except Exception as e:
-    print(f"reload-vllm: {method} {url}: {e}", file=sys.stderr)
-    sys.exit(1)
-PY
-    fi
-}
-
-# json_string KEY: the string value of KEY in the JSON object on standard input.
-json_string() { sed -n "s/.*\"$1\"[[:space:]]*:[[:space:]]*\"\([^\"]*\)\".*/\1/p" | head -n 1; }
+setup_replicas
 
 # step NAME TIMEOUT PATH [JSON]: one request, timed; the body in $out.
 # On failure the step is named in $failed_step.
@@ -200,9 +110,6 @@ resume() {
         return 1
     fi
 }
-
-# JSON string for the path: escape backslashes and double quotes.
-path_json=$(printf '%s' "$local_abs" | sed 's/\\/\\\\/g; s/"/\\"/g')
 
 # reload_steps: pause, reload, reset, version; stops at the first that fails.
 reload_steps() {
@@ -240,8 +147,7 @@ reload_one() {
     if [ "$(cat "$state" 2>/dev/null)" = "$HFDELTA_VERSION" ]; then
         served=$(request GET /weight_info "$t_short" 2>/dev/null | json_string weight_version)
         if [ "$served" = "$HFDELTA_VERSION" ]; then
-            if [ -n "$tag" ]; then say "already serves version $HFDELTA_VERSION"
-            else say "$url already serves version $HFDELTA_VERSION"; fi
+            say_url "already serves version $HFDELTA_VERSION"
             return 0
         fi
     fi
@@ -253,47 +159,15 @@ reload_one() {
         say "reload of version $HFDELTA_VERSION failed at $failed_step"
         return 1
     fi
-    _tmp=$state.tmp.$$
-    if printf '%s\n' "$HFDELTA_VERSION" > "$_tmp" && mv -f "$_tmp" "$state"; then :; else
-        rm -f "$_tmp"
-        say "reloaded, but cannot write $state (the next run reloads again)"
-    fi
-    say "version $HFDELTA_VERSION reloaded from $local_abs in $(since "$t_start") s"
+    reloaded
 }
 
 # A signal stops the run: the engine being reloaded is resumed, no further
-# one is started. A second signal while resuming is ignored.
-left=$urls
+# one is started. At the exit, too, a paused engine is resumed.
 # shellcheck disable=SC2317  # run by the traps
-on_signal() {
-    trap '' HUP INT TERM
-    resume || :
-    tag=
-    # shellcheck disable=SC2086  # the list, split
-    say "interrupted (signal $1): version $HFDELTA_VERSION not reloaded on:$(printf ' %s' $left)"
-    exit $((128 + $1))
-}
+on_stop() { resume || :; }
 # shellcheck disable=SC2317
 on_exit() { trap '' HUP INT TERM; resume || :; }
 trap on_exit EXIT
-trap 'on_signal 1' HUP
-trap 'on_signal 2' INT
-trap 'on_signal 15' TERM
 
-failed=
-n_failed=0
-for u in $urls; do
-    [ "$n_urls" -gt 1 ] && tag="${u%/}: "
-    if ! reload_one "$u"; then
-        failed="$failed ${u%/} ($failed_step)"
-        n_failed=$((n_failed + 1))
-    fi
-    left=${left#*"$u"}
-done
-tag=
-if [ "$n_failed" -gt 0 ]; then
-    say "version $HFDELTA_VERSION not reloaded on $n_failed of $n_urls server(s):$failed"
-    exit 1
-fi
-[ "$n_urls" -gt 1 ] && say "version $HFDELTA_VERSION served by all $n_urls servers"
-exit 0
+reload_all

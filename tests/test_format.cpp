@@ -25,6 +25,7 @@
 #include <boost/filesystem/operations.hpp>
 #include <nlohmann/json.hpp>
 
+#include "delta/delta_writer.hpp"
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
@@ -1077,6 +1078,46 @@ TEST_CASE("format: write_file_atomic") {
   REQUIRE(e);
   CHECK(contains(e->what(), "nodir"));
   CHECK(list_dir(tmp.path()) == std::vector<std::string>{"config.json"});
+}
+
+TEST_CASE("format: a DeltaWriter leaves its temporary directory only as OUT") {
+  TempDir d;
+  const bfs::path out = d.path() / version_dirname(1);
+  DeltaIndex idx;
+  idx.version = 1;
+  SUBCASE("destroyed without publish or abandon: removed") {
+    bfs::path tmp;
+    {
+      DeltaWriter w(out, false);
+      tmp = w.tmp;
+      w.put_header("model.safetensors", "x");
+      REQUIRE(bfs::is_regular_file(tmp / kHeadersDir / "model.safetensors"));
+    }
+    CHECK_FALSE(bfs::exists(tmp));
+    CHECK(list_dir(d.path()).empty());
+  }
+  SUBCASE("destroyed by an exception: removed") {
+    CHECK(error_of([&] {
+      DeltaWriter w(out, false);
+      w.put_header("model.safetensors", "x");
+      fail(Exit::failure, "a step failed");
+    }));
+    CHECK(list_dir(d.path()).empty());
+  }
+  SUBCASE("published: OUT stays") {
+    {
+      DeltaWriter w(out, false);
+      w.put_header("model.safetensors", "x");
+      w.publish(idx);
+    }
+    CHECK(list_dir(d.path()) == std::vector<std::string>{version_dirname(1)});
+    CHECK(read_text(out / kHeadersDir / "model.safetensors") == "x");
+  }
+  SUBCASE("abandoned: removed") {
+    DeltaWriter w(out, false);
+    w.abandon();
+    CHECK(list_dir(d.path()).empty());
+  }
 }
 
 TEST_CASE("format: copy_file_atomic and same_contents") {

@@ -94,11 +94,22 @@ void DeltaWriter::copy_file(const std::string& path, const fs::path& from) {
   copy_file_atomic(from, place(kFilesDir, path), sync);
 }
 
+DeltaWriter::~DeltaWriter() {
+  if (done_) return;
+  try {
+    abandon();
+  } catch (...) {}  // a destructor reports nothing
+}
+
 std::uint64_t DeltaWriter::publish(const DeltaIndex& idx) {
-  return publish_delta(tmp, out, write_delta_index_json(idx, total), idx.version, dirs, sync, expect);
+  const std::uint64_t bytes =
+      publish_delta(tmp, out, write_delta_index_json(idx, total), idx.version, dirs, sync, expect);
+  done_ = true;
+  return bytes;
 }
 
 void DeltaWriter::abandon() {
+  done_ = true;
   boost::system::error_code ec;
   fs::remove_all(tmp, ec);
 }

@@ -47,6 +47,12 @@ struct DeltaWriter {
 
   // Makes the temporary directory beside `out`.
   DeltaWriter(const boost::filesystem::path& out, bool sync);
+  // Removes the temporary directory unless the delta was published or
+  // abandoned: a writer left on any path, an exception's included, leaves
+  // nothing behind. Errors are ignored.
+  ~DeltaWriter();
+  DeltaWriter(const DeltaWriter&) = delete;
+  DeltaWriter& operator=(const DeltaWriter&) = delete;
 
   // One delta file per target weight file; fills idx's weight_map, targets,
   // base_checksums and (per_tensor) encodings.
@@ -62,6 +68,7 @@ struct DeltaWriter {
   void abandon();
 
  private:
+  bool done_ = false;  // published or abandoned: tmp is no longer the writer's to remove
   boost::filesystem::path place(const char* sub, const std::string& rel);
 };
 

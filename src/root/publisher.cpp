@@ -23,7 +23,6 @@
 #include "hfdelta/version.hpp"
 #include "store/checksum_record.hpp"
 #include "store/local_store.hpp"
-#include "util/scope_guard.hpp"
 
 namespace hfdelta {
 
@@ -44,6 +43,8 @@ struct Step {
   std::map<std::string, std::size_t, std::less<>> by_name;
   std::string base_what;              // the mirror at the step's base version, for errors
   std::vector<char> given, declared;  // per work
+  // The writer removes its directory unless published; declared before the
+  // encoder, whose spools are in that directory, it is destroyed after it.
   std::unique_ptr<DeltaWriter> writer;
   std::unique_ptr<Encoder> encoder;
   std::chrono::steady_clock::time_point t0;
@@ -223,10 +224,7 @@ std::unique_ptr<Step> new_step(const fs::path& root, const fs::path& mirror, con
   progress::begin("publish", total);
   st->writer = std::make_unique<DeltaWriter>(st->out, opts.sync);
   st->writer->expect = {root, st->version, base};  // checked again at the rename
-  {
-    const OnFailure abandon([&] { st->writer->abandon(); });
-    st->encoder = std::make_unique<Encoder>(st->writer->tmp, opts.encoding, opts.level, opts.threads);
-  }
+  st->encoder = std::make_unique<Encoder>(st->writer->tmp, opts.encoding, opts.level, opts.threads);
   return st;
 }
 
@@ -442,8 +440,7 @@ void MemoryPublisher::abort() {
 void MemoryPublisher::abort_step() {
   if (!s_->step) return;
   std::unique_ptr<Step> st = std::move(s_->step);
-  st->encoder.reset();  // the spools closed before their directory goes
-  st->writer->abandon();
+  st->encoder.reset();  // the spools closed before the writer, going with st, removes their directory
 }
 
 }  // namespace hfdelta

@@ -360,21 +360,17 @@ ShardCommit commit_sharded(const fs::path& root, const fs::path& mirror, const f
   writer.expect = expect;
   ShardCommit sc;
   sc.out = out;
-  try {
-    writer.write_entries(idx, entries, [&](std::size_t i, File& f, std::uint64_t at) {
-      const Item& it = items[i];
-      f.pwrite_all(it.head.data(), it.head.size(), at);
-      at += it.head.size();
-      for (std::size_t k = it.first; k < it.first + it.count; ++k) {
-        copy_range(spools.at(parts[k].rank), parts[k].offset, parts[k].size, f, at);
-        at += parts[k].size;
-      }
-    });
-    sc.delta_bytes = writer.publish(idx);
-  } catch (...) {
-    writer.abandon();
-    throw;
-  }
+  // On failure the writer removes what it wrote as it goes.
+  writer.write_entries(idx, entries, [&](std::size_t i, File& f, std::uint64_t at) {
+    const Item& it = items[i];
+    f.pwrite_all(it.head.data(), it.head.size(), at);
+    at += it.head.size();
+    for (std::size_t k = it.first; k < it.first + it.count; ++k) {
+      copy_range(spools.at(parts[k].rank), parts[k].offset, parts[k].size, f, at);
+      at += parts[k].size;
+    }
+  });
+  sc.delta_bytes = writer.publish(idx);
   sc.tensors_changed = entries.size();
   spools.clear();
   boost::system::error_code ec;

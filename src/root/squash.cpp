@@ -32,7 +32,6 @@
 #include "hfdelta/version.hpp"
 #include "util/json_text.hpp"
 #include "util/parallel.hpp"
-#include "util/scope_guard.hpp"
 
 namespace hfdelta {
 
@@ -1021,15 +1020,13 @@ SquashSummary squash_deltas(const std::vector<fs::path>& chain, const fs::path& 
   check_publishable(expect, false);
   DeltaWriter writer(out, opts.sync);
   writer.expect = expect;
-  {
-    const OnFailure abandon([&] { writer.abandon(); });
-    compose_entries(ctx, lengths, writer.tmp);
-    count_elements(ctx);
-    choose_encoding(ctx);
-    write_out_entries(ctx, writer);
-    place_carried(ctx, writer);
-    ctx.sum.delta_bytes = writer.publish(ctx.idx);
-  }
+  // On failure the writer removes what it wrote as it goes.
+  compose_entries(ctx, lengths, writer.tmp);
+  count_elements(ctx);
+  choose_encoding(ctx);
+  write_out_entries(ctx, writer);
+  place_carried(ctx, writer);
+  ctx.sum.delta_bytes = writer.publish(ctx.idx);
   ctx.sum.version = ctx.idx.version;
   ctx.sum.base_version = ctx.idx.base_version;
   ctx.sum.deltas = ctx.links.size();
