@@ -399,8 +399,9 @@ PublishSummary MemoryPublisher::publish(bool rest_unchanged) {
     // Renamed into place, then a later step failed (flushing ROOT): the
     // version is published all the same.
     s_->m.published(st.version);
+    const fs::path out = st.out;  // `st` lives in the step reset next
     s_->step.reset();
-    fail(Exit::failure, st.out,
+    fail(Exit::failure, out,
          std::string("published, but ") + e.what() + "; the next publish advances the mirror to it first");
   }
   ps.diff.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - st.t0).count();
