@@ -121,7 +121,8 @@ void check_delta_files(const fs::path& dir, OpenDelta& v) {
         fail(Exit::bad_input, w,
              "entry '" + t.name + "' records checksum " + checksum.xxh3.hex() + ", hfdelta_shards " +
                  b->second->hash.hex());
-      v.entries.push_back(about_file(w, [&] { return entry_of(v, file, hdr, t, w, checksum); }));
+      v.entries.push_back(
+          about_file(w, [&, &file = file, &hdr = hdr] { return entry_of(v, file, hdr, t, w, checksum); }));
     }
   }
 }
@@ -189,7 +190,6 @@ OpenDelta open_checked(const fs::path& dir, DeltaIndex index) {
 }  // namespace
 
 OpenDelta open_delta(const fs::path& dir) {
-  boost::system::error_code ec;
   require_dir(dir, "give a delta version directory");
   check_no_symlinks(dir);  // before the index is read: it may be a link
   check_index_file(dir);

@@ -86,7 +86,6 @@ std::uint64_t Checkpoint::tensor_bytes() const {
 }
 
 Checkpoint open_checkpoint(const fs::path& dir) {
-  boost::system::error_code ec;
   require_dir(dir, "give a checkpoint directory");
   Checkpoint c;
   c.dir = dir;
