@@ -75,7 +75,9 @@ TEST_CASE("the man pages name every exit code with the table's kind") {
     CAPTURE(page);
     const std::map<int, std::string> listed = exit_status(source_file("man/" + page));
     CHECK(listed.size() >= 8);
-    for (const auto& [code, kind] : listed) {
+    for (const auto& item : listed) {
+      const int code = item.first;  // not a structured binding: CAPTURE's lambda takes it
+      const std::string& kind = item.second;
       CAPTURE(code);
       REQUIRE(code < static_cast<int>(std::size(kExitCodes)));
       CHECK(kind == kExitCodes[code].kind);
