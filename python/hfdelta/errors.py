@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Optional
 
-from ._core import JSON_SCHEMA
+from ._core import JSON_SCHEMA, exit_codes
 
 if TYPE_CHECKING:
     from .results import ChangeResult
@@ -175,12 +175,9 @@ class Stopped(HfdeltaError):
     kind = "stopped"
 
 
-_BY_CODE: dict[int, type[HfdeltaError]] = {
-    c.exit_code: c
-    for c in (Failure, UsageError, BadInput, OutOfOrder, VerifyFailed, Unsupported, Exists, LockTimeout,
-              ThenFailed, Interrupted, Uninitialised, Corrupt, PostPublishFailed, PreReadFailed, PeersNotReady,
-              FleetAlert)
-}
+# The core's exit-code table names each code's class: the classes above are
+# looked up from it, not listed a second time.
+_BY_CODE: dict[int, type[HfdeltaError]] = {code: globals()[name] for code, _kind, name, _meaning in exit_codes()[1:]}
 
 
 def error_class(exit_code: int) -> type[HfdeltaError]:
