@@ -70,6 +70,15 @@ def version_name(version: Version) -> str:
     return f"{version_number(version):06d}"
 
 
+def _check_not_withdrawn(root: str, local: str, v: int) -> None:
+    """Refuses to reload a version withdrawn since it was pulled (delta-diff --withdraw renames
+    ROOT/weight_vNNNNNN to withdrawn_vNNNNNN): the engine keeps the weights it holds."""
+    if os.path.lexists(os.path.join(root, f"withdrawn_v{version_name(v)}")):
+        raise OutOfOrder(f"hfdelta: version {version_name(v)} was withdrawn from {root} after {local} pulled it; "
+                         "nothing was reloaded, the engine keeps serving the weights it holds (publish a newer "
+                         "version and bring the engine to it)", path=root)
+
+
 @dataclass
 class _Stage:
     version: int
@@ -289,6 +298,7 @@ class Receiver:
                 with _shared_lock(local, self._lock_timeout):
                     st = _api.status(local, lock_timeout=self._lock_timeout)
                     if st.state == "clean" and st.version == version_name(v):
+                        _check_not_withdrawn(root, local, v)  # at the reload: a stage may be long past
                         t_reload = time.monotonic()
                         retried = self._reload(reload, local, v)
                         reload_s = time.monotonic() - t_reload

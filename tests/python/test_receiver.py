@@ -97,6 +97,16 @@ def test_stage_then_update_reloads_exactly_the_version(engine: Engine, series: l
     assert engine.receiver.state()["claim"] is None
 
 
+def test_a_version_withdrawn_after_its_stage_is_not_reloaded(engine: Engine, root: Path, series: list[Path]) -> None:
+    """What the reload depends on is checked at the reload: a withdrawal between the stage and the update."""
+    engine.receiver.stage(2)
+    assert wait_staged(engine.receiver)["state"] == "done"
+    hfdelta.withdraw(root / "weight_v000002", sync=False)
+    with pytest.raises(hfdelta.OutOfOrder, match="version 000002 was withdrawn from .* after .* pulled it"):
+        engine.receiver.update(2, engine.reload)
+    assert engine.reloads == [] and engine.weights == read_weights(str(series[0]))
+
+
 def test_update_without_stage_pulls_in_the_update(engine: Engine, series: list[Path]) -> None:
     report = engine.receiver.update("000003", engine.reload)
     assert not report["staged"] and report["applied_in_update"] == ["000001", "000002", "000003"]
