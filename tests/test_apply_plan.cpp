@@ -124,7 +124,7 @@ TEST_CASE("plan: a large sparse entry is cut into chunk ranges for several threa
   CHECK(p.units[0].bytes >= p.units[1].bytes);
   CHECK(p.units[1].bytes >= p.units[2].bytes);
   std::uint64_t covered = 0;
-  for (const Unit& u : p.units)
+  for (const PatchUnit& u : p.units)
     if (u.patch == p.split[0]) covered += u.bytes;
   CHECK(covered == b.nbytes);
 }

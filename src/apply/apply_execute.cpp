@@ -127,7 +127,7 @@ void stage_files(ExecuteContext& ctx) {
                [&](std::size_t k, std::size_t) { build_file(ctx, ctx.plan.builds[k], src); });
 }
 
-void run_unit(ExecuteContext& ctx, const Unit& u, JournalWriter& jw, std::vector<std::uint8_t>& buf, bool write) {
+void run_unit(ExecuteContext& ctx, const PatchUnit& u, JournalWriter& jw, std::vector<std::uint8_t>& buf, bool write) {
   const Patch& p = ctx.plan.patches[u.patch];
   File* out = write ? &ctx.files[p.local_shard] : nullptr;
   if (p.split)

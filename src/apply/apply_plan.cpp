@@ -328,7 +328,7 @@ void plan_units(ApplyPlan& plan, int threads) {
     for (const ChunkRange& r : ranges) plan.units.push_back({i, r.c0, r.c1, r.bytes});
   }
   std::stable_sort(plan.units.begin(), plan.units.end(),
-                   [](const Unit& a, const Unit& b) { return a.bytes > b.bytes; });
+                   [](const PatchUnit& a, const PatchUnit& b) { return a.bytes > b.bytes; });
 }
 
 }  // namespace

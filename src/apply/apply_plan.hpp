@@ -100,7 +100,7 @@ struct Build {
 };
 
 // A unit of parallel work: a whole entry, or chunks [c0, c1) of a split one.
-struct Unit {
+struct PatchUnit {
   std::size_t patch = 0;
   std::uint64_t c0 = 0, c1 = 0;
   std::uint64_t bytes = 0;  // for scheduling, largest first
@@ -116,7 +116,7 @@ struct ApplyPlan {
   std::vector<Patch> build_patches;  // entries of tensors of built files
   std::vector<Build> builds;
   std::vector<std::string> sources;  // LOCAL's weight files, which BuildTensor::src indexes
-  std::vector<Unit> units;           // `patches` cut into parallel work, largest first
+  std::vector<PatchUnit> units;           // `patches` cut into parallel work, largest first
   std::vector<std::size_t> split;    // patches cut into chunk ranges
   // Header rewrites in place, by file: (new name, old name) of each tensor
   // at the same range, for the checksum record.

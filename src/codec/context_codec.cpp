@@ -962,7 +962,7 @@ constexpr std::size_t kHandOut = 16 * 1024;
 static_assert(kBlock <= kHandOut, "a block's changes fit one hand-out");
 
 // Decompression contexts and buffers, per thread (reused from chunk to chunk).
-struct Scratch {
+struct ContextScratch {
   Decompressor dq, dm, dx;
   std::vector<std::uint8_t> q, m, x;
   std::vector<std::uint32_t> gaps;
@@ -970,8 +970,8 @@ struct Scratch {
   std::vector<std::uint64_t> offs;
   std::vector<std::uint8_t> vals, ctx;
   std::unique_ptr<Block> block;
-  static Scratch& get() {
-    thread_local Scratch s;
+  static ContextScratch& get() {
+    thread_local ContextScratch s;
     return s;
   }
 };
@@ -1006,7 +1006,7 @@ void check_padding(const EntryCursor& in, std::uint64_t ch, const std::uint8_t* 
   if (bits % 8 && (p[bits / 8] >> (bits % 8))) bad_chunk(in, ch, std::string("has nonzero padding after its ") + name);
 }
 
-Chunk take_chunk(EntryCursor& in, const Head& h, std::uint64_t ch, Scratch& s, bool decode) {
+Chunk take_chunk(EntryCursor& in, const Head& h, std::uint64_t ch, ContextScratch& s, bool decode) {
   Chunk c;
   c.index = ch;
   c.e0 = ch * kContextChunkElements, c.e1 = std::min(h.n, c.e0 + kContextChunkElements);
@@ -1144,7 +1144,7 @@ struct Walk {
   const Chunk& c;
   const Head& h;
   const std::string& what;
-  Scratch& s;
+  ContextScratch& s;
   const BaseView& base;
   const SparsePatch& patch;
 };
@@ -1163,7 +1163,7 @@ void check_walked(const Walk& w, const std::uint64_t* next) {
 template <std::size_t ES, int L, std::size_t NT>
 [[gnu::always_inline]] inline void walk_body(const Walk& w) {
   const Chunk& c = w.c;
-  Scratch& s = w.s;
+  ContextScratch& s = w.s;
   Block& b = *s.block;
   std::uint64_t rem[kContextMaxGroups], next[kContextMaxGroups], esc[kContextMaxGroups];
   for (std::size_t g = 0; g < c.G; ++g) {
@@ -1280,7 +1280,7 @@ void walk_base(const Walk& w) {
 template <std::size_t ES>
 void walk_reference(const Walk& w) {
   const Chunk& c = w.c;
-  Scratch& s = w.s;
+  ContextScratch& s = w.s;
   std::uint64_t rem[kContextMaxGroups], next[kContextMaxGroups], esc[kContextMaxGroups];
   for (std::size_t g = 0; g < c.G; ++g) {
     next[g] = c.start[g];
@@ -1320,7 +1320,7 @@ void walk_reference(const Walk& w) {
 bool g_reference_walk = false;  // a test's choice (context_reference_walk)
 
 template <std::size_t ES>
-void walk_chunk(const Chunk& c, const Head& h, const std::string& what, Scratch& s, const BaseView& base,
+void walk_chunk(const Chunk& c, const Head& h, const std::string& what, ContextScratch& s, const BaseView& base,
                 const SparsePatch& patch) {
   constexpr std::size_t kPiece = kContextWindow / ES;
   s.offs.resize(kHandOut);
@@ -1348,7 +1348,7 @@ void decode_context_chunks(std::span<const std::uint8_t> entry, std::uint64_t nb
                            const SparsePatch& patch) {
   EntryCursor in{entry, what, "context entry"};
   const Head h = take_head(in, nbytes);
-  Scratch& s = Scratch::get();
+  ContextScratch& s = ContextScratch::get();
   for (std::uint64_t ch = 0; ch < h.chunks; ++ch) {
     const bool mine = ch >= first && ch < last;
     const Chunk c = take_chunk(in, h, ch, s, mine);
@@ -1379,7 +1379,7 @@ void decode_context(std::span<const std::uint8_t> entry, std::uint64_t nbytes, c
 ContextSummary check_context(std::span<const std::uint8_t> entry, std::uint64_t nbytes, const std::string& what) {
   EntryCursor in{entry, what, "context entry"};
   const Head h = take_head(in, nbytes);
-  Scratch& s = Scratch::get();
+  ContextScratch& s = ContextScratch::get();
   ContextSummary r;
   r.chunks = h.chunks;
   r.elem_size = h.es;

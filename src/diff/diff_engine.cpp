@@ -20,13 +20,13 @@ namespace {
 
 // Bytes of each input read at a time by the chunk engine: small enough to
 // stay in the core's cache while they are hashed, compared and scanned.
-constexpr std::uint64_t kBlock = 256 * 1024;
+constexpr std::uint64_t kScanBlock = 256 * 1024;
 
 // A unit of parallel work: a whole tensor, or for a tensor large enough to
 // keep the other cores waiting, its hashes or one range of its chunks. A
 // tensor's checksum runs front to back on one core, so its new and base
 // bytes are hashed by two units (hash, hash_base).
-struct Unit {
+struct TensorUnit {
   enum class Kind { whole, hash, hash_base, range, fresh } kind;
   std::size_t work = 0, range = 0;
   std::uint64_t c0 = 0, c1 = 0;  // chunks
@@ -66,7 +66,7 @@ namespace {
 constexpr std::uint64_t kXorSample = 16, kXorWhole = 4;
 constexpr double kXorMargin = 1.5;
 
-bool sampled(const Work& w) { return w.nbytes > kXorWhole * kBlock; }
+bool sampled(const Work& w) { return w.nbytes > kXorWhole * kScanBlock; }
 
 // Compresses the XOR of blocks streamed in order into one xor frame (the
 // "auto" encoding's alternative), from blocks already in cache; or, for a
@@ -140,8 +140,8 @@ RangeOut scan_range(const Work& w, std::uint64_t c0, std::uint64_t c1, Worker& w
       wk.cenc.begin(w.es, w.field);
     else
       wk.enc.begin(w.es);
-    for (std::uint64_t at = cs; at < ce; at += kBlock) {
-      const std::size_t n = static_cast<std::size_t>(std::min(kBlock, ce - at));
+    for (std::uint64_t at = cs; at < ce; at += kScanBlock) {
+      const std::size_t n = static_cast<std::size_t>(std::min(kScanBlock, ce - at));
       const std::uint8_t* a = w.bsrc->read(wk.a.data(), n, w.boff + at);
       const std::uint8_t* b = w.nsrc->read(wk.b.data(), n, w.noff + at);
       if (hb) hb->update({a, n});
@@ -180,7 +180,7 @@ void ensure_worker(Worker& wk, std::size_t tid, const fs::path& tmp, int level, 
   if (wk.comp) return;
   wk.comp = std::make_unique<Compressor>(level);
   wk.spool.file = File(tmp / (".spool-" + std::to_string(tid)), File::Mode::create_exclusive);
-  wk.a.resize(kBlock), wk.b.resize(kBlock), wk.x.resize(kBlock);
+  wk.a.resize(kScanBlock), wk.b.resize(kScanBlock), wk.x.resize(kScanBlock);
   if (autochoice) {
     wk.xcomp = std::make_unique<Compressor>(level);
     wk.xspool.file = File(tmp / (".xspool-" + std::to_string(tid)), File::Mode::create_exclusive);
@@ -197,8 +197,8 @@ void encode_fresh(Work& w, Worker& wk, std::size_t tid) {
   w.encoding = Encoding::xor_bytes;
   w.frame = {static_cast<int>(tid), wk.spool.size, 0};
   wk.comp->begin(w.nbytes);
-  for (std::uint64_t at = 0; at < w.nbytes; at += kBlock) {
-    const std::size_t n = static_cast<std::size_t>(std::min(kBlock, w.nbytes - at));
+  for (std::uint64_t at = 0; at < w.nbytes; at += kScanBlock) {
+    const std::size_t n = static_cast<std::size_t>(std::min(kScanBlock, w.nbytes - at));
     const std::uint8_t* b = w.nsrc->read(wk.b.data(), n, w.noff + at);
     hn.update({b, n});
     if (!nonzero) nonzero = std::any_of(b, b + n, [](std::uint8_t c) { return c != 0; });
@@ -234,33 +234,33 @@ std::uint64_t head_size(const Work& w) { return w.encoding == Encoding::context 
 // share of the work is cut into ranges of chunks so that it does not keep
 // the other cores waiting; its hashes (which run front to back) become a
 // unit of their own.
-std::vector<Unit> chunk_units(std::span<Work* const> works, int threads) {
+std::vector<TensorUnit> chunk_units(std::span<Work* const> works, int threads) {
   std::uint64_t total = 0;
   for (const Work* w : works) total += w->nbytes;
-  std::vector<Unit> units;
+  std::vector<TensorUnit> units;
   for (std::size_t i = 0; i < works.size(); ++i) {
     Work& w = *works[i];
     if (w.fresh) {
-      units.push_back({Unit::Kind::fresh, i, 0, 0, 0, w.nbytes});
+      units.push_back({TensorUnit::Kind::fresh, i, 0, 0, 0, w.nbytes});
       continue;
     }
     const std::vector<ChunkRange> ranges =
         split_chunk_ranges(w.nbytes, w.chunks, kSparseChunkElements * w.es, total, threads);
     if (ranges.empty()) {
       w.ranges.resize(1);
-      units.push_back({Unit::Kind::whole, i, 0, 0, w.chunks, w.nbytes});
+      units.push_back({TensorUnit::Kind::whole, i, 0, 0, w.chunks, w.nbytes});
       continue;
     }
-    units.push_back({Unit::Kind::hash, i, 0, 0, 0, w.nbytes});
-    units.push_back({Unit::Kind::hash_base, i, 0, 0, 0, w.nbytes});
+    units.push_back({TensorUnit::Kind::hash, i, 0, 0, 0, w.nbytes});
+    units.push_back({TensorUnit::Kind::hash_base, i, 0, 0, 0, w.nbytes});
     w.range_c0.clear();
     for (const ChunkRange& r : ranges) {
       w.range_c0.push_back(r.c0);
-      units.push_back({Unit::Kind::range, i, w.ranges.size(), r.c0, r.c1, r.bytes});
+      units.push_back({TensorUnit::Kind::range, i, w.ranges.size(), r.c0, r.c1, r.bytes});
       w.ranges.emplace_back();
     }
   }
-  std::stable_sort(units.begin(), units.end(), [](const Unit& x, const Unit& y) { return x.bytes > y.bytes; });
+  std::stable_sort(units.begin(), units.end(), [](const TensorUnit& x, const TensorUnit& y) { return x.bytes > y.bytes; });
   return units;
 }
 
@@ -275,8 +275,8 @@ void hash_unit(Work& w, Worker& wk, XorStream* xs) {
   const std::uint64_t chunk_bytes = kSparseChunkElements * w.es;
   std::size_t r = 0;
   w.range_sum.assign(w.range_c0.size(), {});
-  for (std::uint64_t at = 0; at < w.nbytes; at += kBlock) {
-    const std::size_t n = static_cast<std::size_t>(std::min(kBlock, w.nbytes - at));
+  for (std::uint64_t at = 0; at < w.nbytes; at += kScanBlock) {
+    const std::size_t n = static_cast<std::size_t>(std::min(kScanBlock, w.nbytes - at));
     if (r + 1 < w.range_c0.size() && at == w.range_c0[r + 1] * chunk_bytes) w.range_sum[r++] = hr.digest(), hr.reset();
     const std::uint8_t* b = w.nsrc->read(wk.b.data(), n, w.noff + at);
     hn.update({b, n});
@@ -291,8 +291,8 @@ void hash_unit(Work& w, Worker& wk, XorStream* xs) {
 // A split tensor's base checksum, beside hash_unit's of its new bytes.
 void hash_base_unit(Work& w, Worker& wk) {
   Hasher hb;
-  for (std::uint64_t at = 0; at < w.nbytes; at += kBlock) {
-    const std::size_t n = static_cast<std::size_t>(std::min(kBlock, w.nbytes - at));
+  for (std::uint64_t at = 0; at < w.nbytes; at += kScanBlock) {
+    const std::size_t n = static_cast<std::size_t>(std::min(kScanBlock, w.nbytes - at));
     hb.update({w.bsrc->read(wk.a.data(), n, w.boff + at), n});
   }
   set_base_hash(w, hb.digest());
@@ -317,7 +317,7 @@ void keep_smaller(Work& w, RangeOut& r, Worker& wk, XorStream& xs) {
 }
 
 // A tensor in one unit: hashed, scanned and (with `xs`) decided in one pass.
-void scan_whole(Work& w, const Unit& unit, Worker& wk, std::size_t tid, XorStream* xs) {
+void scan_whole(Work& w, const TensorUnit& unit, Worker& wk, std::size_t tid, XorStream* xs) {
   Hasher hb, hn;
   RangeOut r = scan_range(w, unit.c0, unit.c1, wk, xs, &hb, &hn);
   set_base_hash(w, hb.digest());
@@ -328,19 +328,19 @@ void scan_whole(Work& w, const Unit& unit, Worker& wk, std::size_t tid, XorStrea
   w.ranges[0] = r;
 }
 
-void run_chunk_unit(const Unit& unit, Work& w, Worker& wk, std::size_t tid, bool autochoice) {
-  if (unit.kind == Unit::Kind::fresh) return encode_fresh(w, wk, tid);
+void run_chunk_unit(const TensorUnit& unit, Work& w, Worker& wk, std::size_t tid, bool autochoice) {
+  if (unit.kind == TensorUnit::Kind::fresh) return encode_fresh(w, wk, tid);
   // "auto" encodes xor too, in the same pass, and keeps the smaller entry
   // of every tensor: never larger than xor, at the cost of compressing the
   // XOR stream (mostly zeros, which zstd goes through fast).
   std::optional<XorStream> xs;
   // A split tensor (over kXorWhole blocks) is always sampled.
-  if (autochoice && (unit.kind == Unit::Kind::hash || unit.kind == Unit::Kind::whole))
-    xs.emplace(wk, static_cast<int>(tid), w.nbytes, unit.kind == Unit::Kind::hash || sampled(w));
+  if (autochoice && (unit.kind == TensorUnit::Kind::hash || unit.kind == TensorUnit::Kind::whole))
+    xs.emplace(wk, static_cast<int>(tid), w.nbytes, unit.kind == TensorUnit::Kind::hash || sampled(w));
   XorStream* x = xs ? &*xs : nullptr;
-  if (unit.kind == Unit::Kind::hash) return hash_unit(w, wk, x);
-  if (unit.kind == Unit::Kind::hash_base) return hash_base_unit(w, wk);
-  if (unit.kind == Unit::Kind::whole) return scan_whole(w, unit, wk, tid, x);
+  if (unit.kind == TensorUnit::Kind::hash) return hash_unit(w, wk, x);
+  if (unit.kind == TensorUnit::Kind::hash_base) return hash_base_unit(w, wk);
+  if (unit.kind == TensorUnit::Kind::whole) return scan_whole(w, unit, wk, tid, x);
   RangeOut r = scan_range(w, unit.c0, unit.c1, wk, nullptr, nullptr, nullptr);
   r.body.spool = static_cast<int>(tid);
   w.ranges[unit.range] = r;
@@ -384,8 +384,8 @@ void try_xor(Work& w, Worker& wk, std::size_t tid) {
   w.xor_estimate.reset();
   XorStream xs(wk, static_cast<int>(tid), w.nbytes, false);
   Hasher hb, hn;
-  for (std::uint64_t at = 0; at < w.nbytes; at += kBlock) {
-    const std::size_t n = static_cast<std::size_t>(std::min(kBlock, w.nbytes - at));
+  for (std::uint64_t at = 0; at < w.nbytes; at += kScanBlock) {
+    const std::size_t n = static_cast<std::size_t>(std::min(kScanBlock, w.nbytes - at));
     const std::uint8_t* a = w.bsrc->read(wk.a.data(), n, w.boff + at);
     const std::uint8_t* b = w.nsrc->read(wk.b.data(), n, w.noff + at);
     hb.update({a, n});
@@ -444,15 +444,15 @@ void Encoder::encode(std::span<Work* const> works) {
 void Encoder::chunk_pass(std::span<Work* const> works) {
   const bool autochoice = !encoding_;
   for (Work* w : works) w->encoding = chunked_;
-  const std::vector<Unit> units = chunk_units(works, threads_);
+  const std::vector<TensorUnit> units = chunk_units(works, threads_);
   parallel_for(units.size(), threads_, [&](std::size_t u, std::size_t tid) {
-    const Unit& unit = units[u];
+    const TensorUnit& unit = units[u];
     Work& w = *works[unit.work];
     Worker& wk = *workers_[tid];
     ensure_worker(wk, tid, tmp_, level_, autochoice);
     run_chunk_unit(unit, w, wk, tid, autochoice);
     // Each tensor's bytes count once: a split tensor's through its ranges.
-    if (unit.kind != Unit::Kind::hash && unit.kind != Unit::Kind::hash_base) progress::add(unit.bytes);
+    if (unit.kind != TensorUnit::Kind::hash && unit.kind != TensorUnit::Kind::hash_base) progress::add(unit.bytes);
   });
   sum_ranges(works, autochoice);
   std::vector<Work*> close;
@@ -522,8 +522,8 @@ void Encoder::encode_found(Work& w, std::span<const FoundChunk> chunks, std::spa
       fail(Exit::failure, "tensor '" + w.t->name + "': found chunk " + std::to_string(c) + " of " +
                               std::to_string(fc.elements) + " elements, not " + std::to_string((ce - cs) / w.es));
     std::uint64_t j = 0;
-    for (std::uint64_t at = cs; at < ce; at += kBlock) {
-      const std::size_t n = static_cast<std::size_t>(std::min(kBlock, ce - at));
+    for (std::uint64_t at = cs; at < ce; at += kScanBlock) {
+      const std::size_t n = static_cast<std::size_t>(std::min(kScanBlock, ce - at));
       const std::uint8_t* a = w.bsrc->read(wk.a.data(), n, w.boff + at);
       hb.update({a, n});
       std::uint8_t* b = wk.b.data();

@@ -40,7 +40,7 @@ namespace fs = boost::filesystem;
 namespace {
 
 // One delta of the chain, its entry files mapped.
-struct Link {
+struct MappedLink {
   fs::path dir;
   DeltaIndex idx;
   std::map<std::string, MappedFile> maps;  // delta file -> mapping
@@ -121,9 +121,9 @@ Kind kind_of(const Op& op, const std::string& what) {
 // A tensor-sized scratch buffer: a file in the output's temporary directory,
 // mapped shared, so memory does not grow with the tensor (the page cache
 // holds it, and writes it back under pressure).
-class Scratch {
+class ScratchFile {
  public:
-  Scratch(const fs::path& p, std::uint64_t n, std::uint8_t fill) : file_(p, File::Mode::create_exclusive), n_(n) {
+  ScratchFile(const fs::path& p, std::uint64_t n, std::uint8_t fill) : file_(p, File::Mode::create_exclusive), n_(n) {
     file_.reserve(n);  // a mapping of blocks never allocated dies of SIGBUS on a full disk
     if (n == 0) return;
     void* m = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, file_.fd(), 0);
@@ -131,15 +131,15 @@ class Scratch {
     p_ = static_cast<std::uint8_t*>(m);
     if (fill) std::memset(p_, fill, n);
   }
-  ~Scratch() {
+  ~ScratchFile() {
     if (p_) ::munmap(p_, n_);
     boost::system::error_code ec;
     const fs::path path = file_.path();
     file_.close();
     fs::remove(path, ec);
   }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
+  ScratchFile(const ScratchFile&) = delete;
+  ScratchFile& operator=(const ScratchFile&) = delete;
   std::span<std::uint8_t> bytes() { return {p_, static_cast<std::size_t>(n_)}; }
 
  private:
@@ -195,7 +195,7 @@ void lay_parts(const Op& op, std::span<std::uint8_t> buf, const fs::path& scratc
         fail(Exit::verify_failed, pw + ": gives its region checksum " + h.hex() + ", it records " + pr.hash.hex());
       continue;
     }
-    Scratch region(scratch, g.rows * row_bytes, 0);
+    ScratchFile region(scratch, g.rows * row_bytes, 0);
     for (std::uint64_t r = 0; r < g.rows; ++r) std::ranges::copy(row(r), region.bytes().begin() + r * row_bytes);
     lay(q, region.bytes(), scratch, pw);
     if (const Hash128 h = xxh3_128(region.bytes()); h != pr.hash)
@@ -310,7 +310,7 @@ bool compose(std::span<const Op> ops, bool from_zeros, std::uint64_t n, Piece& o
   if (from_zeros || k0 != Kind::set) {
     // From zeros: the tensor's bytes themselves. Otherwise the combined mask
     // or difference, laid over zeros.
-    Scratch a(a_path, n, 0);
+    ScratchFile a(a_path, n, 0);
     for (const Op& op : ops) lay(op, a.bytes(), path.string() + "-region", what);
     auto v = a.bytes();
     nothing = std::all_of(v.begin(), v.end(), [](std::uint8_t x) { return x == 0; });
@@ -327,7 +327,7 @@ bool compose(std::span<const Op> ops, bool from_zeros, std::uint64_t n, Piece& o
   } else {
     // Overwrites: laid over zeros and over 0xff, a byte is set where the two
     // agree. The second buffer becomes the "old" bytes that differ exactly there.
-    Scratch a(a_path, n, 0), b(b_path, n, 0xff);
+    ScratchFile a(a_path, n, 0), b(b_path, n, 0xff);
     for (const Op& op : ops)
       lay(op, a.bytes(), path.string() + "-region", what), lay(op, b.bytes(), path.string() + "-region", what);
     auto va = a.bytes();
@@ -358,7 +358,7 @@ bool compose(std::span<const Op> ops, bool from_zeros, std::uint64_t n, Piece& o
 // piece, and runs of different kinds are stacked, in order, since they do
 // not compose without the base bytes. Spool files are named `spool`-<run>.
 void compose_trace(const Trace& tr, std::uint64_t n, OutEntry& out, const fs::path& spool, int level,
-                   const std::vector<Link>& links) {
+                   const std::vector<MappedLink>& links) {
   const std::string what = "entries of '" + out.name + "' in " + links[tr.ops.front().link].dir.string() + " .. " +
                            links[tr.ops.back().link].dir.string();
   // What decides whether two entries compose, read once per entry (none
@@ -431,7 +431,7 @@ struct Left {
 struct SquashContext {
   const SquashOptions& opts;
   SquashSummary sum;
-  std::vector<Link> links;
+  std::vector<MappedLink> links;
   Traces traces;  // tensors something happened to, by current name
   std::map<std::string, FileState> files;
   std::map<std::string, std::pair<std::size_t, FileChange>> file_ops;  // path -> (link, last operation)
@@ -504,7 +504,7 @@ void open_links(SquashContext& ctx, const std::vector<fs::path>& chain) {
            "records adler32 checksums (checksum_format \"adler32\"), and --squash composes "
            "only xxh3-128 deltas; pull these versions one by one with delta-apply, or have the "
            "publisher write xxh3-128 (--update-weight-delta-checksum xxh3-128)");
-    Link l;
+    MappedLink l;
     l.dir = d;
     // Opened as delta-apply and --inspect open a delta: nothing is read
     // through a symlink, carried files and headers are what the index records.
@@ -524,7 +524,7 @@ void open_links(SquashContext& ctx, const std::vector<fs::path>& chain) {
 
 // A delta that changes the layout needs to know which weight file every
 // tensor patched so far is in.
-void check_files_known(const SquashContext& ctx, const Link& l) {
+void check_files_known(const SquashContext& ctx, const MappedLink& l) {
   if (!l.idx.structural()) return;
   for (const auto& [name, t] : ctx.traces)
     if (!t.file)
@@ -557,7 +557,7 @@ void trace_build_op(SquashContext& ctx, const ShardOp& so, const Traces& prev) {
   }
 }
 
-void trace_shard_op(SquashContext& ctx, const Link& l, const ShardOp& so, const Traces& prev) {
+void trace_shard_op(SquashContext& ctx, const MappedLink& l, const ShardOp& so, const Traces& prev) {
   const std::string what = (l.dir / kIndexFile).string() + ": hfdelta_shards \"" + so.file + "\"";
   std::erase_if(ctx.traces, [&](const auto& kv) { return kv.second.file == so.file; });
   auto [it, fresh] = ctx.files.try_emplace(so.file);
@@ -588,7 +588,7 @@ void trace_shard_op(SquashContext& ctx, const Link& l, const ShardOp& so, const 
 // (a stacked entry as its parts, in order).
 void trace_entry(SquashContext& ctx, std::size_t k, const std::string& file, const SafetensorsHeader& hdr,
                  const TensorInfo& ti, const Traces& prev) {
-  const Link& l = ctx.links[k];
+  const MappedLink& l = ctx.links[k];
   const std::string w = (l.dir / file).string();
   const Hash128 checksum = check_delta_entry(l.idx, file, hdr, ti, w).xxh3;
   Op op;
@@ -628,7 +628,7 @@ void trace_entry(SquashContext& ctx, std::size_t k, const std::string& file, con
 
 // What delta `k` of the chain does to each tensor and file.
 void trace_link(SquashContext& ctx, std::size_t k) {
-  const Link& l = ctx.links[k];
+  const MappedLink& l = ctx.links[k];
   check_files_known(ctx, l);
   const Traces prev = ctx.traces;
   for (const ShardOp& so : l.idx.shards) trace_shard_op(ctx, l, so, prev);
@@ -798,7 +798,7 @@ Hash128 read_hashed(const File& f, std::uint64_t offset, std::span<std::uint8_t>
 // order over a scratch copy (each checked against the checksum its delta
 // records), and the result encoded as one context entry against the base
 // bytes, as `delta-diff --encoding context` encodes it; none where the
-// result is the base bytes. Scratch and spool files are named `spool`-*.
+// result is the base bytes. ScratchFile and spool files are named `spool`-*.
 void compose_on_base(const SquashContext& ctx, const Trace& t, std::uint64_t len, OutEntry& e, const fs::path& spool) {
   const Checkpoint& ck = *ctx.base;
   const std::string& origin = *t.origin;
@@ -817,7 +817,7 @@ void compose_on_base(const SquashContext& ctx, const Trace& t, std::uint64_t len
     fail(Exit::verify_failed, w,
          "tensor '" + origin + "' has " + std::to_string(n) + " bytes, the chain's entries for '" + e.name +
              "' patch " + std::to_string(len) + "; " + not_base);
-  Scratch base(spool.string() + "-base", n, 0), cur(spool.string() + "-cur", n, 0);
+  ScratchFile base(spool.string() + "-base", n, 0), cur(spool.string() + "-cur", n, 0);
   const Hash128 h0 = read_hashed(File(w, File::Mode::read), shard.header.file_offset(info), base.bytes());
   const Op& first = t.ops.front();
   const std::string first_dir = ctx.links[first.link].dir.string();

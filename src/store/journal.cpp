@@ -25,7 +25,7 @@ namespace {
 
 constexpr std::uint8_t kTensor = 'T';
 constexpr std::uint8_t kEnd = 'E';
-constexpr std::size_t kWindow = 1 << 20;
+constexpr std::size_t kReplayWindow = 1 << 20;
 constexpr std::size_t kBatch = 64 * 1024;
 
 // Bytes of a decoded journal part, one at a time, over bounded pieces.
@@ -242,7 +242,7 @@ void write_scattered(File& f, std::span<const std::uint64_t> offs, std::span<con
   for (std::size_t k = 0; k < offs.size();) {
     const std::uint64_t start = offs[k];
     std::size_t last = k;
-    while (last + 1 < offs.size() && offs[last + 1] < start + kWindow) ++last;
+    while (last + 1 < offs.size() && offs[last + 1] < start + kReplayWindow) ++last;
     const std::size_t len = static_cast<std::size_t>(offs[last] - start + 1);
     window.resize(len);
     f.pread_exact(window.data(), len, start);
