@@ -84,5 +84,7 @@ std::optional<HostReport> read_host_report(const boost::filesystem::path& file);
 std::string iso_time(double unix_seconds);
 // Seconds since the epoch, now.
 double unix_now();
+// A version as reports and --json name it ("000012"), or null.
+nlohmann::json version_json(const std::optional<std::uint64_t>& v);
 
 }  // namespace hfdelta

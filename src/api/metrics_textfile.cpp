@@ -13,6 +13,7 @@
 
 #include "apply/apply_internal.hpp"
 #include "hfdelta/error.hpp"
+#include "hfdelta/host_report.hpp"
 #include "hfdelta/io.hpp"
 #include "hfdelta/report_json.hpp"
 #include "store/local_store.hpp"
@@ -53,8 +54,6 @@ template <class T>
 std::optional<std::string> opt_number(const std::optional<T>& v) {
   return v ? std::optional<std::string>(number(*v)) : std::nullopt;
 }
-
-double unix_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 // The version LOCAL holds after a failed run, read without the lock (the
 // state file is replaced whole, never written in place); none if unreadable.

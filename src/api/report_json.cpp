@@ -4,6 +4,7 @@
 
 #include <boost/filesystem/operations.hpp>
 
+#include "hfdelta/host_report.hpp"
 #include "hfdelta/version.hpp"
 
 namespace hfdelta {
@@ -11,8 +12,6 @@ namespace hfdelta {
 using json = nlohmann::json;
 
 namespace {
-
-json version_json(const std::optional<std::uint64_t>& v) { return v ? json(format_version(*v)) : json(); }
 
 // The state's exit code: 0 clean, else what the state says (ok: false).
 json state_outcome(Exit code) { return {{"ok", code == Exit::ok}, {"exit_code", static_cast<int>(code)}}; }

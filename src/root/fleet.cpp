@@ -188,8 +188,6 @@ FleetView fleet_view(const fs::path& root, const std::optional<fs::path>& report
 
 namespace {
 
-json version_json(const std::optional<std::uint64_t>& v) { return v ? json(format_version(*v)) : json(); }
-
 const char* status_name(Status s) {
   switch (s) {
     case Status::complete:

@@ -29,8 +29,6 @@ namespace {
 // A report is a few hundred bytes; an error message is its largest part.
 constexpr JsonLimits kReportJson{1u << 20, 1'000};
 
-json version_json(const std::optional<std::uint64_t>& v) { return v ? json(format_version(*v)) : json(); }
-
 std::string absolute_name(const fs::path& p) {
   boost::system::error_code ec;
   const fs::path a = fs::absolute(p, fs::current_path(ec));
@@ -38,6 +36,8 @@ std::string absolute_name(const fs::path& p) {
 }
 
 }  // namespace
+
+json version_json(const std::optional<std::uint64_t>& v) { return v ? json(format_version(*v)) : json(); }
 
 double unix_now() {
   using namespace std::chrono;

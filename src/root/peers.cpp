@@ -17,6 +17,8 @@
 
 namespace hfdelta {
 
+using json = nlohmann::json;
+
 namespace fs = boost::filesystem;
 
 namespace {
@@ -120,7 +122,6 @@ FollowResult pull_following(const fs::path& root, const fs::path& local, const f
 }
 
 nlohmann::json follow_json(const std::string& leader, const FollowResult& f) {
-  using json = nlohmann::json;
   return {{"host", leader},
           {"version", f.leader_version ? json(format_version(*f.leader_version)) : json()},
           {"pulled", f.pulled},
