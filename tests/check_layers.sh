@@ -4,14 +4,18 @@
 # never of a layer above, so the layers depend on each other without a
 # cycle. A public header (include/hfdelta/NAME.hpp) belongs to the layer of
 # src/*/NAME.cpp, or is listed in header_layer. A source file includes its
-# own header first. The front-ends (src/cli, python/src) include the
-# library through include/hfdelta only.
+# own header first. cuda/, the CUDA path, is the top layer (its own folder,
+# built only with nvcc), and it names its own headers without a folder. The
+# front-ends (src/cli, python/src) include the library through
+# include/hfdelta only, and their own folder's headers; python/src also the
+# CUDA path's publisher (cuda/device_publisher.hpp), which has no public
+# header: the package is its one user.
 #
 # usage: check_layers.sh [SOURCE_ROOT]   exit 1 naming each include that breaks a rule
 set -u
 cd "${1:-.}" || exit 2
 
-layers=(util format codec delta store diff apply root api)
+layers=(util format codec delta store diff apply root api cuda)
 declare -A may=(
   [util]=""                                            # errors, files, hashes, signals, progress, threads
   [format]="util"                                      # safetensors, checkpoints, version names, completion markers
@@ -22,6 +26,7 @@ declare -A may=(
   [apply]="util format codec delta store"              # delta-apply: plan, execute, init, pull, verify
   [root]="util format codec delta store diff apply"    # a root's operations: full versions, prune, squash, ...
   [api]="util format codec delta store diff apply root"  # what the front-ends share: --json, option rules
+  [cuda]="util format codec delta store diff apply root"  # the CUDA path: changes found on the GPU, its publisher
 )
 declare -A header_layer=([error]=util)  # public headers without a NAME.cpp
 
@@ -30,6 +35,9 @@ complain() {
   echo "check_layers: $*" >&2
   bad=1
 }
+
+# The folder of LAYER's files.
+layer_dir() { if [[ $1 == cuda ]]; then echo cuda; else echo "src/$1"; fi; }
 
 is_layer() {
   local l
@@ -40,7 +48,7 @@ is_layer() {
 # The layer holding internal header FILE (src/LAYER/FILE), if any.
 internal_layer() {
   local l
-  for l in "${layers[@]}"; do [[ -e src/$l/$1 ]] && echo "$l"; done
+  for l in "${layers[@]}"; do [[ -e $(layer_dir "$l")/$1 ]] && echo "$l"; done
 }
 
 # The layer of public header NAME (hfdelta/NAME.hpp).
@@ -75,8 +83,12 @@ check() {
         fi
         ;;
       *)
-        complain "$file: includes \"$inc\"; name a library header by its layer (\"LAYER/$inc\") or as \"hfdelta/...\""
-        continue
+        if [[ $layer == cuda && -e cuda/$inc ]]; then
+          target=cuda
+        else
+          complain "$file: includes \"$inc\"; name a library header by its layer (\"LAYER/$inc\") or as \"hfdelta/...\""
+          continue
+        fi
         ;;
     esac
     [[ $target == "$layer" || " ${may[$layer]} " == *" $target "* ]] ||
@@ -86,24 +98,26 @@ check() {
 
 for dir in src/*/; do
   layer=$(basename "$dir")
-  [[ $layer == cli ]] || is_layer "$layer" || complain "src/$layer/: not a layer (${layers[*]})"
+  [[ $layer == cli || $layer == cuda ]] || is_layer "$layer" || complain "src/$layer/: not a layer (${layers[*]})"
 done
 for file in src/*.cpp src/*.hpp; do
   [[ -e $file ]] && complain "$file: directly in src/; put it in the folder of its layer"
 done
 
 for layer in "${layers[@]}"; do
-  for file in src/"$layer"/*.cpp src/"$layer"/*.hpp; do
+  dir=$(layer_dir "$layer")
+  for file in "$dir"/*.cpp "$dir"/*.hpp "$dir"/*.cu; do
     [[ -e $file ]] && check "$file" "$layer"
   done
   # A source file includes its own header first, so that the header is
   # seen to stand on its own.
-  for file in src/"$layer"/*.cpp; do
+  for file in "$dir"/*.cpp; do
     [[ -e $file ]] || continue
     name=$(basename "$file" .cpp)
     own=
     [[ -e include/hfdelta/$name.hpp ]] && own=hfdelta/$name.hpp
-    [[ -e src/$layer/$name.hpp ]] && own=$layer/$name.hpp
+    [[ -e $dir/$name.hpp ]] && own=$layer/$name.hpp
+    [[ $layer == cuda && -e $dir/$name.hpp ]] && own=$name.hpp
     first=$(grep -m1 -E '^[[:space:]]*#[[:space:]]*include' "$file")
     [[ -z $own || $first == *"\"$own\""* ]] || complain "$file: includes $own after $first; its own header comes first"
   done
@@ -117,15 +131,17 @@ for file in include/hfdelta/*.hpp; do
   check "$file" "$layer"
 done
 
-# The front-ends: no header of the library's own.
+# The front-ends: public headers, their own folder's, and for python/src the
+# CUDA path's publisher.
 for file in src/cli/*.cpp src/cli/*.hpp python/src/*.cpp python/src/*.hpp; do
   [[ -e $file ]] || continue
   while IFS= read -r line; do
     inc=${line#*\"}
     inc=${inc%%\"*}
-    if { [[ $inc == */* ]] && is_layer "${inc%%/*}"; } || [[ -n $(internal_layer "$inc") ]]; then
-      complain "$file: includes \"$inc\", the library's own; a front-end takes the library through include/hfdelta"
-    fi
+    [[ $inc == hfdelta/*.hpp && -e include/$inc ]] && continue
+    [[ $inc != */* && -e $(dirname "$file")/$inc ]] && continue
+    [[ $file == python/src/* && $inc == device_publisher.hpp ]] && continue
+    complain "$file: includes \"$inc\", not a public header nor one of its folder; a front-end takes the library through include/hfdelta"
   done < <(grep -E '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$file")
 done
 
