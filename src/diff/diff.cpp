@@ -247,18 +247,19 @@ Checkpoint open_input(const fs::path& dir, const char* role) {
   return c;
 }
 
-// One delta-diff: its inputs and what the passes make of them.
+// One delta-diff: its inputs and what the passes make of them. Members but
+// the options start empty ({}), so a context is made by naming its inputs.
 struct DiffContext {
   const DiffOptions& opts;
-  Checkpoint base, target;
-  DiffSummary sum;
-  std::vector<FileChange> files;  // non-weight files
-  std::vector<File> base_files, new_files;
-  std::vector<MappedFile> base_maps, new_maps;  // the whole-tensor encodings only
-  std::vector<Source> base_srcs, new_srcs;
-  std::vector<Work> works;
-  std::vector<ShardOp> shard_ops;
-  std::unique_ptr<Encoder> encoder;
+  Checkpoint base{}, target{};
+  DiffSummary sum{};
+  std::vector<FileChange> files{};  // non-weight files
+  std::vector<File> base_files{}, new_files{};
+  std::vector<MappedFile> base_maps{}, new_maps{};  // the whole-tensor encodings only
+  std::vector<Source> base_srcs{}, new_srcs{};
+  std::vector<Work> works{};
+  std::vector<ShardOp> shard_ops{};
+  std::unique_ptr<Encoder> encoder{};
 };
 
 // Non-weight files: whatever differs travels whole, whatever vanished is removed.
@@ -435,8 +436,7 @@ DiffSummary diff_checkpoints(const fs::path& base_dir, const fs::path& new_dir, 
   PublishExpectation expect;
   if (!opts.root.empty() && opts.root_checks) expect = {opts.root, opts.version, opts.base_version};
   check_publishable(expect, false);
-  DiffContext ctx{
-      opts, open_input(base_dir, "BASE"), open_input(new_dir, "NEW"), {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};
+  DiffContext ctx{.opts = opts, .base = open_input(base_dir, "BASE"), .target = open_input(new_dir, "NEW")};
   ctx.sum.version = opts.version;
   ctx.sum.base_version = opts.base_version;
   ctx.files = file_changes(ctx.base, ctx.target);

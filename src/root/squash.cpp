@@ -430,17 +430,17 @@ struct Left {
 // along it, and OUT as it is made.
 struct SquashContext {
   const SquashOptions& opts;
-  SquashSummary sum;
-  std::vector<MappedLink> links;
-  Traces traces;  // tensors something happened to, by current name
-  std::map<std::string, FileState> files;
-  std::map<std::string, std::pair<std::size_t, FileChange>> file_ops;  // path -> (link, last operation)
-  DeltaIndex idx;
-  std::map<std::string, std::vector<std::pair<std::string, std::uint64_t>>> built;  // file -> tensors
-  std::vector<OutEntry> entries;
-  std::vector<const Trace*> of;      // entries[i]'s trace
-  std::optional<Checkpoint> base;    // SquashOptions::base, opened
-  std::map<std::string, Left> left;  // check_connects: what the links so far leave
+  SquashSummary sum{};
+  std::vector<MappedLink> links{};
+  Traces traces{};  // tensors something happened to, by current name
+  std::map<std::string, FileState> files{};
+  std::map<std::string, std::pair<std::size_t, FileChange>> file_ops{};  // path -> (link, last operation)
+  DeltaIndex idx{};
+  std::map<std::string, std::vector<std::pair<std::string, std::uint64_t>>> built{};  // file -> tensors
+  std::vector<OutEntry> entries{};
+  std::vector<const Trace*> of{};      // entries[i]'s trace
+  std::optional<Checkpoint> base{};    // SquashOptions::base, opened
+  std::map<std::string, Left> left{};  // check_connects: what the links so far leave
 };
 
 // A tensor's trace so far: untouched ones come from the first base's tensor of that name.
@@ -1003,7 +1003,7 @@ SquashSummary squash_deltas(const std::vector<fs::path>& chain, const fs::path& 
   const fs::path out = fs::absolute(out_arg);
   check_delta_out(out);
   if (chain.size() < 2) fail(Exit::usage, "--squash needs at least two deltas");
-  SquashContext ctx{opts, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};
+  SquashContext ctx{.opts = opts};
   open_links(ctx, chain);
   if (opts.base) ctx.base = open_base(*opts.base);
   for (std::size_t k = 0; k < ctx.links.size(); ++k) trace_link(ctx, k);
