@@ -15,8 +15,8 @@ builddir=${HFDELTA_BUILDDIR:-build}
 t_demo=$SECONDS
 
 cat <<EOF
-hfdelta demo. The first time it takes about 4 minutes on an idle 2-core machine, nearly
-all of it compiling (about 450 s of CPU: less with more cores, more on a busy machine);
+hfdelta demo. The first time it takes about 2 minutes on an idle 2-core machine, nearly
+all of it compiling (about 190 s of CPU: less with more cores, more on a busy machine);
 seconds once built:
   1. the Debian packages it needs, if missing (scripts/setup.sh, as root or through sudo)
   2. building delta-diff, delta-apply and the save generator hfdelta-gen in $builddir/
