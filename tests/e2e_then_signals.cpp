@@ -153,7 +153,7 @@ TEST_CASE("then-signals: SIGTERM during --then reaches the command's trap; exit 
   Setup s;
   // The trap takes a while (a resume request): delta-apply waits for it.
   const std::string resumed = sh_quote(s.mark("resumed").string());
-  Run r(s, {"--json", "--root", s.root.string(), "--report", s.reports.string(), "--host", "h1", "--then",
+  Run r(s, {"--json", "--root", s.root.string(), "--report-to", s.reports.string(), "--host", "h1", "--then",
             hook_file(s, "trap 'sleep 0.5; echo resumed > " + resumed + "; exit 143' TERM"), s.local.string()});
   const int code = r.stop(SIGTERM);
   INFO(r.output());
