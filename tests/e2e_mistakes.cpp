@@ -329,8 +329,8 @@ TEST_CASE(
   SUBCASE("--root with nothing published yet (exit 0)") {
     args = {"--root", empty_root.string(), S}, code = 0, mention = "";
   }
-  SUBCASE("--root --report") { args = {"--root", R, "--report-to", reports.string(), "--host", "h", S}; }
-  SUBCASE("--root --report --follow") {
+  SUBCASE("--root --report-to") { args = {"--root", R, "--report-to", reports.string(), "--host", "h", S}; }
+  SUBCASE("--root --report-to --follow") {
     args = {"--root", R, "--report-to", reports.string(), "--host", "h", "--follow", "leader", S};
   }
   SUBCASE("--root --then") { args = {"--root", R, "--then", "true", S}; }

@@ -4,7 +4,7 @@
 // child, here a `sleep` in the foreground as curl would be, stops too), waits
 // for it up to --stop-grace, kills the group after that, and exits 128 + N
 // saying what it left: LOCAL at the new version, applied and committed, the
-// reload interrupted, and how the command ended (in --json and --report too).
+// reload interrupted, and how the command ended (in --json and --report-to too).
 // No bound on any time: a run that does not end is killed after a minute and
 // fails the test (without the signal passed on it would sleep 600 s).
 #include <doctest/doctest.h>
