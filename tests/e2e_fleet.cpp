@@ -3,7 +3,7 @@
 // a stale BASE, a mirror altered, a tensor written while it is read); a
 // pull keeps every version it could apply and takes a full version where the
 // deltas cannot be taken; a bad version is withdrawn; a version cut short
-// says what stands behind it. The fleet view (--fleet ROOT --reports DIR)
+// says what stands behind it. The fleet view (delta-fleet --reports DIR ROOT)
 // shows every entry named like a report, whatever it is, and a host whose
 // clock runs ahead.
 #include <doctest/doctest.h>
@@ -386,12 +386,13 @@ struct Reports {
     local = t / "good";
     require_init(save_dir(series, 0), local);
     E2E_REQUIRE_CODE(
-        apply({"-q", "--root", root.string(), "--report", reports.string(), "--host", "good", local.string()}), 0);
+        apply({"-q", "--root", root.string(), "--report-to", reports.string(), "--host", "good", local.string()}), 0);
   }
   RunResult fleet(const std::vector<std::string>& extra) const {
-    std::vector<std::string> args{"--fleet", root.string(), "--reports", reports.string()};
+    std::vector<std::string> args{"--reports", reports.string()};
     args.insert(args.end(), extra.begin(), extra.end());
-    return apply(args);
+    args.push_back(root.string());
+    return delta_fleet(args);
   }
 };
 
@@ -467,26 +468,26 @@ TEST_CASE(
 TEST_CASE("fleet: a peer's report that is a FIFO is a peer not ready, not a wait for a writer (exit 15)") {
   Reports f;
   REQUIRE(::mkfifo((f.reports / "fifo.json").c_str(), 0644) == 0);
-  const RunResult r = apply({"--root", f.root.string(), "--report", f.reports.string(), "--host", "good", "--peers",
+  const RunResult r = apply({"--root", f.root.string(), "--report-to", f.reports.string(), "--host", "good", "--peers",
                              "fifo", "--peer-timeout", "0.2", "--then", "true", f.local.string()});
   E2E_CHECK_CODE(r, 15);
   CHECK_ERR_MENTIONS(r, "not a regular file: a FIFO");
 }
 
-TEST_CASE("fleet: --fleet --reports DIR that is ROOT, lies inside it or contains it: exit 3, as --report") {
+TEST_CASE("fleet: delta-fleet --reports DIR that is ROOT, lies inside it or contains it: exit 3, as --report-to") {
   Reports f;
   fs::create_directories(f.root / "hosts");
   for (const fs::path& dir : {f.root, f.root / "hosts", f.t.path()}) {
     CAPTURE(dir);
-    RunResult r = apply({"--fleet", f.root.string(), "--reports", dir.string()});
+    RunResult r = delta_fleet({"--reports", dir.string(), f.root.string()});
     E2E_CHECK_CODE(r, 3);
     CHECK_ERR_MENTIONS(r, "publication root " + f.root.string());
     CHECK_ERR_MENTIONS(r, "--reports");
     CHECK(r.out.empty());
-    r = apply({"--root", f.root.string(), "--report", dir.string(), "--host", "good", f.local.string()});
+    r = apply({"--root", f.root.string(), "--report-to", dir.string(), "--host", "good", f.local.string()});
     E2E_CHECK_CODE(r, 3);
     CHECK_ERR_MENTIONS(r, "publication root " + f.root.string());
-    CHECK_ERR_MENTIONS(r, "--report");
+    CHECK_ERR_MENTIONS(r, "--report-to");
   }
   CHECK(list_names(f.root / "hosts").empty());
   CHECK(list_names(f.t.path()) == std::vector<std::string>{"good", "reports", "root", "series"});

@@ -1,5 +1,5 @@
-// End-to-end: hosts report what they hold (--report DIR), the fleet view
-// reads a root and the reports (--fleet), and an engine across hosts
+// End-to-end: hosts report what they hold (--report-to DIR), the fleet view
+// reads a root and the reports (delta-fleet), and an engine across hosts
 // reloads only once every node holds the version (--peers, --follow): the
 // real binaries, each "host" a LOCAL of its own with its own runs.
 #include <doctest/doctest.h>
@@ -58,7 +58,7 @@ std::map<std::string, std::string> root_state(const fs::path& root) {
 
 }  // namespace
 
-TEST_CASE("hosts: --report writes DIR/NAME.json after every pull, success or failure; never into ROOT") {
+TEST_CASE("hosts: --report-to writes DIR/NAME.json after every pull, success or failure; never into ROOT") {
   TempDir t;
   const fs::path s = gen_series(t / "series", 3);
   const fs::path root = root_of(t, s, 2);
@@ -66,7 +66,7 @@ TEST_CASE("hosts: --report writes DIR/NAME.json after every pull, success or fai
   fs::create_directories(reports);
   const fs::path local = host_at_zero(t, s, "a");
   const auto with_report = [&](std::vector<std::string> extra) {
-    std::vector<std::string> args{"--root", root.string(), "--report", reports.string()};
+    std::vector<std::string> args{"--root", root.string(), "--report-to", reports.string()};
     args.insert(args.end(), extra.begin(), extra.end());
     args.push_back(local.string());
     return apply(args);
@@ -109,7 +109,7 @@ TEST_CASE("hosts: --report writes DIR/NAME.json after every pull, success or fai
     E2E_REQUIRE_CODE(diff({"-q", save_dir(s, 2).string(), save_dir(s, 3).string(), root.string()}), 0);
     const auto before = root_state(root);
     for (const fs::path& dir : {root / "reports", root}) {
-      const RunResult r = apply({"--root", root.string(), "--report", dir.string(), local.string()});
+      const RunResult r = apply({"--root", root.string(), "--report-to", dir.string(), local.string()});
       E2E_CHECK_CODE(r, 3);
       CHECK_ERR_MENTIONS(r, "publication root");
     }
@@ -118,7 +118,7 @@ TEST_CASE("hosts: --report writes DIR/NAME.json after every pull, success or fai
   }
   SUBCASE("a DIR that does not exist is a usage error (exit 2), LOCAL not pulled") {
     E2E_REQUIRE_CODE(diff({"-q", save_dir(s, 2).string(), save_dir(s, 3).string(), root.string()}), 0);
-    const RunResult r = apply({"--root", root.string(), "--report", (t / "nope").string(), local.string()});
+    const RunResult r = apply({"--root", root.string(), "--report-to", (t / "nope").string(), local.string()});
     E2E_CHECK_CODE(r, 2);
     CHECK_ERR_MENTIONS(r, "mkdir -p");
     CHECK(state_version(local) == "000002");
@@ -128,14 +128,23 @@ TEST_CASE("hosts: --report writes DIR/NAME.json after every pull, success or fai
     E2E_CHECK_CODE(with_report({"--host", ".hidden"}), 2);
   }
   SUBCASE("the options it needs") {
-    E2E_CHECK_CODE(apply({"--report", reports.string(), "--status", local.string()}), 2);
+    E2E_CHECK_CODE(apply({"--report-to", reports.string(), "--status", local.string()}), 2);
     E2E_CHECK_CODE(with_report({"--peers", "b"}), 2);                                      // --peers needs --then
     E2E_CHECK_CODE(with_report({"--follow", "b", "--then", "true"}), 2);                   // a follower reloads nothing
-    E2E_CHECK_CODE(apply({"--root", root.string(), "--follow", "b", local.string()}), 2);  // --follow needs --report
+    E2E_CHECK_CODE(apply({"--root", root.string(), "--follow", "b", local.string()}), 2);  // --follow needs --report-to
+  }
+  SUBCASE("the names of earlier releases are refused, naming what replaced them") {
+    RunResult r = with_report({"--report", reports.string()});
+    E2E_CHECK_CODE(r, 2);
+    CHECK(r.err.find("--report-to DIR") != std::string::npos);
+    r = apply({"--fleet", root.string()});
+    E2E_CHECK_CODE(r, 2);
+    CHECK(r.err.find("delta-fleet") != std::string::npos);
+    CHECK(r.out.empty());
   }
 }
 
-TEST_CASE("hosts: --fleet shows every version of ROOT and each host's report, reading only; --fail-* exit 16") {
+TEST_CASE("hosts: delta-fleet shows every version of ROOT and each host's report, reading only; --fail-* exit 16") {
   TempDir t;
   const fs::path s = gen_series(t / "series", 6);
   const fs::path root = t / "root";
@@ -170,17 +179,18 @@ TEST_CASE("hosts: --fleet shows every version of ROOT and each host's report, re
   fs::create_directories(reports);
   const fs::path up = host_at_zero(t, s, "up"), low = host_at_zero(t, s, "low");
   // `up` stops below the version still uploading, at 3; `low` is held at 1.
-  E2E_REQUIRE_CODE(apply({"-q", "--root", root.string(), "--report", reports.string(), "--host", "up", up.string()}),
+  E2E_REQUIRE_CODE(apply({"-q", "--root", root.string(), "--report-to", reports.string(), "--host", "up", up.string()}),
                    0);
-  E2E_REQUIRE_CODE(apply({"-q", "--root", root.string(), "--target", "1", "--report", reports.string(), "--host", "low",
-                          low.string()}),
+  E2E_REQUIRE_CODE(apply({"-q", "--root", root.string(), "--target", "1", "--report-to", reports.string(), "--host",
+                          "low", low.string()}),
                    0);
   write_file(reports / "bad.json", "{not json");
   auto before = root_state(root);
   const auto fleet = [&](std::vector<std::string> extra) {
-    std::vector<std::string> args{"--fleet", root.string(), "--reports", reports.string()};
+    std::vector<std::string> args{"--reports", reports.string()};
     args.insert(args.end(), extra.begin(), extra.end());
-    return apply(args);
+    args.push_back(root.string());
+    return delta_fleet(args);
   };
 
   RunResult r = fleet({"--json"});
@@ -260,10 +270,10 @@ TEST_CASE("hosts: --fleet shows every version of ROOT and each host's report, re
     CHECK(r.out.empty());
   }
   SUBCASE("without --reports: the versions only; the thresholds need --reports") {
-    r = apply({"--fleet", root.string(), "--json"});
+    r = delta_fleet({root.string(), "--json"});
     E2E_CHECK_CODE(r, 0);
     CHECK(parse_json(r.out)["hosts"].empty());
-    E2E_CHECK_CODE(apply({"--fleet", root.string(), "--fail-behind", "1"}), 2);
+    E2E_CHECK_CODE(delta_fleet({root.string(), "--fail-behind", "1"}), 2);
   }
   SUBCASE("--require-marker: a version without a marker is still uploading") {
     fs::remove(version_dir(root, 6) / "hfdelta_complete.json");
@@ -276,12 +286,13 @@ TEST_CASE("hosts: --fleet shows every version of ROOT and each host's report, re
     CHECK(j["newest_complete"] == "000003");
   }
   SUBCASE("usage: a ROOT or DIR that does not exist, a LOCAL given too") {
-    E2E_CHECK_CODE(apply({"--fleet", (t / "nope").string()}), 2);
-    E2E_CHECK_CODE(apply({"--fleet", root.string(), "--reports", (t / "nope").string()}), 2);
-    E2E_CHECK_CODE(apply({"--fleet", root.string(), up.string()}), 2);
-    E2E_CHECK_CODE(apply({"--fleet", up.string()}), 3);  // a LOCAL is no root
+    E2E_CHECK_CODE(delta_fleet({(t / "nope").string()}), 2);
+    E2E_CHECK_CODE(delta_fleet({root.string(), "--reports", (t / "nope").string()}), 2);
+    E2E_CHECK_CODE(delta_fleet({root.string(), up.string()}), 2);
+    E2E_CHECK_CODE(delta_fleet({}), 2);             // no ROOT
+    E2E_CHECK_CODE(delta_fleet({up.string()}), 3);  // a LOCAL is no root
   }
-  CHECK(root_state(root) == before);  // --fleet wrote nothing into ROOT
+  CHECK(root_state(root) == before);  // delta-fleet wrote nothing into ROOT
 }
 
 namespace {
@@ -314,7 +325,7 @@ struct Engine {
   }
   // The trigger, in the background.
   std::unique_ptr<Background> trigger(const std::string& timeout, bool json = false) {
-    std::vector<std::string> args{"--root",         root.string(), "--report",
+    std::vector<std::string> args{"--root",         root.string(), "--report-to",
                                   reports.string(), "--host",      "n1",
                                   "--peers",        "n2,n3",       "--peer-timeout",
                                   timeout,          "--then",      "sh " + sh_quote((t / "reload.sh").string()),
@@ -324,7 +335,7 @@ struct Engine {
   }
   // A follower's pull, in the foreground.
   json follow(const fs::path& local, const std::string& name) {
-    const RunResult r = apply({"--json", "--root", root.string(), "--report", reports.string(), "--host", name,
+    const RunResult r = apply({"--json", "--root", root.string(), "--report-to", reports.string(), "--host", name,
                                "--follow", "n1", local.string()});
     E2E_REQUIRE_CODE(r, 0);
     return parse_json(r.out);

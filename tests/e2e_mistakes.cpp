@@ -316,7 +316,8 @@ TEST_CASE(
   fs::create_directories(reports);
   // A leader of an engine across hosts, at version 1, reporting into DIR.
   E2E_REQUIRE_CODE(
-      apply({"-q", "--root", s.root.string(), "--report", reports.string(), "--host", "leader", s.local.string()}), 0);
+      apply({"-q", "--root", s.root.string(), "--report-to", reports.string(), "--host", "leader", s.local.string()}),
+      0);
 
   std::vector<std::string> args;
   int code = 4;
@@ -328,9 +329,9 @@ TEST_CASE(
   SUBCASE("--root with nothing published yet (exit 0)") {
     args = {"--root", empty_root.string(), S}, code = 0, mention = "";
   }
-  SUBCASE("--root --report") { args = {"--root", R, "--report", reports.string(), "--host", "h", S}; }
-  SUBCASE("--root --report --follow") {
-    args = {"--root", R, "--report", reports.string(), "--host", "h", "--follow", "leader", S};
+  SUBCASE("--root --report-to") { args = {"--root", R, "--report-to", reports.string(), "--host", "h", S}; }
+  SUBCASE("--root --report-to --follow") {
+    args = {"--root", R, "--report-to", reports.string(), "--host", "h", "--follow", "leader", S};
   }
   SUBCASE("--root --then") { args = {"--root", R, "--then", "true", S}; }
   SUBCASE("--root --metrics") { args = {"--root", R, "--metrics", (s.t / "pull.prom").string(), S}; }
@@ -689,4 +690,29 @@ TEST_CASE("mistakes: delta-apply --root takes ROOT after other options too") {
   const RunResult missing = apply({"--root", "--json", s.local.string()});
   E2E_CHECK_CODE(missing, 2);
   CHECK_ERR_MENTIONS(missing, "--root ROOT LOCAL");
+}
+
+TEST_CASE("mistakes: an option of another form is refused (exit 2), naming the forms that take it and this one") {
+  TempDir t;
+  const std::string local = (t / "local").string(), root = (t / "root").string();
+  struct Case {
+    RunResult r;
+    std::string takes, not_this;
+  };
+  const std::vector<Case> cases{
+      {apply({"--status", "--target", "1", local}), "delta-apply --root ROOT LOCAL", "delta-apply --status LOCAL"},
+      {apply({"--recover", "--then", "true", local}), "delta-apply DELTA LOCAL", "delta-apply --recover LOCAL"},
+      {diff({"--prune", root, "--level", "3"}), "delta-diff BASE NEW OUT", "delta-diff --prune ROOT"},
+      {diff({"--squash-base", root, "a", "b", "c"}), "delta-diff --squash FIRST LAST OUT", "delta-diff BASE NEW OUT"},
+  };
+  for (const Case& c : cases) {
+    E2E_CHECK_CODE(c.r, 2);
+    CHECK_ERR_MENTIONS(c.r, "only " + c.takes);
+    CHECK_ERR_MENTIONS(c.r, "not " + c.not_this);
+  }
+  // --help's usage line of each form lists exactly what the form takes.
+  const RunResult help = apply({"--help"});
+  CHECK(help.out.find("  delta-apply --status [OPTIONS] LOCAL\n") != std::string::npos);
+  CHECK(help.out.find("  delta-apply --init [--init-version N] [--force] [--then CMD] [--metrics FILE] [OPTIONS] SRC "
+                      "LOCAL\n") != std::string::npos);
 }

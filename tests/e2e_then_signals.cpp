@@ -4,7 +4,7 @@
 // child, here a `sleep` in the foreground as curl would be, stops too), waits
 // for it up to --stop-grace, kills the group after that, and exits 128 + N
 // saying what it left: LOCAL at the new version, applied and committed, the
-// reload interrupted, and how the command ended (in --json and --report too).
+// reload interrupted, and how the command ended (in --json and --report-to too).
 // No bound on any time: a run that does not end is killed after a minute and
 // fails the test (without the signal passed on it would sleep 600 s).
 #include <doctest/doctest.h>
@@ -153,7 +153,7 @@ TEST_CASE("then-signals: SIGTERM during --then reaches the command's trap; exit 
   Setup s;
   // The trap takes a while (a resume request): delta-apply waits for it.
   const std::string resumed = sh_quote(s.mark("resumed").string());
-  Run r(s, {"--json", "--root", s.root.string(), "--report", s.reports.string(), "--host", "h1", "--then",
+  Run r(s, {"--json", "--root", s.root.string(), "--report-to", s.reports.string(), "--host", "h1", "--then",
             hook_file(s, "trap 'sleep 0.5; echo resumed > " + resumed + "; exit 143' TERM"), s.local.string()});
   const int code = r.stop(SIGTERM);
   INFO(r.output());

@@ -211,6 +211,7 @@ static std::string cli_bin(const char* name, const char* var) {
 }
 std::string diff_bin() { return cli_bin("delta-diff", "HFDELTA_DIFF"); }
 std::string apply_bin() { return cli_bin("delta-apply", "HFDELTA_APPLY"); }
+std::string fleet_bin() { return cli_bin("delta-fleet", "HFDELTA_FLEET"); }
 std::string gen_bin() { return env_or_throw("HFDELTA_GEN"); }
 std::string bench_bin() { return env_or_throw("HFDELTA_BENCH"); }
 
@@ -222,6 +223,12 @@ RunResult diff(const std::vector<std::string>& args) {
 
 RunResult apply(const std::vector<std::string>& args) {
   std::vector<std::string> v{apply_bin()};
+  v.insert(v.end(), args.begin(), args.end());
+  return run(v);
+}
+
+RunResult delta_fleet(const std::vector<std::string>& args) {
+  std::vector<std::string> v{fleet_bin()};
   v.insert(v.end(), args.begin(), args.end());
   return run(v);
 }

@@ -82,16 +82,18 @@ Signalled signal_at_step(const std::vector<std::string>& argv, long step, int si
 // `at_stop` runs (a second actor changes what ARGV checked), then continued.
 Signalled hold_at_step(const std::vector<std::string>& argv, long step, const std::function<void()>& at_stop);
 
-// Paths of the binaries, from HFDELTA_DIFF / HFDELTA_APPLY / HFDELTA_GEN /
-// HFDELTA_BENCH. Throws std::runtime_error naming the variable when unset.
+// Paths of the binaries, from HFDELTA_DIFF / HFDELTA_APPLY / HFDELTA_FLEET /
+// HFDELTA_GEN / HFDELTA_BENCH. Throws std::runtime_error naming the variable when unset.
 std::string diff_bin();
 std::string apply_bin();
+std::string fleet_bin();
 std::string gen_bin();
 std::string bench_bin();
 
-// delta-diff ARGS..., delta-apply ARGS... (argv[0] added).
+// delta-diff ARGS..., delta-apply ARGS..., delta-fleet ARGS... (argv[0] added).
 RunResult diff(const std::vector<std::string>& args);
 RunResult apply(const std::vector<std::string>& args);
+RunResult delta_fleet(const std::vector<std::string>& args);
 // delta-apply --json --root ROOT [EXTRA...] LOCAL, required to succeed; its
 // JSON result. Creates LOCAL first if it does not exist, as a new host would.
 json pull(const fs::path& root, const fs::path& local, const std::vector<std::string>& extra = {});

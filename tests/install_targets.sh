@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's install-only build (meson setup -Dtests=disabled) builds only
-# what `meson install` installs: the commands delta-diff and delta-apply,
-# hfdelta-gen, and the static libraries they link; nothing else (no tests,
+# what `meson install` installs: the commands delta-diff, delta-apply and delta-fleet,
+# their bash completions, hfdelta-gen, and the static libraries they link; nothing else (no tests,
 # no benchmark, no CUDA path, no fuzz targets). And pyproject.toml's setup
 # arguments leave out the same. Configures a scratch build directory (no
 # compiling) and reads meson's introspection.
@@ -38,7 +38,7 @@ print(f"PASS {name}: builds {sorted(built)}, installs {sorted(installed)}")
 ' "$name" "$want"
 }
 
-want="delta-diff delta-apply hfdelta-gen"
+want="delta-diff delta-apply delta-fleet hfdelta-gen delta-diff-completion delta-apply-completion delta-fleet-completion"
 check readme -Dtests=disabled
 # pyproject.toml's setup arguments, but -Dpython (it needs nanobind, which
 # only pip's build environment has): the package's build holds the same

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The man pages against --help: every option --help lists is documented in the
 # man page's OPTIONS section, and every option documented there is one --help
-# lists. Usage: man_help.sh MANDIR (binaries from HFDELTA_DIFF, HFDELTA_APPLY).
+# lists. Usage: man_help.sh MANDIR (binaries from HFDELTA_DIFF, HFDELTA_APPLY, HFDELTA_FLEET).
 set -euo pipefail
 mandir=$1
 fails=0
@@ -17,7 +17,7 @@ man_options() {
     sed 's/\\-/-/g' | grep -oE -- '(^|[ "])--?[a-zA-Z][a-z-]*' | grep -oE -- '--?[a-zA-Z][a-z-]*' | sort -u
 }
 
-for pair in "delta-diff:${HFDELTA_DIFF:?}" "delta-apply:${HFDELTA_APPLY:?}"; do
+for pair in "delta-diff:${HFDELTA_DIFF:?}" "delta-apply:${HFDELTA_APPLY:?}" "delta-fleet:${HFDELTA_FLEET:?}"; do
   name=${pair%%:*} bin=${pair#*:}
   page=$mandir/$name.1
   only_help=$(comm -23 <(help_options "$bin") <(man_options "$page"))

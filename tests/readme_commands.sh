@@ -16,7 +16,7 @@
 # /etc/systemd, /etc/default, /etc/hfdelta, /var/lib/node_exporter) go below a temporary directory; curl (no engine
 # here), systemctl and journalctl are stand-ins that record their arguments;
 # `while sleep 30; do` runs its body twice; contrib/ is the clone's. The
-# commands are found on PATH, as installed: delta-diff, delta-apply, hfdelta-gen.
+# commands are found on PATH, as installed: delta-diff, delta-apply, delta-fleet, hfdelta-gen.
 # Usage: readme_commands.sh PAGE.md... (binaries from HFDELTA_DIFF, HFDELTA_APPLY, HFDELTA_GEN)
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: readme_commands.sh PAGE.md..."; exit 2; }

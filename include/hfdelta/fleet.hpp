@@ -1,4 +1,4 @@
-// The fleet view (delta-apply --fleet ROOT [--reports DIR]): every version of
+// The fleet view (delta-fleet [--reports DIR] ROOT): every version of
 // a publication root, and what each host reports holding. Reads ROOT and
 // DIR only; writes nothing.
 #pragma once
@@ -69,7 +69,7 @@ FleetView fleet_view(const boost::filesystem::path& root, const std::optional<bo
 // The --json object (without "schema" and "ok").
 nlohmann::json fleet_json(const FleetView& v);
 
-// The tables --fleet prints.
+// The tables delta-fleet prints.
 std::string fleet_text(const FleetView& v);
 
 // Hosts past the thresholds (more than `max_behind` versions behind, no

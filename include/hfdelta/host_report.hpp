@@ -1,4 +1,4 @@
-// Host state reports: `delta-apply --root ROOT LOCAL --report DIR` writes,
+// Host state reports: `delta-apply --root ROOT LOCAL --report-to DIR` writes,
 // after every pull, DIR/NAME.json saying what the host holds (docs/format.md,
 // "Host reports"). DIR is shared by the hosts and lies apart from ROOT, which
 // only the trainer writes. Read back by the fleet view (fleet.hpp) and by a
@@ -54,11 +54,11 @@ boost::filesystem::path host_report_path(const boost::filesystem::path& dir, con
 // Refuses (Error(bad_input), naming `option`) a reports directory that is
 // ROOT, lies inside it or contains it: ROOT is writable only by the trainer;
 // readers would meet the reports among its versions, and hosts that can
-// write ROOT's parent can rename or remove ROOT. Used by --report and
-// --fleet --reports alike, so the fleet view reads any DIR the hosts write.
+// write ROOT's parent can rename or remove ROOT. Used by --report-to and
+// delta-fleet --reports alike, so the fleet view reads any DIR the hosts write.
 void check_reports_apart(const boost::filesystem::path& dir, const boost::filesystem::path& root,
                          const std::string& option);
-// --report DIR: check_reports_apart, then DIR must exist (Error(usage)).
+// --report-to DIR: check_reports_apart, then DIR must exist (Error(usage)).
 void check_reports_dir(const boost::filesystem::path& dir, const boost::filesystem::path& root);
 
 // The report of `t`'s host as things stand: LOCAL's recorded version (read

@@ -5,7 +5,7 @@
 #   - the unit tests, the sharded writer's tests and the fuzz corpus replays,
 #     sanitized whole (build-san/);
 #   - every end-to-end test (suite e2e) but e2e-bounded, the release build's
-#     test program (build/) running build-san's delta-diff and delta-apply
+#     test program (build/) running build-san's delta-diff, delta-apply and delta-fleet
 #     (HFDELTA_CLI_DIR): what is checked is the commands' code; the tests'
 #     own work (copying, comparing and hashing trees) runs at full speed, and
 #     build-san compiles no end-to-end test. e2e-bounded asserts memory
@@ -38,7 +38,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 release=${HFDELTA_BUILDDIR:-build}
-san_targets=(src/delta-diff src/delta-apply tests/unit-tests tests/sharded-tests)
+san_targets=(src/delta-diff src/delta-apply src/delta-fleet tests/unit-tests tests/sharded-tests)
 for t in safetensors xor overwrite sparse context index stack parts; do san_targets+=("tests/fuzz/replay_$t"); done
 scripts/ci/san-build.sh "${san_targets[@]}"
 builddir=build-san

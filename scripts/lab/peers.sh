@@ -13,10 +13,10 @@
 #
 #   publisher (this namespace, its own weed mount): --versions saves
 #     published into MOUNT/peers/root, one every --interval seconds.
-#   node1: `delta-apply --root ROOT LOCAL --report DIR --peers node2,... --then
+#   node1: `delta-apply --root ROOT LOCAL --report-to DIR --peers node2,... --then
 #     RELOAD` every --poll seconds. RELOAD stands in for the engine's reload:
 #     it records the version and what every node's LOCAL holds at that moment.
-#   node2..N: `delta-apply --root ROOT LOCAL --report DIR --follow node1`.
+#   node2..N: `delta-apply --root ROOT LOCAL --report-to DIR --follow node1`.
 #
 # Phases: (a) every node online, every version published: each reload must
 # find every LOCAL at its version; (b) the last node taken offline (its loop
@@ -36,7 +36,7 @@
 #   --out FILE         results file (default BUILDDIR/peers-results.md)
 #   --keep             keep the work dir
 # Environment: HFDELTA_BUILDDIR (default build), or HFDELTA_DIFF,
-# HFDELTA_APPLY, HFDELTA_GEN; LAB_TMP (where the work dir goes).
+# HFDELTA_APPLY, HFDELTA_FLEET, HFDELTA_GEN; LAB_TMP (where the work dir goes).
 # Exit: 0 every check passed, 1 a check failed, 2 usage, 77 cannot run here
 # (the reason is printed).
 set -euo pipefail
@@ -72,8 +72,8 @@ LAB_KEEP=$keep
 
 if ! reasons=$(lab_require root weed fuse netns); then echo "$reasons"; exit 77; fi
 command -v unshare > /dev/null || { echo "skip: unshare (util-linux) not found: each node needs a host name of its own"; exit 77; }
-for b in "$DIFF" "$APPLY" "$GEN"; do [ -x "$b" ] || { echo "peers: $b is not built"; exit 1; }; done
-"$APPLY" --help | grep -q -- '--peers' || { echo "peers: $APPLY has no --peers (built before it)"; exit 1; }
+for b in "$DIFF" "$APPLY" "$FLEET" "$GEN"; do [ -x "$b" ] || { echo "peers: $b is not built"; exit 1; }; done
+"$APPLY" --help | grep -q -- '--report-to' || { echo "peers: $APPLY has no --report-to (built before it)"; exit 1; }
 if ip -4 -o addr show | grep " $subnet\." > /dev/null; then
   echo "skip: $subnet.0/24 is already in use here; pick another with --subnet"; exit 77
 fi
@@ -137,7 +137,7 @@ for ((i = 1; i <= nodes; i++)); do
   {
     echo '#!/bin/bash'
     echo "while [ ! -e '$T/stop' ] && [ ! -e '$T/n$i/offline' ]; do"
-    echo "  rc=0; '$APPLY' -q --root '$T/n$i/mnt/peers/root' '$T/n$i/local' --report '$T/n$i/mnt/peers/reports' $(printf "'%s' " "${role[@]}") 2>> '$T/n$i/log/stderr' || rc=\$?"
+    echo "  rc=0; '$APPLY' -q --root '$T/n$i/mnt/peers/root' '$T/n$i/local' --report-to '$T/n$i/mnt/peers/reports' $(printf "'%s' " "${role[@]}") 2>> '$T/n$i/log/stderr' || rc=\$?"
     echo "  echo \"\$(date +%s.%N) \$rc\" >> '$T/n$i/log/pulls'"
     echo "  sleep $poll"
     echo "done"
@@ -202,7 +202,7 @@ say "phase (c): node$nodes back"
 start_node "$nodes"
 check wait_until 120 "the reload of version $last" reloaded "$last" || true
 stop_all
-fleet=$("$APPLY" --fleet "$T/pub/peers/root" --reports "$T/pub/peers/reports" 2>&1) || true
+fleet=$("$FLEET" --reports "$T/pub/peers/reports" "$T/pub/peers/root" 2>&1) || true
 echo "$fleet"
 
 # Every reload found every LOCAL at its version.

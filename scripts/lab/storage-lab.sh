@@ -42,13 +42,14 @@ LAB_CLEANED=0
 
 lab_say() { echo "lab: $*" >&2; }
 
-# Sets DIFF, APPLY and GEN, the binaries the lab scripts drive:
-# HFDELTA_DIFF, HFDELTA_APPLY, HFDELTA_GEN, else those of the build directory
+# Sets DIFF, APPLY, FLEET and GEN, the binaries the lab scripts drive:
+# HFDELTA_DIFF, HFDELTA_APPLY, HFDELTA_FLEET, HFDELTA_GEN, else those of the build directory
 # HFDELTA_BUILDDIR (default build) of the repository REPO.
 lab_tools() {
   local b=$1/${HFDELTA_BUILDDIR:-build}
   DIFF=${HFDELTA_DIFF:-$b/src/delta-diff}
   APPLY=${HFDELTA_APPLY:-$b/src/delta-apply}
+  FLEET=${HFDELTA_FLEET:-$b/src/delta-fleet}
   GEN=${HFDELTA_GEN:-$b/tools/hfdelta-gen}
 }
 

@@ -20,6 +20,7 @@
 #include <string_view>
 #include <thread>
 
+#include "forms.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/option_rules.hpp"
 #include "hfdelta/progress.hpp"
@@ -30,7 +31,8 @@ namespace hfdelta::cli {
 
 namespace {
 
-bool json_printed = false;  // this process printed its one JSON object
+bool json_printed = false;   // this process printed its one JSON object
+std::vector<Moved> g_moved;  // set_moved
 
 // --json given on a command line that did not parse.
 bool json_in_argv(int argc, char** argv) {
@@ -211,6 +213,8 @@ CLI::Validator encoding() {
   return CLI::Validator([](std::string& s) -> std::string { return encoding_problem(s); }, "{" + names + "}");
 }
 
+void set_moved(std::vector<Moved> moved) { g_moved = std::move(moved); }
+
 void set_usage(CLI::App& app, std::string forms) { app.formatter(std::make_shared<FormsFormatter>(std::move(forms))); }
 
 void print_json(nlohmann::json j) {
@@ -234,12 +238,25 @@ int version_flag(const std::string& prog, int argc, char** argv, bool& handled) 
     std::cout << prog << " (hfdelta) " << HFDELTA_PROGRAM_VERSION << std::endl;
     return check_stdout(prog, 0);
   }
-  const std::string what = prog == "delta-apply" ? "--init-version N" : "--delta-version N";
-  return check_stdout(prog, report(prog, static_cast<int>(Exit::usage),
-                                   "--version prints the program's version and takes nothing else; the version "
-                                   "number to write is " +
-                                       what,
-                                   json_in_argv(argc, argv)));
+  const std::string what = prog == "delta-apply"  ? "; the version number to write is --init-version N"
+                           : prog == "delta-diff" ? "; the version number to write is --delta-version N"
+                                                  : "";
+  return check_stdout(
+      prog, report(prog, static_cast<int>(Exit::usage),
+                   "--version prints the program's version and takes nothing else" + what, json_in_argv(argc, argv)));
+}
+
+// An option of g_moved on the command line (alone, or as --old=VALUE).
+int moved_option(const std::string& prog, int argc, char** argv, bool& handled) {
+  for (int i = 1; i < argc; ++i)
+    for (const Moved& m : g_moved) {
+      const std::string_view a = argv[i];
+      if (a != m.old_name && !a.starts_with(m.old_name + "=")) continue;
+      handled = true;
+      return check_stdout(prog, report(prog, static_cast<int>(Exit::usage), m.old_name + " is gone: " + m.now,
+                                       json_in_argv(argc, argv)));
+    }
+  return 0;
 }
 
 // -h, --help: the text, or with --json, one JSON object holding it ("help"),
@@ -257,6 +274,8 @@ int run(CLI::App& app, int argc, char** argv, const std::function<void()>& body,
   app.add_flag("--version")->description("Print the program's version and exit");
   bool handled = false;
   if (const int code = version_flag(prog, argc, argv, handled); handled) return code;
+  if (const int code = moved_option(prog, argc, argv, handled); handled) return code;
+  if (const int code = completion_flag(argc, argv, handled); handled) return code;
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

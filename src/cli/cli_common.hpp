@@ -28,6 +28,15 @@ void print_json(nlohmann::json j);
 // a closed pipe) is an error too.
 int run(CLI::App& app, int argc, char** argv, const std::function<void()>& body, const bool* json_out = nullptr);
 
+// An option of an earlier release that is now another name or command:
+// refused (exit 2) with `now`, what to write instead, so that a script still
+// giving it is told rather than running something else.
+struct Moved {
+  std::string old_name;  // "--fleet"
+  std::string now;       // "the fleet view is delta-fleet ROOT"
+};
+void set_moved(std::vector<Moved> moved);
+
 // For options taking a count or version number (--target N, --keep-from N):
 // decimal digits only, so that "-1" is a usage error instead of wrapping to
 // 2^64 - 1, and "000010" is ten, not octal. Leading zeros are dropped

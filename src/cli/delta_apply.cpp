@@ -7,9 +7,9 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_common.hpp"
+#include "forms.hpp"
 #include "hfdelta/apply.hpp"
 #include "hfdelta/error.hpp"
-#include "hfdelta/fleet.hpp"
 #include "hfdelta/host_report.hpp"
 #include "hfdelta/metrics_textfile.hpp"
 #include "hfdelta/peers.hpp"
@@ -33,15 +33,13 @@ struct Options {
   std::optional<std::uint64_t> target, version;
   ApplyOptions apply;
   const CLI::Option* root_opt = nullptr;  // --root given (its ROOT may come among the paths)
-  // Host reports (--report), an engine across hosts (--peers, --follow), the fleet view (--fleet).
-  std::string report, host, follow, fleet, reports;
+  // Host reports (--report-to), an engine across hosts (--peers, --follow).
+  std::string report, host, follow;
   std::vector<std::string> peers;
   double peer_timeout = 300;
   double stop_grace = cli::kStopGrace;      // --stop-grace
   std::optional<cli::ShellStop> then_stop;  // a stop signal during (or just before) --then
-  std::optional<std::uint64_t> fail_behind;
-  std::optional<double> fail_stale;
-  std::optional<FollowResult> followed;  // --follow: what the pull found
+  std::optional<FollowResult> followed;     // --follow: what the pull found
 };
 
 // The options of every form, written into `o` when `app` parses.
@@ -49,51 +47,42 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("PATHS", o.paths, "DELTA LOCAL, SRC LOCAL (--init), or LOCAL (--root, --status, --recover, --verify)")
       ->expected(1, 2)
       ->group("");  // the usage lines name them per form
-  auto* init_opt = app.add_flag("--init", o.init, "Make LOCAL an exact copy of the full checkpoint SRC");
-  auto* root_opt = app.add_option("--root", o.root,
-                                  "Publication root holding weight_vNNNNNN version directories; ROOT may also come "
-                                  "after other options, before LOCAL")
-                       ->expected(0, 1);  // `--root --json ROOT LOCAL`: ROOT is then the first path
-  o.root_opt = root_opt;
-  auto* status_opt =
-      app.add_flag("--status", o.status, "Report LOCAL's version: exit 0 clean, 10 interrupted, 11 uninitialised");
-  auto* recover_opt = app.add_flag("--recover", o.recover, "Only roll back an interrupted apply, if any");
-  auto* verify_opt = app.add_flag("--verify", o.verify,
-                                  "Re-hash LOCAL against the checksums recorded for its version: exit 0 clean, "
-                                  "10 interrupted, 11 uninitialised, 12 corrupt");
+  app.add_flag("--init", o.init, "Make LOCAL an exact copy of the full checkpoint SRC");
+  o.root_opt = app.add_option("--root", o.root,
+                              "Publication root holding weight_vNNNNNN version directories; ROOT may also come "
+                              "after other options, before LOCAL")
+                   ->type_name("ROOT")
+                   ->expected(0, 1);  // `--root --json ROOT LOCAL`: ROOT is then the first path
+  app.add_flag("--status", o.status, "Report LOCAL's version: exit 0 clean, 10 interrupted, 11 uninitialised");
+  app.add_flag("--recover", o.recover, "Only roll back an interrupted apply, if any");
+  app.add_flag("--verify", o.verify,
+               "Re-hash LOCAL against the checksums recorded for its version: exit 0 clean, "
+               "10 interrupted, 11 uninitialised, 12 corrupt");
   app.add_option("--target", o.target, "Version to bring LOCAL to with --root (default: newest)")
       ->type_name("N")
-      ->transform(cli::whole_number())
-      ->needs(root_opt);
+      ->transform(cli::whole_number());
   app.add_option("--init-version", o.version, "Version recorded by --init (default 0)")
       ->type_name("N")
-      ->transform(cli::whole_number())
-      ->needs(init_opt);
-  root_opt->excludes(init_opt, status_opt, recover_opt, verify_opt);
-  init_opt->excludes(status_opt, recover_opt, verify_opt);
-  status_opt->excludes(recover_opt, verify_opt);
-  recover_opt->excludes(verify_opt);
-  auto* then_opt = app.add_option("--then", o.then,
-                                  "Shell command to run after success while LOCAL is still locked "
-                                  "(HFDELTA_LOCAL and HFDELTA_VERSION are set)");
-  then_opt->excludes(status_opt, recover_opt, verify_opt);
+      ->transform(cli::whole_number());
+  app.add_option("--then", o.then,
+                 "Shell command to run after success while LOCAL is still locked "
+                 "(HFDELTA_LOCAL and HFDELTA_VERSION are set)")
+      ->type_name("CMD");
   app.add_option("--pre-read", o.pre_read,
                  "With --root: shell command to run before ROOT is read (HFDELTA_ROOT and HFDELTA_LOCAL are set), "
                  "e.g. to refresh a view of an object store; failure exits 14, LOCAL untouched")
-      ->needs(root_opt);
+      ->type_name("CMD");
   app.add_option("--stop-grace", o.stop_grace,
                  "After a stop signal, which is passed on to the --then (or --pre-read) command, give it SECONDS "
                  "to exit (a reload script resumes its engine) before killing it (default 60)")
       ->type_name("SECONDS")
       ->check(cli::seconds("leave it out for 60"));
   app.add_flag("--require-marker", o.apply.require_marker,
-               "With --root (or --fleet): take a version only once its completion marker (hfdelta_complete.json) "
-               "and every file it lists are there, even in a root where no version has one yet")
-      ->needs(root_opt);
+               "With --root: take a version only once its completion marker (hfdelta_complete.json) "
+               "and every file it lists are there, even in a root where no version has one yet");
   app.add_flag("--force", o.apply.force,
                "Let --init replace a non-empty directory that is not a LOCAL (no .weight_sync/state.json), "
-               "deleting its files")
-      ->needs(init_opt);
+               "deleting its files");
   app.add_option("--lock-timeout", o.apply.lock_timeout, "Give up after SECONDS waiting for the lock (default: wait)")
       ->type_name("SECONDS")
       ->check(cli::seconds());
@@ -109,76 +98,61 @@ void add_options(CLI::App& app, Options& o) {
                  "Write the run's outcome to FILE as a Prometheus textfile (node_exporter's textfile collector), "
                  "atomically, also when the run fails")
       ->type_name("FILE")
-      ->check(CLI::Validator([](std::string& f) { return metrics_file_problem(f); }, ""))
-      ->excludes(status_opt, recover_opt, verify_opt);
+      ->check(CLI::Validator([](std::string& f) { return metrics_file_problem(f); }, ""));
   app.add_flag("-q,--quiet", o.quiet, "Print nothing on success");
 }
 
-// --report, --host, --peers, --peer-timeout, --follow; --fleet, --reports,
-// --fail-behind, --fail-stale (docs/operations.md, docs/engines.md).
-void add_fleet_options(CLI::App& app, Options& o) {
-  CLI::Option* root_opt = app.get_option("--root");
-  auto* report_opt = app.add_option("--report", o.report,
-                                    "With --root: after the pull, write DIR/NAME.json saying what LOCAL holds "
-                                    "(DIR shared by the hosts, apart from ROOT)")
-                         ->type_name("DIR")
-                         ->needs(root_opt);
-  app.add_option("--host", o.host, "With --report: the report's NAME (default: this machine's host name)")
-      ->type_name("NAME")
-      ->needs(report_opt);
-  auto* peers_opt = app.add_option("--peers", o.peers,
-                                   "With --report and --then: run --then only once every peer's report in DIR says "
-                                   "it holds LOCAL's version; exit 15 after --peer-timeout")
-                        ->type_name("NAME,...")
-                        ->delimiter(',')
-                        ->needs(report_opt, app.get_option("--then"));
+// --report-to, --host, --peers, --peer-timeout, --follow (docs/operations.md,
+// docs/engines.md); the fleet view that reads the reports is delta-fleet.
+void add_report_options(CLI::App& app, Options& o) {
+  app.add_option("--report-to", o.report,
+                 "With --root: after the pull, write DIR/NAME.json saying what LOCAL holds "
+                 "(DIR shared by the hosts, apart from ROOT)")
+      ->type_name("DIR");
+  app.add_option("--host", o.host, "With --report-to: the report's NAME (default: this machine's host name)")
+      ->type_name("NAME");
+  app.add_option("--peers", o.peers,
+                 "With --report-to and --then: run --then only once every peer's report in DIR says "
+                 "it holds LOCAL's version; exit 15 after --peer-timeout")
+      ->type_name("NAME,...")
+      ->delimiter(',');
   app.add_option("--peer-timeout", o.peer_timeout, "With --peers: give up after SECONDS (default 300)")
       ->type_name("SECONDS")
-      ->check(cli::seconds())
-      ->needs(peers_opt);
+      ->check(cli::seconds());
   app.add_option("--follow", o.follow,
-                 "With --report: pull no further than the version NAME's report in DIR holds (the other nodes "
+                 "With --report-to: pull no further than the version NAME's report in DIR holds (the other nodes "
                  "of an engine across hosts)")
-      ->type_name("NAME")
-      ->needs(report_opt)
-      ->excludes(peers_opt, app.get_option("--then"), app.get_option("--target"));
-  auto* fleet_opt = app.add_option("--fleet", o.fleet,
-                                   "Show every version of ROOT and, with --reports, what each host holds; "
-                                   "reads only")
-                        ->type_name("ROOT")
-                        ->excludes(root_opt, app.get_option("--init"), app.get_option("--status"),
-                                   app.get_option("--recover"), app.get_option("--verify"), app.get_option("--then"));
-  auto* reports_opt =
-      app.add_option("--reports", o.reports, "With --fleet: the directory the hosts write their reports to")
-          ->type_name("DIR")
-          ->needs(fleet_opt);
-  app.add_option("--fail-behind", o.fail_behind,
-                 "With --fleet --reports: exit 16 if a host is more than N versions behind the newest complete one")
-      ->type_name("N")
-      ->transform(cli::whole_number())
-      ->needs(reports_opt);
-  app.add_option("--fail-stale", o.fail_stale, "With --fleet --reports: exit 16 if a report is older than SECONDS")
-      ->type_name("SECONDS")
-      ->check(cli::seconds())
-      ->needs(reports_opt);
-  // --require-marker: with --root, or --fleet (checked in run_command).
-  app.get_option("--require-marker")->remove_needs(root_opt);
+      ->type_name("NAME");
 }
 
-// LOCAL, once the number of paths fits the form.
-std::string local_path(const Options& o) {
-  const std::size_t want = (o.root.empty() && !o.status && !o.recover && !o.verify) ? 2 : 1;
-  if (o.paths.size() != want) {
-    const std::string form = !o.root.empty() ? "--root ROOT LOCAL"
-                             : o.status      ? "--status LOCAL"
-                             : o.recover     ? "--recover LOCAL"
-                             : o.verify      ? "--verify LOCAL"
-                             : o.init        ? "--init SRC LOCAL"
-                                             : "DELTA LOCAL";
-    throw CLI::ValidationError("delta-apply " + form + " takes " + std::to_string(want) + " path" +
-                               (want == 1 ? "" : "s") + ", not " + std::to_string(o.paths.size()));
-  }
-  return o.paths.back();
+// Which option goes with which form: the one table the command line is
+// checked against, --help's usage lines and the completion are made from.
+const cli::Command& apply_command() {
+  static const cli::Command c{
+      "delta-apply",
+      "Bring a host-local checkpoint to a new version, in place. See delta-apply(1).",
+      {{"",
+        {"DELTA", "LOCAL"},
+        {"--then", "--metrics"},
+        "apply one delta version directory (or copy one full version)"},
+       {"--init",
+        {"SRC", "LOCAL"},
+        {"--init-version", "--force", "--then", "--metrics"},
+        "make LOCAL an exact copy of the full checkpoint SRC"},
+       {"--root",
+        {"LOCAL"},
+        {"--target", "--pre-read", "--require-marker", "--then", "--metrics", "--report-to", "--host", "--peers",
+         "--peer-timeout", "--follow"},
+        "pull: bring LOCAL to ROOT's newest version (or --target N); --report-to DIR: write DIR/NAME.json after it"},
+       {"--status", {"LOCAL"}, {}, "report LOCAL's version: exit 0 clean, 10 interrupted, 11 uninitialised"},
+       {"--verify", {"LOCAL"}, {}, "re-hash LOCAL against its recorded checksums: also 12 corrupt"},
+       {"--recover", {"LOCAL"}, {}, "only roll back an interrupted apply"}},
+      {"--stop-grace", "--lock-timeout", "--threads", "--no-sync", "--progress", "--json", "-q"},
+      {{"--host", {"--report-to"}, {}},
+       {"--peers", {"--report-to", "--then"}, {}},
+       {"--peer-timeout", {"--peers"}, {}},
+       {"--follow", {"--report-to"}, {"--peers", "--then", "--target"}}}};
+  return c;
 }
 
 std::string version_or_none(const std::optional<std::uint64_t>& v) { return v ? format_version(*v) : "none"; }
@@ -232,30 +206,7 @@ void run_verify(const Options& o, const std::string& local) {
   if (code != Exit::ok) throw Error(code, "");
 }
 
-// ---- --fleet -------------------------------------------------------------------
-
-// Shows ROOT's versions and the hosts' reports; exit 16 for a host past
-// --fail-behind or --fail-stale.
-void run_fleet(const Options& o) {
-  if (!o.paths.empty()) throw CLI::ValidationError("--fleet ROOT takes no other path");
-  std::optional<boost::filesystem::path> reports;
-  if (!o.reports.empty()) reports = strip_trailing_slashes(o.reports);
-  const FleetView v = fleet_view(strip_trailing_slashes(o.fleet), reports, o.apply.require_marker);
-  const std::vector<std::string> alerts = fleet_alerts(v, o.fail_behind, o.fail_stale);
-  std::string msg;
-  for (const std::string& a : alerts) msg += (msg.empty() ? "" : "; ") + a;
-  if (!alerts.empty()) msg = std::to_string(alerts.size()) + " alert(s): " + msg;
-  if (o.json_out) {
-    nlohmann::json j = fleet_json(v);
-    if (!alerts.empty()) j.update(error_json(static_cast<int>(Exit::fleet_alert), msg));
-    cli::print_json(j);
-  } else if (!o.quiet) {
-    std::fputs(fleet_text(v).c_str(), stdout);
-  }
-  if (!alerts.empty()) throw Error(Exit::fleet_alert, msg);
-}
-
-// ---- --report, --peers ------------------------------------------------------------
+// ---- --report-to, --peers ------------------------------------------------------------
 
 // Writes DIR/NAME.json; a report that cannot be written is a warning, not
 // the pull's failure (the fleet view shows it growing old: --fail-stale).
@@ -430,7 +381,7 @@ void print_change_human(const std::string& local, const ApplyResult& r, bool rec
   if (!recover && (!r.applied.empty() || r.phases.then)) print_phases_human(local, r);
 }
 
-// --report DIR: the pull, then DIR/NAME.json, whatever the outcome.
+// --report-to DIR: the pull, then DIR/NAME.json, whatever the outcome.
 ApplyResult run_reported(Options& o, const std::string& local) {
   check_reports_dir(o.report, o.root);
   if (o.host.empty()) o.host = default_host_name();
@@ -482,21 +433,20 @@ void print_change(const Options& o, const std::string& local, const ApplyResult&
     print_change_human(local, r, o.recover);
 }
 
-// The body of every form, once the command line has parsed.
-void run_command(Options& o) {
-  o.apply.sync = !o.no_sync;
-  const cli::ProgressLine progress_line(cli::progress_wanted(o.progress, o.quiet, o.json_out));
-  if (!o.fleet.empty()) return run_fleet(o);
+// The body of every form, once the command line has parsed and fits its form.
+void run_command(const CLI::App& app, Options& o) {
+  const cli::Form& form = cli::select_form(app, apply_command());
   if (*o.root_opt && o.root.empty()) {  // --root without its ROOT right after it: the first of two paths
     if (o.paths.size() != 2) throw CLI::ValidationError("--root", "needs ROOT: --root ROOT LOCAL");
     o.root = o.paths.front();
     o.paths.erase(o.paths.begin());
   }
+  cli::check_form(app, apply_command(), form, o.paths);
+  o.apply.sync = !o.no_sync;
+  const cli::ProgressLine progress_line(cli::progress_wanted(o.progress, o.quiet, o.json_out));
   for (std::string& p : o.paths) p = strip_trailing_slashes(p).string();  // "LOCAL/" names LOCAL
   if (!o.root.empty()) o.root = strip_trailing_slashes(o.root).string();
-  if (o.apply.require_marker && o.root.empty())
-    throw CLI::ValidationError("--require-marker", "needs --root or --fleet");
-  const std::string local = local_path(o);
+  const std::string local = o.paths.back();
   if (o.status) return run_status(o, local);
   if (o.verify) return run_verify(o, local);
   const ApplyResult r = o.report.empty() ? run_with_metrics(o, local) : run_reported(o, local);
@@ -511,23 +461,13 @@ void run_command(Options& o) {
 
 int main(int argc, char** argv) {
   hfdelta::handle_stop_signals();  // first: every thread started later inherits the mask
-  CLI::App app{"Bring a host-local checkpoint to a new version, in place. See delta-apply(1).", "delta-apply"};
-  cli::set_usage(
-      app,
-      "  delta-apply [OPTIONS] [--then CMD] DELTA LOCAL\n"
-      "  delta-apply --init [--init-version N] [--force] [OPTIONS] SRC LOCAL\n"
-      "  delta-apply --root ROOT [--target N] [--pre-read CMD] [--require-marker] [--then CMD] [--metrics FILE] "
-      "[OPTIONS] LOCAL\n"
-      "  delta-apply --root ROOT --report DIR [--host NAME] [--peers NAME,... [--peer-timeout S] --then CMD | "
-      "--follow NAME] [OPTIONS] LOCAL\n"
-      "  delta-apply --fleet ROOT [--reports DIR [--fail-behind N] [--fail-stale S]] [--json]\n"
-      "  delta-apply --status [--json] [--lock-timeout S] LOCAL\n"
-      "  delta-apply --verify [--json] [--lock-timeout S] LOCAL\n"
-      "  delta-apply --recover LOCAL\n"
-      "  delta-apply --version");
+  CLI::App app{apply_command().about, "delta-apply"};
+  cli::set_moved({{"--fleet", "the fleet view is a command of its own: delta-fleet [--reports DIR] ROOT"},
+                  {"--report", "a pull's host report is written with --report-to DIR"}});
   Options o;
   add_options(app, o);
-  add_fleet_options(app, o);
+  add_report_options(app, o);
+  cli::set_forms(app, apply_command());
   return cli::run(
-      app, argc, argv, [&] { run_command(o); }, &o.json_out);
+      app, argc, argv, [&] { run_command(app, o); }, &o.json_out);
 }

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_common.hpp"
+#include "forms.hpp"
 #include "hfdelta/diff.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/inspect.hpp"
@@ -123,51 +124,40 @@ struct Options {
        progress = false;
 };
 
-// The options whose presence decides the form, as CLI11 records them.
-struct Given {
-  CLI::Option *base = nullptr, *target = nullptr, *out = nullptr;
-  CLI::Option *inspect = nullptr, *squash = nullptr, *squash_base = nullptr, *prune = nullptr, *keep_from = nullptr,
-              *dry_run = nullptr;
-  CLI::Option *full = nullptr, *post_publish = nullptr, *withdraw = nullptr;
-  std::vector<CLI::Option*> diff_only;  // options of the diff form only
-};
-
 // The options of writing a delta: the checkpoints and how to encode.
-void add_diff_options(CLI::App& app, Options& o, Given& g) {
-  g.base = app.add_option("BASE", o.base, "Previous save (HF checkpoint directory)");
-  g.target = app.add_option("NEW", o.target, "New save (HF checkpoint directory)");
-  g.out = app.add_option("OUT", o.out,
-                         "Version directory to create, ROOT/weight_vNNNNNN (ROOT's newest version + 1; must not "
-                         "exist), or ROOT itself to publish its newest version + 1");
-  g.diff_only.push_back(
-      app.add_option("--encoding", o.encoding,
-                     "Delta encoding: context (hfdelta's, the default: the changes coded in contexts of the "
-                     "base elements' exponents, about 0.7 of sparse on training steps; needs delta-apply of "
-                     "format revision 5), sparse (hfdelta's: changed positions and values, about half of xor), "
-                     "auto (context or xor per tensor; its index lists each tensor's), "
-                     "or the slime layout's xor or overwrite (what slime, miles and SGLang's receivers read)")
-          ->check(cli::encoding())
-          ->capture_default_str());
-  g.diff_only.push_back(
-      app.add_option("--level", o.diff.level,
-                     "zstd compression level, 1 to 19 (default: 1 for the slime layout's xor and overwrite entries, "
-                     "as its publishers write them; 3 for the others)")
-          ->check(cli::level()));
-  g.diff_only.push_back(
-      app.add_option("--delta-version", o.version,
-                     "Version number of OUT (default: from OUT's name, or ROOT's newest + 1; must agree with them)")
-          ->type_name("N")
-          ->transform(cli::whole_number()));
-  g.diff_only.push_back(app.add_option("--base-version", o.base_version, "Version of BASE (default: version - 1)")
-                            ->type_name("M")
-                            ->transform(cli::whole_number()));
-  g.diff_only.push_back(app.add_option("--threads", o.diff.threads, "Worker threads (default: all cores)")
-                            ->transform(cli::whole_number())
-                            ->check(cli::threads()));
-  g.post_publish = app.add_option("--post-publish", o.post_publish,
-                                  "Shell command to run after each version directory is published and durable "
-                                  "(HFDELTA_VERSION, HFDELTA_VERSION_PATH, HFDELTA_NAME and HFDELTA_ROOT are set), "
-                                  "e.g. to upload it to an object store; failure exits 13");
+void add_diff_options(CLI::App& app, Options& o) {
+  app.add_option("BASE", o.base, "Previous save (HF checkpoint directory)");
+  app.add_option("NEW", o.target, "New save (HF checkpoint directory)");
+  app.add_option("OUT", o.out,
+                 "Version directory to create, ROOT/weight_vNNNNNN (ROOT's newest version + 1; must not "
+                 "exist), or ROOT itself to publish its newest version + 1");
+  app.add_option("--encoding", o.encoding,
+                 "Delta encoding: context (hfdelta's, the default: the changes coded in contexts of the "
+                 "base elements' exponents, about 0.7 of sparse on training steps; needs delta-apply of "
+                 "format revision 5), sparse (hfdelta's: changed positions and values, about half of xor), "
+                 "auto (context or xor per tensor; its index lists each tensor's), "
+                 "or the slime layout's xor or overwrite (what slime, miles and SGLang's receivers read)")
+      ->check(cli::encoding())
+      ->capture_default_str();
+  app.add_option("--level", o.diff.level,
+                 "zstd compression level, 1 to 19 (default: 1 for the slime layout's xor and overwrite entries, "
+                 "as its publishers write them; 3 for the others)")
+      ->check(cli::level());
+  app.add_option("--delta-version", o.version,
+                 "Version number of OUT (default: from OUT's name, or ROOT's newest + 1; must agree with them)")
+      ->type_name("N")
+      ->transform(cli::whole_number());
+  app.add_option("--base-version", o.base_version, "Version of BASE (default: version - 1)")
+      ->type_name("M")
+      ->transform(cli::whole_number());
+  app.add_option("--threads", o.diff.threads, "Worker threads (default: all cores)")
+      ->transform(cli::whole_number())
+      ->check(cli::threads());
+  app.add_option("--post-publish", o.post_publish,
+                 "Shell command to run after each version directory is published and durable "
+                 "(HFDELTA_VERSION, HFDELTA_VERSION_PATH, HFDELTA_NAME and HFDELTA_ROOT are set), "
+                 "e.g. to upload it to an object store; failure exits 13")
+      ->type_name("CMD");
   app.add_flag("--no-sync", o.no_sync, "Do not flush the delta (with --prune: ROOT) to disk before publishing it");
   app.add_flag(
       "--progress", o.progress,
@@ -178,75 +168,85 @@ void add_diff_options(CLI::App& app, Options& o, Given& g) {
 }
 
 // The options of the other forms: --inspect, --squash and --prune.
-void add_form_options(CLI::App& app, Options& o, Given& g) {
+void add_form_options(CLI::App& app, Options& o) {
   const std::string inspect_group = "Inspect a delta (instead of writing one)";
-  g.inspect = app.add_option("--inspect", o.inspect,
-                             "Describe delta version directory DELTA: versions, encoding, per-tensor entries "
-                             "with their changed counts and checksums, file operations; checks it as "
-                             "delta-apply would (a damaged delta exits 3); DELTA may also come after other options")
-                  ->type_name("DELTA")
-                  ->expected(0, 1)  // `--inspect --json DELTA`: DELTA is then the one path argument
-                  ->group(inspect_group);
+  app.add_option("--inspect", o.inspect,
+                 "Describe delta version directory DELTA: versions, encoding, per-tensor entries "
+                 "with their changed counts and checksums, file operations; checks it as "
+                 "delta-apply would (a damaged delta exits 3); DELTA may also come after other options")
+      ->type_name("DELTA")
+      ->expected(0, 1)  // `--inspect --json DELTA`: DELTA is then the one path argument
+      ->group(inspect_group);
   const std::string squash_group = "Squash a chain of deltas (instead of diffing checkpoints)";
-  g.squash = app.add_flag("--squash", o.squash,
-                          "Write OUT as one delta equal to applying the delta versions FIRST, ..., LAST "
-                          "(given as BASE and NEW; every version between them must be beside them), "
-                          "composed from the deltas alone (and --squash-base CKPT)")
-                 ->group(squash_group);
-  g.squash_base = app.add_option("--squash-base", o.squash_base,
-                                 "With --squash: the checkpoint of the chain's first base (FIRST's base version), "
-                                 "to compose context entries against its bytes into one context entry per tensor "
-                                 "(without it each stays a stacked part); a checkpoint whose bytes differ from "
-                                 "the chain's base exits 5")
-                      ->type_name("CKPT")
-                      ->group(squash_group);
-  g.full = app.add_flag("--full", o.full,
-                        "Publish checkpoint NEW itself as full version OUT (given as NEW OUT); given BASE NEW OUT, "
-                        "first publish the delta BASE -> NEW beside it as ROOT/delta_vNNNNNN, so that a host one "
-                        "version behind fetches only that")
-               ->group("Publish a full version (instead of only a delta)");
+  app.add_flag("--squash", o.squash,
+               "Write OUT as one delta equal to applying the delta versions FIRST, ..., LAST "
+               "(given as BASE and NEW; every version between them must be beside them), "
+               "composed from the deltas alone (and --squash-base CKPT)")
+      ->group(squash_group);
+  app.add_option("--squash-base", o.squash_base,
+                 "With --squash: the checkpoint of the chain's first base (FIRST's base version), "
+                 "to compose context entries against its bytes into one context entry per tensor "
+                 "(without it each stays a stacked part); a checkpoint whose bytes differ from "
+                 "the chain's base exits 5")
+      ->type_name("CKPT")
+      ->group(squash_group);
+  app.add_flag("--full", o.full,
+               "Publish checkpoint NEW itself as full version OUT (given as NEW OUT); given BASE NEW OUT, "
+               "first publish the delta BASE -> NEW beside it as ROOT/delta_vNNNNNN, so that a host one "
+               "version behind fetches only that")
+      ->group("Publish a full version (instead of only a delta)");
   const std::string prune_group = "Prune a publication root (instead of writing a delta)";
-  g.prune = app.add_option("--prune", o.prune,
-                           "Remove the version directories of ROOT older than its newest full version "
-                           "(with --keep-from N: older than the newest full version at or below N); ROOT may also "
-                           "come after other options")
-                ->type_name("ROOT")
-                ->expected(0, 1)  // `--prune --dry-run ROOT`: ROOT is then the one path argument
-                ->group(prune_group);
-  g.keep_from = app.add_option("--keep-from", o.keep_from,
-                               "Keep every version a delta-apply --root pull to version N or later can need")
-                    ->type_name("N")
-                    ->transform(cli::whole_number())
-                    ->group(prune_group);
-  g.dry_run =
-      app.add_flag("--dry-run", o.dry_run, "Print what --prune would remove; remove nothing")->group(prune_group);
-  g.withdraw = app.add_option("--withdraw", o.withdraw,
-                              "Take version directory VERSION (ROOT/weight_vNNNNNN) back out of its root: renamed to "
-                              "ROOT/withdrawn_vNNNNNN, so hosts that never applied it skip it, its number is never "
-                              "published again, and hosts that applied it are told so by their next pull")
-                   ->type_name("VERSION")
-                   ->expected(0, 1)  // `--withdraw --json VERSION`: VERSION is then the one path argument
-                   ->group("Withdraw a bad version (instead of writing a delta)");
+  app.add_option("--prune", o.prune,
+                 "Remove the version directories of ROOT older than its newest full version "
+                 "(with --keep-from N: older than the newest full version at or below N); ROOT may also "
+                 "come after other options")
+      ->type_name("ROOT")
+      ->expected(0, 1)  // `--prune --dry-run ROOT`: ROOT is then the one path argument
+      ->group(prune_group);
+  app.add_option("--keep-from", o.keep_from,
+                 "Keep every version a delta-apply --root pull to version N or later can need")
+      ->type_name("N")
+      ->transform(cli::whole_number())
+      ->group(prune_group);
+  app.add_flag("--dry-run", o.dry_run, "Print what --prune would remove; remove nothing")->group(prune_group);
+  app.add_option("--withdraw", o.withdraw,
+                 "Take version directory VERSION (ROOT/weight_vNNNNNN) back out of its root: renamed to "
+                 "ROOT/withdrawn_vNNNNNN, so hosts that never applied it skip it, its number is never "
+                 "published again, and hosts that applied it are told so by their next pull")
+      ->type_name("VERSION")
+      ->expected(0, 1)  // `--withdraw --json VERSION`: VERSION is then the one path argument
+      ->group("Withdraw a bad version (instead of writing a delta)");
 }
 
 enum class Form { diff, inspect, squash, prune, full, withdraw };
 
-// The forms are checked here rather than with CLI11's excludes/needs, which
-// would list every pairing in --help.
-void check_exclusive(const Given& g) {
-  if (*g.inspect && *g.prune) throw CLI::ValidationError("--inspect", "cannot be combined with --prune");
-  if (*g.withdraw && (*g.inspect || *g.prune || *g.squash || *g.full || *g.post_publish))
-    throw CLI::ValidationError("--withdraw",
-                               "cannot be combined with --inspect, --prune, --squash, --full or --post-publish");
-  if (*g.squash && (*g.inspect || *g.prune))
-    throw CLI::ValidationError("--squash", "cannot be combined with --inspect or --prune");
-  if (*g.full && (*g.inspect || *g.prune || *g.squash))
-    throw CLI::ValidationError("--full", "cannot be combined with --inspect, --prune or --squash");
-  if (*g.post_publish && (*g.inspect || *g.prune))
-    throw CLI::ValidationError("--post-publish", "only publishing takes it, not --inspect or --prune");
-  for (const auto* opt : {g.keep_from, g.dry_run})
-    if (*opt && !*g.prune) throw CLI::ValidationError(opt->get_name(), "needs --prune ROOT");
-  if (*g.squash_base && !*g.squash) throw CLI::ValidationError("--squash-base", "needs --squash");
+// Which option goes with which form: the one table the command line is
+// checked against, --help's usage lines and the completion are made from.
+const cli::Command& diff_command() {
+  const std::vector<std::string> writing{"--encoding", "--level",        "--delta-version", "--base-version",
+                                         "--threads",  "--post-publish", "--no-sync"};
+  static const cli::Command c{
+      "delta-diff",
+      "Write the delta version directory OUT that turns checkpoint BASE into NEW; or publish, describe, squash, "
+      "prune or withdraw versions of a publication root. See delta-diff(1).",
+      {{"", {"BASE", "NEW", "OUT"}, writing, "write a delta: OUT is ROOT/weight_vNNNNNN, or ROOT (its newest + 1)"},
+       {"--full",
+        {"[BASE]", "NEW", "OUT"},
+        writing,
+        "publish NEW as a full version (and the delta BASE -> NEW beside it)"},
+       {"--inspect", {}, {}, "describe and check a delta version directory"},
+       {"--squash",
+        {"FIRST", "LAST", "OUT"},
+        {"--squash-base", "--level", "--threads", "--post-publish", "--no-sync"},
+        "one delta equal to the versions FIRST..LAST of a root (its versions and encodings from the deltas)"},
+       {"--prune",
+        {},
+        {"--keep-from", "--dry-run", "--no-sync"},
+        "remove the versions no delta-apply --root pull to N or later needs"},
+       {"--withdraw", {}, {"--no-sync"}, "take a bad version back out of its root"}},
+      {"--progress", "--json", "-q"},
+      {}};
+  return c;
 }
 
 // A form's path follows its option, or is the one path argument
@@ -258,47 +258,25 @@ void take_form_path(Options& o, std::string& path, const std::string& form, cons
   if (path.empty() && !args.empty()) path = args.front(), args.erase(args.begin());
   if (!args.empty()) throw CLI::ValidationError(form, "unexpected argument \"" + args.front() + "\"");
   if (path.empty()) throw CLI::RequiredError(form + " " + what);
+  o.base.clear(), o.target.clear(), o.out.clear();
 }
 
-// --inspect and --prune take none of the diff form's arguments.
-void check_inspect_or_prune(const Given& g, Options& o) {
-  const std::string form = *g.inspect ? "--inspect" : "--prune";
-  take_form_path(o, *g.inspect ? o.inspect : o.prune, form, *g.inspect ? "DELTA" : "ROOT");
-  for (const auto* opt : g.diff_only)
-    if (*opt) throw CLI::ValidationError(opt->get_name(), "only writing a delta takes it, not " + form);
-  if (*g.inspect && o.no_sync) throw CLI::ValidationError("--no-sync", "only writing a delta or --prune takes it");
-}
-
-// --squash takes --level and --threads only of the diff form's options.
-void check_squash(const Given& g) {
-  for (const auto* opt : g.diff_only)
-    if (*opt && opt->get_name() != "--level" && opt->get_name() != "--threads")
-      throw CLI::ValidationError(opt->get_name(), "--squash takes its versions and encodings from the deltas");
-}
-
-// Which form the command line asks for, once its options fit that form.
-Form choose_form(const Given& g, Options& o) {
-  check_exclusive(g);
-  if (*g.withdraw) {
-    take_form_path(o, o.withdraw, "--withdraw", "VERSION");
-    for (const auto* opt : g.diff_only)
-      if (*opt) throw CLI::ValidationError(opt->get_name(), "only writing a delta takes it, not --withdraw");
-    return Form::withdraw;
-  }
-  if (*g.inspect || *g.prune) {
-    check_inspect_or_prune(g, o);
-    return *g.inspect ? Form::inspect : Form::prune;
-  }
-  if (*g.full) {
-    if (!*g.base || !*g.target) throw CLI::RequiredError("--full: NEW OUT, or BASE NEW OUT");
-    return Form::full;
-  }
-  if (!*g.base || !*g.target || !*g.out) throw CLI::RequiredError("BASE NEW OUT (or --inspect DELTA, or --prune ROOT)");
-  if (*g.squash) {
-    check_squash(g);
-    return Form::squash;
-  }
-  return Form::diff;
+// Which form the command line asks for, once its options and paths fit that form.
+Form choose_form(const CLI::App& app, Options& o) {
+  const cli::Form& f = cli::select_form(app, diff_command());
+  if (f.selector == "--inspect") take_form_path(o, o.inspect, "--inspect", "DELTA");
+  if (f.selector == "--prune") take_form_path(o, o.prune, "--prune", "ROOT");
+  if (f.selector == "--withdraw") take_form_path(o, o.withdraw, "--withdraw", "VERSION");
+  std::vector<std::string> paths;
+  for (const std::string* a : {&o.base, &o.target, &o.out})
+    if (!a->empty()) paths.push_back(*a);
+  cli::check_form(app, diff_command(), f, paths);
+  return f.selector == "--inspect"    ? Form::inspect
+         : f.selector == "--prune"    ? Form::prune
+         : f.selector == "--withdraw" ? Form::withdraw
+         : f.selector == "--squash"   ? Form::squash
+         : f.selector == "--full"     ? Form::full
+                                      : Form::diff;
 }
 
 // ---- --inspect and --prune -----------------------------------------------------------
@@ -503,10 +481,11 @@ void strip_slashes(Options& o) {
 }
 
 // The body of every form, once the command line has parsed.
-void run_command(const Given& g, Options& o) {
+void run_command(const CLI::App& app, Options& o) {
   strip_slashes(o);
+  const Form form = choose_form(app, o);
   const cli::ProgressLine progress_line(cli::progress_wanted(o.progress, o.quiet, o.json_out));
-  switch (choose_form(g, o)) {
+  switch (form) {
     case Form::inspect:
       return run_inspect(o);
     case Form::prune:
@@ -526,27 +505,12 @@ void run_command(const Given& g, Options& o) {
 
 int main(int argc, char** argv) {
   hfdelta::handle_stop_signals();  // first: every thread started later inherits the mask
-  CLI::App app{
-      "Write the delta version directory OUT that turns checkpoint BASE into NEW; "
-      "or describe a delta (--inspect); or remove the versions of a publication root no host can need (--prune).",
-      "delta-diff"};
-  cli::set_usage(
-      app,
-      "  delta-diff [OPTIONS] BASE NEW OUT             write a delta (OUT: ROOT/weight_vNNNNNN)\n"
-      "  delta-diff [OPTIONS] BASE NEW ROOT            the same, as ROOT's newest version + 1\n"
-      "  delta-diff --full [OPTIONS] [BASE] NEW ROOT   publish NEW as a full version (and the delta beside it)\n"
-      "  delta-diff --inspect DELTA [--json]           describe and check a delta version directory\n"
-      "  delta-diff --squash [OPTIONS] FIRST LAST OUT  one delta equal to the versions FIRST..LAST of a root\n"
-      "  delta-diff --prune ROOT [--keep-from N] [--dry-run] [--json]\n"
-      "                                                remove versions no delta-apply --root pull to N or later needs\n"
-      "  delta-diff --withdraw ROOT/weight_vNNNNNN [--json]\n"
-      "                                                take a bad version back out of its root\n"
-      "  delta-diff --version");
+  CLI::App app{diff_command().about, "delta-diff"};
   app.footer("See delta-diff(1).");
   Options o;
-  Given g;
-  add_diff_options(app, o, g);
-  add_form_options(app, o, g);
+  add_diff_options(app, o);
+  add_form_options(app, o);
+  cli::set_forms(app, diff_command());
   return cli::run(
-      app, argc, argv, [&] { run_command(g, o); }, &o.json_out);
+      app, argc, argv, [&] { run_command(app, o); }, &o.json_out);
 }

@@ -164,7 +164,7 @@ FleetView fleet_view(const fs::path& root, const std::optional<fs::path>& report
     fail(Exit::bad_input, root, "has .weight_sync/, so it is a LOCAL checkpoint, not a publication root");
   if (reports) {
     check_reports_apart(*reports, root, "--reports");
-    require_dir(*reports, "give the directory the hosts write their reports to (--report DIR)");
+    require_dir(*reports, "give the directory the hosts write their reports to (delta-apply --report-to DIR)");
   }
   FleetView v;
   v.root = root.string();

@@ -92,7 +92,7 @@ void check_reports_apart(const fs::path& dir, const fs::path& root, const std::s
 }
 
 void check_reports_dir(const fs::path& dir, const fs::path& root) {
-  check_reports_apart(dir, root, "--report");  // first: nothing is to be made inside ROOT
+  check_reports_apart(dir, root, "--report-to");  // first: nothing is to be made inside ROOT
   require_dir(dir, "create the reports directory first (mkdir -p " + dir.string() + ")");
 }
 
@@ -202,14 +202,14 @@ std::string kind_of(const fs::path& file, const struct stat& st) {
   return "not a file";
 }
 
-// delta-apply --report writes a report as a regular file of its own (a
+// delta-apply --report-to writes a report as a regular file of its own (a
 // temporary file renamed into place), never a link: anything else in DIR was
 // put there by something else, and a link could lead anywhere (a FIFO, a
 // device, another host's report standing in for this one).
 [[noreturn]] void fail_not_regular(const fs::path& file, const struct stat& st) {
   fail(Exit::bad_input, file,
        "not a regular file: " + kind_of(file, st) +
-           "; delta-apply --report writes each report as a regular file of its own, so something "
+           "; delta-apply --report-to writes each report as a regular file of its own, so something "
            "else put this here: remove it (the host's next pull writes its report)");
 }
 

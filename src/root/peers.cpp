@@ -32,7 +32,7 @@ std::string lack_of(const fs::path& dir, const std::string& peer, std::uint64_t 
   } catch (const Error& e) {
     return peer + ": its report cannot be read (" + e.what() + ")";
   }
-  if (!r) return peer + ": no report " + file.string() + " (offline, or not pulling with --report)";
+  if (!r) return peer + ": no report " + file.string() + " (offline, or not pulling with --report-to)";
   if (r->version == version) return "";
   char age[64];
   std::snprintf(age, sizeof age, "report %.0f s old", std::max(0.0, now - r->time));
