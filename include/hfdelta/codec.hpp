@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "hfdelta/encodings.hpp"
 #include "hfdelta/hash.hpp"
 
 // libzstd's contexts (ZSTD_CCtx, ZSTD_DCtx), used only through pointers here.
@@ -23,32 +24,6 @@ struct ZSTD_CCtx_s;
 struct ZSTD_DCtx_s;
 
 namespace hfdelta {
-
-enum class Encoding {
-  xor_bytes,  // "xor": frame decodes to new XOR old, the tensor's full length
-  overwrite,  // "overwrite": u32 K, K ascending u32 byte positions, K new bytes
-  sparse,     // "sparse" (hfdelta's own): per chunk of elements, changed element
-              // indices as varint gaps and the changed elements' XOR values as
-              // byte planes, each stream its own zstd frame; 64-bit positions
-  stack,      // "stack" (hfdelta's own, revision 4): entries of the encodings
-              // above laid one after another, each with the checksum of the
-              // bytes it leaves. Squashing writes it where a tensor's entries
-              // do not compose without its base bytes (xor, then sparse).
-  context,    // "context" (hfdelta's own, revision 5): like sparse, but each
-              // change is coded in a context both ends derive from the base
-              // element (its exponent bits): positions as gaps among the base
-              // elements of the same context group, values per group.
-              // Decoding needs the base bytes.
-  parts,      // "parts" (hfdelta's own, revision 6): entries of regions of the
-              // tensor seen as a matrix, each with its region's new checksum
-              // (hfdelta/parts.hpp); written by a sharded publisher.
-};
-
-std::string_view encoding_name(Encoding e);
-// sparse and context: entries of independent chunks of elements, which the
-// diff engine scans in blocks and delta-apply splits over threads.
-constexpr bool chunked(Encoding e) { return e == Encoding::sparse || e == Encoding::context; }
-std::optional<Encoding> parse_encoding(std::string_view name);
 
 // Bytes handed out by encoders, in order.
 using ByteSink = std::function<void(std::span<const std::uint8_t>)>;

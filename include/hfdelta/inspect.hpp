@@ -76,7 +76,7 @@ struct DeltaInspection {
   std::vector<InspectShard> shards;   // by file name
   // Totals. Element and byte counts add up only the entries that know them.
   std::uint64_t entry_bytes = 0, tensor_bytes = 0, changed_elements = 0, changed_bytes = 0;
-  std::uint64_t entries_xor = 0, entries_overwrite = 0, entries_sparse = 0, entries_stacked = 0, entries_context = 0;
+  EncodingCounts entries_by_encoding;
   std::uint64_t files_put = 0, files_removed = 0, file_bytes = 0;
   std::uint64_t shards_built = 0, shards_rewritten = 0, shards_removed = 0;
   std::uint64_t delta_bytes = 0;  // every regular file under the delta directory

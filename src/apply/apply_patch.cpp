@@ -298,6 +298,27 @@ Checksums lay_overwrite(const Patch& p, const File& f, JournalWriter* jw, std::v
   return checksums_of(w);
 }
 
+// One entry of its encoding laid over the tensor. Stacked and parts entries
+// are laid layer by layer or part by part into a copy first (journal_copy),
+// which then arrives here as bytes.
+Checksums lay_entry(const Patch& p, const File& f, JournalWriter* jw, std::vector<std::uint8_t>& buf, File* out,
+                    Decompressor& d1, Decompressor& d2, const std::string& what) {
+  switch (p.encoding) {
+    case Encoding::xor_bytes:
+      return lay_xor(p, f, jw, buf, out, d1, what);
+    case Encoding::sparse:
+      return lay_sparse(p, f, jw, buf, out, what);
+    case Encoding::context:
+      return lay_context(p, f, jw, buf, out, what);
+    case Encoding::overwrite:
+      return lay_overwrite(p, f, jw, buf, out, d1, d2, what);
+    case Encoding::stack:
+    case Encoding::parts:
+      break;
+  }
+  fail(Exit::failure, what + ": a " + std::string(encoding_name(p.encoding)) + " entry reached the patcher whole");
+}
+
 }  // namespace
 
 void journal_patch(const Patch& p, const File& f, JournalWriter* jw, std::vector<std::uint8_t>& buf,
@@ -308,11 +329,7 @@ void journal_patch(const Patch& p, const File& f, JournalWriter* jw, std::vector
   const std::string outcome = p.live ? "LOCAL was rolled back" : "nothing was changed";
   Checksums c;
   try {
-    c = !p.replace.empty() || p.source      ? lay_bytes(p, f, jw, buf, out)
-        : p.encoding == Encoding::xor_bytes ? lay_xor(p, f, jw, buf, out, d1, what)
-        : p.encoding == Encoding::sparse    ? lay_sparse(p, f, jw, buf, out, what)
-        : p.encoding == Encoding::context   ? lay_context(p, f, jw, buf, out, what)
-                                            : lay_overwrite(p, f, jw, buf, out, d1, d2, what);
+    c = !p.replace.empty() || p.source ? lay_bytes(p, f, jw, buf, out) : lay_entry(p, f, jw, buf, out, d1, d2, what);
   } catch (Error& e) {
     e.set_path_if_none(p.delta_path);  // the codecs know only the entry's bytes
     // A context entry counts base elements: other base bytes stop its

@@ -67,9 +67,12 @@ void print_inspection(const DeltaInspection& d) {
                 s.op == ShardOp::Op::remove ? "-" : cli::human_bytes(double(s.header_bytes)).c_str(), tensors.c_str(),
                 s.file.c_str());
   }
-  std::printf("  total   %zu tensors (%llu sparse, %llu context, %llu xor, %llu overwrite, %llu stacked), entries %s\n",
-              d.entries.size(), ull(d.entries_sparse), ull(d.entries_context), ull(d.entries_xor),
-              ull(d.entries_overwrite), ull(d.entries_stacked), cli::human_bytes(double(d.entry_bytes)).c_str());
+  std::string counts;  // entries of each encoding
+  for (const EncodingInfo& enc : kEncodings)
+    counts += (counts.empty() ? "" : ", ") + std::to_string(d.entries_by_encoding[enc.encoding]) + " " +
+              std::string(enc.name);
+  std::printf("  total   %zu tensors (%s), entries %s\n", d.entries.size(), counts.c_str(),
+              cli::human_bytes(double(d.entry_bytes)).c_str());
   bool needs_base = false;
   for (const auto& e : d.entries) needs_base = needs_base || e.needs_base;
   if (needs_base)

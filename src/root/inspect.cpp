@@ -294,11 +294,7 @@ DeltaInspection inspect_delta(const fs::path& dir) {
     if (e.tensor_bytes) r.tensor_bytes += *e.tensor_bytes;
     if (e.changed_elements) r.changed_elements += *e.changed_elements;
     if (e.changed_bytes) r.changed_bytes += *e.changed_bytes;
-    ++(e.encoding == Encoding::sparse      ? r.entries_sparse
-       : e.encoding == Encoding::context   ? r.entries_context
-       : e.encoding == Encoding::overwrite ? r.entries_overwrite
-       : e.encoding == Encoding::stack     ? r.entries_stacked
-                                           : r.entries_xor);
+    ++r.entries_by_encoding[e.encoding];
   }
   r.delta_bytes = tree_bytes(dir);
   return r;
@@ -345,6 +341,8 @@ json inspection_json(const DeltaInspection& d) {
     }
     shards.push_back(std::move(o));
   }
+  json entries_json = json::object();  // every encoding, by its name
+  for (const EncodingInfo& enc : kEncodings) entries_json[std::string(enc.name)] = d.entries_by_encoding[enc.encoding];
   return {{"delta", d.dir.string()},
           {"version", format_version(d.version)},
           {"base_version", format_version(d.base_version)},
@@ -357,12 +355,7 @@ json inspection_json(const DeltaInspection& d) {
           {"weight_files", std::move(shards)},
           {"totals",
            {{"tensors", d.entries.size()},
-            {"entries",
-             {{"sparse", d.entries_sparse},
-              {"xor", d.entries_xor},
-              {"overwrite", d.entries_overwrite},
-              {"stack", d.entries_stacked},
-              {"context", d.entries_context}}},
+            {"entries", entries_json},
             {"entry_bytes", d.entry_bytes},
             // A sum over some entries only would read as the whole: null instead.
             {"tensor_bytes", all_lengths ? json(d.tensor_bytes) : json(nullptr)},

@@ -110,12 +110,21 @@ std::vector<std::pair<std::string, std::uint64_t>> header_tensors(const fs::path
 // not the tensor's; each stays a stacked part of its own.
 enum class Kind { mask, add, set, context, parts };
 Kind kind_of(const Op& op, const std::string& what) {
-  if (op.enc == Encoding::xor_bytes) return Kind::mask;
-  if (op.enc == Encoding::overwrite) return Kind::set;
-  if (op.enc == Encoding::context) return Kind::context;
-  if (op.enc == Encoding::parts) return Kind::parts;
-  // Sparse: "HFS1" entries hold XOR values, "HFS2" differences.
-  return read_sparse_head(op.frame, what).op == SparseOp::xor_bytes ? Kind::mask : Kind::add;
+  switch (op.enc) {
+    case Encoding::xor_bytes:
+      return Kind::mask;
+    case Encoding::overwrite:
+      return Kind::set;
+    case Encoding::context:
+      return Kind::context;
+    case Encoding::parts:
+      return Kind::parts;
+    case Encoding::sparse:  // "HFS1" entries hold XOR values, "HFS2" differences
+      return read_sparse_head(op.frame, what).op == SparseOp::xor_bytes ? Kind::mask : Kind::add;
+    case Encoding::stack:  // split into its layers when the chain is read
+      break;
+  }
+  fail(Exit::failure, what + ": a stacked entry reached the composer");
 }
 
 // A tensor-sized scratch buffer: a file in the output's temporary directory,
@@ -249,12 +258,22 @@ void lay(const Op& op, std::span<std::uint8_t> buf, const fs::path& scratch, con
 
 // The tensor length an entry reveals, if it does.
 std::optional<std::uint64_t> length_of(const Op& op, const std::string& what) {
-  if (op.enc == Encoding::sparse) return read_sparse_head(op.frame, what).nbytes;
-  if (op.enc == Encoding::parts) return read_parts(op.frame, op.new_hash, what).m.bytes();
-  if (op.enc == Encoding::context && op.frame.size() >= kContextHeadSize) return get_le64(op.frame.data() + 8);
-  if (op.enc == Encoding::xor_bytes) {
-    const unsigned long long n = ZSTD_getFrameContentSize(op.frame.data(), op.frame.size());
-    if (n != ZSTD_CONTENTSIZE_UNKNOWN && n != ZSTD_CONTENTSIZE_ERROR) return n;
+  switch (op.enc) {
+    case Encoding::sparse:
+      return read_sparse_head(op.frame, what).nbytes;
+    case Encoding::parts:
+      return read_parts(op.frame, op.new_hash, what).m.bytes();
+    case Encoding::context:
+      if (op.frame.size() >= kContextHeadSize) return get_le64(op.frame.data() + 8);
+      return std::nullopt;
+    case Encoding::xor_bytes: {
+      const unsigned long long n = ZSTD_getFrameContentSize(op.frame.data(), op.frame.size());
+      if (n != ZSTD_CONTENTSIZE_UNKNOWN && n != ZSTD_CONTENTSIZE_ERROR) return n;
+      return std::nullopt;
+    }
+    case Encoding::overwrite:  // positions only
+    case Encoding::stack:
+      return std::nullopt;
   }
   return std::nullopt;
 }
