@@ -318,27 +318,27 @@ struct ContextSummary {
 };
 ContextSummary check_context(std::span<const std::uint8_t> entry, std::uint64_t nbytes, const std::string& what);
 
-// A stacked entry: magic "HFK1", a u32 part count N >= 1, N part records of
-// kStackPartSize bytes (u32 encoding: 0 xor, 1 overwrite, 2 sparse, 3 context,
-// 4 parts (revision 6); u32 zero; u64 length; the XXH3-128 of the tensor's
-// bytes after the part, high word first: for a parts part, the checksum of
-// its head, as a parts entry records it), then the parts' bytes in order,
-// filling the entry exactly. Little-endian throughout.
+// A stacked entry: magic "HFK1", a u32 layer count N >= 1, N layer records of
+// kStackLayerSize bytes (u32 encoding: its code in kEncodings; u32 zero; u64
+// length; the XXH3-128 of the tensor's bytes after the layer, high word
+// first: for a parts layer, the checksum of its head, as a parts entry
+// records it), then the layers' bytes in order, filling the entry exactly.
+// Little-endian throughout.
 inline constexpr std::size_t kStackHeadSize = 8;
-inline constexpr std::size_t kStackPartSize = 32;
-struct StackPart {
+inline constexpr std::size_t kStackLayerSize = 32;
+struct StackLayer {
   Encoding enc = Encoding::xor_bytes;  // never stack
   std::uint64_t size = 0;
-  Hash128 hash;                         // of the tensor after this part (parts: of its head)
-  std::span<const std::uint8_t> bytes;  // read_stack: the part within the entry
+  Hash128 hash;                         // of the tensor after this layer (parts: of its head)
+  std::span<const std::uint8_t> bytes;  // read_stack: the layer within the entry
 };
-// The head of a stacked entry of `parts` (their bytes follow it).
-std::vector<std::uint8_t> stack_head(const std::vector<StackPart>& parts);
-// Splits a stacked entry into its parts; throws Error(bad_input) naming
-// `what` unless the head is well formed, the parts fill the entry, and the
-// last part ends at `new_hash` (the checksum the delta records for the tensor).
-// A parts part's own head is not read here (read_parts, hfdelta/parts.hpp).
-std::vector<StackPart> read_stack(std::span<const std::uint8_t> entry, const Hash128& new_hash,
-                                  const std::string& what);
+// The head of a stacked entry of `layers` (their bytes follow it).
+std::vector<std::uint8_t> stack_head(const std::vector<StackLayer>& layers);
+// Splits a stacked entry into its layers; throws Error(bad_input) naming
+// `what` unless the head is well formed, the layers fill the entry, and the
+// last layer ends at `new_hash` (the checksum the delta records for the tensor).
+// A parts layer's own head is not read here (read_parts, hfdelta/parts.hpp).
+std::vector<StackLayer> read_stack(std::span<const std::uint8_t> entry, const Hash128& new_hash,
+                                   const std::string& what);
 
 }  // namespace hfdelta

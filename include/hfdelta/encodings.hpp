@@ -40,11 +40,11 @@ struct EncodingInfo {
   // The u32 that names it in a stacked entry's layer records and a parts
   // entry's part records; none: it can be neither.
   std::optional<std::uint32_t> code;
-  int revision;      // the lowest hfdelta_format that has it
-  bool chunked;      // independent chunks of 2^20 elements, split over threads
-  bool needs_base;   // decoding reads the base bytes, not only the entry
-  bool whole_delta;  // may be a delta's delta_encoding (and --encoding); else per tensor only
-  bool in_parts;     // may be a part of a parts entry (every coded one may be a stacked layer)
+  unsigned revision;  // the lowest hfdelta_format that has it
+  bool chunked;       // independent chunks of 2^20 elements, split over threads
+  bool needs_base;    // decoding reads the base bytes, not only the entry
+  bool whole_delta;   // may be a delta's delta_encoding (and --encoding); else per tensor only
+  bool in_parts;      // may be a part of a parts entry (every coded one may be a stacked layer)
 };
 
 // In the order of Encoding.

@@ -27,17 +27,18 @@ struct InspectEntry {
   std::optional<std::uint64_t> tensor_bytes;      // target length: sparse head, xor frame; not overwrite
   std::optional<std::uint64_t> element_size;      // sparse, context: the element size its positions use
   std::optional<std::uint64_t> changed_elements;  // sparse, context: sum of the chunks' K
-  // context (also as a stacked part): its positions count base elements of
+  // context (also as a stacked layer): its positions count base elements of
   // each context group, so whether they fit is known only against the base
   // (delta-apply checks it, before the checksums).
   bool needs_base = false;
   std::optional<std::uint64_t> changed_bytes;  // xor: non-zero bytes of the mask; overwrite: K
-  // stack: its parts (each checked like an entry of its kind, a parts part
-  // region by region); the net change of parts laid one after another is
-  // not known without the base. parts: its regions' parts.
-  std::uint64_t parts = 0;
+  // The entries it holds (--json: stack_parts). stack: its layers (each
+  // checked like an entry of its kind, a parts layer region by region); the
+  // net change of layers laid one after another is not known without the
+  // base. parts: its regions' parts.
+  std::uint64_t pieces = 0;
   // XXH3-128 of the tensor's new bytes (of the head, for a parts entry or a
-  // stacked entry whose last part is one: see docs/format.md, "parts").
+  // stacked entry whose last layer is one: see docs/format.md, "parts").
   Hash128 checksum;
   std::optional<std::uint32_t> adler32;  // recorded instead, in an adler32 delta
   std::optional<Hash128> base_checksum;  // hfdelta deltas only

@@ -154,7 +154,7 @@ def squash(first: PathLike, last: PathLike, out: PathLike, *, base: Optional[Pat
     """``delta-diff --squash FIRST LAST OUT``: one delta equal to the delta versions FIRST..LAST (every
     version between them beside them), composed from the deltas alone. With ``base`` (``--squash-base``:
     the checkpoint of the chain's first base), context entries are composed against its bytes into one
-    context entry per tensor instead of staying stacked parts; a checkpoint that is not that base raises
+    context entry per tensor instead of staying stacked layers; a checkpoint that is not that base raises
     VerifyFailed."""
     _callable(progress, "progress")
     return SquashResult._from_json(_core.squash(_path(first, "first"), _path(last, "last"), _path(out, "out"),

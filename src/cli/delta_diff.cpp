@@ -199,7 +199,7 @@ void add_form_options(CLI::App& app, Options& o, Given& g) {
   g.squash_base = app.add_option("--squash-base", o.squash_base,
                                  "With --squash: the checkpoint of the chain's first base (FIRST's base version), "
                                  "to compose context entries against its bytes into one context entry per tensor "
-                                 "(without it each stays a stacked part); a checkpoint whose bytes differ from "
+                                 "(without it each stays a stacked layer); a checkpoint whose bytes differ from "
                                  "the chain's base exits 5")
                       ->type_name("CKPT")
                       ->group(squash_group);

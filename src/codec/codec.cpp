@@ -735,13 +735,13 @@ void decode_overwrite(Decompressor& dp, Decompressor& dv, std::span<const std::u
   val.expect_end();
 }
 
-std::vector<std::uint8_t> stack_head(const std::vector<StackPart>& parts) {
-  std::vector<std::uint8_t> h(kStackHeadSize + parts.size() * kStackPartSize, 0);
+std::vector<std::uint8_t> stack_head(const std::vector<StackLayer>& layers) {
+  std::vector<std::uint8_t> h(kStackHeadSize + layers.size() * kStackLayerSize, 0);
   std::memcpy(h.data(), encoding_info(Encoding::stack).magic.data(), 4);
-  put_le32(h.data() + 4, static_cast<std::uint32_t>(parts.size()));
-  for (std::size_t i = 0; i < parts.size(); ++i) {
-    std::uint8_t* r = h.data() + kStackHeadSize + i * kStackPartSize;
-    const StackPart& p = parts[i];
+  put_le32(h.data() + 4, static_cast<std::uint32_t>(layers.size()));
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    std::uint8_t* r = h.data() + kStackHeadSize + i * kStackLayerSize;
+    const StackLayer& p = layers[i];
     if (p.enc == Encoding::stack) fail(Exit::failure, "stack_head: a stacked entry cannot hold another");
     put_le32(r, code_of(p.enc, "stack_head"));
     put_le64(r + 8, p.size);
@@ -751,40 +751,40 @@ std::vector<std::uint8_t> stack_head(const std::vector<StackPart>& parts) {
   return h;
 }
 
-std::vector<StackPart> read_stack(std::span<const std::uint8_t> entry, const Hash128& new_hash,
-                                  const std::string& what) {
+std::vector<StackLayer> read_stack(std::span<const std::uint8_t> entry, const Hash128& new_hash,
+                                   const std::string& what) {
   if (entry.size() < kStackHeadSize || std::memcmp(entry.data(), encoding_info(Encoding::stack).magic.data(), 4) != 0)
     fail(Exit::bad_input, what + ": stacked entry does not start with HFK1");
   const std::uint64_t n = get_le32(entry.data() + 4);
   // Bounded by the entry's own bytes, so a hostile count cannot make this allocate.
-  if (n == 0 || n > (entry.size() - kStackHeadSize) / kStackPartSize)
-    fail(Exit::bad_input, what + ": stacked entry declares " + std::to_string(n) + " parts, which its " +
+  if (n == 0 || n > (entry.size() - kStackHeadSize) / kStackLayerSize)
+    fail(Exit::bad_input, what + ": stacked entry declares " + std::to_string(n) + " layers, which its " +
                               std::to_string(entry.size()) + " bytes cannot hold");
-  std::vector<StackPart> parts(static_cast<std::size_t>(n));
-  std::uint64_t at = kStackHeadSize + n * kStackPartSize;
-  for (std::size_t i = 0; i < parts.size(); ++i) {
-    const std::uint8_t* r = entry.data() + kStackHeadSize + i * kStackPartSize;
-    StackPart& p = parts[i];
+  std::vector<StackLayer> layers(static_cast<std::size_t>(n));
+  std::uint64_t at = kStackHeadSize + n * kStackLayerSize;
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    const std::uint8_t* r = entry.data() + kStackHeadSize + i * kStackLayerSize;
+    StackLayer& p = layers[i];
     const std::uint32_t code = get_le32(r);
     const std::optional<Encoding> enc = encoding_of_code(code);
     if (!enc || get_le32(r + 4) != 0)
-      fail(Exit::bad_input,
-           what + ": part " + std::to_string(i) + " of the stacked entry has unknown encoding " + std::to_string(code));
+      fail(Exit::bad_input, what + ": layer " + std::to_string(i) + " of the stacked entry has unknown encoding " +
+                                std::to_string(code));
     p.enc = *enc;  // a parts layer's head is read by the delta reader (read_parts)
     p.size = get_le64(r + 8);
     p.hash = {get_le64(r + 16), get_le64(r + 24)};
     if (p.size > entry.size() - at)
-      fail(Exit::bad_input, what + ": part " + std::to_string(i) + " of the stacked entry runs past its end");
+      fail(Exit::bad_input, what + ": layer " + std::to_string(i) + " of the stacked entry runs past its end");
     p.bytes = entry.subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(p.size));
     at += p.size;
   }
   if (at != entry.size())
     fail(Exit::bad_input,
-         what + ": stacked entry has " + std::to_string(entry.size() - at) + " bytes after its last part");
-  if (parts.back().hash != new_hash)
-    fail(Exit::bad_input, what + ": stacked entry ends at checksum " + parts.back().hash.hex() +
+         what + ": stacked entry has " + std::to_string(entry.size() - at) + " bytes after its last layer");
+  if (layers.back().hash != new_hash)
+    fail(Exit::bad_input, what + ": stacked entry ends at checksum " + layers.back().hash.hex() +
                               ", but the delta records " + new_hash.hex());
-  return parts;
+  return layers;
 }
 
 }  // namespace hfdelta

@@ -495,11 +495,11 @@ namespace {
 
 // The lowest revision that can apply the delta: the highest of its
 // encodings' (an "auto" index is revision 2 on), 3 for a structural delta.
-int lowest_revision(const DeltaIndex& d) {
-  int r = d.per_tensor ? 2 : encoding_info(d.encoding).revision;
-  if (d.structural()) r = std::max(r, 3);
-  if (d.context_parts) r = std::max(r, encoding_info(Encoding::context).revision);
-  if (d.parts_parts) r = std::max(r, encoding_info(Encoding::parts).revision);
+unsigned lowest_revision(const DeltaIndex& d) {
+  unsigned r = d.per_tensor ? 2 : encoding_info(d.encoding).revision;
+  if (d.structural()) r = std::max(r, 3u);
+  if (d.context_layers) r = std::max(r, encoding_info(Encoding::context).revision);
+  if (d.parts_layers) r = std::max(r, encoding_info(Encoding::parts).revision);
   if (d.per_tensor)
     for (const auto& [name, enc] : d.encodings) r = std::max(r, encoding_info(enc).revision);
   return r;
