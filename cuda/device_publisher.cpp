@@ -123,7 +123,7 @@ DevicePublisher::Base& DevicePublisher::base_for(const DeviceTensorBytes& t, con
 void DevicePublisher::put(const DeviceTensorBytes& t) {
   const std::string where = "tensor '" + std::string(t.name) + "'";
   const std::optional<Encoding> enc = p_.options().encoding;
-  if (enc != Encoding::sparse && enc != Encoding::context)
+  if (!enc || !chunked(*enc))
     fail(Exit::usage, where + ": in CUDA device memory, which is published as sparse or context only, not " +
                           (enc ? std::string(encoding_name(*enc)) : std::string("auto")) +
                           ": open the publisher with encoding sparse or context, or copy the tensor to the host");

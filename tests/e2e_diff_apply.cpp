@@ -11,6 +11,9 @@
 
 #include "ckpt_edit.hpp"
 #include "e2e_util.hpp"
+#include "hfdelta/checkpoint.hpp"
+#include "hfdelta/io.hpp"
+#include "hfdelta/sharded_publisher.hpp"
 
 using namespace e2e;
 
@@ -889,4 +892,55 @@ TEST_CASE("delta-diff output does not depend on --threads, --no-sync or the run"
   E2E_REQUIRE_CODE(apply({"-q", "--init", save_dir(series, 0).string(), local.string()}), 0);
   E2E_REQUIRE_CODE(apply({"-q", "--no-sync", "--threads", "1", version_dir(t / "r4", 1).string(), local.string()}), 0);
   E2E_CHECK_TREE_EQUAL(local, save_dir(series, 1));
+}
+
+// A sharded publisher's version (docs/sharded.md): every entry a "parts"
+// entry, whose parts are xor, sparse and context. --inspect and its --json
+// count those entries as parts entries, not as xor entries.
+TEST_CASE("--inspect of a sharded version counts its parts entries as parts") {
+  TempDir t;
+  const fs::path series = gen_series(t / "series", 1);
+  const fs::path root = t / "root", mirror = t / "mirror";
+  fs::create_directories(root);
+  require_init(save_dir(series, 0), mirror);
+  const hfdelta::Checkpoint next = hfdelta::open_checkpoint(save_dir(series, 1));
+  const fs::path stage = hfdelta::make_shard_stage(root, 1);
+  const hfdelta::Encoding encs[] = {hfdelta::Encoding::xor_bytes, hfdelta::Encoding::sparse,
+                                    hfdelta::Encoding::context};
+  std::vector<hfdelta::ShardPart> parts;
+  for (std::uint32_t r = 0; r < 3; ++r) {  // rank r holds every third tensor, whole
+    hfdelta::ShardWriter w(mirror, stage, r, encs[r], 3);
+    std::size_t i = 0;
+    for (const auto& sh : next.shards) {
+      const hfdelta::MappedFile m(save_dir(series, 1) / sh.file);
+      for (const auto& ti : sh.header.tensors) {
+        if (i++ % 3 != r) continue;
+        const hfdelta::MatrixShape ms = hfdelta::matrix_shape(ti.shape, hfdelta::dtype_size(ti.dtype));
+        w.put(ti.name, ti.dtype, ti.shape, hfdelta::Region{0, ms.rows, 0, ms.cols},
+              m.bytes(sh.header.file_offset(ti), ti.nbytes()));
+      }
+    }
+    const auto p = w.finish(false);
+    parts.insert(parts.end(), p.begin(), p.end());
+  }
+  REQUIRE(!parts.empty());
+  hfdelta::commit_sharded(root, mirror, stage, 1, 0, parts, false);
+
+  const RunResult r = diff({"--inspect", "--json", version_dir(root, 1).string()});
+  E2E_REQUIRE_CODE(r, 0);
+  const json j = parse_json(r.out);
+  const std::size_t n = j["tensors"].size();
+  REQUIRE(n > 0);
+  for (const json& e : j["tensors"]) CHECK(e["encoding"] == "parts");
+  const json& entries = j["totals"]["entries"];
+  CHECK(entries["parts"] == n);
+  for (const char* other : {"xor", "overwrite", "sparse", "stack", "context"}) {
+    CAPTURE(other);
+    CHECK(entries[other] == 0);
+  }
+
+  const RunResult text = diff({"--inspect", version_dir(root, 1).string()});
+  E2E_REQUIRE_CODE(text, 0);
+  CHECK_MESSAGE(contains(text.out, "0 xor,"), text.out);
+  CHECK_MESSAGE(contains(text.out, ", " + std::to_string(n) + " parts)"), text.out);
 }

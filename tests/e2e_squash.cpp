@@ -1217,7 +1217,7 @@ TEST_CASE(
   const std::set<std::string> changed = entry_names(version_dir(root, 1));
   REQUIRE(changed.size() >= 10);
 
-  // Without the base's checkpoint: each context entry a stacked part of its own.
+  // Without the base's checkpoint: each context entry a stacked layer of its own.
   const json plain = squash_ok(root, 1, n, t / "plain");
   CHECK(plain["entries_stacked"] == changed.size());
   CHECK(all_entries(t / "plain", "stack"));

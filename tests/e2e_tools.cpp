@@ -260,7 +260,8 @@ TEST_CASE("--inspect: per-tensor changed counts, lengths and checksums match the
                                {"xor", per_encoding["xor"]},
                                {"overwrite", per_encoding["overwrite"]},
                                {"stack", 0},
-                               {"context", per_encoding["context"]}});
+                               {"context", per_encoding["context"]},
+                               {"parts", 0}});
   CHECK(tot["entry_bytes"] == sum_entry);
   CHECK(tot["changed_elements"] == sum_elements);
   CHECK(tot["changed_bytes"] == sum_bytes);

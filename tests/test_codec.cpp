@@ -238,16 +238,16 @@ TEST_CASE("codec: encoding names") {
 
 TEST_CASE("codec: a stacked entry's head round trip, and every malformed head refused") {
   const std::vector<std::uint8_t> a{1, 2, 3}, b{}, c{9, 8, 7, 6, 5};
-  std::vector<StackPart> parts{{Encoding::xor_bytes, a.size(), Hash128{1, 2}, {}},
-                               {Encoding::sparse, b.size(), Hash128{3, 4}, {}},
-                               {Encoding::overwrite, c.size(), Hash128{0xfedcba9876543210ull, 5}, {}}};
+  std::vector<StackLayer> parts{{Encoding::xor_bytes, a.size(), Hash128{1, 2}, {}},
+                                {Encoding::sparse, b.size(), Hash128{3, 4}, {}},
+                                {Encoding::overwrite, c.size(), Hash128{0xfedcba9876543210ull, 5}, {}}};
   std::vector<std::uint8_t> entry = stack_head(parts);
-  REQUIRE(entry.size() == kStackHeadSize + 3 * kStackPartSize);
+  REQUIRE(entry.size() == kStackHeadSize + 3 * kStackLayerSize);
   CHECK(std::string(entry.begin(), entry.begin() + 4) == "HFK1");
   const std::size_t head = entry.size();
   for (const auto* p : {&a, &b, &c}) entry.insert(entry.end(), p->begin(), p->end());
   const Hash128 last = parts.back().hash;
-  const std::vector<StackPart> r = read_stack(entry, last, "e");
+  const std::vector<StackLayer> r = read_stack(entry, last, "e");
   REQUIRE(r.size() == 3);
   for (std::size_t i = 0; i < 3; ++i) {
     CAPTURE(i);

@@ -320,14 +320,14 @@ TEST_CASE("sharded: --squash of sharded versions, on the chain's base, lands byt
   const auto want = read_all(saved(w, "new3", ts) / "model.safetensors");
   REQUIRE(read_all(w.mirror[0] / "model.safetensors") == want);  // the chain, version by version
 
-  // Without the base: each parts entry a stacked part of its own.
+  // Without the base: each parts entry a stacked layer of its own.
   const fs::path sq = squash(w, 1, 3, "sq");
   const DeltaInspection di = inspect_delta(sq);
   CHECK(di.format == std::optional<std::uint64_t>(6));
   CHECK(count_of(di, Encoding::stack) == 4);
-  for (const InspectEntry& e : di.entries) CHECK(e.parts == 3);
+  for (const InspectEntry& e : di.entries) CHECK(e.pieces == 3);
   CHECK(applied_on_base(w, sq, "host-sq") == want);
-  // Squashed twice over: 1..2, then that and version 3 (a stack's parts parts read back).
+  // Squashed twice over: 1..2, then that and version 3 (a stack's parts layers read back).
   const fs::path sq12 = squash(w, 1, 2, "sq12");
   copy_directory_tree(w.root / version_dirname(3), sq12.parent_path() / version_dirname(3));
   SquashOptions so;
@@ -491,7 +491,7 @@ TEST_CASE("sharded: --squash refuses a chain that does not connect where it can 
   CHECK(local_status(w.dir / "host2", ao).version == std::optional<std::uint64_t>(0));
 }
 
-TEST_CASE("sharded: a squash's stacked parts part damaged, or in an index of revision 5, is refused with exit 3") {
+TEST_CASE("sharded: a squash's stacked parts layer damaged, or in an index of revision 5, is refused with exit 3") {
   World w;
   std::vector<T> ts = base_tensors();
   for (std::uint64_t v = 1; v <= 2; ++v) {
@@ -522,7 +522,7 @@ TEST_CASE("sharded: a squash's stacked parts part damaged, or in an index of rev
     std::ofstream(r5 / "model.safetensors.index.json", std::ios::trunc) << seal_delta_index(text);
   }
   refused(r5, "needs hfdelta_format 6");
-  // A byte of the first stacked part's head (a parts entry's region) changed.
+  // A byte of the first stacked layer's head (a parts entry's region) changed.
   const fs::path bad = w.dir / "bad" / version_dirname(2);
   copy_directory_tree(sq, bad);
   const SafetensorsHeader h = read_safetensors(bad / "model-00000-of-00001.safetensors");

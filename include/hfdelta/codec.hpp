@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "hfdelta/encodings.hpp"
 #include "hfdelta/hash.hpp"
 
 // libzstd's contexts (ZSTD_CCtx, ZSTD_DCtx), used only through pointers here.
@@ -23,32 +24,6 @@ struct ZSTD_CCtx_s;
 struct ZSTD_DCtx_s;
 
 namespace hfdelta {
-
-enum class Encoding {
-  xor_bytes,  // "xor": frame decodes to new XOR old, the tensor's full length
-  overwrite,  // "overwrite": u32 K, K ascending u32 byte positions, K new bytes
-  sparse,     // "sparse" (hfdelta's own): per chunk of elements, changed element
-              // indices as varint gaps and the changed elements' XOR values as
-              // byte planes, each stream its own zstd frame; 64-bit positions
-  stack,      // "stack" (hfdelta's own, revision 4): entries of the encodings
-              // above laid one after another, each with the checksum of the
-              // bytes it leaves. Squashing writes it where a tensor's entries
-              // do not compose without its base bytes (xor, then sparse).
-  context,    // "context" (hfdelta's own, revision 5): like sparse, but each
-              // change is coded in a context both ends derive from the base
-              // element (its exponent bits): positions as gaps among the base
-              // elements of the same context group, values per group.
-              // Decoding needs the base bytes.
-  parts,      // "parts" (hfdelta's own, revision 6): entries of regions of the
-              // tensor seen as a matrix, each with its region's new checksum
-              // (hfdelta/parts.hpp); written by a sharded publisher.
-};
-
-std::string_view encoding_name(Encoding e);
-// sparse and context: entries of independent chunks of elements, which the
-// diff engine scans in blocks and delta-apply splits over threads.
-constexpr bool chunked(Encoding e) { return e == Encoding::sparse || e == Encoding::context; }
-std::optional<Encoding> parse_encoding(std::string_view name);
 
 // Bytes handed out by encoders, in order.
 using ByteSink = std::function<void(std::span<const std::uint8_t>)>;
@@ -343,27 +318,27 @@ struct ContextSummary {
 };
 ContextSummary check_context(std::span<const std::uint8_t> entry, std::uint64_t nbytes, const std::string& what);
 
-// A stacked entry: magic "HFK1", a u32 part count N >= 1, N part records of
-// kStackPartSize bytes (u32 encoding: 0 xor, 1 overwrite, 2 sparse, 3 context,
-// 4 parts (revision 6); u32 zero; u64 length; the XXH3-128 of the tensor's
-// bytes after the part, high word first: for a parts part, the checksum of
-// its head, as a parts entry records it), then the parts' bytes in order,
-// filling the entry exactly. Little-endian throughout.
+// A stacked entry: magic "HFK1", a u32 layer count N >= 1, N layer records of
+// kStackLayerSize bytes (u32 encoding: its code in kEncodings; u32 zero; u64
+// length; the XXH3-128 of the tensor's bytes after the layer, high word
+// first: for a parts layer, the checksum of its head, as a parts entry
+// records it), then the layers' bytes in order, filling the entry exactly.
+// Little-endian throughout.
 inline constexpr std::size_t kStackHeadSize = 8;
-inline constexpr std::size_t kStackPartSize = 32;
-struct StackPart {
+inline constexpr std::size_t kStackLayerSize = 32;
+struct StackLayer {
   Encoding enc = Encoding::xor_bytes;  // never stack
   std::uint64_t size = 0;
-  Hash128 hash;                         // of the tensor after this part (parts: of its head)
-  std::span<const std::uint8_t> bytes;  // read_stack: the part within the entry
+  Hash128 hash;                         // of the tensor after this layer (parts: of its head)
+  std::span<const std::uint8_t> bytes;  // read_stack: the layer within the entry
 };
-// The head of a stacked entry of `parts` (their bytes follow it).
-std::vector<std::uint8_t> stack_head(const std::vector<StackPart>& parts);
-// Splits a stacked entry into its parts; throws Error(bad_input) naming
-// `what` unless the head is well formed, the parts fill the entry, and the
-// last part ends at `new_hash` (the checksum the delta records for the tensor).
-// A parts part's own head is not read here (read_parts, hfdelta/parts.hpp).
-std::vector<StackPart> read_stack(std::span<const std::uint8_t> entry, const Hash128& new_hash,
-                                  const std::string& what);
+// The head of a stacked entry of `layers` (their bytes follow it).
+std::vector<std::uint8_t> stack_head(const std::vector<StackLayer>& layers);
+// Splits a stacked entry into its layers; throws Error(bad_input) naming
+// `what` unless the head is well formed, the layers fill the entry, and the
+// last layer ends at `new_hash` (the checksum the delta records for the tensor).
+// A parts layer's own head is not read here (read_parts, hfdelta/parts.hpp).
+std::vector<StackLayer> read_stack(std::span<const std::uint8_t> entry, const Hash128& new_hash,
+                                   const std::string& what);
 
 }  // namespace hfdelta

@@ -34,8 +34,8 @@ inline constexpr const char* kHeadersDir = "headers";
 // 1: base checksums and carried files; 2: the sparse encoding and per-tensor
 // encodings ("auto"); 3: structural changes (hfdelta_shards); 4: stacked
 // entries (encoding "stack"); 5: context entries (encoding "context", also
-// as stacked parts). A delta records the lowest revision it needs.
-// 6: parts entries (encoding "parts", docs/sharded.md, also as stacked parts).
+// as stacked layers). A delta records the lowest revision it needs.
+// 6: parts entries (encoding "parts", docs/sharded.md, also as stacked layers).
 inline constexpr int kFormatRevision = 6;
 
 // A non-weight file of the target that differs from the base.
@@ -88,8 +88,8 @@ struct DeltaIndex {
   Encoding encoding = Encoding::xor_bytes;
   bool per_tensor = false;                        // delta_encoding "auto": see `encodings`
   std::map<std::string, Encoding> encodings;      // tensor -> its encoding (per_tensor only)
-  bool context_parts = false;                     // a stacked entry holds context parts (revision 5)
-  bool parts_parts = false;                       // a stacked entry holds a parts entry (revision 6)
+  bool context_layers = false;                    // a stacked entry holds context layers (revision 5)
+  bool parts_layers = false;                      // a stacked entry holds a parts entry (revision 6)
   std::map<std::string, std::string> weight_map;  // tensor -> delta file
   ChecksumFormat checksum_format = ChecksumFormat::xxh3_128;
   std::map<std::string, Hash128> base_checksums;  // tensor -> hash of its base bytes (hfdelta only)

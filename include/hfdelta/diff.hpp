@@ -46,14 +46,8 @@ struct DiffSummary {
   std::uint64_t full_bytes = 0;     // size of every file of NEW
   std::uint64_t delta_bytes = 0;    // size of every file of the delta
   std::uint64_t files_changed = 0, files_removed = 0;
-  std::uint64_t tensors_sparse = 0, tensors_xor = 0, tensors_overwrite = 0,
-                tensors_context = 0;  // entries per encoding
-  void count_entry(Encoding e) {
-    ++(e == Encoding::sparse      ? tensors_sparse
-       : e == Encoding::xor_bytes ? tensors_xor
-       : e == Encoding::context   ? tensors_context
-                                  : tensors_overwrite);
-  }
+  EncodingCounts entries;  // entries per encoding
+  void count_entry(Encoding e) { ++entries[e]; }
   // Structural changes: weight files built anew, whose header is rewritten in
   // place, removed; tensors without base bytes (new, or of another length).
   std::uint64_t shards_built = 0, shards_rewritten = 0, shards_removed = 0, tensors_new = 0;

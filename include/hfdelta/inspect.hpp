@@ -27,17 +27,18 @@ struct InspectEntry {
   std::optional<std::uint64_t> tensor_bytes;      // target length: sparse head, xor frame; not overwrite
   std::optional<std::uint64_t> element_size;      // sparse, context: the element size its positions use
   std::optional<std::uint64_t> changed_elements;  // sparse, context: sum of the chunks' K
-  // context (also as a stacked part): its positions count base elements of
+  // context (also as a stacked layer): its positions count base elements of
   // each context group, so whether they fit is known only against the base
   // (delta-apply checks it, before the checksums).
   bool needs_base = false;
   std::optional<std::uint64_t> changed_bytes;  // xor: non-zero bytes of the mask; overwrite: K
-  // stack: its parts (each checked like an entry of its kind, a parts part
-  // region by region); the net change of parts laid one after another is
-  // not known without the base. parts: its regions' parts.
-  std::uint64_t parts = 0;
+  // The entries it holds (--json: stack_parts). stack: its layers (each
+  // checked like an entry of its kind, a parts layer region by region); the
+  // net change of layers laid one after another is not known without the
+  // base. parts: its regions' parts.
+  std::uint64_t pieces = 0;
   // XXH3-128 of the tensor's new bytes (of the head, for a parts entry or a
-  // stacked entry whose last part is one: see docs/format.md, "parts").
+  // stacked entry whose last layer is one: see docs/format.md, "parts").
   Hash128 checksum;
   std::optional<std::uint32_t> adler32;  // recorded instead, in an adler32 delta
   std::optional<Hash128> base_checksum;  // hfdelta deltas only
@@ -76,7 +77,7 @@ struct DeltaInspection {
   std::vector<InspectShard> shards;   // by file name
   // Totals. Element and byte counts add up only the entries that know them.
   std::uint64_t entry_bytes = 0, tensor_bytes = 0, changed_elements = 0, changed_bytes = 0;
-  std::uint64_t entries_xor = 0, entries_overwrite = 0, entries_sparse = 0, entries_stacked = 0, entries_context = 0;
+  EncodingCounts entries_by_encoding;
   std::uint64_t files_put = 0, files_removed = 0, file_bytes = 0;
   std::uint64_t shards_built = 0, shards_rewritten = 0, shards_removed = 0;
   std::uint64_t delta_bytes = 0;  // every regular file under the delta directory

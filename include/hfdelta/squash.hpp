@@ -13,7 +13,7 @@
 // base bytes: each run of one kind is composed, and the runs are stacked in
 // one entry (encoding "stack") that delta-apply lays in order. Context
 // entries (their positions count base elements) compose with nothing
-// without the base bytes: each stays a stacked part of its own, unless
+// without the base bytes: each stays a stacked layer of its own, unless
 // SquashOptions::base gives the checkpoint of the chain's first base. Then a
 // tensor of that base with a context entry among several is composed against
 // its real bytes: read from the checkpoint (checked against the first
@@ -21,7 +21,7 @@
 // (each checked against the checksum it records), and the result encoded as
 // one context entry, as `delta-diff --encoding context` would write it.
 // Parts entries (a sharded publisher's versions) are kept the same way: each
-// is a stacked part of its own (encoding 4 in the stack's head, revision 6),
+// is a stacked layer of its own (encoding 4 in the stack's head, revision 6),
 // laid region by region by delta-apply; where it is the last, the squashed
 // entry records its head's checksum, as a parts entry does, and delta-apply
 // hashes the tensor for its record. With SquashOptions::base they are

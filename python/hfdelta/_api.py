@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Callable, Optional, Union
+from typing import Callable, NamedTuple, Optional, Union
 
 from . import _core
 from .errors import PreReadFailed, ThenFailed, UsageError
@@ -22,6 +22,8 @@ from .results import (
 )
 
 __all__ = [
+    "EncodingInfo",
+    "ENCODINGS",
     "PathLike",
     "ProgressCallback",
     "DiffWarning",
@@ -38,6 +40,24 @@ __all__ = [
     "verify",
     "recover",
 ]
+
+
+class EncodingInfo(NamedTuple):
+    """One entry encoding of the format (docs/format.md, "Encodings"), as the core's table has it."""
+
+    name: str  # in the index, ``encoding=`` and the results
+    magic: str  # an entry's first 4 bytes; "": the entry is one zstd frame
+    code: Optional[int]  # names it in a stacked entry's layers and a parts entry's parts
+    revision: int  # the lowest format revision that has it
+    chunked: bool  # chunks of 2**20 elements that decode independently
+    needs_base: bool  # decoding reads the base bytes
+    whole_delta: bool  # may be a whole delta's encoding (``encoding=`` of diff and Publisher)
+    in_parts: bool  # may be a part of a parts entry (``encoding=`` of ShardedPublisher)
+
+
+# Every encoding, from the core's table: no second list of names here.
+ENCODINGS: tuple[EncodingInfo, ...] = tuple(EncodingInfo(*row) for row in _core.encodings())
+
 
 PathLike = Union[str, os.PathLike[str]]
 """A path: str or os.PathLike (pathlib.Path)."""
@@ -134,7 +154,7 @@ def squash(first: PathLike, last: PathLike, out: PathLike, *, base: Optional[Pat
     """``delta-diff --squash FIRST LAST OUT``: one delta equal to the delta versions FIRST..LAST (every
     version between them beside them), composed from the deltas alone. With ``base`` (``--squash-base``:
     the checkpoint of the chain's first base), context entries are composed against its bytes into one
-    context entry per tensor instead of staying stacked parts; a checkpoint that is not that base raises
+    context entry per tensor instead of staying stacked layers; a checkpoint that is not that base raises
     VerifyFailed."""
     _callable(progress, "progress")
     return SquashResult._from_json(_core.squash(_path(first, "first"), _path(last, "last"), _path(out, "out"),

@@ -80,6 +80,8 @@ class _Result:
 # ---- delta-diff ----
 
 class DiffEntries(TypedDict):
+    """Entries of each encoding a delta may be written in (``whole_delta`` in hfdelta.ENCODINGS)."""
+
     sparse: int
     xor: int
     overwrite: int
@@ -195,11 +197,14 @@ class InspectWeightFile(TypedDict):
 
 
 class InspectEntryCounts(TypedDict):
+    """Entries of each encoding (every name of hfdelta.ENCODINGS)."""
+
     sparse: int
     xor: int
     overwrite: int
     stack: int
     context: int
+    parts: int
 
 
 class InspectTotals(TypedDict):

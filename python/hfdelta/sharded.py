@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _core, errors
-from ._api import PathLike, _count, _path, _seconds
+from ._api import ENCODINGS, PathLike, _count, _path, _seconds
 from .errors import HfdeltaError, UsageError
 from .publisher import TensorLike, _item
 
@@ -127,9 +127,10 @@ class ShardedPublisher:
         self._pieces: list[_Piece] = []
         threads = _count(threads, "threads") or 0
         lock_timeout = _seconds(lock_timeout, "lock_timeout")
-        if encoding not in ("sparse", "context", "xor"):
+        part_encodings = [e.name for e in ENCODINGS if e.in_parts]
+        if encoding not in part_encodings:
             raise UsageError(f"ShardedPublisher: encoding {encoding!r}: a sharded version's parts are "
-                             "sparse, context or xor")
+                             f"{', '.join(part_encodings[:-1])} or {part_encodings[-1]}")
 
         where = self._agree("hosts", lambda: (self.host, os.path.realpath(self.mirror)))
         self._leaders = self._check_hosts(where)

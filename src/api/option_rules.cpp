@@ -38,7 +38,13 @@ std::string lock_timeout_problem(double seconds, std::string_view to_wait) {
 }
 
 const std::vector<std::string>& encoding_names() {
-  static const std::vector<std::string> names{"xor", "overwrite", "sparse", "context", "auto"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const EncodingInfo& e : kEncodings)
+      if (e.whole_delta) v.emplace_back(e.name);
+    v.emplace_back(kAutoEncoding);
+    return v;
+  }();
   return names;
 }
 
@@ -57,7 +63,7 @@ std::string encoding_problem(std::string_view name) {
 }
 
 std::optional<Encoding> encoding_option(std::string_view name) {
-  if (name == "auto") return std::nullopt;
+  if (name == kAutoEncoding) return std::nullopt;
   return parse_encoding(name);
 }
 

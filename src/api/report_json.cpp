@@ -64,6 +64,19 @@ json error_json(int code, const std::string& message, const std::string& path) {
   return {{"ok", false}, {"exit_code", code}, {"error", std::move(err)}};
 }
 
+namespace {
+
+// A diff's entries per encoding it writes (those a delta may be written in):
+// every one, by its name.
+json diff_entries_json(const EncodingCounts& n) {
+  json j = json::object();
+  for (const EncodingInfo& e : kEncodings)
+    if (e.whole_delta) j[std::string(e.name)] = n[e.encoding];
+  return j;
+}
+
+}  // namespace
+
 json diff_json(const std::string& out, const std::string& encoding, const DiffSummary& s) {
   const double density = density_of(s);
   return {{"out", out},
@@ -81,11 +94,7 @@ json diff_json(const std::string& out, const std::string& encoding, const DiffSu
           {"delta_bytes", s.delta_bytes},
           {"files_changed", s.files_changed},
           {"files_removed", s.files_removed},
-          {"entries",
-           {{"sparse", s.tensors_sparse},
-            {"xor", s.tensors_xor},
-            {"overwrite", s.tensors_overwrite},
-            {"context", s.tensors_context}}},
+          {"entries", diff_entries_json(s.entries)},
           {"structure",
            {{"weight_files_built", s.shards_built},
             {"headers_rewritten", s.shards_rewritten},

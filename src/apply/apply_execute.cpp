@@ -95,8 +95,8 @@ void build_file(const ExecuteContext& ctx, const Build& bd, const std::vector<Fi
     if (t.src) copy_range(src[t.src->first], t.src->second, t.nbytes, out, t.dst);
     if (t.entry) {
       const Patch& p = ctx.plan.build_patches[*t.entry];
-      if (!p.stack.empty())
-        lay_stack(p, out, {}, buf, name, ctx.version());  // parts parts: refused by the plan here
+      if (!p.layers.empty())
+        lay_stack(p, out, {}, buf, name, ctx.version());  // parts layers: refused by the plan here
       else
         journal_patch(p, out, nullptr, buf, name, ctx.version(), &out);
       continue;
@@ -132,7 +132,7 @@ void run_unit(ExecuteContext& ctx, const PatchUnit& u, JournalWriter& jw, std::v
   File* out = write ? &ctx.files[p.local_shard] : nullptr;
   if (p.split)
     journal_range(p, u.c0, u.c1, ctx.files[p.local_shard], jw, buf, out);
-  else if (p.parts || !p.stack.empty())
+  else if (p.parts || !p.layers.empty())
     journal_copy(p, ctx.files[p.local_shard], ctx.step / ((p.parts ? "parts-" : "stack-") + std::to_string(u.patch)),
                  &jw, buf, ctx.shard_path(p.local_shard), ctx.version(), out);
   else

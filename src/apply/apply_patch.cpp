@@ -298,6 +298,27 @@ Checksums lay_overwrite(const Patch& p, const File& f, JournalWriter* jw, std::v
   return checksums_of(w);
 }
 
+// One entry of its encoding laid over the tensor. Stacked and parts entries
+// are laid layer by layer or part by part into a copy first (journal_copy),
+// which then arrives here as bytes.
+Checksums lay_entry(const Patch& p, const File& f, JournalWriter* jw, std::vector<std::uint8_t>& buf, File* out,
+                    Decompressor& d1, Decompressor& d2, const std::string& what) {
+  switch (p.encoding) {
+    case Encoding::xor_bytes:
+      return lay_xor(p, f, jw, buf, out, d1, what);
+    case Encoding::sparse:
+      return lay_sparse(p, f, jw, buf, out, what);
+    case Encoding::context:
+      return lay_context(p, f, jw, buf, out, what);
+    case Encoding::overwrite:
+      return lay_overwrite(p, f, jw, buf, out, d1, d2, what);
+    case Encoding::stack:
+    case Encoding::parts:
+      break;
+  }
+  fail(Exit::failure, what + ": a " + std::string(encoding_name(p.encoding)) + " entry reached the patcher whole");
+}
+
 }  // namespace
 
 void journal_patch(const Patch& p, const File& f, JournalWriter* jw, std::vector<std::uint8_t>& buf,
@@ -308,11 +329,7 @@ void journal_patch(const Patch& p, const File& f, JournalWriter* jw, std::vector
   const std::string outcome = p.live ? "LOCAL was rolled back" : "nothing was changed";
   Checksums c;
   try {
-    c = !p.replace.empty() || p.source      ? lay_bytes(p, f, jw, buf, out)
-        : p.encoding == Encoding::xor_bytes ? lay_xor(p, f, jw, buf, out, d1, what)
-        : p.encoding == Encoding::sparse    ? lay_sparse(p, f, jw, buf, out, what)
-        : p.encoding == Encoding::context   ? lay_context(p, f, jw, buf, out, what)
-                                            : lay_overwrite(p, f, jw, buf, out, d1, d2, what);
+    c = !p.replace.empty() || p.source ? lay_bytes(p, f, jw, buf, out) : lay_entry(p, f, jw, buf, out, d1, d2, what);
   } catch (Error& e) {
     e.set_path_if_none(p.delta_path);  // the codecs know only the entry's bytes
     // A context entry counts base elements: other base bytes stop its
@@ -373,7 +390,7 @@ void move_region(const File& from, File& to, std::uint64_t base, const MatrixSha
 // Lays the parts of `pe` over [p.offset, p.offset + p.nbytes) of `f` (a
 // scratch copy), each region gathered into `region_path`, decoded there,
 // checked against the part's checksum and scattered back. `label` names the
-// delta file (and the stacked part) in errors.
+// delta file (and the stacked layer) in errors.
 void lay_parts(const Patch& p, const PartsEntry& pe, File& f, const fs::path& region_path, const std::string& label,
                std::vector<std::uint8_t>& buf, const std::string& local_file, std::uint64_t version) {
   if (region_path.empty()) fail(Exit::failure, label + ": a parts entry laid without a scratch file");
@@ -416,22 +433,22 @@ struct RemoveAfter {
 
 void lay_stack(const Patch& p, File& f, const fs::path& region_scratch, std::vector<std::uint8_t>& buf,
                const std::string& local_file, std::uint64_t version) {
-  for (std::size_t i = 0; i < p.stack.size(); ++i) {
+  for (std::size_t i = 0; i < p.layers.size(); ++i) {
     const std::string label =
-        p.delta_file + " (stacked part " + std::to_string(i + 1) + " of " + std::to_string(p.stack.size()) + ")";
-    if (i < p.stack_parts.size() && p.stack_parts[i]) {
+        p.delta_file + " (stacked layer " + std::to_string(i + 1) + " of " + std::to_string(p.layers.size()) + ")";
+    if (i < p.layer_parts.size() && p.layer_parts[i]) {
       // Its regions are checked; the whole base is checked by the caller
       // (journal_copy), which computes the tensor's new checksum.
-      lay_parts(p, *p.stack_parts[i], f, region_scratch, label, buf, local_file, version);
+      lay_parts(p, *p.layer_parts[i], f, region_scratch, label, buf, local_file, version);
       continue;
     }
     Patch q;
     q.tensor = p.tensor;
     q.delta_file = label;
     q.delta_path = p.delta_path;
-    q.frame = p.stack[i].bytes;
-    q.encoding = p.stack[i].enc;
-    q.new_hash = p.stack[i].hash;
+    q.frame = p.layers[i].bytes;
+    q.encoding = p.layers[i].enc;
+    q.new_hash = p.layers[i].hash;
     if (i == 0) q.base_hash = p.base_hash;  // later bases are the parts' own checked results
     q.live = p.live;
     q.offset = p.offset;
@@ -454,7 +471,7 @@ void journal_copy(const Patch& p, const File& f, const fs::path& scratch, Journa
     lay_stack(q, s, region, buf, local_file, version);
   Patch r = p;
   r.parts.reset();
-  r.stack.clear();
+  r.layers.clear();
   r.source = &s;
   if (p.computed) r.new_hash = hash_file_range(s, 0, p.nbytes, buf);
   journal_patch(r, f, jw, buf, local_file, version, out);  // checks the whole base checksum

@@ -55,9 +55,9 @@ class TensorWriter {
 void journal_patch(const Patch& p, const File& f, JournalWriter* jw, std::vector<std::uint8_t>& buf,
                    const std::string& local_file, std::uint64_t version, File* out);
 
-// Lays the parts of a stacked entry over [p.offset, p.offset + p.nbytes) of
+// Lays the layers of a stacked entry over [p.offset, p.offset + p.nbytes) of
 // `f` in order, nothing journaled (a file being built, or a scratch copy);
-// each part is checked against the checksum it records. A parts part is laid
+// each part is checked against the checksum it records. A parts layer is laid
 // region by region through the scratch file `region_scratch` (see
 // journal_copy; none is given for a file being built, where the plan refuses
 // parts).
@@ -69,7 +69,7 @@ void lay_stack(const Patch& p, File& f, const boost::filesystem::path& region_sc
 // copy journaled against LOCAL like any other entry, which checks LOCAL's
 // whole base: the journal holds one record per byte that ends up changed,
 // whatever the parts did in between. A parts entry's regions (also as a
-// stacked part) are each gathered into `scratch`.region, decoded, checked
+// stacked layer) are each gathered into `scratch`.region, decoded, checked
 // against the part's checksum and scattered back. Where the entry's checksum
 // is not the tensor's (it ends with a parts entry), the copy's checksum is
 // the tensor's new one, left in *p.computed for the record.

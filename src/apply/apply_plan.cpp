@@ -183,9 +183,9 @@ void plan_shard_ops(PlanContext& ctx) {
   }
 }
 
-// An entry holding a parts entry (itself one, or a stacked part).
+// An entry holding a parts entry (itself one, or a stacked layer).
 bool parted(const Patch& p) {
-  return p.parts || std::any_of(p.stack_parts.begin(), p.stack_parts.end(), [](const auto& s) { return s != nullptr; });
+  return p.parts || std::any_of(p.layer_parts.begin(), p.layer_parts.end(), [](const auto& s) { return s != nullptr; });
 }
 
 Patch patch_of(const OpenDelta& d, const DeltaEntry& e) {
@@ -197,8 +197,8 @@ Patch patch_of(const OpenDelta& d, const DeltaEntry& e) {
   p.new_hash = e.new_hash;
   p.adler32 = e.adler32;
   p.base_hash = e.base_hash;
-  p.stack = e.stack;
-  p.stack_parts = e.stack_parts;
+  p.layers = e.layers;
+  p.layer_parts = e.layer_parts;
   p.parts = e.parts;
   if (!new_bytes_of(e).whole) p.computed = std::make_shared<Hash128>();
   return p;
@@ -238,7 +238,7 @@ void plan_entries(PlanContext& ctx) {
     p.offset = lt->second.offset;
     p.nbytes = lt->second.nbytes;
     std::vector<const PartsEntry*> heads{p.parts.get()};
-    for (const auto& sp : p.stack_parts) heads.push_back(sp.get());
+    for (const auto& sp : p.layer_parts) heads.push_back(sp.get());
     for (const PartsEntry* pe : heads)
       if (pe && pe->m.bytes() != p.nbytes)
         fail(Exit::verify_failed, p.delta_file,

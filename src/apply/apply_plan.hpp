@@ -63,10 +63,10 @@ struct Patch {
   // Header bytes rewritten in place (a "header" shard operation): the new
   // bytes, laid over [0, nbytes) of the file instead of a decoded entry.
   std::span<const std::uint8_t> replace;
-  // A stacked entry's parts, laid in order, and its parts parts' heads (by
-  // part; null for the others).
-  std::vector<StackPart> stack;
-  std::vector<std::shared_ptr<const PartsEntry>> stack_parts;
+  // A stacked entry's layers, laid in order, and its parts layers' heads (by
+  // layer; null for the others).
+  std::vector<StackLayer> layers;
+  std::vector<std::shared_ptr<const PartsEntry>> layer_parts;
   // A parts entry's regions, laid over a copy of the tensor. Where the
   // entry's checksum is not the tensor's XXH3-128 (a parts entry, a stack
   // ending with one, an entry of an adler32 delta), the new bytes' checksum

@@ -68,9 +68,12 @@ void print_inspection(const DeltaInspection& d) {
                 s.op == ShardOp::Op::remove ? "-" : cli::human_bytes(double(s.header_bytes)).c_str(), tensors.c_str(),
                 s.file.c_str());
   }
-  std::printf("  total   %zu tensors (%llu sparse, %llu context, %llu xor, %llu overwrite, %llu stacked), entries %s\n",
-              d.entries.size(), ull(d.entries_sparse), ull(d.entries_context), ull(d.entries_xor),
-              ull(d.entries_overwrite), ull(d.entries_stacked), cli::human_bytes(double(d.entry_bytes)).c_str());
+  std::string counts;  // entries of each encoding
+  for (const EncodingInfo& enc : kEncodings)
+    counts += (counts.empty() ? "" : ", ") + std::to_string(d.entries_by_encoding[enc.encoding]) + " " +
+              std::string(enc.name);
+  std::printf("  total   %zu tensors (%s), entries %s\n", d.entries.size(), counts.c_str(),
+              cli::human_bytes(double(d.entry_bytes)).c_str());
   bool needs_base = false;
   for (const auto& e : d.entries) needs_base = needs_base || e.needs_base;
   if (needs_base)
@@ -186,7 +189,7 @@ void add_form_options(CLI::App& app, Options& o) {
   app.add_option("--squash-base", o.squash_base,
                  "With --squash: the checkpoint of the chain's first base (FIRST's base version), "
                  "to compose context entries against its bytes into one context entry per tensor "
-                 "(without it each stays a stacked part); a checkpoint whose bytes differ from "
+                 "(without it each stays a stacked layer); a checkpoint whose bytes differ from "
                  "the chain's base exits 5")
       ->type_name("CKPT")
       ->group(squash_group);

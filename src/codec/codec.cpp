@@ -36,34 +36,6 @@ void check_declared_size(std::span<const std::uint8_t> frame, std::uint64_t expe
          what + ": zstd frame declares " + std::to_string(cs) + " bytes, expected " + std::to_string(expect));
 }
 
-std::string_view encoding_name(Encoding e) {
-  switch (e) {
-    case Encoding::xor_bytes:
-      return "xor";
-    case Encoding::overwrite:
-      return "overwrite";
-    case Encoding::sparse:
-      return "sparse";
-    case Encoding::stack:
-      return "stack";
-    case Encoding::context:
-      return "context";
-    case Encoding::parts:
-      return "parts";
-  }
-  return "?";
-}
-
-std::optional<Encoding> parse_encoding(std::string_view name) {
-  if (name == "sparse") return Encoding::sparse;
-  if (name == "xor") return Encoding::xor_bytes;
-  if (name == "overwrite") return Encoding::overwrite;
-  if (name == "stack") return Encoding::stack;
-  if (name == "context") return Encoding::context;
-  if (name == "parts") return Encoding::parts;
-  return std::nullopt;
-}
-
 ChangeCount count_changes(std::span<const std::uint8_t> a, std::span<const std::uint8_t> b, std::size_t es) {
   ChangeCount c;
   const std::size_t n = std::min(a.size(), b.size());
@@ -301,7 +273,7 @@ static_assert(std::endian::native == std::endian::little, "sparse values are rea
 namespace {
 
 constexpr char kMagicXor[4] = {'H', 'F', 'S', '1'};
-constexpr char kMagicAdd[4] = {'H', 'F', 'S', '2'};
+constexpr std::string_view kMagicAdd = encoding_info(Encoding::sparse).magic;  // what is written
 
 // Bit i of out[k] set where byte i of 64-byte block k of `a` and `b` differ.
 void diff_masks_generic(const std::uint8_t* a, const std::uint8_t* b, std::size_t blocks, std::uint64_t* out) {
@@ -372,7 +344,7 @@ std::size_t sparse_elem_size(std::size_t es, std::uint64_t nbytes) { return rule
 std::uint64_t sparse_chunk_count(std::uint64_t nbytes, std::size_t es) { return rules::chunk_count(nbytes / es); }
 
 void sparse_entry_head(std::size_t es, std::uint64_t nbytes, std::uint8_t out[kSparseHeadSize]) {
-  std::memcpy(out, kMagicAdd, 4);
+  std::memcpy(out, kMagicAdd.data(), 4);
   put_le32(out + 4, static_cast<std::uint32_t>(es));
   put_le64(out + 8, nbytes);
   put_le64(out + 16, kSparseChunkElements);
@@ -383,7 +355,7 @@ SparseHead read_sparse_head(std::span<const std::uint8_t> entry, const std::stri
   if (entry.size() < kSparseHeadSize) fail(Exit::bad_input, what + ": sparse entry is truncated");
   const std::uint8_t* h = entry.data();
   SparseHead r;
-  if (std::memcmp(h, kMagicAdd, 4) == 0)
+  if (std::memcmp(h, kMagicAdd.data(), 4) == 0)
     r.op = SparseOp::add_zigzag;
   else if (std::memcmp(h, kMagicXor, 4) == 0)
     r.op = SparseOp::xor_bytes;
@@ -763,23 +735,15 @@ void decode_overwrite(Decompressor& dp, Decompressor& dv, std::span<const std::u
   val.expect_end();
 }
 
-namespace {
-constexpr char kMagicStack[4] = {'H', 'F', 'K', '1'};
-}  // namespace
-
-std::vector<std::uint8_t> stack_head(const std::vector<StackPart>& parts) {
-  std::vector<std::uint8_t> h(kStackHeadSize + parts.size() * kStackPartSize, 0);
-  std::memcpy(h.data(), kMagicStack, 4);
-  put_le32(h.data() + 4, static_cast<std::uint32_t>(parts.size()));
-  for (std::size_t i = 0; i < parts.size(); ++i) {
-    std::uint8_t* r = h.data() + kStackHeadSize + i * kStackPartSize;
-    const StackPart& p = parts[i];
+std::vector<std::uint8_t> stack_head(const std::vector<StackLayer>& layers) {
+  std::vector<std::uint8_t> h(kStackHeadSize + layers.size() * kStackLayerSize, 0);
+  std::memcpy(h.data(), encoding_info(Encoding::stack).magic.data(), 4);
+  put_le32(h.data() + 4, static_cast<std::uint32_t>(layers.size()));
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    std::uint8_t* r = h.data() + kStackHeadSize + i * kStackLayerSize;
+    const StackLayer& p = layers[i];
     if (p.enc == Encoding::stack) fail(Exit::failure, "stack_head: a stacked entry cannot hold another");
-    put_le32(r, p.enc == Encoding::xor_bytes   ? 0
-                : p.enc == Encoding::overwrite ? 1
-                : p.enc == Encoding::sparse    ? 2
-                : p.enc == Encoding::context   ? 3
-                                               : 4);
+    put_le32(r, code_of(p.enc, "stack_head"));
     put_le64(r + 8, p.size);
     put_le64(r + 16, p.hash.high);
     put_le64(r + 24, p.hash.low);
@@ -787,43 +751,40 @@ std::vector<std::uint8_t> stack_head(const std::vector<StackPart>& parts) {
   return h;
 }
 
-std::vector<StackPart> read_stack(std::span<const std::uint8_t> entry, const Hash128& new_hash,
-                                  const std::string& what) {
-  if (entry.size() < kStackHeadSize || std::memcmp(entry.data(), kMagicStack, 4) != 0)
+std::vector<StackLayer> read_stack(std::span<const std::uint8_t> entry, const Hash128& new_hash,
+                                   const std::string& what) {
+  if (entry.size() < kStackHeadSize || std::memcmp(entry.data(), encoding_info(Encoding::stack).magic.data(), 4) != 0)
     fail(Exit::bad_input, what + ": stacked entry does not start with HFK1");
   const std::uint64_t n = get_le32(entry.data() + 4);
   // Bounded by the entry's own bytes, so a hostile count cannot make this allocate.
-  if (n == 0 || n > (entry.size() - kStackHeadSize) / kStackPartSize)
-    fail(Exit::bad_input, what + ": stacked entry declares " + std::to_string(n) + " parts, which its " +
+  if (n == 0 || n > (entry.size() - kStackHeadSize) / kStackLayerSize)
+    fail(Exit::bad_input, what + ": stacked entry declares " + std::to_string(n) + " layers, which its " +
                               std::to_string(entry.size()) + " bytes cannot hold");
-  std::vector<StackPart> parts(static_cast<std::size_t>(n));
-  std::uint64_t at = kStackHeadSize + n * kStackPartSize;
-  for (std::size_t i = 0; i < parts.size(); ++i) {
-    const std::uint8_t* r = entry.data() + kStackHeadSize + i * kStackPartSize;
-    StackPart& p = parts[i];
+  std::vector<StackLayer> layers(static_cast<std::size_t>(n));
+  std::uint64_t at = kStackHeadSize + n * kStackLayerSize;
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    const std::uint8_t* r = entry.data() + kStackHeadSize + i * kStackLayerSize;
+    StackLayer& p = layers[i];
     const std::uint32_t code = get_le32(r);
-    if (code > 4 || get_le32(r + 4) != 0)
-      fail(Exit::bad_input,
-           what + ": part " + std::to_string(i) + " of the stacked entry has unknown encoding " + std::to_string(code));
-    p.enc = code == 0   ? Encoding::xor_bytes
-            : code == 1 ? Encoding::overwrite
-            : code == 2 ? Encoding::sparse
-            : code == 3 ? Encoding::context
-                        : Encoding::parts;  // its head is read by the delta reader (read_parts)
+    const std::optional<Encoding> enc = encoding_of_code(code);
+    if (!enc || get_le32(r + 4) != 0)
+      fail(Exit::bad_input, what + ": layer " + std::to_string(i) + " of the stacked entry has unknown encoding " +
+                                std::to_string(code));
+    p.enc = *enc;  // a parts layer's head is read by the delta reader (read_parts)
     p.size = get_le64(r + 8);
     p.hash = {get_le64(r + 16), get_le64(r + 24)};
     if (p.size > entry.size() - at)
-      fail(Exit::bad_input, what + ": part " + std::to_string(i) + " of the stacked entry runs past its end");
+      fail(Exit::bad_input, what + ": layer " + std::to_string(i) + " of the stacked entry runs past its end");
     p.bytes = entry.subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(p.size));
     at += p.size;
   }
   if (at != entry.size())
     fail(Exit::bad_input,
-         what + ": stacked entry has " + std::to_string(entry.size() - at) + " bytes after its last part");
-  if (parts.back().hash != new_hash)
-    fail(Exit::bad_input, what + ": stacked entry ends at checksum " + parts.back().hash.hex() +
+         what + ": stacked entry has " + std::to_string(entry.size() - at) + " bytes after its last layer");
+  if (layers.back().hash != new_hash)
+    fail(Exit::bad_input, what + ": stacked entry ends at checksum " + layers.back().hash.hex() +
                               ", but the delta records " + new_hash.hex());
-  return parts;
+  return layers;
 }
 
 }  // namespace hfdelta

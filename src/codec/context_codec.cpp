@@ -50,7 +50,7 @@ namespace hfdelta {
 
 namespace {
 
-constexpr char kMagicContext[4] = {'H', 'F', 'C', '1'};
+constexpr std::string_view kMagicContext = encoding_info(Encoding::context).magic;
 constexpr unsigned kMaxRice = 24;      // gaps are below 2^20
 constexpr double kGroupCostBits = 40;  // a group's own bytes in the chunk head, about
 constexpr std::size_t kEncoderGroups = 8;
@@ -567,7 +567,7 @@ ChunkLayout chunk_layout(std::string_view dtype, std::uint64_t nbytes) {
 
 void context_entry_head(std::size_t es, std::uint64_t nbytes, ContextField f, std::uint8_t out[kContextHeadSize]) {
   std::memset(out, 0, kContextHeadSize);
-  std::memcpy(out, kMagicContext, 4);
+  std::memcpy(out, kMagicContext.data(), 4);
   put_le32(out + 4, static_cast<std::uint32_t>(es));
   put_le64(out + 8, nbytes);
   put_le64(out + 16, kContextChunkElements);
@@ -933,7 +933,7 @@ struct Head {
 
 Head take_head(EntryCursor& in, std::uint64_t nbytes) {
   const std::uint8_t* h = in.take(kContextHeadSize);
-  if (std::memcmp(h, kMagicContext, 4) != 0) in.bad("does not start with HFC1");
+  if (std::memcmp(h, kMagicContext.data(), 4) != 0) in.bad("does not start with HFC1");
   Head r;
   r.es = get_le32(h + 4);
   const std::uint64_t tb = get_le64(h + 8), ce = get_le64(h + 16);

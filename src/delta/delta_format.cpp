@@ -1,5 +1,6 @@
 #include "hfdelta/delta_format.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <set>
 
@@ -133,15 +134,12 @@ void read_tensor_encodings(IndexContext& ctx) {
     if (!e)
       fail(Exit::unsupported, w,
            "hfdelta_encodings[\"" + it.key() + "\"] is " + it->dump() + ", not an encoding this build knows");
-    if (*e == Encoding::stack && ctx.revision < 4)
+    // Revisions 1 and 2 hold none an "auto" index (revision 2 on) could not.
+    const EncodingInfo& info = encoding_info(*e);
+    if (info.revision > 2 && ctx.revision < info.revision)
       fail(Exit::bad_input, w,
-           "hfdelta_encodings[\"" + it.key() + "\"] is \"stack\", which needs hfdelta_format 4 or later");
-    if (*e == Encoding::context && ctx.revision < 5)
-      fail(Exit::bad_input, w,
-           "hfdelta_encodings[\"" + it.key() + "\"] is \"context\", which needs hfdelta_format 5 or later");
-    if (*e == Encoding::parts && ctx.revision < 6)
-      fail(Exit::bad_input, w,
-           "hfdelta_encodings[\"" + it.key() + "\"] is \"parts\", which needs hfdelta_format 6 or later");
+           "hfdelta_encodings[\"" + it.key() + "\"] is \"" + std::string(info.name) +
+               "\", which needs hfdelta_format " + std::to_string(info.revision) + " or later");
     ctx.d.encodings.emplace(it.key(), *e);
   }
 }
@@ -151,13 +149,15 @@ void read_encoding(IndexContext& ctx) {
   if (!ctx.m[key::delta_encoding].is_string()) fail(Exit::bad_input, w, "metadata.delta_encoding must be a string");
   const std::string enc_name = ctx.m[key::delta_encoding].get<std::string>();
   ctx.d.encoding_name = enc_name;
-  if (enc_name == "auto") return read_tensor_encodings(ctx);
+  if (enc_name == kAutoEncoding) return read_tensor_encodings(ctx);
   const auto enc = parse_encoding(enc_name);
   if (!enc) fail(Exit::unsupported, w, "unknown delta_encoding \"" + enc_name + "\"");
-  if (*enc == Encoding::stack || *enc == Encoding::parts)
+  const EncodingInfo& info = encoding_info(*enc);
+  if (!info.whole_delta)
     fail(Exit::bad_input, w, "delta_encoding \"" + enc_name + "\" is only valid per tensor, in hfdelta_encodings");
-  if (*enc == Encoding::context && ctx.revision < 5)
-    fail(Exit::bad_input, w, "delta_encoding \"context\" needs hfdelta_format 5 or later");
+  if (info.revision > 2 && ctx.revision < info.revision)
+    fail(Exit::bad_input, w,
+         "delta_encoding \"" + enc_name + "\" needs hfdelta_format " + std::to_string(info.revision) + " or later");
   ctx.d.encoding = *enc;
 }
 
@@ -491,24 +491,31 @@ std::string seal_delta_index(std::string_view text) {
   return j.dump(2) + "\n";
 }
 
+namespace {
+
+// The lowest revision that can apply the delta: the highest of its
+// encodings' (an "auto" index is revision 2 on), 3 for a structural delta.
+unsigned lowest_revision(const DeltaIndex& d) {
+  unsigned r = d.per_tensor ? 2 : encoding_info(d.encoding).revision;
+  if (d.structural()) r = std::max(r, 3u);
+  if (d.context_layers) r = std::max(r, encoding_info(Encoding::context).revision);
+  if (d.parts_layers) r = std::max(r, encoding_info(Encoding::parts).revision);
+  if (d.per_tensor)
+    for (const auto& [name, enc] : d.encodings) r = std::max(r, encoding_info(enc).revision);
+  return r;
+}
+
+}  // namespace
+
 std::string write_delta_index_json(const DeltaIndex& d, std::uint64_t total_size) {
   json m = json::object();
   m[key::total_size] = total_size;
   m[key::version] = format_version(d.version);
   m[key::base_version] = format_version(d.base_version);
-  m[key::delta_encoding] = d.per_tensor ? std::string("auto") : std::string(encoding_name(d.encoding));
+  m[key::delta_encoding] = std::string(d.per_tensor ? kAutoEncoding : encoding_name(d.encoding));
   m[key::compression_format] = "zstd";
   m[key::checksum_format] = "xxh3-128";
-  const bool plain = !d.per_tensor && !chunked(d.encoding);
-  bool stacked = false, parted = d.parts_parts,
-       context = d.context_parts || (!d.per_tensor && d.encoding == Encoding::context);
-  for (const auto& [name, enc] : d.encodings) {
-    stacked = stacked || (d.per_tensor && enc == Encoding::stack);
-    parted = parted || (d.per_tensor && enc == Encoding::parts);
-    context = context || (d.per_tensor && enc == Encoding::context);
-  }
-  // The lowest revision that can apply it.
-  m[key::format] = parted ? 6 : context ? 5 : stacked ? 4 : d.structural() ? 3 : plain ? 1 : 2;
+  m[key::format] = lowest_revision(d);
   if (d.per_tensor) {
     json e = json::object();
     for (const auto& [name, enc] : d.encodings) e[name] = std::string(encoding_name(enc));

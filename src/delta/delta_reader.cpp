@@ -50,21 +50,21 @@ DeltaEntry entry_of(const OpenDelta& v, const std::string& file, const Safetenso
   if (auto b = v.index.base_checksums.find(t.name); b != v.index.base_checksums.end()) e.base_hash = b->second;
   const std::string what = w + ": entry '" + t.name + "'";
   if (e.encoding == Encoding::stack) {
-    e.stack = read_stack(e.frame, checksum, what);
-    e.stack_parts.resize(e.stack.size());
-    for (std::size_t i = 0; i < e.stack.size(); ++i) {
-      if (e.stack[i].enc != Encoding::parts) continue;
-      const std::string pw = what + " (stacked part " + std::to_string(i + 1) + ")";
+    e.layers = read_stack(e.frame, checksum, what);
+    e.layer_parts.resize(e.layers.size());
+    for (std::size_t i = 0; i < e.layers.size(); ++i) {
+      if (e.layers[i].enc != Encoding::parts) continue;
+      const std::string pw = what + " (stacked layer " + std::to_string(i + 1) + ")";
       if (v.index.format_revision.value_or(0) < 6)
         fail(Exit::bad_input, pw + ": is a parts entry, which needs hfdelta_format 6 or later");
-      e.stack_parts[i] = std::make_shared<const PartsEntry>(read_parts(e.stack[i].bytes, e.stack[i].hash, pw));
+      e.layer_parts[i] = std::make_shared<const PartsEntry>(read_parts(e.layers[i].bytes, e.layers[i].hash, pw));
     }
   }
   if (e.encoding == Encoding::parts) e.parts = std::make_shared<const PartsEntry>(read_parts(e.frame, checksum, what));
   // The whole tensor's base is checked before parts are laid: their
   // regions' checksums say nothing of the bytes around them.
   const bool parted =
-      e.parts || std::any_of(e.stack_parts.begin(), e.stack_parts.end(), [](const auto& p) { return p != nullptr; });
+      e.parts || std::any_of(e.layer_parts.begin(), e.layer_parts.end(), [](const auto& p) { return p != nullptr; });
   if (parted && !e.base_hash)
     fail(Exit::bad_input, what + ": holds a parts entry, but has no base checksum in hfdelta_base_checksums");
   return e;
@@ -209,16 +209,16 @@ NewBytes new_bytes_of(const DeltaEntry& e) {
     for (const PartRecord& p : e.parts->parts) nb.regions.emplace_back(p.region, p.hash);
     return nb;
   }
-  if (e.stack_parts.empty() || !e.stack_parts.back()) {
+  if (e.layer_parts.empty() || !e.layer_parts.back()) {
     if (!e.adler32) nb.whole = e.new_hash;
     return nb;
   }
-  // The last parts part's regions, then each earlier one's that no later
+  // The last parts layer's regions, then each earlier one's that no later
   // part touched, back to the last part of another encoding (or of another
   // matrix, whose regions are not comparable).
-  nb.m = e.stack_parts.back()->m;
-  for (std::size_t i = e.stack_parts.size(); i-- > 0 && e.stack_parts[i] && e.stack_parts[i]->m == nb.m;)
-    for (const PartRecord& p : e.stack_parts[i]->parts)
+  nb.m = e.layer_parts.back()->m;
+  for (std::size_t i = e.layer_parts.size(); i-- > 0 && e.layer_parts[i] && e.layer_parts[i]->m == nb.m;)
+    for (const PartRecord& p : e.layer_parts[i]->parts)
       if (std::none_of(nb.regions.begin(), nb.regions.end(), [&](const auto& r) { return r.first.overlaps(p.region); }))
         nb.regions.emplace_back(p.region, p.hash);
   return nb;

@@ -32,10 +32,10 @@ struct DeltaEntry {
   Hash128 new_hash;                         // of the tensor's new bytes (the file's __metadata__)
   std::optional<std::uint32_t> adler32;     // instead, in an adler32 delta (new_hash then unknown)
   std::optional<Hash128> base_hash;         // of its base bytes (hfdelta_base_checksums)
-  std::vector<StackPart> stack;             // a stacked entry's parts, in order (views into `frame`)
+  std::vector<StackLayer> layers;           // a stacked entry's layers, in order (views into `frame`)
   std::shared_ptr<const PartsEntry> parts;  // a parts entry's head (views into `frame`)
-  // A stacked entry's parts parts' heads, by part (null for the others).
-  std::vector<std::shared_ptr<const PartsEntry>> stack_parts;
+  // A stacked entry's parts layers' heads, by layer (null for the others).
+  std::vector<std::shared_ptr<const PartsEntry>> layer_parts;
 
   const std::string& tensor() const { return info->name; }
 };
@@ -43,7 +43,7 @@ struct DeltaEntry {
 // What an entry records of its tensor's new bytes: the whole tensor's
 // checksum (none known in an adler32 delta: its Adler-32 is checked as the
 // entry is laid, its XXH3-128 computed then), or, where it ends with a parts entry (a sharded publisher's, or
-// a stacked entry whose last part is one), only the checksums of regions of
+// a stacked entry whose last layer is one), only the checksums of regions of
 // the tensor seen as matrix `m`: the rest of its new bytes is not in the delta.
 struct NewBytes {
   std::optional<Hash128> whole;
@@ -82,8 +82,8 @@ struct OpenDelta {
 // - every delta file weight_map names: a regular file, a valid safetensors
 //   file, each entry checked by check_delta_entry, each tensor the index maps
 //   to it present, a built tensor's entry of the checksum hfdelta_shards
-//   records, a stacked entry's parts well formed (read_stack), a parts entry's
-//   head and a stacked parts part's (read_parts; either needs a base
+//   records, a stacked entry's layers well formed (read_stack), a parts entry's
+//   head and a stacked parts layer's (read_parts; either needs a base
 //   checksum, and a stacked one format revision 6);
 // - hfdelta_files: nothing under .weight_sync, no file the delta itself
 //   treats as a weight file (hfdelta_targets, hfdelta_shards) unless it

@@ -24,17 +24,10 @@ std::uint32_t get32(const std::uint8_t* p) {
   for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];
   return v;
 }
-std::uint32_t code_of(Encoding e) {
-  switch (e) {
-    case Encoding::xor_bytes:
-      return 0;
-    case Encoding::sparse:
-      return 2;
-    case Encoding::context:
-      return 3;
-    default:
-      fail(Exit::failure, "parts_head: a part is xor, sparse or context");
-  }
+// The record code of a part's encoding: xor, sparse or context.
+std::uint32_t part_code(Encoding e) {
+  if (!encoding_info(e).in_parts) fail(Exit::failure, "parts_head: a part is xor, sparse or context");
+  return code_of(e, "parts_head");
 }
 
 // a * b, or nothing where it overflows.
@@ -54,12 +47,12 @@ MatrixShape matrix_shape(std::span<const std::uint64_t> shape, std::size_t dtype
 std::vector<std::uint8_t> parts_head(const MatrixShape& m, const std::vector<PartRecord>& parts) {
   std::vector<std::uint8_t> out;
   out.reserve(kPartsHeadSize + kPartsRecordSize * parts.size());
-  for (const char c : {'H', 'F', 'R', '1'}) out.push_back(static_cast<std::uint8_t>(c));
+  for (const char c : encoding_info(Encoding::parts).magic) out.push_back(static_cast<std::uint8_t>(c));
   put32(out, static_cast<std::uint32_t>(parts.size()));
   put64(out, m.rows), put64(out, m.cols), put64(out, m.es);
   for (const PartRecord& p : parts) {
     put64(out, p.region.row0), put64(out, p.region.rows), put64(out, p.region.col0), put64(out, p.region.cols);
-    put32(out, code_of(p.enc)), put32(out, 0);
+    put32(out, part_code(p.enc)), put32(out, 0);
     put64(out, p.size);
     put64(out, p.hash.high), put64(out, p.hash.low);
   }
@@ -74,7 +67,8 @@ Hash128 parts_checksum(std::span<const std::uint8_t> entry_head) {
 
 PartsEntry read_parts(std::span<const std::uint8_t> entry, const Hash128& checksum, const std::string& what) {
   const auto bad = [&](const std::string& why) { fail(Exit::bad_input, what + ": parts entry " + why); };
-  if (entry.size() < kPartsHeadSize || std::memcmp(entry.data(), "HFR1", 4) != 0) bad("does not start with HFR1");
+  if (entry.size() < kPartsHeadSize || std::memcmp(entry.data(), encoding_info(Encoding::parts).magic.data(), 4) != 0)
+    bad("does not start with HFR1");
   const std::uint32_t n = get32(entry.data() + 4);
   if (n == 0 || n > kPartsMax) bad("declares " + std::to_string(n) + " parts (1 to " + std::to_string(kPartsMax) + ")");
   PartsEntry pe;
@@ -98,9 +92,10 @@ PartsEntry read_parts(std::span<const std::uint8_t> entry, const Hash128& checks
       bad(pw + " is not a region inside the " + std::to_string(pe.m.rows) + " x " + std::to_string(pe.m.cols) +
           " matrix");
     const std::uint32_t code = get32(r + 32);
-    if ((code != 0 && code != 2 && code != 3) || get32(r + 36) != 0)
+    const std::optional<Encoding> enc = encoding_of_code(code);
+    if (!enc || !encoding_info(*enc).in_parts || get32(r + 36) != 0)
       bad(pw + " has unknown encoding " + std::to_string(code));
-    p.enc = code == 0 ? Encoding::xor_bytes : code == 2 ? Encoding::sparse : Encoding::context;
+    p.enc = *enc;
     p.size = get64(r + 40);
     p.hash = {get64(r + 48), get64(r + 56)};
     if (p.size > entry.size() - at) bad(pw + " runs past the entry's end");

@@ -499,7 +499,7 @@ void Encoder::frame_pass(std::span<Work* const> works) {
 }
 
 void Encoder::encode_found(Work& w, std::span<const FoundChunk> chunks, std::span<const ContextGroups> groups) {
-  if (encoding_ != Encoding::sparse && encoding_ != Encoding::context)
+  if (!encoding_ || !chunked(*encoding_))
     fail(Exit::usage, "tensor '" + w.t->name + "': changes found elsewhere are encoded as sparse or context, not " +
                           (encoding_ ? std::string(encoding_name(*encoding_)) : std::string("auto")) +
                           ": give the tensor's bytes");

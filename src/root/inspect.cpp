@@ -182,7 +182,7 @@ void inspect_part(Encoding enc, std::span<const std::uint8_t> bytes, const std::
   fail(Exit::bad_input, what + ": a part of this kind cannot hold a stacked or parts entry");
 }
 
-// A parts entry (or a stacked parts part): each region's part checked as an
+// A parts entry (or a stacked parts layer): each region's part checked as an
 // entry of its encoding for the region's bytes.
 void inspect_parts(const PartsEntry& pe, const std::string& what, InspectEntry& out) {
   out.tensor_bytes = pe.m.bytes();
@@ -209,7 +209,7 @@ InspectEntry inspect_entry(const OpenDelta& v, const DeltaEntry& de) {
   e.base_checksum = de.base_hash;
   const std::string what = v.path_of(de) + ": entry '" + de.tensor() + "'";
   if (de.parts) {
-    e.parts = de.parts->parts.size();
+    e.pieces = de.parts->parts.size();
     inspect_parts(*de.parts, what, e);
     return e;
   }
@@ -217,16 +217,16 @@ InspectEntry inspect_entry(const OpenDelta& v, const DeltaEntry& de) {
     inspect_part(e.encoding, de.frame, what, e);
     return e;
   }
-  e.parts = de.stack.size();
-  for (std::size_t i = 0; i < de.stack.size(); ++i) {
+  e.pieces = de.layers.size();
+  for (std::size_t i = 0; i < de.layers.size(); ++i) {
     InspectEntry pe;
-    const std::string pw = what + " (stacked part " + std::to_string(i + 1) + ")";
-    if (de.stack_parts[i])
-      inspect_parts(*de.stack_parts[i], pw, pe);
+    const std::string pw = what + " (stacked layer " + std::to_string(i + 1) + ")";
+    if (de.layer_parts[i])
+      inspect_parts(*de.layer_parts[i], pw, pe);
     else
-      inspect_part(de.stack[i].enc, de.stack[i].bytes, pw, pe);
+      inspect_part(de.layers[i].enc, de.layers[i].bytes, pw, pe);
     if (pe.tensor_bytes && e.tensor_bytes && *pe.tensor_bytes != *e.tensor_bytes)
-      fail(Exit::bad_input, what + ": stacked parts are for tensors of " + std::to_string(*e.tensor_bytes) + " and " +
+      fail(Exit::bad_input, what + ": stacked layers are for tensors of " + std::to_string(*e.tensor_bytes) + " and " +
                                 std::to_string(*pe.tensor_bytes) + " bytes");
     if (pe.tensor_bytes) e.tensor_bytes = pe.tensor_bytes;
     e.needs_base = e.needs_base || pe.needs_base;
@@ -294,11 +294,7 @@ DeltaInspection inspect_delta(const fs::path& dir) {
     if (e.tensor_bytes) r.tensor_bytes += *e.tensor_bytes;
     if (e.changed_elements) r.changed_elements += *e.changed_elements;
     if (e.changed_bytes) r.changed_bytes += *e.changed_bytes;
-    ++(e.encoding == Encoding::sparse      ? r.entries_sparse
-       : e.encoding == Encoding::context   ? r.entries_context
-       : e.encoding == Encoding::overwrite ? r.entries_overwrite
-       : e.encoding == Encoding::stack     ? r.entries_stacked
-                                           : r.entries_xor);
+    ++r.entries_by_encoding[e.encoding];
   }
   r.delta_bytes = tree_bytes(dir);
   return r;
@@ -320,7 +316,7 @@ json inspection_json(const DeltaInspection& d) {
                        {"changed_bytes", opt(e.changed_bytes)},
                        {"checksum", e.checksum_hex()},
                        {"base_checksum", e.base_checksum ? json(e.base_checksum->hex()) : json(nullptr)},
-                       {"stack_parts", e.parts ? json(e.parts) : json(nullptr)},
+                       {"stack_parts", e.pieces ? json(e.pieces) : json(nullptr)},
                        {"needs_base", e.needs_base}});
   }
   json files = json::array();
@@ -345,6 +341,8 @@ json inspection_json(const DeltaInspection& d) {
     }
     shards.push_back(std::move(o));
   }
+  json entries_json = json::object();  // every encoding, by its name
+  for (const EncodingInfo& enc : kEncodings) entries_json[std::string(enc.name)] = d.entries_by_encoding[enc.encoding];
   return {{"delta", d.dir.string()},
           {"version", format_version(d.version)},
           {"base_version", format_version(d.base_version)},
@@ -357,12 +355,7 @@ json inspection_json(const DeltaInspection& d) {
           {"weight_files", std::move(shards)},
           {"totals",
            {{"tensors", d.entries.size()},
-            {"entries",
-             {{"sparse", d.entries_sparse},
-              {"xor", d.entries_xor},
-              {"overwrite", d.entries_overwrite},
-              {"stack", d.entries_stacked},
-              {"context", d.entries_context}}},
+            {"entries", entries_json},
             {"entry_bytes", d.entry_bytes},
             // A sum over some entries only would read as the whole: null instead.
             {"tensor_bytes", all_lengths ? json(d.tensor_bytes) : json(nullptr)},

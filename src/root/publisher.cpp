@@ -315,7 +315,7 @@ void MemoryPublisher::put_found(const TensorFound& t) {
   Work& w = st.works[i];
   if (st.given[i] || st.declared[i])
     fail(Exit::usage, "tensor '" + std::string(t.name) + "': given twice for version " + format_version(st.version));
-  if (s_->m.options().encoding != Encoding::sparse && s_->m.options().encoding != Encoding::context)
+  if (!s_->m.options().encoding || !chunked(*s_->m.options().encoding))
     fail(Exit::usage,
          "tensor '" + std::string(t.name) + "': changes found elsewhere are encoded as sparse or context, not " +
              (s_->m.options().encoding ? std::string(encoding_name(*s_->m.options().encoding)) : std::string("auto")) +
@@ -338,7 +338,7 @@ std::optional<Hash128> MemoryPublisher::found_base(std::string_view name, std::s
   const Work& w = st.works[i];
   if (st.given[i] || st.declared[i])
     fail(Exit::usage, "tensor '" + std::string(name) + "': given twice for version " + format_version(st.version));
-  if (s_->m.options().encoding != Encoding::sparse && s_->m.options().encoding != Encoding::context)
+  if (!s_->m.options().encoding || !chunked(*s_->m.options().encoding))
     fail(Exit::usage,
          "tensor '" + std::string(name) + "': changes found elsewhere are encoded as sparse or context, not " +
              (s_->m.options().encoding ? std::string(encoding_name(*s_->m.options().encoding)) : std::string("auto")) +

@@ -183,7 +183,7 @@ DeltaIndex::Elements elements_of(const Checkpoint& layout, const std::vector<Sha
 
 ShardWriter::ShardWriter(const fs::path& mirror, const fs::path& stage, std::uint32_t rank, Encoding enc, int level)
     : s_(std::make_unique<State>()) {
-  if (enc != Encoding::xor_bytes && enc != Encoding::sparse && enc != Encoding::context)
+  if (!encoding_info(enc).in_parts)
     fail(Exit::usage,
          "a sharded publisher writes xor, sparse or context parts, not " + std::string(encoding_name(enc)));
   s_->mirror = mirror;

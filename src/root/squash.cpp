@@ -107,15 +107,24 @@ std::vector<std::pair<std::string, std::uint64_t>> header_tensors(const fs::path
 // without the base bytes each stays a part of its own (with them, see
 // compose_on_base). Parts entries neither: their regions' parts code regions
 // of the tensor in chunks of their own, and record the regions' checksums,
-// not the tensor's; each stays a stacked part of its own.
+// not the tensor's; each stays a stacked layer of its own.
 enum class Kind { mask, add, set, context, parts };
 Kind kind_of(const Op& op, const std::string& what) {
-  if (op.enc == Encoding::xor_bytes) return Kind::mask;
-  if (op.enc == Encoding::overwrite) return Kind::set;
-  if (op.enc == Encoding::context) return Kind::context;
-  if (op.enc == Encoding::parts) return Kind::parts;
-  // Sparse: "HFS1" entries hold XOR values, "HFS2" differences.
-  return read_sparse_head(op.frame, what).op == SparseOp::xor_bytes ? Kind::mask : Kind::add;
+  switch (op.enc) {
+    case Encoding::xor_bytes:
+      return Kind::mask;
+    case Encoding::overwrite:
+      return Kind::set;
+    case Encoding::context:
+      return Kind::context;
+    case Encoding::parts:
+      return Kind::parts;
+    case Encoding::sparse:  // "HFS1" entries hold XOR values, "HFS2" differences
+      return read_sparse_head(op.frame, what).op == SparseOp::xor_bytes ? Kind::mask : Kind::add;
+    case Encoding::stack:  // split into its layers when the chain is read
+      break;
+  }
+  fail(Exit::failure, what + ": a stacked entry reached the composer");
 }
 
 // A tensor-sized scratch buffer: a file in the output's temporary directory,
@@ -242,19 +251,29 @@ void lay(const Op& op, std::span<std::uint8_t> buf, const fs::path& scratch, con
     case Encoding::parts:
       lay_parts(op, buf, scratch, what);
       break;
-    case Encoding::stack:  // split into its parts when the chain is read
+    case Encoding::stack:  // split into its layers when the chain is read
       fail(Exit::failure, what + ": a stacked entry reached the composer");
   }
 }
 
 // The tensor length an entry reveals, if it does.
 std::optional<std::uint64_t> length_of(const Op& op, const std::string& what) {
-  if (op.enc == Encoding::sparse) return read_sparse_head(op.frame, what).nbytes;
-  if (op.enc == Encoding::parts) return read_parts(op.frame, op.new_hash, what).m.bytes();
-  if (op.enc == Encoding::context && op.frame.size() >= kContextHeadSize) return get_le64(op.frame.data() + 8);
-  if (op.enc == Encoding::xor_bytes) {
-    const unsigned long long n = ZSTD_getFrameContentSize(op.frame.data(), op.frame.size());
-    if (n != ZSTD_CONTENTSIZE_UNKNOWN && n != ZSTD_CONTENTSIZE_ERROR) return n;
+  switch (op.enc) {
+    case Encoding::sparse:
+      return read_sparse_head(op.frame, what).nbytes;
+    case Encoding::parts:
+      return read_parts(op.frame, op.new_hash, what).m.bytes();
+    case Encoding::context:
+      if (op.frame.size() >= kContextHeadSize) return get_le64(op.frame.data() + 8);
+      return std::nullopt;
+    case Encoding::xor_bytes: {
+      const unsigned long long n = ZSTD_getFrameContentSize(op.frame.data(), op.frame.size());
+      if (n != ZSTD_CONTENTSIZE_UNKNOWN && n != ZSTD_CONTENTSIZE_ERROR) return n;
+      return std::nullopt;
+    }
+    case Encoding::overwrite:  // positions only
+    case Encoding::stack:
+      return std::nullopt;
   }
   return std::nullopt;
 }
@@ -284,7 +303,7 @@ struct OutEntry {
   Encoding enc() const { return pieces.size() == 1 ? pieces[0].enc : Encoding::stack; }
   std::uint64_t size() const {
     if (pieces.size() == 1) return pieces[0].size;
-    std::uint64_t n = kStackHeadSize + pieces.size() * kStackPartSize;
+    std::uint64_t n = kStackHeadSize + pieces.size() * kStackLayerSize;
     for (const Piece& p : pieces) n += p.size;
     return n;
   }
@@ -452,13 +471,13 @@ Trace trace_of(const Traces& from, const std::string& name) {
 }
 
 // The checksum of the tensor's bytes just before the last parts entry `e`
-// ends with (itself, or its stack's last part) changed them, where the delta
-// tells it: the entry's base, or the stacked part before it.
+// ends with (itself, or its stack's last layer) changed them, where the delta
+// tells it: the entry's base, or the stacked layer before it.
 std::optional<Hash128> before_parts(const DeltaEntry& e) {
-  if (e.parts || e.stack.size() < 2) return e.base_hash;
-  const std::size_t i = e.stack.size() - 2;
-  if (e.stack_parts[i]) return std::nullopt;
-  return e.stack[i].hash;
+  if (e.parts || e.layers.size() < 2) return e.base_hash;
+  const std::size_t i = e.layers.size() - 2;
+  if (e.layer_parts[i]) return std::nullopt;
+  return e.layers[i].hash;
 }
 
 // Each delta's entries must start from the bytes the deltas before it left
@@ -585,7 +604,7 @@ void trace_shard_op(SquashContext& ctx, const MappedLink& l, const ShardOp& so, 
 }
 
 // Entry `ti` of delta file `file` of link `k`, laid over its tensor's trace
-// (a stacked entry as its parts, in order).
+// (a stacked entry as its layers, in order).
 void trace_entry(SquashContext& ctx, std::size_t k, const std::string& file, const SafetensorsHeader& hdr,
                  const TensorInfo& ti, const Traces& prev) {
   const MappedLink& l = ctx.links[k];
@@ -605,11 +624,11 @@ void trace_entry(SquashContext& ctx, std::size_t k, const std::string& file, con
            "entry '" + ti.name + "' patches " + target->second + ", but the tensor is in " + *tr.file);
     tr.file = target->second;
   }
-  // A parts entry (also as the last part of a stack) records the checksum
+  // A parts entry (also as the last layer of a stack) records the checksum
   // of its head, not of the tensor: the tensor's is unknown from then on.
   bool whole = op.enc != Encoding::parts;
-  if (op.enc == Encoding::stack) {  // a squashed delta in the chain: its parts, in order
-    const std::vector<StackPart> parts =
+  if (op.enc == Encoding::stack) {  // a squashed delta in the chain: its layers, in order
+    const std::vector<StackLayer> parts =
         about_file(w, [&] { return read_stack(op.frame, checksum, w + ": entry '" + ti.name + "'"); });
     for (std::size_t i = 0; i < parts.size(); ++i) {
       Op po = op;
@@ -935,17 +954,17 @@ void choose_encoding(SquashContext& ctx) {
   ctx.idx.encoding = encs.empty() ? ctx.links.back().idx.encoding : *encs.begin();
   for (const auto& e : ctx.entries)
     for (const Piece& p : e.pieces) {
-      ctx.idx.context_parts = ctx.idx.context_parts || p.enc == Encoding::context;
-      ctx.idx.parts_parts = ctx.idx.parts_parts || (e.pieces.size() > 1 && p.enc == Encoding::parts);
+      ctx.idx.context_layers = ctx.idx.context_layers || p.enc == Encoding::context;
+      ctx.idx.parts_layers = ctx.idx.parts_layers || (e.pieces.size() > 1 && p.enc == Encoding::parts);
     }
 }
 
 // An entry's bytes: its one piece, or the stack head and every piece.
 void write_pieces(const OutEntry& e, File& f, std::uint64_t at) {
   if (e.pieces.size() > 1) {
-    std::vector<StackPart> parts;
-    for (const Piece& p : e.pieces) parts.push_back({p.enc, p.size, p.hash, {}});
-    const std::vector<std::uint8_t> head = stack_head(parts);
+    std::vector<StackLayer> layers;
+    for (const Piece& p : e.pieces) layers.push_back({p.enc, p.size, p.hash, {}});
+    const std::vector<std::uint8_t> head = stack_head(layers);
     f.pwrite_all(head.data(), head.size(), at);
     at += head.size();
   }

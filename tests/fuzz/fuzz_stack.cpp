@@ -9,7 +9,7 @@
 // delta-apply lays it: any refusal must be Error(bad_input), and every change
 // must fall inside the tensor. A context part, which decodes only against the
 // tensor's bytes before it, is checked by check_context (the context target
-// decodes such entries against a base). A parts part (revision 6) is read by
+// decodes such entries against a base). A parts layer (revision 6) is read by
 // read_parts against the checksum its record gives (its head's), then, where
 // its matrix is the tensor's, laid as the parts target lays it.
 #include <cstddef>
@@ -64,7 +64,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::span<const std::uint8_t> entry =
       size >= 4 ? std::span(data + 4, size - 4) : std::span<const std::uint8_t>();
 
-  std::vector<hfdelta::StackPart> parts;
+  std::vector<hfdelta::StackLayer> parts;
   bool ok = true;
   try {
     parts = hfdelta::read_stack(entry, hfdelta::Hash128{fuzz::kStackHashHigh, fuzz::kStackHashLow}, "fuzz");
@@ -77,7 +77,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (!ok) return 0;
   FUZZ_CHECK(parts.size() == want.size());
   for (std::size_t i = 0; i < parts.size(); ++i) {
-    const hfdelta::StackPart& p = parts[i];
+    const hfdelta::StackLayer& p = parts[i];
     const hfdelta::Encoding enc[] = {hfdelta::Encoding::xor_bytes, hfdelta::Encoding::overwrite,
                                      hfdelta::Encoding::sparse, hfdelta::Encoding::context, hfdelta::Encoding::parts};
     FUZZ_CHECK(p.enc == enc[want[i].code]);
@@ -87,7 +87,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
 
   // Each part as delta-apply decodes it, on the same tensor.
-  for (const hfdelta::StackPart& p : parts) {
+  for (const hfdelta::StackLayer& p : parts) {
     try {
       hfdelta::Decompressor d1, d2;
       switch (p.enc) {

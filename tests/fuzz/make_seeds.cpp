@@ -550,7 +550,7 @@ void index_seeds() {
   write("index", "bad_json.json", R"({"metadata": {"version": "2",)");
 }
 
-// ---- parts entries (also as stacked parts) -----------------------------------------
+// ---- parts entries (also as stacked layers) -----------------------------------------
 
 struct PartSpec {
   hfdelta::Region g;
@@ -596,7 +596,7 @@ Bytes parts_entry(const hfdelta::MatrixShape& m, const Bytes& base, const Bytes&
 // A stacked entry of `parts` (encoding, bytes), with made-up checksums; the
 // last is the one the fuzz target expects.
 Bytes stacked(const std::vector<std::pair<hfdelta::Encoding, Bytes>>& parts) {
-  std::vector<hfdelta::StackPart> heads;
+  std::vector<hfdelta::StackLayer> heads;
   for (std::size_t i = 0; i < parts.size(); ++i)
     heads.push_back({parts[i].first, parts[i].second.size(), hfdelta::Hash128{i + 1, 0x1234}, {}});
   heads.back().hash = {fuzz::kStackHashHigh, fuzz::kStackHashLow};
@@ -635,13 +635,13 @@ void stack_seeds() {
   write("stack", "bad_short", input(400, Bytes(good.begin(), good.end() - 1)));
   write("stack", "bad_head_only", input(400, Bytes(good.begin(), good.begin() + 6)));
   write("stack", "bad_last_checksum", edit(8 + 32 + 31, 0));
-  // A parts entry as a stacked part (revision 6): its record holds its
+  // A parts entry as a stacked layer (revision 6): its record holds its
   // head's checksum; laid over the target's tensor, then an xor part.
   const hfdelta::MatrixShape m{20, 10, 2};
   const Bytes base = fuzz::parts_tensor(400), next = changed(base, 6, 53);
   const Bytes pe =
       parts_entry(m, base, next, {{{0, 10, 0, 10}, Encoding::sparse}, {{10, 10, 0, 5}, Encoding::xor_bytes}});
-  std::vector<hfdelta::StackPart> heads{
+  std::vector<hfdelta::StackLayer> heads{
       {Encoding::parts, pe.size(), hfdelta::parts_checksum(std::span(pe).first(32 + 2 * 64)), {}},
       {Encoding::xor_bytes, x.size(), {fuzz::kStackHashHigh, fuzz::kStackHashLow}, {}}};
   write("stack", "valid_parts_xor", input(400, cat(cat(hfdelta::stack_head(heads), pe), x)));
