@@ -12,22 +12,14 @@
 
 #include "hfdelta/encodings.hpp"
 #include "hfdelta/error.hpp"
+#include "unit_util.hpp"
 #include "hfdelta/option_rules.hpp"
 
 namespace {
 
 using namespace hfdelta;
 
-// A file of the source tree (HFDELTA_TESTDATA is its testdata/).
-std::string source_file(const std::string& name) {
-  const char* testdata = std::getenv("HFDELTA_TESTDATA");
-  REQUIRE(testdata != nullptr);
-  std::ifstream in(std::string(testdata) + "/../" + name);
-  REQUIRE(in);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using unit::source_file;
 
 // The cells of each row of the markdown table whose header line is `header`.
 std::vector<std::vector<std::string>> table_rows(const std::string& page, const std::string& header) {

@@ -13,21 +13,13 @@
 #include <string>
 
 #include "hfdelta/error.hpp"
+#include "unit_util.hpp"
 
 namespace {
 
 using namespace hfdelta;
 
-// A file of the source tree (HFDELTA_TESTDATA is its testdata/).
-std::string source_file(const std::string& name) {
-  const char* testdata = std::getenv("HFDELTA_TESTDATA");
-  REQUIRE(testdata != nullptr);
-  std::ifstream in(std::string(testdata) + "/../" + name);
-  REQUIRE(in);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using unit::source_file;
 
 // The codes an EXIT STATUS section lists, with the kind each names.
 std::map<int, std::string> exit_status(const std::string& page) {

@@ -4,7 +4,9 @@
 #include <stdlib.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -51,5 +53,16 @@ std::optional<hfdelta::Error> error_of(F&& f) {
 }
 
 inline bool contains(const std::string& hay, std::string_view needle) { return hay.find(needle) != std::string::npos; }
+
+// A file of the source tree (HFDELTA_TESTDATA is its testdata/).
+inline std::string source_file(const std::string& name) {
+  const char* testdata = std::getenv("HFDELTA_TESTDATA");
+  REQUIRE(testdata != nullptr);
+  std::ifstream in(std::string(testdata) + "/../" + name);
+  REQUIRE(in);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
 
 }  // namespace unit
