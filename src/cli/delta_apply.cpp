@@ -87,6 +87,7 @@ void add_options(CLI::App& app, Options& o) {
       ->type_name("SECONDS")
       ->check(cli::seconds());
   app.add_option("--threads", o.apply.threads, "Worker threads (default: all cores)")
+      ->type_name("N")
       ->transform(cli::whole_number())
       ->check(cli::threads());
   app.add_flag("--no-sync", o.no_sync, "Do not flush data before recording the version");

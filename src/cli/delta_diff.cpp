@@ -140,11 +140,13 @@ void add_diff_options(CLI::App& app, Options& o) {
                  "format revision 5), sparse (hfdelta's: changed positions and values, about half of xor), "
                  "auto (context or xor per tensor; its index lists each tensor's), "
                  "or the slime layout's xor or overwrite (what slime, miles and SGLang's receivers read)")
+      ->type_name("NAME")
       ->check(cli::encoding())
       ->capture_default_str();
   app.add_option("--level", o.diff.level,
                  "zstd compression level, 1 to 19 (default: 1 for the slime layout's xor and overwrite entries, "
                  "as its publishers write them; 3 for the others)")
+      ->type_name("N")
       ->check(cli::level());
   app.add_option("--delta-version", o.version,
                  "Version number of OUT (default: from OUT's name, or ROOT's newest + 1; must agree with them)")
@@ -154,6 +156,7 @@ void add_diff_options(CLI::App& app, Options& o) {
       ->type_name("M")
       ->transform(cli::whole_number());
   app.add_option("--threads", o.diff.threads, "Worker threads (default: all cores)")
+      ->type_name("N")
       ->transform(cli::whole_number())
       ->check(cli::threads());
   app.add_option("--post-publish", o.post_publish,
