@@ -31,8 +31,7 @@ namespace hfdelta::cli {
 
 namespace {
 
-bool json_printed = false;   // this process printed its one JSON object
-std::vector<Moved> g_moved;  // set_moved
+bool json_printed = false;  // this process printed its one JSON object
 
 // --json given on a command line that did not parse.
 bool json_in_argv(int argc, char** argv) {
@@ -56,19 +55,6 @@ int check_stdout(const std::string& prog, int code) {
   std::cerr << prog << ": error: cannot write to standard output: " << std::strerror(errno ? errno : EIO) << "\n";
   return code ? code : static_cast<int>(Exit::failure);
 }
-
-}  // namespace
-
-namespace {
-
-class FormsFormatter : public CLI::Formatter {
- public:
-  explicit FormsFormatter(std::string forms) : forms_(std::move(forms)) {}
-  std::string make_usage(const CLI::App*, std::string) const override { return "Usage:\n" + forms_ + "\n"; }
-
- private:
-  std::string forms_;
-};
 
 }  // namespace
 
@@ -213,9 +199,6 @@ CLI::Validator encoding() {
   return CLI::Validator([](std::string& s) -> std::string { return encoding_problem(s); }, "{" + names + "}");
 }
 
-void set_moved(std::vector<Moved> moved) { g_moved = std::move(moved); }
-
-void set_usage(CLI::App& app, std::string forms) { app.formatter(std::make_shared<FormsFormatter>(std::move(forms))); }
 
 void print_json(nlohmann::json j) {
   ProgressLine::stop_current();
@@ -246,10 +229,11 @@ int version_flag(const std::string& prog, int argc, char** argv, bool& handled) 
                    "--version prints the program's version and takes nothing else" + what, json_in_argv(argc, argv)));
 }
 
-// An option of g_moved on the command line (alone, or as --old=VALUE).
+// An option the command's table lists as moved (Command::moved) on the
+// command line (alone, or as --old=VALUE).
 int moved_option(const std::string& prog, int argc, char** argv, bool& handled) {
   for (int i = 1; i < argc; ++i)
-    for (const Moved& m : g_moved) {
+    for (const Moved& m : moved_options()) {
       const std::string_view a = argv[i];
       if (a != m.old_name && !a.starts_with(m.old_name + "=")) continue;
       handled = true;

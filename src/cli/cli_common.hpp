@@ -28,15 +28,6 @@ void print_json(nlohmann::json j);
 // a closed pipe) is an error too.
 int run(CLI::App& app, int argc, char** argv, const std::function<void()>& body, const bool* json_out = nullptr);
 
-// An option of an earlier release that is now another name or command:
-// refused (exit 2) with `now`, what to write instead, so that a script still
-// giving it is told rather than running something else.
-struct Moved {
-  std::string old_name;  // "--fleet"
-  std::string now;       // "the fleet view is delta-fleet ROOT"
-};
-void set_moved(std::vector<Moved> moved);
-
 // For options taking a count or version number (--target N, --keep-from N):
 // decimal digits only, so that "-1" is a usage error instead of wrapping to
 // 2^64 - 1, and "000010" is ten, not octal. Leading zeros are dropped
@@ -51,10 +42,6 @@ CLI::Validator seconds(std::string_view otherwise = "leave it out to wait");
 CLI::Validator level();
 CLI::Validator threads();
 CLI::Validator encoding();
-
-// --help's usage lines: `forms`, one command line per form, instead of
-// CLI11's "PROG [OPTIONS] [PATHS...]".
-void set_usage(CLI::App& app, std::string forms);
 
 // Shows hfdelta::progress on stderr while it lives, from a thread of its
 // own: redrawn in place about 5 times a second on a terminal, a line every

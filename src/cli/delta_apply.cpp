@@ -152,7 +152,9 @@ const cli::Command& apply_command() {
       {{"--host", {"--report-to"}, {}},
        {"--peers", {"--report-to", "--then"}, {}},
        {"--peer-timeout", {"--peers"}, {}},
-       {"--follow", {"--report-to"}, {"--peers", "--then", "--target"}}}};
+       {"--follow", {"--report-to"}, {"--peers", "--then", "--target"}}},
+      {{"--fleet", "the fleet view is a command of its own: delta-fleet [--reports DIR] ROOT"},
+       {"--report", "a pull's host report is written with --report-to DIR"}}};
   return c;
 }
 
@@ -463,8 +465,6 @@ void run_command(const CLI::App& app, Options& o) {
 int main(int argc, char** argv) {
   hfdelta::handle_stop_signals();  // first: every thread started later inherits the mask
   CLI::App app{apply_command().about, "delta-apply"};
-  cli::set_moved({{"--fleet", "the fleet view is a command of its own: delta-fleet [--reports DIR] ROOT"},
-                  {"--report", "a pull's host report is written with --report-to DIR"}});
   Options o;
   add_options(app, o);
   add_report_options(app, o);

@@ -212,6 +212,11 @@ std::string bash_completion(const CLI::App& app, const Command& c) {
          fn + " " + c.name + "\n";
 }
 
+const std::vector<Moved>& moved_options() {
+  static const std::vector<Moved> none;
+  return g_command ? g_command->moved : none;
+}
+
 int completion_flag(int argc, char** argv, bool& handled) {
   handled = argc == 3 && std::strcmp(argv[1], "--completion") == 0 && g_command;
   if (!handled) return 0;

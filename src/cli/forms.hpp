@@ -31,12 +31,21 @@ struct Rule {
   std::vector<std::string> needs, excludes;
 };
 
+// An option of an earlier release that is now another name or command:
+// refused (exit 2) with `now`, what to write instead, so that a script still
+// giving it is told rather than running something else.
+struct Moved {
+  std::string old_name;  // "--fleet"
+  std::string now;       // "the fleet view is delta-fleet ROOT"
+};
+
 struct Command {
   std::string name;                 // "delta-apply"
   std::string about;                // the first line of --help
   std::vector<Form> forms;          // in --help's order
   std::vector<std::string> common;  // the options every form takes
   std::vector<Rule> rules;
+  std::vector<Moved> moved{};  // refused with where they went
 };
 
 // Makes `c` the command `app` parses (its --help usage lines, --completion;
@@ -63,6 +72,9 @@ std::string form_signature(const CLI::App& app, const Command& c, const Form& f)
 // options and the common ones; before any, every form's option too; paths
 // and values complete as file names.
 std::string bash_completion(const CLI::App& app, const Command& c);
+
+// The moved options of the command set_forms registered (none before).
+const std::vector<Moved>& moved_options();
 
 // `--completion bash`, alone on the command line: prints the completion of
 // the command set_forms registered, and says so (`handled`). Not in --help:
