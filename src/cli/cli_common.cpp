@@ -199,7 +199,6 @@ CLI::Validator encoding() {
   return CLI::Validator([](std::string& s) -> std::string { return encoding_problem(s); }, "{" + names + "}");
 }
 
-
 void print_json(nlohmann::json j) {
   ProgressLine::stop_current();
   std::cout << json_report(std::move(j)).dump() << std::endl;
