@@ -224,7 +224,8 @@ void add_form_options(CLI::App& app, Options& o) {
       ->group("Withdraw a bad version (instead of writing a delta)");
 }
 
-enum class Form { diff, inspect, squash, prune, full, withdraw };
+// The forms, in the order of diff_command()'s table (choose_form counts on it).
+enum class Form { diff, full, inspect, squash, prune, withdraw };
 
 // Which option goes with which form: the one table the command line is
 // checked against, --help's usage lines and the completion are made from.
@@ -277,12 +278,7 @@ Form choose_form(const CLI::App& app, Options& o) {
   for (const std::string* a : {&o.base, &o.target, &o.out})
     if (!a->empty()) paths.push_back(*a);
   cli::check_form(app, diff_command(), f, paths);
-  return f.selector == "--inspect"    ? Form::inspect
-         : f.selector == "--prune"    ? Form::prune
-         : f.selector == "--withdraw" ? Form::withdraw
-         : f.selector == "--squash"   ? Form::squash
-         : f.selector == "--full"     ? Form::full
-                                      : Form::diff;
+  return static_cast<Form>(&f - diff_command().forms.data());
 }
 
 // ---- --inspect and --prune -----------------------------------------------------------
