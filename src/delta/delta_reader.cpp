@@ -55,8 +55,10 @@ DeltaEntry entry_of(const OpenDelta& v, const std::string& file, const Safetenso
     for (std::size_t i = 0; i < e.layers.size(); ++i) {
       if (e.layers[i].enc != Encoding::parts) continue;
       const std::string pw = what + " (stacked layer " + std::to_string(i + 1) + ")";
-      if (v.index.format_revision.value_or(0) < 6)
-        fail(Exit::bad_input, pw + ": is a parts entry, which needs hfdelta_format 6 or later");
+      const unsigned needs = encoding_info(Encoding::parts).revision;
+      if (v.index.format_revision.value_or(0) < needs)
+        fail(Exit::bad_input,
+             pw + ": is a parts entry, which needs hfdelta_format " + std::to_string(needs) + " or later");
       e.layer_parts[i] = std::make_shared<const PartsEntry>(read_parts(e.layers[i].bytes, e.layers[i].hash, pw));
     }
   }
