@@ -15,18 +15,20 @@
 set -u
 cd "${1:-.}" || exit 2
 
-layers=(util format codec delta store diff apply root api cuda)
+layers=(util format codec delta root store diff apply publish fleet frontend cuda)
 declare -A may=(
-  [util]=""                                            # errors, files, hashes, signals, progress, threads
-  [format]="util"                                      # safetensors, checkpoints, version names, completion markers
-  [codec]="util format"                                # the entry encodings
-  [delta]="util format codec"                          # delta directories: index, reader, writer
-  [store]="util format codec delta"                    # LOCAL's state, checksum records, journal
-  [diff]="util format codec delta"                     # delta-diff: the tensor encoder, the base check
-  [apply]="util format codec delta store"              # delta-apply: plan, execute, init, pull, verify
-  [root]="util format codec delta store diff apply"    # a root's operations: full versions, prune, squash, ...
-  [api]="util format codec delta store diff apply root"  # what the front-ends share: --json, option rules
-  [cuda]="util format codec delta store diff apply root"  # the CUDA path: changes found on the GPU, its publisher
+  [util]=""                                                      # errors, files, hashes, signals, progress, threads
+  [format]="util"                                                # safetensors, checkpoints, version names, completion markers
+  [codec]="util format"                                          # the entry encodings
+  [delta]="util format codec"                                    # delta directories: index, reader, writer; squash, inspect
+  [root]="util format codec delta"                               # the publication root as its readers see it
+  [store]="util format codec delta"                              # LOCAL's state, checksum records, journal
+  [diff]="util format codec delta"                               # delta-diff: the tensor encoder, the base check
+  [apply]="util format codec delta root store"                   # delta-apply: plan, execute, init, pull, verify
+  [publish]="util format codec delta root store diff apply"      # full versions, publishers, mirror, withdraw, prune
+  [fleet]="util format codec delta root store diff apply"        # host reports, the fleet view, peers
+  [frontend]="util format codec delta root store diff apply publish fleet"  # what the front-ends share: --json, metrics, option rules
+  [cuda]="util format codec delta root store diff apply publish fleet"      # the CUDA path: changes found on the GPU, its publisher
 )
 declare -A header_layer=([error]=util)  # public headers without a NAME.cpp
 

@@ -22,6 +22,7 @@
 #include "hfdelta/diff.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/inspect.hpp"
+#include "hfdelta/root.hpp"
 #include "hfdelta/safetensors.hpp"
 #include "hfdelta/sharded_publisher.hpp"
 #include "hfdelta/squash.hpp"

@@ -68,11 +68,6 @@ struct SquashSummary {
   double seconds = 0;
 };
 
-// The delta version directories FIRST, LAST and every version between them,
-// found beside them (weight_vNNNNNN); throws Error(bad_input) if one is missing.
-std::vector<boost::filesystem::path> chain_between(const boost::filesystem::path& first,
-                                                   const boost::filesystem::path& last);
-
 // Writes OUT (which must not exist) atomically: the delta from the first
 // delta's base version to the last one's version. Throws Error(bad_input) for
 // a damaged delta or deltas that do not form a chain; with opts.base,

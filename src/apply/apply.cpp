@@ -21,6 +21,8 @@
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
 #include "hfdelta/version.hpp"
+#include "root/pull_plan.hpp"
+#include "root/root_view.hpp"
 #include "store/checksum_record.hpp"
 #include "store/journal.hpp"
 #include "store/local_store.hpp"
@@ -267,215 +269,6 @@ LocalStatus local_status(const fs::path& local, const ApplyOptions& opts) {
 
 namespace {
 
-// What ROOT offers a pull: the versions a reader may take (complete, up to
-// the first one still arriving), and the deltas beside full versions.
-struct RootView {
-  std::vector<VersionDir> all;       // every published version, ascending
-  std::vector<VersionDir> versions;  // ascending, complete
-  std::map<std::uint64_t, CompletionMarker> markers;
-  std::map<std::uint64_t, fs::path> sidecars;
-  std::set<std::uint64_t> withdrawn;        // delta-diff --withdraw
-  bool markers_required = false;            // --require-marker
-  std::optional<std::uint64_t> incomplete;  // the first version above LOCAL not completely there
-  std::string waiting_for;
-  std::vector<std::uint64_t> beyond;  // complete versions above `incomplete`: a stall, not an upload?
-  // The newest complete version above LOCAL's (none: none).
-  std::optional<std::uint64_t> newest_complete() const {
-    if (!beyond.empty()) return beyond.back();
-    if (!versions.empty()) return versions.back().version;
-    return std::nullopt;
-  }
-  // Each version's index, read on first use: a pull plans more than once
-  // (from LOCAL, from a full version, again after a refusal).
-  mutable std::map<std::uint64_t, std::optional<DeltaIndex>> indexes;
-  const std::optional<DeltaIndex>& index_of(const VersionDir& d) const {
-    auto it = indexes.find(d.version);
-    if (it == indexes.end()) it = indexes.emplace(d.version, read_index_if_delta(d.path)).first;
-    return it->second;
-  }
-};
-
-// Versions at or below LOCAL's are not looked at: a pull never reads them.
-RootView view_root(const fs::path& root, std::optional<std::uint64_t> local_version, const ApplyOptions& opts) {
-  RootView v;
-  v.all = scan_root(root);
-  v.markers_required = opts.require_marker;
-  for (const VersionDir& d : v.all) {
-    if (local_version && d.version <= *local_version) continue;
-    Completeness c = check_complete(d.path, opts.require_marker);
-    if (v.incomplete) {
-      if (c.complete) v.beyond.push_back(d.version);
-      continue;
-    }
-    if (!c.complete) {
-      v.incomplete = d.version;
-      v.waiting_for = d.path.string() + ": " + c.missing + " is not there yet";
-      continue;
-    }
-    if (c.marker) v.markers.emplace(d.version, std::move(*c.marker));
-    v.versions.push_back(d);
-  }
-  v.sidecars = scan_sidecars(root);
-  v.withdrawn = scan_withdrawn(root);
-  return v;
-}
-
-// What a pull does: the full version to copy (if any), then each delta
-// after it, opened and checked.
-struct PullPlan {
-  const VersionDir* full = nullptr;
-  const CompletionMarker* full_marker = nullptr;
-  std::vector<OpenDelta> chain;
-  std::uint64_t sidecars = 0;
-  std::uint64_t bytes = 0;  // of the directories it reads from ROOT
-  std::string fallback;     // why the deltas from LOCAL's version could not be taken (a full version is)
-};
-
-// A complete sidecar delta for version `ver`, if any.
-std::optional<fs::path> sidecar_for(const RootView& v, std::uint64_t ver) {
-  auto s = v.sidecars.find(ver);
-  if (s == v.sidecars.end() || !check_complete(s->second, v.markers_required).complete) return std::nullopt;
-  return s->second;
-}
-
-// LOCAL holds version `v`, which the operator withdrew: what to do.
-std::string withdrawn_held(const fs::path& root, std::uint64_t v) {
-  return "version " + format_version(v) + ", which LOCAL holds, was withdrawn from " + root.string() +
-         " (bad weights?); take a full version published after it (delta-diff --full NEW ROOT on the publishing "
-         "side, then pull again), or re-initialise LOCAL from a good checkpoint (delta-apply --init CHECKPOINT "
-         "LOCAL --init-version M)";
-}
-
-// One version of a delta path: the delta that reaches it.
-struct Link {
-  std::uint64_t version;
-  fs::path dir;
-  DeltaIndex idx;
-  bool sidecar = false;
-};
-
-// The deltas from `from` to `want` through every complete version between
-// (a full version by the delta beside it), each on the one before: withdrawn
-// numbers are skipped (the next version is published on the one below
-// them). None, with `why`, if a version has no such delta, does not connect,
-// or is `refused` (a delta LOCAL refused earlier in this pull).
-std::optional<std::vector<Link>> delta_path(const fs::path& root, const RootView& v, std::uint64_t from,
-                                            std::uint64_t want, const std::set<std::uint64_t>& refused,
-                                            std::string& why) {
-  std::vector<Link> links;
-  std::uint64_t cur = from;
-  if (v.withdrawn.count(from)) {
-    why = withdrawn_held(root, from);
-    return std::nullopt;
-  }
-  for (const VersionDir& d : v.versions) {
-    if (d.version <= from || d.version > want) continue;
-    if (refused.count(d.version)) {
-      why = "version " + format_version(d.version) + " was refused";
-      return std::nullopt;
-    }
-    std::optional<DeltaIndex> idx = v.index_of(d);
-    fs::path dir = d.path;
-    bool side = false;
-    if (!idx) {
-      if (const auto sc = sidecar_for(v, d.version)) idx = read_index_if_delta(*sc), dir = *sc, side = true;
-      if (!idx) {
-        why = "version " + format_version(d.version) + " is a full version with no delta beside it";
-        return std::nullopt;
-      }
-    }
-    if (idx->version != d.version || idx->base_version != cur) {
-      why = dir.string() + ": records version " + format_version(idx->version) + " on base " +
-            format_version(idx->base_version) + ", but the version before it is " + format_version(cur);
-      if (idx->base_version > cur && idx->base_version < d.version)
-        why += " (version " + format_version(idx->base_version) + " is " +
-               (v.withdrawn.count(idx->base_version) ? "withdrawn" : "missing: pruned?") + ")";
-      return std::nullopt;
-    }
-    links.push_back({d.version, dir, std::move(*idx), side});
-    cur = d.version;
-  }
-  if (cur != want) {
-    why = "version " + format_version(want) + " cannot be reached from " + format_version(from);
-    return std::nullopt;
-  }
-  return links;
-}
-
-std::uint64_t cost_of(const std::vector<Link>& links) {
-  std::uint64_t c = 0;
-  for (const Link& l : links) c += tree_bytes(l.dir);
-  return c;
-}
-
-// Opens every delta of a path whole (damage is found here, before LOCAL is
-// touched); none, with `why`, if one is damaged.
-// (`damage`: the error, thrown as it is when no full version can be taken).
-std::optional<std::vector<OpenDelta>> open_path(std::vector<Link>& links, std::string& why,
-                                                std::optional<Error>& damage) {
-  std::vector<OpenDelta> out;
-  for (Link& l : links) {
-    try {
-      out.push_back(open_delta(l.dir, std::move(l.idx)));
-    } catch (const Error& e) {
-      if (e.code() != Exit::bad_input && e.code() != Exit::unsupported) throw;
-      why = e.what();
-      damage = e;
-      return std::nullopt;
-    }
-  }
-  return out;
-}
-
-// The pull that reads fewer bytes: the deltas from LOCAL's version on (taking
-// the delta beside each full version on the way), or the newest full
-// version at or below `want` and the deltas after it. Where the deltas from
-// LOCAL cannot be taken (a version pruned, withdrawn, damaged, or `refused`)
-// a full version is, and the plan says why. Every delta of the chosen path
-// is checked whole before LOCAL is touched.
-PullPlan plan_pull(const fs::path& root, const RootView& v, std::optional<std::uint64_t> local_version,
-                   std::uint64_t want, const fs::path& local, const std::set<std::uint64_t>& refused) {
-  const VersionDir* full = nullptr;
-  for (auto it = v.versions.rbegin(); it != v.versions.rend() && !full; ++it)
-    if (it->version <= want && !v.index_of(*it)) full = &*it;
-  if (!full && !local_version)
-    fail(Exit::out_of_order, local,
-         "has no version, and " + root.string() + " has no full version at or below " + format_version(want) +
-             "; initialise it with --init");
-  std::string why_deltas, why_full;
-  std::optional<std::vector<Link>> deltas, after_full;
-  if (local_version) deltas = delta_path(root, v, *local_version, want, refused, why_deltas);
-  if (full) after_full = delta_path(root, v, full->version, want, refused, why_full);
-  PullPlan p;
-  const bool full_wins = after_full && (!deltas || tree_bytes(full->path) + cost_of(*after_full) < cost_of(*deltas));
-  std::optional<Error> damage;
-  if (!full_wins && deltas) {
-    std::optional<std::vector<OpenDelta>> opened = open_path(*deltas, why_deltas, damage);
-    if (opened) {
-      for (const Link& l : *deltas) p.sidecars += l.sidecar, p.bytes += tree_bytes(l.dir);
-      p.chain = std::move(*opened);
-      return p;
-    }
-    deltas.reset();
-  }
-  if (!after_full && damage) throw *damage;  // a damaged delta and nothing else to take: its own error
-  if (!after_full) {
-    const std::string& why = local_version ? why_deltas : why_full;
-    fail(refused.empty() ? Exit::out_of_order : Exit::verify_failed, root,
-         "cannot reach version " + format_version(want) + ": " + why +
-             (full ? "" : "; no full version to start from either (publish one: delta-diff --full NEW ROOT)"));
-  }
-  std::optional<std::vector<OpenDelta>> opened = open_path(*after_full, why_full, damage);
-  if (!opened) throw *damage;
-  p.full = full;
-  if (auto m = v.markers.find(full->version); m != v.markers.end() && m->second.full) p.full_marker = &m->second;
-  for (const Link& l : *after_full) p.sidecars += l.sidecar, p.bytes += tree_bytes(l.dir);
-  p.bytes += tree_bytes(full->path);
-  p.chain = std::move(*opened);
-  if (local_version && !deltas) p.fallback = why_deltas + "; took full version " + format_version(full->version);
-  return p;
-}
-
 // Nothing to do: `r` says why (LOCAL at `want`, nothing published, or the
 // next version still arriving).
 ApplyResult& nothing_to_do(ApplyResult& r, const LocalState& st, Clock::time_point t0) {
@@ -532,7 +325,7 @@ struct PullStart {
 
 PullStart start_pull(const fs::path& root, const fs::path& local, const LocalState& st,
                      std::optional<std::uint64_t> target, const ApplyOptions& opts, Clock::time_point t0) {
-  PullStart p{view_root(root, st.version, opts), {}, std::nullopt};
+  PullStart p{view_root(root, st.version, opts.require_marker), {}, std::nullopt};
   const RootView& v = p.view;
   const std::vector<VersionDir>& all = v.all;
   ApplyResult& r = p.result;
@@ -541,7 +334,7 @@ PullStart start_pull(const fs::path& root, const fs::path& local, const LocalSta
   if (!all.empty()) r.newest = all.back().version;
   r.not_published_yet = v.incomplete;
   r.waiting_for = v.waiting_for;
-  r.newer_complete = v.beyond;
+  for (const VersionDir& d : v.beyond) r.newer_complete.push_back(d.version);
   r.newest_complete = v.newest_complete();
   if (target && v.incomplete && *target >= *v.incomplete && (!st.version || *target > *st.version)) {
     nothing_to_do(r, st, t0);  // the target, or a version below it, is still arriving
@@ -579,7 +372,7 @@ std::optional<ApplyResult> first_pull(const fs::path& root, const fs::path& loca
                                       const ApplyOptions& opts) {
   PullStart s = start_pull(root, local, LocalState{}, target, opts, Clock::now());
   if (!s.want) return s.result;
-  const PullPlan p = plan_pull(root, s.view, std::nullopt, *s.want, local, {});
+  const PullPlan p = plan_pull(s.view, std::nullopt, *s.want, local, {});
   check_has_weights(open_checkpoint(p.full->path), p.full->path);  // no version: plan_pull starts from a full one
   return std::nullopt;
 }
@@ -602,7 +395,7 @@ ApplyResult pull_locked(Txn& txn, const fs::path& root, const fs::path& local, s
     const std::optional<std::uint64_t> cur = read_state(local).version;
     PullPlan p;
     try {
-      p = plan_pull(root, v, cur, want, local, refused);
+      p = plan_pull(v, cur, want, local, refused);
     } catch (const Error& e) {
       if (!refusal) throw;
       fail_again(*refusal, std::string(refusal->what()) + "\n" + local.string() + " keeps version " +
@@ -636,11 +429,6 @@ ApplyResult pull_locked(Txn& txn, const fs::path& root, const fs::path& local, s
 }
 
 }  // namespace
-
-std::optional<std::uint64_t> newest_complete_above(const fs::path& root, std::optional<std::uint64_t> above,
-                                                   const ApplyOptions& opts) {
-  return view_root(root, above, opts).newest_complete();
-}
 
 ApplyResult pull(const fs::path& root, const fs::path& local, std::optional<std::uint64_t> target,
                  const ApplyOptions& opts) {

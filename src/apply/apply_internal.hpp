@@ -55,11 +55,6 @@ void check_has_weights(const Checkpoint& c, const boost::filesystem::path& src);
 ApplyResult init_locked(Txn& txn, const boost::filesystem::path& src, const boost::filesystem::path& local,
                         std::uint64_t version, const ApplyOptions& opts, const CompletionMarker* expect = nullptr);
 
-// The newest complete version of ROOT above `above` (none: none), as a
-// pull sees it: for reporting how far a LOCAL is behind after a pull failed.
-std::optional<std::uint64_t> newest_complete_above(const boost::filesystem::path& root,
-                                                   std::optional<std::uint64_t> above, const ApplyOptions& opts);
-
 // Stages, executes and records `plan` of delta `d` in a step of `txn`:
 // journaled first and then written (opts.sync), or in one pass.
 void execute_plan(Txn& txn, const OpenDelta& d, ApplyPlan& plan, const boost::filesystem::path& local,

@@ -15,6 +15,7 @@
 #include "hfdelta/prune.hpp"
 #include "hfdelta/publication.hpp"
 #include "hfdelta/report_json.hpp"
+#include "hfdelta/root.hpp"
 #include "hfdelta/signals.hpp"
 #include "hfdelta/squash.hpp"
 #include "hfdelta/version.hpp"

@@ -16,6 +16,7 @@
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
 #include "hfdelta/version.hpp"
+#include "root/root_view.hpp"
 #include "store/local_store.hpp"
 #include "util/json_text.hpp"
 
@@ -108,8 +109,7 @@ HostReport current_report(const ReportTarget& t) {
   } catch (const std::exception&) {  // a damaged state: the report says no version
   }
   try {
-    const std::vector<VersionDir> all = scan_root(t.root);
-    if (!all.empty()) r.newest = all.back().version;
+    r.newest = newest_published(t.root);
   } catch (const std::exception&) {  // ROOT not mounted: the run's own error says so
   }
   return r;

@@ -143,7 +143,7 @@ DeltaIndex step_index(const Step& st, const PublisherOptions& opts) {
 }
 
 // Every tensor not given must be declared unchanged.
-void check_complete(const Step& st, bool rest_unchanged) {
+void check_all_given(const Step& st, bool rest_unchanged) {
   if (rest_unchanged) return;
   std::vector<std::string> missing;
   for (std::size_t i = 0; i < st.works.size(); ++i)
@@ -370,7 +370,7 @@ void MemoryPublisher::unchanged(std::string_view name) {
 PublishSummary MemoryPublisher::publish(bool rest_unchanged) {
   open_step();
   Step& st = *s_->step;
-  check_complete(st, rest_unchanged);
+  check_all_given(st, rest_unchanged);
   PublishSummary ps;
   ps.out = st.out;
   std::vector<NewDeltaEntry> entries;

@@ -13,6 +13,7 @@
 #include "hfdelta/io.hpp"
 #include "hfdelta/signals.hpp"
 #include "hfdelta/version.hpp"
+#include "root/root_view.hpp"
 #include "store/local_store.hpp"
 
 namespace hfdelta {
@@ -115,9 +116,9 @@ FollowResult pull_following(const fs::path& root, const fs::path& local, const f
   r.to_version = held.value_or(0);
   r.noop = true;
   r.no_version = !held;
-  const std::vector<VersionDir> all = scan_root(root);
-  r.published = all.size();
-  if (!all.empty()) r.newest = all.back().version;
+  const RootListing listing = list_root(root);
+  r.published = listing.all.size();
+  r.newest = listing.newest();
   return f;
 }
 

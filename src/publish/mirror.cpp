@@ -1,4 +1,4 @@
-#include "root/mirror.hpp"
+#include "publish/mirror.hpp"
 
 #include <boost/filesystem/operations.hpp>
 
@@ -8,6 +8,7 @@
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
 #include "hfdelta/version.hpp"
+#include "root/root_view.hpp"
 #include "store/checksum_record.hpp"
 #include "store/local_store.hpp"
 
@@ -66,14 +67,14 @@ void reconcile_mirror(const fs::path& root, const fs::path& mirror, const Publis
          "hosts start from: delta-apply --init CHECKPOINT " +
              mirror.string());
   const std::uint64_t m = *st.version;
-  const std::vector<VersionDir> versions = scan_root(root);
-  const std::uint64_t newest = versions.empty() ? 0 : versions.back().version;
-  if (versions.empty() && m != 0)
+  const RootListing listing = list_root(root);
+  const std::uint64_t newest = listing.newest().value_or(0);
+  if (listing.all.empty() && m != 0)
     fail(Exit::out_of_order, root,
          "publishes no version, but mirror " + mirror.string() + " is at version " + format_version(m) +
              ": open the publisher on the root the mirror was published to, "
              "or publish the mirror's checkpoint there first (delta-diff --full)");
-  if (newest < m && scan_withdrawn(root).count(m))
+  if (newest < m && listing.withdrawn.count(m))
     fail(Exit::out_of_order, mirror,
          "mirror is at version " + format_version(m) +
              ", which was withdrawn "
@@ -88,7 +89,7 @@ void reconcile_mirror(const fs::path& root, const fs::path& mirror, const Publis
              "mirror was published to, or re-create the mirror from this root");
   opening.version = m;
   if (newest == m) {
-    if (!versions.empty()) check_same_version(root, mirror, m);
+    if (!listing.all.empty()) check_same_version(root, mirror, m);
     return;
   }
   // Published, but the mirror was not advanced (the process died in

@@ -6,7 +6,7 @@
 
 #include "hfdelta/error.hpp"
 #include "hfdelta/version.hpp"
-#include "root/mirror.hpp"
+#include "publish/mirror.hpp"
 #include "store/checksum_record.hpp"
 #include "store/local_store.hpp"
 

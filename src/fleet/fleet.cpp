@@ -14,6 +14,7 @@
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
 #include "hfdelta/version.hpp"
+#include "root/root_view.hpp"
 
 namespace hfdelta {
 
@@ -78,12 +79,13 @@ void add_sidecar(FleetVersion& f, const fs::path& dir) {
 
 std::vector<FleetVersion> versions_of(const fs::path& root, bool require_marker, std::set<std::uint64_t>& withdrawn) {
   std::vector<FleetVersion> out;
-  const std::map<std::uint64_t, fs::path> sidecars = scan_sidecars(root);
-  for (const VersionDir& d : scan_root(root)) {
+  const RootListing listing = list_root(root);
+  for (const VersionDir& d : listing.all) {
     out.push_back(look_at(d.version, d.path, require_marker));
-    if (auto s = sidecars.find(d.version); s != sidecars.end() && out.back().full) add_sidecar(out.back(), s->second);
+    if (auto s = listing.sidecars.find(d.version); s != listing.sidecars.end() && out.back().full)
+      add_sidecar(out.back(), s->second);
   }
-  withdrawn = scan_withdrawn(root);
+  withdrawn = listing.withdrawn;
   for (const std::uint64_t v : withdrawn) {
     FleetVersion f = look_at(v, root / withdrawn_dirname(v), false);
     f.status = Status::withdrawn;

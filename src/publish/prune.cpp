@@ -6,12 +6,11 @@
 #include <boost/filesystem/operations.hpp>
 #include <nlohmann/json.hpp>
 
-#include "format/completion_marker.hpp"
 #include "hfdelta/checkpoint.hpp"
-#include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
 #include "hfdelta/version.hpp"
+#include "root/root_view.hpp"
 
 namespace hfdelta {
 
@@ -68,13 +67,12 @@ PruneResult prune_root(const fs::path& root, const PruneOptions& opts) {
   r.root = root;
   r.keep_from = opts.keep_from;
   r.dry_run = opts.dry_run;
+  // Every version is looked at (none is above a LOCAL), taking a version
+  // without a marker as complete, as the plain layout has none.
+  const RootView view = view_root(root, std::nullopt, false);
   std::vector<PrunedVersion> versions;
-  const std::vector<VersionDir> published = scan_root(root);
-  for (const VersionDir& d : published) {
-    // A full version still arriving (files its marker lists missing) is no base to prune onto.
-    const bool full = !is_delta_dir(d.path) && check_complete(d.path, false).complete;
-    versions.push_back({d.version, d.path, full});
-  }
+  for (const VersionDir& d : view.all)  // a full version still arriving is no base to prune onto
+    versions.push_back({d.version, d.path, view.is_full(d) && view.is_complete(d.version)});
 
   {
     boost::system::error_code ec;
@@ -88,24 +86,22 @@ PruneResult prune_root(const fs::path& root, const PruneOptions& opts) {
   // A pull to any target T >= keep_from starts from the newest full version
   // at or below T above LOCAL (at least this one), or from LOCAL itself when
   // that is newer; either way it reads nothing older than this one.
-  const PrunedVersion* full = nullptr;
-  for (const auto& d : versions)
-    if (d.full && (!opts.keep_from || d.version <= *opts.keep_from)) full = &d;
+  const VersionDir* full = view.newest_full(opts.keep_from.value_or(UINT64_MAX));
   if (full) {
     r.base_full = full->version;
     // Once the older versions are gone this is the only way in for a new
     // host: refuse to prune onto a full version that cannot be read.
     open_checkpoint(full->path);
   }
-  for (const auto& d : versions) (full && d.version < full->version ? r.removed : r.kept).push_back(d);
+  for (const PrunedVersion& d : versions) (full && d.version < full->version ? r.removed : r.kept).push_back(d);
   // The delta beside a full version goes with it: a host one version behind
   // a kept full version still needs it, one behind a removed one cannot exist.
-  for (const auto& [v, path] : scan_sidecars(root))
+  for (const auto& [v, path] : view.sidecars)
     (full && v < full->version ? r.removed : r.kept).push_back({v, path, false, true});
   // A withdrawn version below the kept full version: no pull can need it,
   // and the kept full version's number keeps the numbering past it.
   if (full)
-    for (const std::uint64_t v : scan_withdrawn(root)) {
+    for (const std::uint64_t v : view.withdrawn) {
       if (v >= full->version) continue;
       for (const std::string& name : {withdrawn_dirname(v), "withdrawn_" + sidecar_dirname(v)})
         if (exists_nofollow(root / name)) r.removed.push_back({v, root / name, false, false, true});

@@ -11,11 +11,11 @@
 
 #include <boost/filesystem/operations.hpp>
 
-#include "apply/apply_internal.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/host_report.hpp"
 #include "hfdelta/io.hpp"
 #include "hfdelta/report_json.hpp"
+#include "root/root_view.hpp"
 #include "store/local_store.hpp"
 
 namespace hfdelta {
@@ -68,7 +68,7 @@ std::optional<std::uint64_t> held_after_failure(const fs::path& local) {
 std::optional<std::uint64_t> behind_after_failure(const RunOutcome& run, std::optional<std::uint64_t> held) {
   if (!run.root || !held) return std::nullopt;
   try {
-    const auto newest = newest_complete_above(*run.root, held, run.opts);
+    const auto newest = view_root(*run.root, held, run.opts.require_marker).newest_complete();
     return newest ? *newest - *held : 0;
   } catch (const std::exception&) {  // ROOT unreadable: what made the run fail, most likely
     return std::nullopt;

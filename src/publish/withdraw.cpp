@@ -10,6 +10,7 @@
 #include "hfdelta/error.hpp"
 #include "hfdelta/io.hpp"
 #include "hfdelta/version.hpp"
+#include "root/root_view.hpp"
 
 namespace hfdelta {
 
@@ -23,10 +24,11 @@ constexpr const char* kWithdrawnSidecarPrefix = "withdrawn_";
 // Versions of ROOT published on `v`.
 std::vector<std::uint64_t> built_on(const fs::path& root, std::uint64_t v) {
   std::vector<std::uint64_t> out;
-  for (const VersionDir& d : scan_root(root)) {
+  const RootListing listing = list_root(root);
+  for (const VersionDir& d : listing.all) {
     if (d.version <= v) continue;
     try {
-      if (const auto idx = read_index_if_delta(d.path); idx && idx->base_version == v) out.push_back(d.version);
+      if (const auto& idx = listing.index_of(d); idx && idx->base_version == v) out.push_back(d.version);
     } catch (const Error&) {  // a damaged newer version: reached by no one anyway
     }
   }
@@ -88,7 +90,7 @@ WithdrawResult withdraw_version(const fs::path& dir_arg, bool sync) {
   if (sync && !r.already) sync_dir(r.root);
   r.stranded = built_on(r.root, *v);
   r.in_flight = publishing_above(r.root, *v);
-  if (const std::vector<VersionDir> left = scan_root(r.root); !left.empty()) r.newest = left.back().version;
+  r.newest = newest_published(r.root);
   return r;
 }
 

@@ -1,0 +1,79 @@
+// A publication root as its readers see it: the one model of a root that
+// pull, prune, withdraw, the mirror, the fleet view, host reports, peers and
+// metrics ask, so that which versions a reader may take is written once
+// (docs/format.md, "Reading a root"). Reads only; the rules of
+// publishing into a root are version.hpp's (numbering) and root_commit.hpp's
+// (the checks at the commit).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <boost/filesystem/path.hpp>
+
+#include "format/completion_marker.hpp"
+#include "hfdelta/delta_format.hpp"
+#include "hfdelta/version.hpp"
+
+namespace hfdelta {
+
+// What ROOT holds, by name: its published versions, the deltas beside full
+// versions and the withdrawn numbers. Nothing is read but names until an
+// index is asked for.
+struct RootListing {
+  boost::filesystem::path root;
+  std::vector<VersionDir> all;                                // every published version, ascending
+  std::map<std::uint64_t, boost::filesystem::path> sidecars;  // the delta beside full version N
+  std::set<std::uint64_t> withdrawn;                          // delta-diff --withdraw
+
+  // The newest published version (none: none).
+  std::optional<std::uint64_t> newest() const;
+  // Version `d`'s delta index; none for a full version. Read on first use
+  // and kept: a pull plans more than once (from LOCAL, from a full version,
+  // again after a refusal). Throws what read_index_if_delta throws.
+  const std::optional<DeltaIndex>& index_of(const VersionDir& d) const;
+  // Whether version `d` is a full version, not a delta (docs/format.md): an
+  // index that fails to convert still makes a delta (is_delta_dir), so that
+  // a damaged delta is never taken for a full version. Reads the index
+  // through index_of: each index is read once.
+  bool is_full(const VersionDir& d) const;
+
+ private:
+  mutable std::map<std::uint64_t, std::optional<DeltaIndex>> indexes_;
+};
+
+RootListing list_root(const boost::filesystem::path& root);
+
+// ROOT's newest published version (none: none), reading only its names.
+std::optional<std::uint64_t> newest_published(const boost::filesystem::path& root);
+
+// What a reader may take of ROOT above version `above` (none: all of it):
+// the complete versions up to the first one still arriving, and those
+// complete beyond it. Versions at or below `above` are not looked at.
+struct RootView : RootListing {
+  bool markers_required = false;                      // --require-marker: a version without a marker is still arriving
+  std::vector<VersionDir> versions;                   // complete, ascending, up to `incomplete`
+  std::map<std::uint64_t, CompletionMarker> markers;  // of `versions`
+  std::optional<std::uint64_t> incomplete;            // the first version not completely there
+  std::string waiting_for;                            // what it lacks
+  std::vector<VersionDir> beyond;                     // complete versions above `incomplete`: a stall, not an upload?
+
+  // Whether version `v` (above `above`) is completely there.
+  bool is_complete(std::uint64_t v) const;
+  // The newest complete version (none: none).
+  std::optional<std::uint64_t> newest_complete() const;
+  // A full version: complete, and no delta. The newest one at or below
+  // `at_most` (none: none): where a pull to `at_most` or above may start
+  // when it cannot start from its LOCAL, so what prune must keep.
+  const VersionDir* newest_full(std::uint64_t at_most) const;
+  // The complete delta beside full version `v`, if any.
+  std::optional<boost::filesystem::path> sidecar_for(std::uint64_t v) const;
+};
+
+RootView view_root(const boost::filesystem::path& root, std::optional<std::uint64_t> above, bool require_marker);
+
+}  // namespace hfdelta
