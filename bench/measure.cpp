@@ -29,11 +29,11 @@
 
 #include <boost/filesystem.hpp>
 
+#include "codec/codec.hpp"
 #include "hfdelta/checkpoint.hpp"
-#include "hfdelta/codec.hpp"
 #include "hfdelta/hash.hpp"
-#include "hfdelta/io.hpp"
 #include "hfdelta/safetensors.hpp"
+#include "util/io.hpp"
 
 namespace fs = boost::filesystem;
 

@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "hfdelta/codec.hpp"
+#include "codec/codec.hpp"
 
 namespace hfdelta::gpu {
 

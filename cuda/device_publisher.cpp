@@ -8,11 +8,11 @@
 #include <cuda_runtime.h>
 
 #include "change_finder.hpp"
+#include "codec/codec.hpp"
 #include "hfdelta/checkpoint.hpp"
-#include "hfdelta/codec.hpp"
 #include "hfdelta/error.hpp"
-#include "hfdelta/io.hpp"
 #include "hfdelta/safetensors.hpp"
+#include "util/io.hpp"
 
 namespace hfdelta::gpu {
 

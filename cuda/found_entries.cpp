@@ -4,7 +4,7 @@
 #include <algorithm>
 
 #include "change_finder.hpp"
-#include "hfdelta/codec.hpp"
+#include "codec/codec.hpp"
 
 namespace hfdelta::gpu {
 

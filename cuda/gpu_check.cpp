@@ -33,14 +33,14 @@
 #include <boost/filesystem.hpp>
 
 #include "change_finder.hpp"
+#include "codec/codec.hpp"
 #include "device_publisher.hpp"
 #include "found_reference.hpp"
 #include "hfdelta/apply.hpp"
-#include "hfdelta/codec.hpp"
 #include "hfdelta/error.hpp"
-#include "hfdelta/io.hpp"
 #include "hfdelta/publisher.hpp"
 #include "hfdelta/safetensors.hpp"
+#include "util/io.hpp"
 
 using namespace hfdelta;
 using Bytes = std::vector<std::uint8_t>;

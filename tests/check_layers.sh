@@ -30,7 +30,7 @@ declare -A may=(
   [frontend]="util format codec delta root store diff apply publish fleet"  # what the front-ends share: --json, metrics, option rules
   [cuda]="util format codec delta root store diff apply publish fleet"      # the CUDA path: changes found on the GPU, its publisher
 )
-declare -A header_layer=([error]=util)  # public headers without a NAME.cpp
+declare -A header_layer=([error]=util [found]=codec [region]=delta)  # public headers without a NAME.cpp
 
 bad=0
 complain() {
@@ -131,6 +131,12 @@ for file in include/hfdelta/*.hpp; do
     continue
   fi
   check "$file" "$layer"
+  # What users include stands on the public headers alone: they have no src/.
+  while IFS= read -r line; do
+    inc=${line#*\"}
+    inc=${inc%%\"*}
+    [[ $inc == hfdelta/*.hpp ]] || complain "$file: includes \"$inc\"; a public header includes only public ones (include/hfdelta/)"
+  done < <(grep -E '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$file")
 done
 
 # The front-ends: public headers, their own folder's, and for python/src the

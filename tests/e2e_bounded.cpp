@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "delta/delta_format_internal.hpp"
 #include "e2e_util.hpp"
 #include "hfdelta/delta_format.hpp"
 

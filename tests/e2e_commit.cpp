@@ -14,10 +14,10 @@
 #include "e2e_util.hpp"
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/error.hpp"
-#include "hfdelta/io.hpp"
 #include "hfdelta/publisher.hpp"
 #include "hfdelta/sharded_publisher.hpp"
 #include "hfdelta/withdraw.hpp"
+#include "util/io.hpp"
 
 using namespace e2e;
 

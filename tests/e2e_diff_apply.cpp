@@ -12,8 +12,8 @@
 #include "ckpt_edit.hpp"
 #include "e2e_util.hpp"
 #include "hfdelta/checkpoint.hpp"
-#include "hfdelta/io.hpp"
 #include "hfdelta/sharded_publisher.hpp"
+#include "util/io.hpp"
 
 using namespace e2e;
 

@@ -18,9 +18,9 @@
 #include "e2e_util.hpp"
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/error.hpp"
-#include "hfdelta/io.hpp"
 #include "hfdelta/publisher.hpp"
 #include "hfdelta/version.hpp"
+#include "util/io.hpp"
 
 using namespace e2e;
 

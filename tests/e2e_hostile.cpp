@@ -21,8 +21,8 @@
 
 #include <zstd.h>
 
+#include "delta/parts.hpp"
 #include "e2e_util.hpp"
-#include "hfdelta/parts.hpp"
 #include "hfdelta/safetensors.hpp"
 #include "hfdelta/sharded_publisher.hpp"
 
@@ -80,7 +80,7 @@ struct Bench {
   // test answers, not the marker's. Flips and truncations stand for storage
   // damage after the seal: the marker is left as published.
   bool reseal = true;
-  Snapshot pristine;        // LOCAL before every attempt, state.json included
+  Snapshot pristine;  // LOCAL before every attempt, state.json included
   Problems problems;
   std::map<std::string, long> codes;     // exit code → attempts
   std::map<std::string, long> accepted;  // what an attempt that exited 0 changed → attempts
@@ -225,9 +225,9 @@ struct Inputs {
     fs::create_directories(root_struct);
     // sparse entries (format revision 3): the rules of hfdelta_shards under
     // test are the first a reader meets (a context entry would need revision 5).
-    E2E_REQUIRE_CODE(diff({"-q", "--encoding", "sparse", st_base.string(), st_next.string(),
-                           version_dir(root_struct, 1).string()}),
-                     0);
+    E2E_REQUIRE_CODE(
+        diff({"-q", "--encoding", "sparse", st_base.string(), st_next.string(), version_dir(root_struct, 1).string()}),
+        0);
     const json sidx = delta_index(version_dir(root_struct, 1));
     std::multiset<std::string> ops;
     for (const auto& op : sidx["metadata"]["hfdelta_shards"]) ops.insert(op["op"].get<std::string>());

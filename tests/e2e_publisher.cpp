@@ -10,9 +10,9 @@
 #include "e2e_util.hpp"
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/error.hpp"
-#include "hfdelta/io.hpp"
 #include "hfdelta/progress.hpp"
 #include "hfdelta/publisher.hpp"
+#include "util/io.hpp"
 
 using namespace e2e;
 

@@ -3,6 +3,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "delta/delta_format_internal.hpp"
 #include "format/completion_marker.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"

@@ -11,9 +11,9 @@
 #include "found_reference.hpp"
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/error.hpp"
-#include "hfdelta/io.hpp"
 #include "hfdelta/publisher.hpp"
 #include "hfdelta/safetensors.hpp"
+#include "util/io.hpp"
 
 using namespace e2e;
 

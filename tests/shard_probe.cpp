@@ -25,9 +25,9 @@
 
 #include "hfdelta/apply.hpp"
 #include "hfdelta/error.hpp"
-#include "hfdelta/io.hpp"
 #include "hfdelta/safetensors.hpp"
 #include "hfdelta/sharded_publisher.hpp"
+#include "util/io.hpp"
 
 namespace fs = boost::filesystem;
 using namespace hfdelta;

@@ -15,7 +15,7 @@
 
 #include <zstd.h>
 
-#include "hfdelta/codec.hpp"
+#include "codec/codec.hpp"
 #include "hfdelta/error.hpp"
 #include "unit_util.hpp"
 

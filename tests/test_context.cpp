@@ -9,8 +9,8 @@
 #include <random>
 #include <vector>
 
+#include "codec/codec.hpp"
 #include "codec/codec_internal.hpp"
-#include "hfdelta/codec.hpp"
 #include "hfdelta/error.hpp"
 
 using namespace hfdelta;

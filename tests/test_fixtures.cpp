@@ -25,10 +25,10 @@
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/hash.hpp"
-#include "hfdelta/io.hpp"
 #include "hfdelta/safetensors.hpp"
 #include "store/local_store.hpp"
 #include "unit_util.hpp"
+#include "util/io.hpp"
 
 using namespace hfdelta;
 using nlohmann::json;

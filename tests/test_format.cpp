@@ -25,16 +25,17 @@
 #include <boost/filesystem/operations.hpp>
 #include <nlohmann/json.hpp>
 
+#include "delta/delta_format_internal.hpp"
 #include "delta/delta_writer.hpp"
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/hash.hpp"
-#include "hfdelta/io.hpp"
 #include "hfdelta/safetensors.hpp"
 #include "hfdelta/version.hpp"
 #include "store/local_store.hpp"
 #include "unit_util.hpp"
+#include "util/io.hpp"
 
 using namespace hfdelta;
 using nlohmann::json;

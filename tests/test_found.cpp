@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "codec/change_rules.hpp"
+#include "codec/codec.hpp"
 #include "found_reference.hpp"
-#include "hfdelta/codec.hpp"
 #include "hfdelta/safetensors.hpp"
 
 using namespace hfdelta;

@@ -8,10 +8,10 @@
 #include <fstream>
 
 #include "format/completion_marker.hpp"
-#include "hfdelta/io.hpp"
 #include "hfdelta/version.hpp"
 #include "root/root_view.hpp"
 #include "unit_util.hpp"
+#include "util/io.hpp"
 
 namespace fs = boost::filesystem;
 using namespace hfdelta;

@@ -17,6 +17,7 @@
 
 #include <boost/filesystem/operations.hpp>
 
+#include "delta/delta_format_internal.hpp"
 #include "format/completion_marker.hpp"
 #include "hfdelta/apply.hpp"
 #include "hfdelta/diff.hpp"

@@ -17,14 +17,15 @@
 #include <zstd.h>
 #include <boost/filesystem.hpp>
 
+#include "codec/codec.hpp"
+#include "delta/delta_format_internal.hpp"
 #include "hfdelta/apply.hpp"
-#include "hfdelta/codec.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/diff.hpp"
 #include "hfdelta/error.hpp"
-#include "hfdelta/io.hpp"
 #include "hfdelta/safetensors.hpp"
 #include "unit_util.hpp"
+#include "util/io.hpp"
 
 using namespace hfdelta;
 namespace fs = boost::filesystem;

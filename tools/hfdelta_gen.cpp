@@ -36,10 +36,10 @@
 #include <boost/filesystem.hpp>
 #include <nlohmann/json.hpp>
 
-#include "hfdelta/codec.hpp"
+#include "codec/codec.hpp"
 #include "hfdelta/error.hpp"
-#include "hfdelta/io.hpp"
 #include "hfdelta/safetensors.hpp"
+#include "util/io.hpp"
 
 namespace fs = boost::filesystem;
 using hfdelta::Error;

@@ -8,7 +8,7 @@
 
 #include <boost/filesystem/path.hpp>
 
-#include "hfdelta/codec.hpp"
+#include "hfdelta/encodings.hpp"
 
 namespace hfdelta {
 

@@ -13,6 +13,10 @@
 
 namespace hfdelta {
 
+// The zstd level when none is given (--level 0): each frame kind's own,
+// 3 for hfdelta's frames and 1 for the slime layout's (codec/codec.hpp).
+inline constexpr int kDefaultLevel = 0;
+
 enum class Encoding : std::uint8_t {
   xor_bytes,  // "xor": frame decodes to new XOR old, the tensor's full length
   overwrite,  // "overwrite": u32 K, K ascending u32 byte positions, K new bytes

@@ -11,8 +11,8 @@
 #include <boost/filesystem/path.hpp>
 #include <nlohmann/json_fwd.hpp>
 
-#include "hfdelta/codec.hpp"
 #include "hfdelta/delta_format.hpp"
+#include "hfdelta/encodings.hpp"
 #include "hfdelta/hash.hpp"
 
 namespace hfdelta {

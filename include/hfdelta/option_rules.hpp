@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include "hfdelta/codec.hpp"
+#include "hfdelta/encodings.hpp"
 
 namespace hfdelta {
 

@@ -43,8 +43,9 @@
 #include <boost/filesystem/path.hpp>
 
 #include "hfdelta/apply.hpp"
-#include "hfdelta/codec.hpp"
 #include "hfdelta/diff.hpp"
+#include "hfdelta/encodings.hpp"
+#include "hfdelta/found.hpp"
 #include "hfdelta/hash.hpp"
 
 namespace hfdelta {

@@ -20,9 +20,9 @@
 #include <boost/filesystem/path.hpp>
 
 #include "hfdelta/checkpoint.hpp"
-#include "hfdelta/codec.hpp"
+#include "hfdelta/encodings.hpp"
 #include "hfdelta/hash.hpp"
-#include "hfdelta/parts.hpp"
+#include "hfdelta/region.hpp"
 
 namespace hfdelta {
 

@@ -39,7 +39,7 @@
 
 #include <boost/filesystem/path.hpp>
 
-#include "hfdelta/codec.hpp"
+#include "hfdelta/encodings.hpp"
 
 namespace hfdelta {
 

@@ -7,7 +7,7 @@
 
 #include <nanobind/nanobind.h>
 
-#include "hfdelta/codec.hpp"
+#include "hfdelta/encodings.hpp"
 
 namespace hfdelta::python {
 

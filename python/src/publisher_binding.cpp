@@ -21,7 +21,6 @@
 #include <nanobind/stl/vector.h>
 
 #include "bindings.hpp"
-#include "hfdelta/codec.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/publisher.hpp"
 #include "hfdelta/report_json.hpp"

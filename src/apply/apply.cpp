@@ -19,13 +19,13 @@
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
-#include "hfdelta/io.hpp"
 #include "hfdelta/version.hpp"
 #include "root/pull_plan.hpp"
 #include "root/root_view.hpp"
 #include "store/checksum_record.hpp"
 #include "store/journal.hpp"
 #include "store/local_store.hpp"
+#include "util/io.hpp"
 #include "util/parallel.hpp"
 
 namespace hfdelta {

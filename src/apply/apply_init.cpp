@@ -11,10 +11,10 @@
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
-#include "hfdelta/io.hpp"
 #include "hfdelta/progress.hpp"
 #include "store/checksum_record.hpp"
 #include "store/local_store.hpp"
+#include "util/io.hpp"
 #include "util/parallel.hpp"
 #include "util/scope_guard.hpp"
 

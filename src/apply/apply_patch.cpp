@@ -6,8 +6,8 @@
 
 #include <boost/filesystem/operations.hpp>
 
+#include "codec/codec.hpp"
 #include "codec/codec_internal.hpp"
-#include "hfdelta/codec.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/version.hpp"
 #include "util/scope_guard.hpp"

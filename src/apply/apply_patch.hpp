@@ -12,8 +12,8 @@
 
 #include "apply/apply_plan.hpp"
 #include "hfdelta/hash.hpp"
-#include "hfdelta/io.hpp"
 #include "store/journal.hpp"
+#include "util/io.hpp"
 
 namespace hfdelta {
 

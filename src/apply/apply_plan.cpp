@@ -9,6 +9,7 @@
 #include <boost/filesystem/operations.hpp>
 
 #include "codec/codec_internal.hpp"
+#include "delta/delta_format_internal.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/safetensors.hpp"
 #include "hfdelta/version.hpp"

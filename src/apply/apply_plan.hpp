@@ -17,13 +17,13 @@
 
 #include <boost/filesystem/path.hpp>
 
+#include "codec/codec.hpp"
 #include "delta/delta_reader.hpp"
 #include "hfdelta/checkpoint.hpp"
-#include "hfdelta/codec.hpp"
 #include "hfdelta/hash.hpp"
-#include "hfdelta/io.hpp"
 #include "store/checksum_record.hpp"
 #include "store/journal.hpp"
+#include "util/io.hpp"
 
 namespace hfdelta {
 
@@ -116,7 +116,7 @@ struct ApplyPlan {
   std::vector<Patch> build_patches;  // entries of tensors of built files
   std::vector<Build> builds;
   std::vector<std::string> sources;  // LOCAL's weight files, which BuildTensor::src indexes
-  std::vector<PatchUnit> units;           // `patches` cut into parallel work, largest first
+  std::vector<PatchUnit> units;      // `patches` cut into parallel work, largest first
   std::vector<std::size_t> split;    // patches cut into chunk ranges
   // Header rewrites in place, by file: (new name, old name) of each tensor
   // at the same range, for the checksum record.

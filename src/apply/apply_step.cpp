@@ -8,8 +8,8 @@
 
 #include "apply/apply_internal.hpp"
 #include "hfdelta/error.hpp"
-#include "hfdelta/io.hpp"
 #include "store/local_store.hpp"
+#include "util/io.hpp"
 
 namespace hfdelta {
 

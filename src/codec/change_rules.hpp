@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "hfdelta/codec.hpp"
+#include "codec/codec.hpp"
 
 #if defined(__CUDACC__)
 #define HFDELTA_HD __host__ __device__

@@ -1,4 +1,4 @@
-#include "hfdelta/codec.hpp"
+#include "codec/codec.hpp"
 
 #include <algorithm>
 #include <bit>

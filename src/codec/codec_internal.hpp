@@ -12,7 +12,7 @@
 #include <string>
 
 #include "codec/change_rules.hpp"
-#include "hfdelta/codec.hpp"
+#include "codec/codec.hpp"
 
 namespace hfdelta {
 

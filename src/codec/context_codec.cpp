@@ -41,8 +41,8 @@
 #include <immintrin.h>
 #endif
 
+#include "codec/codec.hpp"
 #include "codec/codec_internal.hpp"
-#include "hfdelta/codec.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/safetensors.hpp"
 

@@ -7,12 +7,13 @@
 #include <boost/filesystem/operations.hpp>
 #include <nlohmann/json.hpp>
 
+#include "delta/delta_format_internal.hpp"
 #include "format/completion_marker.hpp"
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/error.hpp"
-#include "hfdelta/io.hpp"
 #include "hfdelta/signals.hpp"
 #include "hfdelta/version.hpp"
+#include "util/io.hpp"
 #include "util/json_text.hpp"
 
 namespace hfdelta {

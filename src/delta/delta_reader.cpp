@@ -9,7 +9,7 @@
 #include "format/completion_marker.hpp"
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/error.hpp"
-#include "hfdelta/io.hpp"
+#include "util/io.hpp"
 
 namespace hfdelta {
 

@@ -13,12 +13,13 @@
 
 #include <boost/filesystem/path.hpp>
 
-#include "hfdelta/codec.hpp"
+#include "codec/codec.hpp"
+#include "delta/delta_format_internal.hpp"
+#include "delta/parts.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/hash.hpp"
-#include "hfdelta/io.hpp"
-#include "hfdelta/parts.hpp"
 #include "hfdelta/safetensors.hpp"
+#include "util/io.hpp"
 
 namespace hfdelta {
 

@@ -5,6 +5,7 @@
 
 #include <boost/filesystem/operations.hpp>
 
+#include "delta/delta_format_internal.hpp"
 #include "hfdelta/error.hpp"
 
 namespace hfdelta {

@@ -14,11 +14,11 @@
 
 #include <boost/filesystem/path.hpp>
 
-#include "hfdelta/codec.hpp"
+#include "codec/codec.hpp"
+#include "format/root_commit.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/hash.hpp"
-#include "hfdelta/io.hpp"
-#include "hfdelta/root_commit.hpp"
+#include "util/io.hpp"
 
 namespace hfdelta {
 

@@ -12,9 +12,9 @@
 #include "delta/delta_reader.hpp"
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/error.hpp"
-#include "hfdelta/io.hpp"
 #include "hfdelta/safetensors.hpp"
 #include "hfdelta/version.hpp"
+#include "util/io.hpp"
 #include "util/json_text.hpp"
 
 namespace hfdelta {

@@ -1,4 +1,4 @@
-#include "hfdelta/parts.hpp"
+#include "delta/parts.hpp"
 
 #include <cstring>
 

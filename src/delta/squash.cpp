@@ -16,20 +16,21 @@
 #include <boost/filesystem/operations.hpp>
 #include <nlohmann/json.hpp>
 
+#include "codec/codec.hpp"
 #include "codec/codec_internal.hpp"
+#include "delta/delta_format_internal.hpp"
 #include "delta/delta_reader.hpp"
 #include "delta/delta_writer.hpp"
+#include "delta/parts.hpp"
+#include "format/root_commit.hpp"
 #include "hfdelta/checkpoint.hpp"
-#include "hfdelta/codec.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/hash.hpp"
-#include "hfdelta/io.hpp"
-#include "hfdelta/parts.hpp"
 #include "hfdelta/progress.hpp"
-#include "hfdelta/root_commit.hpp"
 #include "hfdelta/safetensors.hpp"
 #include "hfdelta/version.hpp"
+#include "util/io.hpp"
 #include "util/json_text.hpp"
 #include "util/parallel.hpp"
 

@@ -9,8 +9,8 @@
 #include "delta/delta_reader.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
-#include "hfdelta/io.hpp"
 #include "hfdelta/version.hpp"
+#include "util/io.hpp"
 #include "util/parallel.hpp"
 
 namespace hfdelta {

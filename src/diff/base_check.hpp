@@ -16,10 +16,10 @@
 
 #include <boost/filesystem/path.hpp>
 
+#include "delta/parts.hpp"
 #include "format/completion_marker.hpp"
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/hash.hpp"
-#include "hfdelta/parts.hpp"
 
 namespace hfdelta {
 

@@ -15,11 +15,11 @@
 
 #include <boost/filesystem/path.hpp>
 
+#include "codec/codec.hpp"
 #include "codec/codec_internal.hpp"
-#include "hfdelta/codec.hpp"
 #include "hfdelta/hash.hpp"
-#include "hfdelta/io.hpp"
 #include "hfdelta/safetensors.hpp"
+#include "util/io.hpp"
 
 namespace hfdelta {
 

@@ -14,10 +14,10 @@
 #include <nlohmann/json.hpp>
 
 #include "hfdelta/error.hpp"
-#include "hfdelta/io.hpp"
 #include "hfdelta/version.hpp"
 #include "root/root_view.hpp"
 #include "store/local_store.hpp"
+#include "util/io.hpp"
 #include "util/json_text.hpp"
 
 namespace hfdelta {

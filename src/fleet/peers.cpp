@@ -10,11 +10,11 @@
 
 #include "hfdelta/error.hpp"
 #include "hfdelta/host_report.hpp"
-#include "hfdelta/io.hpp"
 #include "hfdelta/signals.hpp"
 #include "hfdelta/version.hpp"
 #include "root/root_view.hpp"
 #include "store/local_store.hpp"
+#include "util/io.hpp"
 
 namespace hfdelta {
 

@@ -7,8 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "hfdelta/error.hpp"
-#include "hfdelta/io.hpp"
 #include "hfdelta/version.hpp"
+#include "util/io.hpp"
 #include "util/parallel.hpp"
 
 namespace hfdelta {

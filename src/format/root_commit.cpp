@@ -1,6 +1,6 @@
 // The checks a publication into a root makes at its start and its commit
 // (see root_commit.hpp).
-#include "hfdelta/root_commit.hpp"
+#include "format/root_commit.hpp"
 
 #include <sys/stat.h>
 
@@ -13,8 +13,8 @@
 
 #include "format/completion_marker.hpp"
 #include "hfdelta/error.hpp"
-#include "hfdelta/io.hpp"
 #include "hfdelta/version.hpp"
+#include "util/io.hpp"
 
 namespace hfdelta {
 

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hfdelta/error.hpp"
-#include "hfdelta/io.hpp"
+#include "util/io.hpp"
 #include "util/json_text.hpp"
 
 namespace hfdelta {

@@ -8,7 +8,7 @@
 #include <boost/filesystem/operations.hpp>
 
 #include "hfdelta/error.hpp"
-#include "hfdelta/io.hpp"
+#include "util/io.hpp"
 
 namespace hfdelta {
 

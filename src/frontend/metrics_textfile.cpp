@@ -13,10 +13,10 @@
 
 #include "hfdelta/error.hpp"
 #include "hfdelta/host_report.hpp"
-#include "hfdelta/io.hpp"
 #include "hfdelta/report_json.hpp"
 #include "root/root_view.hpp"
 #include "store/local_store.hpp"
+#include "util/io.hpp"
 
 namespace hfdelta {
 

@@ -6,11 +6,11 @@
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
-#include "hfdelta/io.hpp"
 #include "hfdelta/version.hpp"
 #include "root/root_view.hpp"
 #include "store/checksum_record.hpp"
 #include "store/local_store.hpp"
+#include "util/io.hpp"
 
 namespace hfdelta {
 

@@ -7,14 +7,14 @@
 #include <boost/filesystem/operations.hpp>
 
 #include "format/completion_marker.hpp"
+#include "format/root_commit.hpp"
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
-#include "hfdelta/io.hpp"
 #include "hfdelta/progress.hpp"
-#include "hfdelta/root_commit.hpp"
 #include "hfdelta/signals.hpp"
 #include "hfdelta/version.hpp"
+#include "util/io.hpp"
 #include "util/parallel.hpp"
 #include "util/scope_guard.hpp"
 

@@ -12,17 +12,17 @@
 #include "delta/delta_reader.hpp"
 #include "delta/delta_writer.hpp"
 #include "diff/diff_engine.hpp"
+#include "format/root_commit.hpp"
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
-#include "hfdelta/io.hpp"
 #include "hfdelta/progress.hpp"
 #include "hfdelta/publisher_mirror.hpp"
-#include "hfdelta/root_commit.hpp"
 #include "hfdelta/safetensors.hpp"
 #include "hfdelta/version.hpp"
 #include "store/checksum_record.hpp"
 #include "store/local_store.hpp"
+#include "util/io.hpp"
 
 namespace hfdelta {
 

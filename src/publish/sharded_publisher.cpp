@@ -8,13 +8,13 @@
 #include <boost/filesystem/operations.hpp>
 
 #include "delta/delta_writer.hpp"
+#include "format/root_commit.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
-#include "hfdelta/io.hpp"
-#include "hfdelta/root_commit.hpp"
 #include "hfdelta/safetensors.hpp"
 #include "hfdelta/version.hpp"
 #include "store/checksum_record.hpp"
+#include "util/io.hpp"
 
 namespace hfdelta {
 

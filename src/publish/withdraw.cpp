@@ -8,9 +8,9 @@
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
-#include "hfdelta/io.hpp"
 #include "hfdelta/version.hpp"
 #include "root/root_view.hpp"
+#include "util/io.hpp"
 
 namespace hfdelta {
 

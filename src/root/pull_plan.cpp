@@ -3,7 +3,7 @@
 #include <utility>
 
 #include "hfdelta/error.hpp"
-#include "hfdelta/io.hpp"
+#include "util/io.hpp"
 
 namespace hfdelta {
 

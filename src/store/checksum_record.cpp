@@ -9,10 +9,10 @@
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/hash.hpp"
-#include "hfdelta/io.hpp"
 #include "hfdelta/progress.hpp"
 #include "hfdelta/version.hpp"
 #include "store/local_store.hpp"
+#include "util/io.hpp"
 #include "util/json_text.hpp"
 #include "util/parallel.hpp"
 

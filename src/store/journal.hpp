@@ -20,8 +20,8 @@
 
 #include <boost/filesystem/path.hpp>
 
-#include "hfdelta/codec.hpp"
-#include "hfdelta/io.hpp"
+#include "codec/codec.hpp"
+#include "util/io.hpp"
 
 namespace hfdelta {
 

@@ -16,9 +16,9 @@
 #include "hfdelta/checkpoint.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
-#include "hfdelta/io.hpp"
 #include "hfdelta/signals.hpp"
 #include "hfdelta/version.hpp"
+#include "util/io.hpp"
 #include "util/json_text.hpp"
 #include "util/scope_guard.hpp"
 

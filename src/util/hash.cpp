@@ -5,7 +5,7 @@
 #include <cstdio>
 
 #include "hfdelta/error.hpp"
-#include "hfdelta/io.hpp"
+#include "util/io.hpp"
 
 #include <zlib.h>
 

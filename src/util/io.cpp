@@ -1,4 +1,4 @@
-#include "hfdelta/io.hpp"
+#include "util/io.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -25,8 +25,8 @@
 #include <span>
 #include <vector>
 
+#include "codec/codec.hpp"
 #include "fuzz_check.hpp"
-#include "hfdelta/codec.hpp"
 
 namespace fuzz {
 

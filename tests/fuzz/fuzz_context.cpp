@@ -32,10 +32,10 @@
 #include <string>
 #include <vector>
 
+#include "codec/codec.hpp"
 #include "codec/codec_internal.hpp"
 #include "context_base.hpp"
 #include "fuzz_check.hpp"
-#include "hfdelta/codec.hpp"
 #include "hfdelta/error.hpp"
 
 namespace {

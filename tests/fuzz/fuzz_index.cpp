@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 
+#include "delta/delta_format_internal.hpp"
 #include "fuzz_check.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"

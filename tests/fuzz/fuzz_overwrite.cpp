@@ -10,8 +10,8 @@
 #include <span>
 #include <vector>
 
+#include "codec/codec.hpp"
 #include "fuzz_check.hpp"
-#include "hfdelta/codec.hpp"
 #include "hfdelta/error.hpp"
 #include "zstd_ref.hpp"
 

@@ -19,9 +19,9 @@
 #include <span>
 #include <vector>
 
+#include "delta/parts.hpp"
 #include "fuzz_check.hpp"
 #include "hfdelta/error.hpp"
-#include "hfdelta/parts.hpp"
 #include "parts_lay.hpp"
 
 namespace {

@@ -18,10 +18,10 @@
 #include <span>
 #include <vector>
 
+#include "codec/codec.hpp"
+#include "delta/parts.hpp"
 #include "fuzz_check.hpp"
-#include "hfdelta/codec.hpp"
 #include "hfdelta/error.hpp"
-#include "hfdelta/parts.hpp"
 #include "parts_lay.hpp"
 
 namespace {

@@ -21,13 +21,14 @@
 
 #include <zstd.h>
 
+#include "codec/codec.hpp"
 #include "context_base.hpp"
+#include "delta/delta_format_internal.hpp"
+#include "delta/parts.hpp"
 #include "fuzz_check.hpp"
-#include "hfdelta/codec.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/hash.hpp"
-#include "hfdelta/parts.hpp"
 #include "hfdelta/safetensors.hpp"
 #include "parts_lay.hpp"
 

@@ -12,11 +12,11 @@
 #include <span>
 #include <vector>
 
+#include "codec/codec.hpp"
+#include "delta/parts.hpp"
 #include "fuzz_check.hpp"
-#include "hfdelta/codec.hpp"
 #include "hfdelta/error.hpp"
 #include "hfdelta/hash.hpp"
-#include "hfdelta/parts.hpp"
 
 namespace fuzz {
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "hfdelta/encodings.hpp"
+#include "hfdelta/found.hpp"
 #include "hfdelta/hash.hpp"
 
 // libzstd's contexts (ZSTD_CCtx, ZSTD_DCtx), used only through pointers here.
@@ -45,8 +46,6 @@ ChangeCount count_changes(std::span<const std::uint8_t> old_bytes, std::span<con
 // far matches) and lets a reader decode in 128 KiB of window.
 enum class FrameKind { own, slime };
 
-// A Compressor's level when none is given: each frame kind's default.
-inline constexpr int kDefaultLevel = 0;
 int frame_level(int level, FrameKind kind);  // 3 for own frames, 1 for slime frames
 
 // A zstd compression context reused across frames (one per thread).
@@ -104,22 +103,6 @@ std::size_t sparse_elem_size(std::size_t es, std::uint64_t nbytes);
 inline constexpr std::size_t kSparseHeadSize = 32;
 // The entry's head: magic, element size, tensor bytes, chunk size, chunk count.
 void sparse_entry_head(std::size_t sparse_es, std::uint64_t nbytes, std::uint8_t out[kSparseHeadSize]);
-
-// One chunk's changes as found elsewhere (the CUDA path of cuda/, which has
-// the base and new bytes on the device): what the chunked encoders take
-// instead of scanning the views, for the same entry bytes. Views the caller
-// keeps alive while the chunk is encoded.
-struct FoundChunk {
-  std::uint64_t elements = 0;          // the chunk's elements
-  std::uint64_t count = 0;             // its changed elements
-  std::uint64_t bytes_changed = 0;     // their bytes that differ
-  const std::uint32_t* pos = nullptr;  // per change: its element in the chunk, ascending
-  const std::uint8_t* diff = nullptr;  // per change: new - old, elem_size bytes little-endian
-  // The context encoding's only:
-  const std::uint8_t* ctx = nullptr;      // per change: its base element's context
-  const std::uint32_t* sample = nullptr;  // 256 counts: the contexts of the chunk's sampled base elements
-  const std::uint32_t* rank = nullptr;    // per change: how many base elements of its context group precede it
-};
 
 // Builds one chunk of a sparse entry from views scanned in order, so a caller
 // can feed it blocks it has just read (and hashed) while they are in cache.
@@ -194,18 +177,11 @@ ChunkLayout chunk_layout(std::string_view dtype, std::uint64_t nbytes);
 // encodings share their chunk arithmetic (sparse_chunk_count) and their split
 // over threads; and most context groups per chunk.
 inline constexpr std::uint64_t kContextChunkElements = kSparseChunkElements;
-inline constexpr std::size_t kContextMaxGroups = 16;
 inline constexpr std::size_t kContextHeadSize = 40;
 // The entry's head: magic "HFC1", element size, tensor bytes, chunk size,
 // chunk count, the context field.
 void context_entry_head(std::size_t es, std::uint64_t nbytes, ContextField f, std::uint8_t out[kContextHeadSize]);
 
-// A chunk's context groups: group g holds the contexts from lo[g] (lo[0] = 0)
-// up to the next group's.
-struct ContextGroups {
-  std::uint32_t G = 1;
-  std::uint8_t lo[kContextMaxGroups] = {};
-};
 // The groups the context encoder picks for a chunk of found changes (from
 // fc.ctx and fc.sample): what ranks its changes (FoundChunk::rank).
 ContextGroups context_groups(const FoundChunk& fc, ContextField f);
