@@ -14,6 +14,7 @@ packages=(
   libcli11-dev doctest-dev
   zstd xxhash
   jq  # tests/readme_commands.sh: the documented commands use it
+  zsh  # tests/completion_zsh.sh: the zsh completion, tried in zsh
   xfsprogs  # tests: copy-on-write clones on a loop-mounted XFS
   bindfs fuse3  # tests/e2e_publish.cpp: a FUSE filesystem without rename flags, as NFS
   rclone  # tests/object_store.sh: publishing through S3

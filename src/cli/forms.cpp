@@ -212,6 +212,14 @@ std::string bash_completion(const CLI::App& app, const Command& c) {
          fn + " " + c.name + "\n";
 }
 
+std::string zsh_completion(const CLI::App& app, const Command& c) {
+  return "# zsh completion for " + c.name + " (" + c.name +
+         " --completion zsh; source it from .zshrc after compinit): its bash\n"
+         "# completion, run by zsh's bash emulation.\n"
+         "autoload -U +X bashcompinit && bashcompinit\n" +
+         bash_completion(app, c);
+}
+
 const std::vector<Moved>& moved_options() {
   static const std::vector<Moved> none;
   return g_command ? g_command->moved : none;
@@ -220,11 +228,12 @@ const std::vector<Moved>& moved_options() {
 int completion_flag(int argc, char** argv, bool& handled) {
   handled = argc == 3 && std::strcmp(argv[1], "--completion") == 0 && g_command;
   if (!handled) return 0;
-  if (std::strcmp(argv[2], "bash") != 0) {
-    std::cerr << g_command->name << ": error: --completion: only bash is generated, not " << argv[2] << "\n";
+  const bool zsh = std::strcmp(argv[2], "zsh") == 0;
+  if (!zsh && std::strcmp(argv[2], "bash") != 0) {
+    std::cerr << g_command->name << ": error: --completion: bash or zsh, not " << argv[2] << "\n";
     return 2;
   }
-  std::cout << bash_completion(*g_app, *g_command) << std::flush;
+  std::cout << (zsh ? zsh_completion(*g_app, *g_command) : bash_completion(*g_app, *g_command)) << std::flush;
   return std::cout ? 0 : 1;
 }
 

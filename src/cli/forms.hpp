@@ -72,11 +72,13 @@ std::string form_signature(const CLI::App& app, const Command& c, const Form& f)
 // options and the common ones; before any, every form's option too; paths
 // and values complete as file names.
 std::string bash_completion(const CLI::App& app, const Command& c);
+// The same for zsh: the bash completion under zsh's bashcompinit.
+std::string zsh_completion(const CLI::App& app, const Command& c);
 
 // The moved options of the command set_forms registered (none before).
 const std::vector<Moved>& moved_options();
 
-// `--completion bash`, alone on the command line: prints the completion of
+// `--completion bash` (or zsh), alone on the command line: prints the completion of
 // the command set_forms registered, and says so (`handled`). Not in --help:
 // it is for packaging (meson installs its output), not for a terminal.
 int completion_flag(int argc, char** argv, bool& handled);
