@@ -250,7 +250,7 @@ void encode(const float* w, std::size_t n, Dtype dt, std::uint8_t* out) {
 
 // ---- options ----------------------------------------------------------------
 
-struct Options {
+struct GenCommandLine {
   std::string outdir;
   std::string preset = "tiny";
   ModelShape shape;
@@ -361,7 +361,7 @@ std::vector<Tensor> lora_tensors(const ModelShape& m, std::uint64_t rank, std::u
   return ts.take();
 }
 
-std::vector<Tensor> model_tensors(const Options& o) {
+std::vector<Tensor> model_tensors(const GenCommandLine& o) {
   const ModelShape& m = o.shape;
   if (o.lora_rank > 0) return lora_tensors(m, o.lora_rank, o.seed, o.dtype);
   TensorList ts(o.seed, o.dtype);
@@ -416,7 +416,7 @@ std::vector<Tensor> model_tensors(const Options& o) {
 
 // Greedy packing in model order, as HF's save_pretrained does: a new shard
 // starts when the next tensor would push the current one past the limit.
-std::vector<Shard> plan_shards(std::vector<Tensor>& ts, const Options& o) {
+std::vector<Shard> plan_shards(std::vector<Tensor>& ts, const GenCommandLine& o) {
   std::vector<std::vector<std::size_t>> groups(1);
   std::uint64_t cur = 0;
   for (std::size_t i = 0; i < ts.size(); ++i) {
@@ -494,7 +494,7 @@ struct Buffers {
 };
 
 struct Run {
-  const Options& o;
+  const GenCommandLine& o;
   const std::vector<Tensor>& tensors;
   std::vector<std::vector<hfdelta::File>>& files;  // [save][shard]; pwrite is safe across threads
 };
@@ -650,7 +650,7 @@ std::uint64_t bos_id(const ModelShape& m) {
 }
 std::uint64_t eos_id(const ModelShape& m) { return m.vocab > 151645 ? 151645 : m.vocab - 1; }
 
-json config_json(const Options& o) {
+json config_json(const GenCommandLine& o) {
   const ModelShape& m = o.shape;
   const Dtype dt = o.dtype;
   const std::uint64_t bos = bos_id(m), eos = eos_id(m);
@@ -703,7 +703,7 @@ json config_json(const Options& o) {
 }
 
 // PEFT's adapter_config.json for a LoRA of rank r on the seven projections.
-json adapter_config_json(const Options& o) {
+json adapter_config_json(const GenCommandLine& o) {
   json targets = json::array();
   for (const auto& [mod, dims] : lora_targets(o.shape)) targets.push_back(mod.substr(mod.find('.') + 1));
   return {{"alpha_pattern", json::object()},
@@ -778,7 +778,7 @@ bool path_exists(const fs::path& p) { return fs::symlink_status(p).type() != fs:
 
 // ---- the steps of a run ------------------------------------------------------
 
-void validate(const Options& o) {
+void validate(const GenCommandLine& o) {
   const ModelShape& m = o.shape;
   const std::pair<const char*, std::uint64_t> dims[] = {
       {"--hidden", m.hidden}, {"--layers", m.layers},     {"--intermediate", m.intermediate}, {"--vocab", m.vocab},
@@ -806,7 +806,7 @@ struct Model {
   std::uint64_t elements = 0, tensor_bytes = 0;
 };
 
-Model plan_model(const Options& o) {
+Model plan_model(const GenCommandLine& o) {
   Model model;
   model.tensors = model_tensors(o);
   model.shards = plan_shards(model.tensors, o);
@@ -820,7 +820,7 @@ Model plan_model(const Options& o) {
 // Small files (name, content), identical in every save.
 using SmallFiles = std::vector<std::pair<std::string, std::string>>;
 
-SmallFiles small_files(const Options& o, const Model& model) {
+SmallFiles small_files(const GenCommandLine& o, const Model& model) {
   SmallFiles small;
   if (o.lora_rank > 0) {  // an adapter directory: no model config, one weight file
     small.emplace_back("adapter_config.json", adapter_config_json(o).dump(2) + "\n");
@@ -847,7 +847,7 @@ struct SaveDirs {
 
 // Checks no save is in the way (unless --force), then creates every save's
 // temporary directory with its small files.
-SaveDirs prepare_saves(const Options& o, std::size_t nshards, const SmallFiles& small) {
+SaveDirs prepare_saves(const GenCommandLine& o, std::size_t nshards, const SmallFiles& small) {
   SaveDirs d;
   d.outdir = fs::absolute(fs::path(o.outdir)).lexically_normal();
   const std::uint64_t nsaves = o.saves + 1;
@@ -915,7 +915,8 @@ std::vector<Work> cut_work(const std::vector<Tensor>& tensors, std::uint64_t chu
 // Trains every chunk through every step on all threads, writing each save's
 // bytes; returns the number of elements changed at each save. The first
 // error of any thread stops the others and is rethrown.
-std::vector<std::uint64_t> write_chunks(const Options& o, const std::vector<Tensor>& tensors, ShardFiles& files) {
+std::vector<std::uint64_t> write_chunks(const GenCommandLine& o, const std::vector<Tensor>& tensors,
+                                        ShardFiles& files) {
   const std::vector<Work> work = cut_work(tensors, o.chunk);
   const Run r{o, tensors, files};
   const std::uint64_t nsaves = o.saves + 1;
@@ -983,7 +984,7 @@ double changed_fraction(const Written& w, std::uint64_t s) {
 }
 
 // One line per save on stderr.
-void print_saves(const Options& o, const Written& w) {
+void print_saves(const GenCommandLine& o, const Written& w) {
   for (std::uint64_t s = 0; s < w.changed.size(); ++s)
     std::fprintf(stderr, "hfdelta-gen: %s step=%llu files=%zu bytes=%llu changed=%llu/%llu (%.3f%%)\n",
                  save_name(s).c_str(), static_cast<unsigned long long>(s * o.steps_per_save),
@@ -992,7 +993,7 @@ void print_saves(const Options& o, const Written& w) {
                  100.0 * changed_fraction(w, s));
 }
 
-json params_json(const Options& o) {
+json params_json(const GenCommandLine& o) {
   const ModelShape& m = o.shape;
   return {{"preset", o.preset},
           {"hidden_size", m.hidden},
@@ -1020,7 +1021,7 @@ json params_json(const Options& o) {
 }
 
 // The --json description of the series, on stdout.
-void print_series_json(const Options& o, const Written& w) {
+void print_series_json(const GenCommandLine& o, const Written& w) {
   json series = json::array();
   json paths = json::array();
   for (std::uint64_t s = 0; s < w.changed.size(); ++s) {
@@ -1051,7 +1052,7 @@ void print_series_json(const Options& o, const Written& w) {
 
 // ---- the run, step by step -----------------------------------------------------
 
-int run(Options& o) {
+int run(GenCommandLine& o) {
   validate(o);
   if (o.threads > 0) omp_set_num_threads(o.threads);
   const auto t0 = std::chrono::steady_clock::now();
@@ -1095,7 +1096,7 @@ struct ShapeArgs {
   CLI::Option* lr_opt = nullptr;
 };
 
-void add_shape_options(CLI::App& app, Options& o, ShapeArgs& a) {
+void add_shape_options(CLI::App& app, GenCommandLine& o, ShapeArgs& a) {
   std::vector<std::string> presets;
   for (const auto& p : kPresets) presets.emplace_back(p.name);
   app.add_option("--preset", o.preset, "Model size to start from")
@@ -1107,7 +1108,7 @@ void add_shape_options(CLI::App& app, Options& o, ShapeArgs& a) {
       app.add_flag("--tie-embeddings,!--no-tie-embeddings", a.tie, "Share embed_tokens with lm_head (override)");
 }
 
-void add_run_options(CLI::App& app, Options& o, ShapeArgs& a) {
+void add_run_options(CLI::App& app, GenCommandLine& o, ShapeArgs& a) {
   app.add_option("--saves", o.saves, "Saves after the initial one")->capture_default_str();
   app.add_option("--steps-per-save", o.steps_per_save, "Optimizer steps between saves")->capture_default_str();
   a.lr_opt = app.add_option("--lr", o.lr, "Adam learning rate (--lora: default 1e-4)")->capture_default_str();
@@ -1135,7 +1136,7 @@ void add_run_options(CLI::App& app, Options& o, ShapeArgs& a) {
 }
 
 // The model shape (the preset's, with the overrides given) and the dtype.
-void resolve_shape(Options& o, const ShapeArgs& a) {
+void resolve_shape(GenCommandLine& o, const ShapeArgs& a) {
   for (const auto& p : kPresets)
     if (o.preset == p.name) o.shape = p.shape;
   for (int i = 0; i < kDims; ++i)
@@ -1152,7 +1153,7 @@ void resolve_shape(Options& o, const ShapeArgs& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Options o;
+  GenCommandLine o;
   ShapeArgs a;
   CLI::App app{
       "Writes OUTDIR/save_000 .. save_NNN: HF checkpoints resembling successive saves of a "

@@ -25,7 +25,7 @@ namespace {
 using ull = unsigned long long;
 
 // What the command line asks for.
-struct Options {
+struct ApplyCommandLine {
   std::vector<std::string> paths;
   std::string root, then, pre_read, metrics;
   bool init = false, status = false, recover = false, verify = false, no_sync = false, json_out = false, quiet = false,
@@ -43,7 +43,7 @@ struct Options {
 };
 
 // The options of every form, written into `o` when `app` parses.
-void add_options(CLI::App& app, Options& o) {
+void add_options(CLI::App& app, ApplyCommandLine& o) {
   app.add_option("PATHS", o.paths, "DELTA LOCAL, SRC LOCAL (--init), or LOCAL (--root, --status, --recover, --verify)")
       ->expected(1, 2)
       ->group("");  // the usage lines name them per form
@@ -105,7 +105,7 @@ void add_options(CLI::App& app, Options& o) {
 
 // --report-to, --host, --peers, --peer-timeout, --follow (docs/operations.md,
 // docs/engines.md); the fleet view that reads the reports is delta-fleet.
-void add_report_options(CLI::App& app, Options& o) {
+void add_report_options(CLI::App& app, ApplyCommandLine& o) {
   app.add_option("--report-to", o.report,
                  "With --root: after the pull, write DIR/NAME.json saying what LOCAL holds "
                  "(DIR shared by the hosts, apart from ROOT)")
@@ -174,7 +174,7 @@ void print_status_human(const std::string& local, const LocalStatus& s, const ch
 }
 
 // Reports LOCAL's state; its exit code tells clean, interrupted or uninitialised.
-void run_status(const Options& o, const std::string& local) {
+void run_status(const ApplyCommandLine& o, const std::string& local) {
   const LocalStatus s = local_status(local, o.apply);
   const Exit code = status_exit(s);
   if (o.json_out)
@@ -198,7 +198,7 @@ void print_verify_human(const std::string& local, const VerifyReport& v) {
 }
 
 // Re-hashes LOCAL; its exit code tells clean, interrupted, uninitialised or corrupt.
-void run_verify(const Options& o, const std::string& local) {
+void run_verify(const ApplyCommandLine& o, const std::string& local) {
   const VerifyReport v = verify_local(local, o.apply.lock_timeout, o.apply.threads);
   cli::ProgressLine::stop_current();
   const Exit code = verify_exit(v);
@@ -213,7 +213,8 @@ void run_verify(const Options& o, const std::string& local) {
 
 // Writes DIR/NAME.json; a report that cannot be written is a warning, not
 // the pull's failure (the fleet view shows it growing old: --fail-stale).
-void write_report(const Options& o, const std::string& local, Exit code, const std::string& msg, bool waiting) {
+void write_report(const ApplyCommandLine& o, const std::string& local, Exit code, const std::string& msg,
+                  bool waiting) {
   const StopDeferred finish;  // a stop after the pull's commit must not cut the report short
   try {
     HostReport r = current_report({o.report, o.host, local, o.root, cli::program_version()});
@@ -229,7 +230,7 @@ void write_report(const Options& o, const std::string& local, Exit code, const s
 }
 
 // --peers: LOCAL holds `v`; says so in its report, then waits for the peers.
-void await_peers(const Options& o, const std::string& local, std::uint64_t v) {
+void await_peers(const ApplyCommandLine& o, const std::string& local, std::uint64_t v) {
   write_report(o, local, Exit::ok, "", true);
   PeerWaitOptions w{o.peers, o.peer_timeout, 0.5, nullptr};
   if (!o.quiet)
@@ -246,7 +247,7 @@ void await_peers(const Options& o, const std::string& local, std::uint64_t v) {
 
 // A stop signal during --then (or before it, after the commit): the version
 // is applied all the same, and the message says so.
-[[noreturn]] void then_stopped(Options& o, const std::string& local, std::uint64_t v, const Error& e,
+[[noreturn]] void then_stopped(ApplyCommandLine& o, const std::string& local, std::uint64_t v, const Error& e,
                                const cli::ShellStop& s) {
   o.then_stop = s;
   const std::string state = local + " is at version " + format_version(v) + ", applied and committed; ";
@@ -260,7 +261,7 @@ void await_peers(const Options& o, const std::string& local, std::uint64_t v) {
 }
 
 // Runs the form that changes LOCAL, with --then's command hooked in.
-ApplyResult run_change(Options& o, const std::string& local) {
+ApplyResult run_change(ApplyCommandLine& o, const std::string& local) {
   if (!o.then.empty())
     o.apply.then = [&o, &local, command = o.then,
                     abs = boost::filesystem::absolute(local).lexically_normal().string()](std::uint64_t v) {
@@ -293,7 +294,7 @@ ApplyResult run_change(Options& o, const std::string& local) {
 
 // --metrics: the run's outcome written to FILE whether it succeeds or fails.
 // A file that cannot be written is a warning: the run's own outcome stands.
-ApplyResult run_with_metrics(Options& o, const std::string& local) {
+ApplyResult run_with_metrics(ApplyCommandLine& o, const std::string& local) {
   if (o.metrics.empty()) return run_change(o, local);
   RunOutcome run{local, o.root.empty() ? std::nullopt : std::optional<boost::filesystem::path>(o.root), o.apply};
   const auto write = [&](int code) {
@@ -385,7 +386,7 @@ void print_change_human(const std::string& local, const ApplyResult& r, bool rec
 }
 
 // --report-to DIR: the pull, then DIR/NAME.json, whatever the outcome.
-ApplyResult run_reported(Options& o, const std::string& local) {
+ApplyResult run_reported(ApplyCommandLine& o, const std::string& local) {
   check_reports_dir(o.report, o.root);
   if (o.host.empty()) o.host = default_host_name();
   check_host_name(o.host, "--host");
@@ -422,7 +423,7 @@ nlohmann::json then_stop_json(const cli::ShellStop& s, const ApplyResult& r) {
             {"grace_seconds", s.started ? json(s.grace) : json()}}}};
 }
 
-void print_change(const Options& o, const std::string& local, const ApplyResult& r) {
+void print_change(const ApplyCommandLine& o, const std::string& local, const ApplyResult& r) {
   if (o.json_out) {
     nlohmann::json j = change_json(local, r);
     if (o.followed) j["follow"] = follow_json(o.follow, *o.followed);
@@ -437,7 +438,7 @@ void print_change(const Options& o, const std::string& local, const ApplyResult&
 }
 
 // The body of every form, once the command line has parsed and fits its form.
-void run_command(const CLI::App& app, Options& o) {
+void run_command(const CLI::App& app, ApplyCommandLine& o) {
   const cli::Form& form = cli::select_form(app, apply_command());
   if (*o.root_opt && o.root.empty()) {  // --root without its ROOT right after it: the first of two paths
     if (o.paths.size() != 2) throw CLI::ValidationError("--root", "needs ROOT: --root ROOT LOCAL");
@@ -465,7 +466,7 @@ void run_command(const CLI::App& app, Options& o) {
 int main(int argc, char** argv) {
   hfdelta::handle_stop_signals();  // first: every thread started later inherits the mask
   CLI::App app{apply_command().about, "delta-apply"};
-  Options o;
+  ApplyCommandLine o;
   add_options(app, o);
   add_report_options(app, o);
   cli::set_forms(app, apply_command());

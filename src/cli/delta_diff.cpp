@@ -120,7 +120,7 @@ void print_prune(const PruneResult& r) {
 // ---- the command line ------------------------------------------------------------
 
 // What the command line asks for.
-struct Options {
+struct DiffCommandLine {
   std::string base, target, out, encoding = "context", inspect, prune, withdraw, post_publish, squash_base;
   std::optional<std::uint64_t> version, base_version, keep_from;
   DiffOptions diff;
@@ -129,7 +129,7 @@ struct Options {
 };
 
 // The options of writing a delta: the checkpoints and how to encode.
-void add_diff_options(CLI::App& app, Options& o) {
+void add_diff_options(CLI::App& app, DiffCommandLine& o) {
   app.add_option("BASE", o.base, "Previous save (HF checkpoint directory)");
   app.add_option("NEW", o.target, "New save (HF checkpoint directory)");
   app.add_option("OUT", o.out,
@@ -175,7 +175,7 @@ void add_diff_options(CLI::App& app, Options& o) {
 }
 
 // The options of the other forms: --inspect, --squash and --prune.
-void add_form_options(CLI::App& app, Options& o) {
+void add_form_options(CLI::App& app, DiffCommandLine& o) {
   const std::string inspect_group = "Inspect a delta (instead of writing one)";
   app.add_option("--inspect", o.inspect,
                  "Describe delta version directory DELTA: versions, encoding, per-tensor entries "
@@ -259,7 +259,7 @@ const cli::Command& diff_command() {
 
 // A form's path follows its option, or is the one path argument
 // (`--prune --dry-run ROOT`); any other path argument is refused.
-void take_form_path(Options& o, std::string& path, const std::string& form, const std::string& what) {
+void take_form_path(DiffCommandLine& o, std::string& path, const std::string& form, const std::string& what) {
   std::vector<std::string> args;
   for (const std::string* a : {&o.base, &o.target, &o.out})
     if (!a->empty()) args.push_back(*a);
@@ -270,7 +270,7 @@ void take_form_path(Options& o, std::string& path, const std::string& form, cons
 }
 
 // Which form the command line asks for, once its options and paths fit that form.
-Form choose_form(const CLI::App& app, Options& o) {
+Form choose_form(const CLI::App& app, DiffCommandLine& o) {
   const cli::Form& f = cli::select_form(app, diff_command());
   if (f.selector == "--inspect") take_form_path(o, o.inspect, "--inspect", "DELTA");
   if (f.selector == "--prune") take_form_path(o, o.prune, "--prune", "ROOT");
@@ -284,7 +284,7 @@ Form choose_form(const CLI::App& app, Options& o) {
 
 // ---- --inspect and --prune -----------------------------------------------------------
 
-void run_inspect(const Options& o) {
+void run_inspect(const DiffCommandLine& o) {
   const DeltaInspection d = inspect_delta(o.inspect);
   cli::ProgressLine::stop_current();
   if (o.json_out)
@@ -293,7 +293,7 @@ void run_inspect(const Options& o) {
     print_inspection(d);
 }
 
-void run_prune(const Options& o) {
+void run_prune(const DiffCommandLine& o) {
   PruneOptions po;
   po.keep_from = o.keep_from;
   po.dry_run = o.dry_run;
@@ -337,7 +337,7 @@ void print_withdraw(const WithdrawResult& r) {
                  p.string().c_str(), v.c_str());
 }
 
-void run_withdraw(const Options& o) {
+void run_withdraw(const DiffCommandLine& o) {
   const WithdrawResult r = withdraw_version(o.withdraw, !o.no_sync);
   if (o.json_out)
     cli::print_json(withdraw_json(r));
@@ -348,7 +348,7 @@ void run_withdraw(const Options& o) {
 // ---- publishing ----
 
 // --post-publish, run for each directory once it is published and durable.
-void post_publish(const Options& o, const boost::filesystem::path& dir, std::uint64_t version) {
+void post_publish(const DiffCommandLine& o, const boost::filesystem::path& dir, std::uint64_t version) {
   if (o.post_publish.empty()) return;
   const boost::filesystem::path parent = dir.parent_path().empty() ? boost::filesystem::path(".") : dir.parent_path();
   cli::run_shell(o.post_publish,
@@ -375,7 +375,7 @@ void print_squash_human(const std::string& out, const SquashSummary& s) {
   std::printf("  time             %.3f s\n", s.seconds);
 }
 
-void run_squash(const Options& o) {
+void run_squash(const DiffCommandLine& o) {
   SquashOptions so;
   so.level = o.diff.level;
   so.threads = o.diff.threads;
@@ -394,7 +394,7 @@ void run_squash(const Options& o) {
 
 // DiffOptions from the command line: encoding, sync, and the versions of OUT
 // (publish_target: from its name, --version, or its root) and BASE.
-DiffOptions diff_options(const Options& o, const PublishTarget& t) {
+DiffOptions diff_options(const DiffCommandLine& o, const PublishTarget& t) {
   DiffOptions d = o.diff;
   d.encoding = encoding_option(o.encoding);
   d.sync = !o.no_sync;
@@ -402,7 +402,7 @@ DiffOptions diff_options(const Options& o, const PublishTarget& t) {
   return d;
 }
 
-void print_diff_human(const Options& o, const DiffSummary& s) {
+void print_diff_human(const DiffCommandLine& o, const DiffSummary& s) {
   const double density = s.elements ? double(s.elements_changed) / double(s.elements) : 0.0;
   std::printf("%s: version %s on base %s, %s\n", o.out.c_str(), format_version(s.version).c_str(),
               format_version(s.base_version).c_str(), o.encoding.c_str());
@@ -422,7 +422,7 @@ void print_diff_human(const Options& o, const DiffSummary& s) {
   std::printf("  time             %.3f s\n", s.seconds);
 }
 
-void run_diff(Options o) {
+void run_diff(DiffCommandLine o) {
   check_out_apart(o.out, {{"BASE", o.base}, {"NEW", o.target}});  // before a missing root's hint says to create it
   const PublishTarget t = publish_target(o.out, o.version);
   o.out = t.out.string();  // ROOT given: the version directory chosen in it
@@ -438,7 +438,7 @@ void run_diff(Options o) {
 
 // ---- --full --------------------------------------------------------------------------
 
-void print_full(const Options& o, const PublishTarget& t, const FullSummary& f, const std::string& side,
+void print_full(const DiffCommandLine& o, const PublishTarget& t, const FullSummary& f, const std::string& side,
                 const DiffSummary* s) {
   if (o.json_out) {
     cli::print_json(full_json(t.out.string(), f, s, side));
@@ -453,7 +453,7 @@ void print_full(const Options& o, const PublishTarget& t, const FullSummary& f, 
 }
 
 // --full [BASE] NEW OUT: the delta beside it first (if BASE is given), then the full version.
-void run_full(Options o) {
+void run_full(DiffCommandLine o) {
   if (o.out.empty()) {  // NEW OUT
     o.out = o.target;
     o.target = o.base;
@@ -478,13 +478,13 @@ void run_full(Options o) {
 }
 
 // Trailing slashes on path arguments are harmless ("ROOT/", "OUT/").
-void strip_slashes(Options& o) {
+void strip_slashes(DiffCommandLine& o) {
   for (std::string* p : {&o.base, &o.target, &o.out, &o.inspect, &o.prune, &o.withdraw, &o.squash_base})
     if (!p->empty()) *p = strip_trailing_slashes(*p).string();
 }
 
 // The body of every form, once the command line has parsed.
-void run_command(const CLI::App& app, Options& o) {
+void run_command(const CLI::App& app, DiffCommandLine& o) {
   strip_slashes(o);
   const Form form = choose_form(app, o);
   const cli::ProgressLine progress_line(cli::progress_wanted(o.progress, o.quiet, o.json_out));
@@ -510,7 +510,7 @@ int main(int argc, char** argv) {
   hfdelta::handle_stop_signals();  // first: every thread started later inherits the mask
   CLI::App app{diff_command().about, "delta-diff"};
   app.footer("See delta-diff(1).");
-  Options o;
+  DiffCommandLine o;
   add_diff_options(app, o);
   add_form_options(app, o);
   cli::set_forms(app, diff_command());

@@ -20,7 +20,7 @@ using namespace hfdelta;
 namespace {
 
 // What the command line asks for.
-struct Options {
+struct FleetCommandLine {
   std::vector<std::string> paths;
   std::string reports;
   std::optional<std::uint64_t> fail_behind;
@@ -28,7 +28,7 @@ struct Options {
   bool require_marker = false, json_out = false, quiet = false;
 };
 
-void add_options(CLI::App& app, Options& o) {
+void add_options(CLI::App& app, FleetCommandLine& o) {
   app.add_option("ROOT", o.paths, "The publication root")->group("");
   app.add_option("--reports", o.reports,
                  "The directory the hosts write their reports to (delta-apply --report-to DIR); "
@@ -66,7 +66,7 @@ const cli::Command& fleet_command() {
 
 // Shows ROOT's versions and the hosts' reports; exit 16 for a host past
 // --fail-behind or --fail-stale.
-void run_fleet(const CLI::App& app, const Options& o) {
+void run_fleet(const CLI::App& app, const FleetCommandLine& o) {
   cli::check_form(app, fleet_command(), cli::select_form(app, fleet_command()), o.paths);
   std::optional<boost::filesystem::path> reports;
   if (!o.reports.empty()) reports = strip_trailing_slashes(o.reports);
@@ -89,7 +89,7 @@ void run_fleet(const CLI::App& app, const Options& o) {
 
 int main(int argc, char** argv) {
   CLI::App app{fleet_command().about, "delta-fleet"};
-  Options o;
+  FleetCommandLine o;
   add_options(app, o);
   cli::set_forms(app, fleet_command());
   return cli::run(
