@@ -1,5 +1,5 @@
 // End-to-end: what a publication into a root depends on is checked at its
-// commit, not only when it starts (hfdelta/root_commit.hpp). A second actor
+// commit, not only when it starts (format/root_commit.hpp). A second actor
 // changes the root while a publication is stopped at one of its write steps
 // (HFDELTA_FAULT_MODE=hold): a withdrawal of its base, another publisher
 // taking its number. Every outcome leaves a root every host can follow: the

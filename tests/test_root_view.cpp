@@ -30,8 +30,9 @@ fs::path version(const fs::path& root, std::uint64_t v, bool delta, bool complet
   put(d / "model.safetensors",
       "weights " + std::to_string(v));  // not read: the model looks at names, indexes and markers
   if (delta)
-    put(d / "model.safetensors.index.json",
-        R"({"metadata": {"delta_encoding": "xor", "base_version": ")" + format_version(v - 1) + R"("}})");
+    put(d / "model.safetensors.index.json", R"({"metadata": {"delta_encoding": "xor", "version": ")" +
+                                                format_version(v) + R"(", "base_version": ")" + format_version(v - 1) +
+                                                R"("}, "weight_map": {}})");
   write_marker(d, v, !delta, false, 1);
   if (!complete) fs::remove(d / "model.safetensors");
   return d;
@@ -114,8 +115,27 @@ TEST_CASE("root view: a delta whose index does not convert is never taken for a 
   const RootView v = view_root(root, std::nullopt, false);
   CHECK(unit::error_of([&] { v.index_of(v.all[1]); }));
   CHECK_FALSE(v.is_full(v.all[1]));
-  REQUIRE(v.newest_full(2) != nullptr);
-  CHECK(v.newest_full(2)->version == 1);
+  CHECK_FALSE(v.is_full_version(v.all[1], false));
+  CHECK(v.is_full_version(v.all[0], false));
+  // A pull to 2 stops at the damaged index with its error, as a pull reads it.
+  const auto e = unit::error_of([&] { v.newest_full(2); });
+  REQUIRE(e);
+  CHECK(unit::contains(e->what(), "no such encoding"));
+  REQUIRE(v.newest_full(1) != nullptr);
+  CHECK(v.newest_full(1)->version == 1);
+}
+
+TEST_CASE("root view: a full version is one complete and not a delta; a delta's marker is not read for it") {
+  unit::TempDir t;
+  const fs::path root = t.path();
+  version(root, 1, false);
+  version(root, 2, false, false);  // full, still arriving
+  const fs::path d = version(root, 3, true);
+  put(d / kCompleteFile, "not json");  // a delta's marker: damage, but no question of being full
+  const RootListing l = list_root(root);
+  CHECK(l.is_full_version(l.all[0], false));
+  CHECK_FALSE(l.is_full_version(l.all[1], false));
+  CHECK_FALSE(l.is_full_version(l.all[2], false));
 }
 
 TEST_CASE("root view: a listing reads names only") {

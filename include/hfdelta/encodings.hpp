@@ -34,7 +34,7 @@ enum class Encoding : std::uint8_t {
               // Decoding needs the base bytes.
   parts,      // "parts" (hfdelta's own, revision 6): entries of regions of the
               // tensor seen as a matrix (its parts), each with its region's
-              // new checksum (hfdelta/parts.hpp); written by a sharded publisher.
+              // new checksum (docs/format.md, "parts"); written by a sharded publisher.
 };
 
 struct EncodingInfo {

@@ -313,7 +313,7 @@ std::vector<std::uint8_t> stack_head(const std::vector<StackLayer>& layers);
 // Splits a stacked entry into its layers; throws Error(bad_input) naming
 // `what` unless the head is well formed, the layers fill the entry, and the
 // last layer ends at `new_hash` (the checksum the delta records for the tensor).
-// A parts layer's own head is not read here (read_parts, hfdelta/parts.hpp).
+// A parts layer's own head is not read here (read_parts, delta/parts.hpp).
 std::vector<StackLayer> read_stack(std::span<const std::uint8_t> entry, const Hash128& new_hash,
                                    const std::string& what);
 

@@ -67,12 +67,11 @@ PruneResult prune_root(const fs::path& root, const PruneOptions& opts) {
   r.root = root;
   r.keep_from = opts.keep_from;
   r.dry_run = opts.dry_run;
-  // Every version is looked at (none is above a LOCAL), taking a version
-  // without a marker as complete, as the plain layout has none.
-  const RootView view = view_root(root, std::nullopt, false);
+  // A version without a marker counts as complete: the plain layout has none.
+  const RootListing listing = list_root(root);
   std::vector<PrunedVersion> versions;
-  for (const VersionDir& d : view.all)  // a full version still arriving is no base to prune onto
-    versions.push_back({d.version, d.path, view.is_full(d) && view.is_complete(d.version)});
+  for (const VersionDir& d : listing.all)  // a full version still arriving is no base to prune onto
+    versions.push_back({d.version, d.path, listing.is_full_version(d, false)});
 
   {
     boost::system::error_code ec;
@@ -86,7 +85,9 @@ PruneResult prune_root(const fs::path& root, const PruneOptions& opts) {
   // A pull to any target T >= keep_from starts from the newest full version
   // at or below T above LOCAL (at least this one), or from LOCAL itself when
   // that is newer; either way it reads nothing older than this one.
-  const VersionDir* full = view.newest_full(opts.keep_from.value_or(UINT64_MAX));
+  const PrunedVersion* full = nullptr;
+  for (const PrunedVersion& d : versions)
+    if (d.full && (!opts.keep_from || d.version <= *opts.keep_from)) full = &d;
   if (full) {
     r.base_full = full->version;
     // Once the older versions are gone this is the only way in for a new
@@ -96,12 +97,12 @@ PruneResult prune_root(const fs::path& root, const PruneOptions& opts) {
   for (const PrunedVersion& d : versions) (full && d.version < full->version ? r.removed : r.kept).push_back(d);
   // The delta beside a full version goes with it: a host one version behind
   // a kept full version still needs it, one behind a removed one cannot exist.
-  for (const auto& [v, path] : view.sidecars)
+  for (const auto& [v, path] : listing.sidecars)
     (full && v < full->version ? r.removed : r.kept).push_back({v, path, false, true});
   // A withdrawn version below the kept full version: no pull can need it,
   // and the kept full version's number keeps the numbering past it.
   if (full)
-    for (const std::uint64_t v : view.withdrawn) {
+    for (const std::uint64_t v : listing.withdrawn) {
       if (v >= full->version) continue;
       for (const std::string& name : {withdrawn_dirname(v), "withdrawn_" + sidecar_dirname(v)})
         if (exists_nofollow(root / name)) r.removed.push_back({v, root / name, false, false, true});

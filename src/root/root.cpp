@@ -6,7 +6,7 @@
 #include <boost/filesystem/operations.hpp>
 
 #include "hfdelta/error.hpp"
-#include "root/root_view.hpp"
+#include "hfdelta/version.hpp"
 
 namespace hfdelta {
 
@@ -22,7 +22,7 @@ std::vector<fs::path> chain_between(const fs::path& first, const fs::path& last)
                 last.string());
   if (*vb <= *va) fail(Exit::bad_input, last, "is not newer than " + first.string());
   std::vector<fs::path> chain;
-  const std::set<std::uint64_t> withdrawn = list_root(a.parent_path()).withdrawn;
+  const std::set<std::uint64_t> withdrawn = scan_withdrawn(a.parent_path());
   for (std::uint64_t v = *va; v <= *vb; ++v) {
     const fs::path d = a.parent_path() / version_dirname(v);
     boost::system::error_code ec;

@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <utility>
 
-#include "hfdelta/error.hpp"
-
 namespace hfdelta {
 
 namespace fs = boost::filesystem;
@@ -21,11 +19,12 @@ const std::optional<DeltaIndex>& RootListing::index_of(const VersionDir& d) cons
 }
 
 bool RootListing::is_full(const VersionDir& d) const {
-  try {
-    return !index_of(d);
-  } catch (const Error&) {
-    return !is_delta_dir(d.path);  // an index that does not convert: a damaged delta, or its own error
-  }
+  if (auto it = indexes_.find(d.version); it != indexes_.end()) return !it->second;
+  return !is_delta_dir(d.path);
+}
+
+bool RootListing::is_full_version(const VersionDir& d, bool require_marker) const {
+  return is_full(d) && check_complete(d.path, require_marker).complete;
 }
 
 RootListing list_root(const fs::path& root) {
@@ -57,9 +56,10 @@ std::optional<std::uint64_t> RootView::newest_complete() const {
 }
 
 const VersionDir* RootView::newest_full(std::uint64_t at_most) const {
+  // Complete already; each index read here is kept for the deltas' path.
   for (const std::vector<VersionDir>* list : {&beyond, &versions})
     for (auto it = list->rbegin(); it != list->rend(); ++it)
-      if (it->version <= at_most && is_full(*it)) return &*it;
+      if (it->version <= at_most && !index_of(*it)) return &*it;
   return nullptr;
 }
 
@@ -71,7 +71,8 @@ std::optional<fs::path> RootView::sidecar_for(std::uint64_t v) const {
 
 RootView view_root(const fs::path& root, std::optional<std::uint64_t> above, bool require_marker) {
   RootView v;
-  static_cast<RootListing&>(v) = list_root(root);
+  v.root = root;
+  v.all = scan_root(root);
   v.markers_required = require_marker;
   for (const VersionDir& d : v.all) {
     if (above && d.version <= *above) continue;
@@ -88,6 +89,9 @@ RootView view_root(const fs::path& root, std::optional<std::uint64_t> above, boo
     if (c.marker) v.markers.emplace(d.version, std::move(*c.marker));
     v.versions.push_back(d);
   }
+  // Listed after the versions were looked at: a withdrawal meanwhile is seen.
+  v.sidecars = scan_sidecars(root);
+  v.withdrawn = scan_withdrawn(root);
   return v;
 }
 

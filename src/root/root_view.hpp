@@ -22,8 +22,8 @@
 namespace hfdelta {
 
 // What ROOT holds, by name: its published versions, the deltas beside full
-// versions and the withdrawn numbers. Nothing is read but names until an
-// index is asked for.
+// versions and the withdrawn numbers. Nothing is read but names until a
+// version is asked about.
 struct RootListing {
   boost::filesystem::path root;
   std::vector<VersionDir> all;                                // every published version, ascending
@@ -36,11 +36,14 @@ struct RootListing {
   // and kept: a pull plans more than once (from LOCAL, from a full version,
   // again after a refusal). Throws what read_index_if_delta throws.
   const std::optional<DeltaIndex>& index_of(const VersionDir& d) const;
-  // Whether version `d` is a full version, not a delta (docs/format.md): an
-  // index that fails to convert still makes a delta (is_delta_dir), so that
-  // a damaged delta is never taken for a full version. Reads the index
-  // through index_of: each index is read once.
+  // Whether version `d` is not a delta (docs/format.md, "Full versions and
+  // delta versions"): its index, if already read, or any delta key in it
+  // (is_delta_dir: an index that does not convert still makes a delta, so a
+  // damaged delta is never taken for a full version). Converts nothing.
   bool is_full(const VersionDir& d) const;
+  // A full version: not a delta, and complete (check_complete: its marker
+  // is read only for a full version). What --prune may keep as the oldest.
+  bool is_full_version(const VersionDir& d, bool require_marker) const;
 
  private:
   mutable std::map<std::uint64_t, std::optional<DeltaIndex>> indexes_;
@@ -66,9 +69,10 @@ struct RootView : RootListing {
   bool is_complete(std::uint64_t v) const;
   // The newest complete version (none: none).
   std::optional<std::uint64_t> newest_complete() const;
-  // A full version: complete, and no delta. The newest one at or below
-  // `at_most` (none: none): where a pull to `at_most` or above may start
-  // when it cannot start from its LOCAL, so what prune must keep.
+  // The newest full version (complete, and not a delta) at or below
+  // `at_most` (none: none): where a pull to `at_most` may start when it
+  // cannot start from its LOCAL. Reads each index through index_of, newest
+  // first: a delta whose index does not convert stops it with that error.
   const VersionDir* newest_full(std::uint64_t at_most) const;
   // The complete delta beside full version `v`, if any.
   std::optional<boost::filesystem::path> sidecar_for(std::uint64_t v) const;
