@@ -8,6 +8,7 @@
 #include <boost/filesystem/operations.hpp>
 
 #include "delta/delta_writer.hpp"
+#include "delta/parts.hpp"
 #include "format/root_commit.hpp"
 #include "hfdelta/delta_format.hpp"
 #include "hfdelta/error.hpp"
