@@ -112,12 +112,19 @@ PullPlan plan_pull(const RootView& v, std::optional<std::uint64_t> local_version
   if (local_version) deltas = delta_path(v, *local_version, want, refused, why_deltas);
   if (full) after_full = delta_path(v, full->version, want, refused, why_full);
   PullPlan p;
-  const bool full_wins = after_full && (!deltas || tree_bytes(full->path) + cost_of(*after_full) < cost_of(*deltas));
+  // The bytes each path reads from ROOT, each walked once: to choose, then to report.
+  std::optional<std::uint64_t> deltas_bytes, full_bytes;
+  auto deltas_cost = [&] { return deltas_bytes ? *deltas_bytes : *(deltas_bytes = cost_of(*deltas)); };
+  auto full_cost = [&] {
+    return full_bytes ? *full_bytes : *(full_bytes = tree_bytes(full->path) + cost_of(*after_full));
+  };
+  const bool full_wins = after_full && (!deltas || full_cost() < deltas_cost());
   std::optional<Error> damage;
   if (!full_wins && deltas) {
     std::optional<std::vector<OpenDelta>> opened = open_path(*deltas, why_deltas, damage);
     if (opened) {
-      for (const DeltaLink& l : *deltas) p.sidecars += l.sidecar, p.bytes += tree_bytes(l.dir);
+      for (const DeltaLink& l : *deltas) p.sidecars += l.sidecar;
+      p.bytes = deltas_cost();
       p.chain = std::move(*opened);
       return p;
     }
@@ -134,8 +141,8 @@ PullPlan plan_pull(const RootView& v, std::optional<std::uint64_t> local_version
   if (!opened) throw *damage;
   p.full = full;
   if (auto m = v.markers.find(full->version); m != v.markers.end() && m->second.full) p.full_marker = &m->second;
-  for (const DeltaLink& l : *after_full) p.sidecars += l.sidecar, p.bytes += tree_bytes(l.dir);
-  p.bytes += tree_bytes(full->path);
+  for (const DeltaLink& l : *after_full) p.sidecars += l.sidecar;
+  p.bytes = full_cost();
   p.chain = std::move(*opened);
   if (local_version && !deltas) p.fallback = why_deltas + "; took full version " + format_version(full->version);
   return p;
