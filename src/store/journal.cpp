@@ -1,6 +1,7 @@
 #include "store/journal.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <set>
 
 #include <boost/filesystem/operations.hpp>
@@ -131,17 +132,18 @@ void reserve_rollback(const fs::path& step, const Manifest& m, bool sync) {
 JournalWriter::JournalWriter(const fs::path& path, int level)
     : file_(path, File::Mode::create_exclusive), comp_(level) {
   comp_.begin(Compressor::kUnknownSize);
-  buf_.reserve(kBatch + 32);
+  buf_.resize(kBatch + 32);
 }
 
-void JournalWriter::put(const std::uint8_t* p, std::size_t n) {
-  buf_.insert(buf_.end(), p, p + n);
-  if (buf_.size() >= kBatch) flush_buf();
+void JournalWriter::put(const std::uint8_t* p, std::size_t n) {  // n: a record's head, at most 32
+  std::memcpy(buf_.data() + len_, p, n);
+  len_ += n;
+  if (len_ >= kBatch) flush_buf();
 }
 
 void JournalWriter::flush_buf() {
-  comp_.put(buf_, [&](std::span<const std::uint8_t> s) { file_.write_all(s.data(), s.size()); });
-  buf_.clear();
+  comp_.put({buf_.data(), len_}, [&](std::span<const std::uint8_t> s) { file_.write_all(s.data(), s.size()); });
+  len_ = 0;
 }
 
 void JournalWriter::begin_tensor(std::uint32_t shard, std::uint64_t offset) {
@@ -156,19 +158,17 @@ void JournalWriter::begin_tensor(std::uint32_t shard, std::uint64_t offset) {
 void JournalWriter::change(std::uint64_t pos, std::uint8_t old_byte, std::uint8_t new_byte) {
   // Gap to the previous change plus one, so 0 can end the tensor's list.
   std::uint64_t v = pos - next_ + 1;
-  // Written in place (called once per changed byte): the buffer keeps room
+  // Written in place (called once per changed byte): the buffer has room
   // for one more record past kBatch.
-  const std::size_t at = buf_.size();
-  buf_.resize(at + 12);
-  std::uint8_t* b = buf_.data() + at;
+  std::uint8_t* b = buf_.data() + len_;
   std::size_t n = 0;
   while (v >= 0x80) b[n++] = static_cast<std::uint8_t>(v | 0x80), v >>= 7;
   b[n++] = static_cast<std::uint8_t>(v);
   b[n++] = old_byte;
   b[n++] = new_byte;
-  buf_.resize(at + n);
+  len_ += n;
   next_ = pos + 1;
-  if (buf_.size() >= kBatch) flush_buf();
+  if (len_ >= kBatch) flush_buf();
 }
 
 void JournalWriter::end_tensor() {

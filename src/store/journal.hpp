@@ -69,7 +69,8 @@ class JournalWriter {
   void flush_buf();
   File file_;
   Compressor comp_;
-  std::vector<std::uint8_t> buf_;
+  std::vector<std::uint8_t> buf_;  // its whole size: kBatch and room for a record past it
+  std::size_t len_ = 0;            // the records in it
   std::uint64_t next_ = 0;
 };
 
