@@ -112,19 +112,20 @@ PullPlan plan_pull(const RootView& v, std::optional<std::uint64_t> local_version
   if (local_version) deltas = delta_path(v, *local_version, want, refused, why_deltas);
   if (full) after_full = delta_path(v, full->version, want, refused, why_full);
   PullPlan p;
-  // The bytes each path reads from ROOT, each walked once: to choose, then to report.
+  // The bytes a path reads from ROOT: walked to choose when there are two
+  // paths, else once the one path has opened; never twice.
   std::optional<std::uint64_t> deltas_bytes, full_bytes;
-  auto deltas_cost = [&] { return deltas_bytes ? *deltas_bytes : *(deltas_bytes = cost_of(*deltas)); };
-  auto full_cost = [&] {
-    return full_bytes ? *full_bytes : *(full_bytes = tree_bytes(full->path) + cost_of(*after_full));
-  };
-  const bool full_wins = after_full && (!deltas || full_cost() < deltas_cost());
+  if (deltas && after_full) {
+    full_bytes = tree_bytes(full->path) + cost_of(*after_full);
+    deltas_bytes = cost_of(*deltas);
+  }
+  const bool full_wins = after_full && (!deltas || *full_bytes < *deltas_bytes);
   std::optional<Error> damage;
   if (!full_wins && deltas) {
     std::optional<std::vector<OpenDelta>> opened = open_path(*deltas, why_deltas, damage);
     if (opened) {
       for (const DeltaLink& l : *deltas) p.sidecars += l.sidecar;
-      p.bytes = deltas_cost();
+      p.bytes = deltas_bytes ? *deltas_bytes : cost_of(*deltas);
       p.chain = std::move(*opened);
       return p;
     }
@@ -142,7 +143,7 @@ PullPlan plan_pull(const RootView& v, std::optional<std::uint64_t> local_version
   p.full = full;
   if (auto m = v.markers.find(full->version); m != v.markers.end() && m->second.full) p.full_marker = &m->second;
   for (const DeltaLink& l : *after_full) p.sidecars += l.sidecar;
-  p.bytes = full_cost();
+  p.bytes = full_bytes ? *full_bytes : tree_bytes(full->path) + cost_of(*after_full);
   p.chain = std::move(*opened);
   if (local_version && !deltas) p.fallback = why_deltas + "; took full version " + format_version(full->version);
   return p;
