@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterator, Optional, Union
 
 from . import _api
 from .errors import BadInput, HfdeltaError, LockTimeout, OutOfOrder, UsageError
-from .results import PullResult
+from .results import PullResult, StatusResult
 
 __all__ = ["Receiver", "version_number", "version_name"]
 
@@ -158,7 +158,10 @@ class Receiver:
             raise BadInput(f"hfdelta: LOCAL {local_s} is not a directory on this host ({socket.gethostname()}); "
                            "the engine must serve a LOCAL set up with delta-apply --init (or name it in init_info's "
                            "\"local\")", path=local_s)
-        st = _api.status(local_s, lock_timeout=0) if _lock_free(local_s) else None
+        try:  # one try, not a look at the lock first: a pull may take it between the look and the read
+            st: Optional[StatusResult] = _api.status(local_s, lock_timeout=0)
+        except LockTimeout:
+            st = None  # a pull holds LOCAL's lock, so it is a LOCAL
         if st is not None and st.state == "uninitialised":
             raise BadInput(f"hfdelta: {local_s} is not an hfdelta LOCAL (no .weight_sync/state.json): set it up once "
                            f"with hfdelta.init(CHECKPOINT, {local_s!r}) (delta-apply --init), from the checkpoint "
@@ -391,26 +394,8 @@ class Receiver:
         }
 
 
-def _lock_free(local: str) -> bool:
-    """True unless a pull holds LOCAL's lock right now (reads never wait in calls that must return at once)."""
-    path = os.path.join(local, ".weight_sync", "lock")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
-
-
 def _local_version(local: str) -> Optional[str]:
-    """LOCAL's version, or None when a pull holds its lock or it cannot be read."""
-    if not _lock_free(local):
-        return None
+    """LOCAL's version, or None when a pull holds its lock or it cannot be read (never waits for the lock)."""
     try:
         st = _api.status(local, lock_timeout=0)
     except HfdeltaError:

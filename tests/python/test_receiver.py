@@ -129,6 +129,38 @@ def test_stage_returns_while_the_pull_waits_for_the_lock(engine: Engine) -> None
     assert wait_staged(engine.receiver)["state"] == "done"
 
 
+def test_init_while_pulls_take_and_leave_the_lock(engine: Engine, root: Path) -> None:
+    """init looks at LOCAL's state without waiting for its lock. A pull that takes the lock at any moment
+    (a second worker's staging, a pull on a timer) must not make init fail: held throughout, or taken and
+    left as fast as a thread can, between any two steps of init's own look."""
+    lock = engine.local / ".weight_sync" / "lock"
+    fd = os.open(lock, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        assert engine.receiver.init(str(root))["local_version"] is None
+    finally:
+        os.close(fd)
+    stop = threading.Event()
+
+    def pulls() -> None:
+        fd = os.open(lock, os.O_RDONLY)
+        try:
+            while not stop.is_set():
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+    t = threading.Thread(target=pulls)
+    t.start()
+    try:
+        for _ in range(300):
+            engine.receiver.init(str(root))
+    finally:
+        stop.set()
+        t.join()
+
+
 def test_two_workers_on_one_host_pull_once_and_reload_together(series: list[Path], root: Path,
                                                               tmp_path: Path) -> None:
     local = tmp_path / "local"
