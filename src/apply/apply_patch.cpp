@@ -246,19 +246,22 @@ Checksums lay_xor(const Patch& p, const File& f, JournalWriter* jw, std::vector<
     f.pread_exact(buf.data(), x.size(), p.offset + off);
     hb.update(buf);
     bool dirty = false;
-    for (std::size_t k = 0; k < x.size(); ++k) {
-      if (k + 8 <= x.size()) {  // mostly zero: skip eight at a time
+    const std::uint8_t* xp = x.data();
+    std::uint8_t* bp = buf.data();
+    const std::size_t n = x.size();
+    for (std::size_t k = 0; k < n; ++k) {
+      if (k + 8 <= n) {  // mostly zero: skip eight at a time
         std::uint64_t word;
-        std::memcpy(&word, x.data() + k, 8);
+        std::memcpy(&word, xp + k, 8);
         if (word == 0) {
           k += 7;
           continue;
         }
       }
-      if (!x[k]) continue;
-      const std::uint8_t nb = buf[k] ^ x[k];
-      if (jw) jw->change(off + k, buf[k], nb);
-      buf[k] = nb;
+      if (!xp[k]) continue;
+      const std::uint8_t nb = bp[k] ^ xp[k];
+      if (jw) jw->change(off + k, bp[k], nb);
+      bp[k] = nb;
       dirty = true;
     }
     if (out && dirty) {

@@ -56,12 +56,14 @@ constexpr double kGroupCostBits = 40;  // a group's own bytes in the chunk head,
 constexpr std::size_t kEncoderGroups = 8;
 constexpr std::uint64_t kNone = ~0ull;  // a group's countdown when it has no change left
 
+// One append a value, not one a byte: where every change escapes (a tensor
+// rewritten throughout), this runs once a change.
 void put_varint(std::vector<std::uint8_t>& out, std::uint64_t v) {
-  while (v >= 0x80) {
-    out.push_back(static_cast<std::uint8_t>(v | 0x80));
-    v >>= 7;
-  }
-  out.push_back(static_cast<std::uint8_t>(v));
+  std::uint8_t b[10];
+  std::size_t n = 0;
+  for (; v >= 0x80; v >>= 7) b[n++] = static_cast<std::uint8_t>(v | 0x80);
+  b[n++] = static_cast<std::uint8_t>(v);
+  out.insert(out.end(), b, b + n);
 }
 
 template <std::size_t ES>
@@ -855,8 +857,9 @@ std::uint64_t ContextChunkEncoder::end(Compressor& c, const ByteSink& sink) {
   im.r.resize(static_cast<std::size_t>((rbits + 7) / 8));
   // The magnitudes' escapes, in slot order (M and S were written by slot).
   const std::uint64_t ones = element_ones(im.es);
+  const std::uint8_t* m = im.m.data();
   for (std::uint64_t s = 0; s < K; ++s)
-    if (im.m[s] == 255) [[unlikely]]
+    if (m[s] == 255) [[unlikely]]
       put_varint(im.xm, signed_value(im.diff[im.change_of[s]], ones).mag_minus1 - 255);
   im.x.insert(im.x.end(), im.xm.begin(), im.xm.end());
 
