@@ -20,7 +20,11 @@
 #
 # The crash sweeps fault every HFDELTA_CRASH_STRIDE-th write step (default 10,
 # for CI's 45 minutes) from a random offset HFDELTA_CRASH_OFFSET (printed; set
-# it to replay a run), so that successive runs cover every step.
+# it to replay a run), so that successive runs cover every step. The hostile
+# sweeps (a bit flipped, a file truncated: about 3,500 tries, each running
+# delta-diff --inspect and delta-apply) try one in HFDELTA_HOSTILE_STRIDE
+# (default 3) from HFDELTA_HOSTILE_OFFSET in the same way. The release run
+# tries every one.
 #
 # Any sanitizer report fails the run. Every sanitized process aborts on its
 # first report, so a command that the end-to-end tests start dies with exit
@@ -49,6 +53,10 @@ export HFDELTA_CRASH_STRIDE=${HFDELTA_CRASH_STRIDE:-10}
 export HFDELTA_CRASH_OFFSET=${HFDELTA_CRASH_OFFSET:-$((RANDOM % HFDELTA_CRASH_STRIDE))}
 echo "sanitize: crash sweeps fault every ${HFDELTA_CRASH_STRIDE}th write step from step $((HFDELTA_CRASH_OFFSET + 1))" \
   "(replay: HFDELTA_CRASH_STRIDE=$HFDELTA_CRASH_STRIDE HFDELTA_CRASH_OFFSET=$HFDELTA_CRASH_OFFSET scripts/ci/sanitize.sh)"
+export HFDELTA_HOSTILE_STRIDE=${HFDELTA_HOSTILE_STRIDE:-3}
+export HFDELTA_HOSTILE_OFFSET=${HFDELTA_HOSTILE_OFFSET:-$((RANDOM % HFDELTA_HOSTILE_STRIDE))}
+echo "sanitize: hostile sweeps try the n-th flip and truncation with n % $HFDELTA_HOSTILE_STRIDE == $HFDELTA_HOSTILE_OFFSET" \
+  "(replay: HFDELTA_HOSTILE_STRIDE=$HFDELTA_HOSTILE_STRIDE HFDELTA_HOSTILE_OFFSET=$HFDELTA_HOSTILE_OFFSET scripts/ci/sanitize.sh)"
 
 logs=$PWD/$builddir/sanitizer-logs
 rm -rf "$logs"
