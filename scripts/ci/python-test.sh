@@ -13,7 +13,7 @@
 #      leaves out (-Csetup-args=-Dcuda=enabled), so that the package's device
 #      code is compiled and tests/python/test_publisher_cuda.py runs on a GPU
 #   3. pip wheel . --no-deps into BUILDDIR/py-wheel (reusing that build): one .whl
-#   4. pytest tests/python, with HFDELTA_DIFF, HFDELTA_APPLY, HFDELTA_GEN set to
+#   4. pytest tests/python (printing its 8 slowest tests), with HFDELTA_DIFF, HFDELTA_APPLY, HFDELTA_GEN set to
 #      the binaries of BUILDDIR (src/, tools/), as for the e2e tests
 # Usage: scripts/ci/python-test.sh [extra pytest arguments]
 # Exit status: the first step that failed (pytest's 5, no test collected, included).
@@ -91,7 +91,7 @@ step "pip wheel .$with_cuda" build_wheel
 
 run_pytest() {
   HFDELTA_DIFF=$bin/delta-diff HFDELTA_APPLY=$bin/delta-apply HFDELTA_GEN=$gen \
-    "$venv/bin/pytest" -p no:cacheprovider -rfEs "$repo/tests/python" "$@"
+    "$venv/bin/pytest" -p no:cacheprovider -rfEs --durations=8 "$repo/tests/python" "$@"
   local rc=$?
   if [ "$rc" -eq 5 ]; then echo "python-test: pytest collected no test" >&2; fi
   return "$rc"
