@@ -92,9 +92,9 @@ bool withdraw_during(const std::vector<std::string>& args, long step, const fs::
 // run sets it). Returns how many steps held.
 int sweep_steps(const std::function<bool(long)>& held) {
   const char* all = std::getenv("HFDELTA_COMMIT_SWEEP");
-  const char* crash_stride = std::getenv("HFDELTA_CRASH_STRIDE");  // the sanitizer run's: every 10th
-  const long stride =
-      all && std::string(all) == "all" ? (crash_stride ? std::max(1L, std::atol(crash_stride)) : 1) : 10;
+  const long stride = all && std::string(all) == "all"
+                          ? Sampling("HFDELTA_CRASH_STRIDE", "HFDELTA_CRASH_OFFSET").stride  // the sanitizer run's: 10
+                          : 10;
   int n = 0;
   long step = 1;
   for (;; step += step < 2 ? 1 : stride) {

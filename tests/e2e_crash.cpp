@@ -41,25 +41,16 @@ constexpr int kKilled = 128 + SIGKILL;
 // Which write steps the sweeps fault. By default every one (`meson test
 // --suite crash` keeps the whole matrix). scripts/test.sh (K=3) and the
 // sanitizer run (K=10) set HFDELTA_CRASH_STRIDE=K and HFDELTA_CRASH_OFFSET=R
-// (drawing R anew for each run and printing it) to fault the steps n with
-// (n - 1) % K == R: successive runs cover every step between them, and a
-// failure replays with the same two variables.
-struct Sampling {
-  long stride = 1, offset = 0;
-  Sampling() {
-    if (const char* v = std::getenv("HFDELTA_CRASH_STRIDE")) stride = std::max(1L, std::atol(v));
-    if (const char* v = std::getenv("HFDELTA_CRASH_OFFSET")) offset = std::max(0L, std::atol(v)) % stride;
-  }
-  long first() const { return offset + 1; }
-  bool all() const { return stride == 1; }
-  std::string describe() const {
-    return all() ? std::string("every write step")
-                 : "every " + std::to_string(stride) + "th write step from step " + std::to_string(first());
-  }
-};
+// to fault the steps n with (n - 1) % K == R (see Sampling).
 const Sampling& sampling() {
-  static const Sampling s;
+  static const Sampling s("HFDELTA_CRASH_STRIDE", "HFDELTA_CRASH_OFFSET");
   return s;
+}
+long first_step() { return sampling().offset + 1; }
+std::string describe_sampling() {
+  return sampling().all() ? std::string("every write step")
+                          : "every " + std::to_string(sampling().stride) + "th write step from step " +
+                                std::to_string(first_step());
 }
 
 // delta-apply ARGS with the N-th write step failing in `mode` ("kill" or "error").
@@ -285,7 +276,7 @@ long count_steps(const Scenario& s, long killed, long done) {
 // without the fault firing. Returns the number of write steps.
 long kill_every_step(const Scenario& s, Problems& p) {
   long killed = 0;  // the last step a kill landed at
-  for (long n = sampling().first(); n <= kMaxSteps; n += sampling().stride) {
+  for (long n = first_step(); n <= kMaxSteps; n += sampling().stride) {
     reset(s);
     const RunResult r = apply_faulty(s.args, n, "kill");
     if (r.code == 0) {
@@ -310,7 +301,7 @@ long kill_every_step(const Scenario& s, Problems& p) {
 // commit, which only leaves garbage for the next run: LOCAL must be the
 // target then. Returns the steps seen, counting those faults in `swallowed`.
 long error_every_step(const Scenario& s, long kill_steps, Problems& p, Problems& stray_dirs, long& swallowed) {
-  for (long n = sampling().first(); n <= kMaxSteps; n += sampling().stride) {
+  for (long n = first_step(); n <= kMaxSteps; n += sampling().stride) {
     reset(s);
     const LocalSnapshot snap(s.local);
     const std::vector<std::string> dirs = list_dirs(s.local);
@@ -357,7 +348,7 @@ long error_every_step(const Scenario& s, long kill_steps, Problems& p, Problems&
 // journal is gone, or the journal is kept, LOCAL reads as interrupted and
 // the message says so; the next run (the disk healed) converges either way.
 long persist_every_step(const Scenario& s, long kill_steps, Problems& p, long& kept) {
-  for (long n = sampling().first(); n <= kMaxSteps; n += sampling().stride) {
+  for (long n = first_step(); n <= kMaxSteps; n += sampling().stride) {
     reset(s);
     const LocalSnapshot snap(s.local);
     const RunResult r = apply_faulty(s.args, n, "persist");
@@ -412,7 +403,7 @@ void run_scenario(const Scenario& s) {
   CHECK_MESSAGE(pp.empty(), s.name << ", every write step failing from each one on:\n" << pp.text("write step"));
   CHECK(t.kill_steps > 0);
   totals()[s.name] = t;
-  MESSAGE(s.name << " (" << sampling().describe() << "): " << t.kill_steps << " write steps killed, " << t.error_steps
+  MESSAGE(s.name << " (" << describe_sampling() << "): " << t.kill_steps << " write steps killed, " << t.error_steps
                  << " failed with an I/O error (" << t.swallowed
                  << " of them in the cleanup after the commit, which the run ignores); with every step "
                  << "failing from one on, " << t.kept << " of " << t.persist_steps << " runs kept their journal");

@@ -554,30 +554,20 @@ std::vector<std::uint64_t> cut_lengths(std::uint64_t size, const std::vector<std
   return {s.begin(), s.end()};
 }
 
-// Which flips and truncations are tried. By default every one. The sanitizer
+// Which flips and truncations are tried: by default every one. The sanitizer
 // run (scripts/ci/sanitize.sh), where each try costs several times as much,
-// sets HFDELTA_HOSTILE_STRIDE=K and HFDELTA_HOSTILE_OFFSET=R (R drawn anew for
-// each run and printed) to try the n-th of each sweep (from 0) with
-// n % K == R, as the crash sweeps sample write steps: successive runs cover
-// every one between them, a failure replays with the same two variables, and
-// the release run tries them all every time.
-struct Sampling {
-  long stride = 1, offset = 0;
-  Sampling() {
-    if (const char* v = std::getenv("HFDELTA_HOSTILE_STRIDE")) stride = std::max(1L, std::atol(v));
-    if (const char* v = std::getenv("HFDELTA_HOSTILE_OFFSET")) offset = std::max(0L, std::atol(v)) % stride;
-  }
-  bool take(std::size_t n) const { return static_cast<long>(n % static_cast<std::size_t>(stride)) == offset; }
-  std::string describe(std::size_t planned, long tried) const {
-    return std::to_string(tried) + " of " + std::to_string(planned) + " tried" +
-           (stride == 1 ? std::string()
-                        : " (the n-th with n % " + std::to_string(stride) + " == " + std::to_string(offset) +
-                              ": HFDELTA_HOSTILE_STRIDE, HFDELTA_HOSTILE_OFFSET)");
-  }
-};
+// sets HFDELTA_HOSTILE_STRIDE and HFDELTA_HOSTILE_OFFSET (see Sampling), as it
+// samples the crash sweeps' write steps; the release run tries them all.
 const Sampling& sampling() {
-  static const Sampling s;
+  static const Sampling s("HFDELTA_HOSTILE_STRIDE", "HFDELTA_HOSTILE_OFFSET");
   return s;
+}
+std::string describe_sampling(std::size_t planned, long tried) {
+  return std::to_string(tried) + " of " + std::to_string(planned) + " tried" +
+         (sampling().all() ? std::string()
+                           : " (the n-th with n % " + std::to_string(sampling().stride) +
+                                 " == " + std::to_string(sampling().offset) +
+                                 ": HFDELTA_HOSTILE_STRIDE, HFDELTA_HOSTILE_OFFSET)");
 }
 
 // Flips at every region of the delta's files (flips_for): returns how many
@@ -589,7 +579,7 @@ std::size_t run_flips(Attack& a, bool pull) {
   std::map<std::string, int> per_file;
   long tried = 0;
   for (std::size_t n = 0; n < flips.size(); ++n) {
-    if (!sampling().take(n)) continue;
+    if (!sampling().take(static_cast<long>(n))) continue;
     const Flip& f = flips[n];
     ++tried;
     const fs::path p = a.delta / f.file;
@@ -608,7 +598,7 @@ std::size_t run_flips(Attack& a, bool pull) {
   }
   std::string s;
   for (const auto& [f, n] : per_file) s += " " + f + ": " + std::to_string(n) + ";";
-  MESSAGE("flips " << sampling().describe(flips.size(), tried) << "; tried per file:" << s);
+  MESSAGE("flips " << describe_sampling(flips.size(), tried) << "; tried per file:" << s);
   return flips.size();
 }
 
@@ -630,7 +620,7 @@ void run_truncations(Attack& a) {
     const auto lengths = cut_lengths(whole.size(), edges, 24);
     CHECK(lengths.size() >= 20);
     for (const auto n : lengths) {
-      if (!sampling().take(planned++)) continue;
+      if (!sampling().take(static_cast<long>(planned++))) continue;
       ++tried;
       write_bytes(p, Bytes(whole.begin(), whole.begin() + static_cast<std::ptrdiff_t>(n)));
       std::set<int> refusals{3, 5};
@@ -645,7 +635,7 @@ void run_truncations(Attack& a) {
     }
     write_bytes(p, whole);
   }
-  MESSAGE("truncations " << sampling().describe(planned, tried));
+  MESSAGE("truncations " << describe_sampling(planned, tried));
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <boost/filesystem.hpp>
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
@@ -268,6 +269,21 @@ std::string system_tool(const std::string& name);
 // and skips). unmount() takes it down again.
 std::string mount_loop_image(const fs::path& dir, std::uint64_t size, const std::vector<std::string>& mkfs);
 void unmount(const fs::path& dir);
+
+// One try in `stride` of a sweep, those with n % stride == offset (n from 0),
+// both read from two environment variables; by default every try. CI's runs
+// that cannot afford a whole sweep set them, with the offset drawn anew for
+// each run and printed: successive runs cover every try, and a failure
+// replays with the same two variables.
+struct Sampling {
+  long stride = 1, offset = 0;
+  Sampling(const char* stride_var, const char* offset_var) {
+    if (const char* v = std::getenv(stride_var)) stride = std::max(1L, std::atol(v));
+    if (const char* v = std::getenv(offset_var)) offset = std::max(0L, std::atol(v)) % stride;
+  }
+  bool all() const { return stride == 1; }
+  bool take(long n) const { return n % stride == offset; }
+};
 
 // Sets an environment variable for the commands started while it lives (the
 // tests run one at a time, so the process environment is theirs).
