@@ -114,9 +114,10 @@ PullPlan plan_pull(const RootView& v, std::optional<std::uint64_t> local_version
   PullPlan p;
   // The bytes a path reads from ROOT: walked to choose when there are two
   // paths, else once the one path has opened; never twice.
+  auto full_cost = [&] { return tree_bytes(full->path) + cost_of(*after_full); };
   std::optional<std::uint64_t> deltas_bytes, full_bytes;
   if (deltas && after_full) {
-    full_bytes = tree_bytes(full->path) + cost_of(*after_full);
+    full_bytes = full_cost();
     deltas_bytes = cost_of(*deltas);
   }
   const bool full_wins = after_full && (!deltas || *full_bytes < *deltas_bytes);
@@ -143,7 +144,7 @@ PullPlan plan_pull(const RootView& v, std::optional<std::uint64_t> local_version
   p.full = full;
   if (auto m = v.markers.find(full->version); m != v.markers.end() && m->second.full) p.full_marker = &m->second;
   for (const DeltaLink& l : *after_full) p.sidecars += l.sidecar;
-  p.bytes = full_bytes ? *full_bytes : tree_bytes(full->path) + cost_of(*after_full);
+  p.bytes = full_bytes ? *full_bytes : full_cost();
   p.chain = std::move(*opened);
   if (local_version && !deltas) p.fallback = why_deltas + "; took full version " + format_version(full->version);
   return p;
